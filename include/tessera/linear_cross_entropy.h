@@ -1,0 +1,135 @@
+// Tessera: fused linear + softmax cross-entropy (large-vocabulary LM head).
+//
+// Computes, per token t (x's leading axes flattened to B tokens):
+//   z      = x_t · W (+ bias);   if soft_cap c > 0:  z = c · tanh(z / c)
+//   lse    = logsumexp_j z_j                                  (f32 or wider)
+//   nll    = lse − z[label_t]
+//   ce     = (1 − ε)·nll + ε·(lse − mean_j z_j)               (label smoothing ε)
+//   loss_t = weight_t · (ce + z_loss_weight · lse²)
+// Rows whose label == ignore_index have loss 0 and count nowhere. Reductions: none (per token),
+// sum, mean (Σ loss_t / Σ weight_t over non-ignored rows; 0 when that is 0).
+// Implementations never materialize the B×V logits (the reference may; it says so).
+// See docs/kernels/linear_cross_entropy.md for the full contract.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/tensor.h"
+
+namespace tessera::linear_cross_entropy {
+
+inline constexpr const char* kKernelName = "linear_cross_entropy";
+
+enum class Reduction : uint8_t { kNone, kSum, kMean };
+const char* reduction_name(Reduction r) noexcept;
+Reduction parse_reduction(const std::string& s);  // "none" | "sum" | "mean"
+
+// Layout of the classifier weight in memory.
+//   kHV: w is [H, V], row-major (x @ w).
+//   kVH: w is [V, H], row-major (PyTorch lm_head.weight; x @ w.T).
+//   kAuto: taken from the view: a 2-D view whose shape matches [H, V] or [V, H] and that is
+//          contiguous (or a transposed view of one) picks the layout; ambiguous when H == V
+//          and the view is contiguous, then kHV is assumed.
+enum class WLayout : uint8_t { kAuto, kHV, kVH };
+const char* w_layout_name(WLayout l) noexcept;
+
+// Tile sizes over tokens (b), hidden (h) and vocabulary (v). A backend documents how it uses
+// them and validates them (validate_block_sizes); the generic API imposes nothing.
+struct BlockSizes {
+  int64_t b = 1024;
+  int64_t h = 512;
+  int64_t v = 2048;
+  bool operator==(const BlockSizes& o) const { return b == o.b && h == o.h && v == o.v; }
+  std::string str() const;  // "b=1024,h=512,v=2048"
+};
+
+struct Options {
+  Reduction reduction = Reduction::kMean;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;  // ε in [0, 1]
+  double z_loss_weight = 0.0;    // coefficient of lse², >= 0
+  double soft_cap = 0.0;         // c > 0 enables c·tanh(z/c); 0 disables
+  WLayout w_layout = WLayout::kAuto;
+  bool return_argmax = false;    // fill ForwardOutputs::argmax
+
+  // Unset: tuned table -> autotune-on-miss (if enabled) -> backend defaults.
+  std::optional<BlockSizes> block_sizes;
+  // "" : default order (TESSERA_IMPLEMENTATION overrides it), "cpu": that one or fail,
+  // "cuda,cpu": try in order, warning on each fallback.
+  std::string implementation;
+  int num_threads = 0;           // CPU backends: 0 = all cores (or TESSERA_NUM_THREADS)
+  bool autotune_on_miss = true;  // also disabled by TESSERA_AUTOTUNE=0
+  void* stream = nullptr;        // CUDA backends: cudaStream_t; nullptr = default stream
+  size_t memory_budget = 0;      // bytes of extra device memory a backend may use; 0 = default
+  bool check_finite = true;      // reject NaN/Inf in x, w, bias, weights (host data only)
+};
+
+// Inputs. x: [..., H] float; w: [H, V] or [V, H] float (same dtype as x); bias: [V] float;
+// labels: [...] i32/i64 matching x's leading axes; weights: [...] f32 matching them.
+struct Inputs {
+  TensorView x;
+  TensorView w;
+  std::optional<TensorView> bias;
+  TensorView labels;
+  std::optional<TensorView> weights;
+};
+
+// Outputs of the forward pass (caller-allocated, on the inputs' device, contiguous):
+//   loss: f32, shape = labels' shape for kNone, 0-d (shape {}) for kSum / kMean
+//   lse:  f32, shape = labels' shape (0 for ignored rows is NOT written: lse is always the real
+//         logsumexp of the row, also for ignored rows)
+//   argmax: i64, shape = labels' shape (first maximal index), only when return_argmax.
+struct ForwardOutputs {
+  TensorView loss;
+  TensorView lse;
+  std::optional<TensorView> argmax;
+};
+
+// Gradients (caller-allocated, contiguous, on the inputs' device). dx like x (dtype f32 or x's
+// dtype), dw in w's layout (dtype f32 or w's dtype), dbias [V] (f32 or bias's dtype) and
+// required exactly when bias is given. Accumulation is f32 whatever the storage dtype.
+struct Gradients {
+  TensorView dx;
+  TensorView dw;
+  std::optional<TensorView> dbias;
+};
+
+// grad_loss: upstream gradient of `loss`. f32; 0-d for kSum / kMean, labels' shape for kNone.
+// lse: optional, the forward's lse (saves recomputing it).
+void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt = {});
+void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads,
+              const Options& opt = {}, const std::optional<TensorView>& lse = std::nullopt);
+// Loss and gradients in one pass (training). grad_loss as in backward.
+void forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
+                      const Gradients& grads, const Options& opt = {});
+
+// Convenience wrappers that allocate outputs on the inputs' device.
+struct Result {
+  Tensor loss, lse, argmax;              // argmax undefined unless requested
+  Tensor dx, dw, dbias;                  // undefined unless gradients were asked for
+  std::string implementation;            // which implementation ran
+};
+Result compute(const Inputs& in, const Options& opt = {});
+// Gradients for an upstream gradient of 1 (ones per token for kNone). Gradient dtypes follow
+// the inputs' dtypes.
+Result compute_with_grad(const Inputs& in, const Options& opt = {});
+
+// ---- introspection ----
+struct ImplementationInfo {
+  std::string name;
+  std::string description;
+  bool available = false;     // can run on this machine / build at all
+  std::string unavailable_reason;
+};
+std::vector<ImplementationInfo> implementations();
+// The implementation that the last call on this thread ran ("" if none).
+const std::string& last_implementation();
+
+// Validates block sizes for a named implementation; throws Error(kInvalidArgument) naming the
+// broken constraint.
+void validate_block_sizes(const std::string& implementation, const BlockSizes& bs);
+
+}  // namespace tessera::linear_cross_entropy

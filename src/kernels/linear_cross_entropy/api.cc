@@ -1,0 +1,439 @@
+// linear_cross_entropy: the public API. Validates every input and output before anything
+// runs (an error touches no output), normalizes shapes into a Problem, picks block sizes and
+// dispatches with the fallback rules of src/dispatch.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "core/env.h"
+#include "core/log.h"
+#include "dispatch/dispatch.h"
+#include "kernels/linear_cross_entropy/block_sizes.h"
+#include "kernels/linear_cross_entropy/impl.h"
+#include "tessera/error.h"
+#include "tessera/linear_cross_entropy.h"
+
+namespace tessera::linear_cross_entropy {
+namespace {
+
+const std::string kName = kKernelName;
+
+[[noreturn]] void bad(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, kName + ": " + msg);
+}
+
+thread_local std::string t_last_impl;
+
+void require_contiguous(const TensorView& t, const char* what) {
+  if (!t.is_contiguous())
+    bad(std::string(what) + " must be contiguous (row-major), got strides " + shape_str(t.strides) +
+        " for shape " + shape_str(t.shape));
+}
+
+void require_data(const TensorView& t, const char* what) {
+  if (t.data == nullptr && t.numel() > 0) bad(std::string(what) + " has no data (null pointer)");
+}
+
+void require_device(const TensorView& t, const Device& d, const char* what) {
+  if (t.device != d)
+    bad(std::string(what) + " is on " + t.device.str() + " but x is on " + d.str());
+}
+
+bool all_finite(const TensorView& t) {
+  if (t.device.type != DeviceType::kCPU) return true;  // device data is not inspected here
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(load_as_f32(t.data, t.dtype, i))) return false;
+  return true;
+}
+
+// How the 2-D view w maps onto memory. Returns the memory layout.
+WLayout resolve_w_layout(const TensorView& w, int64_t H, WLayout requested, int64_t* V) {
+  if (w.ndim() != 2) bad("w must be 2-D ([H, V] or [V, H]), got " + w.str());
+  const int64_t r = w.shape[0], c = w.shape[1];
+  bool logical_hv;  // the view's logical shape is [H, V]
+  switch (requested) {
+    case WLayout::kHV:
+      if (r != H) bad("w_layout=hv expects w of shape [H=" + std::to_string(H) + ", V], got " + shape_str(w.shape));
+      logical_hv = true;
+      break;
+    case WLayout::kVH:
+      if (c != H) bad("w_layout=vh expects w of shape [V, H=" + std::to_string(H) + "], got " + shape_str(w.shape));
+      logical_hv = false;
+      break;
+    default:
+      if (r == H)
+        logical_hv = true;  // also when V == H: [H, V] is assumed, documented
+      else if (c == H)
+        logical_hv = false;
+      else
+        bad("w of shape " + shape_str(w.shape) + " has no dimension equal to H=" + std::to_string(H) +
+            " (x is [..., H])");
+  }
+  *V = logical_hv ? c : r;
+  // Memory: row-major of the view, or its transpose (a transposed view of a contiguous array).
+  const bool row_major = (w.strides[1] == 1 || c == 1) && (w.strides[0] == c || r == 1);
+  const bool col_major = (w.strides[0] == 1 || r == 1) && (w.strides[1] == r || c == 1);
+  if (row_major) return logical_hv ? WLayout::kHV : WLayout::kVH;
+  if (col_major) return logical_hv ? WLayout::kVH : WLayout::kHV;
+  bad("w must be contiguous or a transposed view of a contiguous array, got strides " +
+      shape_str(w.strides) + " for shape " + shape_str(w.shape));
+}
+
+Problem normalize(const Inputs& in, const Options& opt) {
+  const TensorView& x = in.x;
+  if (!is_float(x.dtype)) bad(std::string("x must be f32, bf16 or f16, got ") + dtype_name(x.dtype));
+  if (x.ndim() < 1) bad("x must have at least one dimension [..., H], got a 0-d tensor");
+  require_contiguous(x, "x");
+  require_data(x, "x");
+  Problem p;
+  p.device = x.device;
+  p.dtype = x.dtype;
+  p.H = x.shape.back();
+  if (p.H < 1) bad("x has hidden size H=0");
+  p.B = x.numel() / p.H;
+  p.x = x.data;
+
+  const TensorView& w = in.w;
+  if (w.dtype != x.dtype)
+    bad(std::string("w dtype ") + dtype_name(w.dtype) + " differs from x dtype " + dtype_name(x.dtype));
+  require_device(w, p.device, "w");
+  p.layout = resolve_w_layout(w, p.H, opt.w_layout, &p.V);
+  if (p.V < 1) bad("vocabulary size V must be >= 1, got w " + shape_str(w.shape));
+  require_data(w, "w");
+  p.w = w.data;
+
+  if (in.bias) {
+    const TensorView& b = *in.bias;
+    if (!is_float(b.dtype)) bad(std::string("bias must be f32, bf16 or f16, got ") + dtype_name(b.dtype));
+    if (b.ndim() != 1 || b.shape[0] != p.V)
+      bad("bias must be [V=" + std::to_string(p.V) + "], got " + shape_str(b.shape));
+    require_device(b, p.device, "bias");
+    require_contiguous(b, "bias");
+    require_data(b, "bias");
+    p.bias = b.data;
+    p.bias_dtype = b.dtype;
+  }
+
+  const Shape lead(x.shape.begin(), x.shape.end() - 1);
+  const TensorView& l = in.labels;
+  if (!is_integer(l.dtype)) bad(std::string("labels must be i32 or i64, got ") + dtype_name(l.dtype));
+  if (l.shape != lead)
+    bad("labels shape " + shape_str(l.shape) + " does not match x's leading axes " + shape_str(lead));
+  require_device(l, p.device, "labels");
+  require_contiguous(l, "labels");
+  require_data(l, "labels");
+  p.labels = l.data;
+  p.label_dtype = l.dtype;
+
+  if (in.weights) {
+    const TensorView& t = *in.weights;
+    if (t.dtype != DType::kF32) bad(std::string("weights must be f32, got ") + dtype_name(t.dtype));
+    if (t.shape != lead)
+      bad("weights shape " + shape_str(t.shape) + " does not match x's leading axes " + shape_str(lead));
+    require_device(t, p.device, "weights");
+    require_contiguous(t, "weights");
+    require_data(t, "weights");
+    p.weights = static_cast<const float*>(t.data);
+  }
+
+  if (!(opt.label_smoothing >= 0.0 && opt.label_smoothing <= 1.0))
+    bad("label_smoothing must be in [0, 1], got " + std::to_string(opt.label_smoothing));
+  if (!(opt.z_loss_weight >= 0.0) || !std::isfinite(opt.z_loss_weight))
+    bad("z_loss_weight must be finite and >= 0, got " + std::to_string(opt.z_loss_weight));
+  if (!(opt.soft_cap >= 0.0) || !std::isfinite(opt.soft_cap))
+    bad("soft_cap must be finite and >= 0 (0 disables it), got " + std::to_string(opt.soft_cap));
+  p.reduction = opt.reduction;
+  p.ignore_index = opt.ignore_index;
+  p.label_smoothing = opt.label_smoothing;
+  p.z_loss_weight = opt.z_loss_weight;
+  p.soft_cap = opt.soft_cap;
+  p.want_argmax = opt.return_argmax;
+  p.stream = opt.stream;
+  p.memory_budget = opt.memory_budget;
+  int threads = opt.num_threads > 0 ? opt.num_threads : env::integer("TESSERA_NUM_THREADS", 0);
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  p.num_threads = threads;
+
+  // Label range (host labels; a device backend checks device labels itself).
+  if (p.device.type == DeviceType::kCPU) {
+    for (int64_t t = 0; t < p.B; ++t) {
+      const int64_t y = p.label(t);
+      if (y != p.ignore_index && (y < 0 || y >= p.V))
+        bad("label " + std::to_string(y) + " at token " + std::to_string(t) + " is outside [0, V=" +
+            std::to_string(p.V) + ") and is not ignore_index (" + std::to_string(p.ignore_index) + ")");
+    }
+  }
+  if (opt.check_finite) {
+    if (!all_finite(x)) bad("x contains NaN or Inf");
+    if (!all_finite(w)) bad("w contains NaN or Inf");
+    if (in.bias && !all_finite(*in.bias)) bad("bias contains NaN or Inf");
+    if (in.weights && !all_finite(*in.weights)) bad("weights contain NaN or Inf");
+  }
+  return p;
+}
+
+Shape loss_shape(const Inputs& in, Reduction r) {
+  if (r != Reduction::kNone) return {};
+  return Shape(in.x.shape.begin(), in.x.shape.end() - 1);
+}
+
+void check_output(const TensorView& t, DType dtype, const Shape& shape, const Device& dev,
+                  const char* what) {
+  if (t.dtype != dtype)
+    bad(std::string(what) + " must be " + dtype_name(dtype) + ", got " + dtype_name(t.dtype));
+  if (t.shape != shape) bad(std::string(what) + " must have shape " + shape_str(shape) + ", got " + shape_str(t.shape));
+  require_device(t, dev, what);
+  require_contiguous(t, what);
+  require_data(t, what);
+}
+
+ForwardOut check_forward_outputs(const Inputs& in, const Problem& p, const ForwardOutputs& out) {
+  const Shape lead(in.x.shape.begin(), in.x.shape.end() - 1);
+  check_output(out.loss, DType::kF32, loss_shape(in, p.reduction), p.device, "loss");
+  check_output(out.lse, DType::kF32, lead, p.device, "lse");
+  ForwardOut f;
+  f.loss = static_cast<float*>(out.loss.data);
+  f.lse = static_cast<float*>(out.lse.data);
+  if (p.want_argmax) {
+    if (!out.argmax) bad("return_argmax is set but no argmax output was given");
+    check_output(*out.argmax, DType::kI64, lead, p.device, "argmax");
+    f.argmax = static_cast<int64_t*>(out.argmax->data);
+  }
+  return f;
+}
+
+void check_grad_dtype(const TensorView& g, DType input, const char* what) {
+  if (g.dtype != DType::kF32 && g.dtype != input)
+    bad(std::string(what) + " must be f32 or " + dtype_name(input) + ", got " + dtype_name(g.dtype));
+}
+
+GradOut check_gradients(const Inputs& in, const Problem& p, const Gradients& g) {
+  GradOut o;
+  check_grad_dtype(g.dx, in.x.dtype, "dx");
+  if (g.dx.shape != in.x.shape) bad("dx must have x's shape " + shape_str(in.x.shape) + ", got " + shape_str(g.dx.shape));
+  require_device(g.dx, p.device, "dx");
+  require_contiguous(g.dx, "dx");
+  require_data(g.dx, "dx");
+  o.dx = g.dx.data;
+  o.dx_dtype = g.dx.dtype;
+
+  check_grad_dtype(g.dw, in.w.dtype, "dw");
+  if (g.dw.shape != in.w.shape || g.dw.strides != in.w.strides)
+    bad("dw must have w's shape and layout " + shape_str(in.w.shape) + " strides " + shape_str(in.w.strides) +
+        ", got " + shape_str(g.dw.shape) + " strides " + shape_str(g.dw.strides));
+  require_device(g.dw, p.device, "dw");
+  require_data(g.dw, "dw");
+  o.dw = g.dw.data;
+  o.dw_dtype = g.dw.dtype;
+
+  if (in.bias) {
+    if (!g.dbias) bad("bias is given, so dbias must be given too");
+    check_grad_dtype(*g.dbias, in.bias->dtype, "dbias");
+    if (g.dbias->shape != in.bias->shape) bad("dbias must have bias's shape " + shape_str(in.bias->shape));
+    require_device(*g.dbias, p.device, "dbias");
+    require_contiguous(*g.dbias, "dbias");
+    require_data(*g.dbias, "dbias");
+    o.dbias = g.dbias->data;
+    o.dbias_dtype = g.dbias->dtype;
+  } else if (g.dbias) {
+    bad("dbias is given but there is no bias");
+  }
+  return o;
+}
+
+const float* check_grad_loss(const Inputs& in, const Problem& p, const TensorView& g) {
+  const Shape want = loss_shape(in, p.reduction);
+  if (g.dtype != DType::kF32) bad(std::string("grad_loss must be f32, got ") + dtype_name(g.dtype));
+  const bool scalar_ok = p.reduction != Reduction::kNone && g.numel() == 1 && g.ndim() <= 1;
+  if (g.shape != want && !scalar_ok)
+    bad("grad_loss must have shape " + shape_str(want) + " for reduction=" + reduction_name(p.reduction) +
+        ", got " + shape_str(g.shape));
+  require_device(g, p.device, "grad_loss");
+  require_contiguous(g, "grad_loss");
+  require_data(g, "grad_loss");
+  if (!all_finite(g)) bad("grad_loss contains NaN or Inf");
+  return static_cast<const float*>(g.data);
+}
+
+// dw may be a transposed view of a contiguous array; zero its memory either way.
+void zero_fill_dw(const TensorView& dw) {
+  zero_fill(TensorView(dw.data, dw.dtype, {dw.numel()}, dw.device));
+}
+
+std::vector<std::string> default_order(const Device& dev) {
+  std::vector<std::string> order;
+  for (const auto& impl : registry())
+    if (impl->device_type() == dev.type) order.push_back(impl->name());
+  return order;
+}
+
+// Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
+template <class Body>
+void dispatch_call(const Problem& p, const Options& opt, Body&& body) {
+  const dispatch::Plan plan = dispatch::make_plan(opt.implementation, default_order(p.device));
+  dispatch::Callbacks cb;
+  cb.exists = [](const std::string& n) { return find_implementation(n) != nullptr; };
+  cb.supports = [&](const std::string& n) {
+    const Implementation* impl = find_implementation(n);
+    Availability a = impl->available();
+    if (!a.ok) return a;
+    return impl->supports(p);
+  };
+  cb.run = [&](const std::string& n) {
+    const Implementation* impl = find_implementation(n);
+    const BlockSizeChoice bs = choose_block_sizes(*impl, p, opt);
+    log::debug(kName + ": " + n + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
+    body(*impl, bs.sizes);
+  };
+  t_last_impl = dispatch::run(kName, plan, cb);
+}
+
+}  // namespace
+
+const char* reduction_name(Reduction r) noexcept {
+  switch (r) {
+    case Reduction::kNone: return "none";
+    case Reduction::kSum: return "sum";
+    case Reduction::kMean: return "mean";
+  }
+  return "?";
+}
+
+Reduction parse_reduction(const std::string& s) {
+  if (s == "none") return Reduction::kNone;
+  if (s == "sum") return Reduction::kSum;
+  if (s == "mean") return Reduction::kMean;
+  throw Error(ErrorCode::kInvalidArgument, "unknown reduction '" + s + "' (expected none, sum or mean)");
+}
+
+const char* w_layout_name(WLayout l) noexcept {
+  switch (l) {
+    case WLayout::kAuto: return "auto";
+    case WLayout::kHV: return "hv";
+    case WLayout::kVH: return "vh";
+  }
+  return "?";
+}
+
+const std::string& last_implementation() { return t_last_impl; }
+
+std::vector<ImplementationInfo> implementations() {
+  std::vector<ImplementationInfo> out;
+  for (const auto& impl : registry()) {
+    ImplementationInfo info;
+    info.name = impl->name();
+    info.description = impl->description();
+    const Availability a = impl->available();
+    info.available = a.ok;
+    info.unavailable_reason = a.reason;
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
+  const Problem p = normalize(in, opt);
+  const ForwardOut fo = check_forward_outputs(in, p, out);
+  if (p.B == 0) {  // empty batch: zero loss, nothing else to write
+    zero_fill(out.loss);
+    t_last_impl = "(empty batch)";
+    return;
+  }
+  dispatch_call(p, opt, [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
+}
+
+void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads, const Options& opt,
+              const std::optional<TensorView>& lse) {
+  const Problem p = normalize(in, opt);
+  GradIn gi;
+  gi.grad_loss = check_grad_loss(in, p, grad_loss);
+  const GradOut go = check_gradients(in, p, grads);
+  if (lse) {
+    check_output(*lse, DType::kF32, Shape(in.x.shape.begin(), in.x.shape.end() - 1), p.device, "lse");
+    gi.lse = static_cast<const float*>(lse->data);
+  }
+  if (p.B == 0) {
+    zero_fill_dw(grads.dw);
+    if (grads.dbias) zero_fill(*grads.dbias);
+    t_last_impl = "(empty batch)";
+    return;
+  }
+  dispatch_call(p, opt, [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, gi, go); });
+}
+
+void forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
+                      const Gradients& grads, const Options& opt) {
+  const Problem p = normalize(in, opt);
+  const ForwardOut fo = check_forward_outputs(in, p, out);
+  GradIn gi;
+  gi.grad_loss = check_grad_loss(in, p, grad_loss);
+  const GradOut go = check_gradients(in, p, grads);
+  if (p.B == 0) {
+    zero_fill(out.loss);
+    zero_fill_dw(grads.dw);
+    if (grads.dbias) zero_fill(*grads.dbias);
+    t_last_impl = "(empty batch)";
+    return;
+  }
+  dispatch_call(p, opt, [&](const Implementation& impl, const BlockSizes& bs) {
+    impl.forward_backward(p, bs, gi, fo, go);
+  });
+}
+
+namespace {
+
+// Same shape and memory layout (strides) as w: contiguous, or a transposed view of one.
+Tensor alloc_like_layout(const TensorView& w) {
+  if (w.is_contiguous()) return Tensor::empty(w.dtype, w.shape, w.device);
+  Tensor u = Tensor::empty(w.dtype, {w.shape[1], w.shape[0]}, w.device);
+  return u.as_strided(w.shape, {1, w.shape[0]});
+}
+
+Result make_outputs(const Inputs& in, const Options& opt, bool with_grad) {
+  Result r;
+  const Device dev = in.x.device;
+  check(in.x.ndim() >= 1, ErrorCode::kInvalidArgument, kName + ": x must have at least one dimension");
+  const Shape lead(in.x.shape.begin(), in.x.shape.end() - 1);
+  r.loss = Tensor::empty(DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{}, dev);
+  r.lse = Tensor::empty(DType::kF32, lead, dev);
+  if (opt.return_argmax) r.argmax = Tensor::empty(DType::kI64, lead, dev);
+  if (with_grad) {
+    r.dx = Tensor::empty(in.x.dtype, in.x.shape, dev);
+    r.dw = alloc_like_layout(in.w);
+    if (in.bias) r.dbias = Tensor::empty(in.bias->dtype, in.bias->shape, dev);
+  }
+  return r;
+}
+
+ForwardOutputs views_of(const Result& r) {
+  ForwardOutputs o{r.loss.view(), r.lse.view(), std::nullopt};
+  if (r.argmax.defined()) o.argmax = r.argmax.view();
+  return o;
+}
+
+}  // namespace
+
+Result compute(const Inputs& in, const Options& opt) {
+  Result r = make_outputs(in, opt, false);
+  forward(in, views_of(r), opt);
+  r.implementation = t_last_impl;
+  return r;
+}
+
+Result compute_with_grad(const Inputs& in, const Options& opt) {
+  Result r = make_outputs(in, opt, true);
+  const Shape lead(in.x.shape.begin(), in.x.shape.end() - 1);
+  Tensor g = Tensor::empty(DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{});
+  float* gp = g.data_as<float>();
+  for (int64_t i = 0; i < g.numel(); ++i) gp[i] = 1.0f;
+  if (in.x.device.type != DeviceType::kCPU) g = g.to(in.x.device);
+  Gradients grads{r.dx.view(), r.dw.view(), std::nullopt};
+  if (r.dbias.defined()) grads.dbias = r.dbias.view();
+  forward_backward(in, g.view(), views_of(r), grads, opt);
+  r.implementation = t_last_impl;
+  return r;
+}
+
+}  // namespace tessera::linear_cross_entropy

@@ -1,0 +1,107 @@
+// Tessera internal: the contract between the linear_cross_entropy API and its implementations.
+//
+// api.cc validates the user's views and normalizes them into a Problem (flat B tokens, a
+// resolved w layout, raw pointers); every implementation (reference, cpu, cuda, ...) receives
+// exactly the same Problem and must give the same results (docs/kernels/linear_cross_entropy.md).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dispatch/dispatch.h"
+#include "tessera/linear_cross_entropy.h"
+
+namespace tessera::linear_cross_entropy {
+
+using dispatch::Availability;
+
+struct Problem {
+  int64_t B = 0, H = 0, V = 0;
+  DType dtype = DType::kF32;  // of x and w
+  Device device;
+
+  const void* x = nullptr;     // [B, H] row-major, contiguous (row stride H)
+  const void* w = nullptr;     // kHV: [H, V] row-major; kVH: [V, H] row-major (contiguous)
+  WLayout layout = WLayout::kHV;  // resolved: never kAuto
+  const void* bias = nullptr;  // [V] or nullptr
+  DType bias_dtype = DType::kF32;
+  const void* labels = nullptr;  // [B]
+  DType label_dtype = DType::kI64;
+  const float* weights = nullptr;  // [B] f32 or nullptr (all ones)
+
+  Reduction reduction = Reduction::kMean;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+  double z_loss_weight = 0.0;
+  double soft_cap = 0.0;
+  bool want_argmax = false;
+
+  int num_threads = 0;  // resolved by the API: >= 1 for CPU backends
+  void* stream = nullptr;
+  size_t memory_budget = 0;
+
+  int64_t label(int64_t t) const { return load_as_i64(labels, label_dtype, t); }
+  float weight(int64_t t) const { return weights ? weights[t] : 1.0f; }
+  bool ignored(int64_t t) const { return label(t) == ignore_index; }
+};
+
+// Raw outputs. loss: B floats for kNone, 1 float for kSum / kMean. lse: B floats. argmax: B
+// int64 or nullptr. All on problem.device.
+struct ForwardOut {
+  float* loss = nullptr;
+  float* lse = nullptr;
+  int64_t* argmax = nullptr;
+};
+
+struct GradIn {
+  const float* grad_loss = nullptr;  // 1 float (kSum / kMean) or B floats (kNone)
+  const float* lse = nullptr;        // optional [B]: the forward's lse
+};
+
+struct GradOut {
+  void* dx = nullptr;  // [B, H]
+  DType dx_dtype = DType::kF32;
+  void* dw = nullptr;  // in problem.layout
+  DType dw_dtype = DType::kF32;
+  void* dbias = nullptr;  // [V] or nullptr (exactly when problem.bias)
+  DType dbias_dtype = DType::kF32;
+};
+
+class Implementation {
+ public:
+  virtual ~Implementation() = default;
+  virtual std::string name() const = 0;
+  virtual std::string description() const = 0;
+  // The device whose memory this implementation works on (the default order for a call lists
+  // the implementations of the inputs' device type, in registry order).
+  virtual DeviceType device_type() const = 0;
+  // Machine / build level: can this implementation run here at all?
+  virtual Availability available() const { return Availability::yes(); }
+  // Input level: can it run this problem (device, dtypes, sizes)? Must be cheap.
+  virtual Availability supports(const Problem& p) const = 0;
+
+  virtual BlockSizes default_block_sizes(const Problem& p) const = 0;
+  // Throws Error(kInvalidArgument) naming the broken constraint.
+  virtual void validate_block_sizes(const BlockSizes& bs) const = 0;
+  // Whether block sizes matter (the tuner only sweeps tunable implementations).
+  virtual bool tunable() const { return false; }
+  // Bounded candidate set for the tuner.
+  virtual std::vector<BlockSizes> candidate_block_sizes(const Problem&) const { return {}; }
+
+  virtual void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const = 0;
+  virtual void backward(const Problem& p, const BlockSizes& bs, const GradIn& g,
+                        const GradOut& out) const = 0;
+  // Default: forward, then backward with the forward's lse.
+  virtual void forward_backward(const Problem& p, const BlockSizes& bs, const GradIn& g,
+                                const ForwardOut& fout, const GradOut& gout) const;
+};
+
+// The registry of this kernel, in default dispatch order. Defined in implementations.cc.
+const std::vector<std::unique_ptr<Implementation>>& registry();
+const Implementation* find_implementation(const std::string& name);  // nullptr if unknown
+
+// Factories (each backend's file defines its own).
+std::unique_ptr<Implementation> make_reference_implementation();
+
+}  // namespace tessera::linear_cross_entropy

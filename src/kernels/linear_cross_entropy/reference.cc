@@ -1,0 +1,169 @@
+// linear_cross_entropy: the reference implementation (the oracle).
+//
+// Plain loops, double accumulation everywhere, one token row at a time. Obviously correct
+// rather than fast. Memory: O(V) doubles for a row of logits, plus, in backward, an H×V (and V)
+// double accumulator for dw (and dbias) — O(H·V), never O(B·V). Never edited to make a fast
+// path pass: it changes only when the math changes.
+#include <cmath>
+#include <vector>
+
+#include "kernels/linear_cross_entropy/impl.h"
+#include "tessera/error.h"
+
+namespace tessera::linear_cross_entropy {
+namespace {
+
+double x_at(const Problem& p, int64_t t, int64_t h) {
+  return load_as_f32(p.x, p.dtype, t * p.H + h);
+}
+double w_at(const Problem& p, int64_t h, int64_t j) {
+  const int64_t i = p.layout == WLayout::kHV ? h * p.V + j : j * p.H + h;
+  return load_as_f32(p.w, p.dtype, i);
+}
+
+// Row t of the logits after bias and soft cap, z[0..V).
+void logits_row(const Problem& p, int64_t t, std::vector<double>& z) {
+  for (int64_t j = 0; j < p.V; ++j) {
+    double s = 0.0;
+    for (int64_t h = 0; h < p.H; ++h) s += x_at(p, t, h) * w_at(p, h, j);
+    if (p.bias) s += load_as_f32(p.bias, p.bias_dtype, j);
+    if (p.soft_cap > 0.0) s = p.soft_cap * std::tanh(s / p.soft_cap);
+    z[static_cast<size_t>(j)] = s;
+  }
+}
+
+double logsumexp(const std::vector<double>& z) {
+  double m = -INFINITY;
+  for (double v : z) m = std::max(m, v);
+  double s = 0.0;
+  for (double v : z) s += std::exp(v - m);
+  return m + std::log(s);
+}
+
+struct RowLoss {
+  double lse = 0.0;
+  double loss = 0.0;  // weight_t · (ce + λ·lse²); 0 for ignored rows
+  int64_t argmax = 0;
+};
+
+RowLoss row_loss(const Problem& p, int64_t t, const std::vector<double>& z) {
+  RowLoss r;
+  r.lse = logsumexp(z);
+  for (int64_t j = 1; j < p.V; ++j)
+    if (z[static_cast<size_t>(j)] > z[static_cast<size_t>(r.argmax)]) r.argmax = j;
+  if (p.ignored(t)) return r;
+  const int64_t y = p.label(t);
+  double mean_z = 0.0;
+  for (double v : z) mean_z += v;
+  mean_z /= static_cast<double>(p.V);
+  const double nll = r.lse - z[static_cast<size_t>(y)];
+  const double eps = p.label_smoothing;
+  const double ce = (1.0 - eps) * nll + eps * (r.lse - mean_z);
+  r.loss = static_cast<double>(p.weight(t)) * (ce + p.z_loss_weight * r.lse * r.lse);
+  return r;
+}
+
+// Σ weight_t over non-ignored rows.
+double weight_sum(const Problem& p) {
+  double s = 0.0;
+  for (int64_t t = 0; t < p.B; ++t)
+    if (!p.ignored(t)) s += p.weight(t);
+  return s;
+}
+
+class Reference final : public Implementation {
+ public:
+  std::string name() const override { return "reference"; }
+  std::string description() const override {
+    return "plain loops in double precision, the oracle (slow; O(H*V) extra memory in backward)";
+  }
+  DeviceType device_type() const override { return DeviceType::kCPU; }
+  Availability supports(const Problem& p) const override {
+    if (p.device.type != DeviceType::kCPU)
+      return Availability::no("inputs are on " + p.device.str() + ", reference runs on host memory");
+    return Availability::yes();
+  }
+  BlockSizes default_block_sizes(const Problem&) const override { return {}; }
+  void validate_block_sizes(const BlockSizes&) const override {}  // unblocked: ignores them
+
+  void forward(const Problem& p, const BlockSizes&, const ForwardOut& out) const override {
+    std::vector<double> z(static_cast<size_t>(p.V));
+    double total = 0.0;
+    for (int64_t t = 0; t < p.B; ++t) {
+      logits_row(p, t, z);
+      const RowLoss r = row_loss(p, t, z);
+      out.lse[t] = static_cast<float>(r.lse);
+      if (out.argmax) out.argmax[t] = r.argmax;
+      if (p.reduction == Reduction::kNone) out.loss[t] = static_cast<float>(r.loss);
+      total += r.loss;
+    }
+    if (p.reduction == Reduction::kSum) out.loss[0] = static_cast<float>(total);
+    if (p.reduction == Reduction::kMean) {
+      const double denom = weight_sum(p);
+      out.loss[0] = denom == 0.0 ? 0.0f : static_cast<float>(total / denom);
+    }
+  }
+
+  void backward(const Problem& p, const BlockSizes&, const GradIn& g,
+                const GradOut& out) const override {
+    const auto V = static_cast<size_t>(p.V);
+    std::vector<double> z(V), dz(V);
+    std::vector<double> dw(static_cast<size_t>(p.H) * V, 0.0);  // [H][V]
+    std::vector<double> dbias(V, 0.0);
+    std::vector<double> dx(static_cast<size_t>(p.H));
+    const double denom = p.reduction == Reduction::kMean ? weight_sum(p) : 1.0;
+    const double eps = p.label_smoothing;
+
+    for (int64_t t = 0; t < p.B; ++t) {
+      std::fill(dx.begin(), dx.end(), 0.0);
+      if (!p.ignored(t)) {
+        // Upstream gradient reaching loss_t.
+        double up = p.reduction == Reduction::kNone ? g.grad_loss[t] : g.grad_loss[0];
+        if (p.reduction == Reduction::kMean) up = denom == 0.0 ? 0.0 : up / denom;
+        const double scale = up * static_cast<double>(p.weight(t));
+        logits_row(p, t, z);
+        const double lse = logsumexp(z);
+        const int64_t y = p.label(t);
+        // d loss_t / d z_j = w_t·[(1 + 2λ·lse)·p_j − (1−ε)·[j==y] − ε/V]
+        for (size_t j = 0; j < V; ++j) {
+          const double pj = std::exp(z[j] - lse);
+          double d = (1.0 + 2.0 * p.z_loss_weight * lse) * pj - eps / static_cast<double>(p.V);
+          if (static_cast<int64_t>(j) == y) d -= (1.0 - eps);
+          d *= scale;
+          // Through the soft cap: z = c·tanh(s/c)  =>  dz/ds = 1 − (z/c)².
+          if (p.soft_cap > 0.0) d *= 1.0 - (z[j] / p.soft_cap) * (z[j] / p.soft_cap);
+          dz[j] = d;
+        }
+        for (int64_t h = 0; h < p.H; ++h) {
+          const double xh = x_at(p, t, h);
+          double acc = 0.0;
+          for (size_t j = 0; j < V; ++j) {
+            acc += dz[j] * w_at(p, h, static_cast<int64_t>(j));
+            dw[static_cast<size_t>(h) * V + j] += xh * dz[j];
+          }
+          dx[static_cast<size_t>(h)] = acc;
+        }
+        for (size_t j = 0; j < V; ++j) dbias[j] += dz[j];
+      }
+      for (int64_t h = 0; h < p.H; ++h)
+        store_from_f32(out.dx, out.dx_dtype, t * p.H + h, static_cast<float>(dx[static_cast<size_t>(h)]));
+    }
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t j = 0; j < p.V; ++j) {
+        const int64_t i = p.layout == WLayout::kHV ? h * p.V + j : j * p.H + h;
+        store_from_f32(out.dw, out.dw_dtype, i,
+                       static_cast<float>(dw[static_cast<size_t>(h) * V + static_cast<size_t>(j)]));
+      }
+    if (out.dbias)
+      for (int64_t j = 0; j < p.V; ++j)
+        store_from_f32(out.dbias, out.dbias_dtype, j, static_cast<float>(dbias[static_cast<size_t>(j)]));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Implementation> make_reference_implementation() {
+  return std::make_unique<Reference>();
+}
+
+}  // namespace tessera::linear_cross_entropy

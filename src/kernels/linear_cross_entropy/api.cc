@@ -271,7 +271,7 @@ std::vector<std::string> default_order(const Device& dev) {
 
 // Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
-void dispatch_call(const Problem& p, const Options& opt, Body&& body) {
+void dispatch_call(const Problem& p, const Options& opt, Op op, Body&& body) {
   const dispatch::Plan plan = dispatch::make_plan(opt.implementation, default_order(p.device));
   dispatch::Callbacks cb;
   cb.exists = [](const std::string& n) { return find_implementation(n) != nullptr; };
@@ -283,7 +283,7 @@ void dispatch_call(const Problem& p, const Options& opt, Body&& body) {
   };
   cb.run = [&](const std::string& n) {
     const Implementation* impl = find_implementation(n);
-    const BlockSizeChoice bs = choose_block_sizes(*impl, p, opt);
+    const BlockSizeChoice bs = choose_block_sizes(*impl, p, opt, op);
     log::debug(kName + ": " + n + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
     body(*impl, bs.sizes);
   };
@@ -341,7 +341,8 @@ void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
     t_last_impl = "(empty batch)";
     return;
   }
-  dispatch_call(p, opt, [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
+  dispatch_call(p, opt, Op::kForward,
+                [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
 }
 
 void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads, const Options& opt,
@@ -360,7 +361,8 @@ void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& gr
     t_last_impl = "(empty batch)";
     return;
   }
-  dispatch_call(p, opt, [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, gi, go); });
+  dispatch_call(p, opt, Op::kBackward,
+                [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, gi, go); });
 }
 
 void forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
@@ -377,7 +379,7 @@ void forward_backward(const Inputs& in, const TensorView& grad_loss, const Forwa
     t_last_impl = "(empty batch)";
     return;
   }
-  dispatch_call(p, opt, [&](const Implementation& impl, const BlockSizes& bs) {
+  dispatch_call(p, opt, Op::kForwardBackward, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.forward_backward(p, bs, gi, fo, go);
   });
 }

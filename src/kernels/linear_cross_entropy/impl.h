@@ -88,6 +88,13 @@ class Implementation {
   virtual bool tunable() const { return false; }
   // Bounded candidate set for the tuner.
   virtual std::vector<BlockSizes> candidate_block_sizes(const Problem&) const { return {}; }
+  // Machine class that tuned block sizes are keyed by (src/tune/device_kind.h). Default: the
+  // generic CPU helper for CPU implementations, "cuda:unknown" otherwise (a CUDA backend
+  // overrides it with the GPU's name). Defined in tuning.cc.
+  virtual std::string device_kind(const Problem& p) const;
+  // Blocks until the work this implementation queued for `p` is done (autotune timing). No-op
+  // for synchronous backends; a CUDA backend synchronizes p.stream.
+  virtual void synchronize(const Problem&) const {}
 
   virtual void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const = 0;
   virtual void backward(const Problem& p, const BlockSizes& bs, const GradIn& g,

@@ -1,0 +1,81 @@
+#include "tune/records.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "tessera/error.h"
+
+namespace tessera::tune {
+namespace {
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += (c == '\n' || c == '\r') ? ' ' : c;
+  }
+  return out + "\"";
+}
+
+std::string num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", x);
+  return buf;
+}
+
+void save(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) throw Error(ErrorCode::kIo, "cannot write " + path);
+}
+
+}  // namespace
+
+void write_csv(const std::string& path, const std::vector<Record>& rows) {
+  std::string t =
+      "kernel,implementation,device_kind,dtype,bucket,op,shape,candidate,status,median_ms,min_ms,"
+      "first_call_ms,runs,failure\n";
+  for (const Record& r : rows) {
+    const bool ok = r.m.ok();
+    for (const std::string& f : {r.kernel, r.implementation, r.device_kind, r.dtype, r.bucket, r.op,
+                                 r.shape, params_str(r.m.candidate),
+                                 std::string(status_name(r.m.status))})
+      t += csv_field(f) + ",";
+    t += (ok ? num(r.m.median_ms) : "") + "," + (ok ? num(r.m.min_ms) : "") + "," +
+         (ok ? num(r.m.first_call_ms) : "") + "," + (ok ? std::to_string(r.m.runs) : "") + "," +
+         csv_field(r.m.failure) + "\n";
+  }
+  save(path, t);
+}
+
+void write_json(const std::string& path, const std::vector<Record>& rows, const nlohmann::json& meta) {
+  nlohmann::json j;
+  j["meta"] = meta;
+  j["records"] = nlohmann::json::array();
+  for (const Record& r : rows) {
+    nlohmann::json o;
+    o["kernel"] = r.kernel;
+    o["implementation"] = r.implementation;
+    o["device_kind"] = r.device_kind;
+    o["dtype"] = r.dtype;
+    o["bucket"] = r.bucket;
+    o["op"] = r.op;
+    o["shape"] = r.shape;
+    o["candidate"] = params_to_json(r.m.candidate);
+    o["status"] = status_name(r.m.status);
+    if (r.m.ok()) {
+      o["median_ms"] = r.m.median_ms;
+      o["min_ms"] = r.m.min_ms;
+      o["first_call_ms"] = r.m.first_call_ms;
+      o["runs"] = r.m.runs;
+    } else {
+      o["failure"] = r.m.failure;
+    }
+    j["records"].push_back(o);
+  }
+  save(path, j.dump(2) + "\n");
+}
+
+}  // namespace tessera::tune

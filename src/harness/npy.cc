@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <fstream>
-#include <regex>
 #include <vector>
 
 #include "tessera/error.h"
@@ -23,6 +22,31 @@ DType parse_descr(const std::string& path, const std::string& d) {
   if (d == "<f8") bad(path, "dtype float64 is not supported: save as float32 (x.astype(np.float32))");
   if (!d.empty() && d[0] == '>') bad(path, "big-endian dtype '" + d + "' is not supported");
   bad(path, "unsupported dtype '" + d + "' (expected <f4, <f2, bf16 as <V2, <i4 or <i8)");
+}
+
+// The value text after 'key': in the header dict (a Python literal), or "" if absent.
+std::string dict_value(const std::string& header, const std::string& key) {
+  const std::string k = "'" + key + "'";
+  size_t i = header.find(k);
+  if (i == std::string::npos) return "";
+  i = header.find(':', i + k.size());
+  if (i == std::string::npos) return "";
+  ++i;
+  while (i < header.size() && header[i] == ' ') ++i;
+  if (i >= header.size()) return "";
+  if (header[i] == '\'') {
+    const size_t e = header.find('\'', i + 1);
+    return e == std::string::npos ? "" : header.substr(i + 1, e - i - 1);
+  }
+  if (header[i] == '(') {
+    const size_t e = header.find(')', i);
+    return e == std::string::npos ? "" : header.substr(i + 1, e - i - 1);
+  }
+  size_t e = i;
+  while (e < header.size() && header[e] != ',' && header[e] != '}') ++e;
+  std::string v = header.substr(i, e - i);
+  while (!v.empty() && v.back() == ' ') v.pop_back();
+  return v;
 }
 
 }  // namespace
@@ -49,19 +73,27 @@ Tensor load(const std::string& path) {
   std::string header(header_len, '\0');
   if (!f.read(header.data(), static_cast<std::streamsize>(header_len))) bad(path, "truncated header");
 
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex(R"('descr'\s*:\s*'([^']*)')"))) bad(path, "header has no descr");
-  const DType dtype = parse_descr(path, m[1].str());
-  if (!std::regex_search(header, m, std::regex(R"('fortran_order'\s*:\s*(True|False))")))
-    bad(path, "header has no fortran_order");
-  if (m[1].str() == "True") bad(path, "Fortran-order arrays are not supported: save a C-order array (np.ascontiguousarray)");
-  if (!std::regex_search(header, m, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) bad(path, "header has no shape");
+  const std::string descr = dict_value(header, "descr");
+  if (descr.empty()) bad(path, "header has no descr");
+  const DType dtype = parse_descr(path, descr);
+  const std::string order = dict_value(header, "fortran_order");
+  if (order == "True") bad(path, "Fortran-order arrays are not supported: save a C-order array (np.ascontiguousarray)");
+  if (order != "False") bad(path, "header has no fortran_order");
+  if (header.find("'shape'") == std::string::npos) bad(path, "header has no shape");
   Shape shape;
-  const std::string dims = m[1].str();
-  std::regex num(R"(\d+)");
-  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator(); ++it)
-    shape.push_back(std::stoll(it->str()));
-
+  const std::string dims = dict_value(header, "shape");
+  for (size_t i = 0; i < dims.size();) {
+    if (dims[i] >= '0' && dims[i] <= '9') {
+      size_t e = i;
+      while (e < dims.size() && dims[e] >= '0' && dims[e] <= '9') ++e;
+      shape.push_back(std::stoll(dims.substr(i, e - i)));
+      i = e;
+    } else if (dims[i] == ',' || dims[i] == ' ' || dims[i] == 'L') {
+      ++i;
+    } else {
+      bad(path, "malformed shape '(" + dims + ")'");
+    }
+  }
   Tensor t = Tensor::empty(dtype, shape);
   const size_t bytes = t.view().nbytes();
   if (bytes && !f.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(bytes)))

@@ -11,6 +11,8 @@ void set_exit_code(int code);
 int exit_code();
 
 void register_list(CLI::App& app);
+void register_check(CLI::App& app);
+void register_run(CLI::App& app);
 void register_tune(CLI::App& app);  // tune.cc
 
 }  // namespace tessera::cli

@@ -35,6 +35,7 @@ struct TuneArgs {
   std::string table = "src/kernels/linear_cross_entropy/tuned_table.cc";
   int warmup = 1;
   int repeats = 5;
+  std::string shape;  // "B,H,V": time at this shape instead of the buckets' representatives
   bool list = false;
 };
 
@@ -89,9 +90,8 @@ std::vector<const tune::Bucket*> pick_buckets(const std::string& names) {
   return out;
 }
 
-// A problem with the bucket's representative shape but no data (enough to list candidates).
-lce::Problem shape_only(const tune::Bucket& b, DType dtype, const lce::Implementation& impl) {
-  const auto s = tune::representative_shape(b);
+// A problem with a shape but no data (enough to list candidates).
+lce::Problem shape_only(const std::vector<int64_t>& s, DType dtype, const lce::Implementation& impl) {
   lce::Problem p;
   p.B = s[0];
   p.H = s[1];
@@ -115,13 +115,44 @@ void run_tune(const TuneArgs& a) {
     dtypes.push_back(t);
   }
 
+  std::vector<int64_t> shape_override;
+  if (!a.shape.empty()) {
+    for (const std::string& d : dispatch::split_names(a.shape)) {
+      int64_t v = 0;
+      try {
+        size_t pos = 0;
+        v = std::stoll(d, &pos);
+        if (pos != d.size()) v = 0;
+      } catch (...) {
+        v = 0;
+      }
+      if (v < 1) throw Error(ErrorCode::kInvalidArgument, "tune: --shape wants B,H,V (positive integers), got '" + a.shape + "'");
+      shape_override.push_back(v);
+    }
+    if (shape_override.size() != 3)
+      throw Error(ErrorCode::kInvalidArgument, "tune: --shape wants B,H,V, got '" + a.shape + "'");
+    for (const tune::Bucket* b : buckets)
+      if (!tune::match_bucket({*b}, shape_override))
+        throw Error(ErrorCode::kInvalidArgument, "tune: --shape " + a.shape + " is outside bucket '" + b->name +
+                                                     "' (" + tune::ranges_str(*b) + ")");
+  }
+  auto shape_of = [&](const tune::Bucket& b) {
+    return shape_override.empty() ? tune::representative_shape(b) : shape_override;
+  };
+  if (a.emit_table) {  // fail before timing anything
+    const fs::path parent = fs::path(a.table).parent_path();
+    if (!fs::is_directory(parent.empty() ? fs::path(".") : parent))
+      throw Error(ErrorCode::kIo, "tune: no directory for " + a.table +
+                                      " (run from the repository root or pass --table PATH)");
+  }
+
   if (a.list) {
     for (const tune::Bucket* b : buckets)
       fmt::print("{:<12} {:<36} representative {}  ({})\n", b->name, tune::ranges_str(*b),
                  tune::shape_str(*b, tune::representative_shape(*b)), b->description);
     for (const auto* impl : impls)
       for (const tune::Bucket* b : buckets) {
-        const auto cands = lce::tuning_candidates(*impl, shape_only(*b, dtypes.at(0), *impl));
+        const auto cands = lce::tuning_candidates(*impl, shape_only(shape_of(*b), dtypes.at(0), *impl));
         fmt::print("{} {}: {} candidates:", impl->name(), b->name, cands.size());
         for (const auto& c : cands) fmt::print(" [{}]", c.str());
         fmt::print("\n");
@@ -135,7 +166,7 @@ void run_tune(const TuneArgs& a) {
   size_t total = 0;
   for (const auto* impl : impls)
     for (DType d : dtypes)
-      for (const tune::Bucket* b : buckets) total += lce::tuning_candidates(*impl, shape_only(*b, d, *impl)).size();
+      for (const tune::Bucket* b : buckets) total += lce::tuning_candidates(*impl, shape_only(shape_of(*b), d, *impl)).size();
 
   std::vector<tune::Record> records;
   std::vector<tune::TableEntry> winners;
@@ -151,7 +182,7 @@ void run_tune(const TuneArgs& a) {
   for (const auto* impl : impls) {
     for (DType dtype : dtypes) {
       for (const tune::Bucket* b : buckets) {
-        const auto shape = tune::representative_shape(*b);
+        const auto shape = shape_of(*b);
         const std::string shape_s = tune::shape_str(*b, shape);
         lce::OwnedProblem owned =
             lce::make_random_problem(shape[0], shape[1], shape[2], dtype, Device{impl->device_type(), 0});
@@ -229,10 +260,6 @@ void run_tune(const TuneArgs& a) {
   fmt::print("raw results: {}.csv, {}.json\n", stem, stem);
 
   if (a.emit_table) {
-    const fs::path table(a.table);
-    if (!fs::is_directory(table.parent_path().empty() ? fs::path(".") : table.parent_path()))
-      throw Error(ErrorCode::kIo, "tune: no directory for " + a.table +
-                                      " (run from the repository root or pass --table PATH)");
     tune::TableSource src;
     src.kernel = lce::kKernelName;
     src.include = "kernels/linear_cross_entropy/tuning.h";
@@ -272,6 +299,7 @@ void register_tune(CLI::App& app) {
   cmd->add_option("--table", a->table, "Path of the tuned table to write")->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "Untimed runs per candidate after its first call")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--repeats", a->repeats, "Timed runs per candidate (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--shape", a->shape, "Time at B,H,V instead of each bucket's representative shape (must lie in the buckets)");
   cmd->add_flag("--list", a->list, "List buckets and candidates without timing anything");
   cmd->callback([a] { run_tune(*a); });
 }

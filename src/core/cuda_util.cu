@@ -150,9 +150,10 @@ void copy(void* dst, const void* src, size_t bytes, int kind, int device) {
   // Synchronous with respect to the host (Tensor::to returns a usable tensor); cudaMemcpy on
   // the legacy default stream also waits for work queued there.
   check(cudaMemcpy(dst, src, bytes, k), "cudaMemcpy (Tensor::to)");
-  // A device-to-device cudaMemcpy may return before it completes; finish it so that work on any
-  // stream (also non-blocking ones) sees the copy.
-  if (k == cudaMemcpyDeviceToDevice) check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
+  // cudaMemcpy may return before the data has landed (device-to-device copies; pageable
+  // host-to-device copies return once staged). Finish it so that work on any stream, also a
+  // non-blocking one, sees the copy.
+  check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
 }
 
 void fill(void* p, int value, size_t bytes, int device) {

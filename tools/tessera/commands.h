@@ -11,5 +11,8 @@ void set_exit_code(int code);
 int exit_code();
 
 void register_list(CLI::App& app);
+void register_roofline(CLI::App& app);
+void register_bench(CLI::App& app);
+void register_report(CLI::App& app);
 
 }  // namespace tessera::cli

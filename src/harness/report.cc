@@ -211,6 +211,7 @@ std::string render_roofline_svg(const json& doc) {
     if (!color.count(impl)) color[impl] = kPalette[color.size() % (sizeof kPalette / sizeof *kPalette)];
   }
   s << "<g class=\"points\">\n";
+  std::vector<std::pair<double, double>> placed;  // label anchors already used
   for (const auto& p : pts) {
     const auto& r = rows[p.index];
     const char* c = color[gets(r, "implementation")];
@@ -228,7 +229,19 @@ std::string render_roofline_svg(const json& doc) {
     else
       s << "<circle cx=\"" << x << "\" cy=\"" << y << "\" r=\"5.5\" fill=\"" << c
         << "\" fill-opacity=\"0.85\" stroke=\"#000\"/>";
-    s << "<text x=\"" << x + 7 << "\" y=\"" << y - 6 << "\" font-size=\"11\">" << p.index + 1 << "</text>";
+    // Label next to the point, at the first offset that does not collide with earlier labels.
+    const double offs[][2] = {{7, -6}, {7, 13}, {-19, -6}, {-19, 13}, {7, -18}, {-19, -18}, {7, 25}};
+    double tx = x + 7, ty = y - 6;
+    for (const auto& o : offs) {
+      bool clash = false;
+      for (const auto& [px, py] : placed) clash |= std::fabs(px - (x + o[0])) < 16 && std::fabs(py - (y + o[1])) < 11;
+      if (!clash) {
+        tx = x + o[0], ty = y + o[1];
+        break;
+      }
+    }
+    placed.emplace_back(tx, ty);
+    s << "<text x=\"" << tx << "\" y=\"" << ty << "\" font-size=\"11\">" << p.index + 1 << "</text>";
     s << "</g>\n";
   }
   s << "</g>\n";
@@ -272,7 +285,8 @@ std::string render_report_html(const json& doc) {
     << "th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;white-space:nowrap}\n"
     << "th{background:#f0f0f0}td.t{text-align:left}\n"
     << "tr.baseline td{color:#555;background:#fafafa}\n"
-    << ".small{font-size:12px;color:#555}\n</style></head><body>\n";
+    << ".small{font-size:12px;color:#555}\ntd.small{white-space:normal;text-align:left;min-width:260px;max-width:520px}\n"
+    << "th.t{text-align:left}\n</style></head><body>\n";
   h << "<h1>Tessera bench" << (kernel.empty() ? "" : ": " + esc(kernel)) << "</h1>\n";
   h << "<p class=\"small\">";
   if (doc.contains("created_at")) h << "created " << esc(gets(doc, "created_at")) << " · ";
@@ -289,7 +303,8 @@ std::string render_report_html(const json& doc) {
   if (ceilings.empty()) {
     h << "<p>No ceilings in this file: no fraction of roofline, and no ceiling lines.</p>\n";
   } else {
-    h << "<table><tr><th>device</th><th>name</th><th>GEMM peak GFLOP/s</th><th>bandwidth GB/s</th><th>how</th></tr>\n";
+    h << "<table><tr><th class=\"t\">device</th><th class=\"t\">name</th><th>GEMM peak GFLOP/s</th><th>bandwidth GB/s</th>"
+         "<th class=\"t\">how</th></tr>\n";
     for (const auto& d : ceilings) {
       std::string peaks, how;
       for (const auto& [dt, p] : d.gemm_gflops) peaks += (peaks.empty() ? "" : ", ") + dt + " " + num(p);

@@ -259,7 +259,6 @@ Roofline measure_roofline(const RooflineOptions& opt) {
       }
       if (best > 0) c.gemm_gflops[dtype] = best;
       c.gemm_method[dtype] = method;
-      if (best <= 0 && dtype == "bf16") c.notes.push_back("bf16 has no BLAS ceiling (" + method.substr(method.find(':') + 2) + ")");
     }
     c.gemm_method["f16"] = "no BLAS ceiling: no f16 GEMM in a CBLAS; f32's is used";
     progress.step(++step, "CPU copy bandwidth (" + std::to_string(copy_bytes >> 20) + " MiB)");

@@ -14,5 +14,7 @@ void register_list(CLI::App& app);
 void register_roofline(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_report(CLI::App& app);
+void register_check(CLI::App& app);
+void register_run(CLI::App& app);
 
 }  // namespace tessera::cli

@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   tessera::cli::register_roofline(app);
   tessera::cli::register_bench(app);
   tessera::cli::register_report(app);
+  tessera::cli::register_check(app);
+  tessera::cli::register_run(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

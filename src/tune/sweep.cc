@@ -23,51 +23,114 @@ double median(std::vector<double> v) {
 
 SweepResult sweep(const std::vector<Params>& candidates, const RunFn& run,
                   const SweepPolicy& policy, const SweepStart& on_start,
-                  const SweepObserver& on_done) {
+                  const SweepObserver& on_tick) {
   SweepResult r;
-  const bool limited = policy.budget_s > 0;
-  auto left = [&] { return !limited || r.spent_s < policy.budget_s; };
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    Measurement m;
-    m.candidate = candidates[i];
+  const size_t n = candidates.size();
+  const int warmup = std::max(0, policy.warmup), repeats = std::max(0, policy.repeats);
+  const int min_repeats = std::clamp(policy.min_repeats, 0, repeats);
+  std::vector<std::vector<double>> times(n);
+  r.measurements.resize(n);
+  for (size_t i = 0; i < n; ++i) r.measurements[i].candidate = candidates[i];
+
+  const size_t per_candidate = static_cast<size_t>(1 + warmup + repeats);  // runs
+  std::vector<size_t> runs_done(n, 0);
+  SweepTick tick;
+  tick.total = n * per_candidate;
+  size_t emitted = 0;  // tick.done at the last on_tick
+  auto left = [&] { return policy.budget_s <= 0 || r.spent_s < policy.budget_s; };
+  auto live = [&](size_t i) { return r.measurements[i].ok(); };
+  auto refresh_best = [&] {
+    r.best = -1;
+    for (size_t i = 0; i < n; ++i) {
+      if (!live(i) || times[i].empty()) continue;
+      const double med = median(times[i]) * 1e3;
+      if (r.best < 0 || med < tick.best_ms) {
+        r.best = static_cast<int>(i);
+        tick.best_ms = med;
+      }
+    }
+    tick.best = r.best;
+  };
+  // One run of candidate i; false if it failed (then it is dropped).
+  auto once = [&](size_t i, const char* phase, double* seconds, bool timed) {
+    if (on_start) on_start(i, phase);
+    Measurement& m = r.measurements[i];
+    bool ok = true;
+    try {
+      *seconds = run(m.candidate);
+      r.spent_s += *seconds;
+      if (timed) times[i].push_back(*seconds);
+    } catch (const std::exception& e) {
+      ok = false;
+      m.failure = e.what();
+    } catch (...) {
+      ok = false;
+      m.failure = "unknown exception";
+    }
+    ++runs_done[i];
+    ++tick.done;
+    if (!ok) {
+      m.status = Measurement::Status::kFailed;
+      tick.done += per_candidate - runs_done[i];  // the runs it will not do
+    }
+    tick.index = i;
+    tick.phase = phase;
+    tick.seconds = ok ? *seconds : -1;
+    refresh_best();
+    if (on_tick) on_tick(tick);
+    emitted = tick.done;
+    return ok;
+  };
+  auto cancel = [&](size_t runs) {  // runs that will not happen (budget)
+    tick.done += runs;
+  };
+
+  // 1. First calls.
+  for (size_t i = 0; i < n; ++i) {
+    Measurement& m = r.measurements[i];
     if (!left()) {
       m.status = Measurement::Status::kSkipped;
       m.failure = "time budget exhausted";
       r.budget_exhausted = true;
-    } else {
-      if (on_start) on_start(i, m.candidate);
-      try {
-        const double first = run(m.candidate);
-        r.spent_s += first;
-        m.first_call_ms = first * 1e3;
-        for (int w = 0; w < policy.warmup && left(); ++w) r.spent_s += run(m.candidate);
-        std::vector<double> times;
-        for (int k = 0; k < policy.repeats; ++k) {
-          if (static_cast<int>(times.size()) >= policy.min_repeats && !left()) break;
-          const double t = run(m.candidate);
-          r.spent_s += t;
-          times.push_back(t);
-        }
-        m.runs = static_cast<int>(times.size());
-        m.median_ms = median(times) * 1e3;
-        m.min_ms = times.empty() ? 0 : *std::min_element(times.begin(), times.end()) * 1e3;
-        if (m.runs == 0) {  // repeats == 0: score by the first call
-          m.median_ms = m.min_ms = m.first_call_ms;
-          m.runs = 1;
-        }
-      } catch (const std::exception& e) {
-        m.status = Measurement::Status::kFailed;
-        m.failure = e.what();
-      } catch (...) {
-        m.status = Measurement::Status::kFailed;
-        m.failure = "unknown exception";
-      }
-      if (m.ok() && (r.best < 0 || m.median_ms < r.measurements[r.best].median_ms))
-        r.best = static_cast<int>(i);
+      cancel(per_candidate);
+      continue;
     }
-    r.measurements.push_back(m);
-    if (on_done) on_done(i, r.measurements.back(), r.best);
+    double t = 0;
+    if (once(i, "first call", &t, false)) m.first_call_ms = t * 1e3;
   }
+  // 2. Warm-up rounds.
+  for (int w = 0; w < warmup; ++w)
+    for (size_t i = 0; i < n; ++i) {
+      if (!live(i)) continue;
+      double t = 0;
+      if (left())
+        once(i, "warm-up", &t, false);
+      else
+        cancel(1);
+    }
+  // 3. Timed rounds.
+  for (int k = 0; k < repeats; ++k)
+    for (size_t i = 0; i < n; ++i) {
+      if (!live(i)) continue;
+      double t = 0;
+      if (k < min_repeats || left()) {
+        once(i, "timed", &t, true);
+      } else {
+        cancel(1);
+        r.budget_exhausted = true;
+      }
+    }
+
+  for (size_t i = 0; i < n; ++i) {
+    Measurement& m = r.measurements[i];
+    if (!m.ok()) continue;
+    if (times[i].empty()) times[i].push_back(m.first_call_ms / 1e3);  // repeats == 0
+    m.runs = static_cast<int>(times[i].size());
+    m.median_ms = median(times[i]) * 1e3;
+    m.min_ms = *std::min_element(times[i].begin(), times[i].end()) * 1e3;
+  }
+  refresh_best();
+  if (on_tick && emitted < tick.done) on_tick(tick);  // runs the budget cancelled at the end
   return r;
 }
 

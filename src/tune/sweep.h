@@ -22,7 +22,7 @@ using RunFn = std::function<double(const Params& candidate)>;
 struct SweepPolicy {
   int warmup = 1;       // untimed runs after the first call
   int repeats = 5;      // timed runs; the median is the score
-  int min_repeats = 1;  // when the budget runs short, at least this many timed runs
+  int min_repeats = 1;  // when the budget runs short, still this many timed runs per candidate
   double budget_s = 0;  // total seconds of measured run time for the sweep; 0 = unlimited
 };
 
@@ -45,17 +45,33 @@ struct SweepResult {
   bool budget_exhausted = false;          // some candidates were skipped for the budget
 };
 
-// Called after each candidate (for progress display): index, measurement, best so far (-1).
-using SweepObserver = std::function<void(size_t index, const Measurement& m, int best)>;
-// Called before each candidate starts.
-using SweepStart = std::function<void(size_t index, const Params& candidate)>;
+// Progress: called after every run of the sweep. `done` of `total` runs (total counts the
+// runs a failure or the budget cancelled, so done reaches total), the candidate that ran, the
+// phase ("first call", "warm-up", "timed"), its seconds (< 0: it failed), and the best candidate
+// so far by median of its timed runs (-1 while none has one) with that median in ms.
+struct SweepTick {
+  size_t done = 0, total = 0;
+  size_t index = 0;
+  const char* phase = "";
+  double seconds = 0;
+  int best = -1;
+  double best_ms = 0;
+};
+using SweepObserver = std::function<void(const SweepTick&)>;
+// Called before each run (index, phase).
+using SweepStart = std::function<void(size_t index, const char* phase)>;
 
-// Times every candidate in order. Budget: a candidate is skipped once the measured time spent
-// reaches the budget; a started candidate takes its first call, then warm-up and repeats while
-// the budget lasts (at least min_repeats timed runs). Ties go to the earlier candidate.
+// Times the candidates interleaved, so that a change of machine load during the sweep shifts
+// every candidate alike instead of deciding the ranking (a shared 2-core machine does that):
+//   1. each candidate's first call, in order (its first_call_ms; a failure drops it);
+//   2. `warmup` rounds of one untimed run per live candidate;
+//   3. `repeats` rounds of one timed run per live candidate; the median scores it.
+// Budget: once the measured time reaches policy.budget_s, candidates without a first call are
+// skipped and rounds stop, except that every live candidate still gets `min_repeats` timed runs.
+// Ties go to the earlier candidate.
 SweepResult sweep(const std::vector<Params>& candidates, const RunFn& run,
                   const SweepPolicy& policy, const SweepStart& on_start = {},
-                  const SweepObserver& on_done = {});
+                  const SweepObserver& on_tick = {});
 
 double median(std::vector<double> v);
 

@@ -102,15 +102,60 @@ TEST(TuneSweep, BudgetSkipsTheRest) {
   pol.warmup = 0;
   pol.repeats = 3;
   pol.min_repeats = 1;
-  pol.budget_s = 1.2;  // candidate 1: first call + 2 repeats (the 2nd starts at 1.0 s < 1.2 s)
-  const SweepResult r = sweep(cands({1, 2, 3}), pl.fn(), pol);
+  pol.budget_s = 0.55;  // first calls: 1 (0.5 s), 2 (0.6 s in all); 3 is skipped
+  std::vector<SweepTick> ticks;
+  const SweepResult r = sweep(cands({1, 2, 3}), pl.fn(), pol, {}, [&](const SweepTick& t) { ticks.push_back(t); });
   EXPECT_TRUE(r.budget_exhausted);
   EXPECT_EQ(r.measurements[0].status, Measurement::Status::kOk);
-  EXPECT_EQ(r.measurements[0].runs, 2);
-  EXPECT_EQ(r.measurements[1].status, Measurement::Status::kSkipped);
+  EXPECT_EQ(r.measurements[0].runs, 1);  // min_repeats, past the budget
+  EXPECT_EQ(r.measurements[1].runs, 1);
   EXPECT_EQ(r.measurements[2].status, Measurement::Status::kSkipped);
-  EXPECT_EQ(pl.calls[2], 0);
-  EXPECT_EQ(r.best, 0);
+  EXPECT_EQ(pl.calls[3], 0);
+  EXPECT_EQ(r.best, 1);
+  ASSERT_FALSE(ticks.empty());
+  EXPECT_EQ(ticks.back().done, ticks.back().total);  // cancelled runs are counted as done
+  EXPECT_EQ(ticks.back().best, 1);
+  EXPECT_DOUBLE_EQ(ticks.back().best_ms, 100.0);
+}
+
+// The machine gets twice as slow half-way through the sweep (another job starts). Timed one
+// after the other, the first candidate would win on the quiet half; interleaved, the truly
+// faster one wins.
+TEST(TuneSweep, InterleavingSurvivesALoadChange) {
+  int call = 0;
+  RunFn run = [&](const Params& p) {
+    const double factor = ++call > 6 ? 2.0 : 1.0;
+    return factor * (*param(p, "b") == 1 ? 1.0 : 0.9);
+  };
+  SweepPolicy pol;
+  pol.warmup = 0;
+  pol.repeats = 5;
+  const SweepResult r = sweep(cands({1, 2}), run, pol);
+  EXPECT_EQ(r.best, 1);
+  EXPECT_DOUBLE_EQ(r.measurements[0].median_ms, 2000.0);
+  EXPECT_DOUBLE_EQ(r.measurements[1].median_ms, 1800.0);
+}
+
+TEST(TuneSweep, ProgressCountsEveryRunAndFailures) {
+  Planted pl{{{1, 0.003}, {2, 0.001}}, {}};
+  SweepPolicy pol;
+  pol.warmup = 1;
+  pol.repeats = 2;
+  std::vector<std::string> phases;
+  size_t last_done = 0, total = 0;
+  const SweepResult r = sweep(
+      cands({1, 0, 2}), pl.fn(), pol, [&](size_t, const char* phase) { phases.push_back(phase); },
+      [&](const SweepTick& t) {
+        EXPECT_GT(t.done, last_done);
+        last_done = t.done;
+        total = t.total;
+      });
+  EXPECT_EQ(total, 3u * 4u);
+  EXPECT_EQ(last_done, total);
+  EXPECT_EQ(phases.size(), 3u + 2u + 4u);  // 3 first calls, then the 2 live candidates
+  EXPECT_EQ(phases.front(), std::string("first call"));
+  EXPECT_EQ(phases.back(), std::string("timed"));
+  EXPECT_EQ(r.best, 2);
 }
 
 TEST(TuneSweep, NoCandidateWorks) {

@@ -34,7 +34,7 @@ struct TuneArgs {
   bool emit_table = false;
   std::string table = "src/kernels/linear_cross_entropy/tuned_table.cc";
   int warmup = 1;
-  int repeats = 5;
+  int repeats = 3;
   std::string shape;  // "B,H,V": time at this shape instead of the buckets' representatives
   bool list = false;
 };
@@ -172,6 +172,8 @@ void run_tune(const TuneArgs& a) {
   std::vector<tune::TableEntry> winners;
   struct Summary { std::string impl, dtype, bucket, shape, winner; double best = 0, dflt = 0; };
   std::vector<Summary> summary;
+  total *= static_cast<size_t>(1 + a.warmup + a.repeats);  // runs, not candidates
+  size_t steps_done = 0;
   tune::Progress progress(total);
   tune::SweepPolicy policy;
   policy.warmup = a.warmup;
@@ -193,6 +195,8 @@ void run_tune(const TuneArgs& a) {
         for (const auto& c : cands) params.push_back(lce::to_params(c));
         const std::string label = impl->name() + " " + dtype_name(dtype) + " " + b->name;
         tune::SweepResult r;
+        const size_t base = steps_done;
+        steps_done += params.size() * static_cast<size_t>(1 + policy.warmup + policy.repeats);
         const auto support = impl->supports(p);
         if (!support.ok) {
           for (const auto& c : params) {
@@ -201,26 +205,37 @@ void run_tune(const TuneArgs& a) {
             m.status = tune::Measurement::Status::kFailed;
             m.failure = "unsupported: " + support.reason;
             r.measurements.push_back(m);
-            progress.start(label + " " + tune::params_str(c));
-            progress.done("unsupported", "");
           }
+          progress.note(label + ": skipped, " + impl->name() + " cannot run it: " + support.reason);
         } else {
           const tune::RunFn run = lce::make_timed_run(*impl, p, op);
-          std::vector<tune::Measurement> seen;  // the sweep's results so far, for "best"
+          size_t done = 0;
+          std::string best_s;
           r = tune::sweep(
               params, run, policy,
-              [&](size_t, const tune::Params& c) { progress.start(label + " " + tune::params_str(c)); },
-              [&](size_t, const tune::Measurement& m, int best) {
-                seen.push_back(m);
-                std::string best_s;
-                if (best >= 0) {
-                  const tune::Measurement& w = seen[static_cast<size_t>(best)];
-                  best_s = ms_str(w.median_ms) + " " + tune::params_str(w.candidate);
-                }
-                progress.done(m.ok() ? ms_str(m.median_ms) + " (first " + ms_str(m.first_call_ms) + ")"
-                                     : std::string(tune::status_name(m.status)) + ": " + m.failure,
-                              best_s);
+              [&](size_t i, const char* phase) {
+                progress.update(base + done, label + " " + tune::params_str(params[i]) + " (" + phase + ")", best_s);
+              },
+              [&](const tune::SweepTick& t) {
+                done = t.done;
+                if (t.best >= 0) best_s = ms_str(t.best_ms) + " " + tune::params_str(params[static_cast<size_t>(t.best)]);
+                progress.update(base + done,
+                                label + " " + tune::params_str(params[t.index]) + " " + t.phase + " " +
+                                    (t.seconds < 0 ? std::string("failed") : ms_str(t.seconds * 1e3)),
+                                best_s);
               });
+        }
+        for (const auto& m : r.measurements)
+          if (m.status == tune::Measurement::Status::kFailed && support.ok)
+            progress.note(label + " " + tune::params_str(m.candidate) + ": failed: " + m.failure);
+        if (r.best >= 0) {
+          const auto& w = r.measurements[static_cast<size_t>(r.best)];
+          const auto& d = r.measurements[0];
+          progress.note(label + " " + shape_s + ": best " + tune::params_str(w.candidate) + " " +
+                        ms_str(w.median_ms) +
+                        (d.ok() ? fmt::format(" (default {} {}, {:.2f}x)", tune::params_str(d.candidate),
+                                              ms_str(d.median_ms), d.median_ms / w.median_ms)
+                                : std::string(" (default failed)")));
         }
         for (const auto& m : r.measurements)
           records.push_back({lce::kKernelName, impl->name(), kind, dtype_name(dtype), b->name,

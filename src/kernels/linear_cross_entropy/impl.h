@@ -103,5 +103,7 @@ const Implementation* find_implementation(const std::string& name);  // nullptr 
 
 // Factories (each backend's file defines its own).
 std::unique_ptr<Implementation> make_reference_implementation();
+// Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on (TESSERA_HAVE_CPU_BACKEND).
+std::unique_ptr<Implementation> make_cpu_implementation();
 
 }  // namespace tessera::linear_cross_entropy

@@ -95,6 +95,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int
               static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
 }
 
+
 struct Range {
   int64_t begin = 0, end = 0;
   int64_t size() const { return end - begin; }
@@ -157,6 +158,11 @@ struct Call {
   void worker(int tid, std::barrier<>& bar);
 
   // helpers
+  // Vocab step of phases A and B1. With the slab (gradients) and f32 w, one GEMM per thread
+  // covers its whole vocab range: fewer, larger GEMMs (x_blk packed once), and the elementwise
+  // passes over the slab are cheap next to the K = H GEMM. Otherwise (forward: bounded tile;
+  // bf16/f16: w converted per chunk) the v block.
+  int64_t slab_step(const Range& r) const { return grads && !half ? std::max<int64_t>(1, r.size()) : vb; }
   const float* w_block(int tid, int64_t h0, int64_t hc, int64_t v0, int64_t n, int64_t* ld) const;
   void logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z,
                    int64_t ldz) const;
@@ -256,8 +262,9 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
   for (int64_t i = 0; i < nb; ++i)
     P[i] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, r.begin};
   const float cap = static_cast<float>(p.soft_cap);
-  for (int64_t v0 = r.begin; v0 < r.end; v0 += vb) {
-    const int64_t n = std::min(vb, r.end - v0);
+  const int64_t step = slab_step(r);
+  for (int64_t v0 = r.begin; v0 < r.end; v0 += step) {
+    const int64_t n = std::min(step, r.end - v0);
     float* Z;
     int64_t ldz;
     if (grads) {
@@ -353,8 +360,9 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
   const bool hv = p.layout == WLayout::kHV;
   const double eps = p.label_smoothing, lam = p.z_loss_weight, cap = p.soft_cap;
   const float offset = static_cast<float>(eps / static_cast<double>(p.V));
-  for (int64_t v0 = r.begin; v0 < r.end; v0 += vb) {
-    const int64_t n = std::min(vb, r.end - v0);
+  const int64_t step = slab_step(r);
+  for (int64_t v0 = r.begin; v0 < r.end; v0 += step) {
+    const int64_t n = std::min(step, r.end - v0);
     float* D = slab + v0;
     for (int64_t i = 0; i < nb; ++i) {
       float* z = D + i * p.V;
@@ -521,7 +529,7 @@ class Cpu final : public Implementation {
     int64_t b = 256;
     while (b > 16 && static_cast<size_t>(b) * static_cast<size_t>(p.V) * sizeof(float) > kSlabTargetBytes)
       b /= 2;
-    return BlockSizes{b, 512, 1024};
+    return BlockSizes{b, 512, 2048};
   }
 
   void validate_block_sizes(const BlockSizes& bs) const override {
@@ -540,7 +548,7 @@ class Cpu final : public Implementation {
   bool tunable() const override { return true; }
 
   // b in {64, 128, 256} (those whose b×V slab is <= 64 MiB; at least the smallest), v in
-  // {512, 1024, 2048}; h = 512 (it matters only for bf16/f16, where 256 and 1024 are added).
+  // {1024, 2048, 4096}; h = 512 (it matters only for bf16/f16, where 256 and 1024 are added).
   std::vector<BlockSizes> candidate_block_sizes(const Problem& p) const override {
     std::vector<int64_t> bs;
     for (int64_t b : {16, 32, 64, 128, 256})
@@ -550,7 +558,7 @@ class Cpu final : public Implementation {
     if (bs.empty()) bs.push_back(16);
     std::vector<BlockSizes> out;
     for (int64_t b : bs)
-      for (int64_t v : {512, 1024, 2048}) out.push_back(BlockSizes{b, 512, v});
+      for (int64_t v : {1024, 2048, 4096}) out.push_back(BlockSizes{b, 512, v});
     if (p.dtype != DType::kF32) {
       const BlockSizes d = default_block_sizes(p);
       out.push_back(BlockSizes{d.b, 256, d.v});

@@ -121,6 +121,7 @@ Result compute_with_grad(const Inputs& in, const Options& opt = {});
 struct ImplementationInfo {
   std::string name;
   std::string description;
+  DeviceType device = DeviceType::kCPU;  // where its inputs and outputs live
   bool available = false;     // can run on this machine / build at all
   std::string unavailable_reason;
 };

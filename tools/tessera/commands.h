@@ -11,5 +11,7 @@ void set_exit_code(int code);
 int exit_code();
 
 void register_list(CLI::App& app);
+void register_check(CLI::App& app);
+void register_run(CLI::App& app);
 
 }  // namespace tessera::cli

@@ -325,6 +325,7 @@ std::vector<ImplementationInfo> implementations() {
     ImplementationInfo info;
     info.name = impl->name();
     info.description = impl->description();
+    info.device = impl->device_type();
     const Availability a = impl->available();
     info.available = a.ok;
     info.unavailable_reason = a.reason;

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs what Tessera needs from Debian's packages (only what is missing).
+set -euo pipefail
+pkgs=(cmake ninja-build g++ pkg-config libopenblas-dev libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,134 @@
+#include "harness/npy.h"
+
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "tessera/error.h"
+
+namespace tessera::npy {
+namespace {
+
+[[noreturn]] void bad(const std::string& path, const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, path + ": " + msg);
+}
+
+DType parse_descr(const std::string& path, const std::string& d) {
+  if (d == "<f4") return DType::kF32;
+  if (d == "<f2") return DType::kF16;
+  if (d == "<i4") return DType::kI32;
+  if (d == "<i8") return DType::kI64;
+  if (d == "<V2" || d == "|V2" || d == "bfloat16" || d == "<bfloat16") return DType::kBF16;
+  if (d == "<f8") bad(path, "dtype float64 is not supported: save as float32 (x.astype(np.float32))");
+  if (!d.empty() && d[0] == '>') bad(path, "big-endian dtype '" + d + "' is not supported");
+  bad(path, "unsupported dtype '" + d + "' (expected <f4, <f2, bf16 as <V2, <i4 or <i8)");
+}
+
+// The value text after 'key': in the header dict (a Python literal), or "" if absent.
+std::string dict_value(const std::string& header, const std::string& key) {
+  const std::string k = "'" + key + "'";
+  size_t i = header.find(k);
+  if (i == std::string::npos) return "";
+  i = header.find(':', i + k.size());
+  if (i == std::string::npos) return "";
+  ++i;
+  while (i < header.size() && header[i] == ' ') ++i;
+  if (i >= header.size()) return "";
+  if (header[i] == '\'') {
+    const size_t e = header.find('\'', i + 1);
+    return e == std::string::npos ? "" : header.substr(i + 1, e - i - 1);
+  }
+  if (header[i] == '(') {
+    const size_t e = header.find(')', i);
+    return e == std::string::npos ? "" : header.substr(i + 1, e - i - 1);
+  }
+  size_t e = i;
+  while (e < header.size() && header[e] != ',' && header[e] != '}') ++e;
+  std::string v = header.substr(i, e - i);
+  while (!v.empty() && v.back() == ' ') v.pop_back();
+  return v;
+}
+
+}  // namespace
+
+Tensor load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(ErrorCode::kIo, path + ": cannot open for reading");
+  char magic[8];
+  if (!f.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0) bad(path, "not a .npy file (bad magic)");
+  const int major = static_cast<unsigned char>(magic[6]);
+  size_t header_len = 0;
+  if (major == 1) {
+    unsigned char b[2];
+    if (!f.read(reinterpret_cast<char*>(b), 2)) bad(path, "truncated header");
+    header_len = b[0] | (b[1] << 8);
+  } else if (major == 2 || major == 3) {
+    unsigned char b[4];
+    if (!f.read(reinterpret_cast<char*>(b), 4)) bad(path, "truncated header");
+    header_len = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<size_t>(b[3]) << 24);
+  } else {
+    bad(path, "unsupported .npy format version " + std::to_string(major));
+  }
+  if (header_len > (1u << 20)) bad(path, "header too long");
+  std::string header(header_len, '\0');
+  if (!f.read(header.data(), static_cast<std::streamsize>(header_len))) bad(path, "truncated header");
+
+  const std::string descr = dict_value(header, "descr");
+  if (descr.empty()) bad(path, "header has no descr");
+  const DType dtype = parse_descr(path, descr);
+  const std::string order = dict_value(header, "fortran_order");
+  if (order == "True") bad(path, "Fortran-order arrays are not supported: save a C-order array (np.ascontiguousarray)");
+  if (order != "False") bad(path, "header has no fortran_order");
+  if (header.find("'shape'") == std::string::npos) bad(path, "header has no shape");
+  Shape shape;
+  const std::string dims = dict_value(header, "shape");
+  for (size_t i = 0; i < dims.size();) {
+    if (dims[i] >= '0' && dims[i] <= '9') {
+      size_t e = i;
+      while (e < dims.size() && dims[e] >= '0' && dims[e] <= '9') ++e;
+      shape.push_back(std::stoll(dims.substr(i, e - i)));
+      i = e;
+    } else if (dims[i] == ',' || dims[i] == ' ' || dims[i] == 'L') {
+      ++i;
+    } else {
+      bad(path, "malformed shape '(" + dims + ")'");
+    }
+  }
+  Tensor t = Tensor::empty(dtype, shape);
+  const size_t bytes = t.view().nbytes();
+  if (bytes && !f.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(bytes)))
+    bad(path, "truncated data: expected " + std::to_string(bytes) + " bytes for " + dtype_name(dtype) +
+                  shape_str(shape));
+  return t;
+}
+
+void save(const std::string& path, const TensorView& t) {
+  if (t.device.type != DeviceType::kCPU || !t.is_contiguous())
+    throw Error(ErrorCode::kInvalidArgument, path + ": can only save contiguous host tensors");
+  const char* descr = "<f4";
+  switch (t.dtype) {
+    case DType::kF32: descr = "<f4"; break;
+    case DType::kF16: descr = "<f2"; break;
+    case DType::kBF16: descr = "<V2"; break;
+    case DType::kI32: descr = "<i4"; break;
+    case DType::kI64: descr = "<i8"; break;
+  }
+  std::string shape = "(";
+  for (size_t i = 0; i < t.shape.size(); ++i) shape += std::to_string(t.shape[i]) + (t.shape.size() == 1 ? "," : (i + 1 < t.shape.size() ? ", " : ""));
+  shape += ")";
+  std::string header = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  const size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw Error(ErrorCode::kIo, path + ": cannot open for writing");
+  const unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                                 static_cast<unsigned char>(header.size() & 0xff),
+                                 static_cast<unsigned char>(header.size() >> 8)};
+  f.write(reinterpret_cast<const char*>(pre), 10);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  f.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes()));
+  if (!f) throw Error(ErrorCode::kIo, path + ": write failed");
+}
+
+}  // namespace tessera::npy

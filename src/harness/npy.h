@@ -1,0 +1,21 @@
+// Tessera harness: NumPy .npy files (format versions 1.0, 2.0 and 3.0), C order, little endian.
+//
+// dtypes: '<f4' f32, '<f2' f16, '<i4' i32, '<i8' i64, and bf16 stored as 2-byte void ('<V2' or
+// '|V2', as ml_dtypes' bfloat16 arrays are saved) or with the descr 'bfloat16'. Anything else
+// (float64, Fortran order, big endian, object arrays) is rejected with a one-line reason, never
+// silently converted.
+#pragma once
+
+#include <string>
+
+#include "tessera/tensor.h"
+
+namespace tessera::npy {
+
+// Throws Error(kIo) when the file cannot be read, Error(kInvalidArgument) for a malformed or
+// unsupported file; messages start with the path.
+Tensor load(const std::string& path);
+// Writes a contiguous host tensor (bf16 is written with descr '<V2'). Throws Error(kIo).
+void save(const std::string& path, const TensorView& t);
+
+}  // namespace tessera::npy

@@ -1,0 +1,60 @@
+#include "harness/parity.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace tessera::harness {
+
+std::string Deviation::str() const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "max_abs=%.3g mean_abs=%.3g max_rel=%.3g mean_rel=%.3g (n=%lld, scale=%.3g, %lld outside tol%s)",
+                max_abs, mean_abs, max_rel, mean_rel, static_cast<long long>(n), ref_scale,
+                static_cast<long long>(violations), nonfinite ? ", NON-FINITE" : "");
+  return buf;
+}
+
+Deviation compare(const std::vector<double>& got, const std::vector<double>& want, Tolerance tol) {
+  Deviation d;
+  d.n = static_cast<int64_t>(std::min(got.size(), want.size()));
+  if (got.size() != want.size()) d.violations += static_cast<int64_t>(got.size() > want.size() ? got.size() - want.size() : want.size() - got.size());
+  for (int64_t i = 0; i < d.n; ++i) d.ref_scale = std::max(d.ref_scale, std::fabs(want[i]));
+  const double atol = tol.atol_scale * d.ref_scale;
+  const double tiny = 1e-30;
+  double worst_excess = -1.0;
+  for (int64_t i = 0; i < d.n; ++i) {
+    const double g = got[i], w = want[i];
+    if (!std::isfinite(g) && std::isfinite(w)) {
+      ++d.nonfinite;
+      if (worst_excess < INFINITY) {
+        worst_excess = INFINITY;
+        d.worst = i;
+        d.worst_got = g;
+        d.worst_want = w;
+      }
+      continue;
+    }
+    const double a = std::fabs(g - w);
+    const double r = a / std::max(std::fabs(w), tiny);
+    d.max_abs = std::max(d.max_abs, a);
+    d.mean_abs += a;
+    d.max_rel = std::max(d.max_rel, r);
+    d.mean_rel += r;
+    const double limit = atol + tol.rtol * std::fabs(w);
+    if (a > limit) ++d.violations;
+    if (a - limit > worst_excess) {
+      worst_excess = a - limit;
+      d.worst = i;
+      d.worst_got = g;
+      d.worst_want = w;
+    }
+  }
+  if (d.n > 0) {
+    d.mean_abs /= static_cast<double>(d.n);
+    d.mean_rel /= static_cast<double>(d.n);
+  }
+  return d;
+}
+
+}  // namespace tessera::harness

@@ -1,0 +1,37 @@
+// Tessera harness: deviation of a computed array from an oracle.
+//
+// Reported as max / mean absolute and relative deviation (not only pass/fail), and checked
+// elementwise against a tolerance of the form
+//     |got − want| <= atol + rtol·|want|,      atol = atol_scale · max_i |want_i|
+// The absolute part is scaled by the oracle's largest magnitude so that entries that cancel to
+// ~0 (common in gradients: sums of signed terms) are judged against the tensor's scale, the way
+// a rounding error of the inputs propagates, not against their own tiny value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::harness {
+
+struct Tolerance {
+  double rtol = 0.0;
+  double atol_scale = 0.0;
+};
+
+struct Deviation {
+  int64_t n = 0;
+  double max_abs = 0.0, mean_abs = 0.0;
+  double max_rel = 0.0, mean_rel = 0.0;  // relative to max(|want|, tiny)
+  double ref_scale = 0.0;                // max |want|
+  int64_t worst = -1;                    // index with the largest excess over the tolerance
+  double worst_got = 0.0, worst_want = 0.0;
+  int64_t violations = 0;                // entries outside the tolerance
+  int64_t nonfinite = 0;                 // NaN / Inf in got where want is finite
+  bool ok() const { return violations == 0 && nonfinite == 0; }
+  std::string str() const;  // "max_abs=… mean_abs=… max_rel=… mean_rel=… (n=…, k violations)"
+};
+
+Deviation compare(const std::vector<double>& got, const std::vector<double>& want, Tolerance tol);
+
+}  // namespace tessera::harness

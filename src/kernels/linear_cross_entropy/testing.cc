@@ -1,0 +1,396 @@
+#include "kernels/linear_cross_entropy/testing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "tessera/error.h"
+
+namespace tessera::linear_cross_entropy::testing {
+namespace {
+
+void fill_float(Tensor& t, std::mt19937_64& rng, double lo, double hi) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data(), t.dtype(), i, static_cast<float>(u(rng)));
+}
+
+std::vector<double> to_doubles(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i)
+    v[static_cast<size_t>(i)] = is_float(t.dtype()) ? load_as_f32(t.data(), t.dtype(), i)
+                                                    : static_cast<double>(load_as_i64(t.data(), t.dtype(), i));
+  return v;
+}
+
+// Memory of a (possibly transposed) 2-D view, in memory order.
+std::vector<double> memory_doubles(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = load_as_f32(t.data(), t.dtype(), i);
+  return v;
+}
+
+Tensor alloc_like(const Tensor& like, DType dtype) {
+  if (like.view().is_contiguous()) return Tensor::empty(dtype, like.shape(), like.device());
+  const Shape& s = like.shape();
+  Tensor u = Tensor::empty(dtype, {s[1], s[0]}, like.device());
+  return u.as_strided(s, {1, s[0]});
+}
+
+}  // namespace
+
+std::string CaseSpec::name() const {
+  std::ostringstream os;
+  os << dtype_name(dtype) << " lead=" << shape_str(lead) << " H=" << H << " V=" << V << " w="
+     << w_layout_name(memory_layout) << (transposed_view ? "(T-view)" : "") << " red="
+     << reduction_name(opt.reduction);
+  if (bias) os << " bias:" << dtype_name(bias_dtype);
+  if (weights) os << " weights";
+  if (label_dtype != DType::kI64) os << " labels:" << dtype_name(label_dtype);
+  if (opt.ignore_index != -100) os << " ignore=" << opt.ignore_index;
+  if (ignore_fraction > 0) os << " ign=" << ignore_fraction;
+  if (opt.label_smoothing > 0) os << " eps=" << opt.label_smoothing;
+  if (opt.z_loss_weight > 0) os << " z=" << opt.z_loss_weight;
+  if (opt.soft_cap > 0) os << " cap=" << opt.soft_cap;
+  if (opt.return_argmax) os << " argmax";
+  if (f32_grads) os << " f32grads";
+  if (logit_scale != 3.0) os << " scale=" << logit_scale;
+  return os.str();
+}
+
+CaseData make_case(const CaseSpec& s) {
+  std::mt19937_64 rng(s.seed * 0x9E3779B97F4A7C15ull + 12345);
+  CaseData d;
+  Shape xs = s.lead;
+  xs.push_back(s.H);
+  d.x = Tensor::empty(s.dtype, xs);
+  fill_float(d.x, rng, -1.0, 1.0);
+  // z = x·w has std ≈ sqrt(H/3)·(a/sqrt(3)) for w ~ U(-a, a); pick a so that |z| ~ logit_scale.
+  const double a = s.logit_scale * 3.0 / std::sqrt(static_cast<double>(s.H));
+  const Shape mem = s.memory_layout == WLayout::kVH ? Shape{s.V, s.H} : Shape{s.H, s.V};
+  d.w = Tensor::empty(s.dtype, mem);
+  fill_float(d.w, rng, -a, a);
+  d.w_view_owner = s.transposed_view ? d.w.as_strided({mem[1], mem[0]}, {1, mem[1]}) : d.w;
+  if (s.bias) {
+    d.bias = Tensor::empty(s.bias_dtype, {s.V});
+    fill_float(d.bias, rng, -1.0, 1.0);
+  }
+  const int64_t B = shape_numel(s.lead);
+  d.labels = Tensor::empty(s.label_dtype, s.lead);
+  std::uniform_int_distribution<int64_t> lab(0, s.V - 1);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  for (int64_t t = 0; t < B; ++t) {
+    int64_t y = u01(rng) < s.ignore_fraction ? s.opt.ignore_index : lab(rng);
+    if (s.label_dtype == DType::kI32)
+      d.labels.data_as<int32_t>()[t] = static_cast<int32_t>(y);
+    else
+      d.labels.data_as<int64_t>()[t] = y;
+  }
+  if (s.weights) {
+    d.weights = Tensor::empty(DType::kF32, s.lead);
+    fill_float(d.weights, rng, 0.25, 2.0);
+  }
+  if (s.opt.reduction == Reduction::kNone) {
+    d.grad_loss = Tensor::empty(DType::kF32, s.lead);
+    fill_float(d.grad_loss, rng, -1.0, 2.0);  // distinct per token: catches "first only" bugs
+  } else {
+    d.grad_loss = Tensor::empty(DType::kF32, {});
+    d.grad_loss.data_as<float>()[0] = 0.7f;
+  }
+  return d;
+}
+
+Inputs CaseData::inputs() const {
+  Inputs in;
+  in.x = x.view();
+  in.w = w_view_owner.view();
+  if (bias.defined()) in.bias = bias.view();
+  in.labels = labels.view();
+  if (weights.defined()) in.weights = weights.view();
+  return in;
+}
+
+CaseData CaseData::to(Device device) const {
+  CaseData d;
+  auto mv = [&](const Tensor& t) { return t.defined() ? t.to(device) : Tensor(); };
+  d.x = mv(x);
+  d.w = mv(w);
+  d.bias = mv(bias);
+  d.labels = mv(labels);
+  d.weights = mv(weights);
+  d.grad_loss = mv(grad_loss);
+  d.w_view_owner = w_view_owner.view().is_contiguous() ? d.w : d.w.as_strided(w_view_owner.shape(), w_view_owner.view().strides);
+  return d;
+}
+
+// Tolerances. Every implementation sees the same (already rounded) inputs, so the only
+// differences from the double-precision oracle come from (a) f32 accumulation, (b) a backend
+// rounding the logit gradient to the input dtype before the backward GEMMs (tensor cores take
+// bf16/f16 operands), and (c) rounding the stored gradient to its dtype.
+//  - loss, lse are f32 outputs computed from f32-accumulated logits: GEMM error ~ sqrt(H)·2^-24·|z|
+//    is < 1e-6 relative at our sizes; rtol 1e-4 with an absolute floor of 1e-5·scale leaves
+//    100x margin and still catches any wrong term (those are O(1e-2) or larger).
+//  - gradients: an error of one unit roundoff u per term of Σ_j dz_j·w_j gives an absolute error
+//    ≲ u·max|grad| (random signs make it smaller), so atol_scale = rtol = 2.5·u_compute with
+//    u = 2^-8 (bf16), 2^-11 (f16) and a floor of 2e-4 for f32; storing in bf16/f16 adds its own
+//    u to rtol.
+Tolerances tolerances(const CaseSpec& s) {
+  auto unit = [](DType t) {
+    switch (t) {
+      case DType::kBF16: return std::ldexp(1.0, -8);
+      case DType::kF16: return std::ldexp(1.0, -11);
+      default: return 0.0;
+    }
+  };
+  Tolerances t;
+  t.loss = {1e-4, 1e-5};
+  t.lse = {1e-4, 1e-5};
+  const double compute = std::max(2e-4, 2.5 * unit(s.dtype));
+  auto grad = [&](DType stored) { return harness::Tolerance{compute + unit(stored), compute}; };
+  t.dx = grad(s.f32_grads ? DType::kF32 : s.dtype);
+  t.dw = grad(s.f32_grads ? DType::kF32 : s.dtype);
+  t.dbias = grad(s.f32_grads ? DType::kF32 : s.bias_dtype);
+  return t;
+}
+
+const char* pass_name(Pass p) {
+  switch (p) {
+    case Pass::kForward: return "forward";
+    case Pass::kBackward: return "backward";
+    case Pass::kFused: return "fused";
+  }
+  return "?";
+}
+
+bool ParityReport::ok() const {
+  if (!ran) return skipped;
+  for (const auto& f : fields)
+    if (!f.dev.ok()) return false;
+  return true;
+}
+
+namespace {
+
+struct Outputs {
+  Tensor loss, lse, argmax, dx, dw, dbias;
+};
+
+Outputs run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass pass, Device dev) {
+  Options opt = s.opt;
+  opt.implementation = impl;
+  const Inputs in = d.inputs();
+  Outputs o;
+  const Shape lead = s.lead;
+  o.loss = Tensor::empty(DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{}, dev);
+  o.lse = Tensor::empty(DType::kF32, lead, dev);
+  if (opt.return_argmax) o.argmax = Tensor::empty(DType::kI64, lead, dev);
+  ForwardOutputs fo{o.loss.view(), o.lse.view(), std::nullopt};
+  if (o.argmax.defined()) fo.argmax = o.argmax.view();
+  if (pass == Pass::kForward) {
+    forward(in, fo, opt);
+    return o;
+  }
+  o.dx = Tensor::empty(s.f32_grads ? DType::kF32 : s.dtype, d.x.shape(), dev);
+  o.dw = alloc_like(d.w_view_owner, s.f32_grads ? DType::kF32 : s.dtype);
+  Gradients g{o.dx.view(), o.dw.view(), std::nullopt};
+  if (d.bias.defined()) {
+    o.dbias = Tensor::empty(s.f32_grads ? DType::kF32 : s.bias_dtype, {s.V}, dev);
+    g.dbias = o.dbias.view();
+  }
+  if (pass == Pass::kBackward) {
+    backward(in, d.grad_loss.view(), g, opt);
+  } else {
+    forward_backward(in, d.grad_loss.view(), fo, g, opt);
+  }
+  return o;
+}
+
+Outputs to_host(const Outputs& o) {
+  auto h = [](const Tensor& t) { return t.defined() ? t.to(Device::cpu()) : Tensor(); };
+  return {h(o.loss), h(o.lse), h(o.argmax), h(o.dx), h(o.dw), h(o.dbias)};
+}
+
+}  // namespace
+
+ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass, Device device) {
+  ParityReport r;
+  r.case_name = s.name();
+  r.implementation = impl;
+  r.pass = pass;
+  const CaseData host = make_case(s);
+  Outputs want = run_one(s, host, "reference", pass, Device::cpu());
+  Outputs got;
+  try {
+    const CaseData dev = device.type == DeviceType::kCPU ? host : host.to(device);
+    got = to_host(run_one(s, dev, impl, pass, device));
+    r.ran = true;
+  } catch (const Error& e) {
+    r.error = e.what();
+    r.skipped = e.code() == ErrorCode::kUnsupported;
+    return r;
+  }
+  const Tolerances tol = tolerances(s);
+  const bool fwd = pass != Pass::kBackward;
+  if (fwd) {
+    r.fields.push_back({"loss", harness::compare(to_doubles(got.loss), to_doubles(want.loss), tol.loss)});
+    r.fields.push_back({"lse", harness::compare(to_doubles(got.lse), to_doubles(want.lse), tol.lse)});
+    if (want.argmax.defined())
+      r.fields.push_back({"argmax", harness::compare(to_doubles(got.argmax), to_doubles(want.argmax), {0, 0})});
+  }
+  if (pass != Pass::kForward) {
+    r.fields.push_back({"dx", harness::compare(to_doubles(got.dx), to_doubles(want.dx), tol.dx)});
+    r.fields.push_back({"dw", harness::compare(memory_doubles(got.dw), memory_doubles(want.dw), tol.dw)});
+    if (want.dbias.defined())
+      r.fields.push_back({"dbias", harness::compare(to_doubles(got.dbias), to_doubles(want.dbias), tol.dbias)});
+  }
+  return r;
+}
+
+std::vector<CaseSpec> check_grid(bool quick) {
+  std::vector<CaseSpec> grid;
+  const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+  uint64_t seed = 100;
+  auto add = [&](CaseSpec c) {
+    c.seed = seed++;
+    grid.push_back(c);
+  };
+  for (DType dt : dtypes) {
+    CaseSpec base;
+    base.dtype = dt;
+    base.bias_dtype = dt;
+    // Plain mean over a small odd shape.
+    add(base);
+    // Sum with bias; 2-D leading axes; i32 labels; f32 gradients.
+    {
+      CaseSpec c = base;
+      c.lead = {2, 5};
+      c.H = 33;
+      c.V = 130;
+      c.bias = true;
+      c.opt.reduction = Reduction::kSum;
+      c.label_dtype = DType::kI32;
+      c.f32_grads = true;
+      add(c);
+    }
+    // Per-token losses with weights and distinct upstream gradients; [V, H] weight.
+    {
+      CaseSpec c = base;
+      c.lead = {11};
+      c.H = 24;
+      c.V = 67;
+      c.weights = true;
+      c.memory_layout = WLayout::kVH;
+      c.opt.reduction = Reduction::kNone;
+      add(c);
+    }
+    // Everything at once: soft cap, z-loss, smoothing, bias (f32 bias on low-precision w), weights, argmax.
+    {
+      CaseSpec c = base;
+      c.lead = {9};
+      c.H = 40;
+      c.V = 101;
+      c.bias = true;
+      c.bias_dtype = DType::kF32;
+      c.weights = true;
+      c.opt.soft_cap = 5.0;
+      c.opt.z_loss_weight = 1e-2;
+      c.opt.label_smoothing = 0.1;
+      c.opt.return_argmax = true;
+      c.logit_scale = 6.0;
+      add(c);
+    }
+    // Transposed views (PyTorch lm_head.weight.T), both memory layouts.
+    for (WLayout l : {WLayout::kHV, WLayout::kVH}) {
+      CaseSpec c = base;
+      c.lead = {6};
+      c.H = 17;
+      c.V = 29;
+      c.memory_layout = l;
+      c.transposed_view = true;
+      c.opt.label_smoothing = 0.2;
+      add(c);
+    }
+    if (quick) continue;
+    // Unbatched single example [H]; sum.
+    {
+      CaseSpec c = base;
+      c.lead = {};
+      c.H = 16;
+      c.V = 9;
+      c.ignore_fraction = 0.0;
+      c.opt.reduction = Reduction::kSum;
+      add(c);
+    }
+    // All rows ignored: mean is 0, gradients 0.
+    {
+      CaseSpec c = base;
+      c.lead = {5};
+      c.ignore_fraction = 1.0;
+      c.bias = true;
+      add(c);
+    }
+    // ignore_index inside [0, V): label 3 means "ignored".
+    {
+      CaseSpec c = base;
+      c.lead = {12};
+      c.V = 5;
+      c.H = 8;
+      c.ignore_fraction = 0.3;
+      c.opt.ignore_index = 3;
+      add(c);
+    }
+    // V = 1 and H = 1 edges.
+    {
+      CaseSpec c = base;
+      c.lead = {4};
+      c.H = 1;
+      c.V = 1;
+      c.ignore_fraction = 0.0;
+      c.opt.label_smoothing = 0.3;
+      add(c);
+    }
+    // Large logits (stability of logsumexp), with z-loss.
+    {
+      CaseSpec c = base;
+      c.lead = {8};
+      c.H = 20;
+      c.V = 50;
+      c.logit_scale = 40.0;
+      c.opt.z_loss_weight = 1e-4;
+      c.opt.return_argmax = true;
+      add(c);
+    }
+    // Vocabulary larger than a default vocab block, odd tail; f32 gradients.
+    {
+      CaseSpec c = base;
+      c.lead = {5};
+      c.H = 12;
+      c.V = 2048 + 37;
+      c.bias = true;
+      c.f32_grads = true;
+      c.opt.soft_cap = 15.0;
+      add(c);
+    }
+    // More tokens than a default token block.
+    {
+      CaseSpec c = base;
+      c.lead = {1024 + 29};
+      c.H = 6;
+      c.V = 21;
+      c.weights = true;
+      c.memory_layout = WLayout::kVH;
+      c.opt.label_smoothing = 0.05;
+      add(c);
+    }
+    // Empty batch.
+    {
+      CaseSpec c = base;
+      c.lead = {0};
+      c.bias = true;
+      add(c);
+    }
+  }
+  return grid;
+}
+
+}  // namespace tessera::linear_cross_entropy::testing

@@ -1,0 +1,140 @@
+// The tessera command-line tool, run as a user would: files in, files out, exit codes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/npy.h"
+#include "tessera/linear_cross_entropy.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+namespace lce = tessera::linear_cross_entropy;
+
+struct Cmd {
+  int code;
+  std::string out;
+};
+
+Cmd sh(const std::string& args) {
+  const std::string cmd = std::string(TESSERA_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("tessera_cli_test_" + std::to_string(::getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    x = Tensor::empty(DType::kF32, {3, 4});
+    w = Tensor::empty(DType::kF32, {6, 4});  // [V, H]: PyTorch lm_head layout
+    bias = Tensor::empty(DType::kF32, {6});
+    labels = Tensor::empty(DType::kI64, {3});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = std::sin(0.7f * static_cast<float>(i));
+    for (int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] = std::cos(0.3f * static_cast<float>(i));
+    for (int64_t i = 0; i < 6; ++i) bias.data_as<float>()[i] = 0.1f * static_cast<float>(i);
+    const int64_t y[3] = {5, -100, 2};
+    std::memcpy(labels.data(), y, sizeof y);
+    npy::save(p("x.npy"), x);
+    npy::save(p("w.npy"), w);
+    npy::save(p("b.npy"), bias);
+    npy::save(p("y.npy"), labels);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  std::string p(const std::string& name) const { return (dir / name).string(); }
+  fs::path dir;
+  Tensor x, w, bias, labels;
+};
+
+TEST_F(Cli, ListShowsTheKernelAndTheReference) {
+  const Cmd c = sh("list");
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("linear_cross_entropy"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("reference"), std::string::npos) << c.out;
+}
+
+TEST_F(Cli, RunWritesLossAndGradientsMatchingTheLibrary) {
+  const Cmd c = sh("run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --bias " + p("b.npy") +
+                   " --labels " + p("y.npy") + " --reduction none --soft-cap 4 --z-loss 0.01 --label-smoothing 0.1" +
+                   " --grad --argmax --impl reference --out " + p("out"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  lce::Options o;
+  o.reduction = lce::Reduction::kNone;
+  o.soft_cap = 4;
+  o.z_loss_weight = 0.01;
+  o.label_smoothing = 0.1;
+  o.return_argmax = true;
+  o.implementation = "reference";
+  lce::Result want = lce::compute_with_grad({x, w, bias.view(), labels, std::nullopt}, o);
+  auto same = [&](const char* file, const Tensor& t) {
+    Tensor got = npy::load(p(std::string("out/") + file));
+    ASSERT_EQ(got.shape(), t.shape()) << file;
+    ASSERT_EQ(got.view().nbytes(), t.view().nbytes()) << file;
+    EXPECT_EQ(std::memcmp(got.data(), t.data(), t.view().nbytes()), 0) << file;
+  };
+  same("loss.npy", want.loss);
+  same("lse.npy", want.lse);
+  same("argmax.npy", want.argmax);
+  same("dx.npy", want.dx);
+  same("dw.npy", want.dw);
+  same("dbias.npy", want.dbias);
+  EXPECT_EQ(npy::load(p("out/loss.npy")).data_as<float>()[1], 0.0f);  // ignored token
+}
+
+TEST_F(Cli, BadInputsGiveOneLineErrorsAndNonZeroExit) {
+  const std::string base = "run linear_cross_entropy --w " + p("w.npy") + " --out " + p("out") + " --labels ";
+  // Label out of range.
+  Tensor bad = labels;
+  bad.data_as<int64_t>()[0] = 6;
+  npy::save(p("bad_y.npy"), bad);
+  Cmd c = sh(base + p("bad_y.npy") + " --x " + p("x.npy"));
+  EXPECT_EQ(c.code, 2);
+  EXPECT_NE(c.out.find("label 6 at token 0 is outside [0, V=6)"), std::string::npos) << c.out;
+  EXPECT_EQ(std::count(c.out.begin(), c.out.end(), '\n'), 1) << c.out;
+  // Missing file.
+  c = sh(base + p("y.npy") + " --x " + p("nope.npy"));
+  EXPECT_EQ(c.code, 2);
+  EXPECT_NE(c.out.find("cannot open"), std::string::npos) << c.out;
+  // Shape mismatch: labels for 2 tokens.
+  Tensor y2 = Tensor::zeros(DType::kI64, {2});
+  npy::save(p("y2.npy"), y2);
+  c = sh(base + p("y2.npy") + " --x " + p("x.npy"));
+  EXPECT_EQ(c.code, 2);
+  EXPECT_NE(c.out.find("does not match"), std::string::npos) << c.out;
+  // Unknown implementation and bad option values.
+  c = sh(base + p("y.npy") + " --x " + p("x.npy") + " --impl warp-drive");
+  EXPECT_EQ(c.code, 2);
+  EXPECT_NE(c.out.find("unknown implementation 'warp-drive'"), std::string::npos) << c.out;
+  c = sh(base + p("y.npy") + " --x " + p("x.npy") + " --reduction avg");
+  EXPECT_NE(c.code, 0);
+  c = sh(base + p("y.npy") + " --x " + p("x.npy") + " --label-smoothing 2");
+  EXPECT_EQ(c.code, 2);
+  EXPECT_NE(c.out.find("label_smoothing"), std::string::npos) << c.out;
+  EXPECT_FALSE(fs::exists(p("out/loss.npy"))) << "nothing is written when the inputs are bad";
+}
+
+TEST_F(Cli, CheckRunsTheGridForANamedImplementation) {
+  const Cmd c = sh("check linear_cross_entropy --impl reference --quick --pass forward");
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("failed"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("max_abs="), std::string::npos) << c.out;
+  const Cmd bad = sh("check linear_cross_entropy --impl nope");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+}
+
+}  // namespace
+}  // namespace tessera

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
@@ -45,7 +46,9 @@ TEST(LinearCrossEntropyCpu, BuiltInCheckGrid) {
 }
 
 // The grid again with tiny blocks (b=3, h=8, v=16: tails everywhere, many token blocks, the
-// h chunking of bf16/f16 w) and different thread counts.
+// h chunking of bf16/f16 w) and different thread counts (on these tiny blocks the backend
+// mostly uses one thread: it caps threads by work per token block; OddShapesEveryOption and
+// ThreadWithoutVocabulary cover the multi-threaded splits).
 TEST(LinearCrossEntropyCpu, CheckGridSmallBlocksAndThreadCounts) {
   int k = 0;
   for (lt::CaseSpec c : lt::check_grid()) {
@@ -78,7 +81,7 @@ TEST(LinearCrossEntropyCpu, OddShapesEveryOption) {
         c.opt.z_loss_weight = 1e-3;
         c.opt.label_smoothing = 0.1;
         c.opt.return_argmax = true;
-        c.opt.block_sizes = BlockSizes{8, 16, 40};
+        c.opt.block_sizes = BlockSizes{16, 16, 40};  // 16·29·283 MACs: 2 threads used
         c.opt.num_threads = 2;
         c.f32_grads = l == WLayout::kVH;
         c.seed = seed++;
@@ -116,6 +119,24 @@ TEST(LinearCrossEntropyCpu, Bf16DwAccumulatesInF32AcrossTokenBlocks) {
   for (int64_t i = 0; i < H * V; ++i) {
     const double a = load_as_f32(got.data(), dt, i), b = load_as_f32(want.data(), dt, i);
     EXPECT_LE(std::fabs(a - b), std::ldexp(std::fabs(b), -7) + 1e-6) << "dw[" << i << "]";
+  }
+}
+
+// V smaller than the per-thread vocab alignment: thread 1 owns no vocabulary (but half of H).
+TEST(LinearCrossEntropyCpu, ThreadWithoutVocabulary) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    lt::CaseSpec c;
+    c.lead = {300};
+    c.H = 128;
+    c.V = 7;
+    c.dtype = dt;
+    c.bias_dtype = dt;
+    c.bias = true;
+    c.opt.return_argmax = true;
+    c.opt.label_smoothing = 0.2;
+    c.opt.block_sizes = BlockSizes{150, 48, 4};  // 150·128·7 MACs: 2 threads used
+    c.opt.num_threads = 2;
+    expect_parity(c, std::string("V=7 ") + dtype_name(dt));
   }
 }
 
@@ -272,6 +293,26 @@ TEST(LinearCrossEntropyCpu, BadBlockSizesErrorClearly) {
   o.block_sizes = BlockSizes{64, 512, 0};
   Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, spec.lead);
   EXPECT_THROW(forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, o), Error);
+}
+
+// The tuner's contract: tunable, a bounded candidate set, every candidate valid.
+TEST(LinearCrossEntropyCpu, CandidateBlockSizesAreBoundedAndValid) {
+  const Implementation* impl = find_implementation("cpu");
+  ASSERT_NE(impl, nullptr);
+  EXPECT_TRUE(impl->tunable());
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (int64_t V : {int64_t{1}, int64_t{1000}, int64_t{32768}, int64_t{262144}, int64_t{4} << 20}) {
+      Problem p;
+      p.B = 4096;
+      p.H = 1024;
+      p.V = V;
+      p.dtype = dt;
+      const auto cands = impl->candidate_block_sizes(p);
+      EXPECT_FALSE(cands.empty());
+      EXPECT_LE(cands.size(), 12u);
+      for (const BlockSizes& bs : cands) EXPECT_NO_THROW(impl->validate_block_sizes(bs)) << bs.str();
+      EXPECT_NO_THROW(impl->validate_block_sizes(impl->default_block_sizes(p)));
+    }
 }
 
 TEST(LinearCrossEntropyCpu, IsTheDefaultOnHostAndTunable) {

@@ -29,7 +29,7 @@
 //   this), never as a whole. Gradients accumulate in f32; a bf16/f16 dw output needs an f32
 //   accumulator of w's size (gradient-sized, documented); a bf16/f16 dx needs a b×H f32 buffer.
 //
-// Threads: std::thread + std::barrier, spawned per call (tens of µs, negligible against the
+// Threads: std::thread + a spin-then-sleep barrier, spawned per call (tens of µs, negligible against the
 // GEMMs). Not OpenMP: static ownership with explicit barriers is what makes the sums
 // deterministic, and it avoids mixing an OpenMP runtime with OpenBLAS's own pthread pool.
 // While a call runs, OpenBLAS is switched to one thread (process-wide, reference-counted,
@@ -38,7 +38,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -61,6 +60,7 @@ namespace simd = cpu_simd;
 constexpr int64_t kMaxBlock = int64_t{1} << 20;
 constexpr int64_t kMaxBlockB = int64_t{1} << 16;
 constexpr int kMaxThreads = 1024;
+constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;  // multiply-adds per token block
 constexpr size_t kSlabTargetBytes = size_t{32} << 20;  // default b keeps the b×V slab below this
 
 // ---- OpenBLAS: single-threaded while any call of this backend runs ----
@@ -84,6 +84,43 @@ class BlasSingleThreaded {
   }
   BlasSingleThreaded(const BlasSingleThreaded&) = delete;
   BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
+};
+
+// A reusable barrier that spins briefly before sleeping (std::atomic::wait). A token block
+// crosses up to five barriers; on an idle machine the other worker usually arrives within
+// microseconds, and spinning saves the futex wake-up (~10-50 µs) that std::barrier pays.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n), count_(n) {}
+  void arrive_and_wait() {
+    const uint32_t gen = gen_.load(std::memory_order_acquire);
+    if (count_.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // last to arrive
+      count_.store(n_, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_release);
+      gen_.notify_all();
+      return;
+    }
+    // Spin a little, then yield (so that, with more threads than free cores, the thread we
+    // wait for can run), then sleep.
+    for (int i = 0; i < kSpins + kYields; ++i) {
+      if (gen_.load(std::memory_order_acquire) != gen) return;
+      if (i < kSpins) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    while (gen_.load(std::memory_order_acquire) == gen) gen_.wait(gen, std::memory_order_acquire);
+  }
+
+ private:
+  static constexpr int kSpins = 1000;  // pause loop, ~5-30 µs
+  static constexpr int kYields = 100;
+  const int n_;
+  std::atomic<int> count_;
+  std::atomic<uint32_t> gen_{0};
 };
 
 // Row-major sgemm, alpha = 1: C = op(A)·op(B) + beta·C. Dimensions were checked to fit int.
@@ -155,7 +192,7 @@ struct Call {
 
   void setup(const BlockSizes& bs);
   void run();
-  void worker(int tid, std::barrier<>& bar);
+  void worker(int tid, Barrier& bar);
 
   // helpers
   // Vocab step of phases A and B1. With the slab (gradients) and f32 w, one GEMM per thread
@@ -180,8 +217,13 @@ T* alloc(memory::HostBuffer& buf, size_t count) {
 }
 
 void Call::setup(const BlockSizes& bs) {
-  T = std::clamp(p.num_threads, 1, kMaxThreads);
   bb = std::min(bs.b, p.B);
+  // Threads used: num_threads, but no more than one per kMinWorkPerThread multiply-adds of a
+  // token block's logits GEMM (a tiny block would cost more in barrier crossings than it
+  // saves). A function of the shape and num_threads only, so results stay deterministic.
+  const int64_t work = bb * p.H * p.V;
+  const int64_t useful = std::max<int64_t>(1, work / kMinWorkPerThread);
+  T = static_cast<int>(std::min<int64_t>(std::clamp(p.num_threads, 1, kMaxThreads), useful));
   vb = std::min(bs.v, p.V);
   hb = std::min(bs.h, p.H);
   half = p.dtype != DType::kF32;
@@ -443,7 +485,7 @@ void Call::finish(int tid) {
   }
 }
 
-void Call::worker(int tid, std::barrier<>& bar) {
+void Call::worker(int tid, Barrier& bar) {
   for (int64_t b0 = 0; b0 < p.B; b0 += bb) {
     const int64_t nb = std::min(bb, p.B - b0);
     const float* xb = static_cast<const float*>(p.x) + b0 * p.H;
@@ -475,11 +517,11 @@ void Call::run() {
   {
     BlasSingleThreaded blas_guard;
     if (T == 1) {
-      std::barrier<> bar(1);
+      Barrier bar(1);
       worker(0, bar);
     } else {
       // Workers wait on `go` so that a failure to start a thread leaves none stuck on a barrier.
-      std::barrier<> bar(T);
+      Barrier bar(T);
       std::atomic<int> go{0};  // 0 wait, 1 run, 2 abort
       std::vector<std::thread> threads;
       threads.reserve(static_cast<size_t>(T - 1));

@@ -102,7 +102,9 @@ struct DeviceFacts {
   int major = 0, minor = 0;
 };
 
-const DeviceFacts& device_facts(int device) {
+// Returned by value: the cache may be resized (reallocated) by another thread once the lock is
+// released, so a reference into it would dangle.
+DeviceFacts device_facts(int device) {
   static std::mutex mu;
   static std::vector<DeviceFacts> cache;
   static std::vector<bool> known;
@@ -161,6 +163,9 @@ int64_t chunk_rows(const Problem& p, const BlockSizes& bs, size_t fixed) {
          "memory_budget of " + std::to_string(budget_of(p)) + " bytes does not hold one row of f32 logits (4·V = " +
              std::to_string(static_cast<size_t>(p.V) * 4) + " bytes) plus " + std::to_string(fixed) +
              " bytes of fixed scratch; raise Options::memory_budget");
+  // One thread block per token row (gridDim.x) and the GEMMs' n are ints: a huge budget with a
+  // tiny V could otherwise ask for more than 2^31 − 1 rows per chunk.
+  rows = std::min<int64_t>(rows, INT_MAX);
   if (rows < p.B && rows >= 256) rows = rows / 128 * 128;  // GEMM-friendly n
   return rows;
 }

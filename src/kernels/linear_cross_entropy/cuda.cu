@@ -236,7 +236,7 @@ class Cuda final : public Implementation {
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA)
       return Availability::no("inputs are on " + p.device.str() + "; the cuda backend needs CUDA device memory");
-    const DeviceFacts& f = device_facts(p.device.index);
+    const DeviceFacts f = device_facts(p.device.index);
     if (!f.ok) return Availability::no(f.why);
     if (!is_float(p.dtype)) return Availability::no(std::string("dtype ") + dtype_name(p.dtype) + " is not supported");
     if (2 * p.V > INT_MAX || p.H > INT_MAX)

@@ -310,6 +310,22 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
     if (go->dbias) check_accessible(go->dbias, dev, "dbias");
   }
 
+  // An empty batch never reaches here through the API (it answers B = 0 itself); a direct caller
+  // gets the same outputs instead of a misleading budget error and an unwritten dw.
+  if (B == 0) {
+    if (fwd && p.reduction != Reduction::kNone)
+      cuda::check(cudaMemsetAsync(fo->loss, 0, sizeof(float), stream), "loss zeroing (empty batch)");
+    if (grad) {
+      cuda::check(cudaMemsetAsync(go->dw, 0, static_cast<size_t>(H) * static_cast<size_t>(V) * dtype_size(go->dw_dtype),
+                                  stream),
+                  "dw zeroing (empty batch)");
+      if (go->dbias)
+        cuda::check(cudaMemsetAsync(go->dbias, 0, static_cast<size_t>(V) * dtype_size(go->dbias_dtype), stream),
+                    "dbias zeroing (empty batch)");
+    }
+    return;
+  }
+
   // ---- plan and scratch (all before any output is written) ----
   const size_t fixed = fixed_bytes(p, fwd, grad, go);
   const int64_t rows = chunk_rows(p, bs, fixed);

@@ -363,6 +363,9 @@ TEST(LceCuda, NonDefaultStreamGivesTheSameResults) {
   lce::Options opt = s.opt;
   opt.implementation = "cuda";
   const DeviceRun a = run_fused(d, s, opt);
+  // cuBLAS promises bitwise-identical results only while a single stream is active: finish the
+  // legacy-stream run before the non-blocking stream starts (it does not wait for the legacy one).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   opt.stream = stream;

@@ -11,6 +11,9 @@ void set_exit_code(int code);
 int exit_code();
 
 void register_list(CLI::App& app);
+void register_roofline(CLI::App& app);
+void register_bench(CLI::App& app);
+void register_report(CLI::App& app);
 void register_check(CLI::App& app);
 void register_run(CLI::App& app);
 

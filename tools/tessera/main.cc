@@ -11,6 +11,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
   tessera::cli::register_list(app);
+  tessera::cli::register_roofline(app);
+  tessera::cli::register_bench(app);
+  tessera::cli::register_report(app);
   tessera::cli::register_check(app);
   tessera::cli::register_run(app);
   try {

@@ -16,6 +16,9 @@ const std::vector<std::unique_ptr<Implementation>>& registry() {
   static const std::vector<std::unique_ptr<Implementation>> impls = [] {
     std::vector<std::unique_ptr<Implementation>> v;
     // Default order: fastest first. Only implementations of the inputs' device are tried.
+#ifdef TESSERA_HAVE_CUDA_BACKEND
+    v.push_back(make_cuda_implementation());
+#endif
 #ifdef TESSERA_HAVE_CPU_BACKEND
     v.push_back(make_cpu_implementation());
 #endif

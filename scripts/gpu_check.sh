@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# GPU machine check of the cuda backend, in one go: configure + build (preset gpu), run the test
+# suite (the LceCuda* GPU tests included), the benchmark and the PyTorch eager baseline, and write
+# the results to docs/gpu_results/<stamp>/ (or the directory given as $1):
+#   env.txt  build.log  tests.log  tests.json  bench.json  torch.json  bench.log  summary.md
+#
+# Needs: an NVIDIA GPU + driver, nvcc, CMake >= 3.25, ninja, python3 with PyTorch (for the
+# baseline; skipped with a note when missing). No network: nlohmann-json, CLI11, fmt and GTest come
+# from the carried .deps/ folder made on the dev machine by scripts/pack_gpu_deps.sh.
+# Env: CUDA_ARCHS (default "90a-real;80-virtual"), BENCH_SHAPES, BENCH_ITERS, JOBS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+out=${1:-docs/gpu_results/$stamp}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+status=0
+note() { echo "gpu_check: $*" | tee -a "$out/summary.notes"; }
+
+if [ ! -d "$root/.deps/usr" ]; then
+  echo "gpu_check: $root/.deps/usr is missing: run scripts/pack_gpu_deps.sh on the dev machine and carry .deps" >&2
+  exit 2
+fi
+export LD_LIBRARY_PATH="$root/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+
+{
+  echo "date: $(date -u)"; echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  nvcc --version 2>&1 | tail -2; cmake --version | head -1; ninja --version 2>&1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+} > "$out/env.txt"
+
+jobs=${JOBS:-$(nproc)}
+archs=${CUDA_ARCHS:-90a-real;80-virtual}
+if ! { cmake --preset gpu -DCMAKE_PREFIX_PATH="$root/.deps/usr" "-DCMAKE_CUDA_ARCHITECTURES=$archs" &&
+       cmake --build --preset gpu -j "$jobs"; } > "$out/build.log" 2>&1; then
+  note "BUILD FAILED (see build.log)"; tail -30 "$out/build.log"; exit 1
+fi
+
+# The whole suite in one process (faster than ctest's one process per test); GPU tests are LceCuda*.
+if ! build/gpu/tests/tessera_tests --gtest_output="json:$out/tests.json" > "$out/tests.log" 2>&1; then
+  note "TESTS FAILED (see tests.log)"; status=1
+fi
+grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$out/tests.log" | tail -20
+
+if ! build/gpu/bin/lce_cuda_bench --shapes "${BENCH_SHAPES:-8192x4096x128256,8192x2304x256000}" \
+     --iters "${BENCH_ITERS:-10}" --out "$out/bench.json" 2> "$out/bench.log"; then
+  note "BENCHMARK FAILED (see bench.log)"; status=1
+fi
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  python3 bench/torch_lce_baseline.py --shapes "${BENCH_SHAPES:-8192x4096x128256,8192x2304x256000}" \
+    --iters "${BENCH_ITERS:-10}" --out "$out/torch.json" 2>> "$out/bench.log" || note "torch baseline failed (see bench.log)"
+else
+  note "PyTorch with CUDA not available: no eager baseline"
+fi
+
+python3 - "$out" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    p = os.path.join(out, name)
+    return json.load(open(p)) if os.path.exists(p) else None
+lines = ["# cuda backend: GPU check", ""]
+env = open(os.path.join(out, "env.txt")).read().strip()
+lines += ["```", env, "```", ""]
+t = load("tests.json")
+if t:
+    lines.append(f"Tests: {t.get('tests', 0)} run, {t.get('failures', 0)} failed, {t.get('disabled', 0)} disabled.")
+    for suite in t.get("testsuites", []):
+        for case in suite.get("testsuite", []):
+            if case.get("failures"):
+                lines.append(f"- FAILED {suite['name']}.{case['name']}: " + case["failures"][0]["failure"].splitlines()[0])
+    lines.append("")
+b, pt = load("bench.json"), load("torch.json")
+if b:
+    lines += [f"Benchmark on {b['device']}, {b['dtype']} inputs, dw {b['dw_dtype']}, median of {b['iters']} after {b['warmup']} warm-up runs (ms):", "",
+              "| B | H | V | fwd | fwd+bwd | 3 GEMMs | fwd+bwd / 3 GEMMs | fwd+bwd TFLOP/s | peak extra MiB | torch eager fwd+bwd | torch peak extra MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    trows = {(r["B"], r["H"], r["V"]): r for r in (pt or {}).get("results", [])}
+    for r in b["results"]:
+        tr = trows.get((r["B"], r["H"], r["V"]), {})
+        tfb = f"{tr['forward_backward']['median_ms']:.2f}" if "forward_backward" in tr else tr.get("error", "-")
+        tmem = f"{tr['peak_extra_bytes_forward_backward'] / 2**20:.0f}" if "peak_extra_bytes_forward_backward" in tr else "-"
+        lines.append(f"| {r['B']} | {r['H']} | {r['V']} | {r['forward']['median_ms']:.2f} | {r['forward_backward']['median_ms']:.2f} | "
+                     f"{r['gemm3']['median_ms']:.2f} | {r['forward_backward_vs_gemm3']:.3f} | {r['forward_backward_tflops']:.0f} | "
+                     f"{r['peak_extra_bytes_forward_backward'] / 2**20:.0f} | {tfb} | {tmem} |")
+    lines += ["", "Targets: fwd+bwd <= 1.3x three GEMMs; peak extra device memory <= 1 GiB."]
+notes = os.path.join(out, "summary.notes")
+if os.path.exists(notes):
+    lines += ["", "Notes:", ""] + ["- " + l.strip() for l in open(notes)]
+open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+echo "gpu_check: results in $out"
+exit $status

@@ -1,0 +1,51 @@
+// Tessera harness: hooks a device backend fills so the generic harness can time work on its
+// device and measure its ceilings, without the harness knowing the device's API.
+//
+// The CUDA backend (when built) calls register_device_hooks(DeviceType::kCUDA, {...}) at the
+// same time it registers its DeviceAllocator. Without hooks, `tessera roofline` reports no GPU
+// ceilings and `tessera bench` cannot time implementations on that device (it says so).
+// This file is compiled into the core library so backends can register without depending on
+// the harness.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "tessera/dtype.h"
+#include "tessera/tensor.h"
+
+namespace tessera::harness {
+
+// Ceilings of one device, as a backend measures them.
+struct DeviceCeilingsRaw {
+  std::string name;                          // "NVIDIA H100 80GB HBM3"
+  std::map<std::string, double> gemm_gflops; // per dtype name ("f32", "bf16", "f16")
+  std::map<std::string, std::string> gemm_method;  // how each was measured ("cublasGemmEx 8192^3")
+  double bandwidth_gbs = 0;                  // device copy, read + write counted
+  std::string bandwidth_method;
+};
+
+struct DeviceHooks {
+  // Blocks until all work queued on device `index` (default stream) is finished. Required for
+  // timing.
+  std::function<void(int index)> synchronize;
+  // Measures the device's ceilings (peak GEMM per dtype through the vendor BLAS, copy
+  // bandwidth). `quick` asks for a fast, rougher measurement. Optional.
+  std::function<std::optional<DeviceCeilingsRaw>(int index, bool quick)> measure_ceilings;
+  // Seconds of one GEMM C[M,N] = A[M,K]·B[K,N] (B transposed when b_transposed) in `dtype` on
+  // the device (median of a few runs, buffers allocated and freed by the hook). Optional: the
+  // bench's "vs GEMM" column is empty without it.
+  std::function<std::optional<double>(int index, int64_t M, int64_t N, int64_t K, DType dtype,
+                                      bool b_transposed)>
+      time_gemm;
+  // Number of devices of this type present (0 when none). Optional (then 1 is assumed).
+  std::function<int()> device_count;
+};
+
+void register_device_hooks(DeviceType type, DeviceHooks hooks);
+// nullptr when no backend registered hooks for `type`.
+const DeviceHooks* device_hooks(DeviceType type);
+
+}  // namespace tessera::harness

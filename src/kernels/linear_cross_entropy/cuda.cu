@@ -1,0 +1,512 @@
+// linear_cross_entropy: the cuda backend (first design: cuBLAS GEMMs over token chunks + our
+// row-wise kernels). Design, tolerances and limits: docs/kernels/linear_cross_entropy.md,
+// section "cuda backend".
+//
+// Per chunk of `rows` tokens (sized from Problem::memory_budget):
+//   1. Z = x_c · W            cuBLAS, f32 output, f32 accumulation        [rows, V] f32 scratch
+//   2. row_kernel             bias, soft cap, online lse, label pick, Σz, argmax, row loss; for
+//                             gradients the logit gradient g (f32 math) stored in place over Z in
+//                             the GEMM operand dtype
+//   3. dbias += Σ_rows g      colsum_kernel (deterministic, f32)
+//   4. dx_c = α · g · Wᵀ      cuBLAS, written straight in dx's dtype (complete per chunk)
+//   5. dw  += α · x_cᵀ · g    cuBLAS into an f32 accumulator (dw itself when dw is f32)
+// A prologue kernel checks the labels and reduces Σ weights (mean denominator) and the upstream
+// scalar on the device; one host synchronization fetches them (labels must be validated before
+// any output is written, and α is a host scalar of the GEMMs). Everything else is stream-ordered
+// on Problem::stream.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/cuda_util.h"
+#include "core/env.h"
+#include "core/log.h"
+#include "core/memory.h"
+#include "kernels/linear_cross_entropy/cuda_kernels.cuh"
+#include "kernels/linear_cross_entropy/impl.h"
+#include "tessera/error.h"
+
+namespace tessera::linear_cross_entropy {
+namespace {
+
+namespace ck = cuda_kernels;
+
+constexpr size_t kDefaultBudget = size_t{1} << 30;  // 1 GiB
+constexpr size_t kAlign = 256;
+constexpr int kMinComputeMajor = 8;  // bf16 tensor cores; the fatbin holds sm_90a + compute_80 PTX
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+[[noreturn]] void fail(ErrorCode code, const std::string& msg) {
+  throw Error(code, std::string(kKernelName) + " (cuda): " + msg);
+}
+
+// ---- cuBLAS ----
+
+const char* cublas_status_str(cublasStatus_t s) { return cublasGetStatusString(s); }
+
+void cublas_check(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  fail(s == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
+       std::string("cuBLAS error in ") + what + ": " + cublas_status_str(s));
+}
+
+// One handle per (host thread, device), created on first use and kept for the life of the
+// process (destroying handles during process teardown races the CUDA runtime's own teardown).
+cublasHandle_t cublas_handle(int device) {
+  thread_local std::vector<cublasHandle_t> handles;
+  if (device >= static_cast<int>(handles.size())) handles.resize(static_cast<size_t>(device) + 1, nullptr);
+  cublasHandle_t& h = handles[static_cast<size_t>(device)];
+  if (!h) cublas_check(cublasCreate(&h), "cublasCreate");
+  return h;
+}
+
+cudaDataType cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    default: fail(ErrorCode::kInternal, std::string("no CUDA data type for ") + dtype_name(t));
+  }
+}
+
+int as_int(int64_t v, const char* what) {
+  if (v < 0 || v > INT_MAX) fail(ErrorCode::kInternal, std::string(what) + " exceeds the cuBLAS int range");
+  return static_cast<int>(v);
+}
+
+struct Gemm {
+  cublasHandle_t h;
+  cublasComputeType_t compute;
+  // Column-major C[m,n] = alpha·op(A)[m,k]·op(B)[k,n] + beta·C (host scalars).
+  void operator()(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
+                  const void* A, cudaDataType at, int64_t lda, const void* B, cudaDataType bt, int64_t ldb,
+                  float beta, void* C, cudaDataType ct, int64_t ldc, const char* what) const {
+    cublas_check(cublasGemmEx(h, ta, tb, as_int(m, "m"), as_int(n, "n"), as_int(k, "k"), &alpha, A, at,
+                              as_int(lda, "lda"), B, bt, as_int(ldb, "ldb"), &beta, C, ct, as_int(ldc, "ldc"),
+                              compute, CUBLAS_GEMM_DEFAULT),
+                 what);
+  }
+};
+
+// ---- device facts (cached) ----
+
+struct DeviceFacts {
+  bool ok = false;
+  std::string why;
+  int major = 0, minor = 0;
+};
+
+// Returned by value: the cache may be resized (reallocated) by another thread once the lock is
+// released, so a reference into it would dangle.
+DeviceFacts device_facts(int device) {
+  static std::mutex mu;
+  static std::vector<DeviceFacts> cache;
+  static std::vector<bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= static_cast<int>(cache.size())) {
+    cache.resize(static_cast<size_t>(device) + 1);
+    known.resize(static_cast<size_t>(device) + 1, false);
+  }
+  DeviceFacts& f = cache[static_cast<size_t>(device)];
+  if (!known[static_cast<size_t>(device)]) {
+    known[static_cast<size_t>(device)] = true;
+    std::string why;
+    const int n = cuda::device_count(&why);
+    if (n == 0) {
+      f.why = why;
+    } else if (device >= n) {
+      f.why = "cuda:" + std::to_string(device) + " does not exist (" + std::to_string(n) + " CUDA device(s))";
+    } else if (cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+               cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      f.why = "could not query the compute capability of cuda:" + std::to_string(device);
+    } else if (f.major < kMinComputeMajor) {
+      f.why = "cuda:" + std::to_string(device) + " has compute capability " + std::to_string(f.major) + "." +
+              std::to_string(f.minor) + "; the cuda backend needs 8.0 or newer";
+    } else {
+      f.ok = true;
+    }
+  }
+  return f;
+}
+
+// ---- planning ----
+
+size_t budget_of(const Problem& p) { return p.memory_budget ? p.memory_budget : kDefaultBudget; }
+
+// Bytes of scratch that do not scale with the chunk (all inside the budget).
+size_t fixed_bytes(const Problem& p, bool fwd, bool grad, const GradOut* go) {
+  size_t n = align_up(sizeof(ck::Scalars));
+  if (fwd && p.reduction != Reduction::kNone) n += align_up(static_cast<size_t>(p.B) * sizeof(float));
+  if (grad && p.bias && go && go->dbias_dtype != DType::kF32) n += align_up(static_cast<size_t>(p.V) * sizeof(float));
+  return n;
+}
+
+// Rows of logits per chunk that fit the budget (0: not even one). Not clamped to B or block b.
+int64_t budget_rows(const Problem& p, size_t fixed) {
+  const size_t budget = budget_of(p);
+  const size_t per_row = static_cast<size_t>(p.V) * sizeof(float);
+  if (budget <= fixed + kAlign) return 0;
+  return static_cast<int64_t>((budget - fixed - kAlign) / per_row);
+}
+
+int64_t chunk_rows(const Problem& p, const BlockSizes& bs, size_t fixed) {
+  int64_t rows = std::min({budget_rows(p, fixed), p.B, std::max<int64_t>(bs.b, 1)});
+  if (rows <= 0)
+    fail(ErrorCode::kUnsupported,
+         "memory_budget of " + std::to_string(budget_of(p)) + " bytes does not hold one row of f32 logits (4·V = " +
+             std::to_string(static_cast<size_t>(p.V) * 4) + " bytes) plus " + std::to_string(fixed) +
+             " bytes of fixed scratch; raise Options::memory_budget");
+  // One thread block per token row (gridDim.x) and the GEMMs' n are ints: a huge budget with a
+  // tiny V could otherwise ask for more than 2^31 − 1 rows per chunk.
+  rows = std::min<int64_t>(rows, INT_MAX);
+  if (rows < p.B && rows >= 256) rows = rows / 128 * 128;  // GEMM-friendly n
+  return rows;
+}
+
+void check_accessible(const void* ptr, int device, const char* what) {
+  if (!cuda::is_device_accessible(ptr, device))
+    fail(ErrorCode::kInvalidArgument, std::string(what) + " is labelled cuda:" + std::to_string(device) +
+                                          " but its memory is not accessible from that device "
+                                          "(pageable host memory or another device?)");
+}
+
+template <class OutT>
+void launch_rows(const ck::RowParams& rp, int64_t n, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(n));
+  if (rp.V % 4 == 0)
+    ck::row_kernel<OutT, 4><<<grid, ck::kRowThreads, 0, stream>>>(rp);
+  else
+    ck::row_kernel<OutT, 1><<<grid, ck::kRowThreads, 0, stream>>>(rp);
+}
+
+template <class OutT>
+void launch_colsum(const void* g, int64_t ld, int64_t rows, int64_t V, float alpha, float* acc, cudaStream_t s) {
+  const int threads = 256;
+  const unsigned blocks = static_cast<unsigned>((V + threads - 1) / threads);
+  ck::colsum_kernel<OutT><<<blocks, threads, 0, s>>>(static_cast<const OutT*>(g), ld, rows, V, alpha, acc);
+}
+
+void launch_convert(const float* src, void* dst, DType t, int64_t n, cudaStream_t s) {
+  const int threads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65535));
+  switch (t) {
+    case DType::kBF16:
+      ck::convert_kernel<__nv_bfloat16><<<blocks, threads, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
+      break;
+    case DType::kF16: ck::convert_kernel<__half><<<blocks, threads, 0, s>>>(src, static_cast<__half*>(dst), n); break;
+    default: fail(ErrorCode::kInternal, "convert to f32 requested");
+  }
+}
+
+int bias_type(const Problem& p) {
+  if (!p.bias) return ck::kBiasNone;
+  switch (p.bias_dtype) {
+    case DType::kF32: return ck::kBiasF32;
+    case DType::kBF16: return ck::kBiasBF16;
+    default: return ck::kBiasF16;
+  }
+}
+
+// The power of two folded into the stored f16 logit gradient (and divided out through the GEMMs'
+// alpha): keeps softmax probabilities ~1/V clear of f16's subnormal range. See the docs.
+float dz_scale(DType t) { return t == DType::kF16 ? 256.0f : 1.0f; }
+
+class Cuda final : public Implementation {
+ public:
+  std::string name() const override { return "cuda"; }
+  std::string description() const override {
+    return "NVIDIA GPUs (sm_80+, tuned for Hopper): cuBLAS GEMMs over token chunks sized by "
+           "memory_budget + row-wise CUDA kernels; f32 logits and accumulation";
+  }
+  DeviceType device_type() const override { return DeviceType::kCUDA; }
+
+  Availability available() const override {
+    std::string why;
+    if (cuda::device_count(&why) == 0) return Availability::no(why);
+    return Availability::yes();
+  }
+
+  Availability supports(const Problem& p) const override {
+    if (p.device.type != DeviceType::kCUDA)
+      return Availability::no("inputs are on " + p.device.str() + "; the cuda backend needs CUDA device memory");
+    const DeviceFacts f = device_facts(p.device.index);
+    if (!f.ok) return Availability::no(f.why);
+    if (!is_float(p.dtype)) return Availability::no(std::string("dtype ") + dtype_name(p.dtype) + " is not supported");
+    if (2 * p.V > INT_MAX || p.H > INT_MAX)
+      return Availability::no("V=" + std::to_string(p.V) + ", H=" + std::to_string(p.H) +
+                              " exceed the cuBLAS int range (V < 2^30, H < 2^31)");
+    const size_t fixed = fixed_bytes(p, true, true, nullptr);
+    if (budget_rows(p, fixed) < 1)
+      return Availability::no("memory_budget " + std::to_string(budget_of(p)) +
+                              " bytes is smaller than one row of f32 logits (4·V bytes) plus fixed scratch");
+    return Availability::yes();
+  }
+
+  BlockSizes default_block_sizes(const Problem& p) const override {
+    BlockSizes bs;
+    bs.b = std::max<int64_t>(1, std::min(p.B, budget_rows(p, fixed_bytes(p, true, true, nullptr))));
+    bs.h = p.H;
+    bs.v = p.V;
+    return bs;
+  }
+
+  void validate_block_sizes(const BlockSizes& bs) const override {
+    if (bs.b < 1)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "cuda: block b (max tokens per chunk) must be >= 1, got " + std::to_string(bs.b));
+    if (bs.h < 1 || bs.v < 1)
+      throw Error(ErrorCode::kInvalidArgument, "cuda: block h and v must be >= 1 (they are not used), got " + bs.str());
+  }
+
+  void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const override {
+    run(p, bs, &out, nullptr, nullptr);
+  }
+  void backward(const Problem& p, const BlockSizes& bs, const GradIn& g, const GradOut& out) const override {
+    run(p, bs, nullptr, &g, &out);
+  }
+  void forward_backward(const Problem& p, const BlockSizes& bs, const GradIn& g, const ForwardOut& fout,
+                        const GradOut& gout) const override {
+    run(p, bs, &fout, &g, &gout);
+  }
+
+ private:
+  void run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, const GradIn* gi,
+           const GradOut* go) const;
+};
+
+void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, const GradIn* gi,
+               const GradOut* go) const {
+  const int dev = p.device.index;
+  cuda::DeviceGuard guard(dev);
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  const bool fwd = fo != nullptr;
+  const bool grad = go != nullptr;
+  const int64_t B = p.B, H = p.H, V = p.V;
+  const size_t esize = dtype_size(p.dtype);
+
+  // Every pointer must be device memory (the API cannot inspect device views).
+  check_accessible(p.x, dev, "x");
+  check_accessible(p.w, dev, "w");
+  check_accessible(p.labels, dev, "labels");
+  if (p.bias) check_accessible(p.bias, dev, "bias");
+  if (p.weights) check_accessible(p.weights, dev, "weights");
+  if (fwd) {
+    check_accessible(fo->loss, dev, "loss");
+    check_accessible(fo->lse, dev, "lse");
+    if (fo->argmax) check_accessible(fo->argmax, dev, "argmax");
+  }
+  if (grad) {
+    check_accessible(gi->grad_loss, dev, "grad_loss");
+    if (gi->lse) check_accessible(gi->lse, dev, "lse (backward input)");
+    check_accessible(go->dx, dev, "dx");
+    check_accessible(go->dw, dev, "dw");
+    if (go->dbias) check_accessible(go->dbias, dev, "dbias");
+  }
+
+  // An empty batch never reaches here through the API (it answers B = 0 itself); a direct caller
+  // gets the same outputs instead of a misleading budget error and an unwritten dw.
+  if (B == 0) {
+    if (fwd && p.reduction != Reduction::kNone)
+      cuda::check(cudaMemsetAsync(fo->loss, 0, sizeof(float), stream), "loss zeroing (empty batch)");
+    if (grad) {
+      cuda::check(cudaMemsetAsync(go->dw, 0, static_cast<size_t>(H) * static_cast<size_t>(V) * dtype_size(go->dw_dtype),
+                                  stream),
+                  "dw zeroing (empty batch)");
+      if (go->dbias)
+        cuda::check(cudaMemsetAsync(go->dbias, 0, static_cast<size_t>(V) * dtype_size(go->dbias_dtype), stream),
+                    "dbias zeroing (empty batch)");
+    }
+    return;
+  }
+
+  // ---- plan and scratch (all before any output is written) ----
+  const size_t fixed = fixed_bytes(p, fwd, grad, go);
+  const int64_t rows = chunk_rows(p, bs, fixed);
+  const bool need_row_loss = fwd && p.reduction != Reduction::kNone;
+  const bool dbias_acc_needed = grad && p.bias && go->dbias_dtype != DType::kF32;
+  const bool dw_acc_needed = grad && go->dw_dtype != DType::kF32;
+
+  size_t off = 0;
+  const size_t off_scalars = off;
+  off += align_up(sizeof(ck::Scalars));
+  const size_t off_row_loss = off;
+  if (need_row_loss) off += align_up(static_cast<size_t>(B) * sizeof(float));
+  const size_t off_dbias = off;
+  if (dbias_acc_needed) off += align_up(static_cast<size_t>(V) * sizeof(float));
+  const size_t off_logits = off;
+  off += align_up(static_cast<size_t>(rows) * static_cast<size_t>(V) * sizeof(float));
+  cuda::DeviceBuffer ws(off, stream, dev);
+  char* base = static_cast<char*>(ws.get());
+  auto* scalars_dev = reinterpret_cast<ck::Scalars*>(base + off_scalars);
+  float* row_loss = need_row_loss ? reinterpret_cast<float*>(base + off_row_loss) : nullptr;
+  float* dbias_acc = dbias_acc_needed ? reinterpret_cast<float*>(base + off_dbias) : nullptr;
+  float* logits = reinterpret_cast<float*>(base + off_logits);
+
+  // The f32 dw accumulator (only when dw is stored in bf16/f16: accumulating chunk after chunk
+  // in 16 bits drifts). It is 4·H·V bytes on top of the budget; an f32 dw avoids it.
+  cuda::DeviceBuffer dw_acc_buf;
+  if (dw_acc_needed) {
+    const size_t bytes = static_cast<size_t>(H) * static_cast<size_t>(V) * sizeof(float);
+    if (off + bytes > budget_of(p))
+      log::warn_once(std::string(kKernelName) + " (cuda): dw is " + dtype_name(go->dw_dtype) +
+                     ", so gradients are accumulated in an f32 copy of dw (" + std::to_string(bytes) +
+                     " bytes) on top of memory_budget; pass an f32 dw to avoid it");
+    dw_acc_buf = cuda::DeviceBuffer(bytes, stream, dev);
+  }
+
+  // ---- prologue: label check, Σ weights, upstream scalar; one synchronization ----
+  ck::prologue_kernel<<<1, ck::kReduceThreads, 0, stream>>>(
+      p.labels, p.label_dtype == DType::kI32, p.weights, B, V, p.ignore_index,
+      grad && p.reduction != Reduction::kNone ? gi->grad_loss : nullptr, scalars_dev);
+  cuda::check(cudaGetLastError(), "prologue_kernel launch");
+  ck::Scalars sc{};
+  cuda::check(cudaMemcpyAsync(&sc, scalars_dev, sizeof(sc), cudaMemcpyDeviceToHost, stream), "copy of the prologue");
+  cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the prologue");
+  if (sc.first_bad != ULLONG_MAX) {
+    const auto t = static_cast<int64_t>(sc.first_bad);
+    int64_t y = 0;
+    if (p.label_dtype == DType::kI32) {
+      int32_t v = 0;
+      cuda::check(cudaMemcpy(&v, static_cast<const int32_t*>(p.labels) + t, sizeof(v), cudaMemcpyDeviceToHost), "label copy");
+      y = v;
+    } else {
+      cuda::check(cudaMemcpy(&y, static_cast<const int64_t*>(p.labels) + t, sizeof(y), cudaMemcpyDeviceToHost), "label copy");
+    }
+    fail(ErrorCode::kInvalidArgument, "label " + std::to_string(y) + " at token " + std::to_string(t) +
+                                          " is outside [0, V=" + std::to_string(V) + ") and is not ignore_index (" +
+                                          std::to_string(p.ignore_index) + ")");
+  }
+
+  // Gradient scale through the GEMMs: α = (upstream scalar / denominator) / dz_scale.
+  const float S = dz_scale(p.dtype);
+  float alpha = 1.0f / S;
+  if (grad) {
+    double g = 1.0;
+    if (p.reduction == Reduction::kSum) g = sc.grad_scalar;
+    if (p.reduction == Reduction::kMean) g = sc.denom == 0.0 ? 0.0 : static_cast<double>(sc.grad_scalar) / sc.denom;
+    alpha = static_cast<float>(g / static_cast<double>(S));
+  }
+
+  // ---- GEMM set-up ----
+  const cublasHandle_t h = cublas_handle(dev);
+  cublas_check(cublasSetStream(h, stream), "cublasSetStream");
+  cublas_check(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+  // f32 accumulation everywhere, also inside split-K reductions of 16-bit outputs.
+  cublas_check(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+               "cublasSetMathMode");
+  const bool tf32 = p.dtype == DType::kF32 && env::flag("TESSERA_CUDA_TF32", false);
+  const Gemm gemm{h, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F};
+  const cudaDataType in_t = cuda_type(p.dtype);
+  const bool hv = p.layout == WLayout::kHV;
+  const cublasOperation_t N = CUBLAS_OP_N, T = CUBLAS_OP_T;
+
+  float* dbias_target = nullptr;
+  if (grad && p.bias) {
+    dbias_target = dbias_acc ? dbias_acc : static_cast<float*>(go->dbias);
+    cuda::check(cudaMemsetAsync(dbias_target, 0, static_cast<size_t>(V) * sizeof(float), stream), "dbias zeroing");
+  }
+  float* dw_target = grad ? (dw_acc_needed ? static_cast<float*>(dw_acc_buf.get()) : static_cast<float*>(go->dw)) : nullptr;
+
+  // The stored logit gradient: OutT = input dtype, row stride ldg elements (in place over Z).
+  const int64_t ldg = p.dtype == DType::kF32 ? V : 2 * V;
+
+  ck::RowParams rp;
+  rp.logits = logits;
+  rp.V = V;
+  rp.bias = p.bias;
+  rp.bias_type = bias_type(p);
+  rp.labels = p.labels;
+  rp.labels_i32 = p.label_dtype == DType::kI32;
+  rp.weights = p.weights;
+  rp.ignore_index = p.ignore_index;
+  rp.soft_cap = static_cast<float>(p.soft_cap);
+  rp.eps = static_cast<float>(p.label_smoothing);
+  rp.zloss = static_cast<float>(p.z_loss_weight);
+  if (fwd) {
+    rp.lse_out = fo->lse;
+    rp.loss_out = p.reduction == Reduction::kNone ? fo->loss : row_loss;
+    rp.argmax_out = fo->argmax;
+  }
+  if (grad) {
+    rp.want_grad = true;
+    rp.lse_in = fwd ? nullptr : gi->lse;
+    rp.grad_rows = p.reduction == Reduction::kNone ? gi->grad_loss : nullptr;
+    rp.dz_scale = S;
+  }
+
+  for (int64_t c0 = 0; c0 < B; c0 += rows) {
+    const int64_t n = std::min(rows, B - c0);
+    const void* xc = static_cast<const char*>(p.x) + static_cast<size_t>(c0) * static_cast<size_t>(H) * esize;
+
+    // 1. Z[n, V] (row-major) = x_c · W; column-major: Zᵀ[V, n] = op(W)[V, H] · x_cᵀ[H, n].
+    gemm(hv ? N : T, N, V, n, H, 1.0f, p.w, in_t, hv ? V : H, xc, in_t, H, 0.0f, logits, CUDA_R_32F, V,
+         "logits GEMM");
+
+    // 2. Row-wise pass.
+    rp.rows = n;
+    rp.row0 = c0;
+    switch (p.dtype) {
+      case DType::kF32: launch_rows<float>(rp, n, stream); break;
+      case DType::kBF16: launch_rows<__nv_bfloat16>(rp, n, stream); break;
+      default: launch_rows<__half>(rp, n, stream); break;
+    }
+    cuda::check(cudaGetLastError(), "row_kernel launch");
+    if (!grad) continue;
+
+    // 3. dbias += α · Σ_rows g.
+    if (dbias_target) {
+      switch (p.dtype) {
+        case DType::kF32: launch_colsum<float>(logits, ldg, n, V, alpha, dbias_target, stream); break;
+        case DType::kBF16: launch_colsum<__nv_bfloat16>(logits, ldg, n, V, alpha, dbias_target, stream); break;
+        default: launch_colsum<__half>(logits, ldg, n, V, alpha, dbias_target, stream); break;
+      }
+      cuda::check(cudaGetLastError(), "colsum_kernel launch");
+    }
+
+    // 4. dx_c[n, H] = α · g[n, V] · Wᵀ; column-major: dx_cᵀ[H, n] = op(W)[H, V] · gᵀ[V, n].
+    void* dxc = static_cast<char*>(go->dx) +
+                static_cast<size_t>(c0) * static_cast<size_t>(H) * dtype_size(go->dx_dtype);
+    gemm(hv ? T : N, N, H, n, V, alpha, p.w, in_t, hv ? V : H, logits, in_t, ldg, 0.0f, dxc,
+         cuda_type(go->dx_dtype), H, "dx GEMM");
+
+    // 5. dw += α · x_cᵀ · g, in w's layout.
+    const float beta = c0 == 0 ? 0.0f : 1.0f;
+    if (hv) {  // dw[H, V] row-major = column-major [V, H]: gᵀ[V, n] · x_c[n, H]
+      gemm(N, T, V, H, n, alpha, logits, in_t, ldg, xc, in_t, H, beta, dw_target, CUDA_R_32F, V, "dw GEMM");
+    } else {  // dw[V, H] row-major = column-major [H, V]: x_cᵀ[H, n] · g[n, V]
+      gemm(N, T, H, V, n, alpha, xc, in_t, H, logits, in_t, ldg, beta, dw_target, CUDA_R_32F, H, "dw GEMM");
+    }
+  }
+
+  if (need_row_loss) {
+    ck::reduce_loss_kernel<<<1, ck::kReduceThreads, 0, stream>>>(row_loss, B, scalars_dev,
+                                                                 p.reduction == Reduction::kMean, fo->loss);
+    cuda::check(cudaGetLastError(), "reduce_loss_kernel launch");
+  }
+  if (dw_acc_needed) {
+    launch_convert(dw_target, go->dw, go->dw_dtype, H * V, stream);
+    cuda::check(cudaGetLastError(), "convert_kernel launch (dw)");
+  }
+  if (dbias_acc_needed) {
+    launch_convert(dbias_acc, go->dbias, go->dbias_dtype, V, stream);
+    cuda::check(cudaGetLastError(), "convert_kernel launch (dbias)");
+  }
+  // Scratch is released stream-ordered (cudaFreeAsync) when ws / dw_acc_buf go out of scope.
+}
+
+}  // namespace
+
+std::unique_ptr<Implementation> make_cuda_implementation() {
+  cuda::register_allocator();
+  return std::make_unique<Cuda>();
+}
+
+}  // namespace tessera::linear_cross_entropy

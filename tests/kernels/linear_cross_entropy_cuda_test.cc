@@ -1,0 +1,540 @@
+// linear_cross_entropy: the cuda backend against the reference (host copies), on every option
+// and dtype, forward / backward / fused; multi-chunk runs, streams, determinism, label errors,
+// the bf16-dw drift bug, and one large shape against a float64 oracle on a subset of rows.
+// Compiled only when the CUDA backend is built; every GPU test skips cleanly without a device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/memory.h"
+#include "harness/parity.h"
+#include "kernels/linear_cross_entropy/testing.h"
+#include "tessera/error.h"
+#include "tessera/linear_cross_entropy.h"
+
+namespace lce = tessera::linear_cross_entropy;
+namespace lt = tessera::linear_cross_entropy::testing;
+using tessera::Device;
+using tessera::DType;
+using tessera::Tensor;
+
+namespace {
+
+const lce::ImplementationInfo* cuda_info() {
+  static const std::vector<lce::ImplementationInfo> infos = lce::implementations();
+  for (const auto& i : infos)
+    if (i.name == "cuda") return &i;
+  return nullptr;
+}
+
+#define SKIP_WITHOUT_GPU()                                                                  \
+  do {                                                                                      \
+    const auto* info_ = cuda_info();                                                        \
+    ASSERT_NE(info_, nullptr) << "the cuda implementation is not registered";               \
+    if (!info_->available) GTEST_SKIP() << "no usable CUDA device: " << info_->unavailable_reason; \
+  } while (0)
+
+std::string report_str(const lt::ParityReport& r) {
+  std::string s = r.case_name + " [" + lt::pass_name(r.pass) + "]";
+  if (!r.ran) return s + " did not run: " + r.error;
+  for (const auto& f : r.fields) s += "\n  " + f.field + ": " + f.dev.str();
+  return s;
+}
+
+void expect_parity(const lt::CaseSpec& spec, lt::Pass pass) {
+  const lt::ParityReport r = lt::check_parity(spec, "cuda", pass, Device::cuda());
+  ASSERT_TRUE(r.ran) << report_str(r);
+  EXPECT_TRUE(r.ok()) << report_str(r);
+}
+
+}  // namespace
+
+// Runs on every machine with the CUDA build: never crashes, says why when there is no device.
+TEST(LceCuda, AvailabilityIsReportedWithoutCrashing) {
+  const auto* info = cuda_info();
+  ASSERT_NE(info, nullptr);
+  if (!info->available) {
+    EXPECT_NE(info->unavailable_reason.find("CUDA device"), std::string::npos) << info->unavailable_reason;
+  }
+}
+
+TEST(LceCuda, HostInputsAreNotSupportedByCuda) {
+  lt::CaseSpec s;
+  const lt::ParityReport r = lt::check_parity(s, "cuda", lt::Pass::kForward, Device::cpu());
+  EXPECT_FALSE(r.ran);
+  EXPECT_TRUE(r.skipped) << r.error;  // kUnsupported, with a reason
+}
+
+// ---- the built-in check grid, every pass ----
+
+class LceCudaGrid : public ::testing::TestWithParam<std::tuple<int, lt::Pass>> {};
+
+TEST_P(LceCudaGrid, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  static const std::vector<lt::CaseSpec> grid = lt::check_grid(false);
+  const auto [i, pass] = GetParam();
+  expect_parity(grid[static_cast<size_t>(i)], pass);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, LceCudaGrid,
+    ::testing::Combine(::testing::Range(0, static_cast<int>(lt::check_grid(false).size())),
+                       ::testing::Values(lt::Pass::kForward, lt::Pass::kBackward, lt::Pass::kFused)),
+    [](const auto& info) {
+      return "case" + std::to_string(std::get<0>(info.param)) + "_" + lt::pass_name(std::get<1>(info.param));
+    });
+
+// ---- many chunks: through block b and through a tiny memory budget ----
+
+namespace {
+
+std::vector<lt::CaseSpec> chunk_cases() {
+  std::vector<lt::CaseSpec> v;
+  uint64_t seed = 900;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      lt::CaseSpec c;
+      c.dtype = dt;
+      c.bias_dtype = dt;
+      c.lead = {37};
+      c.H = 24;
+      c.V = 101;  // odd: the scalar (VEC = 1) row kernel
+      c.seed = seed++;
+      c.bias = true;
+      c.weights = true;
+      c.opt.return_argmax = true;
+      switch (variant) {
+        case 0:  // 8 chunks of 5 rows; 16-bit dw/dbias through the f32 accumulators
+          c.opt.block_sizes = lce::BlockSizes{5, 1, 1};
+          c.opt.reduction = lce::Reduction::kMean;
+          c.opt.label_smoothing = 0.1;
+          break;
+        case 1:  // budget of a few rows; V % 4 == 0 (vectorized kernel); f32 gradients in place
+          c.V = 128;
+          c.opt.memory_budget = 4096;
+          c.f32_grads = true;
+          c.opt.reduction = lce::Reduction::kNone;
+          c.opt.soft_cap = 4.0;
+          c.opt.z_loss_weight = 1e-3;
+          break;
+        default:  // one row per chunk, [V, H] layout, sum
+          c.memory_layout = lce::WLayout::kVH;
+          c.opt.block_sizes = lce::BlockSizes{1, 1, 1};
+          c.opt.reduction = lce::Reduction::kSum;
+          break;
+      }
+      v.push_back(c);
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+class LceCudaChunks : public ::testing::TestWithParam<std::tuple<int, lt::Pass>> {};
+
+TEST_P(LceCudaChunks, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  static const std::vector<lt::CaseSpec> cases = chunk_cases();
+  const auto [i, pass] = GetParam();
+  expect_parity(cases[static_cast<size_t>(i)], pass);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Chunks, LceCudaChunks,
+    ::testing::Combine(::testing::Range(0, 9),
+                       ::testing::Values(lt::Pass::kForward, lt::Pass::kBackward, lt::Pass::kFused)),
+    [](const auto& info) {
+      return "case" + std::to_string(std::get<0>(info.param)) + "_" + lt::pass_name(std::get<1>(info.param));
+    });
+
+// Peer bug: dW accumulated in bf16 across token chunks drifts. 512 one-token chunks with a bf16
+// dw must still meet the single-rounding tolerance (a bf16 accumulator is ~sqrt(512) roundings off).
+TEST(LceCuda, Bf16DwDoesNotDriftAcrossChunks) {
+  SKIP_WITHOUT_GPU();
+  lt::CaseSpec c;
+  c.dtype = DType::kBF16;
+  c.bias_dtype = DType::kBF16;
+  c.lead = {512};
+  c.H = 16;
+  c.V = 64;
+  c.bias = true;
+  c.ignore_fraction = 0.0;
+  c.opt.reduction = lce::Reduction::kSum;
+  c.opt.block_sizes = lce::BlockSizes{1, 1, 1};
+  c.seed = 4242;
+  expect_parity(c, lt::Pass::kFused);
+}
+
+// The label column's gradient p_y − 1 with p_y ≈ 1 (confident rows) must not cancel (peer bug:
+// p_y rounded to bf16 before subtracting 1). Random labels almost never hit a row's argmax, so
+// the rows are made confident on purpose: label = the row's argmax, and only rows whose
+// −log p_y = 1 − p_y lies in [1e-4, 1e-2] are kept. Then every row's gradient is ~1e-4..1e-2, so
+// the tolerance (scaled by the largest entry) is small, and a label gradient computed from a
+// rounded p_y (off by up to 2^-9 in bf16, where 1 − p_y itself is < 2^-7) fails. Only 16-bit
+// inputs are checked on the device: any f32-logit implementation is off by up to ~ulp(lse)/2 ≈ 4e-6
+// in p_y (lse ~ 60 here). A host emulation of this backend's math (f32 logits and lse, expm1 label
+// column, gradient rounded to the input dtype) met the bf16 / f16 tolerances with a 4-5x margin,
+// failed them with p_y rounded to bf16 first, and came within 1.5x of the f32 tolerance: too thin
+// for a GPU GEMM's different summation order.
+namespace {
+
+constexpr double kConfidentLo = 1e-4, kConfidentHi = 1e-2;
+
+// The host case: spec's rows filtered down to confident ones (labels = argmax), kSum, f32 grads.
+lt::CaseData confident_case(const lt::CaseSpec& spec) {
+  const lt::CaseData all = lt::make_case(spec);
+  const int64_t B = tessera::shape_numel(spec.lead), H = spec.H;
+  lce::Options ropt = spec.opt;
+  ropt.implementation = "reference";
+  ropt.reduction = lce::Reduction::kNone;
+  ropt.return_argmax = true;
+  const lce::Result r0 = lce::compute(all.inputs(), ropt);
+  lt::CaseData withmax = all;
+  withmax.labels = Tensor::empty(DType::kI64, spec.lead);
+  for (int64_t t = 0; t < B; ++t) withmax.labels.data_as<int64_t>()[t] = r0.argmax.data_as<int64_t>()[t];
+  const lce::Result r1 = lce::compute(withmax.inputs(), ropt);  // loss_t = −log p_y
+  std::vector<int64_t> keep;
+  for (int64_t t = 0; t < B; ++t) {
+    const float l = r1.loss.data_as<float>()[t];
+    if (l >= kConfidentLo && l <= kConfidentHi) keep.push_back(t);
+  }
+  const auto n = static_cast<int64_t>(keep.size());
+  const size_t row_bytes = static_cast<size_t>(H) * tessera::dtype_size(spec.dtype);
+  lt::CaseData c;
+  c.w = all.w;
+  c.w_view_owner = all.w_view_owner;
+  c.x = Tensor::empty(spec.dtype, {n, H});
+  c.labels = Tensor::empty(DType::kI64, {n});
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = keep[static_cast<size_t>(i)];
+    std::memcpy(static_cast<char*>(c.x.data()) + static_cast<size_t>(i) * row_bytes,
+                static_cast<const char*>(all.x.data()) + static_cast<size_t>(t) * row_bytes, row_bytes);
+    c.labels.data_as<int64_t>()[i] = withmax.labels.data_as<int64_t>()[t];
+  }
+  c.grad_loss = Tensor::empty(DType::kF32, {});
+  c.grad_loss.data_as<float>()[0] = 1.0f;
+  return c;
+}
+
+lt::CaseSpec confident_spec(DType dt) {
+  lt::CaseSpec c;
+  c.dtype = dt;
+  c.lead = {256};
+  c.H = 32;
+  c.V = 40;
+  c.logit_scale = 20.0;
+  c.ignore_fraction = 0.0;
+  c.f32_grads = true;
+  c.opt.reduction = lce::Reduction::kSum;
+  c.seed = 77;
+  return c;
+}
+
+struct Grads {
+  Tensor dx, dw;  // host copies, f32
+};
+
+Grads grads_of(const lt::CaseData& host, const lt::CaseSpec& spec, const std::string& impl, Device dev) {
+  const lt::CaseData d = dev.type == tessera::DeviceType::kCPU ? host : host.to(dev);
+  lce::Options opt = spec.opt;
+  opt.implementation = impl;
+  const int64_t n = host.x.shape()[0];
+  Tensor loss = Tensor::empty(DType::kF32, {}, dev), lse = Tensor::empty(DType::kF32, {n}, dev);
+  Tensor dx = Tensor::empty(DType::kF32, d.x.shape(), dev), dw = Tensor::empty(DType::kF32, d.w.shape(), dev);
+  lce::forward_backward(d.inputs(), d.grad_loss.view(), {loss.view(), lse.view(), std::nullopt},
+                        {dx.view(), dw.view(), std::nullopt}, opt);
+  return {dx.to(Device::cpu()), dw.to(Device::cpu())};
+}
+
+std::vector<double> doubles(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.data_as<float>()[i];
+  return v;
+}
+
+}  // namespace
+
+// Runs everywhere (host only): the case above really consists of confident rows, enough of them.
+TEST(LceCuda, ConfidentCaseHasConfidentRows) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const lt::CaseSpec spec = confident_spec(dt);
+    const lt::CaseData c = confident_case(spec);
+    ASSERT_GE(c.x.shape()[0], 16) << tessera::dtype_name(dt) << ": too few rows with 1 - p_y in the band";
+    lce::Options opt = spec.opt;
+    opt.implementation = "reference";
+    opt.reduction = lce::Reduction::kNone;
+    const lce::Result r = lce::compute(c.inputs(), opt);
+    for (int64_t t = 0; t < r.loss.numel(); ++t) {
+      EXPECT_GE(r.loss.data_as<float>()[t], kConfidentLo);
+      EXPECT_LE(r.loss.data_as<float>()[t], kConfidentHi);
+    }
+  }
+}
+
+TEST(LceCuda, ConfidentRowsKeepTheLabelGradient) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    const lt::CaseSpec spec = confident_spec(dt);
+    const lt::CaseData c = confident_case(spec);
+    ASSERT_GE(c.x.shape()[0], 16);
+    const Grads want = grads_of(c, spec, "reference", Device::cpu());
+    const Grads got = grads_of(c, spec, "cuda", Device::cuda());
+    const lt::Tolerances tol = lt::tolerances(spec);
+    const tessera::harness::Deviation ddx = tessera::harness::compare(doubles(got.dx), doubles(want.dx), tol.dx);
+    const tessera::harness::Deviation ddw = tessera::harness::compare(doubles(got.dw), doubles(want.dw), tol.dw);
+    EXPECT_TRUE(ddx.ok()) << tessera::dtype_name(dt) << " dx: " << ddx.str();
+    EXPECT_TRUE(ddw.ok()) << tessera::dtype_name(dt) << " dw: " << ddw.str();
+  }
+}
+
+// ---- behaviour ----
+
+namespace {
+
+struct DeviceRun {
+  Tensor loss, lse, argmax, dx, dw, dbias;
+};
+
+DeviceRun run_fused(const lt::CaseData& d, const lt::CaseSpec& s, const lce::Options& opt) {
+  DeviceRun r;
+  const Device dev = Device::cuda();
+  r.loss = Tensor::empty(DType::kF32, opt.reduction == lce::Reduction::kNone ? s.lead : tessera::Shape{}, dev);
+  r.lse = Tensor::empty(DType::kF32, s.lead, dev);
+  r.argmax = Tensor::empty(DType::kI64, s.lead, dev);
+  r.dx = Tensor::empty(s.dtype, d.x.shape(), dev);
+  r.dw = Tensor::empty(s.dtype, d.w.shape(), dev);
+  r.dbias = Tensor::empty(s.dtype, {s.V}, dev);
+  lce::ForwardOutputs fo{r.loss.view(), r.lse.view(), r.argmax.view()};
+  lce::Gradients g{r.dx.view(), r.dw.view(), std::nullopt};
+  if (d.bias.defined()) g.dbias = r.dbias.view();
+  lce::forward_backward(d.inputs(), d.grad_loss.view(), fo, g, opt);
+  return r;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  const size_t n = ha.view().nbytes();
+  return n == hb.view().nbytes() && std::memcmp(ha.data(), hb.data(), n) == 0;
+}
+
+lt::CaseSpec behaviour_case() {
+  lt::CaseSpec s;
+  s.dtype = DType::kBF16;
+  s.bias_dtype = DType::kBF16;
+  s.lead = {3, 41};
+  s.H = 64;
+  s.V = 300;
+  s.bias = true;
+  s.weights = true;
+  s.opt.return_argmax = true;
+  s.opt.label_smoothing = 0.05;
+  s.opt.block_sizes = lce::BlockSizes{16, 1, 1};
+  s.seed = 31;
+  return s;
+}
+
+}  // namespace
+
+TEST(LceCuda, RunsAreBitwiseDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const lt::CaseSpec s = behaviour_case();
+  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
+  lce::Options opt = s.opt;
+  opt.implementation = "cuda";
+  const DeviceRun a = run_fused(d, s, opt), b = run_fused(d, s, opt);
+  EXPECT_TRUE(same_bytes(a.loss, b.loss));
+  EXPECT_TRUE(same_bytes(a.lse, b.lse));
+  EXPECT_TRUE(same_bytes(a.argmax, b.argmax));
+  EXPECT_TRUE(same_bytes(a.dx, b.dx));
+  EXPECT_TRUE(same_bytes(a.dw, b.dw));
+  EXPECT_TRUE(same_bytes(a.dbias, b.dbias));
+}
+
+TEST(LceCuda, NonDefaultStreamGivesTheSameResults) {
+  SKIP_WITHOUT_GPU();
+  const lt::CaseSpec s = behaviour_case();
+  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
+  lce::Options opt = s.opt;
+  opt.implementation = "cuda";
+  const DeviceRun a = run_fused(d, s, opt);
+  // cuBLAS promises bitwise-identical results only while a single stream is active: finish the
+  // legacy-stream run before the non-blocking stream starts (it does not wait for the legacy one).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  opt.stream = stream;
+  const DeviceRun b = run_fused(d, s, opt);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_TRUE(same_bytes(a.loss, b.loss));
+  EXPECT_TRUE(same_bytes(a.dx, b.dx));
+  EXPECT_TRUE(same_bytes(a.dw, b.dw));
+  EXPECT_TRUE(same_bytes(a.dbias, b.dbias));
+  cudaStreamDestroy(stream);
+}
+
+TEST(LceCuda, OutOfRangeLabelIsAClearErrorBeforeAnyOutput) {
+  SKIP_WITHOUT_GPU();
+  lt::CaseSpec s;
+  s.lead = {9};
+  s.ignore_fraction = 0.0;
+  lt::CaseData host = lt::make_case(s);
+  host.labels.data_as<int64_t>()[6] = s.V;  // one past the end
+  const lt::CaseData d = host.to(Device::cuda());
+  Tensor loss = Tensor::zeros(DType::kF32, {}, Device::cuda());
+  Tensor lse = Tensor::zeros(DType::kF32, s.lead, Device::cuda());
+  lce::Options opt;
+  opt.implementation = "cuda";
+  try {
+    lce::forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, opt);
+    FAIL() << "expected an error";
+  } catch (const tessera::Error& e) {
+    EXPECT_EQ(e.code(), tessera::ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("label 37 at token 6"), std::string::npos) << e.what();
+  }
+  const Tensor h = lse.to(Device::cpu());
+  for (int64_t i = 0; i < h.numel(); ++i) EXPECT_EQ(h.data_as<float>()[i], 0.0f);  // untouched
+}
+
+TEST(LceCuda, HostMemoryLabelledCudaIsRejected) {
+  SKIP_WITHOUT_GPU();
+  lt::CaseSpec s;
+  const lt::CaseData host = lt::make_case(s);
+  lt::CaseData d = host.to(Device::cuda());
+  lce::Inputs in = d.inputs();
+  in.x.data = host.x.data();  // pageable host memory behind a cuda view
+  Tensor loss = Tensor::empty(DType::kF32, {}, Device::cuda());
+  Tensor lse = Tensor::empty(DType::kF32, s.lead, Device::cuda());
+  lce::Options opt;
+  opt.implementation = "cuda";
+  EXPECT_THROW(lce::forward(in, {loss.view(), lse.view(), std::nullopt}, opt), tessera::Error);
+}
+
+TEST(LceCuda, TooSmallBudgetIsUnsupportedWithAReason) {
+  SKIP_WITHOUT_GPU();
+  lt::CaseSpec s;
+  s.opt.memory_budget = 64;
+  const lt::ParityReport r = lt::check_parity(s, "cuda", lt::Pass::kForward, Device::cuda());
+  EXPECT_FALSE(r.ran);
+  EXPECT_NE(r.error.find("memory_budget"), std::string::npos) << r.error;
+}
+
+TEST(LceCuda, ExtraDeviceMemoryStaysWithinTheBudget) {
+  SKIP_WITHOUT_GPU();
+  lt::CaseSpec s;
+  s.lead = {200};
+  s.H = 32;
+  s.V = 1000;
+  s.f32_grads = true;  // dw in f32: no accumulator outside the budget
+  s.opt.memory_budget = 64 * 1024;
+  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
+  lce::Options opt = s.opt;
+  opt.implementation = "cuda";
+  Tensor loss = Tensor::empty(DType::kF32, {}, Device::cuda());
+  Tensor lse = Tensor::empty(DType::kF32, s.lead, Device::cuda());
+  Tensor dx = Tensor::empty(DType::kF32, d.x.shape(), Device::cuda());
+  Tensor dw = Tensor::empty(DType::kF32, d.w.shape(), Device::cuda());
+  const size_t before = tessera::memory::current_bytes(tessera::memory::Space::kDevice);
+  tessera::memory::reset_peak(tessera::memory::Space::kDevice);
+  lce::forward_backward(d.inputs(), d.grad_loss.view(), {loss.view(), lse.view(), std::nullopt},
+                        {dx.view(), dw.view(), std::nullopt}, opt);
+  const size_t peak = tessera::memory::peak_bytes(tessera::memory::Space::kDevice) - before;
+  EXPECT_GT(peak, 0u);
+  EXPECT_LE(peak, opt.memory_budget);
+}
+
+// ---- one large shape against a float64 oracle on a subset of rows (and columns of dw) ----
+
+namespace {
+
+float bf16_round(float v) { return tessera::bf16_to_f32(tessera::f32_to_bf16(v)); }
+
+}  // namespace
+
+TEST(LceCuda, LargeShapeMatchesFloat64OracleOnSampledRows) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 512, H = 1024, V = 50000;
+  std::mt19937_64 rng(2024);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const float a = 3.0f * 3.0f / std::sqrt(static_cast<float>(H));
+  // bf16 inputs, w as [V, H] (PyTorch lm_head.weight), no ignored rows, reduction none.
+  Tensor x = Tensor::empty(DType::kBF16, {B, H}), w = Tensor::empty(DType::kBF16, {V, H});
+  Tensor labels = Tensor::empty(DType::kI64, {B}), grad = Tensor::empty(DType::kF32, {B});
+  std::vector<float> xf(static_cast<size_t>(B * H)), wf(static_cast<size_t>(V * H));
+  for (int64_t i = 0; i < B * H; ++i) {
+    xf[static_cast<size_t>(i)] = bf16_round(u(rng));
+    x.data_as<uint16_t>()[i] = tessera::f32_to_bf16(xf[static_cast<size_t>(i)]);
+  }
+  for (int64_t i = 0; i < V * H; ++i) {
+    wf[static_cast<size_t>(i)] = bf16_round(a * u(rng));
+    w.data_as<uint16_t>()[i] = tessera::f32_to_bf16(wf[static_cast<size_t>(i)]);
+  }
+  std::uniform_int_distribution<int64_t> lab(0, V - 1);
+  for (int64_t t = 0; t < B; ++t) {
+    labels.data_as<int64_t>()[t] = lab(rng);
+    grad.data_as<float>()[t] = 1.0f;
+  }
+  const Device dev = Device::cuda();
+  const Tensor xd = x.to(dev), wd = w.to(dev), ld = labels.to(dev), gd = grad.to(dev);
+  for (const size_t budget : {size_t{0}, size_t{40} << 20}) {  // one chunk; ~5 chunks
+    lce::Options opt;
+    opt.implementation = "cuda";
+    opt.reduction = lce::Reduction::kNone;
+    opt.memory_budget = budget;
+    Tensor loss = Tensor::empty(DType::kF32, {B}, dev), lse = Tensor::empty(DType::kF32, {B}, dev);
+    Tensor dx = Tensor::empty(DType::kF32, {B, H}, dev), dw = Tensor::empty(DType::kF32, {V, H}, dev);
+    lce::Inputs in{xd.view(), wd.view(), std::nullopt, ld.view(), std::nullopt};
+    lce::forward_backward(in, gd.view(), {loss.view(), lse.view(), std::nullopt}, {dx.view(), dw.view(), std::nullopt},
+                          opt);
+    const Tensor hl = loss.to(Device::cpu()), hs = lse.to(Device::cpu()), hdx = dx.to(Device::cpu()),
+                 hdw = dw.to(Device::cpu());
+    auto logit = [&](int64_t t, int64_t j) {
+      double s = 0.0;
+      for (int64_t k = 0; k < H; ++k)
+        s += static_cast<double>(xf[static_cast<size_t>(t * H + k)]) * wf[static_cast<size_t>(j * H + k)];
+      return s;
+    };
+    // Rows: lse, loss and dx in float64.
+    for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{255}, int64_t{256}, int64_t{511}}) {
+      std::vector<double> z(static_cast<size_t>(V));
+      double m = -INFINITY;
+      for (int64_t j = 0; j < V; ++j) m = std::max(m, z[static_cast<size_t>(j)] = logit(t, j));
+      double se = 0.0;
+      for (double v : z) se += std::exp(v - m);
+      const double l = m + std::log(se);
+      const int64_t y = labels.data_as<int64_t>()[t];
+      EXPECT_NEAR(hs.data_as<float>()[t], l, 1e-4 * std::abs(l) + 1e-5) << "lse row " << t;
+      EXPECT_NEAR(hl.data_as<float>()[t], l - z[static_cast<size_t>(y)], 1e-4 * std::abs(l) + 1e-4) << "loss row " << t;
+      std::vector<double> dxr(static_cast<size_t>(H), 0.0);
+      double scale = 0.0;
+      for (int64_t j = 0; j < V; ++j) {
+        const double d = std::exp(z[static_cast<size_t>(j)] - l) - (j == y ? 1.0 : 0.0);
+        for (int64_t k = 0; k < H; ++k) dxr[static_cast<size_t>(k)] += d * wf[static_cast<size_t>(j * H + k)];
+      }
+      for (double v : dxr) scale = std::max(scale, std::abs(v));
+      // bf16 logit gradient into the GEMM: ~2.5·2^-8 of the row's scale (testing.cc).
+      for (int64_t k = 0; k < H; ++k)
+        EXPECT_NEAR(hdx.data_as<float>()[t * H + k], dxr[static_cast<size_t>(k)], 0.01 * scale + 1e-6)
+            << "dx row " << t << " col " << k;
+    }
+    // Columns of dw (rows of the [V, H] dw), using the device lse of every row (checked above
+    // on samples) — the oracle would otherwise need all B·V logits.
+    for (int64_t j : {int64_t{0}, int64_t{7}, V / 2, V - 1}) {
+      std::vector<double> col(static_cast<size_t>(H), 0.0);
+      for (int64_t t = 0; t < B; ++t) {
+        const double d = std::exp(logit(t, j) - hs.data_as<float>()[t]) - (labels.data_as<int64_t>()[t] == j ? 1.0 : 0.0);
+        for (int64_t k = 0; k < H; ++k) col[static_cast<size_t>(k)] += d * xf[static_cast<size_t>(t * H + k)];
+      }
+      double scale = 1e-30;
+      for (double v : col) scale = std::max(scale, std::abs(v));
+      for (int64_t k = 0; k < H; ++k)
+        EXPECT_NEAR(hdw.data_as<float>()[j * H + k], col[static_cast<size_t>(k)], 0.01 * scale + 1e-6)
+            << "dw vocab row " << j << " col " << k;
+    }
+  }
+}

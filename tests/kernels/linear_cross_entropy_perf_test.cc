@@ -1,0 +1,145 @@
+// linear_cross_entropy: cost model numbers and a tiny bench run with the reference.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "harness/blas.h"
+#include "kernels/linear_cross_entropy/bench.h"
+#include "kernels/linear_cross_entropy/cost.h"
+#include "tessera/error.h"
+
+namespace tessera::linear_cross_entropy {
+namespace {
+
+TEST(LinearCrossEntropyCost, ForwardKnownShape) {
+  CostShape s;
+  s.B = 4, s.H = 8, s.V = 16;  // f32, i64 labels, mean, no bias / cap
+  const auto c = cost(s, Pass::kForward, "cpu");
+  const double gemm = 2.0 * 4 * 8 * 16;  // 1024
+  // GEMM + online logsumexp (3 per logit) + row loss (6 per token).
+  EXPECT_DOUBLE_EQ(c.flops_useful, gemm + 3 * 64 + 6 * 4);
+  EXPECT_DOUBLE_EQ(c.flops_issued, c.flops_useful);
+  // x 4·8·4 + w 8·16·4 + labels 4·8 + loss 4 + lse 4·4.
+  EXPECT_DOUBLE_EQ(c.bytes, 128 + 512 + 32 + 4 + 16);
+  EXPECT_DOUBLE_EQ(c.transcendentals, 64 + 4);  // exp per logit, log per row
+  EXPECT_DOUBLE_EQ(c.arithmetic_intensity(), c.flops_useful / c.bytes);
+}
+
+TEST(LinearCrossEntropyCost, BackwardRecomputesAndSoftCapCountsTanh) {
+  CostShape s;
+  s.B = 4, s.H = 8, s.V = 16, s.soft_cap = 30.0, s.bias = true;
+  const double gemm = 2.0 * 4 * 8 * 16, BV = 64;
+  const auto b = cost(s, Pass::kBackward, "cpu");
+  EXPECT_EQ(issued_gemms("cpu", Pass::kBackward), 3);
+  EXPECT_EQ(useful_gemms(Pass::kBackward), 2);
+  // Issued − useful = the recomputed logits: GEMM + bias add + soft cap (2 flops).
+  EXPECT_DOUBLE_EQ(b.flops_issued - b.flops_useful, gemm + BV + 2 * BV);
+  // Useful: 2 GEMMs + dz (4) + soft cap derivative (3) + dbias (1) per logit.
+  EXPECT_DOUBLE_EQ(b.flops_useful, 2 * gemm + (4 + 3 + 1) * BV);
+  EXPECT_DOUBLE_EQ(b.transcendentals, BV /*tanh*/ + BV /*exp*/);
+  // Reads x, w, labels, bias, lse, grad_loss; writes dx, dw, dbias (f32).
+  EXPECT_DOUBLE_EQ(b.bytes, 128 + 512 + 32 + 64 + 16 + 4 + 128 + 512 + 64);
+
+  const auto f = cost(s, Pass::kForward, "cpu");
+  EXPECT_DOUBLE_EQ(f.transcendentals, BV /*tanh*/ + BV /*exp*/ + 4 /*log*/);
+}
+
+TEST(LinearCrossEntropyCost, FusedIssuedGemmsPerImplementation) {
+  CostShape s;
+  s.B = 32, s.H = 64, s.V = 128, s.dtype = DType::kBF16, s.grad_dtype = DType::kBF16;
+  const double gemm = 2.0 * 32 * 64 * 128;
+  const auto ref = cost(s, Pass::kFused, "reference");
+  const auto cpu = cost(s, Pass::kFused, "cpu");
+  EXPECT_DOUBLE_EQ(ref.flops_useful, cpu.flops_useful);
+  EXPECT_DOUBLE_EQ(ref.flops_issued - ref.flops_useful, gemm);  // 4 issued, 3 useful
+  EXPECT_DOUBLE_EQ(cpu.flops_issued, cpu.flops_useful);         // assumed 3 issued
+  EXPECT_GE(cpu.flops_useful, 3 * gemm);
+  EXPECT_FALSE(cpu.assumptions.empty());
+  // bf16 storage halves x / w / dx / dw bytes.
+  s.dtype = s.grad_dtype = DType::kF32;
+  const auto f32 = cost(s, Pass::kFused, "cpu");
+  EXPECT_DOUBLE_EQ(f32.bytes - cpu.bytes, 2.0 * (32 * 64 + 64 * 128) * 2);
+  EXPECT_THROW(parse_pass("sideways"), Error);
+  EXPECT_EQ(parse_pass("fused"), Pass::kFused);
+}
+
+TEST(LinearCrossEntropyBench, TinyShapeWithReference) {
+  BenchConfig cfg;
+  cfg.implementations = {"reference"};
+  cfg.shapes = {{"tiny", 8, 16, 64}, {"too-big", 64, 64, 64}};
+  cfg.reference_max_bhv = 10000;  // skips "too-big" (B·H·V = 262144)
+  cfg.timing.repeats = 3;
+  cfg.timing.max_seconds = 0.5;
+  cfg.compare = true;
+  cfg.progress = false;
+  harness::Roofline roof;
+  harness::DeviceCeilings d;
+  d.device = "cpu";
+  d.gemm_gflops = {{"f32", 50.0}};
+  d.bandwidth_gbs = 10.0;
+  roof.devices.push_back(d);
+  cfg.roofline = &roof;
+
+  const auto res = run_bench(cfg);
+  int kernel_rows = 0;
+  for (const auto& r : res.rows) {
+    SCOPED_TRACE(r.dump());
+    EXPECT_GT(r["median_ms"].get<double>(), 0.0);
+    EXPECT_GT(r["first_call_ms"].get<double>(), 0.0);
+    EXPECT_LE(r["min_ms"].get<double>(), r["median_ms"].get<double>());
+    EXPECT_GE(r["max_ms"].get<double>(), r["median_ms"].get<double>());
+    EXPECT_GT(r["gflop_useful"].get<double>(), 0.0);
+    EXPECT_GT(r["gflops"].get<double>(), 0.0);
+    EXPECT_GT(r["gbs"].get<double>(), 0.0);
+    EXPECT_GT(r["roofline_fraction"].get<double>(), 0.0);
+    if (r["kind"] == "kernel") {
+      ++kernel_rows;
+      EXPECT_EQ(r["implementation"], "reference");
+      EXPECT_EQ(r["shape"], "tiny");
+      EXPECT_EQ(r["B"], 8);
+      if (r["mode"] != "bwd") {
+        // Mean CE of unit-variance logits over 64 classes: near log(64) ≈ 4.2.
+        EXPECT_GT(r["loss"].get<double>(), 2.0);
+        EXPECT_LT(r["loss"].get<double>(), 7.0);
+      }
+      if (harness::blas::available()) {
+        EXPECT_GT(r["vs_gemm"].get<double>(), 0.0);
+        EXPECT_GT(r["vs_baseline"].get<double>(), 0.0);
+      }
+    }
+  }
+  EXPECT_EQ(kernel_rows, 3);  // fwd, bwd, fused on "tiny" only
+  bool skipped = false;
+  for (const auto& m : res.messages) skipped |= m.find("too-big") != std::string::npos;
+  EXPECT_TRUE(skipped);
+  if (harness::blas::available()) {
+    // Baselines: one GEMM row per shape and one materialized row per pass, in the same run.
+    int gemm = 0, mat = 0;
+    for (const auto& r : res.rows) {
+      gemm += r["implementation"] == "blas-gemm";
+      mat += r["implementation"] == "blas-materialized";
+    }
+    EXPECT_EQ(gemm, 2);
+    EXPECT_EQ(mat, 6);
+    // The materialized baseline computes the same loss as the reference.
+    double ref_loss = 0, mat_loss = 0;
+    for (const auto& r : res.rows)
+      if (r["shape"] == "tiny" && r["mode"] == "fwd")
+        (r["kind"] == "kernel" ? ref_loss : mat_loss) = r["loss"].get<double>();
+    EXPECT_NEAR(ref_loss, mat_loss, 1e-4 * std::abs(ref_loss));
+  }
+  const auto cols = bench_columns();
+  EXPECT_NE(std::find(cols.begin(), cols.end(), "roofline_fraction"), cols.end());
+}
+
+TEST(LinearCrossEntropyBench, UnknownImplementationIsAnError) {
+  BenchConfig cfg;
+  cfg.implementations = {"nope"};
+  cfg.shapes = {{"tiny", 2, 2, 2}};
+  cfg.progress = false;
+  EXPECT_THROW(run_bench(cfg), Error);
+}
+
+}  // namespace
+}  // namespace tessera::linear_cross_entropy

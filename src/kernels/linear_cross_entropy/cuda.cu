@@ -102,7 +102,9 @@ struct DeviceFacts {
   int major = 0, minor = 0;
 };
 
-const DeviceFacts& device_facts(int device) {
+// Returned by value: the cache may be resized (reallocated) by another thread once the lock is
+// released, so a reference into it would dangle.
+DeviceFacts device_facts(int device) {
   static std::mutex mu;
   static std::vector<DeviceFacts> cache;
   static std::vector<bool> known;
@@ -161,6 +163,9 @@ int64_t chunk_rows(const Problem& p, const BlockSizes& bs, size_t fixed) {
          "memory_budget of " + std::to_string(budget_of(p)) + " bytes does not hold one row of f32 logits (4·V = " +
              std::to_string(static_cast<size_t>(p.V) * 4) + " bytes) plus " + std::to_string(fixed) +
              " bytes of fixed scratch; raise Options::memory_budget");
+  // One thread block per token row (gridDim.x) and the GEMMs' n are ints: a huge budget with a
+  // tiny V could otherwise ask for more than 2^31 − 1 rows per chunk.
+  rows = std::min<int64_t>(rows, INT_MAX);
   if (rows < p.B && rows >= 256) rows = rows / 128 * 128;  // GEMM-friendly n
   return rows;
 }
@@ -231,7 +236,7 @@ class Cuda final : public Implementation {
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA)
       return Availability::no("inputs are on " + p.device.str() + "; the cuda backend needs CUDA device memory");
-    const DeviceFacts& f = device_facts(p.device.index);
+    const DeviceFacts f = device_facts(p.device.index);
     if (!f.ok) return Availability::no(f.why);
     if (!is_float(p.dtype)) return Availability::no(std::string("dtype ") + dtype_name(p.dtype) + " is not supported");
     if (2 * p.V > INT_MAX || p.H > INT_MAX)
@@ -303,6 +308,22 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
     check_accessible(go->dx, dev, "dx");
     check_accessible(go->dw, dev, "dw");
     if (go->dbias) check_accessible(go->dbias, dev, "dbias");
+  }
+
+  // An empty batch never reaches here through the API (it answers B = 0 itself); a direct caller
+  // gets the same outputs instead of a misleading budget error and an unwritten dw.
+  if (B == 0) {
+    if (fwd && p.reduction != Reduction::kNone)
+      cuda::check(cudaMemsetAsync(fo->loss, 0, sizeof(float), stream), "loss zeroing (empty batch)");
+    if (grad) {
+      cuda::check(cudaMemsetAsync(go->dw, 0, static_cast<size_t>(H) * static_cast<size_t>(V) * dtype_size(go->dw_dtype),
+                                  stream),
+                  "dw zeroing (empty batch)");
+      if (go->dbias)
+        cuda::check(cudaMemsetAsync(go->dbias, 0, static_cast<size_t>(V) * dtype_size(go->dbias_dtype), stream),
+                    "dbias zeroing (empty batch)");
+    }
+    return;
   }
 
   // ---- plan and scratch (all before any output is written) ----

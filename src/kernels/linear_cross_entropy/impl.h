@@ -110,6 +110,8 @@ const Implementation* find_implementation(const std::string& name);  // nullptr 
 
 // Factories (each backend's file defines its own).
 std::unique_ptr<Implementation> make_reference_implementation();
+// Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on (TESSERA_HAVE_CPU_BACKEND).
+std::unique_ptr<Implementation> make_cpu_implementation();
 #ifdef TESSERA_HAVE_CUDA_BACKEND
 std::unique_ptr<Implementation> make_cuda_implementation();  // cuda.cu
 #endif

@@ -19,6 +19,9 @@ const std::vector<std::unique_ptr<Implementation>>& registry() {
 #ifdef TESSERA_HAVE_CUDA_BACKEND
     v.push_back(make_cuda_implementation());
 #endif
+#ifdef TESSERA_HAVE_CPU_BACKEND
+    v.push_back(make_cpu_implementation());
+#endif
     v.push_back(make_reference_implementation());
     return v;
   }();

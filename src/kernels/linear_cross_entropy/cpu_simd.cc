@@ -1,0 +1,183 @@
+// linear_cross_entropy CPU backend: SIMD row kernels (Highway, run-time dispatch).
+// Each function handles any n: full vectors, then one masked tail vector through a padded
+// stack buffer, so tails take the same code path (and the same rounding) as the body.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/linear_cross_entropy/cpu_simd.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "kernels/linear_cross_entropy/cpu_simd.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::linear_cross_entropy::cpu_simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+void HalfToF32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du32;
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  if (is_bf16) {
+    for (; i + N <= n; i += N) {
+      const auto u = hn::PromoteTo(du32, hn::LoadU(du16, src + i));
+      hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(u)), df, dst + i);
+    }
+  } else {
+    for (; i + N <= n; i += N) {
+      const auto* h = reinterpret_cast<const hwy::float16_t*>(src + i);
+      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, h)), df, dst + i);
+    }
+  }
+  if (i < n) {  // tail through padded buffers
+    HWY_ALIGN uint16_t in[hn::MaxLanes(df)] = {};
+    HWY_ALIGN float out[hn::MaxLanes(df)];
+    for (int64_t k = 0; k < n - i; ++k) in[k] = src[i + k];
+    if (is_bf16) {
+      const auto u = hn::PromoteTo(du32, hn::LoadU(du16, in));
+      hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(u)), df, out);
+    } else {
+      hn::Store(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(in))), df, out);
+    }
+    for (int64_t k = 0; k < n - i; ++k) dst[i + k] = out[k];
+  }
+}
+
+template <class F>
+HWY_INLINE void for_each_vec(float* z, int64_t n, const float* aux, F&& f) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    auto v = hn::LoadU(df, z + i);
+    auto a = aux ? hn::LoadU(df, aux + i) : hn::Zero(df);
+    hn::StoreU(f(v, a), df, z + i);
+  }
+  if (i < n) {
+    HWY_ALIGN float buf[hn::MaxLanes(df)] = {};
+    HWY_ALIGN float abuf[hn::MaxLanes(df)] = {};
+    for (int64_t k = 0; k < n - i; ++k) {
+      buf[k] = z[i + k];
+      if (aux) abuf[k] = aux[i + k];
+    }
+    hn::Store(f(hn::Load(df, buf), hn::Load(df, abuf)), df, buf);
+    for (int64_t k = 0; k < n - i; ++k) z[i + k] = buf[k];
+  }
+}
+
+void BiasSoftcap(float* z, int64_t n, const float* bias, float cap) {
+  const DF df;
+  if (cap > 0.0f) {
+    const auto c = hn::Set(df, cap);
+    const auto inv_c = hn::Set(df, 1.0f / cap);
+    for_each_vec(z, n, bias, [&](auto v, auto b) {
+      return hn::Mul(c, hn::Tanh(df, hn::Mul(hn::Add(v, b), inv_c)));
+    });
+  } else if (bias) {
+    for_each_vec(z, n, bias, [&](auto v, auto b) { return hn::Add(v, b); });
+  }
+}
+
+float MaxValue(const float* z, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto m0 = hn::Set(df, -hwy::HighestValue<float>());
+  auto m1 = m0;
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    m0 = hn::Max(m0, hn::LoadU(df, z + i));
+    m1 = hn::Max(m1, hn::LoadU(df, z + i + N));
+  }
+  for (; i + N <= n; i += N) m0 = hn::Max(m0, hn::LoadU(df, z + i));
+  float m = hn::GetLane(hn::MaxOfLanes(df, hn::Max(m0, m1)));
+  for (; i < n; ++i) m = z[i] > m ? z[i] : m;
+  return m;
+}
+
+void SumExp(const float* z, int64_t n, float m, float* sum_exp, float* sum_z) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto vm = hn::Set(df, m);
+  auto s0 = hn::Zero(df), s1 = hn::Zero(df), t0 = hn::Zero(df), t1 = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const auto a = hn::LoadU(df, z + i);
+    const auto b = hn::LoadU(df, z + i + N);
+    s0 = hn::Add(s0, hn::Exp(df, hn::Sub(a, vm)));
+    s1 = hn::Add(s1, hn::Exp(df, hn::Sub(b, vm)));
+    t0 = hn::Add(t0, a);
+    t1 = hn::Add(t1, b);
+  }
+  for (; i + N <= n; i += N) {
+    const auto a = hn::LoadU(df, z + i);
+    s0 = hn::Add(s0, hn::Exp(df, hn::Sub(a, vm)));
+    t0 = hn::Add(t0, a);
+  }
+  if (i < n) {
+    HWY_ALIGN float buf[hn::MaxLanes(df)] = {};
+    for (int64_t k = 0; k < n - i; ++k) buf[k] = z[i + k];
+    const auto mask = hn::FirstN(df, static_cast<size_t>(n - i));
+    const auto a = hn::Load(df, buf);
+    s1 = hn::Add(s1, hn::IfThenElseZero(mask, hn::Exp(df, hn::Sub(a, vm))));
+    t1 = hn::Add(t1, a);  // padding is 0
+  }
+  *sum_exp = hn::GetLane(hn::SumOfLanes(df, hn::Add(s0, s1)));
+  *sum_z = hn::GetLane(hn::SumOfLanes(df, hn::Add(t0, t1)));
+}
+
+void SoftmaxGrad(float* z, int64_t n, float lse, float coef, float offset, float scale, float cap) {
+  const DF df;
+  const auto vl = hn::Set(df, lse);
+  const auto vc = hn::Set(df, coef);
+  const auto vo = hn::Set(df, offset);
+  const auto vs = hn::Set(df, scale);
+  if (cap > 0.0f) {
+    const auto inv_c = hn::Set(df, 1.0f / cap);
+    const auto one = hn::Set(df, 1.0f);
+    for_each_vec(z, n, nullptr, [&](auto v, auto) {
+      const auto g = hn::Mul(vs, hn::MulSub(vc, hn::Exp(df, hn::Sub(v, vl)), vo));
+      const auto r = hn::Mul(v, inv_c);
+      return hn::Mul(g, hn::NegMulAdd(r, r, one));  // g * (1 - r^2)
+    });
+  } else {
+    for_each_vec(z, n, nullptr, [&](auto v, auto) {
+      return hn::Mul(vs, hn::MulSub(vc, hn::Exp(df, hn::Sub(v, vl)), vo));
+    });
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tessera::linear_cross_entropy::cpu_simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera::linear_cross_entropy::cpu_simd {
+
+HWY_EXPORT(HalfToF32);
+HWY_EXPORT(BiasSoftcap);
+HWY_EXPORT(MaxValue);
+HWY_EXPORT(SumExp);
+HWY_EXPORT(SoftmaxGrad);
+
+void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(HalfToF32)(src, is_bf16, dst, n);
+}
+void bias_softcap(float* z, int64_t n, const float* bias, float cap) {
+  HWY_DYNAMIC_DISPATCH(BiasSoftcap)(z, n, bias, cap);
+}
+float max_value(const float* z, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValue)(z, n); }
+void sum_exp(const float* z, int64_t n, float m, float* sum_exp, float* sum_z) {
+  HWY_DYNAMIC_DISPATCH(SumExp)(z, n, m, sum_exp, sum_z);
+}
+void softmax_grad(float* z, int64_t n, float lse, float coef, float offset, float scale, float cap) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxGrad)(z, n, lse, coef, offset, scale, cap);
+}
+
+}  // namespace tessera::linear_cross_entropy::cpu_simd
+#endif  // HWY_ONCE

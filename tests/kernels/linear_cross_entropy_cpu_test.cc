@@ -1,0 +1,360 @@
+// Parity of the optimized CPU backend ("cpu") against the reference oracle, plus determinism,
+// thread-count agreement, block-size validation, memory bounds and the peer-library bugs of
+// /work/shared/ANCHORS.md (p_y − 1 cancellation, dw drift in bf16, reduction=none upstream
+// gradients, bias applied once).
+//
+// Parity uses the shared harness (kernels/linear_cross_entropy/testing.h): the same cases and
+// the same dtype-justified tolerances as `tessera check` (see testing.cc). The cpu backend's
+// own differences from the reference are f32 accumulation (BLAS dot products of length H, f32
+// SIMD partial sums per vocab block, f32 dw/dx/dbias sums over at most a few hundred tokens
+// here): <= n·2^-24 relative to the sum of magnitudes, inside the harness's compute tolerance
+// (2e-4 relative, or 2.5 storage units for bf16/f16 inputs) plus one storage rounding.
+// On top of the built-in grid, the cases are rerun with tiny block sizes (every dimension gets
+// several blocks and a tail) and with 1, 2 and 3 threads (3 leaves a thread with little or no
+// vocabulary on small V).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/memory.h"
+#include "kernels/linear_cross_entropy/impl.h"
+#include "kernels/linear_cross_entropy/testing.h"
+#include "tessera/error.h"
+#include "tessera/linear_cross_entropy.h"
+
+namespace tessera::linear_cross_entropy {
+namespace {
+
+namespace lt = testing;
+
+void expect_parity(const lt::CaseSpec& spec, const std::string& label) {
+  for (lt::Pass pass : {lt::Pass::kForward, lt::Pass::kBackward, lt::Pass::kFused}) {
+    const lt::ParityReport r = lt::check_parity(spec, "cpu", pass);
+    ASSERT_TRUE(r.ran) << label << " " << r.case_name << " " << lt::pass_name(pass) << ": " << r.error;
+    for (const auto& f : r.fields)
+      EXPECT_TRUE(f.dev.ok()) << label << " " << r.case_name << " " << lt::pass_name(pass) << " " << f.field
+                              << ": " << f.dev.str();
+  }
+}
+
+TEST(LinearCrossEntropyCpu, BuiltInCheckGrid) {
+  for (const lt::CaseSpec& c : lt::check_grid()) expect_parity(c, "default blocks");
+}
+
+// The grid again with tiny blocks (b=3, h=8, v=16: tails everywhere, many token blocks, the
+// h chunking of bf16/f16 w) and different thread counts (on these tiny blocks the backend
+// mostly uses one thread: it caps threads by work per token block; OddShapesEveryOption and
+// ThreadWithoutVocabulary cover the multi-threaded splits).
+TEST(LinearCrossEntropyCpu, CheckGridSmallBlocksAndThreadCounts) {
+  int k = 0;
+  for (lt::CaseSpec c : lt::check_grid()) {
+    c.opt.block_sizes = BlockSizes{3, 8, 16};
+    c.opt.num_threads = 1 + (k++ % 3);
+    expect_parity(c, "b=3,h=8,v=16 threads=" + std::to_string(c.opt.num_threads));
+  }
+}
+
+// Larger odd shapes where B, H, V are not multiples of any block, several vocab blocks per
+// thread; every option on, both layouts and transposed views, every dtype.
+TEST(LinearCrossEntropyCpu, OddShapesEveryOption) {
+  uint64_t seed = 900;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (WLayout l : {WLayout::kHV, WLayout::kVH})
+      for (bool tv : {false, true}) {
+        lt::CaseSpec c;
+        c.lead = {37};
+        c.H = 29;
+        c.V = 283;
+        c.dtype = dt;
+        c.bias_dtype = dt;
+        c.memory_layout = l;
+        c.transposed_view = tv;
+        c.bias = true;
+        c.weights = true;
+        c.ignore_fraction = 0.2;
+        c.opt.reduction = tv ? Reduction::kNone : Reduction::kMean;
+        c.opt.soft_cap = 4.0;
+        c.opt.z_loss_weight = 1e-3;
+        c.opt.label_smoothing = 0.1;
+        c.opt.return_argmax = true;
+        c.opt.block_sizes = BlockSizes{16, 16, 40};  // 16·29·283 MACs: 2 threads used
+        c.opt.num_threads = 2;
+        c.f32_grads = l == WLayout::kVH;
+        c.seed = seed++;
+        expect_parity(c, "odd shapes");
+      }
+}
+
+// Peer bug: dw accumulated in bf16 across token chunks drifts. 1024 identical rows (same x,
+// same label), one token per block: every block adds the same-signed increment to dw, so a
+// bf16 accumulator stalls once the sum is ~2^8 increments (an error of tens of percent); an f32
+// accumulator rounded once at the end is within one bf16 unit (2^-8) of the reference.
+TEST(LinearCrossEntropyCpu, Bf16DwAccumulatesInF32AcrossTokenBlocks) {
+  const int64_t B = 1024, H = 8, V = 16;
+  const DType dt = DType::kBF16;
+  Tensor x = Tensor::empty(dt, {B, H}), w = Tensor::empty(dt, {H, V}), labels = Tensor::empty(DType::kI64, {B});
+  for (int64_t t = 0; t < B; ++t) {
+    for (int64_t h = 0; h < H; ++h) store_from_f32(x.data(), dt, t * H + h, 0.25f * static_cast<float>(h % 5) - 0.5f);
+    labels.data_as<int64_t>()[t] = 5;
+  }
+  for (int64_t i = 0; i < H * V; ++i) store_from_f32(w.data(), dt, i, 0.1f * static_cast<float>((i * 7) % 11) - 0.5f);
+  const Inputs in{x.view(), w.view(), std::nullopt, labels.view(), std::nullopt};
+  Tensor g = Tensor::empty(DType::kF32, {});
+  g.data_as<float>()[0] = 1.0f;
+  auto dw_of = [&](const std::string& impl) {
+    Options o;
+    o.reduction = Reduction::kSum;
+    o.implementation = impl;
+    o.block_sizes = BlockSizes{1, 8, 8};
+    Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, {B});
+    Tensor dx = Tensor::empty(dt, {B, H}), dw = Tensor::empty(dt, {H, V});
+    forward_backward(in, g.view(), {loss.view(), lse.view(), std::nullopt}, {dx.view(), dw.view(), std::nullopt}, o);
+    return dw;
+  };
+  const Tensor got = dw_of("cpu"), want = dw_of("reference");
+  for (int64_t i = 0; i < H * V; ++i) {
+    const double a = load_as_f32(got.data(), dt, i), b = load_as_f32(want.data(), dt, i);
+    EXPECT_LE(std::fabs(a - b), std::ldexp(std::fabs(b), -7) + 1e-6) << "dw[" << i << "]";
+  }
+}
+
+// V smaller than the per-thread vocab alignment: thread 1 owns no vocabulary (but half of H).
+TEST(LinearCrossEntropyCpu, ThreadWithoutVocabulary) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    lt::CaseSpec c;
+    c.lead = {300};
+    c.H = 128;
+    c.V = 7;
+    c.dtype = dt;
+    c.bias_dtype = dt;
+    c.bias = true;
+    c.opt.return_argmax = true;
+    c.opt.label_smoothing = 0.2;
+    c.opt.block_sizes = BlockSizes{150, 48, 4};  // 150·128·7 MACs: 2 threads used
+    c.opt.num_threads = 2;
+    expect_parity(c, std::string("V=7 ") + dtype_name(dt));
+  }
+}
+
+// B = 1 with default blocks, and V smaller than a SIMD vector.
+TEST(LinearCrossEntropyCpu, TinyShapes) {
+  for (int64_t V : {1, 3, 7}) {
+    lt::CaseSpec c;
+    c.lead = {1};
+    c.H = 5;
+    c.V = V;
+    c.ignore_fraction = 0.0;
+    c.opt.return_argmax = true;
+    c.opt.num_threads = 2;
+    expect_parity(c, "B=1 V=" + std::to_string(V));
+  }
+}
+
+struct Out {
+  Tensor loss, lse, dx, dw, dbias;
+};
+
+// Fused pass of the cpu backend on a harness case (f32 gradients).
+Out run_fused(const lt::CaseSpec& s, const lt::CaseData& d, int threads) {
+  Options o = s.opt;
+  o.implementation = "cpu";
+  o.num_threads = threads;
+  Out r;
+  r.loss = Tensor::empty(DType::kF32, o.reduction == Reduction::kNone ? s.lead : Shape{});
+  r.lse = Tensor::empty(DType::kF32, s.lead);
+  r.dx = Tensor::empty(DType::kF32, d.x.shape());
+  r.dw = Tensor::empty(DType::kF32, d.w.shape());
+  Gradients g{r.dx.view(), r.dw.view(), std::nullopt};
+  if (d.bias.defined()) {
+    r.dbias = Tensor::empty(DType::kF32, {s.V});
+    g.dbias = r.dbias.view();
+  }
+  forward_backward(d.inputs(), d.grad_loss.view(), {r.loss.view(), r.lse.view(), std::nullopt}, g, o);
+  EXPECT_EQ(last_implementation(), "cpu");
+  return r;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), a.view().nbytes()) == 0;
+}
+
+// max |a − b| <= tol · max|b|
+void expect_near_all(const Tensor& a, const Tensor& b, double tol, const char* what) {
+  double scale = 0.0, dev = 0.0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    scale = std::max(scale, std::fabs(static_cast<double>(b.data_as<float>()[i])));
+    dev = std::max(dev, std::fabs(static_cast<double>(a.data_as<float>()[i]) - b.data_as<float>()[i]));
+  }
+  EXPECT_LE(dev, tol * scale) << what;
+}
+
+lt::CaseSpec medium_case() {
+  lt::CaseSpec c;
+  c.lead = {150};
+  c.H = 48;
+  c.V = 517;
+  c.bias = true;
+  c.weights = true;
+  c.opt.reduction = Reduction::kNone;  // per-token upstream gradients
+  c.opt.label_smoothing = 0.1;
+  c.opt.block_sizes = BlockSizes{32, 512, 64};
+  c.f32_grads = true;
+  return c;
+}
+
+// Same thread count -> bitwise identical results (threads own disjoint ranges, partials are
+// merged in thread order, no atomics). 1 vs 2 threads: the same sums in another order, so
+// they agree to f32 rounding (2e-5 of the largest value; sums of <= 517 terms).
+TEST(LinearCrossEntropyCpu, DeterministicForFixedThreadCount) {
+  const lt::CaseSpec s = medium_case();
+  const lt::CaseData d = lt::make_case(s);
+  const Out a = run_fused(s, d, 2);
+  for (int rep = 0; rep < 3; ++rep) {
+    const Out b = run_fused(s, d, 2);
+    EXPECT_TRUE(bitwise_equal(a.loss, b.loss));
+    EXPECT_TRUE(bitwise_equal(a.lse, b.lse));
+    EXPECT_TRUE(bitwise_equal(a.dx, b.dx));
+    EXPECT_TRUE(bitwise_equal(a.dw, b.dw));
+    EXPECT_TRUE(bitwise_equal(a.dbias, b.dbias));
+  }
+  const Out one = run_fused(s, d, 1);
+  expect_near_all(one.loss, a.loss, 2e-5, "loss 1 vs 2 threads");
+  expect_near_all(one.lse, a.lse, 2e-5, "lse 1 vs 2 threads");
+  expect_near_all(one.dx, a.dx, 2e-5, "dx 1 vs 2 threads");
+  expect_near_all(one.dw, a.dw, 2e-5, "dw 1 vs 2 threads");
+  expect_near_all(one.dbias, a.dbias, 2e-5, "dbias 1 vs 2 threads");
+}
+
+// Peer bug: p_y − 1 cancels if p_y is rounded to bf16 first. Here the label's logit dominates
+// (p_y ≈ 1 − 1e-4), so the label column's gradient is tiny and must still be accurate.
+TEST(LinearCrossEntropyCpu, LabelColumnGradientNoCancellation) {
+  const int64_t B = 4, H = 4, V = 16;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor x = Tensor::zeros(dt, {B, H}), w = Tensor::zeros(dt, {H, V}), labels = Tensor::empty(DType::kI64, {B});
+    for (int64_t t = 0; t < B; ++t) {
+      store_from_f32(x.data(), dt, t * H + t % H, 1.0f);
+      labels.data_as<int64_t>()[t] = 3;
+    }
+    for (int64_t h = 0; h < H; ++h) store_from_f32(w.data(), dt, h * V + 3, 12.0f);  // z_y = 12, others 0
+    Inputs in{x.view(), w.view(), std::nullopt, labels.view(), std::nullopt};
+    Options o;
+    o.reduction = Reduction::kSum;
+    Options oc = o, orf = o;
+    oc.implementation = "cpu";
+    orf.implementation = "reference";
+    Tensor g = Tensor::empty(DType::kF32, {});
+    g.data_as<float>()[0] = 1.0f;
+    auto grads = [&](const Options& opt, Tensor& dw) {
+      Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, {B});
+      Tensor dx = Tensor::empty(DType::kF32, {B, H});
+      dw = Tensor::empty(DType::kF32, {H, V});
+      forward_backward(in, g.view(), {loss.view(), lse.view(), std::nullopt}, {dx.view(), dw.view(), std::nullopt}, opt);
+    };
+    Tensor dwc, dwr;
+    grads(oc, dwc);
+    grads(orf, dwr);
+    for (int64_t h = 0; h < H; ++h) {
+      const double ref = dwr.data_as<float>()[h * V + 3];  // = p_y − 1 ≈ −15·e^-12 ≈ −9.2e-5
+      const double got = dwc.data_as<float>()[h * V + 3];
+      ASSERT_LT(ref, -1e-5);
+      // f32 partial sums make lse accurate to ~1e-7 absolute, i.e. ~1e-3 of p_y − 1 here;
+      // rounding p_y to bf16 first would give 0 (100 % error).
+      EXPECT_NEAR(got, ref, 5e-3 * std::fabs(ref)) << dtype_name(dt) << " h=" << h;
+    }
+  }
+}
+
+// Explicit bad block sizes fail before anything runs, naming the broken constraint.
+TEST(LinearCrossEntropyCpu, BadBlockSizesErrorClearly) {
+  auto expect_error = [](const BlockSizes& bs, const std::string& needle) {
+    try {
+      validate_block_sizes("cpu", bs);
+      ADD_FAILURE() << "no error for " << bs.str();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error({0, 512, 1024}, "b (token block)");
+  expect_error({-3, 512, 1024}, "b (token block)");
+  expect_error({64, 512, 0}, "v (vocab block)");
+  expect_error({64, 0, 1024}, "h (hidden block");
+  expect_error({int64_t{1} << 40, 512, 1024}, "b (token block)");
+  EXPECT_NO_THROW(validate_block_sizes("cpu", {1, 1, 1}));
+
+  const lt::CaseSpec spec;
+  const lt::CaseData d = lt::make_case(spec);
+  Options o = spec.opt;
+  o.implementation = "cpu";
+  o.block_sizes = BlockSizes{64, 512, 0};
+  Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, spec.lead);
+  EXPECT_THROW(forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, o), Error);
+}
+
+// The tuner's contract: tunable, a bounded candidate set, every candidate valid.
+TEST(LinearCrossEntropyCpu, CandidateBlockSizesAreBoundedAndValid) {
+  const Implementation* impl = find_implementation("cpu");
+  ASSERT_NE(impl, nullptr);
+  EXPECT_TRUE(impl->tunable());
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (int64_t V : {int64_t{1}, int64_t{1000}, int64_t{32768}, int64_t{262144}, int64_t{4} << 20}) {
+      Problem p;
+      p.B = 4096;
+      p.H = 1024;
+      p.V = V;
+      p.dtype = dt;
+      const auto cands = impl->candidate_block_sizes(p);
+      EXPECT_FALSE(cands.empty());
+      EXPECT_LE(cands.size(), 12u);
+      for (const BlockSizes& bs : cands) EXPECT_NO_THROW(impl->validate_block_sizes(bs)) << bs.str();
+      EXPECT_NO_THROW(impl->validate_block_sizes(impl->default_block_sizes(p)));
+    }
+}
+
+TEST(LinearCrossEntropyCpu, IsTheDefaultOnHostAndTunable) {
+  const lt::CaseSpec spec;
+  const lt::CaseData d = lt::make_case(spec);
+  Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, spec.lead);
+  forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, Options{});
+  EXPECT_EQ(last_implementation(), "cpu");
+}
+
+// Extra memory is bounded by block sizes and threads, not by B: the tracked scratch peak of a
+// forward pass is the same for B = 64 and B = 1024 (2 threads × a b×v tile + per-row state),
+// and the fused pass with f32 gradients stays at the b×V slab + per-row / per-V buffers.
+TEST(LinearCrossEntropyCpu, ScratchMemoryIsBounded) {
+  auto peak_for = [](int64_t B, bool fused) {
+    lt::CaseSpec s;
+    s.lead = {B};
+    s.H = 32;
+    s.V = 2048;
+    s.f32_grads = true;
+    s.opt.block_sizes = BlockSizes{64, 512, 256};
+    const lt::CaseData d = lt::make_case(s);
+    memory::reset_peak(memory::Space::kHost);
+    const size_t before = memory::current_bytes(memory::Space::kHost);
+    if (fused) {
+      run_fused(s, d, 2);
+    } else {
+      Options o = s.opt;
+      o.implementation = "cpu";
+      o.num_threads = 2;
+      Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, s.lead);
+      forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, o);
+    }
+    return memory::peak_bytes(memory::Space::kHost) - before;
+  };
+  const size_t f64 = peak_for(64, false), f1024 = peak_for(1024, false);
+  EXPECT_EQ(f64, f1024);
+  EXPECT_LE(f1024, size_t{2} * 64 * 256 * 4 + 64 * 1024);
+  const size_t fused = peak_for(1024, true);
+  EXPECT_EQ(fused, peak_for(128, true));
+  EXPECT_LE(fused, size_t{64} * 2048 * 4 + 64 * 1024);
+}
+
+}  // namespace
+}  // namespace tessera::linear_cross_entropy

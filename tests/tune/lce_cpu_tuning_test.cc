@@ -1,0 +1,115 @@
+// Tuning with the real cpu backend through the public API: autotune-on-miss times into scratch
+// and caches; the caller's results are those of the chosen block sizes; the checked-in table is
+// used when it has a row for this machine. Nothing here asserts a timing or which candidate
+// wins (that would be flaky); planted-cost tests are in lce_tuning_test.cc.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/log.h"
+#include "kernels/linear_cross_entropy/impl.h"
+#include "kernels/linear_cross_entropy/testing.h"
+#include "kernels/linear_cross_entropy/tuning.h"
+#include "tune/autotune.h"
+#include "tune/device_kind.h"
+#include "tune/table.h"
+#include "tune/tune_test_util.h"
+
+namespace tessera::linear_cross_entropy {
+namespace {
+
+using testing_tune::LogCapture;
+using testing_tune::ScopedEnv;
+using testing_tune::TempDir;
+
+class DebugLog {
+ public:
+  DebugLog() : old_(log::level()) { log::set_level(log::Level::kDebug); }
+  ~DebugLog() { log::set_level(old_); }
+  LogCapture capture;
+
+ private:
+  log::Level old_;
+};
+
+void expect_close(const Tensor& a, const Tensor& b, double rel, const char* what) {
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = load_as_f32(a.data(), a.dtype(), i), y = load_as_f32(b.data(), b.dtype(), i);
+    ASSERT_NEAR(x, y, rel * (1.0 + std::fabs(y))) << what << "[" << i << "]";
+  }
+}
+
+TEST(LceCpuTuning, AutotuneOnMissCachesAndKeepsResultsRight) {
+  if (!find_implementation("cpu")) GTEST_SKIP() << "built without the cpu backend";
+  TempDir dir;
+  ScopedEnv on("TESSERA_AUTOTUNE", "1"), cache("TESSERA_CACHE_DIR", dir.path().c_str()),
+      budget("TESSERA_AUTOTUNE_BUDGET_MS", "2000"),
+      no_table("TESSERA_TUNED_TABLE", "0");  // this machine's table has a row for the bucket
+  tune::clear_autotune_memo();
+  testing::CaseSpec spec;
+  spec.lead = {64};
+  spec.H = 128;
+  spec.V = 8192;  // B*H*V = 2^26: just big enough to autotune; a call takes milliseconds
+  spec.opt.implementation = "cpu";
+  const testing::CaseData data = make_case(spec);
+
+  Result tuned;
+  {
+    DebugLog log;
+    tuned = compute_with_grad(data.inputs(), spec.opt);
+    EXPECT_NE(log.capture.text().find("(autotune)"), std::string::npos) << log.capture.text();
+  }
+  size_t files = 0;
+  std::string path;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) ++files, path = e.path().string();
+  ASSERT_EQ(files, 1u);
+  std::ifstream in(path);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["result"], "ok");
+  EXPECT_NE(j["key"].get<std::string>().find("op=forward_backward"), std::string::npos);
+  const Problem shape_only = [&] {
+    Problem p;
+    p.B = 64, p.H = 128, p.V = 8192;
+    return p;
+  }();
+  EXPECT_EQ(j["candidates"].size(), tuning_candidates(*find_implementation("cpu"), shape_only).size());
+
+  {  // Same process again: the memo answers.
+    DebugLog log;
+    (void)compute_with_grad(data.inputs(), spec.opt);
+    EXPECT_NE(log.capture.text().find("(autotune cache)"), std::string::npos) << log.capture.text();
+  }
+  // Defaults (autotune off) give the same numbers up to summation order.
+  Options off = spec.opt;
+  off.autotune_on_miss = false;
+  const Result plain = compute_with_grad(data.inputs(), off);
+  expect_close(tuned.loss, plain.loss, 1e-5, "loss");
+  expect_close(tuned.lse, plain.lse, 1e-5, "lse");
+  expect_close(tuned.dx, plain.dx, 1e-4, "dx");
+  expect_close(tuned.dw, plain.dw, 1e-4, "dw");
+}
+
+TEST(LceCpuTuning, CheckedInTableIsUsedOnItsMachine) {
+  const Implementation* cpu = find_implementation("cpu");
+  if (!cpu) GTEST_SKIP() << "built without the cpu backend";
+  testing::CaseSpec spec;
+  spec.lead = {8};
+  spec.H = 16;
+  spec.V = 20000;  // llama2-ish; far too small to autotune
+  spec.opt.implementation = "cpu";
+  const testing::CaseData data = make_case(spec);
+  Problem p;
+  p.B = 8, p.H = 16, p.V = 20000;
+  const bool has_row =
+      tune::lookup(tuned_table(), "cpu", cpu->device_kind(p), "f32", "llama2-ish") != nullptr;
+  DebugLog log;
+  (void)compute(data.inputs(), spec.opt);
+  EXPECT_NE(log.capture.text().find(has_row ? "(tuned table)" : "(default)"), std::string::npos)
+      << "device kind " << cpu->device_kind(p) << "\n" << log.capture.text();
+}
+
+}  // namespace
+}  // namespace tessera::linear_cross_entropy

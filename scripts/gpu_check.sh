@@ -3,6 +3,8 @@
 # suite (the LceCuda* GPU tests included), the benchmark and the PyTorch eager baseline, and write
 # the results to docs/gpu_results/<stamp>/ (or the directory given as $1):
 #   env.txt  build.log  tests.log  tests.json  bench.json  torch.json  bench.log  summary.md
+# and the tessera CLI's own view (GPU ceilings, bench over the llm grid, HTML report):
+#   roofline.json  roofline.log  tessera_bench.json  tessera_bench.csv  tessera_bench.log  report.html
 #
 # Needs: an NVIDIA GPU + driver, nvcc, CMake >= 3.25, ninja, python3 with PyTorch (for the
 # baseline; skipped with a note when missing). No network: nlohmann-json, CLI11, fmt and GTest come
@@ -56,6 +58,25 @@ else
   note "PyTorch with CUDA not available: no eager baseline"
 fi
 
+# The tessera CLI on the GPU: measured ceilings (cuBLAS GEMM peaks, device copy bandwidth), the
+# bench of the cuda implementation over the llm grid against them, and the HTML report.
+tessera=build/gpu/bin/tessera
+if ! "$tessera" roofline --out "$out/roofline.json" > "$out/roofline.log" 2>&1; then
+  note "tessera roofline FAILED (see roofline.log)"; status=1
+fi
+cat "$out/roofline.log"
+roof_arg=(--roofline "$out/roofline.json")
+[ -f "$out/roofline.json" ] || roof_arg=()
+if ! "$tessera" bench linear_cross_entropy --impl cuda --grid llm --dtype bf16 --mode fwd,fused "${roof_arg[@]}" \
+     --json "$out/tessera_bench.json" --csv "$out/tessera_bench.csv" > "$out/tessera_bench.log" 2>&1; then
+  note "tessera bench FAILED (see tessera_bench.log)"; status=1
+fi
+tail -20 "$out/tessera_bench.log"
+if [ -f "$out/tessera_bench.json" ]; then
+  "$tessera" report "$out/tessera_bench.json" -o "$out/report.html" >> "$out/tessera_bench.log" 2>&1 ||
+    { note "tessera report FAILED (see tessera_bench.log)"; status=1; }
+fi
+
 python3 - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]
@@ -87,6 +108,32 @@ if b:
                      f"{r['gemm3']['median_ms']:.2f} | {r['forward_backward_vs_gemm3']:.3f} | {r['forward_backward_tflops']:.0f} | "
                      f"{r['peak_extra_bytes_forward_backward'] / 2**20:.0f} | {tfb} | {tmem} |")
     lines += ["", "Targets: fwd+bwd <= 1.3x three GEMMs; peak extra device memory <= 1 GiB."]
+roof = load("roofline.json")
+if roof:
+    for d in roof.get("devices", []):
+        if not d["device"].startswith("cuda"):
+            continue
+        lines += ["", f"Ceilings of {d['device']} ({d['name']}), `tessera roofline`:", ""]
+        for dt, m in sorted(d.get("gemm_method", {}).items()):
+            g = d.get("gemm_gflops", {}).get(dt)
+            lines.append(f"- GEMM {dt}: " + (f"{g / 1e3:.0f} TFLOP/s" if g else "-") + f" ({m})")
+        lines.append(f"- bandwidth: {d.get('bandwidth_gbs', 0):.0f} GB/s ({d.get('bandwidth_method', '')})")
+        lines += [f"- note: {n}" for n in d.get("notes", [])]
+tb = load("tessera_bench.json")
+if tb:
+    lines += ["", "`tessera bench linear_cross_entropy --impl cuda --grid llm --dtype bf16` (median ms; wall clock with a device sync per call):", "",
+              "| shape | mode | median ms | first ms | TFLOP/s | % roofline | x GEMM | extra device MiB | loss |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    def f(r, k, fmt, scale=1.0):
+        v = r.get(k)
+        return format(v * scale, fmt) if isinstance(v, (int, float)) else "-"
+    for r in tb.get("rows", []):
+        if r.get("kind") != "kernel":
+            continue
+        lines.append(f"| {r['shape']} ({r['B']},{r['H']},{r['V']}) | {r['mode']} | {f(r, 'median_ms', '.2f')} | {f(r, 'first_call_ms', '.1f')} | "
+                     f"{f(r, 'gflops', '.0f', 1e-3)} | {f(r, 'roofline_fraction', '.1f', 100.0)} | {f(r, 'vs_gemm', '.3f')} | "
+                     f"{f(r, 'extra_device_bytes', '.0f', 1 / 2**20)} | {f(r, 'loss', '.4f')} |")
+    lines += [f"- {m}" for m in tb.get("messages", [])]
 notes = os.path.join(out, "summary.notes")
 if os.path.exists(notes):
     lines += ["", "Notes:", ""] + ["- " + l.strip() for l in open(notes)]

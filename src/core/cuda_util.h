@@ -18,6 +18,11 @@ namespace tessera::cuda {
 // implementation factory (a static library's initializers alone may be dropped by the linker).
 void register_allocator();
 
+// Registers the harness's DeviceHooks for DeviceType::kCUDA (harness/device_hooks.h: device
+// count, synchronize, measured ceilings through cuBLAS and copies, the GEMM baseline; in
+// cuda_device_hooks.cu). Idempotent, touches no CUDA API; called like register_allocator().
+void register_device_hooks();
+
 // Number of usable CUDA devices; 0 with `why` filled when there is none or no driver.
 int device_count(std::string* why = nullptr);
 

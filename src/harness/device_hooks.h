@@ -2,7 +2,8 @@
 // device and measure its ceilings, without the harness knowing the device's API.
 //
 // The CUDA backend (when built) calls register_device_hooks(DeviceType::kCUDA, {...}) at the
-// same time it registers its DeviceAllocator. Without hooks, `tessera roofline` reports no GPU
+// same time it registers its DeviceAllocator (src/core/cuda_device_hooks.cu: at load time and
+// from make_cuda_implementation(), which keeps that object linked). Without hooks, `tessera roofline` reports no GPU
 // ceilings and `tessera bench` cannot time implementations on that device (it says so).
 // This file is compiled into the core library so backends can register without depending on
 // the harness.
@@ -12,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tessera/dtype.h"
 #include "tessera/tensor.h"
@@ -25,14 +27,16 @@ struct DeviceCeilingsRaw {
   std::map<std::string, std::string> gemm_method;  // how each was measured ("cublasGemmEx 8192^3")
   double bandwidth_gbs = 0;                  // device copy, read + write counted
   std::string bandwidth_method;
+  std::vector<std::string> notes;            // device facts; why something was not measured
 };
 
 struct DeviceHooks {
-  // Blocks until all work queued on device `index` (default stream) is finished. Required for
-  // timing.
+  // Blocks until all work queued on device `index` (every stream) is finished; throws
+  // tessera::Error when the device cannot be synchronized. Required for timing.
   std::function<void(int index)> synchronize;
   // Measures the device's ceilings (peak GEMM per dtype through the vendor BLAS, copy
-  // bandwidth). `quick` asks for a fast, rougher measurement. Optional.
+  // bandwidth). `quick` asks for a fast, rougher measurement. Optional. What cannot be measured
+  // (no device, out of memory) is said in the method strings / notes, not thrown.
   std::function<std::optional<DeviceCeilingsRaw>(int index, bool quick)> measure_ceilings;
   // Seconds of one GEMM C[M,N] = A[M,K]·B[K,N] (B transposed when b_transposed) in `dtype` on
   // the device (median of a few runs, buffers allocated and freed by the hook). Optional: the

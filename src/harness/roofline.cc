@@ -280,6 +280,7 @@ Roofline measure_roofline(const RooflineOptions& opt) {
     d.gemm_method = raw->gemm_method;
     d.bandwidth_gbs = raw->bandwidth_gbs;
     d.bandwidth_method = raw->bandwidth_method;
+    d.notes = raw->notes;
     r.devices.push_back(std::move(d));
   }
   return r;

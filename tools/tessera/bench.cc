@@ -2,10 +2,12 @@
 // cost model, fraction of roofline, memory, and BLAS baselines timed in the same run.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
 #include "harness/blas.h"
+#include "harness/device_hooks.h"
 #include "harness/grid.h"
 #include "harness/process.h"
 #include "harness/roofline.h"
@@ -184,6 +186,24 @@ void register_bench(CLI::App& app) {
         ro.threads = a->threads;
         roof = harness::measure_roofline(ro);
         roof_source = "ceilings measured on the fly (quick) because none were stored at " + path;
+      }
+      // GPU rows need the GPU's ceilings; a file stored without them (measured with --no-gpu, or
+      // on another build) gets quick ones measured now, for this run only.
+      bool gpu_rows = false;
+      for (const auto& info : lce::implementations())
+        if (info.device == DeviceType::kCUDA && info.available &&
+            (cfg.implementations.empty() ||
+             std::find(cfg.implementations.begin(), cfg.implementations.end(), info.name) != cfg.implementations.end()))
+          gpu_rows = true;
+      const auto* hooks = harness::device_hooks(DeviceType::kCUDA);
+      if (gpu_rows && !roof->find(Device::cuda(0).str()) && hooks && hooks->measure_ceilings) {
+        fmt::print(stderr, "bench: the ceilings have no {}: measuring quick GPU ceilings now\n", Device::cuda(0).str());
+        harness::RooflineOptions ro;
+        ro.quick = true;
+        ro.cpu = false;
+        ro.progress = !a->quiet;
+        for (auto& d : harness::measure_roofline(ro).devices) roof->devices.push_back(std::move(d));
+        roof_source += "; GPU ceilings measured on the fly (quick) because none were stored";
       }
       cfg.roofline = &*roof;
     }

@@ -506,6 +506,7 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
 
 std::unique_ptr<Implementation> make_cuda_implementation() {
   cuda::register_allocator();
+  cuda::register_device_hooks();  // also keeps cuda_device_hooks.cu (load-time registration) linked
   return std::make_unique<Cuda>();
 }
 

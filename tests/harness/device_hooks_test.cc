@@ -9,6 +9,7 @@
 
 #include "harness/device_hooks.h"
 #include "harness/roofline.h"
+#include "kernels/linear_cross_entropy/bench.h"
 #include "tessera/error.h"
 
 namespace th = tessera::harness;
@@ -59,6 +60,26 @@ TEST(DeviceHooksCuda, WithoutADeviceEverythingReportsInsteadOfCrashing) {
   ro.progress = false;
   const auto r = th::measure_roofline(ro);
   EXPECT_EQ(r.find("cuda:0"), nullptr);
+}
+
+// `tessera bench --impl cuda` without a device: nothing is timed, not even the host BLAS
+// baselines (at GPU-sized shapes they would take minutes), and the reason is given.
+TEST(DeviceHooksCuda, BenchOfAnUnavailableGpuTimesNothing) {
+  const auto* h = cuda_hooks();
+  ASSERT_NE(h, nullptr);
+  if (h->device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
+  namespace lce = tessera::linear_cross_entropy;
+  lce::BenchConfig cfg;
+  cfg.implementations = {"cuda"};
+  cfg.shapes = {{"big", 8192, 4096, 128256}};
+  cfg.dtypes = {DType::kBF16};
+  cfg.compare = true;
+  cfg.progress = false;
+  const auto res = lce::run_bench(cfg);
+  EXPECT_TRUE(res.rows.empty());
+  bool said = false;
+  for (const auto& m : res.messages) said |= m.find("no implementation to time") != std::string::npos;
+  EXPECT_TRUE(said);
 }
 
 // GPU only: small, quick functional checks (not a benchmark: no timing is asserted beyond > 0).

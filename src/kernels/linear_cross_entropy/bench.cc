@@ -148,9 +148,20 @@ BenchResult run_bench(const BenchConfig& cfg) {
     }
   }
 
-  const bool have_blas = harness::blas::available();
-  if ((cfg.gemm_baseline || cfg.compare) && !have_blas)
+  if (impls.empty()) {
+    say("no implementation to time");
+    return res;
+  }
+  // The host BLAS baselines are the ratios of CPU rows (device rows use the device's own GEMM,
+  // DeviceHooks::time_gemm): with only device implementations they would cost minutes of host
+  // GEMMs at GPU-sized shapes for nothing.
+  bool any_cpu = false;
+  for (const Implementation* i : impls) any_cpu |= i->device_type() == DeviceType::kCPU;
+  const bool have_blas = harness::blas::available() && any_cpu;
+  if ((cfg.gemm_baseline || cfg.compare) && !harness::blas::available())
     say("BLAS baselines unavailable: " + harness::blas::unavailable_reason());
+  else if ((cfg.gemm_baseline || cfg.compare) && !any_cpu)
+    say("host BLAS baselines skipped: no CPU implementation is timed");
   if (have_blas && cfg.threads > 0) harness::blas::set_threads(cfg.threads);
   const int threads = cfg.threads > 0 ? cfg.threads : harness::hardware_threads();
 

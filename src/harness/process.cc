@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/time.h"
+
 namespace tessera::harness {
 namespace {
 std::optional<size_t> status_kb(const std::string& key) {
@@ -105,13 +107,6 @@ std::string command_line() {
   return out;
 }
 
-std::string utc_timestamp() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string utc_timestamp() { return utc_now(); }
 
 }  // namespace tessera::harness

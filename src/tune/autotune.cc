@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/time.h"
 #include "core/log.h"
 
 namespace tessera::tune {
@@ -35,14 +36,6 @@ void memo_put(const std::string& k, const AutotuneResult& r) {
   memo()[k] = r;
 }
 
-std::string now_iso() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 AutotuneResult from_entry(const CacheEntry& e, const std::string& path) {
   AutotuneResult r;
@@ -108,7 +101,7 @@ AutotuneResult lookup_or_autotune(const DiskCache& cache, const AutotuneRequest&
   CacheEntry e;
   e.key = req.key;
   e.version = cache.version();
-  e.created = now_iso();
+  e.created = utc_now();
   e.complete = !s.budget_exhausted;
   e.candidates = measurements_to_json(s.measurements);
   bool all_failed = !s.measurements.empty();

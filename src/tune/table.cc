@@ -6,6 +6,8 @@
 #include <sstream>
 #include <tuple>
 
+#include "core/time.h"
+
 namespace tessera::tune {
 namespace {
 
@@ -99,13 +101,6 @@ std::string emit_table_cc(const TableSource& src, const std::vector<TableEntry>&
   return os.str();
 }
 
-std::string today() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
-  return buf;
-}
+std::string today() { return utc_now("%Y-%m-%d"); }
 
 }  // namespace tessera::tune

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "harness/npy.h"
+#include "tools/cli_test_util.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera {
@@ -17,21 +18,8 @@ namespace {
 namespace fs = std::filesystem;
 namespace lce = tessera::linear_cross_entropy;
 
-struct Cmd {
-  int code;
-  std::string out;
-};
-
-Cmd sh(const std::string& args) {
-  const std::string cmd = std::string(TESSERA_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using cli_test::Cmd;
+Cmd sh(const std::string& args) { return cli_test::run_cli(args); }
 
 class Cli : public ::testing::Test {
  protected:

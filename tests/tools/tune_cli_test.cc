@@ -10,25 +10,14 @@
 #include <fstream>
 #include <string>
 
+#include "tools/cli_test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Cmd {
-  int code;
-  std::string out;
-};
-
-Cmd run_cli(const std::string& args) {
-  const std::string cmd = std::string(TESSERA_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using tessera::cli_test::Cmd;
+using tessera::cli_test::run_cli;
 
 class TuneCli : public ::testing::Test {
  protected:

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "core/time.h"
 #include "dispatch/dispatch.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/tuning.h"
@@ -41,14 +42,6 @@ struct TuneArgs {
 
 std::string ms_str(double ms) { return fmt::format("{:.3f} ms", ms); }
 
-std::string timestamp() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return buf;
-}
 
 std::vector<const lce::Implementation*> pick_implementations(const std::string& names) {
   std::vector<const lce::Implementation*> out;
@@ -258,7 +251,7 @@ void run_tune(const TuneArgs& a) {
   std::error_code ec;
   fs::create_directories(a.out, ec);
   if (ec) throw Error(ErrorCode::kIo, "tune: cannot create " + a.out + ": " + ec.message());
-  const std::string stem = (fs::path(a.out) / (std::string(lce::kKernelName) + "_" + timestamp())).string();
+  const std::string stem = (fs::path(a.out) / (std::string(lce::kKernelName) + "_" + utc_now("%Y%m%d-%H%M%S"))).string();
   nlohmann::json meta = {{"kernel", lce::kKernelName}, {"version", TESSERA_VERSION}, {"date", date},
                          {"op", lce::op_name(op)}, {"warmup", a.warmup}, {"repeats", a.repeats}};
   tune::write_csv(stem + ".csv", records);

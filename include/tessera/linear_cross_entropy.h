@@ -35,6 +35,7 @@ Reduction parse_reduction(const std::string& s);  // "none" | "sum" | "mean"
 //          and the view is contiguous, then kHV is assumed.
 enum class WLayout : uint8_t { kAuto, kHV, kVH };
 const char* w_layout_name(WLayout l) noexcept;
+WLayout parse_w_layout(const std::string& s);  // "auto" | "hv" | "vh"
 
 // Tile sizes over tokens (b), hidden (h) and vocabulary (v). A backend documents how it uses
 // them and validates them (validate_block_sizes); the generic API imposes nothing.

@@ -153,8 +153,8 @@ void register_bench(CLI::App& app) {
       cfg.passes.push_back(lce::parse_pass(m));
     }
     check(!cfg.passes.empty(), ErrorCode::kInvalidArgument, "--mode is empty");
-    check(a->layout == "hv" || a->layout == "vh", ErrorCode::kInvalidArgument, "--layout must be hv or vh");
-    cfg.layout = a->layout == "vh" ? lce::WLayout::kVH : lce::WLayout::kHV;
+    cfg.layout = lce::parse_w_layout(a->layout);
+    check(cfg.layout != lce::WLayout::kAuto, ErrorCode::kInvalidArgument, "--layout must be hv or vh");
     cfg.bias = a->bias;
     cfg.soft_cap = a->soft_cap;
     check(a->repeats >= 1, ErrorCode::kInvalidArgument, "--repeats must be >= 1");

@@ -39,9 +39,7 @@ void save_npy(const std::string& dir, const char* name, const TensorView& t) {
 void run_lce(const RunArgs& a) {
   lce::Options opt;
   opt.reduction = lce::parse_reduction(a.reduction);
-  if (a.w_layout == "hv") opt.w_layout = lce::WLayout::kHV;
-  else if (a.w_layout == "vh") opt.w_layout = lce::WLayout::kVH;
-  else if (a.w_layout != "auto") throw Error(ErrorCode::kInvalidArgument, "--w-layout must be hv, vh or auto");
+  opt.w_layout = lce::parse_w_layout(a.w_layout);
   opt.z_loss_weight = a.z_loss;
   opt.soft_cap = a.soft_cap;
   opt.label_smoothing = a.smoothing;

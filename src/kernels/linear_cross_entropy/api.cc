@@ -317,6 +317,13 @@ const char* w_layout_name(WLayout l) noexcept {
   return "?";
 }
 
+WLayout parse_w_layout(const std::string& s) {
+  if (s == "auto") return WLayout::kAuto;
+  if (s == "hv") return WLayout::kHV;
+  if (s == "vh") return WLayout::kVH;
+  throw Error(ErrorCode::kInvalidArgument, "unknown w layout '" + s + "' (expected auto, hv or vh)");
+}
+
 const std::string& last_implementation() { return t_last_impl; }
 
 std::vector<ImplementationInfo> implementations() {

@@ -83,6 +83,10 @@ class Tensor {
   // Error(kOutOfMemory) when the allocation fails.
   static Tensor empty(DType dtype, Shape shape, Device device = {});
   static Tensor zeros(DType dtype, Shape shape, Device device = {});
+  // Uninitialized storage of `dtype` with the shape, device and memory layout of `like`: row-major
+  // when `like` is contiguous, the same transposed layout when `like` is a transposed 2-D view of
+  // a contiguous array (e.g. a gradient in a weight's layout). Other strides: Error(kInvalidArgument).
+  static Tensor empty_like_layout(const TensorView& like, DType dtype);
 
   const TensorView& view() const { return view_; }
   operator const TensorView&() const { return view_; }  // NOLINT: views are the currency

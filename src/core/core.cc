@@ -170,6 +170,15 @@ Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
   return t;
 }
 
+Tensor Tensor::empty_like_layout(const TensorView& like, DType dtype) {
+  if (like.is_contiguous()) return empty(dtype, like.shape, like.device);
+  const Shape& s = like.shape;
+  check(s.size() == 2 && like.strides == Shape{1, s[0]}, ErrorCode::kInvalidArgument,
+        "empty_like_layout: " + like.str() + " with strides " + shape_str(like.strides) +
+            " is neither contiguous nor a transposed 2-D view of a contiguous array");
+  return empty(dtype, {s[1], s[0]}, like.device).as_strided(s, {1, s[0]});
+}
+
 Tensor Tensor::as_strided(Shape shape, Shape strides) const {
   check(shape.size() == strides.size(), ErrorCode::kInvalidArgument,
         "as_strided: shape and strides differ in length");

@@ -70,6 +70,14 @@ TEST(Tensor, ContiguityAndTranspose) {
   EXPECT_FALSE(tt.view().is_contiguous());
   EXPECT_EQ(tt.data(), t.data());
   EXPECT_THROW(t.as_strided({5, 4}, {1, 5}), Error);
+  // empty_like_layout keeps the memory layout: row-major, or the same transposed view.
+  Tensor c = Tensor::empty_like_layout(t.view(), DType::kBF16);
+  EXPECT_EQ(c.dtype(), DType::kBF16);
+  EXPECT_EQ(c.view().strides, (Shape{5, 1}));
+  Tensor ct = Tensor::empty_like_layout(tt.view(), DType::kF32);
+  EXPECT_EQ(ct.shape(), (Shape{5, 3}));
+  EXPECT_EQ(ct.view().strides, (Shape{1, 5}));
+  EXPECT_THROW(Tensor::empty_like_layout(TensorView(t.data(), DType::kF32, {3, 2}, {10, 2}), DType::kF32), Error);
   EXPECT_THROW(Tensor::empty(DType::kF32, {2}, Device::cuda()).numel(), Error);
 }
 

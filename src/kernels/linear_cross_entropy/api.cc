@@ -394,13 +394,6 @@ void forward_backward(const Inputs& in, const TensorView& grad_loss, const Forwa
 
 namespace {
 
-// Same shape and memory layout (strides) as w: contiguous, or a transposed view of one.
-Tensor alloc_like_layout(const TensorView& w) {
-  if (w.is_contiguous()) return Tensor::empty(w.dtype, w.shape, w.device);
-  Tensor u = Tensor::empty(w.dtype, {w.shape[1], w.shape[0]}, w.device);
-  return u.as_strided(w.shape, {1, w.shape[0]});
-}
-
 Result make_outputs(const Inputs& in, const Options& opt, bool with_grad) {
   Result r;
   const Device dev = in.x.device;
@@ -411,7 +404,7 @@ Result make_outputs(const Inputs& in, const Options& opt, bool with_grad) {
   if (opt.return_argmax) r.argmax = Tensor::empty(DType::kI64, lead, dev);
   if (with_grad) {
     r.dx = Tensor::empty(in.x.dtype, in.x.shape, dev);
-    r.dw = alloc_like_layout(in.w);
+    r.dw = Tensor::empty_like_layout(in.w, in.w.dtype);
     if (in.bias) r.dbias = Tensor::empty(in.bias->dtype, in.bias->shape, dev);
   }
   return r;

@@ -30,13 +30,6 @@ std::vector<double> memory_doubles(const Tensor& t) {
   return v;
 }
 
-Tensor alloc_like(const Tensor& like, DType dtype) {
-  if (like.view().is_contiguous()) return Tensor::empty(dtype, like.shape(), like.device());
-  const Shape& s = like.shape();
-  Tensor u = Tensor::empty(dtype, {s[1], s[0]}, like.device());
-  return u.as_strided(s, {1, s[0]});
-}
-
 }  // namespace
 
 std::string CaseSpec::name() const {
@@ -191,7 +184,7 @@ Outputs run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, P
     return o;
   }
   o.dx = Tensor::empty(s.f32_grads ? DType::kF32 : s.dtype, d.x.shape(), dev);
-  o.dw = alloc_like(d.w_view_owner, s.f32_grads ? DType::kF32 : s.dtype);
+  o.dw = Tensor::empty_like_layout(d.w_view_owner, s.f32_grads ? DType::kF32 : s.dtype);
   Gradients g{o.dx.view(), o.dw.view(), std::nullopt};
   if (d.bias.defined()) {
     o.dbias = Tensor::empty(s.f32_grads ? DType::kF32 : s.bias_dtype, {s.V}, dev);

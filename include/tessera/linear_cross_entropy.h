@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/exec.h"
 #include "tessera/tensor.h"
 
 namespace tessera::linear_cross_entropy {
@@ -47,7 +48,9 @@ struct BlockSizes {
   std::string str() const;  // "b=1024,h=512,v=2048"
 };
 
-struct Options {
+// Math options; the execution options (implementation, threads, stream, budget, autotune,
+// finiteness check) are the shared ExecOptions (tessera/exec.h).
+struct Options : ExecOptions {
   Reduction reduction = Reduction::kMean;
   int64_t ignore_index = -100;
   double label_smoothing = 0.0;  // ε in [0, 1]
@@ -58,14 +61,6 @@ struct Options {
 
   // Unset: tuned table -> autotune-on-miss (if enabled) -> backend defaults.
   std::optional<BlockSizes> block_sizes;
-  // "" : default order (TESSERA_IMPLEMENTATION overrides it), "cpu": that one or fail,
-  // "cuda,cpu": try in order, warning on each fallback.
-  std::string implementation;
-  int num_threads = 0;           // CPU backends: 0 = all cores (or TESSERA_NUM_THREADS)
-  bool autotune_on_miss = true;  // also disabled by TESSERA_AUTOTUNE=0
-  void* stream = nullptr;        // CUDA backends: cudaStream_t; nullptr = default stream
-  size_t memory_budget = 0;      // bytes of extra device memory a backend may use; 0 = default
-  bool check_finite = true;      // reject NaN/Inf in x, w, bias, weights (host data only)
 };
 
 // Inputs. x: [..., H] float; w: [H, V] or [V, H] float (same dtype as x); bias: [V] float;

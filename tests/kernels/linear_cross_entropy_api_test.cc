@@ -136,13 +136,14 @@ TEST(LceApi, LabelOutsideRange) {
 
 TEST(LceApi, NonFiniteInputs) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  expect_rejected([&](Fixture& f, Inputs&) { f.x.data_as<float>()[5] = nan; }, ErrorCode::kInvalidArgument,
+  // check_finite is off by default (ExecOptions): turned on here, as the CLI's run does.
+  expect_rejected([&](Fixture& f, Inputs&) { f.opt.check_finite = true; f.x.data_as<float>()[5] = nan; }, ErrorCode::kInvalidArgument,
                   "x contains NaN or Inf");
-  expect_rejected([&](Fixture& f, Inputs&) { f.w.data_as<float>()[7] = INFINITY; }, ErrorCode::kInvalidArgument,
+  expect_rejected([&](Fixture& f, Inputs&) { f.opt.check_finite = true; f.w.data_as<float>()[7] = INFINITY; }, ErrorCode::kInvalidArgument,
                   "w contains NaN or Inf");
-  expect_rejected([&](Fixture& f, Inputs&) { f.bias.data_as<float>()[0] = -INFINITY; }, ErrorCode::kInvalidArgument,
+  expect_rejected([&](Fixture& f, Inputs&) { f.opt.check_finite = true; f.bias.data_as<float>()[0] = -INFINITY; }, ErrorCode::kInvalidArgument,
                   "bias contains NaN or Inf");
-  expect_rejected([&](Fixture& f, Inputs&) { f.weights.data_as<float>()[2] = nan; }, ErrorCode::kInvalidArgument,
+  expect_rejected([&](Fixture& f, Inputs&) { f.opt.check_finite = true; f.weights.data_as<float>()[2] = nan; }, ErrorCode::kInvalidArgument,
                   "weights contain NaN or Inf");
   // The upstream gradient (backward passes only).
   Fixture f;

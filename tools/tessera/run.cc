@@ -47,6 +47,7 @@ void run_lce(const RunArgs& a) {
   opt.return_argmax = a.argmax;
   opt.implementation = a.impl;
   opt.num_threads = a.threads;
+  opt.check_finite = true;  // users' files: reject NaN/Inf before computing
 
   Tensor x = npy::load(a.x), w = npy::load(a.w), labels = npy::load(a.labels), bias, weights;
   if (!a.bias.empty()) bias = npy::load(a.bias);

@@ -152,9 +152,7 @@ Problem normalize(const Inputs& in, const Options& opt) {
   p.want_argmax = opt.return_argmax;
   p.stream = opt.stream;
   p.memory_budget = opt.memory_budget;
-  int threads = opt.num_threads > 0 ? opt.num_threads : env::integer("TESSERA_NUM_THREADS", 0);
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  p.num_threads = threads;
+  p.num_threads = resolve_num_threads(opt.num_threads);
 
   // Label range (host labels; a device backend checks device labels itself).
   if (p.device.type == DeviceType::kCPU) {

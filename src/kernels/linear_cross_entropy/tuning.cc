@@ -207,9 +207,7 @@ OwnedProblem make_random_problem(int64_t B, int64_t H, int64_t V, DType dtype, D
   p.layout = WLayout::kHV;
   p.labels = o.labels.data();
   p.label_dtype = DType::kI64;
-  int threads = env::integer("TESSERA_NUM_THREADS", 0);
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  p.num_threads = threads;
+  p.num_threads = resolve_num_threads(0);
   return o;
 }
 

@@ -1,0 +1,39 @@
+// Tessera: the execution vocabulary shared by every kernel.
+//
+// Each kernel's Options derives from ExecOptions, so "which implementation, how many threads,
+// which stream, how much scratch" is said the same way for every kernel, and generic code (the
+// CLI, the bench driver, the Python bindings) can set it without knowing the kernel.
+// Pass names what a call computes; the CLI's --pass flag and every report use these names.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace tessera {
+
+// What a call computes: the forward pass, the backward pass (gradients, given the upstream
+// gradient), or both in one fused call (training).
+enum class Pass : unsigned char { kForward, kBackward, kFused };
+const char* pass_name(Pass p) noexcept;       // "forward", "backward", "fused"
+Pass parse_pass(const std::string& s);        // throws Error(kInvalidArgument) naming the choices
+
+struct ExecOptions {
+  // "" : default order (TESSERA_IMPLEMENTATION overrides it), "cpu": that one or fail,
+  // "cuda,cpu": try in order, warning on each fallback. A name that is not registered is an
+  // error, never a fallback.
+  std::string implementation;
+  int num_threads = 0;           // CPU backends: 0 = resolve_num_threads(0)
+  bool autotune_on_miss = true;  // also disabled by TESSERA_AUTOTUNE=0
+  void* stream = nullptr;        // CUDA backends: cudaStream_t; nullptr = default stream
+  size_t memory_budget = 0;      // bytes of extra device memory a backend may use; 0 = default
+  // Reject NaN/Inf in the floating-point inputs before running (host data only). Off by
+  // default: a scan of every input on every call is a cost no peer library charges a
+  // training loop; the CLI's `run` turns it on for users' files.
+  bool check_finite = false;
+};
+
+// The one default-thread-count rule: `requested` if > 0, else $TESSERA_NUM_THREADS if > 0,
+// else the number of hardware threads (at least 1).
+int resolve_num_threads(int requested) noexcept;
+
+}  // namespace tessera

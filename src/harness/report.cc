@@ -74,12 +74,26 @@ std::string gets(const json& r, const char* k) {
 const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
                           "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
 
+// The document's ceilings, keeping only the values a chart can use: a peak or a bandwidth that
+// is not a finite positive number is dropped, as if unmeasured (their ratio, the ridge point,
+// is checked apart: 1e300 / 1e-320 overflows). Throws Error(kInvalidArgument) for a "devices" list that is not ceilings.
 std::vector<DeviceCeilings> ceilings_of(const json& doc) {
   std::vector<DeviceCeilings> out;
-  if (doc.contains("roofline") && doc["roofline"].is_object() && doc["roofline"].contains("devices"))
-    out = doc["roofline"]["devices"].get<std::vector<DeviceCeilings>>();
+  if (doc.contains("roofline") && doc["roofline"].is_object() && doc["roofline"].contains("devices")) {
+    try {
+      out = doc["roofline"]["devices"].get<std::vector<DeviceCeilings>>();
+    } catch (const json::exception& e) {
+      throw Error(ErrorCode::kInvalidArgument, std::string("report: malformed \"roofline\" ceilings: ") + e.what());
+    }
+  }
+  for (auto& d : out) {
+    if (!(d.bandwidth_gbs > 0) || !std::isfinite(d.bandwidth_gbs)) d.bandwidth_gbs = 0;
+    std::erase_if(d.gemm_gflops, [](const auto& kv) { return !(kv.second > 0) || !std::isfinite(kv.second); });
+  }
   return out;
 }
+
+bool usable(double v) { return v > 0 && std::isfinite(v); }
 
 std::string row_label(const json& r) {
   std::string s = gets(r, "implementation") + " " + gets(r, "mode") + " " + gets(r, "dtype");
@@ -91,7 +105,31 @@ std::string row_label(const json& r) {
 
 }  // namespace
 
+namespace {
+std::string render_roofline_svg_impl(const json& doc);
+std::string render_report_html_impl(const json& doc);
+
+// A document that is JSON but not a bench document fails with Error(kInvalidArgument), never
+// with an escaped json::exception: every field read below is type-checked, this is the net.
+template <class F>
+std::string guarded(F&& f) {
+  try {
+    return f();
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, std::string("report: malformed bench document: ") + e.what());
+  }
+}
+}  // namespace
+
 std::string render_roofline_svg(const json& doc) {
+  return guarded([&] { return render_roofline_svg_impl(doc); });
+}
+std::string render_report_html(const json& doc) {
+  return guarded([&] { return render_report_html_impl(doc); });
+}
+
+namespace {
+std::string render_roofline_svg_impl(const json& doc) {
   check(doc.is_object() && doc.contains("rows") && doc["rows"].is_array(), ErrorCode::kInvalidArgument,
         "report: the document has no \"rows\" array (is it a `tessera bench --json` file?)");
   const auto& rows = doc["rows"];
@@ -119,16 +157,17 @@ std::string render_roofline_svg(const json& doc) {
       if (peak <= 0) continue;
       ymax = std::max(ymax, peak);
       ymin = std::min(ymin, peak);
-      if (d.bandwidth_gbs > 0) {
-        const double ridge = peak / d.bandwidth_gbs;
-        xmin = std::min(xmin, ridge), xmax = std::max(xmax, ridge);
-      }
+      const double ridge = d.bandwidth_gbs > 0 ? peak / d.bandwidth_gbs : 0;
+      if (usable(ridge)) xmin = std::min(xmin, ridge), xmax = std::max(xmax, ridge);  // may under/overflow
     }
   }
   if (xmax <= 0) xmin = 0.1, xmax = 100;
   if (ymax <= 0) ymin = 0.1, ymax = 100;
   double lx0 = std::floor(std::log10(xmin) - 0.3), lx1 = std::ceil(std::log10(xmax) + 0.3);
   double ly0 = std::floor(std::log10(ymin) - 0.3), ly1 = std::ceil(std::log10(ymax) + 0.3);
+  // Whole decades between finite bounds: the tick loops below step by one decade.
+  if (!std::isfinite(lx0) || !std::isfinite(lx1)) lx0 = -1, lx1 = 2;
+  if (!std::isfinite(ly0) || !std::isfinite(ly1)) ly0 = -1, ly1 = 2;
   if (lx1 - lx0 < 2) lx1 = lx0 + 2;
   if (ly1 - ly0 < 2) ly0 = ly1 - 2;
 
@@ -177,7 +216,7 @@ std::string render_roofline_svg(const json& doc) {
     double top = 0;
     for (const auto& [dt, peak] : d.gemm_gflops) top = std::max(top, peak);
     if (d.bandwidth_gbs > 0) {
-      const double xe = top > 0 ? top / d.bandwidth_gbs : xr;
+      const double xe = top > 0 ? std::min(top / d.bandwidth_gbs, xr) : xr;
       // Clip the diagonal y = ai · bw to the plot.
       double xs = std::max(xl, std::pow(10.0, ly0) / d.bandwidth_gbs);
       if (xs < xe) {
@@ -272,12 +311,12 @@ std::string render_roofline_svg(const json& doc) {
   return s.str();
 }
 
-std::string render_report_html(const json& doc) {
-  const std::string svg = render_roofline_svg(doc);
+std::string render_report_html_impl(const json& doc) {
+  const std::string svg = render_roofline_svg_impl(doc);
   const auto& rows = doc["rows"];
   const auto ceilings = ceilings_of(doc);
   std::ostringstream h;
-  const std::string kernel = doc.value("kernel", "");
+  const std::string kernel = gets(doc, "kernel");
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>Tessera bench"
     << (kernel.empty() ? "" : ": " + esc(kernel)) << "</title>\n<style>\n"
     << "body{font-family:sans-serif;margin:24px;color:#222}\n"
@@ -352,6 +391,8 @@ std::string render_report_html(const json& doc) {
   h << "</body></html>\n";
   return h.str();
 }
+
+}  // namespace
 
 void write_report(const json& doc, const std::string& path) {
   const bool svg = path.size() >= 4 && path.compare(path.size() - 4, 4, ".svg") == 0;

@@ -2,6 +2,7 @@
 // writes every measurement to CSV and JSON, and with --emit-table regenerates the kernel's
 // checked-in tuned table. See docs/TUNING.md.
 #include <fmt/core.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -279,14 +280,24 @@ void run_tune(const TuneArgs& a) {
                      "falls to autotune-on-miss or the backend defaults.";
     const auto rows = tune::merge_tables(lce::tuned_table(), winners);
     const std::string text = tune::emit_table_cc(src, rows, date);
-    const std::string tmp = a.table + ".tmp";
+    // Temp file unique to this process, renamed over the table once complete: an interrupted
+    // or concurrent run never leaves a partial table (nor clobbers another run's temp file).
+    const std::string tmp = a.table + ".tmp." + std::to_string(static_cast<long>(::getpid()));
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
       out << text;
-      if (!out) throw Error(ErrorCode::kIo, "tune: cannot write " + tmp);
+      out.close();
+      if (!out) {
+        fs::remove(tmp, ec);
+        throw Error(ErrorCode::kIo, "tune: cannot write " + tmp);
+      }
     }
     fs::rename(tmp, a.table, ec);
-    if (ec) throw Error(ErrorCode::kIo, "tune: cannot write " + a.table + ": " + ec.message());
+    if (ec) {
+      const std::string why = ec.message();
+      fs::remove(tmp, ec);
+      throw Error(ErrorCode::kIo, "tune: cannot write " + a.table + ": " + why);
+    }
     fmt::print("wrote {} ({} rows, {} from this run); rebuild to use it\n", a.table, rows.size(), winners.size());
   }
 }

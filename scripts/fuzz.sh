@@ -28,6 +28,18 @@ for t in "${targets[@]}"; do
   case " ${all_targets[*]} " in *" $t "*) ;; *) echo "fuzz.sh: unknown target '$t' (known: ${all_targets[*]})" >&2; exit 2 ;; esac
 done
 
+# Debian's clang and its runtimes (libFuzzer, ASan, UBSan), when missing.
+bash scripts/install_deps.sh
+if [ -z "${CXX:-}" ]; then
+  missing=()
+  for p in clang libclang-rt-dev; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "fuzz.sh: installing ${missing[*]}"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+fi
 cxx=${CXX:-clang++}
 build=build/fuzz
 if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then

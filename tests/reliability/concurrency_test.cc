@@ -3,15 +3,18 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "harness/npy.h"
 #include "reliability/process_util.h"
 #include "reliability/test_util.h"
 #include "tessera/linear_cross_entropy.h"
+#include "tune/cache.h"
 
 namespace tessera {
 namespace {
@@ -55,6 +58,61 @@ TEST(CacheConcurrency, ProcessesTuningAndDeletingNeverSeeATornOrWrongEntry) {
     fs::remove(dir.str() + "-" + std::to_string(i) + ".log.err");
   }
 }
+
+#ifdef TESSERA_CLI_PATH
+// The same through the real kernel path: `tessera run linear_cross_entropy` processes, with the
+// tuned table off and autotune-on-miss on, all missing the same key in one cache directory at
+// once while the directory is being emptied, then a second wave that reads what the first left.
+// Every process succeeds with the same loss (block sizes may differ, the loss may not beyond
+// rounding), and the directory ends with one whole entry for the key.
+TEST(CacheConcurrency, TesseraRunProcessesAutotuningOneKey) {
+  bool have_cpu = false;
+  for (const auto& info : lce::implementations()) have_cpu |= info.name == "cpu" && info.available;
+  if (!have_cpu) GTEST_SKIP() << "no cpu backend in this build";
+  TempDir dir("run-autotune");
+  const int64_t B = 128, H = 64, V = 8192;  // B·H·V = 2^26, the smallest problem worth autotuning
+  Tensor x = Tensor::empty(DType::kF32, {B, H}), w = Tensor::empty(DType::kF32, {H, V});
+  Tensor y = Tensor::empty(DType::kI64, {B});
+  for (int64_t i = 0; i < B * H; ++i) x.data_as<float>()[i] = static_cast<float>((i * 37) % 101) / 101.0f - 0.5f;
+  for (int64_t i = 0; i < H * V; ++i) w.data_as<float>()[i] = static_cast<float>((i * 53) % 97) / 97.0f - 0.5f;
+  for (int64_t i = 0; i < B; ++i) y.data_as<int64_t>()[i] = (i * 311) % V;
+  npy::save(dir.file("x.npy"), x.view());
+  npy::save(dir.file("w.npy"), w.view());
+  npy::save(dir.file("y.npy"), y.view());
+  const std::string cache = dir.file("cache");
+  reliability::ScopedEnv e1("TESSERA_AUTOTUNE", "1"), e2("TESSERA_TUNED_TABLE", "0"), e3("TESSERA_CACHE_DIR", cache),
+      e4("TESSERA_AUTOTUNE_BUDGET_MS", "400"), e5("TESSERA_LOG_LEVEL", "error");
+  auto run = [&](int i) {
+    return reliability::spawn({TESSERA_CLI_PATH, "run", "linear_cross_entropy", "--x", dir.file("x.npy"), "--w",
+                               dir.file("w.npy"), "--labels", dir.file("y.npy"), "--impl", "cpu", "--threads", "1",
+                               "--out", dir.file("out" + std::to_string(i))},
+                              dir.file("run" + std::to_string(i) + ".log"));
+  };
+  const pid_t deleter = reliability::spawn({TESSERA_CACHE_STRESS_PATH, "delete", cache});
+  std::vector<pid_t> wave;
+  for (int i = 0; i < 4; ++i) wave.push_back(run(i));
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(reliability::wait_for(wave[static_cast<size_t>(i)]), 0) << reliability::read_file(dir.file("run" + std::to_string(i) + ".log.err"));
+  ::kill(deleter, SIGTERM);
+  reliability::wait_for(deleter);
+  wave.clear();
+  for (int i = 4; i < 6; ++i) wave.push_back(run(i));
+  for (int i = 4; i < 6; ++i)
+    EXPECT_EQ(reliability::wait_for(wave[static_cast<size_t>(i - 4)]), 0) << reliability::read_file(dir.file("run" + std::to_string(i) + ".log.err"));
+
+  const float loss0 = npy::load(dir.file("out0/loss.npy")).data_as<float>()[0];
+  for (int i = 1; i < 6; ++i)
+    EXPECT_NEAR(npy::load(dir.file("out" + std::to_string(i) + "/loss.npy")).data_as<float>()[0], loss0, 1e-5 * std::fabs(loss0));
+  int entries = 0;
+  for (const auto& f : fs::directory_iterator(cache)) {
+    ++entries;
+    const auto entry = tune::entry_from_json(nlohmann::json::parse(reliability::read_file(f.path().string())));
+    EXPECT_FALSE(entry.negative);
+    EXPECT_NE(entry.key.find("linear_cross_entropy"), std::string::npos) << entry.key;
+  }
+  EXPECT_EQ(entries, 1);
+}
+#endif
 
 // Deterministic inputs of one shape.
 struct Problem {

@@ -11,10 +11,11 @@
 # per target: inputs tried, crashes (any crash, sanitizer report, timeout or out-of-memory), and
 # the time; exits non-zero when any target found anything. A finding reproduces with
 #   build/fuzz/fuzz/tessera_fuzz_<target> build/fuzz/artifacts/<target>/<file>
+# (Do not edit this script while it runs: bash reads it as it goes.)
 # and becomes a regression test (tests/fuzz/regressions/<target>/ and a unit test).
 #
-# Environment: CXX (default clang++), FUZZ_JOBS (build jobs, default 2), FUZZ_RSS_MB (default
-# 2048), FUZZ_TIMEOUT_S (one input, default 10).
+# Environment: CXX (default clang++), FUZZ_BUILD_DIR (default build/fuzz), FUZZ_JOBS (build
+# jobs, default 2), FUZZ_RSS_MB (default 2048), FUZZ_TIMEOUT_S (one input, default 10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -41,7 +42,8 @@ if [ -z "${CXX:-}" ]; then
   fi
 fi
 cxx=${CXX:-clang++}
-build=build/fuzz
+build=${FUZZ_BUILD_DIR:-build/fuzz}
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
 if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
   gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
@@ -60,11 +62,11 @@ export TESSERA_LOG_LEVEL=error  # expected warnings (corrupt cache entries) woul
 status=0
 summary=()
 for t in "${targets[@]}"; do
-  bin="$root/$build/fuzz/tessera_fuzz_$t"
+  bin="$build/fuzz/tessera_fuzz_$t"
   seeds="$root/tests/fuzz/corpus/$t"
-  work="$root/$build/corpus/$t"
-  art="$root/$build/artifacts/$t"
-  log="$root/$build/logs/$t.log"
+  work="$build/corpus/$t"
+  art="$build/artifacts/$t"
+  log="$build/logs/$t.log"
   mkdir -p "$work" "$art" "$(dirname "$log")"
   before=$(find "$art" -type f | wc -l)
   start=$(date +%s.%N)

@@ -164,13 +164,14 @@ Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
     throw Error(ErrorCode::kOutOfMemory, std::string("a ") + dtype_name(dtype) + shape_str(shape) +
                                              " tensor has more bytes than a 64-bit size can hold");
   const size_t alloc_bytes = std::max<size_t>(bytes, 64);
-  const std::string what = std::string("a ") + dtype_name(dtype) + shape_str(shape) + " tensor";
+  // Named only on the error paths (an allocation is often on a hot path).
+  auto what = [&] { return std::string("a ") + dtype_name(dtype) + shape_str(shape) + " tensor"; };
   try {
     if (device.type == DeviceType::kCPU) {
-      memory::check_host_fits(bytes, what);
+      if (!memory::host_fits(bytes)) memory::check_host_fits(bytes, what());
       void* p = std::aligned_alloc(64, (alloc_bytes + 63) / 64 * 64);
       if (!p)
-        throw Error(ErrorCode::kOutOfMemory, "could not allocate " + memory::bytes_str(bytes) + " on the host for " + what);
+        throw Error(ErrorCode::kOutOfMemory, "could not allocate " + memory::bytes_str(bytes) + " on the host for " + what());
       t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });  // frees p if it throws
     } else {
       DeviceAllocator a = get_allocator(device.type);
@@ -180,7 +181,7 @@ Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
       t.storage_ = std::shared_ptr<void>(p, [dealloc, idx](void* q) { dealloc(q, idx); });
     }
   } catch (const std::bad_alloc&) {
-    throw Error(ErrorCode::kOutOfMemory, "could not allocate " + memory::bytes_str(bytes) + " for " + what);
+    throw Error(ErrorCode::kOutOfMemory, "could not allocate " + memory::bytes_str(bytes) + " for " + what());
   }
   t.storage_bytes_ = bytes;
   t.view_ = TensorView(t.storage_.get(), dtype, std::move(shape), device);

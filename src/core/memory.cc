@@ -59,6 +59,11 @@ std::string bytes_str(size_t bytes) {
   return buf;
 }
 
+bool host_fits(size_t bytes) {
+  const size_t limit = host_memory_limit();
+  return !limit || bytes <= limit;
+}
+
 void check_host_fits(size_t bytes, const std::string& what) {
   const size_t limit = host_memory_limit();
   if (limit && bytes > limit)

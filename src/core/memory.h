@@ -25,6 +25,9 @@ void note_free(Space s, size_t bytes);
 // TESSERA_HOST_MEMORY_LIMIT (bytes) lowers it, for tests and for jobs that share a machine.
 size_t host_memory_limit();
 
+// bytes <= host_memory_limit() (or the limit is unknown).
+bool host_fits(size_t bytes);
+
 // Throws Error(kOutOfMemory) naming `what`, the size in bytes and GiB and the limit when
 // `bytes` exceeds host_memory_limit(): a request that can never be met fails before it is
 // attempted (with overcommit, malloc would succeed and the first touch would kill the process).

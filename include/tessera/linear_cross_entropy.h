@@ -114,13 +114,7 @@ Result compute(const Inputs& in, const Options& opt = {});
 Result compute_with_grad(const Inputs& in, const Options& opt = {});
 
 // ---- introspection ----
-struct ImplementationInfo {
-  std::string name;
-  std::string description;
-  DeviceType device = DeviceType::kCPU;  // where its inputs and outputs live
-  bool available = false;     // can run on this machine / build at all
-  std::string unavailable_reason;
-};
+using tessera::ImplementationInfo;
 std::vector<ImplementationInfo> implementations();
 // The implementation that the last call on this thread ran ("" if none).
 const std::string& last_implementation();

@@ -46,8 +46,10 @@ std::string ms_str(double ms) { return fmt::format("{:.3f} ms", ms); }
 std::vector<const lce::Implementation*> pick_implementations(const std::string& names) {
   std::vector<const lce::Implementation*> out;
   if (names.empty()) {
-    for (const auto& impl : lce::registry())
-      if (impl->tunable() && impl->available().ok) out.push_back(impl.get());
+    for (const auto* base : lce::registry().implementations()) {
+      const auto* impl = static_cast<const lce::Implementation*>(base);
+      if (impl->tunable() && impl->available().ok) out.push_back(impl);
+    }
     return out;
   }
   for (const std::string& n : dispatch::split_names(names)) {

@@ -124,10 +124,11 @@ BenchResult run_bench(const BenchConfig& cfg) {
   // Implementations to time.
   std::vector<const Implementation*> impls;
   if (cfg.implementations.empty()) {
-    for (const auto& i : registry()) {
+    for (const auto* base : registry().implementations()) {
+      const auto* i = static_cast<const Implementation*>(base);
       auto a = i->available();
       if (a.ok)
-        impls.push_back(i.get());
+        impls.push_back(i);
       else
         say("implementation '" + i->name() + "' unavailable here: " + a.reason);
     }
@@ -136,7 +137,7 @@ BenchResult run_bench(const BenchConfig& cfg) {
       const Implementation* i = find_implementation(n);
       if (!i) {
         std::string names;
-        for (const auto& r : registry()) names += (names.empty() ? "" : ", ") + r->name();
+        for (const auto* r : registry().implementations()) names += (names.empty() ? "" : ", ") + r->name();
         throw Error(ErrorCode::kNotFound, "no implementation '" + n + "' of " + kKernelName + " (have: " + names + ")");
       }
       auto a = i->available();

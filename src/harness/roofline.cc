@@ -16,7 +16,7 @@
 #include "harness/blas.h"
 #include "harness/device_hooks.h"
 #include "harness/process.h"
-#include "harness/progress.h"
+#include "core/progress.h"
 #include "harness/timer.h"
 #include "tessera/error.h"
 
@@ -247,7 +247,7 @@ Roofline measure_roofline(const RooflineOptions& opt) {
       double best = 0;
       std::string method;
       for (int64_t n : sizes) {
-        progress.step(++step, "CPU " + dtype + " GEMM " + std::to_string(n) + "^3");
+        progress.update(++step, "CPU " + dtype + " GEMM " + std::to_string(n) + "^3");
         std::string m;
         auto g = measure_cpu_gemm_gflops(dtype, n, gemm_repeats, &m);
         if (!g) {
@@ -261,7 +261,7 @@ Roofline measure_roofline(const RooflineOptions& opt) {
       c.gemm_method[dtype] = method;
     }
     c.gemm_method["f16"] = "no BLAS ceiling: no f16 GEMM in a CBLAS; f32's is used";
-    progress.step(++step, "CPU copy bandwidth (" + std::to_string(copy_bytes >> 20) + " MiB)");
+    progress.update(++step, "CPU copy bandwidth (" + std::to_string(copy_bytes >> 20) + " MiB)");
     c.bandwidth_gbs = measure_cpu_copy_gbs(copy_bytes, threads, copy_repeats);
     c.bandwidth_method = "memcpy of " + std::to_string(copy_bytes >> 20) + " MiB on " +
                          std::to_string(threads) + " threads, read + write bytes counted, best of " +
@@ -270,7 +270,7 @@ Roofline measure_roofline(const RooflineOptions& opt) {
     r.devices.push_back(std::move(c));
   }
   for (int i = 0; i < gpus; ++i) {
-    progress.step(++step, "GPU " + std::to_string(i) + " ceilings");
+    progress.update(++step, "GPU " + std::to_string(i) + " ceilings");
     auto raw = gpu->measure_ceilings(i, opt.quick);
     if (!raw) continue;
     DeviceCeilings d;

@@ -32,11 +32,11 @@ namespace {
 namespace lt = testing;
 
 void expect_parity(const lt::CaseSpec& spec, const std::string& label) {
-  for (lt::Pass pass : {lt::Pass::kForward, lt::Pass::kBackward, lt::Pass::kFused}) {
+  for (Pass pass : {Pass::kForward, Pass::kBackward, Pass::kFused}) {
     const lt::ParityReport r = lt::check_parity(spec, "cpu", pass);
-    ASSERT_TRUE(r.ran) << label << " " << r.case_name << " " << lt::pass_name(pass) << ": " << r.error;
+    ASSERT_TRUE(r.ran) << label << " " << r.case_name << " " << tessera::pass_name(pass) << ": " << r.error;
     for (const auto& f : r.fields)
-      EXPECT_TRUE(f.dev.ok()) << label << " " << r.case_name << " " << lt::pass_name(pass) << " " << f.field
+      EXPECT_TRUE(f.dev.ok()) << label << " " << r.case_name << " " << tessera::pass_name(pass) << " " << f.field
                               << ": " << f.dev.str();
   }
 }

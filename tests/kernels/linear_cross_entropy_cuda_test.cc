@@ -22,6 +22,7 @@ namespace lt = tessera::linear_cross_entropy::testing;
 using tessera::Device;
 using tessera::DType;
 using tessera::Tensor;
+using tessera::Pass;
 
 namespace {
 
@@ -40,13 +41,13 @@ const lce::ImplementationInfo* cuda_info() {
   } while (0)
 
 std::string report_str(const lt::ParityReport& r) {
-  std::string s = r.case_name + " [" + lt::pass_name(r.pass) + "]";
+  std::string s = r.case_name + " [" + r.pass + "]";
   if (!r.ran) return s + " did not run: " + r.error;
   for (const auto& f : r.fields) s += "\n  " + f.field + ": " + f.dev.str();
   return s;
 }
 
-void expect_parity(const lt::CaseSpec& spec, lt::Pass pass) {
+void expect_parity(const lt::CaseSpec& spec, Pass pass) {
   const lt::ParityReport r = lt::check_parity(spec, "cuda", pass, Device::cuda());
   ASSERT_TRUE(r.ran) << report_str(r);
   EXPECT_TRUE(r.ok()) << report_str(r);
@@ -65,14 +66,14 @@ TEST(LceCuda, AvailabilityIsReportedWithoutCrashing) {
 
 TEST(LceCuda, HostInputsAreNotSupportedByCuda) {
   lt::CaseSpec s;
-  const lt::ParityReport r = lt::check_parity(s, "cuda", lt::Pass::kForward, Device::cpu());
+  const lt::ParityReport r = lt::check_parity(s, "cuda", Pass::kForward, Device::cpu());
   EXPECT_FALSE(r.ran);
   EXPECT_TRUE(r.skipped) << r.error;  // kUnsupported, with a reason
 }
 
 // ---- the built-in check grid, every pass ----
 
-class LceCudaGrid : public ::testing::TestWithParam<std::tuple<int, lt::Pass>> {};
+class LceCudaGrid : public ::testing::TestWithParam<std::tuple<int, Pass>> {};
 
 TEST_P(LceCudaGrid, MatchesReference) {
   SKIP_WITHOUT_GPU();
@@ -84,9 +85,9 @@ TEST_P(LceCudaGrid, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Grid, LceCudaGrid,
     ::testing::Combine(::testing::Range(0, static_cast<int>(lt::check_grid(false).size())),
-                       ::testing::Values(lt::Pass::kForward, lt::Pass::kBackward, lt::Pass::kFused)),
+                       ::testing::Values(Pass::kForward, Pass::kBackward, Pass::kFused)),
     [](const auto& info) {
-      return "case" + std::to_string(std::get<0>(info.param)) + "_" + lt::pass_name(std::get<1>(info.param));
+      return "case" + std::to_string(std::get<0>(info.param)) + "_" + tessera::pass_name(std::get<1>(info.param));
     });
 
 // ---- many chunks: through block b and through a tiny memory budget ----
@@ -136,7 +137,7 @@ std::vector<lt::CaseSpec> chunk_cases() {
 
 }  // namespace
 
-class LceCudaChunks : public ::testing::TestWithParam<std::tuple<int, lt::Pass>> {};
+class LceCudaChunks : public ::testing::TestWithParam<std::tuple<int, Pass>> {};
 
 TEST_P(LceCudaChunks, MatchesReference) {
   SKIP_WITHOUT_GPU();
@@ -148,9 +149,9 @@ TEST_P(LceCudaChunks, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Chunks, LceCudaChunks,
     ::testing::Combine(::testing::Range(0, 9),
-                       ::testing::Values(lt::Pass::kForward, lt::Pass::kBackward, lt::Pass::kFused)),
+                       ::testing::Values(Pass::kForward, Pass::kBackward, Pass::kFused)),
     [](const auto& info) {
-      return "case" + std::to_string(std::get<0>(info.param)) + "_" + lt::pass_name(std::get<1>(info.param));
+      return "case" + std::to_string(std::get<0>(info.param)) + "_" + tessera::pass_name(std::get<1>(info.param));
     });
 
 // Peer bug: dW accumulated in bf16 across token chunks drifts. 512 one-token chunks with a bf16
@@ -168,7 +169,7 @@ TEST(LceCuda, Bf16DwDoesNotDriftAcrossChunks) {
   c.opt.reduction = lce::Reduction::kSum;
   c.opt.block_sizes = lce::BlockSizes{1, 1, 1};
   c.seed = 4242;
-  expect_parity(c, lt::Pass::kFused);
+  expect_parity(c, Pass::kFused);
 }
 
 // The label column's gradient p_y − 1 with p_y ≈ 1 (confident rows) must not cancel (peer bug:
@@ -419,7 +420,7 @@ TEST(LceCuda, TooSmallBudgetIsUnsupportedWithAReason) {
   SKIP_WITHOUT_GPU();
   lt::CaseSpec s;
   s.opt.memory_budget = 64;
-  const lt::ParityReport r = lt::check_parity(s, "cuda", lt::Pass::kForward, Device::cuda());
+  const lt::ParityReport r = lt::check_parity(s, "cuda", Pass::kForward, Device::cuda());
   EXPECT_FALSE(r.ran);
   EXPECT_NE(r.error.find("memory_budget"), std::string::npos) << r.error;
 }

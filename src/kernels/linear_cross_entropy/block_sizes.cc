@@ -46,16 +46,16 @@ std::optional<BlockSizes> fit(const Implementation& impl, const Problem& p, cons
   return std::nullopt;
 }
 
-std::string describe(const Implementation& impl, const Problem& p, Op op) {
+std::string describe(const Implementation& impl, const Problem& p, Pass op) {
   return std::string(kKernelName) + " " + impl.name() + " " + dtype_name(p.dtype) + " " +
-         op_name(op) + " B=" + std::to_string(p.B) + ",H=" + std::to_string(p.H) + ",V=" +
+         pass_name(op) + " B=" + std::to_string(p.B) + ",H=" + std::to_string(p.H) + ",V=" +
          std::to_string(p.V);
 }
 
 }  // namespace
 
 BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p,
-                                   const Options& opt, Op op, const TuningHooks& hooks) {
+                                   const Options& opt, Pass op, const TuningHooks& hooks) {
   if (opt.block_sizes) {
     impl.validate_block_sizes(*opt.block_sizes);
     return {*opt.block_sizes, "options"};

@@ -36,7 +36,7 @@ struct TuningHooks {
 //  4. impl.default_block_sizes(p).
 // Logs the choice at debug level (TESSERA_LOG_LEVEL=debug).
 BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p,
-                                   const Options& opt, Op op = Op::kForwardBackward,
+                                   const Options& opt, Pass op = Pass::kFused,
                                    const TuningHooks& hooks = {});
 
 // The on-miss time budget: TESSERA_AUTOTUNE_BUDGET_MS (default 2000 ms) of measured run time.

@@ -99,7 +99,7 @@ Inputs CaseData::inputs() const {
   in.w = w_view_owner.view();
   if (bias.defined()) in.bias = bias.view();
   in.labels = labels.view();
-  if (weights.defined()) in.weights = weights.view();
+  if (weights.defined()) in.token_weights = weights.view();
   return in;
 }
 
@@ -146,22 +146,6 @@ Tolerances tolerances(const CaseSpec& s) {
   return t;
 }
 
-const char* pass_name(Pass p) {
-  switch (p) {
-    case Pass::kForward: return "forward";
-    case Pass::kBackward: return "backward";
-    case Pass::kFused: return "fused";
-  }
-  return "?";
-}
-
-bool ParityReport::ok() const {
-  if (!ran) return skipped;
-  for (const auto& f : fields)
-    if (!f.dev.ok()) return false;
-  return true;
-}
-
 namespace {
 
 struct Outputs {
@@ -171,6 +155,10 @@ struct Outputs {
 Outputs run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass pass, Device dev) {
   Options opt = s.opt;
   opt.implementation = impl;
+  if (s.H == s.V && opt.w_layout == WLayout::kAuto) {  // a square w's layout must be said
+    const bool hv = s.memory_layout == WLayout::kHV;
+    opt.w_layout = hv != s.transposed_view ? WLayout::kHV : WLayout::kVH;
+  }
   const Inputs in = d.inputs();
   Outputs o;
   const Shape lead = s.lead;
@@ -209,7 +197,7 @@ ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass,
   ParityReport r;
   r.case_name = s.name();
   r.implementation = impl;
-  r.pass = pass;
+  r.pass = pass_name(pass);
   const CaseData host = make_case(s);
   Outputs want = run_one(s, host, "reference", pass, Device::cpu());
   Outputs got;

@@ -9,8 +9,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/cuda_util.h"
 #include "core/memory.h"
 #include "harness/parity.h"
 #include "kernels/linear_cross_entropy/testing.h"
@@ -446,6 +448,33 @@ TEST(LceCuda, ExtraDeviceMemoryStaysWithinTheBudget) {
   const size_t peak = tessera::memory::peak_bytes(tessera::memory::Space::kDevice) - before;
   EXPECT_GT(peak, 0u);
   EXPECT_LE(peak, opt.memory_budget);
+}
+
+// Issue #16: cuBLAS handles came one per host thread and were never destroyed, so a program
+// calling from short-lived threads leaked one handle (and its workspace) per thread. They are
+// leased from a per-device pool now: sequential calls from 16 fresh threads create none.
+TEST(LceCuda, CublasHandlesAreReusedAcrossThreads) {
+  SKIP_WITHOUT_GPU();
+  const lt::CaseSpec s = behaviour_case();
+  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
+  lce::Options opt = s.opt;
+  opt.implementation = "cuda";
+  (void)run_fused(d, s, opt);  // the pool holds at least one idle handle now
+  const int dev = Device::cuda().index;
+  const size_t before = tessera::cuda::blas_handles_created(dev);
+  for (int i = 0; i < 16; ++i) {
+    std::string error;
+    std::thread t([&] {
+      try {
+        (void)run_fused(d, s, opt);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    t.join();
+    ASSERT_EQ(error, "") << "call from thread " << i;
+  }
+  EXPECT_EQ(tessera::cuda::blas_handles_created(dev), before);
 }
 
 // ---- one large shape against a float64 oracle on a subset of rows (and columns of dw) ----

@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "core/cuda_util.h"
-#include "core/env.h"
 #include "core/log.h"
 #include "core/memory.h"
 #include "kernels/linear_cross_entropy/cuda_kernels.cuh"
@@ -46,51 +45,16 @@ size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
   throw Error(code, std::string(kKernelName) + " (cuda): " + msg);
 }
 
-// ---- cuBLAS ----
+// ---- cuBLAS (handles, checks and the GEMM wrapper live in core/cuda_util) ----
 
-const char* cublas_status_str(cublasStatus_t s) { return cublasGetStatusString(s); }
-
-void cublas_check(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return;
-  fail(s == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
-       std::string("cuBLAS error in ") + what + ": " + cublas_status_str(s));
-}
-
-// One handle per (host thread, device), created on first use and kept for the life of the
-// process (destroying handles during process teardown races the CUDA runtime's own teardown).
-cublasHandle_t cublas_handle(int device) {
-  thread_local std::vector<cublasHandle_t> handles;
-  if (device >= static_cast<int>(handles.size())) handles.resize(static_cast<size_t>(device) + 1, nullptr);
-  cublasHandle_t& h = handles[static_cast<size_t>(device)];
-  if (!h) cublas_check(cublasCreate(&h), "cublasCreate");
-  return h;
-}
-
-cudaDataType cuda_type(DType t) {
-  switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: fail(ErrorCode::kInternal, std::string("no CUDA data type for ") + dtype_name(t));
-  }
-}
-
-int as_int(int64_t v, const char* what) {
-  if (v < 0 || v > INT_MAX) fail(ErrorCode::kInternal, std::string(what) + " exceeds the cuBLAS int range");
-  return static_cast<int>(v);
-}
-
+// cublasGemmEx on one leased handle with one compute type; operands as cuda::GemmOperand.
 struct Gemm {
   cublasHandle_t h;
   cublasComputeType_t compute;
-  // Column-major C[m,n] = alpha·op(A)[m,k]·op(B)[k,n] + beta·C (host scalars).
   void operator()(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
-                  const void* A, cudaDataType at, int64_t lda, const void* B, cudaDataType bt, int64_t ldb,
-                  float beta, void* C, cudaDataType ct, int64_t ldc, const char* what) const {
-    cublas_check(cublasGemmEx(h, ta, tb, as_int(m, "m"), as_int(n, "n"), as_int(k, "k"), &alpha, A, at,
-                              as_int(lda, "lda"), B, bt, as_int(ldb, "ldb"), &beta, C, ct, as_int(ldc, "ldc"),
-                              compute, CUBLAS_GEMM_DEFAULT),
-                 what);
+                  cuda::GemmOperand a, cuda::GemmOperand b, float beta, void* c, cudaDataType ct, int64_t ldc,
+                  const char* what) const {
+    cuda::gemm_ex(h, compute, ta, tb, m, n, k, alpha, a, b, beta, c, ct, ldc, what);
   }
 };
 
@@ -395,16 +359,9 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   }
 
   // ---- GEMM set-up ----
-  const cublasHandle_t h = cublas_handle(dev);
-  cublas_check(cublasSetStream(h, stream), "cublasSetStream");
-  cublas_check(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
-  // f32 accumulation everywhere, also inside split-K reductions of 16-bit outputs.
-  cublas_check(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
-               "cublasSetMathMode");
-  const bool tf32 = p.dtype == DType::kF32 && env::flag("TESSERA_CUDA_TF32", false);
-  const Gemm gemm{h, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F};
-  const cudaDataType in_t = cuda_type(p.dtype);
+  const cuda::BlasHandle blas(dev, stream);
+  const Gemm gemm{blas.get(), cuda::blas_compute(p.dtype)};
+  const cudaDataType in_t = cuda::blas_type(p.dtype);
   const bool hv = p.layout == WLayout::kHV;
   const cublasOperation_t N = CUBLAS_OP_N, T = CUBLAS_OP_T;
 
@@ -447,8 +404,8 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
     const void* xc = static_cast<const char*>(p.x) + static_cast<size_t>(c0) * static_cast<size_t>(H) * esize;
 
     // 1. Z[n, V] (row-major) = x_c · W; column-major: Zᵀ[V, n] = op(W)[V, H] · x_cᵀ[H, n].
-    gemm(hv ? N : T, N, V, n, H, 1.0f, p.w, in_t, hv ? V : H, xc, in_t, H, 0.0f, logits, CUDA_R_32F, V,
-         "logits GEMM");
+    gemm(hv ? N : T, N, V, n, H, 1.0f, {p.w, in_t, hv ? V : H}, {xc, in_t, H}, 0.0f, logits, CUDA_R_32F, V,
+         "the logits GEMM of linear_cross_entropy (cuda)");
 
     // 2. Row-wise pass.
     rp.rows = n;
@@ -474,15 +431,17 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
     // 4. dx_c[n, H] = α · g[n, V] · Wᵀ; column-major: dx_cᵀ[H, n] = op(W)[H, V] · gᵀ[V, n].
     void* dxc = static_cast<char*>(go->dx) +
                 static_cast<size_t>(c0) * static_cast<size_t>(H) * dtype_size(go->dx_dtype);
-    gemm(hv ? T : N, N, H, n, V, alpha, p.w, in_t, hv ? V : H, logits, in_t, ldg, 0.0f, dxc,
-         cuda_type(go->dx_dtype), H, "dx GEMM");
+    gemm(hv ? T : N, N, H, n, V, alpha, {p.w, in_t, hv ? V : H}, {logits, in_t, ldg}, 0.0f, dxc,
+         cuda::blas_type(go->dx_dtype), H, "the dx GEMM of linear_cross_entropy (cuda)");
 
     // 5. dw += α · x_cᵀ · g, in w's layout.
     const float beta = c0 == 0 ? 0.0f : 1.0f;
     if (hv) {  // dw[H, V] row-major = column-major [V, H]: gᵀ[V, n] · x_c[n, H]
-      gemm(N, T, V, H, n, alpha, logits, in_t, ldg, xc, in_t, H, beta, dw_target, CUDA_R_32F, V, "dw GEMM");
+      gemm(N, T, V, H, n, alpha, {logits, in_t, ldg}, {xc, in_t, H}, beta, dw_target, CUDA_R_32F, V,
+           "the dw GEMM of linear_cross_entropy (cuda)");
     } else {  // dw[V, H] row-major = column-major [H, V]: x_cᵀ[H, n] · g[n, V]
-      gemm(N, T, H, V, n, alpha, xc, in_t, H, logits, in_t, ldg, beta, dw_target, CUDA_R_32F, H, "dw GEMM");
+      gemm(N, T, H, V, n, alpha, {xc, in_t, H}, {logits, in_t, ldg}, beta, dw_target, CUDA_R_32F, H,
+           "the dw GEMM of linear_cross_entropy (cuda)");
     }
   }
 

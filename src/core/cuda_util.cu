@@ -66,12 +66,44 @@ bool pools_supported(int d) {
   return cache[static_cast<size_t>(d)] == 1;
 }
 
+// Bytes the scratch pool keeps mapped across synchronizations (its release threshold).
+uint64_t pool_keep_bytes() {
+  const int mib = env::integer("TESSERA_CUDA_POOL_KEEP_MIB", -1);
+  return mib < 0 ? UINT64_MAX : static_cast<uint64_t>(mib) << 20;
+}
+
+cudaMemPool_t create_pool(int d) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = d;
+  cudaMemPool_t pool = nullptr;
+  check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate (device scratch pool)");
+  uint64_t keep = pool_keep_bytes();
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+        "cudaMemPoolSetAttribute (release threshold of the scratch pool)");
+  return pool;
+}
+
 }  // namespace
+
+cudaMemPool_t scratch_pool(int device) {
+  if (!pools_supported(device)) return nullptr;
+  static std::mutex mu;
+  static std::vector<cudaMemPool_t> pools;  // never destroyed (teardown order), one per device
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= static_cast<int>(pools.size())) pools.resize(static_cast<size_t>(device) + 1, nullptr);
+  cudaMemPool_t& p = pools[static_cast<size_t>(device)];
+  if (!p) p = create_pool(device);
+  return p;
+}
 
 DeviceBuffer::DeviceBuffer(size_t bytes, cudaStream_t stream, int device) : stream_(stream) {
   if (bytes == 0) return;
-  async_ = pools_supported(device);
-  cudaError_t e = async_ ? cudaMallocAsync(&ptr_, bytes, stream) : cudaMalloc(&ptr_, bytes);
+  cudaMemPool_t pool = scratch_pool(device);
+  async_ = pool != nullptr;
+  cudaError_t e = async_ ? cudaMallocFromPoolAsync(&ptr_, bytes, pool, stream) : cudaMalloc(&ptr_, bytes);
   if (e != cudaSuccess) {
     ptr_ = nullptr;
     throw_error(e, "allocating " + std::to_string(bytes) + " bytes of device scratch");

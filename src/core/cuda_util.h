@@ -1,6 +1,6 @@
 // Tessera internal: CUDA runtime and cuBLAS glue shared by the CUDA backends and the harness
 // hooks (only compiled when the CUDA backend is built). Errors become tessera::Error; device
-// scratch is stream-ordered and counted in memory::Space::kDevice;
+// scratch comes from one stream-ordered pool per device and is counted in memory::Space::kDevice;
 // cuBLAS handles are leased from one pool per device; the DeviceAllocator for DeviceType::kCUDA
 // is registered here.
 #pragma once
@@ -49,9 +49,18 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
-// Stream-ordered device scratch: cudaMallocAsync / cudaFreeAsync on `stream` where the device
-// supports memory pools (no synchronization), else cudaMalloc / cudaFree. Counted through
-// memory::note_alloc / note_free (Space::kDevice).
+// The stream-ordered pool that DeviceBuffer allocates from on `device` (created on first use,
+// kept for the life of the process), or nullptr where the device has no memory-pool support.
+// Its release threshold keeps freed scratch mapped for the next call instead of returning it to
+// the driver at every synchronization (the default pool's threshold is 0, which unmaps and
+// remaps ~1 GiB per training step): all of it by default, at most $TESSERA_CUDA_POOL_KEEP_MIB
+// MiB when that is set (0 = give everything back, the old behaviour).
+cudaMemPool_t scratch_pool(int device);
+
+// Stream-ordered device scratch: allocated from scratch_pool(device) on `stream`
+// (cudaMallocFromPoolAsync / cudaFreeAsync, no synchronization) where the device supports memory
+// pools, else cudaMalloc / cudaFree. Counted through memory::note_alloc / note_free
+// (Space::kDevice).
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -475,6 +476,47 @@ TEST(LceCuda, CublasHandlesAreReusedAcrossThreads) {
     ASSERT_EQ(error, "") << "call from thread " << i;
   }
   EXPECT_EQ(tessera::cuda::blas_handles_created(dev), before);
+}
+
+// Issue #16: scratch came from the default memory pool, whose release threshold is 0, so every
+// synchronization returned it to the driver and the next call mapped it again (~1 GiB per
+// training step at the default budget). The scratch pool keeps it: after a call and a device
+// synchronization the pool still holds the call's scratch, and a second identical call maps no
+// new memory.
+TEST(LceCuda, ScratchStaysMappedBetweenCalls) {
+  SKIP_WITHOUT_GPU();
+  if (std::getenv("TESSERA_CUDA_POOL_KEEP_MIB")) GTEST_SKIP() << "TESSERA_CUDA_POOL_KEEP_MIB is set";
+  const int dev = Device::cuda().index;
+  cudaMemPool_t pool = tessera::cuda::scratch_pool(dev);
+  if (!pool) GTEST_SKIP() << "the device has no memory-pool support (scratch uses cudaMalloc)";
+  lt::CaseSpec s;
+  s.lead = {256};
+  s.H = 64;
+  s.V = 4096;  // one chunk of 256 rows: 4 MiB of f32 logits
+  s.f32_grads = true;
+  s.opt.memory_budget = size_t{8} << 20;
+  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
+  lce::Options opt = s.opt;
+  opt.implementation = "cuda";
+  const Device cu = Device::cuda();
+  Tensor loss = Tensor::empty(DType::kF32, {}, cu), lse = Tensor::empty(DType::kF32, s.lead, cu);
+  Tensor dx = Tensor::empty(DType::kF32, d.x.shape(), cu), dw = Tensor::empty(DType::kF32, d.w.shape(), cu);
+  auto call = [&] {
+    lce::forward_backward(d.inputs(), d.grad_loss.view(), {loss.view(), lse.view(), std::nullopt},
+                          {dx.view(), dw.view(), std::nullopt}, opt);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  };
+  call();
+  uint64_t reserved = 0, used = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), cudaSuccess);
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), cudaSuccess);
+  EXPECT_EQ(used, 0u) << "scratch still allocated after the call";
+  EXPECT_GE(reserved, uint64_t{4} << 20) << "the scratch was returned to the driver";
+  size_t free1 = 0, free2 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  call();
+  ASSERT_EQ(cudaMemGetInfo(&free2, &total), cudaSuccess);
+  EXPECT_GE(free2 + (size_t{2} << 20), free1) << "the second call mapped new memory";
 }
 
 // ---- one large shape against a float64 oracle on a subset of rows (and columns of dw) ----

@@ -16,6 +16,7 @@
 #include "core/cuda_util.h"
 #include "core/memory.h"
 #include "harness/parity.h"
+#include "kernels/linear_cross_entropy/cuda_plan.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
@@ -53,6 +54,63 @@ void expect_parity(const lt::CaseSpec& spec, lt::Pass pass) {
   const lt::ParityReport r = lt::check_parity(spec, "cuda", pass, Device::cuda());
   ASSERT_TRUE(r.ran) << report_str(r);
   EXPECT_TRUE(r.ok()) << report_str(r);
+}
+
+// Host copies of the outputs of one run (dbias undefined without a bias).
+struct HostRun {
+  Tensor loss, lse, dx, dw, dbias;
+};
+
+// Runs `impl` on the host case `host` (copied to `dev`) with the spec's options: the fused pass,
+// or, with backward_with_lse, a forward followed by a backward that is given that forward's lse
+// (the path a training framework takes when it saved lse; check_parity never passes it).
+HostRun run_case(const lt::CaseData& host, const lt::CaseSpec& s, const std::string& impl, Device dev,
+                 bool backward_with_lse = false) {
+  const lt::CaseData d = dev.type == tessera::DeviceType::kCPU ? host : host.to(dev);
+  lce::Options opt = s.opt;
+  opt.implementation = impl;
+  const DType gt = s.f32_grads ? DType::kF32 : s.dtype;
+  Tensor loss = Tensor::empty(DType::kF32, opt.reduction == lce::Reduction::kNone ? s.lead : tessera::Shape{}, dev);
+  Tensor lse = Tensor::empty(DType::kF32, s.lead, dev);
+  Tensor dx = Tensor::empty(gt, d.x.shape(), dev);
+  Tensor dw = Tensor::empty_like_layout(d.w_view_owner.view(), gt);
+  Tensor dbias;
+  lce::Gradients g{dx.view(), dw.view(), std::nullopt};
+  if (d.bias.defined()) {
+    dbias = Tensor::empty(s.f32_grads ? DType::kF32 : s.bias_dtype, {s.V}, dev);
+    g.dbias = dbias.view();
+  }
+  const lce::ForwardOutputs fo{loss.view(), lse.view(), std::nullopt};
+  if (backward_with_lse) {
+    lce::forward(d.inputs(), fo, opt);
+    lce::backward(d.inputs(), d.grad_loss.view(), g, opt, lse.view());
+  } else {
+    lce::forward_backward(d.inputs(), d.grad_loss.view(), fo, g, opt);
+  }
+  auto h = [](const Tensor& t) { return t.defined() ? t.to(Device::cpu()) : Tensor(); };
+  return {h(loss), h(lse), h(dx), h(dw), h(dbias)};
+}
+
+// Every element of a host tensor in memory order (dw may be a transposed view), as double.
+std::vector<double> memory_values(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = tessera::load_as_f32(t.data(), t.dtype(), i);
+  return v;
+}
+
+// Every output of `got` against `want` with the shared tolerances (testing.cc).
+void expect_close(const HostRun& got, const HostRun& want, const lt::CaseSpec& s) {
+  const lt::Tolerances tol = lt::tolerances(s);
+  auto check = [&](const char* field, const Tensor& g, const Tensor& w, tessera::harness::Tolerance t) {
+    if (!w.defined()) return;
+    const tessera::harness::Deviation dev = tessera::harness::compare(memory_values(g), memory_values(w), t);
+    EXPECT_TRUE(dev.ok()) << s.name() << " " << field << ": " << dev.str();
+  };
+  check("loss", got.loss, want.loss, tol.loss);
+  check("lse", got.lse, want.lse, tol.lse);
+  check("dx", got.dx, want.dx, tol.dx);
+  check("dw", got.dw, want.dw, tol.dw);
+  check("dbias", got.dbias, want.dbias, tol.dbias);
 }
 
 }  // namespace
@@ -295,6 +353,106 @@ TEST(LceCuda, ConfidentRowsKeepTheLabelGradient) {
     EXPECT_TRUE(ddw.ok()) << tessera::dtype_name(dt) << " dw: " << ddw.str();
   }
 }
+
+// ---- f16 gradient scale (issue #16, 1) ----
+
+namespace cp = tessera::linear_cross_entropy::cuda_plan;
+
+// Host only: S·(largest row factor) lands in [2^9, 2^10) for factors from 2^-60 to 2^60, S a
+// power of two; nothing to scale (0, NaN, inf) gives 1.
+TEST(LceCudaPlan, F16GradScaleKeepsTheLargestRowFactorInItsBand) {
+  for (int e = -60; e <= 60; ++e) {
+    for (double mant : {1.0, 1.3, 1.999}) {
+      const float m = static_cast<float>(std::ldexp(mant, e));
+      const float S = cp::f16_grad_scale(m);
+      int se = 0;
+      EXPECT_EQ(std::frexp(S, &se), 0.5f) << "not a power of two: " << S;
+      EXPECT_GE(static_cast<double>(S) * m, 512.0) << "m = " << m;
+      EXPECT_LT(static_cast<double>(S) * m, 1024.0) << "m = " << m;
+    }
+  }
+  EXPECT_EQ(cp::f16_grad_scale(0.f), 1.f);
+  EXPECT_EQ(cp::f16_grad_scale(NAN), 1.f);
+  EXPECT_EQ(cp::f16_grad_scale(INFINITY), 1.f);
+}
+
+namespace {
+
+// A logit gradient d for one row with factor r, stored as f16(S·r·d) and read back as
+// stored / (S·r) (what the GEMMs' alpha undoes): its relative error.
+double f16_stored_error(double d, double r, float S) {
+  const float stored = tessera::f16_to_f32(tessera::f32_to_f16(static_cast<float>(S * r * d)));
+  return std::abs(stored / (S * r) - d) / std::abs(d);
+}
+
+}  // namespace
+
+// Host only: the issue's numbers, emulated with f16 rounding. V = 128,256 (Llama-3), p = 1/V,
+// reduction none with a per-token upstream of 1/8192 or 1/65536 (a sum over tokens divided by
+// their count), or 2^16 (an AMP loss scale). The fixed ×256 lost 2 % and 95 % (subnormals) and
+// overflowed; the per-call scale keeps one f16 rounding (2^-11) everywhere.
+TEST(LceCudaPlan, F16GradScaleKeepsTheIssueExamplesNormal) {
+  const double p = 1.0 / 128256;
+  for (double up : {1.0 / 8192, 1.0 / 65536, 65536.0}) {
+    const float S = cp::f16_grad_scale(static_cast<float>(up));
+    EXPECT_LE(f16_stored_error(p, up, S), std::ldexp(1.0, -11)) << "p_j, upstream " << up;
+    EXPECT_LE(f16_stored_error(p - 1.0, up, S), std::ldexp(1.0, -11)) << "label column, upstream " << up;
+    EXPECT_LE(f16_stored_error(-64.0, up, S), std::ldexp(1.0, -11)) << "|d| = 64 must still fit, upstream " << up;
+  }
+  EXPECT_GT(f16_stored_error(p, 1.0 / 8192, 256.f), 0.01);  // the old fixed scale
+  EXPECT_GT(f16_stored_error(p, 1.0 / 65536, 256.f), 0.5);
+  EXPECT_TRUE(std::isinf(tessera::f16_to_f32(tessera::f32_to_f16(static_cast<float>(256.0 * 65536 * (p - 1))))));
+}
+
+// On the device: f16 inputs, reduction none, one upstream value for every token, V = 40,000
+// (≥ 32,768, and 1/V is no f16 grid point), logits nearly uniform (p ≈ 1/V in every column, so
+// a subnormal stored value rounds the same way in every column: a bias, not noise). Besides
+// the shared tolerances on dx, dw, dbias, every column that no row is labelled with is checked
+// on its own: dbias_j = upstream·Σ_t p_tj sums positive terms each rounded once to f16
+// (relative 2^-11), so 2^-9 relative leaves a 4x margin. The fixed ×256 fails all three: −0.8 %
+// per column at 1/4096, +22 % at 1/65536, inf at 2^16.
+class LceCudaF16Scale : public ::testing::TestWithParam<double> {};
+
+TEST_P(LceCudaF16Scale, StoredGradientStaysNormal) {
+  SKIP_WITHOUT_GPU();
+  const double up = GetParam();
+  lt::CaseSpec s;
+  s.dtype = DType::kF16;
+  s.bias = true;
+  s.bias_dtype = DType::kF16;
+  s.f32_grads = true;  // only the stored logit gradient is f16
+  s.lead = {64};
+  s.H = 16;
+  s.V = 40000;
+  s.logit_scale = 0.002;
+  s.opt.reduction = lce::Reduction::kNone;
+  s.seed = 1601;
+  lt::CaseData host = lt::make_case(s);
+  for (int64_t t = 0; t < host.grad_loss.numel(); ++t) host.grad_loss.data_as<float>()[t] = static_cast<float>(up);
+  for (int64_t j = 0; j < s.V; ++j) tessera::store_from_f32(host.bias.data(), DType::kF16, j, 0.0f);
+  const HostRun want = run_case(host, s, "reference", Device::cpu());
+  const HostRun got = run_case(host, s, "cuda", Device::cuda());
+  expect_close(got, want, s);
+  std::vector<bool> labelled(static_cast<size_t>(s.V), false);
+  for (int64_t t = 0; t < host.labels.numel(); ++t) {
+    const int64_t y = host.labels.data_as<int64_t>()[t];
+    if (y >= 0 && y < s.V) labelled[static_cast<size_t>(y)] = true;
+  }
+  std::vector<double> g, w;
+  for (int64_t j = 0; j < s.V; ++j) {
+    if (labelled[static_cast<size_t>(j)]) continue;
+    g.push_back(got.dbias.data_as<float>()[j]);
+    w.push_back(want.dbias.data_as<float>()[j]);
+  }
+  const tessera::harness::Deviation dev = tessera::harness::compare(g, w, {std::ldexp(1.0, -9), 0.0});
+  EXPECT_TRUE(dev.ok()) << "upstream " << up << ", unlabelled dbias columns: " << dev.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(Upstream, LceCudaF16Scale, ::testing::Values(1.0 / 4096, 1.0 / 65536, 65536.0),
+                         [](const auto& info) {
+                           return info.index == 0 ? std::string("inv4096")
+                                                  : info.index == 1 ? std::string("inv65536") : std::string("pow2_16");
+                         });
 
 // ---- behaviour ----
 

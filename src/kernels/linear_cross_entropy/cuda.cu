@@ -10,7 +10,8 @@
 //   3. dbias += Σ_rows g      colsum_kernel (deterministic, f32)
 //   4. dx_c = α · g · Wᵀ      cuBLAS, written straight in dx's dtype (complete per chunk)
 //   5. dw  += α · x_cᵀ · g    cuBLAS into an f32 accumulator (dw itself when dw is f32)
-// A prologue kernel checks the labels and reduces Σ weights (mean denominator) and the upstream
+// A prologue kernel checks the labels and reduces Σ weights (mean denominator), the largest row
+// factor |weight·upstream| (it sets the f16 gradient's scale, cuda_plan.h) and the upstream
 // scalar on the device; one host synchronization fetches them (labels must be validated before
 // any output is written, and α is a host scalar of the GEMMs). Everything else is stream-ordered
 // on Problem::stream.
@@ -27,6 +28,7 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "kernels/linear_cross_entropy/cuda_kernels.cuh"
+#include "kernels/linear_cross_entropy/cuda_plan.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/error.h"
 
@@ -178,10 +180,6 @@ int bias_type(const Problem& p) {
   }
 }
 
-// The power of two folded into the stored f16 logit gradient (and divided out through the GEMMs'
-// alpha): keeps softmax probabilities ~1/V clear of f16's subnormal range. See the docs.
-float dz_scale(DType t) { return t == DType::kF16 ? 256.0f : 1.0f; }
-
 class Cuda final : public Implementation {
  public:
   std::string name() const override { return "cuda"; }
@@ -326,9 +324,10 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   }
 
   // ---- prologue: label check, Σ weights, upstream scalar; one synchronization ----
+  const bool per_row_upstream = grad && p.reduction == Reduction::kNone;
   ck::prologue_kernel<<<1, ck::kReduceThreads, 0, stream>>>(
       p.labels, p.label_dtype == DType::kI32, p.weights, B, V, p.ignore_index,
-      grad && p.reduction != Reduction::kNone ? gi->grad_loss : nullptr, scalars_dev);
+      grad && !per_row_upstream ? gi->grad_loss : nullptr, per_row_upstream ? gi->grad_loss : nullptr, scalars_dev);
   cuda::check(cudaGetLastError(), "prologue_kernel launch");
   ck::Scalars sc{};
   cuda::check(cudaMemcpyAsync(&sc, scalars_dev, sizeof(sc), cudaMemcpyDeviceToHost, stream), "copy of the prologue");
@@ -348,8 +347,9 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
                                           std::to_string(p.ignore_index) + ")");
   }
 
-  // Gradient scale through the GEMMs: α = (upstream scalar / denominator) / dz_scale.
-  const float S = dz_scale(p.dtype);
+  // Gradient scale through the GEMMs: α = (upstream scalar / denominator) / S, where S is the
+  // power of two folded into the stored logit gradient (f16 only, chosen from this call's rows).
+  const float S = p.dtype == DType::kF16 ? cuda_plan::f16_grad_scale(sc.max_row_factor) : 1.0f;
   float alpha = 1.0f / S;
   if (grad) {
     double g = 1.0;

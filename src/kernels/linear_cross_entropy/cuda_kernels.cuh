@@ -56,7 +56,7 @@ struct RowParams {
   bool want_grad = false;
   const float* lse_in = nullptr;     // [B] global: use it instead of computing lse (skips pass 1)
   const float* grad_rows = nullptr;  // [B] global per-row upstream gradient (reduction none) or null
-  float dz_scale = 1.f;              // power of two folded into the stored gradient
+  float dz_scale = 1.f;              // power of two folded into the stored gradient (f16: per call)
 };
 
 __device__ __forceinline__ float load_bias(const void* b, int type, int64_t j) {
@@ -293,38 +293,49 @@ __global__ void __launch_bounds__(kRowThreads, 3) row_kernel(RowParams p) {
   }
 }
 
-// Deterministic single-block reduction of the label check, the mean denominator and the
-// upstream scalar. Results in `scalars`.
+// Deterministic single-block reduction of the label check, the mean denominator, the largest
+// row factor and the upstream scalar. Results in `scalars`.
 struct Scalars {
   double denom;                // Σ weight_t over non-ignored rows
   unsigned long long first_bad;  // smallest token index with an out-of-range label (ULLONG_MAX: none)
   float grad_scalar;           // grad_loss[0] for reduction sum / mean (else 0)
-  float pad;
+  float max_row_factor;        // max |weight_t · grad_rows_t| over rows with a valid label (f16 scale)
 };
 
 constexpr int kReduceThreads = 1024;
 
+// grad_scalar: the upstream scalar (sum / mean) or null; grad_rows: the per-row upstream
+// gradient (none) or null. The row factor is formed as the row kernel forms it (f32 product).
 __global__ void __launch_bounds__(kReduceThreads)
 prologue_kernel(const void* labels, bool labels_i32, const float* weights, int64_t B, int64_t V,
-                int64_t ignore_index, const float* grad_scalar, Scalars* out) {
+                int64_t ignore_index, const float* grad_scalar, const float* grad_rows, Scalars* out) {
   __shared__ double sh_sum[kReduceThreads];
   __shared__ unsigned long long sh_bad[kReduceThreads];
+  __shared__ float sh_max[kReduceThreads];
   const int tid = threadIdx.x;
   double sum = 0.0;
   unsigned long long bad = ULLONG_MAX;
+  float mx = 0.f;
   for (int64_t t = tid; t < B; t += kReduceThreads) {
     const int64_t y = load_label(labels, labels_i32, t);
     if (y == ignore_index) continue;
-    if ((y < 0 || y >= V) && bad == ULLONG_MAX) bad = static_cast<unsigned long long>(t);
-    sum += weights ? static_cast<double>(weights[t]) : 1.0;
+    const float wt = weights ? weights[t] : 1.f;
+    if (y < 0 || y >= V) {
+      if (bad == ULLONG_MAX) bad = static_cast<unsigned long long>(t);
+    } else {
+      mx = fmaxf(mx, fabsf(wt * (grad_rows ? grad_rows[t] : 1.f)));
+    }
+    sum += static_cast<double>(wt);
   }
   sh_sum[tid] = sum;
   sh_bad[tid] = bad;
+  sh_max[tid] = mx;
   __syncthreads();
   for (int stride = kReduceThreads / 2; stride > 0; stride >>= 1) {
     if (tid < stride) {
       sh_sum[tid] += sh_sum[tid + stride];
       sh_bad[tid] = min(sh_bad[tid], sh_bad[tid + stride]);
+      sh_max[tid] = fmaxf(sh_max[tid], sh_max[tid + stride]);
     }
     __syncthreads();
   }
@@ -332,7 +343,7 @@ prologue_kernel(const void* labels, bool labels_i32, const float* weights, int64
     out->denom = sh_sum[0];
     out->first_bad = sh_bad[0];
     out->grad_scalar = grad_scalar ? grad_scalar[0] : 0.f;
-    out->pad = 0.f;
+    out->max_row_factor = sh_max[0];
   }
 }
 

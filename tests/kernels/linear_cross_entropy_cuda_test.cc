@@ -177,7 +177,8 @@ std::vector<lt::CaseSpec> chunk_cases() {
           break;
         case 1:  // budget of a few rows; V % 4 == 0 (vectorized kernel); f32 gradients in place
           c.V = 128;
-          c.opt.memory_budget = 4096;
+          // 16 KiB of it is the cuBLAS workspace (cuda_plan.h): 6-7 rows of 512 bytes remain.
+          c.opt.memory_budget = 20480;
           c.f32_grads = true;
           c.opt.reduction = lce::Reduction::kNone;
           c.opt.soft_cap = 4.0;
@@ -354,9 +355,77 @@ TEST(LceCuda, ConfidentRowsKeepTheLabelGradient) {
   }
 }
 
-// ---- f16 gradient scale (issue #16, 1) ----
+// ---- the host arithmetic of the plan (cuda_plan.h; these run without a GPU) ----
 
 namespace cp = tessera::linear_cross_entropy::cuda_plan;
+
+namespace {
+
+int64_t default_chunk_rows(int64_t B, int64_t V, const cp::ScratchNeeds& n) {
+  return cp::chunk_rows(cp::budget_rows(n, cp::kDefaultBudget), B, /*b=*/B);
+}
+
+}  // namespace
+
+// The numbers the docs quote: the default 1 GiB budget at B = 8192 gives 2,048-row chunks (4 of
+// them) at V = 128,256 and 1,024-row chunks (8) at V = 256,000, with the cuBLAS workspace, the
+// row losses of a mean and a 16-bit dbias's accumulator all inside the budget.
+TEST(LceCudaPlan, DefaultBudgetChunksMatchTheDocs) {
+  for (bool dbias_acc : {false, true}) {
+    EXPECT_EQ(default_chunk_rows(8192, 128256, cp::worst_case_needs(8192, 128256, true, dbias_acc)), 2048);
+    EXPECT_EQ(default_chunk_rows(8192, 256000, cp::worst_case_needs(8192, 256000, true, dbias_acc)), 1024);
+  }
+  EXPECT_EQ(cp::blas_workspace_bytes(cp::kDefaultBudget), size_t{4} << 20);
+}
+
+// Every region of the scratch is 256-byte aligned, the regions do not overlap, and the whole
+// allocation (alignment slack included) stays within the budget that sized the chunk.
+TEST(LceCudaPlan, ScratchLayoutFitsTheBudget) {
+  for (size_t budget : {size_t{20480}, size_t{64} << 10, size_t{40} << 20, cp::kDefaultBudget}) {
+    for (int64_t V : {int64_t{1}, int64_t{101}, int64_t{128}, int64_t{50257}, int64_t{128256}}) {
+      for (int mask = 0; mask < 4; ++mask) {
+        cp::ScratchNeeds n;
+        n.B = 1029;
+        n.V = V;
+        n.row_losses = mask & 1;
+        n.dbias_acc = mask & 2;
+        const int64_t rows = cp::chunk_rows(cp::budget_rows(n, budget), n.B, n.B);
+        if (rows == 0) continue;
+        const cp::ScratchLayout l = cp::scratch_layout(n, budget, rows);
+        EXPECT_LE(l.bytes, budget) << "budget " << budget << " V " << V << " mask " << mask;
+        EXPECT_GE(l.workspace_bytes, size_t{16} << 10);
+        for (size_t off : {l.scalars, l.row_loss, l.dbias, l.workspace, l.logits}) EXPECT_EQ(off % cp::kAlign, 0u);
+        EXPECT_GE(l.row_loss, l.scalars + cp::kScalarsBytes);
+        EXPECT_GE(l.dbias, l.row_loss + (n.row_losses ? static_cast<size_t>(n.B) * 4 : 0));
+        EXPECT_GE(l.workspace, l.dbias + (n.dbias_acc ? static_cast<size_t>(V) * 4 : 0));
+        EXPECT_GE(l.logits, l.workspace + l.workspace_bytes);
+        EXPECT_GE(l.bytes, l.logits + static_cast<size_t>(rows) * static_cast<size_t>(V) * 4 + cp::kAlign);
+      }
+    }
+  }
+}
+
+// supports() judges with the worst case: a budget that holds one row next to everything but the
+// f32 dbias accumulator (V floats) is too small for a problem with a bias (a bf16 dbias needs
+// the accumulator), and enough without one.
+TEST(LceCudaPlan, SupportsCountsTheDbiasAccumulator) {
+  const int64_t B = 64, V = 1000;
+  const cp::ScratchNeeds without = cp::worst_case_needs(B, V, true, false);
+  const size_t budget = cp::scratch_layout(without, size_t{64} << 10, 1).bytes;  // one row, no accumulator
+  EXPECT_EQ(cp::budget_rows(without, budget), 1);
+  EXPECT_EQ(cp::budget_rows(cp::worst_case_needs(B, V, true, true), budget), 0);
+}
+
+TEST(LceCudaPlan, ChunkRowsClampAndRound) {
+  EXPECT_EQ(cp::chunk_rows(0, 100, 100), 0);
+  EXPECT_EQ(cp::chunk_rows(5, 100, 100), 5);
+  EXPECT_EQ(cp::chunk_rows(1000, 100, 100), 100);   // B
+  EXPECT_EQ(cp::chunk_rows(1000, 5000, 300), 256);  // block b, then a multiple of 128
+  EXPECT_EQ(cp::chunk_rows(2092, 8192, 8192), 2048);
+  EXPECT_EQ(cp::chunk_rows(int64_t{1} << 40, int64_t{1} << 40, int64_t{1} << 40), int64_t{INT_MAX} / 128 * 128);
+}
+
+// ---- f16 gradient scale (issue #16, 1) ----
 
 // Host only: S·(largest row factor) lands in [2^9, 2^10) for factors from 2^-60 to 2^60, S a
 // power of two; nothing to scale (0, NaN, inf) gives 1.
@@ -585,6 +654,13 @@ TEST(LceCuda, TooSmallBudgetIsUnsupportedWithAReason) {
   EXPECT_NE(r.error.find("memory_budget"), std::string::npos) << r.error;
 }
 
+// The budget bounds all extra device memory of a call, judged three ways: the backend's own
+// counters; the scratch pool's high-water mark of used bytes (cudaMemPoolAttrUsedMemHigh,
+// independent of those counters); and cudaMemGetInfo, which must not show memory mapped during
+// the call outside that pool and kept (cuBLAS allocating a workspace of its own for the new
+// stream, say: issue #16 gives cuBLAS a counted workspace carved from the budget instead). A
+// warm-up call on the legacy stream loads the kernels first (lazy module loading maps code);
+// the measured call runs on a fresh stream, so per-stream allocations would be new ones.
 TEST(LceCuda, ExtraDeviceMemoryStaysWithinTheBudget) {
   SKIP_WITHOUT_GPU();
   lt::CaseSpec s;
@@ -594,19 +670,48 @@ TEST(LceCuda, ExtraDeviceMemoryStaysWithinTheBudget) {
   s.f32_grads = true;  // dw in f32: no accumulator outside the budget
   s.opt.memory_budget = 64 * 1024;
   const lt::CaseData d = lt::make_case(s).to(Device::cuda());
+  const int dev = Device::cuda().index;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   lce::Options opt = s.opt;
   opt.implementation = "cuda";
+  opt.stream = stream;
   Tensor loss = Tensor::empty(DType::kF32, {}, Device::cuda());
   Tensor lse = Tensor::empty(DType::kF32, s.lead, Device::cuda());
   Tensor dx = Tensor::empty(DType::kF32, d.x.shape(), Device::cuda());
   Tensor dw = Tensor::empty(DType::kF32, d.w.shape(), Device::cuda());
+  lce::Options warm = s.opt;
+  warm.implementation = "cuda";
+  lce::forward_backward(d.inputs(), d.grad_loss.view(), {loss.view(), lse.view(), std::nullopt},
+                        {dx.view(), dw.view(), std::nullopt}, warm);
+  cudaMemPool_t pool = tessera::cuda::scratch_pool(dev);
+  uint64_t zero = 0, used_high = 0, reserved_before = 0, reserved_after = 0;
+  if (pool) {
+    ASSERT_EQ(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero), cudaSuccess);
+    ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved_before), cudaSuccess);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
   const size_t before = tessera::memory::current_bytes(tessera::memory::Space::kDevice);
   tessera::memory::reset_peak(tessera::memory::Space::kDevice);
   lce::forward_backward(d.inputs(), d.grad_loss.view(), {loss.view(), lse.view(), std::nullopt},
                         {dx.view(), dw.view(), std::nullopt}, opt);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   const size_t peak = tessera::memory::peak_bytes(tessera::memory::Space::kDevice) - before;
   EXPECT_GT(peak, 0u);
   EXPECT_LE(peak, opt.memory_budget);
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  if (pool) {
+    ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high), cudaSuccess);
+    ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved_after), cudaSuccess);
+    EXPECT_GT(used_high, 0u);
+    EXPECT_LE(used_high, opt.memory_budget) << "the scratch pool's high-water mark";
+  }
+  const int64_t mapped = static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after);
+  const int64_t by_pool = static_cast<int64_t>(reserved_after) - static_cast<int64_t>(reserved_before);
+  EXPECT_LE(mapped - by_pool, int64_t{2} << 20) << "device memory mapped during the call outside the scratch pool";
+  cudaStreamDestroy(stream);
 }
 
 // Issue #16: cuBLAS handles came one per host thread and were never destroyed, so a program

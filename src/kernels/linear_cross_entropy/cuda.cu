@@ -37,11 +37,10 @@ namespace {
 
 namespace ck = cuda_kernels;
 
-constexpr size_t kDefaultBudget = size_t{1} << 30;  // 1 GiB
-constexpr size_t kAlign = 256;
-constexpr int kMinComputeMajor = 8;  // bf16 tensor cores; the fatbin holds sm_90a + compute_80 PTX
+namespace plan = cuda_plan;
 
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+constexpr int kMinComputeMajor = 8;  // bf16 tensor cores; the fatbin holds sm_90a + compute_80 PTX
+static_assert(sizeof(ck::Scalars) <= plan::kScalarsBytes, "cuda_plan.h: kScalarsBytes too small");
 
 [[noreturn]] void fail(ErrorCode code, const std::string& msg) {
   throw Error(code, std::string(kKernelName) + " (cuda): " + msg);
@@ -102,37 +101,33 @@ DeviceFacts device_facts(int device) {
   return f;
 }
 
-// ---- planning ----
+// ---- planning (the arithmetic is in cuda_plan.h, tested on the host) ----
 
-size_t budget_of(const Problem& p) { return p.memory_budget ? p.memory_budget : kDefaultBudget; }
+size_t budget_of(const Problem& p) { return p.memory_budget ? p.memory_budget : plan::kDefaultBudget; }
 
-// Bytes of scratch that do not scale with the chunk (all inside the budget).
-size_t fixed_bytes(const Problem& p, bool fwd, bool grad, const GradOut* go) {
-  size_t n = align_up(sizeof(ck::Scalars));
-  if (fwd && p.reduction != Reduction::kNone) n += align_up(static_cast<size_t>(p.B) * sizeof(float));
-  if (grad && p.bias && go && go->dbias_dtype != DType::kF32) n += align_up(static_cast<size_t>(p.V) * sizeof(float));
+// What this call needs besides the logits chunk.
+plan::ScratchNeeds needs_of(const Problem& p, bool fwd, bool grad, const GradOut* go) {
+  plan::ScratchNeeds n;
+  n.B = p.B;
+  n.V = p.V;
+  n.row_losses = fwd && p.reduction != Reduction::kNone;
+  n.dbias_acc = grad && p.bias && go->dbias_dtype != DType::kF32;
   return n;
 }
 
-// Rows of logits per chunk that fit the budget (0: not even one). Not clamped to B or block b.
-int64_t budget_rows(const Problem& p, size_t fixed) {
-  const size_t budget = budget_of(p);
-  const size_t per_row = static_cast<size_t>(p.V) * sizeof(float);
-  if (budget <= fixed + kAlign) return 0;
-  return static_cast<int64_t>((budget - fixed - kAlign) / per_row);
+// The most any call on `p` can need (supports() and the default block sizes).
+plan::ScratchNeeds worst_needs(const Problem& p) {
+  return plan::worst_case_needs(p.B, p.V, p.reduction != Reduction::kNone, p.bias != nullptr);
 }
 
-int64_t chunk_rows(const Problem& p, const BlockSizes& bs, size_t fixed) {
-  int64_t rows = std::min({budget_rows(p, fixed), p.B, std::max<int64_t>(bs.b, 1)});
+int64_t chunk_rows(const Problem& p, const BlockSizes& bs, const plan::ScratchNeeds& n) {
+  const int64_t rows = plan::chunk_rows(plan::budget_rows(n, budget_of(p)), p.B, bs.b);
   if (rows <= 0)
     fail(ErrorCode::kUnsupported,
-         "memory_budget of " + std::to_string(budget_of(p)) + " bytes does not hold one row of f32 logits (4·V = " +
-             std::to_string(static_cast<size_t>(p.V) * 4) + " bytes) plus " + std::to_string(fixed) +
-             " bytes of fixed scratch; raise Options::memory_budget");
-  // One thread block per token row (gridDim.x) and the GEMMs' n are ints: a huge budget with a
-  // tiny V could otherwise ask for more than 2^31 − 1 rows per chunk.
-  rows = std::min<int64_t>(rows, INT_MAX);
-  if (rows < p.B && rows >= 256) rows = rows / 128 * 128;  // GEMM-friendly n
+         "memory_budget of " + std::to_string(budget_of(p)) + " bytes does not hold one row of f32 logits (" +
+             std::to_string(plan::logits_row_stride(p.V) * 4) + " bytes) plus " +
+             std::to_string(plan::scratch_layout(n, budget_of(p), 0).bytes) +
+             " bytes of fixed scratch (cuBLAS workspace included); raise Options::memory_budget");
   return rows;
 }
 
@@ -204,16 +199,16 @@ class Cuda final : public Implementation {
     if (2 * p.V > INT_MAX || p.H > INT_MAX)
       return Availability::no("V=" + std::to_string(p.V) + ", H=" + std::to_string(p.H) +
                               " exceed the cuBLAS int range (V < 2^30, H < 2^31)");
-    const size_t fixed = fixed_bytes(p, true, true, nullptr);
-    if (budget_rows(p, fixed) < 1)
+    if (plan::budget_rows(worst_needs(p), budget_of(p)) < 1)
       return Availability::no("memory_budget " + std::to_string(budget_of(p)) +
-                              " bytes is smaller than one row of f32 logits (4·V bytes) plus fixed scratch");
+                              " bytes is smaller than one row of f32 logits (4·V bytes) plus fixed scratch "
+                              "(cuBLAS workspace, row losses, dbias accumulator)");
     return Availability::yes();
   }
 
   BlockSizes default_block_sizes(const Problem& p) const override {
     BlockSizes bs;
-    bs.b = std::max<int64_t>(1, std::min(p.B, budget_rows(p, fixed_bytes(p, true, true, nullptr))));
+    bs.b = std::max<int64_t>(1, std::min(p.B, plan::budget_rows(worst_needs(p), budget_of(p))));
     bs.h = p.H;
     bs.v = p.V;
     return bs;
@@ -289,34 +284,27 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   }
 
   // ---- plan and scratch (all before any output is written) ----
-  const size_t fixed = fixed_bytes(p, fwd, grad, go);
-  const int64_t rows = chunk_rows(p, bs, fixed);
-  const bool need_row_loss = fwd && p.reduction != Reduction::kNone;
-  const bool dbias_acc_needed = grad && p.bias && go->dbias_dtype != DType::kF32;
+  const plan::ScratchNeeds needs = needs_of(p, fwd, grad, go);
+  const int64_t rows = chunk_rows(p, bs, needs);
+  const plan::ScratchLayout lay = plan::scratch_layout(needs, budget_of(p), rows);
+  const bool need_row_loss = needs.row_losses;
+  const bool dbias_acc_needed = needs.dbias_acc;
   const bool dw_acc_needed = grad && go->dw_dtype != DType::kF32;
 
-  size_t off = 0;
-  const size_t off_scalars = off;
-  off += align_up(sizeof(ck::Scalars));
-  const size_t off_row_loss = off;
-  if (need_row_loss) off += align_up(static_cast<size_t>(B) * sizeof(float));
-  const size_t off_dbias = off;
-  if (dbias_acc_needed) off += align_up(static_cast<size_t>(V) * sizeof(float));
-  const size_t off_logits = off;
-  off += align_up(static_cast<size_t>(rows) * static_cast<size_t>(V) * sizeof(float));
-  cuda::DeviceBuffer ws(off, stream, dev);
+  cuda::DeviceBuffer ws(lay.bytes, stream, dev);
   char* base = static_cast<char*>(ws.get());
-  auto* scalars_dev = reinterpret_cast<ck::Scalars*>(base + off_scalars);
-  float* row_loss = need_row_loss ? reinterpret_cast<float*>(base + off_row_loss) : nullptr;
-  float* dbias_acc = dbias_acc_needed ? reinterpret_cast<float*>(base + off_dbias) : nullptr;
-  float* logits = reinterpret_cast<float*>(base + off_logits);
+  base += (plan::kAlign - reinterpret_cast<uintptr_t>(base) % plan::kAlign) % plan::kAlign;  // slack is in lay.bytes
+  auto* scalars_dev = reinterpret_cast<ck::Scalars*>(base + lay.scalars);
+  float* row_loss = need_row_loss ? reinterpret_cast<float*>(base + lay.row_loss) : nullptr;
+  float* dbias_acc = dbias_acc_needed ? reinterpret_cast<float*>(base + lay.dbias) : nullptr;
+  float* logits = reinterpret_cast<float*>(base + lay.logits);
 
   // The f32 dw accumulator (only when dw is stored in bf16/f16: accumulating chunk after chunk
   // in 16 bits drifts). It is 4·H·V bytes on top of the budget; an f32 dw avoids it.
   cuda::DeviceBuffer dw_acc_buf;
   if (dw_acc_needed) {
     const size_t bytes = static_cast<size_t>(H) * static_cast<size_t>(V) * sizeof(float);
-    if (off + bytes > budget_of(p))
+    if (lay.bytes + bytes > budget_of(p))
       log::warn_once(std::string(kKernelName) + " (cuda): dw is " + dtype_name(go->dw_dtype) +
                      ", so gradients are accumulated in an f32 copy of dw (" + std::to_string(bytes) +
                      " bytes) on top of memory_budget; pass an f32 dw to avoid it");
@@ -359,7 +347,8 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   }
 
   // ---- GEMM set-up ----
-  const cuda::BlasHandle blas(dev, stream);
+  cuda::BlasHandle blas(dev, stream);
+  blas.set_workspace(base + lay.workspace, lay.workspace_bytes);  // counted scratch, not cuBLAS's own
   const Gemm gemm{blas.get(), cuda::blas_compute(p.dtype)};
   const cudaDataType in_t = cuda::blas_type(p.dtype);
   const bool hv = p.layout == WLayout::kHV;

@@ -48,6 +48,18 @@ struct ScratchNeeds {
   bool dbias_acc = false;   // gradients with a bf16/f16 dbias: an f32 accumulator of V floats
 };
 
+// The most any call on a problem can need, for checks that know neither the pass nor the
+// gradient dtypes (supports(), default block sizes): row losses for sum / mean, and an f32 dbias
+// accumulator whenever there is a bias (it is needed when dbias is bf16 / f16).
+inline ScratchNeeds worst_case_needs(int64_t B, int64_t V, bool sum_or_mean, bool has_bias) {
+  ScratchNeeds n;
+  n.B = B;
+  n.V = V;
+  n.row_losses = sum_or_mean;
+  n.dbias_acc = has_bias;
+  return n;
+}
+
 // Byte offsets of the scratch regions from the 256-byte aligned base, and the bytes to allocate
 // (kAlign of slack included, to align the base). The logits chunk comes last, unpadded, so that
 // `bytes` never exceeds the budget that sized `rows`.

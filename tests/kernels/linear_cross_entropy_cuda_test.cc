@@ -164,7 +164,7 @@ std::vector<lt::CaseSpec> chunk_cases() {
       c.bias_dtype = dt;
       c.lead = {37};
       c.H = 24;
-      c.V = 101;  // odd: the scalar (VEC = 1) row kernel
+      c.V = 101;  // odd: a partial last column group, rows padded to 104 floats
       c.seed = seed++;
       c.bias = true;
       c.weights = true;
@@ -175,7 +175,7 @@ std::vector<lt::CaseSpec> chunk_cases() {
           c.opt.reduction = lce::Reduction::kMean;
           c.opt.label_smoothing = 0.1;
           break;
-        case 1:  // budget of a few rows; V % 4 == 0 (vectorized kernel); f32 gradients in place
+        case 1:  // budget of a few rows; V % 8 == 0 (full groups, no padding); f32 gradients in place
           c.V = 128;
           // 16 KiB of it is the cuBLAS workspace (cuda_plan.h): 6-7 rows of 512 bytes remain.
           c.opt.memory_budget = 20480;
@@ -210,6 +210,78 @@ TEST_P(LceCudaChunks, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Chunks, LceCudaChunks,
     ::testing::Combine(::testing::Range(0, 9),
+                       ::testing::Values(lt::Pass::kForward, lt::Pass::kBackward, lt::Pass::kFused)),
+    [](const auto& info) {
+      return "case" + std::to_string(std::get<0>(info.param)) + "_" + lt::pass_name(std::get<1>(info.param));
+    });
+
+// ---- the row kernel's paths (issue #16, 2 and 4) ----
+
+namespace {
+
+// The row kernel takes groups of 4 columns (one float4 load) in tiles of 2,048 columns per step;
+// the last group of a row is partial when V % 4 != 0 (rows are padded to a multiple of 8 floats,
+// so every row is aligned). The check grid's only V with full groups is 128 (one tile), so: V
+// over several tiles, with full and partial last groups, f32 / bf16 / f16 gradients stored in
+// place, both layouts, bias and soft cap, several chunks, and GPT-2's 50,257.
+std::vector<lt::CaseSpec> row_path_cases() {
+  struct Row {
+    DType dt;
+    int64_t V;
+    bool f32_grads;
+    lce::Reduction red;
+    lce::WLayout layout;
+  };
+  const Row rows[] = {
+      {DType::kF32, 2112, true, lce::Reduction::kSum, lce::WLayout::kHV},     // 2 tiles, full groups
+      {DType::kBF16, 2112, false, lce::Reduction::kMean, lce::WLayout::kHV},  // bf16 stored in place
+      {DType::kF16, 2112, false, lce::Reduction::kNone, lce::WLayout::kHV},   // f16 stored in place
+      {DType::kF16, 4100, true, lce::Reduction::kMean, lce::WLayout::kHV},    // 3 tiles
+      {DType::kBF16, 4098, false, lce::Reduction::kNone, lce::WLayout::kVH},  // partial group of 2
+      {DType::kF32, 2113, false, lce::Reduction::kMean, lce::WLayout::kHV},   // partial group of 1
+      {DType::kF16, 6143, false, lce::Reduction::kSum, lce::WLayout::kHV},    // partial group of 3
+      {DType::kBF16, 50257, false, lce::Reduction::kMean, lce::WLayout::kHV}, // GPT-2: stride 50,264
+  };
+  std::vector<lt::CaseSpec> v;
+  uint64_t seed = 1700;
+  for (const Row& r : rows) {
+    lt::CaseSpec c;
+    c.dtype = r.dt;
+    c.bias = true;
+    c.bias_dtype = v.size() == 3 ? DType::kF32 : r.dt;
+    c.weights = true;
+    c.f32_grads = r.f32_grads;
+    c.lead = {23};
+    c.H = 24;
+    c.V = r.V;
+    c.memory_layout = r.layout;
+    c.opt.reduction = r.red;
+    c.opt.soft_cap = 8.0;
+    c.opt.label_smoothing = v.size() % 2 ? 0.1 : 0.0;
+    c.opt.z_loss_weight = v.size() % 3 ? 0.0 : 1e-3;
+    c.opt.return_argmax = true;
+    c.opt.block_sizes = lce::BlockSizes{8, 1, 1};  // 3 chunks
+    c.logit_scale = 6.0;
+    c.seed = seed++;
+    v.push_back(c);
+  }
+  return v;
+}
+
+}  // namespace
+
+class LceCudaRowPaths : public ::testing::TestWithParam<std::tuple<int, lt::Pass>> {};
+
+TEST_P(LceCudaRowPaths, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  static const std::vector<lt::CaseSpec> cases = row_path_cases();
+  const auto [i, pass] = GetParam();
+  expect_parity(cases[static_cast<size_t>(i)], pass);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RowPaths, LceCudaRowPaths,
+    ::testing::Combine(::testing::Range(0, static_cast<int>(row_path_cases().size())),
                        ::testing::Values(lt::Pass::kForward, lt::Pass::kBackward, lt::Pass::kFused)),
     [](const auto& info) {
       return "case" + std::to_string(std::get<0>(info.param)) + "_" + lt::pass_name(std::get<1>(info.param));
@@ -414,6 +486,21 @@ TEST(LceCudaPlan, SupportsCountsTheDbiasAccumulator) {
   const size_t budget = cp::scratch_layout(without, size_t{64} << 10, 1).bytes;  // one row, no accumulator
   EXPECT_EQ(cp::budget_rows(without, budget), 1);
   EXPECT_EQ(cp::budget_rows(cp::worst_case_needs(B, V, true, true), budget), 0);
+}
+
+// Logits rows are padded to a multiple of 8 floats: every row 32-byte aligned as f32 and as the
+// bf16 / f16 gradient stored over it (stride 2·ld), for odd vocabularies (GPT-2's 50,257) too.
+TEST(LceCudaPlan, LogitsRowStrideIsPaddedToEightFloats) {
+  EXPECT_EQ(cp::logits_row_stride(50257), 50264);
+  EXPECT_EQ(cp::logits_row_stride(128256), 128256);
+  for (int64_t V : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{101}, int64_t{2113}, int64_t{50257},
+                    int64_t{151936}, (int64_t{1} << 30) - 1}) {
+    const int64_t ld = cp::logits_row_stride(V);
+    EXPECT_GE(ld, V);
+    EXPECT_LT(ld - V, 8);
+    EXPECT_EQ(ld * 4 % 32, 0) << "f32 rows of V = " << V;
+    EXPECT_EQ(2 * ld * 2 % 32, 0) << "16-bit rows of V = " << V;
+  }
 }
 
 TEST(LceCudaPlan, ChunkRowsClampAndRound) {

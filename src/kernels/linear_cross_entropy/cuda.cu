@@ -141,10 +141,7 @@ void check_accessible(const void* ptr, int device, const char* what) {
 template <class OutT>
 void launch_rows(const ck::RowParams& rp, int64_t n, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n));
-  if (rp.V % 4 == 0)
-    ck::row_kernel<OutT, 4><<<grid, ck::kRowThreads, 0, stream>>>(rp);
-  else
-    ck::row_kernel<OutT, 1><<<grid, ck::kRowThreads, 0, stream>>>(rp);
+  ck::row_kernel<OutT><<<grid, ck::kRowThreads, 0, stream>>>(rp);
 }
 
 template <class OutT>
@@ -196,7 +193,7 @@ class Cuda final : public Implementation {
     const DeviceFacts f = device_facts(p.device.index);
     if (!f.ok) return Availability::no(f.why);
     if (!is_float(p.dtype)) return Availability::no(std::string("dtype ") + dtype_name(p.dtype) + " is not supported");
-    if (2 * p.V > INT_MAX || p.H > INT_MAX)
+    if (2 * plan::logits_row_stride(p.V) > INT_MAX || p.H > INT_MAX)
       return Availability::no("V=" + std::to_string(p.V) + ", H=" + std::to_string(p.H) +
                               " exceed the cuBLAS int range (V < 2^30, H < 2^31)");
     if (plan::budget_rows(worst_needs(p), budget_of(p)) < 1)
@@ -361,12 +358,15 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   }
   float* dw_target = grad ? (dw_acc_needed ? static_cast<float*>(dw_acc_buf.get()) : static_cast<float*>(go->dw)) : nullptr;
 
+  // Logits rows padded to ldz floats (a multiple of 8: every row 32-byte aligned, also for odd V).
   // The stored logit gradient: OutT = input dtype, row stride ldg elements (in place over Z).
-  const int64_t ldg = p.dtype == DType::kF32 ? V : 2 * V;
+  const int64_t ldz = plan::logits_row_stride(V);
+  const int64_t ldg = p.dtype == DType::kF32 ? ldz : 2 * ldz;
 
   ck::RowParams rp;
   rp.logits = logits;
   rp.V = V;
+  rp.ld = ldz;
   rp.bias = p.bias;
   rp.bias_type = bias_type(p);
   rp.labels = p.labels;
@@ -392,8 +392,8 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
     const int64_t n = std::min(rows, B - c0);
     const void* xc = static_cast<const char*>(p.x) + static_cast<size_t>(c0) * static_cast<size_t>(H) * esize;
 
-    // 1. Z[n, V] (row-major) = x_c · W; column-major: Zᵀ[V, n] = op(W)[V, H] · x_cᵀ[H, n].
-    gemm(hv ? N : T, N, V, n, H, 1.0f, {p.w, in_t, hv ? V : H}, {xc, in_t, H}, 0.0f, logits, CUDA_R_32F, V,
+    // 1. Z[n, V] (row-major, row stride ldz) = x_c · W; column-major: Zᵀ[V, n] = op(W)[V, H] · x_cᵀ[H, n].
+    gemm(hv ? N : T, N, V, n, H, 1.0f, {p.w, in_t, hv ? V : H}, {xc, in_t, H}, 0.0f, logits, CUDA_R_32F, ldz,
          "the logits GEMM of linear_cross_entropy (cuda)");
 
     // 2. Row-wise pass.

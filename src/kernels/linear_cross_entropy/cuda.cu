@@ -320,12 +320,19 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   if (sc.first_bad != ULLONG_MAX) {
     const auto t = static_cast<int64_t>(sc.first_bad);
     int64_t y = 0;
+    // Read on `stream` (a plain cudaMemcpy would wait for the legacy stream's work).
     if (p.label_dtype == DType::kI32) {
       int32_t v = 0;
-      cuda::check(cudaMemcpy(&v, static_cast<const int32_t*>(p.labels) + t, sizeof(v), cudaMemcpyDeviceToHost), "label copy");
+      cuda::check(cudaMemcpyAsync(&v, static_cast<const int32_t*>(p.labels) + t, sizeof(v), cudaMemcpyDeviceToHost,
+                                  stream),
+                  "label copy");
+      cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the label copy");
       y = v;
     } else {
-      cuda::check(cudaMemcpy(&y, static_cast<const int64_t*>(p.labels) + t, sizeof(y), cudaMemcpyDeviceToHost), "label copy");
+      cuda::check(cudaMemcpyAsync(&y, static_cast<const int64_t*>(p.labels) + t, sizeof(y), cudaMemcpyDeviceToHost,
+                                  stream),
+                  "label copy");
+      cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the label copy");
     }
     fail(ErrorCode::kInvalidArgument, "label " + std::to_string(y) + " at token " + std::to_string(t) +
                                           " is outside [0, V=" + std::to_string(V) + ") and is not ignore_index (" +

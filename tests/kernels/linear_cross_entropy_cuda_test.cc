@@ -5,12 +5,15 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_util.h"
@@ -69,6 +72,7 @@ HostRun run_case(const lt::CaseData& host, const lt::CaseSpec& s, const std::str
   const lt::CaseData d = dev.type == tessera::DeviceType::kCPU ? host : host.to(dev);
   lce::Options opt = s.opt;
   opt.implementation = impl;
+  opt.return_argmax = false;  // argmax is check_parity's business
   const DType gt = s.f32_grads ? DType::kF32 : s.dtype;
   Tensor loss = Tensor::empty(DType::kF32, opt.reduction == lce::Reduction::kNone ? s.lead : tessera::Shape{}, dev);
   Tensor lse = Tensor::empty(DType::kF32, s.lead, dev);
@@ -286,6 +290,36 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) {
       return "case" + std::to_string(std::get<0>(info.param)) + "_" + lt::pass_name(std::get<1>(info.param));
     });
+
+// ---- backward given the forward's lse (issue #16, 2) ----
+
+// check_parity's backward never passes lse, so the row kernel's lse_in path (no statistics
+// pass) ran in no test. Here the cuda forward's own lse goes into the cuda backward, on every
+// case of the check grid and of the row paths above, against the reference's fused pass.
+namespace {
+
+std::vector<lt::CaseSpec> lse_cases() {
+  std::vector<lt::CaseSpec> v = lt::check_grid(false);
+  for (const lt::CaseSpec& c : row_path_cases()) v.push_back(c);
+  return v;
+}
+
+}  // namespace
+
+class LceCudaBackwardWithLse : public ::testing::TestWithParam<int> {};
+
+TEST_P(LceCudaBackwardWithLse, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  static const std::vector<lt::CaseSpec> cases = lse_cases();
+  const lt::CaseSpec& s = cases[static_cast<size_t>(GetParam())];
+  const lt::CaseData host = lt::make_case(s);
+  const HostRun want = run_case(host, s, "reference", Device::cpu());
+  const HostRun got = run_case(host, s, "cuda", Device::cuda(), /*backward_with_lse=*/true);
+  expect_close(got, want, s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, LceCudaBackwardWithLse, ::testing::Range(0, static_cast<int>(lse_cases().size())),
+                         [](const auto& info) { return "case" + std::to_string(info.param); });
 
 // Peer bug: dW accumulated in bf16 across token chunks drifts. 512 one-token chunks with a bf16
 // dw must still meet the single-rounding tolerance (a bf16 accumulator is ~sqrt(512) roundings off).
@@ -673,25 +707,123 @@ TEST(LceCuda, RunsAreBitwiseDeterministic) {
   EXPECT_TRUE(same_bytes(a.dbias, b.dbias));
 }
 
-TEST(LceCuda, NonDefaultStreamGivesTheSameResults) {
+namespace {
+
+// Blocks the stream it is queued on (from a CUDA callback thread) until `open`, at most 10 s.
+struct Gate {
+  std::atomic<bool> open{false};
+};
+void CUDART_CB hold_until_open(void* gate) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!static_cast<Gate*>(gate)->open.load() && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+void CUDART_CB sleep_50ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
+
+// A device tensor of t's dtype and shape holding zeros.
+Tensor zeros_like(const Tensor& t) { return t.defined() ? Tensor::zeros(t.dtype(), t.shape(), Device::cuda()) : Tensor(); }
+
+// Queues a device-to-device copy of src into dst on `s` (nothing for undefined tensors).
+void copy_on(const Tensor& dst, const Tensor& src, cudaStream_t s) {
+  if (src.defined())
+    ASSERT_EQ(cudaMemcpyAsync(dst.data(), src.data(), src.view().nbytes(), cudaMemcpyDeviceToDevice, s), cudaSuccess);
+}
+
+// A host copy of the device tensor t, read through `s` (not through the legacy stream).
+Tensor read_on(const Tensor& t, cudaStream_t s) {
+  Tensor h = Tensor::empty(t.dtype(), t.shape());
+  EXPECT_EQ(cudaMemcpyAsync(h.data(), t.data(), t.view().nbytes(), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  return h;
+}
+
+bool same_host_bytes(const Tensor& a, const Tensor& b) {
+  const size_t n = a.view().nbytes();
+  return n == b.view().nbytes() && std::memcmp(a.data(), b.data(), n) == 0;
+}
+
+}  // namespace
+
+// All of a call's work goes on Options::stream (issue #16, 2: the old version synchronized the
+// device before the second run, so a stray launch on the legacy stream passed). Two traps, and no
+// synchronization between setting them and reading the results:
+//  1. the inputs of the run are zeros until copies queued on the stream land, behind a 50 ms
+//     host function on that stream: work queued on any other stream reads zeros;
+//  2. the legacy stream waits for a gate that opens only after the results were read back
+//     through the stream: work queued on the legacy stream (or on any blocking stream, which
+//     waits for it) has not run by then, and a call that waits for the legacy stream itself
+//     stalls until the gate's 10 s timeout, which the elapsed-time check catches.
+// The results must equal, bit for bit, a run on the legacy stream done before (cuBLAS promises
+// reproducibility with one active stream, so that run is finished first).
+TEST(LceCuda, NonDefaultStreamIsTheOnlyStreamUsed) {
   SKIP_WITHOUT_GPU();
   const lt::CaseSpec s = behaviour_case();
   const lt::CaseData d = lt::make_case(s).to(Device::cuda());
   lce::Options opt = s.opt;
   opt.implementation = "cuda";
   const DeviceRun a = run_fused(d, s, opt);
-  // cuBLAS promises bitwise-identical results only while a single stream is active: finish the
-  // legacy-stream run before the non-blocking stream starts (it does not wait for the legacy one).
+  const Tensor a_loss = a.loss.to(Device::cpu()), a_dx = a.dx.to(Device::cpu()), a_dw = a.dw.to(Device::cpu()),
+               a_dbias = a.dbias.to(Device::cpu());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cudaStream_t stream = nullptr;
+
+  // Everything allocated and zeroed before the traps are set (allocation may synchronize).
+  lt::CaseData z;
+  z.x = zeros_like(d.x);
+  z.w = zeros_like(d.w);
+  z.w_view_owner = z.w;  // behaviour_case has no transposed view
+  z.bias = zeros_like(d.bias);
+  z.labels = zeros_like(d.labels);
+  z.weights = zeros_like(d.weights);
+  z.grad_loss = zeros_like(d.grad_loss);
+  const Device cu = Device::cuda();
+  Tensor loss = Tensor::empty(DType::kF32, {}, cu), lse = Tensor::empty(DType::kF32, s.lead, cu);
+  Tensor argmax = Tensor::empty(DType::kI64, s.lead, cu);
+  Tensor dx = Tensor::empty(s.dtype, d.x.shape(), cu), dw = Tensor::empty(s.dtype, d.w.shape(), cu);
+  Tensor dbias = Tensor::empty(s.dtype, {s.V}, cu);
+  cudaStream_t stream = nullptr, hold = nullptr;
+  cudaEvent_t held = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&hold, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&held, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  // Trap 1 (its host function queued first: CUDA may run host functions on one thread, in order).
+  ASSERT_EQ(cudaLaunchHostFunc(stream, sleep_50ms, nullptr), cudaSuccess);
+  for (auto [dst, src] : {std::pair{&z.x, &d.x}, std::pair{&z.w, &d.w}, std::pair{&z.bias, &d.bias},
+                          std::pair{&z.labels, &d.labels}, std::pair{&z.weights, &d.weights},
+                          std::pair{&z.grad_loss, &d.grad_loss}})
+    copy_on(*dst, *src, stream);
+  // Trap 2.
+  Gate gate;
+  ASSERT_EQ(cudaLaunchHostFunc(hold, hold_until_open, &gate), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(held, hold), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(cudaStreamLegacy, held, 0), cudaSuccess);
+
   opt.stream = stream;
-  const DeviceRun b = run_fused(d, s, opt);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_TRUE(same_bytes(a.loss, b.loss));
-  EXPECT_TRUE(same_bytes(a.dx, b.dx));
-  EXPECT_TRUE(same_bytes(a.dw, b.dw));
-  EXPECT_TRUE(same_bytes(a.dbias, b.dbias));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  Tensor b_loss, b_dx, b_dw, b_dbias;
+  try {
+    lce::forward_backward(z.inputs(), z.grad_loss.view(), {loss.view(), lse.view(), argmax.view()},
+                          {dx.view(), dw.view(), dbias.view()}, opt);
+    b_loss = read_on(loss, stream);
+    b_dx = read_on(dx, stream);
+    b_dw = read_on(dw, stream);
+    b_dbias = read_on(dbias, stream);
+    if (cudaStreamSynchronize(stream) != cudaSuccess) error = "cudaStreamSynchronize failed";
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  gate.open = true;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(error, "");
+  EXPECT_LT(seconds, 5.0) << "the call waited for the legacy stream";
+  EXPECT_TRUE(same_host_bytes(a_loss, b_loss));
+  EXPECT_TRUE(same_host_bytes(a_dx, b_dx));
+  EXPECT_TRUE(same_host_bytes(a_dw, b_dw));
+  EXPECT_TRUE(same_host_bytes(a_dbias, b_dbias));
+  cudaEventDestroy(held);
+  cudaStreamDestroy(hold);
   cudaStreamDestroy(stream);
 }
 

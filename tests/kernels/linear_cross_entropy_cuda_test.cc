@@ -850,6 +850,42 @@ TEST(LceCuda, OutOfRangeLabelIsAClearErrorBeforeAnyOutput) {
   for (int64_t i = 0; i < h.numel(); ++i) EXPECT_EQ(h.data_as<float>()[i], 0.0f);  // untouched
 }
 
+// The backend synchronizes the host once per call, which a CUDA graph capture cannot record
+// (issue #16, 6). A call on a capturing stream is refused with an error that says so, before it
+// queues anything: the capture stays valid (ending it succeeds) and the outputs are untouched.
+// Before, the call queued work, then its cudaStreamSynchronize failed and invalidated the capture.
+TEST(LceCuda, GraphCaptureIsRefusedClearly) {
+  SKIP_WITHOUT_GPU();
+  lt::CaseSpec s;
+  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
+  Tensor loss = Tensor::zeros(DType::kF32, {}, Device::cuda());
+  Tensor lse = Tensor::zeros(DType::kF32, s.lead, Device::cuda());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  lce::Options opt;
+  opt.implementation = "cuda";
+  opt.stream = stream;
+  lce::forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, opt);  // warm-up outside the capture
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(lse.data(), 0, lse.view().nbytes(), stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  std::string what;
+  try {
+    lce::forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, opt);
+  } catch (const tessera::Error& e) {
+    what = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the call invalidated the capture";
+  if (graph) cudaGraphDestroy(graph);
+  EXPECT_NE(what.find("CUDA graph"), std::string::npos) << "error: '" << what << "'";
+  const Tensor h = lse.to(Device::cpu());
+  for (int64_t i = 0; i < h.numel(); ++i) EXPECT_EQ(h.data_as<float>()[i], 0.0f);
+  cudaStreamDestroy(stream);
+}
+
 TEST(LceCuda, HostMemoryLabelledCudaIsRejected) {
   SKIP_WITHOUT_GPU();
   lt::CaseSpec s;

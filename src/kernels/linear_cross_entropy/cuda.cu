@@ -13,8 +13,9 @@
 // A prologue kernel checks the labels and reduces Σ weights (mean denominator), the largest row
 // factor |weight·upstream| (it sets the f16 gradient's scale, cuda_plan.h) and the upstream
 // scalar on the device; one host synchronization fetches them (labels must be validated before
-// any output is written, and α is a host scalar of the GEMMs). Everything else is stream-ordered
-// on Problem::stream.
+// any output is written, and α is a host scalar of the GEMMs); that synchronization is why a
+// stream being captured into a CUDA graph is refused with a clear error. Everything else is
+// stream-ordered on Problem::stream.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -138,6 +139,22 @@ void check_accessible(const void* ptr, int device, const char* what) {
                                           "(pageable host memory or another device?)");
 }
 
+// Why a call on `stream` cannot run now ("" when it can): a call synchronizes the host once (the
+// label check and the GEMMs' host scalars), which a CUDA graph capture cannot record, so a
+// capturing stream is refused before anything is queued on it (the capture stays valid).
+std::string capture_problem(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("cannot tell whether the stream is being captured into a CUDA graph (cudaStreamIsCapturing: ") +
+           cudaGetErrorString(e) + "; the legacy stream while another stream captures?)";
+  }
+  if (status == cudaStreamCaptureStatusNone) return "";
+  return "the stream is being captured into a CUDA graph, and the cuda backend synchronizes the host once per "
+         "call (label check, GEMM scalars), which a capture cannot record: call it outside the capture";
+}
+
 template <class OutT>
 void launch_rows(const ck::RowParams& rp, int64_t n, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n));
@@ -192,6 +209,7 @@ class Cuda final : public Implementation {
       return Availability::no("inputs are on " + p.device.str() + "; the cuda backend needs CUDA device memory");
     const DeviceFacts f = device_facts(p.device.index);
     if (!f.ok) return Availability::no(f.why);
+    if (const std::string why = capture_problem(p.stream); !why.empty()) return Availability::no(why);
     if (!is_float(p.dtype)) return Availability::no(std::string("dtype ") + dtype_name(p.dtype) + " is not supported");
     if (2 * plan::logits_row_stride(p.V) > INT_MAX || p.H > INT_MAX)
       return Availability::no("V=" + std::to_string(p.V) + ", H=" + std::to_string(p.H) +
@@ -237,6 +255,7 @@ class Cuda final : public Implementation {
 
 void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, const GradIn* gi,
                const GradOut* go) const {
+  if (const std::string why = capture_problem(p.stream); !why.empty()) fail(ErrorCode::kUnsupported, why);
   const int dev = p.device.index;
   cuda::DeviceGuard guard(dev);
   const auto stream = static_cast<cudaStream_t>(p.stream);

@@ -718,7 +718,6 @@ void CUDART_CB hold_until_open(void* gate) {
   while (!static_cast<Gate*>(gate)->open.load() && std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
-void CUDART_CB sleep_50ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
 
 // A device tensor of t's dtype and shape holding zeros.
 Tensor zeros_like(const Tensor& t) { return t.defined() ? Tensor::zeros(t.dtype(), t.shape(), Device::cuda()) : Tensor(); }
@@ -746,8 +745,11 @@ bool same_host_bytes(const Tensor& a, const Tensor& b) {
 // All of a call's work goes on Options::stream (issue #16, 2: the old version synchronized the
 // device before the second run, so a stray launch on the legacy stream passed). Two traps, and no
 // synchronization between setting them and reading the results:
-//  1. the inputs of the run are zeros until copies queued on the stream land, behind a 50 ms
-//     host function on that stream: work queued on any other stream reads zeros;
+//  1. the inputs of the run are zeros until copies queued on the stream land, behind eight
+//     256 MiB device-to-device copies on that stream (~1 ms): work queued on any other stream
+//     reads zeros
+//     (a second host function would not do: CUDA may run host functions on one thread, so it
+//     could wait behind the gate of trap 2);
 //  2. the legacy stream waits for a gate that opens only after the results were read back
 //     through the stream: work queued on the legacy stream (or on any blocking stream, which
 //     waits for it) has not run by then, and a call that waits for the legacy stream itself
@@ -784,10 +786,12 @@ TEST(LceCuda, NonDefaultStreamIsTheOnlyStreamUsed) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   ASSERT_EQ(cudaStreamCreateWithFlags(&hold, cudaStreamNonBlocking), cudaSuccess);
   ASSERT_EQ(cudaEventCreateWithFlags(&held, cudaEventDisableTiming), cudaSuccess);
+  const Tensor delay_src = Tensor::zeros(DType::kF32, {int64_t{64} << 20}, cu);  // 256 MiB
+  const Tensor delay_dst = Tensor::empty(DType::kF32, {int64_t{64} << 20}, cu);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
-  // Trap 1 (its host function queued first: CUDA may run host functions on one thread, in order).
-  ASSERT_EQ(cudaLaunchHostFunc(stream, sleep_50ms, nullptr), cudaSuccess);
+  // Trap 1.
+  for (int i = 0; i < 8; ++i) copy_on(delay_dst, delay_src, stream);
   for (auto [dst, src] : {std::pair{&z.x, &d.x}, std::pair{&z.w, &d.w}, std::pair{&z.bias, &d.bias},
                           std::pair{&z.labels, &d.labels}, std::pair{&z.weights, &d.weights},
                           std::pair{&z.grad_loss, &d.grad_loss}})
@@ -1070,7 +1074,7 @@ TEST(LceCuda, LargeShapeMatchesFloat64OracleOnSampledRows) {
   }
   const Device dev = Device::cuda();
   const Tensor xd = x.to(dev), wd = w.to(dev), ld = labels.to(dev), gd = grad.to(dev);
-  for (const size_t budget : {size_t{0}, size_t{40} << 20}) {  // one chunk; ~5 chunks
+  for (const size_t budget : {size_t{0}, size_t{40} << 20}) {  // one chunk; 3 chunks (206 rows)
     lce::Options opt;
     opt.implementation = "cuda";
     opt.reduction = lce::Reduction::kNone;

@@ -467,8 +467,8 @@ namespace cp = tessera::linear_cross_entropy::cuda_plan;
 
 namespace {
 
-int64_t default_chunk_rows(int64_t B, int64_t V, const cp::ScratchNeeds& n) {
-  return cp::chunk_rows(cp::budget_rows(n, cp::kDefaultBudget), B, /*b=*/B);
+int64_t default_chunk_rows(const cp::ScratchNeeds& n) {
+  return cp::chunk_rows(cp::budget_rows(n, cp::kDefaultBudget), n.B, /*b=*/n.B);
 }
 
 }  // namespace
@@ -478,8 +478,8 @@ int64_t default_chunk_rows(int64_t B, int64_t V, const cp::ScratchNeeds& n) {
 // row losses of a mean and a 16-bit dbias's accumulator all inside the budget.
 TEST(LceCudaPlan, DefaultBudgetChunksMatchTheDocs) {
   for (bool dbias_acc : {false, true}) {
-    EXPECT_EQ(default_chunk_rows(8192, 128256, cp::worst_case_needs(8192, 128256, true, dbias_acc)), 2048);
-    EXPECT_EQ(default_chunk_rows(8192, 256000, cp::worst_case_needs(8192, 256000, true, dbias_acc)), 1024);
+    EXPECT_EQ(default_chunk_rows(cp::worst_case_needs(8192, 128256, true, dbias_acc)), 2048);
+    EXPECT_EQ(default_chunk_rows(cp::worst_case_needs(8192, 256000, true, dbias_acc)), 1024);
   }
   EXPECT_EQ(cp::blas_workspace_bytes(cp::kDefaultBudget), size_t{4} << 20);
 }
@@ -724,8 +724,8 @@ Tensor zeros_like(const Tensor& t) { return t.defined() ? Tensor::zeros(t.dtype(
 
 // Queues a device-to-device copy of src into dst on `s` (nothing for undefined tensors).
 void copy_on(const Tensor& dst, const Tensor& src, cudaStream_t s) {
-  if (src.defined())
-    ASSERT_EQ(cudaMemcpyAsync(dst.data(), src.data(), src.view().nbytes(), cudaMemcpyDeviceToDevice, s), cudaSuccess);
+  if (!src.defined()) return;
+  ASSERT_EQ(cudaMemcpyAsync(dst.data(), src.data(), src.view().nbytes(), cudaMemcpyDeviceToDevice, s), cudaSuccess);
 }
 
 // A host copy of the device tensor t, read through `s` (not through the legacy stream).

@@ -275,7 +275,7 @@ std::vector<lt::CaseSpec> row_path_cases() {
 
 }  // namespace
 
-class LceCudaRowPaths : public ::testing::TestWithParam<std::tuple<int, lt::Pass>> {};
+class LceCudaRowPaths : public ::testing::TestWithParam<std::tuple<int, Pass>> {};
 
 TEST_P(LceCudaRowPaths, MatchesReference) {
   SKIP_WITHOUT_GPU();
@@ -287,9 +287,9 @@ TEST_P(LceCudaRowPaths, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     RowPaths, LceCudaRowPaths,
     ::testing::Combine(::testing::Range(0, static_cast<int>(row_path_cases().size())),
-                       ::testing::Values(lt::Pass::kForward, lt::Pass::kBackward, lt::Pass::kFused)),
+                       ::testing::Values(Pass::kForward, Pass::kBackward, Pass::kFused)),
     [](const auto& info) {
-      return "case" + std::to_string(std::get<0>(info.param)) + "_" + lt::pass_name(std::get<1>(info.param));
+      return "case" + std::to_string(std::get<0>(info.param)) + "_" + tessera::pass_name(std::get<1>(info.param));
     });
 
 // ---- backward given the forward's lse (issue #16, 2) ----

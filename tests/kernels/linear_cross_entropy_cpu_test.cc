@@ -41,9 +41,8 @@ void expect_parity(const lt::CaseSpec& spec, const std::string& label) {
   }
 }
 
-TEST(LinearCrossEntropyCpu, BuiltInCheckGrid) {
-  for (const lt::CaseSpec& c : lt::check_grid()) expect_parity(c, "default blocks");
-}
+// The built-in grid with default blocks runs for every implementation of every kernel in
+// tests/kernels/parity_test.cc (Parity/*.CheckGrid).
 
 // The grid again with tiny blocks (b=3, h=8, v=16: tails everywhere, many token blocks, the
 // h chunking of bf16/f16 w) and different thread counts (on these tiny blocks the backend

@@ -94,11 +94,14 @@ struct Gradients {
   std::optional<TensorView> dbias;
 };
 
+// Argument order everywhere: inputs, then outputs, then options.
 // grad_loss: upstream gradient of `loss`. f32; 0-d for kSum / kMean, labels' shape for kNone.
-// lse: optional, the forward's lse (saves recomputing it).
+// lse: the forward's lse (an input of backward that saves recomputing it), when you have it.
 void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt = {});
 void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads,
-              const Options& opt = {}, const std::optional<TensorView>& lse = std::nullopt);
+              const Options& opt = {});
+void backward(const Inputs& in, const TensorView& grad_loss, const TensorView& lse,
+              const Gradients& grads, const Options& opt = {});
 // Loss and gradients in one pass (training). grad_loss as in backward.
 void forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
                       const Gradients& grads, const Options& opt = {});

@@ -291,11 +291,11 @@ void deallocate(void* p, int device) {
   if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
 }
 
-void copy(void* dst, const void* src, size_t bytes, int kind, int device) {
+void copy(void* dst, const void* src, size_t bytes, CopyKind kind, int device) {
   DeviceGuard g(device);
-  const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice
-                           : kind == 1 ? cudaMemcpyDeviceToHost
-                                       : cudaMemcpyDeviceToDevice;
+  const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                             : cudaMemcpyDeviceToDevice;
   // Synchronous with respect to the host (Tensor::to returns a usable tensor); cudaMemcpy on
   // the legacy default stream also waits for work queued there.
   check(cudaMemcpy(dst, src, bytes, k), "cudaMemcpy (Tensor::to)");

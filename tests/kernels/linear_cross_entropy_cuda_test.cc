@@ -88,7 +88,7 @@ HostRun run_case(const lt::CaseData& host, const lt::CaseSpec& s, const std::str
   const lce::ForwardOutputs fo{loss.view(), lse.view(), std::nullopt};
   if (backward_with_lse) {
     lce::forward(d.inputs(), fo, opt);
-    lce::backward(d.inputs(), d.grad_loss.view(), g, opt, lse.view());
+    lce::backward(d.inputs(), d.grad_loss.view(), lse.view(), g, opt);
   } else {
     lce::forward_backward(d.inputs(), d.grad_loss.view(), fo, g, opt);
   }

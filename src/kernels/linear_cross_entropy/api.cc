@@ -325,8 +325,10 @@ void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
                 [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
 }
 
-void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads, const Options& opt,
-              const std::optional<TensorView>& lse) {
+namespace {
+
+void backward_impl(const Inputs& in, const TensorView& grad_loss, const std::optional<TensorView>& lse,
+                   const Gradients& grads, const Options& opt) {
   const Problem p = normalize(in, opt);
   GradIn gi;
   gi.grad_loss = check_grad_loss(in, p, grad_loss);
@@ -343,6 +345,17 @@ void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& gr
   }
   dispatch_call(p, opt, Pass::kBackward,
                 [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, gi, go); });
+}
+
+}  // namespace
+
+void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads, const Options& opt) {
+  backward_impl(in, grad_loss, std::nullopt, grads, opt);
+}
+
+void backward(const Inputs& in, const TensorView& grad_loss, const TensorView& lse, const Gradients& grads,
+              const Options& opt) {
+  backward_impl(in, grad_loss, lse, grads, opt);
 }
 
 void forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,

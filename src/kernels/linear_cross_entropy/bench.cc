@@ -78,7 +78,7 @@ class LceBench final : public harness::BenchProblem {
       case Pass::kForward: c.run = [b] { forward(b->in, b->fo, b->opt); }; break;
       case Pass::kBackward:
         c.prepare = [b] { forward(b->in, b->fo, b->opt); };  // backward takes the forward's lse
-        c.run = [b] { backward(b->in, b->grad_loss, b->gr, b->opt, b->lse.view()); };
+        c.run = [b] { backward(b->in, b->grad_loss, b->lse.view(), b->gr, b->opt); };
         break;
       case Pass::kFused: c.run = [b] { forward_backward(b->in, b->grad_loss, b->fo, b->gr, b->opt); }; break;
     }

@@ -17,6 +17,7 @@
 #include "harness/device_hooks.h"
 #include "harness/process.h"
 #include "core/progress.h"
+#include "core/random.h"
 #include "harness/timer.h"
 #include "tessera/error.h"
 
@@ -182,11 +183,9 @@ std::optional<double> measure_cpu_gemm_gflops(const std::string& dtype, int64_t 
     return std::nullopt;
   }
   const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
-  std::mt19937 rng(42);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
   std::vector<float> a(nn), b(nn), c(nn, 0.f);
-  for (auto& v : a) v = u(rng);
-  for (auto& v : b) v = u(rng);
+  for (size_t i = 0; i < nn; ++i) a[i] = static_cast<float>(2 * random_unit(42, i) - 1);
+  for (size_t i = 0; i < nn; ++i) b[i] = static_cast<float>(2 * random_unit(43, i) - 1);
   std::vector<uint16_t> a16, b16;
   if (dtype == "bf16") {
     a16.resize(nn);

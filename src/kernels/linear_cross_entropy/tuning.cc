@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/env.h"
+#include "core/random.h"
 #include "tessera/error.h"
 #include "tune/device_kind.h"
 
@@ -156,40 +157,16 @@ tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op
 
 OwnedProblem make_random_problem(int64_t B, int64_t H, int64_t V, DType dtype, Device device,
                                  uint64_t seed) {
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto next = [&] {  // xorshift64*: deterministic, fast, good enough for timing inputs
-    state ^= state >> 12;
-    state ^= state << 25;
-    state ^= state >> 27;
-    return state * 0x2545F4914F6CDD1Dull;
-  };
-  auto uniform = [&] { return static_cast<float>((next() >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f; };
-  Tensor x = Tensor::empty(dtype, {B, H});
-  Tensor w = Tensor::empty(dtype, {H, V});
-  Tensor labels = Tensor::empty(DType::kI64, {B});
-  for (int64_t i = 0; i < B * H; ++i) store_from_f32(x.data(), dtype, i, uniform());
-  const float ws = 1.0f / std::sqrt(static_cast<float>(H));
-  for (int64_t i = 0; i < H * V; ++i) store_from_f32(w.data(), dtype, i, uniform() * ws);
-  for (int64_t i = 0; i < B; ++i) labels.data_as<int64_t>()[i] = static_cast<int64_t>(next() % static_cast<uint64_t>(V));
   OwnedProblem o;
-  if (device.type != DeviceType::kCPU) {
-    x = x.to(device);
-    w = w.to(device);
-    labels = labels.to(device);
-  }
-  o.x = x;
-  o.w = w;
-  o.labels = labels;
+  o.x = random_uniform(dtype, {B, H}, 1.0f, seed * 3 + 1).to(device);
+  o.w = random_uniform(dtype, {H, V}, 1.0f / std::sqrt(static_cast<float>(H)), seed * 3 + 2).to(device);
+  o.labels = random_indices(DType::kI64, {B}, V, seed * 3 + 3).to(device);
   Problem& p = o.problem;
-  p.B = B;
-  p.H = H;
-  p.V = V;
+  p.B = B, p.H = H, p.V = V;
   p.dtype = dtype;
   p.device = device;
-  p.x = o.x.data();
-  p.w = o.w.data();
+  p.x = o.x.data(), p.w = o.w.data(), p.labels = o.labels.data();
   p.layout = WLayout::kHV;
-  p.labels = o.labels.data();
   p.label_dtype = DType::kI64;
   p.num_threads = resolve_num_threads(0);
   return o;

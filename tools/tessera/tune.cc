@@ -47,14 +47,21 @@ std::vector<const lce::Implementation*> pick_implementations(const std::string& 
   std::vector<const lce::Implementation*> out;
   if (names.empty()) {
     for (const auto* base : lce::registry().implementations()) {
-      const auto* impl = static_cast<const lce::Implementation*>(base);
-      if (impl->tunable() && impl->available().ok) out.push_back(impl);
+      // find() gives the kernel's implementation (a device module's is loaded first).
+      const lce::Implementation* impl = base->available().ok ? lce::find_implementation(base->name()) : nullptr;
+      if (impl && impl->tunable()) out.push_back(impl);
     }
     return out;
   }
   for (const std::string& n : dispatch::split_names(names)) {
     const lce::Implementation* impl = lce::find_implementation(n);
-    if (!impl) throw Error(ErrorCode::kNotFound, std::string(lce::kKernelName) + ": unknown implementation '" + n + "'");
+    if (!impl) {
+      // Listed but not loadable (a device module's implementation without its device), or unknown.
+      const auto* listed = static_cast<const dispatch::RegistryView&>(lce::registry()).find(n);
+      if (listed)
+        throw Error(ErrorCode::kUnsupported, "implementation '" + n + "' cannot run here: " + listed->available().reason);
+      throw Error(ErrorCode::kNotFound, std::string(lce::kKernelName) + ": unknown implementation '" + n + "'");
+    }
     if (!impl->tunable())
       throw Error(ErrorCode::kInvalidArgument, "implementation '" + n + "' has no tunable block sizes");
     const auto a = impl->available();

@@ -125,23 +125,24 @@ BenchResult run_bench(const BenchConfig& cfg) {
   std::vector<const Implementation*> impls;
   if (cfg.implementations.empty()) {
     for (const auto* base : registry().implementations()) {
-      const auto* i = static_cast<const Implementation*>(base);
-      auto a = i->available();
-      if (a.ok)
+      auto a = base->available();  // a device module's placeholder loads its module here
+      const Implementation* i = a.ok ? find_implementation(base->name()) : nullptr;
+      if (i)
         impls.push_back(i);
       else
-        say("implementation '" + i->name() + "' unavailable here: " + a.reason);
+        say("implementation '" + base->name() + "' unavailable here: " + a.reason);
     }
   } else {
     for (const auto& n : cfg.implementations) {
-      const Implementation* i = find_implementation(n);
-      if (!i) {
+      const dispatch::ImplementationBase* listed = static_cast<const dispatch::RegistryView&>(registry()).find(n);
+      if (!listed) {
         std::string names;
         for (const auto* r : registry().implementations()) names += (names.empty() ? "" : ", ") + r->name();
         throw Error(ErrorCode::kNotFound, "no implementation '" + n + "' of " + kKernelName + " (have: " + names + ")");
       }
-      auto a = i->available();
-      if (!a.ok) {
+      auto a = listed->available();
+      const Implementation* i = a.ok ? find_implementation(n) : nullptr;
+      if (!i) {
         say("implementation '" + n + "' unavailable here: " + a.reason);
         continue;
       }

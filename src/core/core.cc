@@ -10,8 +10,11 @@
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/tensor.h"
+#include "tessera/version.h"
 
 namespace tessera {
+
+const char* version() noexcept { return TESSERA_VERSION; }
 
 const char* error_code_name(ErrorCode code) noexcept {
   switch (code) {

@@ -13,6 +13,7 @@
 #include "harness/roofline.h"
 #include "harness/table.h"
 #include "kernels/linear_cross_entropy/bench.h"
+#include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/commands.h"
 #include "tessera/error.h"
 
@@ -189,13 +190,16 @@ void register_bench(CLI::App& app) {
       }
       // GPU rows need the GPU's ceilings; a file stored without them (measured with --no-gpu, or
       // on another build) gets quick ones measured now, for this run only.
+      // Selected by device and name before available(), which loads the CUDA module: a CPU-only
+      // bench never loads it.
       bool gpu_rows = false;
-      for (const auto& info : lce::implementations())
-        if (info.device == DeviceType::kCUDA && info.available &&
+      for (const auto* impl : lce::registry().implementations())
+        if (impl->device_type() == DeviceType::kCUDA &&
             (cfg.implementations.empty() ||
-             std::find(cfg.implementations.begin(), cfg.implementations.end(), info.name) != cfg.implementations.end()))
+             std::find(cfg.implementations.begin(), cfg.implementations.end(), impl->name()) != cfg.implementations.end()) &&
+            impl->available().ok)
           gpu_rows = true;
-      const auto* hooks = harness::device_hooks(DeviceType::kCUDA);
+      const auto* hooks = gpu_rows ? harness::device_hooks(DeviceType::kCUDA) : nullptr;
       if (gpu_rows && !roof->find(Device::cuda(0).str()) && hooks && hooks->measure_ceilings) {
         fmt::print(stderr, "bench: the ceilings have no {}: measuring quick GPU ceilings now\n", Device::cuda(0).str());
         harness::RooflineOptions ro;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "tessera/commands.h"
 #include "tessera/error.h"
@@ -23,14 +24,17 @@ struct CheckArgs {
 
 int check_lce(const CheckArgs& a) {
   std::vector<lce::ImplementationInfo> todo;
-  for (const auto& info : lce::implementations()) {
+  // Selected by name first: info() asks available(), which loads a device module (--impl cpu
+  // must not load the CUDA runtime).
+  for (const auto* impl : lce::registry().implementations()) {
+    const std::string name = impl->name();
     if (!a.impl.empty()) {
       const std::string want = "," + a.impl + ",";
-      if (want.find("," + info.name + ",") == std::string::npos) continue;
-    } else if (info.name == "reference") {
+      if (want.find("," + name + ",") == std::string::npos) continue;
+    } else if (name == "reference") {
       continue;  // the oracle against itself says nothing
     }
-    todo.push_back(info);
+    todo.push_back(impl->info());
   }
   if (todo.empty()) {
     if (!a.impl.empty()) throw Error(ErrorCode::kNotFound, "check: no implementation named '" + a.impl + "'");

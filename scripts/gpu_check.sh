@@ -2,7 +2,7 @@
 # GPU machine check of the cuda backend, in one go: configure + build (preset gpu), run the test
 # suite (the LceCuda* GPU tests included), the benchmark and the PyTorch eager baseline, and write
 # the results to docs/gpu_results/<stamp>/ (or the directory given as $1):
-#   env.txt  build.log  tests.log  tests.json  bench.json  torch.json  bench.log  summary.md
+#   env.txt  build.log  tests.log  tests.json  tests_cuda.{log,json}  bench.json  torch.json  bench.log  summary.md
 # and the tessera CLI's own view (GPU ceilings, bench over the llm grid, HTML report):
 #   roofline.json  roofline.log  tessera_bench.json  tessera_bench.csv  tessera_bench.log  report.html
 #
@@ -41,11 +41,16 @@ if ! { cmake --preset gpu -DCMAKE_PREFIX_PATH="$root/.deps/usr" "-DCMAKE_CUDA_AR
   note "BUILD FAILED (see build.log)"; tail -30 "$out/build.log"; exit 1
 fi
 
-# The whole suite in one process (faster than ctest's one process per test); GPU tests are LceCuda*.
+# Each suite in one process (faster than ctest's one process per test). The CUDA module and the
+# GPU tests (LceCuda*, DeviceHooksCuda*, CudaModule*) are in tessera_cuda_tests.
 if ! build/gpu/tests/tessera_tests --gtest_output="json:$out/tests.json" > "$out/tests.log" 2>&1; then
   note "TESTS FAILED (see tests.log)"; status=1
 fi
 grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$out/tests.log" | tail -20
+if ! build/gpu/tests/tessera_cuda_tests --gtest_output="json:$out/tests_cuda.json" > "$out/tests_cuda.log" 2>&1; then
+  note "CUDA TESTS FAILED (see tests_cuda.log)"; status=1
+fi
+grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$out/tests_cuda.log" | tail -20
 
 if ! build/gpu/bin/lce_cuda_bench --shapes "${BENCH_SHAPES:-8192x4096x128256,8192x2304x256000}" \
      --iters "${BENCH_ITERS:-10}" --out "$out/bench.json" 2> "$out/bench.log"; then
@@ -86,9 +91,10 @@ def load(name):
 lines = ["# cuda backend: GPU check", ""]
 env = open(os.path.join(out, "env.txt")).read().strip()
 lines += ["```", env, "```", ""]
-t = load("tests.json")
-if t:
-    lines.append(f"Tests: {t.get('tests', 0)} run, {t.get('failures', 0)} failed, {t.get('disabled', 0)} disabled.")
+for tname, t in (("Tests", load("tests.json")), ("CUDA tests", load("tests_cuda.json"))):
+    if not t:
+        continue
+    lines.append(f"{tname}: {t.get('tests', 0)} run, {t.get('failures', 0)} failed, {t.get('disabled', 0)} disabled.")
     for suite in t.get("testsuites", []):
         for case in suite.get("testsuite", []):
             if case.get("failures"):

@@ -65,7 +65,10 @@ struct TensorView {
 // Direction of a DeviceAllocator copy.
 enum class CopyKind : unsigned char { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
-// Allocator hooks for a device type: backends that own a device register one.
+// Allocator hooks for a device type: backends that own a device register one. A device
+// backend is a module loaded on first use: the first allocation or copy on its device type (or
+// has_device_allocator) loads it; without it (no driver, not built) those throw kUnsupported
+// saying why.
 struct DeviceAllocator {
   std::function<void*(size_t bytes, int device_index)> allocate;
   std::function<void(void* ptr, int device_index)> deallocate;

@@ -6,11 +6,15 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/device_module.h"
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/tensor.h"
+#include "tessera/version.h"
 
 namespace tessera {
+
+const char* version() noexcept { return TESSERA_VERSION; }
 
 const char* error_code_name(ErrorCode code) noexcept {
   switch (code) {
@@ -131,18 +135,31 @@ void register_device_allocator(DeviceType type, DeviceAllocator allocator) {
   allocators()[static_cast<int>(type)] = std::move(allocator);
 }
 
-bool has_device_allocator(DeviceType type) {
+namespace {
+bool allocator_registered(DeviceType type) {
   std::lock_guard<std::mutex> lock(g_alloc_mu);
   return allocators().count(static_cast<int>(type)) > 0;
 }
+}  // namespace
+
+// A device's allocator comes from its backend module, loaded here on first use (never for the
+// host; never with g_alloc_mu held: the module registers its allocator while loading).
+bool has_device_allocator(DeviceType type) {
+  if (type != DeviceType::kCPU && !allocator_registered(type)) (void)device_module::load(type);
+  return allocator_registered(type);
+}
 
 static DeviceAllocator get_allocator(DeviceType type) {
+  std::string why;
+  if (!allocator_registered(type)) {
+    const device_module::Status& s = device_module::load(type);
+    why = s.loaded ? "its module registered none" : s.reason;
+  }
   std::lock_guard<std::mutex> lock(g_alloc_mu);
   auto it = allocators().find(static_cast<int>(type));
   if (it == allocators().end())
     throw Error(ErrorCode::kUnsupported,
-                "no allocator for device type " + Device{type, 0}.str() +
-                    " (Tessera was built without that backend)");
+                "no allocator for device type " + Device{type, 0}.str() + ": " + why);
   return it->second;
 }
 

@@ -3,6 +3,7 @@
 
 #include <sstream>
 
+#include "core/device_module.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "tessera/error.h"
@@ -116,6 +117,21 @@ ImplementationInfo ImplementationBase::info() const {
   info.status = status();
   info.what_changed = what_changed();
   return info;
+}
+
+ModuleLoader device_module_loader(DeviceType type) {
+  return [type] {
+    const device_module::Status& s = device_module::load(type);
+    return s.loaded ? Availability::yes() : Availability::no(s.reason);
+  };
+}
+
+Availability ModuleImplementation::available() const {
+  if (const ImplementationBase* real = loaded()) return real->available();
+  const Availability a = load_();
+  if (const ImplementationBase* real = loaded()) return real->available();
+  if (!a.ok) return a;
+  return Availability::no("its module is loaded but registered no implementation '" + name_ + "'");
 }
 
 const ImplementationBase* RegistryView::find(const std::string& name) const {

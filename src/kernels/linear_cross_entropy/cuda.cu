@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_module.h"
 #include "core/cuda_util.h"
 #include "core/log.h"
 #include "core/memory.h"
@@ -483,5 +484,9 @@ std::unique_ptr<Implementation> make_cuda_implementation() {
   cuda::register_device_hooks();  // also keeps cuda_device_hooks.cu (load-time registration) linked
   return std::make_unique<Cuda>();
 }
+
+// The CUDA module (core/cuda_module.h) registers this implementation when it is loaded; it
+// takes the place of the "cuda" placeholder declared in implementations.cc.
+TESSERA_CUDA_MODULE_REGISTRATION([] { registry().add(make_cuda_implementation()); });
 
 }  // namespace tessera::linear_cross_entropy

@@ -105,8 +105,8 @@ const Implementation* find_implementation(const std::string& name);  // nullptr 
 std::unique_ptr<Implementation> make_reference_implementation();
 // Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on (TESSERA_HAVE_CPU_BACKEND).
 std::unique_ptr<Implementation> make_cpu_implementation();
-#ifdef TESSERA_HAVE_CUDA_BACKEND
-std::unique_ptr<Implementation> make_cuda_implementation();  // cuda.cu
-#endif
+// CUDA backend (cuda.cu): built into the CUDA device module, libtessera_cuda.so, which
+// registers it when loaded on first use (implementations.cc declares it).
+std::unique_ptr<Implementation> make_cuda_implementation();
 
 }  // namespace tessera::linear_cross_entropy

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "core/text.h"
 #include "harness/grid.h"
 #include "harness/report.h"
 #include "harness/roofline.h"
@@ -110,6 +111,20 @@ TEST(Table, JsonRoundTrip) {
   write_json_file(path, doc);
   EXPECT_EQ(read_json_file(path), doc);
   EXPECT_THROW(read_json_file(temp_path("does_not_exist.json")), Error);
+}
+
+// A corrupt JSON file (here a .npy passed by mistake) is quoted escaped, never as raw bytes.
+TEST(Table, JsonErrorsQuoteCorruptBytesEscaped) {
+  const std::string path = temp_path("corrupt.json");
+  write_text_file(path, "\x93NUMPY\x01\x00{'descr'");
+  try {
+    read_json_file(path);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(text::printable(msg), msg);  // nothing left to escape: valid UTF-8, no controls
+    EXPECT_NE(msg.find("\\x93"), std::string::npos) << msg;
+  }
 }
 
 TEST(Grid, ParsesAndValidates) {

@@ -7,7 +7,8 @@
 # OUT_PREFIX defaults to the report's path without .html. Needs the `chromium` Debian package
 # (apt-get install -y chromium); CHROMIUM=/path/to/binary picks another. The page height is
 # taken generously (HEIGHT, default 6000 px) and the screenshot cropped to the page's content
-# when a python3 with PIL (Debian: python3-pil) is there; otherwise it is kept as rendered.
+# and stored with a palette when a python3 with PIL (Debian: python3-pil) is there; otherwise it
+# is kept as rendered.
 set -euo pipefail
 if [[ $# -lt 1 || $# -gt 2 ]]; then
   echo "usage: $0 REPORT.html [OUT_PREFIX]" >&2
@@ -34,7 +35,8 @@ p = sys.argv[1]
 im = Image.open(p).convert("RGB")
 box = ImageChops.difference(im, Image.new("RGB", im.size, (255, 255, 255))).getbbox()
 if box:
-    im.crop((0, 0, im.width, min(im.height, box[3] + 24))).save(p, optimize=True)
+    im = im.crop((0, 0, im.width, min(im.height, box[3] + 24)))
+im.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(p, optimize=True)  # palette: ~1/4 the size
 PY
   done
   echo "wrote $out"

@@ -121,8 +121,8 @@ void draw_device_ceilings(std::ostringstream& s, const Plot& p, const DeviceCeil
         << p.clampy(p.Y(xe * d.bandwidth_gbs)) << "\" stroke=\"#444\" stroke-width=\"2\"" << dash << "/>\n";
       const double x1 = p.X(xs), y1 = p.clampy(p.Y(xs * d.bandwidth_gbs));
       const double angle = std::atan2(p.clampy(p.Y(xe * d.bandwidth_gbs)) - y1, p.X(xe) - x1) * 180 / M_PI;
-      s << "<text class=\"ceiling-label\" transform=\"translate(" << x1 + 10 << "," << y1 - 6 << ") rotate(" << angle
-        << ")\" x=\"12\" y=\"-4\" fill=\"#444\">" << esc(d.device) << " " << num(d.bandwidth_gbs) << " GB/s</text>\n";
+      s << "<text class=\"ceiling-label\" transform=\"translate(" << x1 << "," << y1 << ") rotate(" << angle
+        << ")\" x=\"24\" y=\"-6\" fill=\"#444\">" << esc(d.device) << " " << num(d.bandwidth_gbs) << " GB/s</text>\n";
     }
   }
   int k = 0;
@@ -285,15 +285,15 @@ TimeAxis time_axis(const BarGroup& g, const json& rows) {
   see(g.gemm_floor_ms);
   TimeAxis a;
   a.log = mx / mn > 30;
-  a.lo = a.log ? std::pow(10.0, std::floor(std::log10(mn))) : 0;
-  a.hi = a.log ? std::pow(10.0, std::ceil(std::log10(mx))) : mx * 1.05;
+  a.lo = a.log ? mn / 1.5 : 0;  // log: a little room either side, decade ticks inside
+  a.hi = a.log ? mx * 1.3 : mx * 1.05;
   return a;
 }
 
 void draw_time_ticks(std::ostringstream& s, const TimeAxis& a, double y0, double y1) {
   std::vector<double> ticks;
   if (a.log) {
-    for (double v = a.lo; v <= a.hi * 1.0001; v *= 10) ticks.push_back(v);
+    for (double v = std::pow(10.0, std::ceil(std::log10(a.lo))); v <= a.hi; v *= 10) ticks.push_back(v);
   } else {
     // At most 4 steps of 1, 2 or 5 × 10^k: the labels must fit a 150 px axis.
     const double mag = std::pow(10.0, std::floor(std::log10(a.hi / 4)));

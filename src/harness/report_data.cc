@@ -203,7 +203,7 @@ json peer_row(const json& doc, const json& p, const json& peers, const std::vect
     if (!p.contains(d) || !p[d].is_number_integer()) bad_peer(origin, at + " has no integer dim \"" + d + "\"");
     row[d] = p[d];
   }
-  for (const char* k : {"median_ms", "min_ms", "max_ms"})
+  for (const char* k : {"median_ms", "min_ms", "max_ms", "first_call_ms"})
     if (p.contains(k) && p[k].is_number()) row[k] = p[k];
   row["device"] = p.value("device", peers.value("device", std::string("")));
   row["note"] = p.value("note", peers.value("source", std::string("")));

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numbers>
 #include <sstream>
 
 #include "harness/report.h"
@@ -120,7 +121,7 @@ void draw_device_ceilings(std::ostringstream& s, const Plot& p, const DeviceCeil
         << "\" y1=\"" << p.clampy(p.Y(xs * d.bandwidth_gbs)) << "\" x2=\"" << p.X(xe) << "\" y2=\""
         << p.clampy(p.Y(xe * d.bandwidth_gbs)) << "\" stroke=\"#444\" stroke-width=\"2\"" << dash << "/>\n";
       const double x1 = p.X(xs), y1 = p.clampy(p.Y(xs * d.bandwidth_gbs));
-      const double angle = std::atan2(p.clampy(p.Y(xe * d.bandwidth_gbs)) - y1, p.X(xe) - x1) * 180 / M_PI;
+      const double angle = std::atan2(p.clampy(p.Y(xe * d.bandwidth_gbs)) - y1, p.X(xe) - x1) * 180 / std::numbers::pi;
       s << "<text class=\"ceiling-label\" transform=\"translate(" << x1 << "," << y1 << ") rotate(" << angle
         << ")\" x=\"24\" y=\"-6\" fill=\"#444\">" << esc(d.device) << " " << num(d.bandwidth_gbs) << " GB/s</text>\n";
     }
@@ -177,7 +178,7 @@ bool place_label(const Plot& p, double x, double y, const std::string& t, const 
   const double w = 6.5 * static_cast<double>(t.size()) + 2, h = 11;
   for (double r : {9.0, 18.0, 30.0, 44.0, 60.0})
     for (int k = 0; k < 8; ++k) {
-      const double a = k * M_PI / 4, cx = x + r * std::cos(a), cy = y - r * std::sin(a);
+      const double a = k * std::numbers::pi / 4, cx = x + r * std::cos(a), cy = y - r * std::sin(a);
       const double bx = std::cos(a) < -0.3 ? cx - w : std::cos(a) > 0.3 ? cx : cx - w / 2;
       const double by = std::sin(a) > 0.3 ? cy - h : std::sin(a) < -0.3 ? cy : cy - h / 2;
       const Box b{bx, by, bx + w, by + h};

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <set>
 
 #include "harness/report.h"
 #include "harness/report_internal.h"
@@ -215,8 +214,8 @@ json peer_row(const json& doc, const json& p, const json& peers, const std::vect
 
 }  // namespace
 
-void merge_peer_results(json& doc, const json& peers, const std::string& origin) {
-  doc = normalize_bench_doc(doc);
+void merge_peer_results(json& out, const json& peers, const std::string& origin) {
+  json doc = normalize_bench_doc(out);  // a copy: `out` changes only when every row is valid
   if (!peers.is_object() || peers.value("schema", "") != "tessera-peers/1")
     bad_peer(origin, "not a peer results file (want \"schema\": \"tessera-peers/1\")");
   const std::string kernel = peers.value("kernel", ""), ours = doc.value("kernel", "");
@@ -232,6 +231,7 @@ void merge_peer_results(json& doc, const json& peers, const std::string& origin)
   for (auto& r : added) doc["rows"].push_back(std::move(r));
   doc["peers"].push_back({{"origin", origin}, {"source", peers.value("source", "")},
                           {"device", peers.value("device", "")}, {"rows", added.size()}});
+  out = std::move(doc);
 }
 
 }  // namespace tessera::harness

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -236,6 +238,28 @@ TEST(Report, WritesHtmlOrSvgAndRejectsNonBenchFiles) {
   const json empty = {{"rows", json::array()}};
   EXPECT_NE(render_roofline_svg(empty).find("no rows"), std::string::npos);
   EXPECT_THROW(render_roofline_svg(json::object()), Error);
+}
+
+// PNG width from the IHDR chunk (bytes 16..19, big-endian), 0 when not a PNG.
+uint32_t png_width(const std::string& path) {
+  const std::string b = read_text_file(path);
+  if (b.size() < 24 || b.compare(1, 3, "PNG") != 0) return 0;
+  uint32_t w = 0;
+  for (int i = 16; i < 20; ++i) w = (w << 8) | static_cast<unsigned char>(b[static_cast<size_t>(i)]);
+  return w;
+}
+
+// In a real browser: scripts/render_report.sh renders the page at both widths. Skipped where
+// Debian's chromium is not installed (the suite never needs it).
+TEST(Report, RendersInHeadlessChromium) {
+  if (std::system("command -v chromium >/dev/null 2>&1") != 0) GTEST_SKIP() << "chromium not installed";
+  const std::string html = temp_path("browser.html"), prefix = temp_path("browser");
+  write_report(fixture(), html);
+  const std::string cmd = "HEIGHT=3000 timeout 120 " TESSERA_TEST_SOURCE_DIR "/scripts/render_report.sh " + html + " " + prefix +
+                          " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  EXPECT_EQ(png_width(prefix + "-1440.png"), 1440u);
+  EXPECT_EQ(png_width(prefix + "-1024.png"), 1024u);
 }
 
 }  // namespace

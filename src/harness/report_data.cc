@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/text.h"
 #include "harness/report.h"
 #include "harness/report_internal.h"
 #include "tessera/error.h"
@@ -162,7 +163,7 @@ json normalize_bench_doc(const json& in) {
 namespace {
 
 [[noreturn]] void bad_peer(const std::string& origin, const std::string& what) {
-  throw Error(ErrorCode::kInvalidArgument, "peer results " + origin + ": " + what);
+  throw Error(ErrorCode::kInvalidArgument, text::printable("peer results " + origin + ": " + what));
 }
 
 // The bench row of the same dims, dtype and pass (a kernel row, for its cost model and

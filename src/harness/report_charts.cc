@@ -197,11 +197,15 @@ std::string draw_labels(std::ostringstream& s, const Plot& p, const std::vector<
   std::string unplaced;
   for (const auto& cl : clusters_of(pts)) {
     std::string t;
-    for (size_t i : cl) t += (t.empty() ? "" : ",") + std::to_string(pts[i].index + 1);
+    for (size_t i : cl) {
+      if (!t.empty()) t += ',';
+      t += std::to_string(pts[i].index + 1);
+    }
     const double x = pts[cl[0]].x, y = pts[cl[0]].y;
     Box b{};
     if (!place_label(p, x, y, t, taken, b)) {
-      unplaced += (unplaced.empty() ? "" : "; ") + t;
+      if (!unplaced.empty()) unplaced += "; ";
+      unplaced += t;
       continue;
     }
     taken.push_back(b);

@@ -58,7 +58,8 @@ if ! build/gpu/bin/lce_cuda_bench --shapes "${BENCH_SHAPES:-8192x4096x128256,819
 fi
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   python3 bench/torch_lce_baseline.py --shapes "${BENCH_SHAPES:-8192x4096x128256,8192x2304x256000}" \
-    --iters "${BENCH_ITERS:-10}" --out "$out/torch.json" 2>> "$out/bench.log" || note "torch baseline failed (see bench.log)"
+    --iters "${BENCH_ITERS:-10}" --out "$out/torch.json" --peers-out "$out/torch_peers.json" \
+    2>> "$out/bench.log" || note "torch baseline failed (see bench.log)"
 else
   note "PyTorch with CUDA not available: no eager baseline"
 fi
@@ -78,7 +79,9 @@ if ! "$tessera" bench linear_cross_entropy --impl cuda --grid llm --dtype bf16 -
 fi
 tail -20 "$out/tessera_bench.log"
 if [ -f "$out/tessera_bench.json" ]; then
-  "$tessera" report "$out/tessera_bench.json" -o "$out/report.html" >> "$out/tessera_bench.log" 2>&1 ||
+  peers=()
+  [ -f "$out/torch_peers.json" ] && peers=(--peers "$out/torch_peers.json")
+  "$tessera" report "$out/tessera_bench.json" "${peers[@]}" -o "$out/report.html" >> "$out/tessera_bench.log" 2>&1 ||
     { note "tessera report FAILED (see tessera_bench.log)"; status=1; }
 fi
 

@@ -13,6 +13,7 @@
 
 #include "core/env.h"
 #include "core/memory.h"
+#include "core/text.h"
 #include "harness/blas.h"
 #include "harness/device_hooks.h"
 #include "harness/process.h"
@@ -104,11 +105,11 @@ std::optional<Roofline> load_roofline(const std::string& path) {
   try {
     return nlohmann::json::parse(f).get<Roofline>();
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kIo, "roofline file " + path + " is not valid: " + e.what() +
-                                    " (re-measure with `tessera roofline`)");
+    throw Error(ErrorCode::kIo, text::printable("roofline file " + path + " is not valid: " + e.what() +
+                                                    " (re-measure with `tessera roofline`)"));
   } catch (const Error& e) {
-    throw Error(ErrorCode::kIo, "roofline file " + path + ": " + e.what() +
-                                    " (re-measure with `tessera roofline`)");
+    throw Error(ErrorCode::kIo, text::printable("roofline file " + path + ": " + e.what() +
+                                                    " (re-measure with `tessera roofline`)"));
   }
 }
 

@@ -145,5 +145,31 @@ TEST_F(Cli, CheckWithEveryCaseSkippedFails) {
   EXPECT_NE(c.out.find("nothing was checked"), std::string::npos) << c.out;
 }
 
+// tessera report merges repeated --peers files; a corrupt input is quoted as text, not raw bytes.
+TEST_F(Cli, ReportMergesPeersAndQuotesCorruptFilesAsText) {
+  const std::string bench = p("bench.json");
+  std::ofstream(bench) << R"({"schema": "tessera-bench/2", "kernel": "linear_cross_entropy", "dims": ["B", "H", "V"],
+    "rows": [{"kind": "kernel", "implementation": "cpu", "mode": "forward", "shape": "small", "B": 64, "H": 64,
+              "V": 512, "dtype": "f32", "median_ms": 1.0, "min_ms": 0.9, "max_ms": 1.2}]})";
+  for (const char* name : {"torch", "jax"}) {
+    std::ofstream(p(std::string(name) + ".json"))
+        << R"({"schema": "tessera-peers/1", "source": ")" << name << R"(", "rows": [{"implementation": ")" << name
+        << R"(", "mode": "forward", "B": 64, "H": 64, "V": 512, "dtype": "f32", "median_ms": 1.5}]})";
+  }
+  Cmd c = sh("report " + bench + " --peers " + p("torch.json") + " --peers " + p("jax.json") + " -o " + p("r.html"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  std::stringstream html;
+  html << std::ifstream(p("r.html")).rdbuf();
+  EXPECT_NE(html.str().find("torch (peer)"), std::string::npos);
+  EXPECT_NE(html.str().find("jax (peer)"), std::string::npos);
+  std::ofstream(p("corrupt.json"), std::ios::binary) << "\x93NUMPY\x01\xff{";
+  c = sh("report " + p("corrupt.json") + " -o " + p("r2.html"));
+  EXPECT_EQ(c.code, 2);
+  EXPECT_NE(c.out.find("not valid JSON"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("\\x93"), std::string::npos) << c.out;
+  EXPECT_TRUE(std::none_of(c.out.begin(), c.out.end(), [](char ch) { return static_cast<unsigned char>(ch) >= 0x80; }))
+      << "only ASCII here: the raw bytes are escaped";
+}
+
 }  // namespace
 }  // namespace tessera

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "common.h"
+#include "core/text.h"
 #include "tessera/error.h"
 
 int main(int argc, char** argv) {
@@ -21,7 +22,8 @@ int main(int argc, char** argv) {
     app.exit(e);  // prints the message
     return 2;     // every usage error exits 2, like our own argument errors
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    // Messages may quote a corrupt file's bytes: escaped, so the output stays valid UTF-8 text.
+    std::fprintf(stderr, "tessera: error: %s\n", tessera::text::printable(e.what()).c_str());
     return 2;
   }
   return tessera::cli::exit_code();

@@ -203,6 +203,24 @@ void hook_synchronize(int index) {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
+// Seconds of one call of `fn`, between two events on the legacy default stream (which orders
+// with every blocking stream, where the backends' calls run by default). The device is idle
+// before the start event; the stop event is recorded once fn has returned on the host, so the
+// time covers everything fn queued plus any host synchronization inside it.
+double hook_time_call(int index, const std::function<void()>& fn) {
+  DeviceGuard g(index);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  Event start, stop;
+  check(cudaEventRecord(start.e, cudaStreamLegacy), "cudaEventRecord");
+  fn();
+  check(cudaEventRecord(stop.e, cudaStreamLegacy), "cudaEventRecord");
+  check(cudaEventSynchronize(stop.e), "cudaEventSynchronize");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // work fn left on other streams
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start.e, stop.e), "cudaEventElapsedTime");
+  return ms / 1e3;
+}
+
 // Peak GEMM per dtype and copy bandwidth of device `index`; each failure is caught where it
 // happens and written as "not measured: <reason>".
 harness::DeviceCeilingsRaw measure_ceilings(int index, bool quick) {
@@ -354,6 +372,7 @@ void register_device_hooks() {
     h.synchronize = hook_synchronize;
     h.measure_ceilings = hook_measure_ceilings;
     h.time_gemm = hook_time_gemm;
+    h.time_call = hook_time_call;
     h.device_count = hook_device_count;
     harness::register_device_hooks(DeviceType::kCUDA, std::move(h));
   });

@@ -176,8 +176,7 @@ Inputs call_inputs(const kernels::CallArgs& a) {
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   const Options opt = call_options(a);
   const Inputs in = call_inputs(a);
-  if (in.x.ndim() < 1)
-    throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": x must have at least one dimension [..., H], got a 0-d tensor");
+  validate_metadata(in, opt);
   const Shape lead(in.x.shape.begin(), in.x.shape.end() - 1);
   std::vector<kernels::OutputDesc> out;
   auto add = [&](const char* name, DType dt, const Shape& shape) {

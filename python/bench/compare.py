@@ -10,7 +10,8 @@ One training step (loss + gradients of x and w) per method, each method in its o
 Time: the median of --reps steps after one warm-up step (compilation is in the warm-up, reported
 as first_s). Memory: the peak resident set during the timed steps above the resident set before
 them (Linux VmHWM, reset with /proc/self/clear_refs): the extra memory one step needs (gradients
-and all temporaries), the inputs excluded.
+and all temporaries), the inputs excluded. XLA keeps its CPU buffers from the warm-up step, so
+for JAX the compiled step's own figure (temporaries + outputs, memory_analysis) is given too.
 
     python python/bench/compare.py --shape 2048,1024,32768 --dtype f32,bf16 --reps 3
 """
@@ -54,10 +55,15 @@ def run_one(method, dtype, B, H, V, reps):
                 lse = jax.nn.logsumexp(z, axis=-1)
                 return jnp.mean(lse - jnp.take_along_axis(z, yj[:, None], axis=-1)[:, 0])
         f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+        # XLA keeps its CPU buffers between calls, so the RSS peak misses them: also report what
+        # the compiled step allocates besides its arguments (temporaries + outputs).
+        ma = f.lower(xj, wj).compile().memory_analysis()
+        xla_mb = (ma.temp_size_in_bytes + ma.output_size_in_bytes) / 2**20 if ma is not None else None
 
         def step():
             jax.block_until_ready(f(xj, wj))
     else:
+        xla_mb = None
         import torch
         import torch.nn.functional as F
         dt = torch.bfloat16 if dtype == "bf16" else torch.float32
@@ -94,7 +100,7 @@ def run_one(method, dtype, B, H, V, reps):
         times.append(time.perf_counter() - t0)
     peak = rss_kb("VmHWM")
     return {"method": method, "dtype": dtype, "median_s": statistics.median(times), "min_s": min(times),
-            "first_s": first, "extra_mb": (peak - base) / 1024}
+            "first_s": first, "extra_mb": (peak - base) / 1024, "xla_temp_out_mb": xla_mb}
 
 
 def main():
@@ -104,6 +110,7 @@ def main():
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per method (warm-up + reps)")
     ap.add_argument("--one", default="")  # internal: run one method in this process
     a = ap.parse_args()
     B, H, V = (int(s) for s in a.shape.split(","))
@@ -113,12 +120,16 @@ def main():
         return
     rows = []
     print(f"B={B} H={H} V={V}; logits would be {B * V * 4 / 2**20:.0f} MiB in f32; {os.cpu_count()} CPUs")
-    print(f"{'dtype':5} {'method':20} {'median s':>9} {'first s':>8} {'extra MiB':>10} {'x tessera':>10}")
+    print(f"{'dtype':5} {'method':20} {'median s':>9} {'first s':>8} {'extra MiB':>10} {'x tessera':>10} {'XLA MiB':>8}")
     for dtype in a.dtype.split(","):
         base = None
         for m in a.methods.split(","):
-            p = subprocess.run([sys.executable, __file__, "--shape", a.shape, "--reps", str(a.reps), "--one", f"{m}:{dtype}"],
-                               capture_output=True, text=True)
+            try:
+                p = subprocess.run([sys.executable, __file__, "--shape", a.shape, "--reps", str(a.reps),
+                                    "--one", f"{m}:{dtype}"], capture_output=True, text=True, timeout=a.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{dtype:5} {m:20} timed out after {a.timeout:.0f} s (warm-up + {a.reps} steps)", flush=True)
+                continue
             if p.returncode != 0:
                 print(f"{dtype:5} {m:20} failed: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}")
                 continue
@@ -127,7 +138,8 @@ def main():
                 base = r["median_s"]
             rows.append(r)
             ratio = f"{r['median_s'] / base:.2f}" if base else ""
-            print(f"{dtype:5} {m:20} {r['median_s']:9.3f} {r['first_s']:8.2f} {r['extra_mb']:10.0f} {ratio:>10}", flush=True)
+            xla = f"{r['xla_temp_out_mb']:8.0f}" if r.get("xla_temp_out_mb") is not None else ""
+            print(f"{dtype:5} {m:20} {r['median_s']:9.3f} {r['first_s']:8.2f} {r['extra_mb']:10.0f} {ratio:>10} {xla}", flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"shape": [B, H, V], "rows": rows}, f, indent=1)

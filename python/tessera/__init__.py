@@ -17,7 +17,6 @@ messages as ValueError / TypeError. The GIL is released while a kernel runs.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Dict, Optional
 
 import numpy as np

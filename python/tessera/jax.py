@@ -19,7 +19,6 @@ from typing import Any, Dict, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import _ext
 from ._registry import KERNELS, Kernel, dtype_name, outputs, public_outputs
@@ -40,7 +39,7 @@ def _ffi(k: Kernel, pass_: str, tensors: Dict[str, Any], options: Tuple[Tuple[st
     metas = {n: (dtype_name(t.dtype), list(t.shape), []) for n, t in zip(names, args)}
     descs = outputs(k, pass_, metas, dict(options))
     result = [jax.ShapeDtypeStruct(tuple(s), _JNP[d]) for _, d, s, _ in descs]
-    outs = jax.ffi.ffi_call(_TARGET, result)(
+    outs = jax.ffi.ffi_call(_TARGET, result, vmap_method="sequential")(
         *args, kernel=k.name, pass_=pass_, names=",".join(names),
         options=";".join(f"{n}={v}" for n, v in options), implementation=implementation)
     return {name: o for (name, _, _, _), o in zip(descs, outs)}
@@ -90,7 +89,7 @@ def _make(k: Kernel):
 
     fn.__name__ = fn.__qualname__ = k.name
     fn.__signature__ = k.signature()
-    fn.__doc__ = k.doc("JAX: XLA FFI + custom_vjp; works under jit, grad, vmap-free") + (
+    fn.__doc__ = k.doc("JAX: XLA FFI + custom_vjp; works under jit and grad (vmap runs it per element)") + (
         "\n\nReturns the forward's outputs but the saved ones (lse): loss, or (loss, argmax).")
     return fn
 

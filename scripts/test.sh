@@ -20,7 +20,11 @@ if [ "$preset" = release ]; then
   venv=${TESSERA_VENV:-.venv}
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   t0=$(date +%s)
-  "$venv/bin/python" -m pip install --disable-pip-version-check -q ".[test]"
+  # The build requirements live in the venv and the build is not isolated: nanobind then keeps its
+  # path, so build/python/ stays valid and a second run rebuilds nothing (an isolated build
+  # recompiles nanobind from a new temporary folder each time).
+  "$venv/bin/python" -m pip install --disable-pip-version-check -q "scikit-build-core>=0.10" "nanobind>=2.4"
+  "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-build-isolation ".[test]"
   echo "test.sh: pip install .[test] took $(( $(date +%s) - t0 )) s"
   "$venv/bin/python" -m pytest python/tests -q -p no:cacheprovider
 fi

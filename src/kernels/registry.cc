@@ -37,6 +37,12 @@ const Tensor* RunRequest::tensor(const std::string& name) const {
   return nullptr;
 }
 
+const TensorView* CallArgs::tensor(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return &t;
+  return nullptr;
+}
+
 std::vector<std::string> pick_implementations(const KernelSpec& k, const std::string& list,
                                               bool include_reference) {
   const dispatch::RegistryView& reg = k.implementations();

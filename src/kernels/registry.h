@@ -11,6 +11,8 @@
 //                     inputs, cost model, GEMM floor, baselines; its extra bench flags
 //   tune              its shape buckets, tuned table and how to time one candidate
 //   run               its `run` signature: named .npy inputs, options, outputs
+//   call              one pass on the caller's own views, no copy, outputs preallocated by the
+//                     caller (the Python bindings: NumPy, PyTorch custom ops, JAX FFI)
 #pragma once
 
 #include <functional>
@@ -92,6 +94,49 @@ struct RunSpec {
   std::function<RunOutput(const RunRequest&)> run;
 };
 
+// ---- call ----
+// A pass on views the caller owns (NumPy / PyTorch / JAX buffers taken zero-copy). The caller
+// asks `outputs` what to allocate, allocates it with its own framework and hands the views to
+// `call`, which validates everything (an error touches no output) and runs the pass.
+struct CallInput {
+  std::string name;        // Python keyword: "x", "bias", "grad_loss"
+  std::string help;
+  bool required = true;
+  bool differentiable = false;  // has a gradient output named "d" + name (backward, fused)
+};
+
+struct CallArgs {
+  Pass pass = Pass::kForward;
+  // Inputs, upstream gradients and saved forward outputs, by name (absent optional ones left out).
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  harness::OptionValues options;  // every declared option (defaults filled in)
+  ExecOptions exec;
+  const TensorView* tensor(const std::string& name) const;  // nullptr when not given
+};
+
+struct OutputDesc {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  Shape strides;  // elements: row-major, or another layout to allocate (a gradient in w's layout)
+};
+
+struct CallSpec {
+  std::vector<CallInput> inputs;        // the forward's inputs, in signature order
+  // What backward (and fused) take besides the inputs: upstream gradients of the forward's
+  // outputs (required) and saved forward outputs (optional, they spare a recomputation).
+  std::vector<CallInput> grad_inputs;
+  std::vector<harness::OptionSpec> options;  // names as the C++ Options fields
+  std::vector<std::string> forward_outputs;  // the forward's outputs that take an upstream gradient
+  std::vector<std::string> saved_outputs;    // forward outputs that backward may take back
+  // The outputs of `pass` for these inputs (only dtype, shape and strides of args.tensors are
+  // read; data may be null). Throws Error(kInvalidArgument) like the call would.
+  std::function<std::vector<OutputDesc>(const CallArgs& args)> outputs;
+  // Runs args.pass writing `out` (views of what `outputs` described, in its order). Returns the
+  // name of the implementation that ran.
+  std::function<std::string(const CallArgs& args, const std::vector<TensorView>& out)> call;
+};
+
 // ---- bench ----
 struct BenchSpec {
   std::vector<harness::OptionSpec> options;  // the kernel's extra bench flags
@@ -113,6 +158,7 @@ struct KernelSpec {
   BenchSpec bench;
   TuneSpec tune;
   RunSpec run;
+  CallSpec call;
 };
 
 // The kernels, in a fixed order (registry.cc lists them).

@@ -96,6 +96,12 @@ class Implementation : public dispatch::ImplementationBase {
                                 const ForwardOut& fout, const GradOut& gout) const;
 };
 
+// Validates the inputs' dtypes, shapes, layouts and the options exactly as a call would, from
+// metadata only: no data is read (label values and finiteness are checked by the call itself).
+// For callers that must reject a call before they have data (JAX tracing, torch fake tensors).
+// Throws the call's Error(kInvalidArgument). Defined in api.cc.
+void validate_metadata(const Inputs& in, const Options& opt);
+
 // The registry of this kernel, in default dispatch order. Defined in implementations.cc.
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();

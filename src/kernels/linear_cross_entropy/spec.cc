@@ -144,6 +144,112 @@ kernels::RunSpec run_spec() {
   return s;
 }
 
+// ---- call (Python bindings) ----
+// Option names are the C++ Options fields, so Python keywords read like the C++ API.
+Options call_options(const kernels::CallArgs& a) {
+  Options opt;
+  static_cast<ExecOptions&>(opt) = a.exec;
+  const harness::OptionValues& o = a.options;
+  opt.reduction = parse_reduction(o.str("reduction"));
+  opt.w_layout = parse_w_layout(o.str("w_layout"));
+  opt.z_loss_weight = o.real("z_loss_weight");
+  opt.soft_cap = o.real("soft_cap");
+  opt.label_smoothing = o.real("label_smoothing");
+  opt.ignore_index = o.integer("ignore_index");
+  opt.return_argmax = o.flag("return_argmax");
+  return opt;
+}
+
+const TensorView& need(const kernels::CallArgs& a, const char* name) {
+  const TensorView* t = a.tensor(name);
+  if (!t) throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": " + name + " is required");
+  return *t;
+}
+
+Inputs call_inputs(const kernels::CallArgs& a) {
+  Inputs in{need(a, "x"), need(a, "w"), std::nullopt, need(a, "labels"), std::nullopt};
+  if (const TensorView* b = a.tensor("bias")) in.bias = *b;
+  if (const TensorView* t = a.tensor("token_weights")) in.token_weights = *t;
+  return in;
+}
+
+std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
+  const Options opt = call_options(a);
+  const Inputs in = call_inputs(a);
+  validate_metadata(in, opt);
+  const Shape lead(in.x.shape.begin(), in.x.shape.end() - 1);
+  std::vector<kernels::OutputDesc> out;
+  auto add = [&](const char* name, DType dt, const Shape& shape) {
+    out.push_back({name, dt, shape, contiguous_strides(shape)});
+  };
+  if (a.pass != Pass::kBackward) {
+    add("loss", DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{});
+    add("lse", DType::kF32, lead);
+    if (opt.return_argmax) add("argmax", DType::kI64, lead);
+  }
+  if (a.pass != Pass::kForward) {
+    add("dx", in.x.dtype, in.x.shape);
+    out.push_back({"dw", in.w.dtype, in.w.shape, in.w.strides});  // w's layout (a transposed view stays one)
+    if (in.bias) add("dbias", in.bias->dtype, in.bias->shape);
+  }
+  return out;
+}
+
+std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
+  const Options opt = call_options(a);
+  const Inputs in = call_inputs(a);
+  const std::vector<kernels::OutputDesc> want = call_outputs(a);
+  if (out.size() != want.size())
+    throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": " + pass_name(a.pass) + " writes " +
+                                                 std::to_string(want.size()) + " outputs, got " + std::to_string(out.size()));
+  auto find = [&](const char* name) -> std::optional<TensorView> {
+    for (size_t i = 0; i < want.size(); ++i)
+      if (want[i].name == name) return out[i];
+    return std::nullopt;
+  };
+  ForwardOutputs fo;
+  if (a.pass != Pass::kBackward) fo = {*find("loss"), *find("lse"), find("argmax")};
+  Gradients g;
+  if (a.pass != Pass::kForward) g = {*find("dx"), *find("dw"), find("dbias")};
+  switch (a.pass) {
+    case Pass::kForward: forward(in, fo, opt); break;
+    case Pass::kBackward: {
+      if (const TensorView* l = a.tensor("lse"))
+        backward(in, need(a, "grad_loss"), *l, g, opt);
+      else
+        backward(in, need(a, "grad_loss"), g, opt);
+      break;
+    }
+    case Pass::kFused: forward_backward(in, need(a, "grad_loss"), fo, g, opt); break;
+  }
+  return last_implementation();
+}
+
+kernels::CallSpec call_spec() {
+  kernels::CallSpec s;
+  s.inputs = {{"x", "hidden states [..., H] (f32, bf16 or f16)", true, true},
+              {"w", "classifier [V, H] (PyTorch lm_head.weight) or [H, V], same dtype as x", true, true},
+              {"labels", "labels [...] (i32 or i64), ignore_index rows are ignored", true, false},
+              {"bias", "bias [V] (float)", false, true},
+              {"token_weights", "per-token loss weights [...] (f32), not per-class weights; no gradient", false, false}};
+  s.grad_inputs = {{"grad_loss", "upstream gradient of loss (f32; 0-d for sum/mean, per token for none)", true, false},
+                   {"lse", "the forward's lse (f32 [...]); spares recomputing it", false, false}};
+  s.options = {
+      {"reduction", K::kString, "none, sum or mean", "mean", {"none", "sum", "mean"}},
+      {"ignore_index", K::kInt, "label value whose rows are ignored", "-100", {}},
+      {"label_smoothing", K::kFloat, "label smoothing ε in [0, 1]", "0", {}},
+      {"z_loss_weight", K::kFloat, "z-loss weight λ (adds λ·lse² per token)", "0", {}},
+      {"soft_cap", K::kFloat, "logit soft cap c (z = c·tanh(z/c)); 0 disables", "0", {}},
+      {"w_layout", K::kString, "auto (from the shape; an error when H == V), vh ([V, H]) or hv ([H, V])", "auto",
+       {"auto", "vh", "hv"}},
+      {"return_argmax", K::kFlag, "also return the argmax of the logits per token (i64)", "false", {}}};
+  s.forward_outputs = {"loss"};
+  s.saved_outputs = {"lse"};
+  s.outputs = call_outputs;
+  s.call = call;
+  return s;
+}
+
 kernels::KernelSpec make_spec() {
   kernels::KernelSpec k;
   k.name = kKernelName;
@@ -157,6 +263,7 @@ kernels::KernelSpec make_spec() {
   k.bench.make_problem = make_bench_problem;
   k.tune = tune_spec();
   k.run = run_spec();
+  k.call = call_spec();
   return k;
 }
 

@@ -8,7 +8,7 @@ const std::vector<std::unique_ptr<Implementation>>& registry() {
   static const std::vector<std::unique_ptr<Implementation>> impls = [] {
     std::vector<std::unique_ptr<Implementation>> v;
     // Default order: fastest first. Only implementations of the inputs' device are tried.
-#if defined(TESSERA_HAVE_CPU_BACKEND) && TESSERA_ATTENTION_CPU_REGISTERED
+#ifdef TESSERA_HAVE_CPU_BACKEND
     v.push_back(make_cpu_implementation());
 #endif
     v.push_back(make_reference_implementation());

@@ -73,6 +73,12 @@ ParityReport check_parity(const CaseSpec& spec, const std::string& implementatio
 // −inf on one side only becomes NaN in `got` (counted as non-finite).
 void lse_for_compare(std::vector<double>& got, std::vector<double>& want);
 
+// harness::compare with the absolute tolerance taken relative to max(max|want|, floor) instead of
+// max|want| (for outputs whose oracle can be ~0 by cancellation while its siblings are not).
+harness::Deviation compare_with_floor(const std::vector<double>& got, const std::vector<double>& want,
+                                      harness::Tolerance tol, double floor);
+double max_abs(const std::vector<double>& v);
+
 // The built-in grid: MHA/GQA/MQA, causal (square, Sq < Sk, Sq > Sk), windows, softcap with
 // scale, ALiBi, segment ids, varlen, Dv != D, D in {16, 64, 80, 128, 256}, odd lengths, every
 // dtype. quick = a smaller subset (sanitizer runs).

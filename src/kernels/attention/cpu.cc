@@ -1,0 +1,543 @@
+// attention: the optimized CPU backend ("cpu").
+//
+// Design (docs/kernels/attention.md, "cpu backend"):
+//
+//   Forward, FlashAttention-style. A work item is (sequence, query head, block of q query rows).
+//   It walks the blocks of kv keys that its rows may see (causal and window limits cut the walk
+//   to the allowed span, so masked-out tiles cost nothing) and per tile:
+//     S = scale · Q_blk · K_blkᵀ                       one sgemm (K = D)
+//     soft cap, ALiBi, mask (only tiles that cross a mask edge, or with segment ids)
+//     online softmax in f32 (row max, P = exp(S − m), running sum, rescale factor)  (Highway)
+//     O_acc = alpha ∘ O_acc + P · V_blk                 one sgemm (K = kv block)
+//   and stores O_acc / l (rounded to o's dtype only here) and lse = m + log l.
+//
+//   Backward, FlashAttention-2-style: P is recomputed from the saved lse. A work item is
+//   (sequence, kv head[, kv chunk]); it owns dk and dv of its kv head and dq of the query heads
+//   that share it, so no two items write the same memory and no atomics are needed. Per kv block
+//   (dK, dV accumulated in f32 tiles) and per query head of the group and q block:
+//     S = scale·Q·Kᵀ, P = exp(S' − lse)   (S' = soft-capped, biased, masked S)
+//     dV += Pᵀ·dO;  dP = dO·Vᵀ;  dS = P ∘ (dP − Δ) [∘ (1 − (t/c)²)]
+//     dK += scale·dSᵀ·Q;  dQ += scale·dS·K
+//   with Δ_i = Σ dO_i·o_i from the saved o. Five sgemms per tile, the minimum for FA2.
+//   When there are fewer (sequence, kv head) items than threads, each is split into C chunks of
+//   kv blocks; each chunk accumulates its own f32 dq partial and the partials are summed in
+//   chunk order afterwards. C depends only on the shape and the thread count.
+//
+//   Determinism: every sum has a fixed order for a fixed thread count (an item's work does not
+//   depend on which thread runs it; chunk partials are reduced in chunk order), so results are
+//   bitwise reproducible for a fixed num_threads. In forward and in backward without chunking
+//   they do not even depend on the thread count.
+//
+//   Memory: per thread, a few q × kv f32 tiles, kv × D accumulators and conversion buffers; in
+//   backward also Sq × (Hq/Hkv) floats for Δ and, when dq is not f32 or items are chunked, an
+//   f32 dq accumulator of Sq × (Hq/Hkv) × D per thread (chunked: per chunk). Never Sq × Sk.
+//
+//   bf16 / f16 inputs are converted to f32 tile by tile (Q, dO per q block; K, V per kv block);
+//   all arithmetic is f32 and rounding to the storage dtype happens only when storing.
+//
+// Threads: std::thread, work items handed out by an atomic counter (heaviest first). While a
+// call runs, OpenBLAS is switched to one thread (process-wide, reference-counted, restored
+// afterwards), because each worker calls sgemm on its own tiles — the same rule as the
+// linear_cross_entropy cpu backend (the two guards are separate; see the doc).
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/memory.h"
+#include "kernels/attention/cpu_simd.h"
+#include "kernels/attention/impl.h"
+#include "tessera/error.h"
+
+namespace tessera::attention {
+namespace {
+
+namespace simd = cpu_simd;
+
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kMaxBlockQ = 1024;
+constexpr int64_t kMaxBlockKv = 4096;
+constexpr int kMaxThreads = 1024;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- OpenBLAS: single-threaded while any call of this backend runs ----
+std::mutex g_blas_mu;
+int g_blas_users = 0;
+int g_blas_saved = 1;
+
+class BlasSingleThreaded {
+ public:
+  BlasSingleThreaded() {
+    std::lock_guard<std::mutex> lock(g_blas_mu);
+    if (g_blas_users++ == 0) {
+      g_blas_saved = openblas_get_num_threads();
+      if (g_blas_saved != 1) openblas_set_num_threads(1);
+    }
+  }
+  ~BlasSingleThreaded() {
+    std::lock_guard<std::mutex> lock(g_blas_mu);
+    if (--g_blas_users == 0 && g_blas_saved != 1) openblas_set_num_threads(g_blas_saved);
+  }
+  BlasSingleThreaded(const BlasSingleThreaded&) = delete;
+  BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
+};
+
+// Row-major sgemm: C = alpha·op(A)·op(B) + beta·C. All dimensions fit int (checked in supports).
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // C = beta·C
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
+              static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta,
+              C, static_cast<int>(ldc));
+}
+
+template <class T>
+T* alloc(std::vector<memory::HostBuffer>& keep, size_t count) {
+  keep.push_back(memory::host_alloc(std::max<size_t>(1, count) * sizeof(T)));
+  return memory::as<T>(keep.back());
+}
+
+// Runs body(tid) for tid in [0, T) on T threads (the caller is thread 0).
+template <class F>
+void run_threads(int T, F&& body) {
+  BlasSingleThreaded blas_guard;
+  if (T <= 1) {
+    body(0);
+    return;
+  }
+  std::atomic<int> go{0};  // 0 wait, 1 run, 2 abort
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(T - 1));
+  auto run = [&](int tid) {
+    while (go.load(std::memory_order_acquire) == 0) std::this_thread::yield();
+    if (go.load(std::memory_order_acquire) == 1) body(tid);
+  };
+  try {
+    for (int k = 1; k < T; ++k) threads.emplace_back(run, k);
+  } catch (...) {
+    go.store(2, std::memory_order_release);
+    for (auto& t : threads) t.join();
+    throw Error(ErrorCode::kUnsupported,
+                std::string(kKernelName) + " cpu: could not start " + std::to_string(T) + " threads");
+  }
+  go.store(1, std::memory_order_release);
+  body(0);
+  for (auto& t : threads) t.join();
+}
+
+// Shared pieces of both passes.
+struct Common {
+  const Problem& p;
+  int64_t bq = 1, bk = 1, ld = 16;  // effective blocks; tile row stride
+  bool half = false;
+  bool bf16 = false;
+
+  Common(const Problem& prob, const BlockSizes& bs) : p(prob) {
+    bq = bs.q;
+    bk = bs.kv;
+    ld = simd::round_up(bk);
+    half = p.dtype != DType::kF32;
+    bf16 = p.dtype == DType::kBF16;
+  }
+
+  // Rows [i0, i0+rows) of sequence n, head h of a [rows, H, dim] input as f32: a pointer into
+  // the input (f32) or converted into buf; *ldx receives the row stride.
+  const float* rows_f32(const void* base, DType dt, int64_t H, int64_t dim, int64_t row0, int64_t h, int64_t rows,
+                        float* buf, int64_t* ldx) const {
+    if (dt == DType::kF32) {
+      *ldx = H * dim;
+      return static_cast<const float*>(base) + (row0 * H + h) * dim;
+    }
+    const auto* src = static_cast<const uint16_t*>(base);
+    for (int64_t r = 0; r < rows; ++r)
+      simd::half_to_f32(src + ((row0 + r) * H + h) * dim, dt == DType::kBF16, buf + r * dim, dim);
+    *ldx = dim;
+    return buf;
+  }
+
+  // Sets −inf in S where row i0+r of sequence n may not see key j0+j. Tiles entirely inside
+  // every row's allowed range (and no segment ids) are left alone.
+  void mask_tile(int64_t n, int64_t i0, int64_t mq, int64_t j0, int64_t nk, float* S) const {
+    int64_t lo_last, hi_first, unused;
+    p.key_range(n, i0 + mq - 1, &lo_last, &unused);
+    p.key_range(n, i0, &unused, &hi_first);
+    if (!p.seg_q && lo_last <= j0 && hi_first >= j0 + nk) return;  // ranges are monotone in i
+    const int32_t* sk = p.seg_k ? p.seg_k + p.k_begin(n) + j0 : nullptr;
+    for (int64_t r = 0; r < mq; ++r) {
+      int64_t lo, hi;
+      p.key_range(n, i0 + r, &lo, &hi);
+      const int64_t a = std::clamp<int64_t>(lo - j0, 0, nk), b = std::clamp<int64_t>(hi - j0, a, nk);
+      float* s = S + r * ld;
+      std::fill(s, s + a, kNegInf);
+      std::fill(s + b, s + nk, kNegInf);
+      if (sk) {
+        const int32_t id = p.seg_q[p.q_begin(n) + i0 + r];
+        for (int64_t j = a; j < b; ++j)
+          if (sk[j] != id) s[j] = kNegInf;
+      }
+    }
+  }
+
+  // Soft cap and ALiBi on a tile of scores of head h (rows i0.., keys j0..).
+  void transform_tile(int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, float* S) const {
+    if (p.softcap > 0.0) simd::softcap(S, mq, nk, ld, static_cast<float>(p.softcap));
+    if (p.alibi) {
+      const int64_t off = p.k_len(n) - p.q_len(n);
+      simd::alibi(S, mq, nk, ld, p.slope(n, h), static_cast<float>(i0 + off - j0));
+    }
+  }
+};
+
+// ---------------------------------------------------------------- forward
+
+class Forward : Common {
+ public:
+  Forward(const Problem& prob, const BlockSizes& bs, const ForwardOut& out) : Common(prob, bs), out_(out) {}
+
+  void run() {
+    // Items, heaviest first under causal masks (later q blocks see more keys).
+    int64_t max_blocks = 0;
+    for (int64_t n = 0; n < p.N; ++n) max_blocks = std::max(max_blocks, (p.q_len(n) + bq - 1) / bq);
+    for (int64_t qb = max_blocks - 1; qb >= 0; --qb)
+      for (int64_t n = 0; n < p.N; ++n)
+        if (qb * bq < p.q_len(n))
+          for (int64_t h = 0; h < p.Hq; ++h) items_.push_back({n, h, qb});
+    const int T = static_cast<int>(std::min<int64_t>(std::clamp(p.num_threads, 1, kMaxThreads),
+                                                     std::max<int64_t>(1, static_cast<int64_t>(items_.size()))));
+    scratch_.resize(static_cast<size_t>(T));
+    for (Scratch& s : scratch_) {
+      s.S = alloc<float>(keep_, static_cast<size_t>(bq * ld));
+      s.O = alloc<float>(keep_, static_cast<size_t>(bq * p.Dv));
+      s.m = alloc<float>(keep_, static_cast<size_t>(bq));
+      s.l = alloc<float>(keep_, static_cast<size_t>(bq));
+      s.alpha = alloc<float>(keep_, static_cast<size_t>(bq));
+      if (half) {
+        s.q = alloc<float>(keep_, static_cast<size_t>(bq * p.D));
+        s.k = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
+        s.v = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
+      }
+    }
+    std::atomic<size_t> next{0};
+    run_threads(T, [&](int tid) {
+      for (size_t i = next.fetch_add(1); i < items_.size(); i = next.fetch_add(1)) item(scratch_[tid], items_[i]);
+    });
+  }
+
+ private:
+  struct Item {
+    int64_t n, h, qb;
+  };
+  struct Scratch {
+    float *S, *O, *m, *l, *alpha, *q = nullptr, *k = nullptr, *v = nullptr;
+  };
+
+  void item(Scratch& s, const Item& it) const {
+    const int64_t n = it.n, h = it.h, kvh = h / p.group();
+    const int64_t sq = p.q_len(n), qbeg = p.q_begin(n), kbeg = p.k_begin(n);
+    const int64_t i0 = it.qb * bq, mq = std::min(bq, sq - i0);
+    int64_t kmin = p.k_len(n), kmax = 0;
+    for (int64_t r = 0; r < mq; ++r) {
+      int64_t lo, hi;
+      p.key_range(n, i0 + r, &lo, &hi);
+      if (lo < hi) {
+        kmin = std::min(kmin, lo);
+        kmax = std::max(kmax, hi);
+      }
+    }
+    int64_t ldq = 0, ldk = 0, ldv = 0;
+    const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
+    std::fill(s.m, s.m + mq, kNegInf);
+    std::fill(s.l, s.l + mq, 0.0f);
+    std::fill(s.O, s.O + mq * p.Dv, 0.0f);
+    const float scale = static_cast<float>(p.scale);
+    for (int64_t j0 = kmin; j0 < kmax; j0 += bk) {
+      const int64_t nk = std::min(bk, kmax - j0);
+      const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
+      const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
+      gemm(false, true, mq, nk, p.D, scale, Q, ldq, K, ldk, 0.0f, s.S, ld);
+      transform_tile(n, h, i0, mq, j0, nk, s.S);
+      mask_tile(n, i0, mq, j0, nk, s.S);
+      simd::online_softmax(s.S, mq, nk, ld, s.m, s.l, s.alpha);
+      simd::scale_rows(s.O, mq, p.Dv, p.Dv, s.alpha);
+      gemm(false, false, mq, p.Dv, nk, 1.0f, s.S, ld, V, ldv, 1.0f, s.O, p.Dv);
+    }
+    for (int64_t r = 0; r < mq; ++r) {
+      const bool seen = s.l[r] > 0.0f;
+      const float inv = seen ? 1.0f / s.l[r] : 0.0f;
+      const int64_t base = ((qbeg + i0 + r) * p.Hq + h) * p.Dv;
+      const float* o = s.O + r * p.Dv;
+      if (out_.o_dtype == DType::kF32) {
+        float* dst = static_cast<float*>(out_.o) + base;
+        for (int64_t c = 0; c < p.Dv; ++c) dst[c] = o[c] * inv;
+      } else {
+        for (int64_t c = 0; c < p.Dv; ++c) store_from_f32(out_.o, out_.o_dtype, base + c, o[c] * inv);
+      }
+      out_.lse[p.lse_index(n, h, i0 + r)] = seen ? s.m[r] + std::log(s.l[r]) : kNegInf;
+    }
+  }
+
+  const ForwardOut& out_;
+  std::vector<Item> items_;
+  std::vector<Scratch> scratch_;
+  std::vector<memory::HostBuffer> keep_;
+};
+
+// ---------------------------------------------------------------- backward
+
+class Backward : Common {
+ public:
+  Backward(const Problem& prob, const BlockSizes& bs, const BackwardIn& in, const GradOut& out)
+      : Common(prob, bs), in_(in), out_(out) {}
+
+  void run() {
+    const int64_t G = p.group();
+    const int want = std::clamp(p.num_threads, 1, kMaxThreads);
+    const int64_t pairs = p.N * p.Hkv;
+    int64_t max_sq = 0, max_kb = 1;
+    for (int64_t n = 0; n < p.N; ++n) {
+      max_sq = std::max(max_sq, p.q_len(n));
+      max_kb = std::max(max_kb, (p.k_len(n) + bk - 1) / bk);
+    }
+    // Chunks per (sequence, kv head): enough items for every thread, never more than kv blocks.
+    chunks_ = pairs >= want ? 1 : std::min<int64_t>((want + pairs - 1) / pairs, max_kb);
+    const bool dq_f32 = out_.dq_dtype == DType::kF32;
+    direct_dq_ = chunks_ == 1 && dq_f32;
+    // Items: heaviest sequences first (by sq·sk), then kv head, chunk.
+    std::vector<int64_t> order(static_cast<size_t>(p.N));
+    for (int64_t n = 0; n < p.N; ++n) order[n] = n;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return p.q_len(a) * p.k_len(a) > p.q_len(b) * p.k_len(b); });
+    for (int64_t n : order)
+      for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
+        for (int64_t c = 0; c < chunks_; ++c) items_.push_back({n, kvh, c, nullptr});
+    if (chunks_ > 1) {  // one f32 dq partial per item
+      size_t off = 0;
+      std::vector<size_t> offs;
+      for (const Item& it : items_) {
+        offs.push_back(off);
+        off += static_cast<size_t>(p.q_len(it.n) * G * p.D);
+      }
+      float* slots = alloc<float>(keep_, off);
+      for (size_t i = 0; i < items_.size(); ++i) items_[i].dq = slots + offs[i];
+    }
+    const int T = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(items_.size()))));
+    scratch_.resize(static_cast<size_t>(T));
+    for (Scratch& s : scratch_) {
+      s.S = alloc<float>(keep_, static_cast<size_t>(bq * ld));
+      s.dP = alloc<float>(keep_, static_cast<size_t>(bq * ld));
+      if (p.softcap > 0.0) s.P = alloc<float>(keep_, static_cast<size_t>(bq * ld));
+      s.dK = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
+      s.dV = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
+      s.delta = alloc<float>(keep_, static_cast<size_t>(max_sq * G));
+      if (half) {
+        s.q = alloc<float>(keep_, static_cast<size_t>(bq * p.D));
+        s.k = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
+        s.v = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
+      }
+      if (in_.grad_o_dtype != DType::kF32) s.dO = alloc<float>(keep_, static_cast<size_t>(bq * p.Dv));
+      if (chunks_ == 1 && !dq_f32) s.dq = alloc<float>(keep_, static_cast<size_t>(max_sq * G * p.D));
+    }
+    std::atomic<size_t> next{0};
+    run_threads(T, [&](int tid) {
+      for (size_t i = next.fetch_add(1); i < items_.size(); i = next.fetch_add(1)) item(scratch_[tid], items_[i]);
+    });
+    if (chunks_ > 1) reduce_dq();
+  }
+
+ private:
+  struct Item {
+    int64_t n, kvh, chunk;
+    float* dq;  // this item's f32 dq partial [sq][G][D] when chunked
+  };
+  struct Scratch {
+    float *S, *dP, *P = nullptr, *dK, *dV, *delta, *q = nullptr, *k = nullptr, *v = nullptr, *dO = nullptr,
+                   *dq = nullptr;
+  };
+
+  // Stores an f32 [rows][G][D] dq accumulator of (sequence n, kv head kvh) into dq.
+  void store_dq(int64_t n, int64_t kvh, const float* acc) const {
+    const int64_t G = p.group(), qbeg = p.q_begin(n);
+    for (int64_t i = 0; i < p.q_len(n); ++i)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t base = ((qbeg + i) * p.Hq + kvh * G + g) * p.D;
+        const float* a = acc + (i * G + g) * p.D;
+        for (int64_t c = 0; c < p.D; ++c) store_from_f32(out_.dq, out_.dq_dtype, base + c, a[c]);
+      }
+  }
+
+  // dq = Σ over chunks (in chunk order) of the partials.
+  void reduce_dq() {
+    for (size_t i = 0; i < items_.size(); i += static_cast<size_t>(chunks_)) {
+      const Item& first = items_[i];
+      const size_t count = static_cast<size_t>(p.q_len(first.n) * p.group() * p.D);
+      for (int64_t c = 1; c < chunks_; ++c) {
+        const float* src = items_[i + static_cast<size_t>(c)].dq;
+        for (size_t e = 0; e < count; ++e) first.dq[e] += src[e];
+      }
+      store_dq(first.n, first.kvh, first.dq);
+    }
+  }
+
+  void store_kv(void* dst, DType dt, int64_t dim, int64_t krow0, int64_t kvh, int64_t nk, const float* acc) const {
+    for (int64_t j = 0; j < nk; ++j) {
+      const int64_t base = ((krow0 + j) * p.Hkv + kvh) * dim;
+      if (dt == DType::kF32)
+        std::memcpy(static_cast<float*>(dst) + base, acc + j * dim, static_cast<size_t>(dim) * sizeof(float));
+      else
+        for (int64_t c = 0; c < dim; ++c) store_from_f32(dst, dt, base + c, acc[j * dim + c]);
+    }
+  }
+
+  void item(Scratch& s, const Item& it) const {
+    const int64_t n = it.n, kvh = it.kvh, G = p.group();
+    const int64_t sq = p.q_len(n), sk = p.k_len(n), qbeg = p.q_begin(n), kbeg = p.k_begin(n);
+    // Δ_i = Σ_c dO_ic · o_ic per row of each query head of the group (f32).
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t i = 0; i < sq; ++i) {
+        const int64_t base = ((qbeg + i) * p.Hq + kvh * G + g) * p.Dv;
+        float d = 0.0f;
+        if (in_.o_dtype == DType::kF32 && in_.grad_o_dtype == DType::kF32) {
+          d = simd::dot(static_cast<const float*>(in_.o) + base, static_cast<const float*>(in_.grad_o) + base, p.Dv);
+        } else {
+          for (int64_t c = 0; c < p.Dv; ++c)
+            d += load_as_f32(in_.o, in_.o_dtype, base + c) * load_as_f32(in_.grad_o, in_.grad_o_dtype, base + c);
+        }
+        s.delta[g * sq + i] = d;
+      }
+    // The dq accumulator: the f32 output itself, this item's partial, or the thread's buffer.
+    float* dq;
+    int64_t dq_ld;
+    if (direct_dq_) {
+      dq = static_cast<float*>(out_.dq) + (qbeg * p.Hq + kvh * G) * p.D;
+      dq_ld = p.Hq * p.D;
+      for (int64_t i = 0; i < sq; ++i) std::fill(dq + i * dq_ld, dq + i * dq_ld + G * p.D, 0.0f);
+    } else {
+      dq = chunks_ > 1 ? it.dq : s.dq;
+      dq_ld = G * p.D;
+      std::fill(dq, dq + sq * dq_ld, 0.0f);
+    }
+    const int64_t nb = (sk + bk - 1) / bk;
+    const int64_t kb0 = it.chunk * nb / chunks_, kb1 = (it.chunk + 1) * nb / chunks_;
+    const float scale = static_cast<float>(p.scale);
+    const float inv_c = p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.0f;
+    for (int64_t kb = kb0; kb < kb1; ++kb) {
+      const int64_t j0 = kb * bk, nk = std::min(bk, sk - j0);
+      int64_t ldk = 0, ldv = 0;
+      const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
+      const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
+      std::fill(s.dK, s.dK + nk * p.D, 0.0f);
+      std::fill(s.dV, s.dV + nk * p.Dv, 0.0f);
+      // Rows whose allowed keys meet this block (contiguous: the ranges are monotone in i).
+      int64_t ilo = sq, ihi = 0;
+      for (int64_t i = 0; i < sq; ++i) {
+        int64_t lo, hi;
+        p.key_range(n, i, &lo, &hi);
+        if (lo < hi && lo < j0 + nk && hi > j0) {
+          ilo = std::min(ilo, i);
+          ihi = i + 1;
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = kvh * G + g;
+        const float* lse = in_.lse + p.lse_index(n, h, 0);  // contiguous in i (both forms)
+        for (int64_t i0 = ilo; i0 < ihi; i0 += bq) {
+          const int64_t mq = std::min(bq, ihi - i0);
+          int64_t ldq = 0, lddo = 0;
+          const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
+          const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + i0, h, mq, s.dO, &lddo);
+          gemm(false, true, mq, nk, p.D, scale, Q, ldq, K, ldk, 0.0f, s.S, ld);
+          float* P = s.S;
+          const float* Tcap = nullptr;
+          if (p.softcap > 0.0) {
+            simd::softcap(s.S, mq, nk, ld, static_cast<float>(p.softcap));
+            std::memcpy(s.P, s.S, static_cast<size_t>(mq * ld) * sizeof(float));
+            P = s.P;
+            Tcap = s.S;
+          }
+          if (p.alibi) {
+            const int64_t off = sk - sq;
+            simd::alibi(P, mq, nk, ld, p.slope(n, h), static_cast<float>(i0 + off - j0));
+          }
+          mask_tile(n, i0, mq, j0, nk, P);
+          simd::exp_rows(P, mq, nk, ld, lse + i0);
+          gemm(true, false, nk, p.Dv, mq, 1.0f, P, ld, dO, lddo, 1.0f, s.dV, p.Dv);
+          gemm(false, true, mq, nk, p.Dv, 1.0f, dO, lddo, V, ldv, 0.0f, s.dP, ld);
+          simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c);
+          gemm(true, false, nk, p.D, mq, scale, s.dP, ld, Q, ldq, 1.0f, s.dK, p.D);
+          gemm(false, false, mq, p.D, nk, scale, s.dP, ld, K, ldk, 1.0f, dq + i0 * dq_ld + g * p.D, dq_ld);
+        }
+      }
+      store_kv(out_.dk, out_.dk_dtype, p.D, kbeg + j0, kvh, nk, s.dK);
+      store_kv(out_.dv, out_.dv_dtype, p.Dv, kbeg + j0, kvh, nk, s.dV);
+    }
+    if (!direct_dq_ && chunks_ == 1) store_dq(n, kvh, dq);
+  }
+
+  const BackwardIn& in_;
+  const GradOut& out_;
+  int64_t chunks_ = 1;
+  bool direct_dq_ = false;
+  std::vector<Item> items_;
+  std::vector<Scratch> scratch_;
+  std::vector<memory::HostBuffer> keep_;
+};
+
+class Cpu final : public Implementation {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::string description() const override {
+    return "optimized CPU backend: flash-style q x kv tiles, OpenBLAS sgemm per tile + Highway online softmax, "
+           "FA2 backward (deterministic); extra memory O(threads x tile)";
+  }
+  DeviceType device_type() const override { return DeviceType::kCPU; }
+  Availability supports(const Problem& p) const override {
+    if (p.device.type != DeviceType::kCPU)
+      return Availability::no("inputs are on " + p.device.str() + ", the cpu backend runs on host memory");
+    if (p.D > kMaxHeadDim || p.Dv > kMaxHeadDim)
+      return Availability::no("the cpu backend supports head dims D <= " + std::to_string(kMaxHeadDim) + " and Dv <= " +
+                              std::to_string(kMaxHeadDim) + ", got D=" + std::to_string(p.D) +
+                              ", Dv=" + std::to_string(p.Dv));
+    if (p.Hq * std::max(p.D, p.Dv) > INT_MAX)
+      return Availability::no("Hq*D must be < 2^31 (BLAS uses 32-bit leading dimensions)");
+    return Availability::yes();
+  }
+
+  BlockSizes default_block_sizes(const Problem&) const override { return BlockSizes{}; }
+
+  void validate_block_sizes(const BlockSizes& bs) const override {
+    auto fail = [](const std::string& what) {
+      throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + " cpu: invalid block sizes: " + what);
+    };
+    if (bs.q < 1 || bs.q > kMaxBlockQ)
+      fail("q (query block) must be in [1, " + std::to_string(kMaxBlockQ) + "], got " + std::to_string(bs.q));
+    if (bs.kv < 1 || bs.kv > kMaxBlockKv)
+      fail("kv (key block) must be in [1, " + std::to_string(kMaxBlockKv) + "], got " + std::to_string(bs.kv));
+  }
+
+  void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const override {
+    validate_block_sizes(bs);
+    Forward(p, bs, out).run();
+  }
+  void backward(const Problem& p, const BlockSizes& bs, const BackwardIn& in, const GradOut& out) const override {
+    validate_block_sizes(bs);
+    Backward(p, bs, in, out).run();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Implementation> make_cpu_implementation() { return std::make_unique<Cpu>(); }
+
+}  // namespace tessera::attention

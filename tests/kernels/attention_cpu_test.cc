@@ -151,12 +151,12 @@ TEST(AttentionCpu, RowsThatSeeNothing) {
   }
 }
 
-// Extra memory: per-thread tiles, never Sq × Sk. At Sq = Sk = 1024, D = 64, 2 threads, default
-// blocks the scratch is a few hundred KiB; Sq × Sk f32 would be 4 MiB per head.
+// Extra memory: per-thread tiles, never Sq × Sk. At Sq = Sk = 2048, D = 64, 2 threads, default
+// blocks (q=128, kv=256) the scratch is a few MiB; Sq × Sk f32 would be 16 MiB per head.
 TEST(AttentionCpu, ExtraMemoryIsPerThreadTiles) {
   at::CaseSpec s;
   s.B = 1;
-  s.Sq = s.Sk = 1024;
+  s.Sq = s.Sk = 2048;
   s.Hq = 2;
   s.Hkv = 1;
   s.D = s.Dv = 64;
@@ -167,12 +167,14 @@ TEST(AttentionCpu, ExtraMemoryIsPerThreadTiles) {
   const size_t before = memory::current_bytes(memory::Space::kHost);
   const CpuRun r = run_cpu(s, d);
   const size_t extra = memory::peak_bytes(memory::Space::kHost) - before;
-  // Forward per thread: S (q·kv) + O + conversions; backward per thread: S, dP (q·kv each), dK,
-  // dV, Δ (Sq·G), and with 2 threads > 1 pair the chunked dq partials (2 × Sq·G·D).
-  const size_t tile = sizeof(float) * 128 * 256;
-  const size_t bound = 2 * (3 * tile + 2 * 256 * 64 * 4 + 1024 * 2 * 4) + 2 * 1024 * 2 * 64 * 4 + 64 * 1024;
+  // Backward, per thread: S, dP (and P with a soft cap) q×kv tiles, dK and dV kv×D
+  // accumulators, packed Kᵀ, Vᵀ, K (kv×D each) and Q, dO (q×D each), Δ (Sq·G floats); with 2
+  // threads > 1 (sequence, kv head) pair, 2 chunked dq partials of Sq·G·D floats.
+  const size_t f = sizeof(float), q = 128, kv = 256, D = 64, G = 2, S = 2048;
+  const size_t per_thread = 3 * q * kv * f + 2 * kv * D * f + 3 * kv * D * f + 2 * q * D * f + S * G * f;
+  const size_t bound = 2 * per_thread + 2 * S * G * D * f + (64 << 10);
   EXPECT_LE(extra, bound) << "extra host memory " << extra << " bytes";
-  EXPECT_LT(extra, size_t{4} << 20);
+  EXPECT_LT(extra, S * S * f / 2);
 }
 
 }  // namespace

@@ -48,9 +48,11 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "core/env.h"
 #include "core/memory.h"
 #include "kernels/attention/cpu_simd.h"
 #include "kernels/attention/impl.h"
@@ -111,8 +113,9 @@ T* alloc(std::vector<memory::HostBuffer>& keep, size_t count) {
 
 // Runs body(tid) for tid in [0, T) on T threads (the caller is thread 0).
 template <class F>
-void run_threads(int T, F&& body) {
-  BlasSingleThreaded blas_guard;
+void run_threads(int T, bool blas, F&& body) {
+  std::optional<BlasSingleThreaded> blas_guard;
+  if (blas) blas_guard.emplace();
   if (T <= 1) {
     body(0);
     return;
@@ -137,19 +140,51 @@ void run_threads(int T, F&& body) {
   for (auto& t : threads) t.join();
 }
 
+// Which kernel does the tile products: the Highway micro-kernel (default, faster on the
+// machines measured, devlog v1) or OpenBLAS sgemm (TESSERA_ATTENTION_CPU_GEMM=blas, kept for
+// side-by-side measurement).
+bool use_blas() {
+  static const bool blas = env::get("TESSERA_ATTENTION_CPU_GEMM").value_or("hwy") == "blas";
+  return blas;
+}
+
+// Operand B of a tile product, B[k][n] = trans ? m[n·ld + k] : m[k·ld + n]; `packed` holds it
+// in the micro-kernel's panel layout (filled by Common::pack, unused with BLAS).
+struct BOp {
+  const float* m = nullptr;
+  int64_t ld = 0;
+  bool trans = false;
+  float* packed = nullptr;
+};
+
 // Shared pieces of both passes.
 struct Common {
   const Problem& p;
   int64_t bq = 1, bk = 1, ld = 16;  // effective blocks; tile row stride
   bool half = false;
-  bool bf16 = false;
+  bool blas = false;
 
   Common(const Problem& prob, const BlockSizes& bs) : p(prob) {
     bq = bs.q;
     bk = bs.kv;
     ld = simd::round_up(bk);
     half = p.dtype != DType::kF32;
-    bf16 = p.dtype == DType::kBF16;
+    blas = use_blas();
+  }
+
+  void pack(BOp& b, const float* m, int64_t ldm, bool trans, int64_t K, int64_t N) const {
+    b.m = m;
+    b.ld = ldm;
+    b.trans = trans;
+    if (!blas) simd::pack_b(m, ldm, trans, K, N, b.packed);
+  }
+  // C (M × N) = alpha · op(A) · B (+ C when acc).
+  void mm(const float* A, int64_t lda, bool ta, const BOp& b, int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,
+          float alpha, bool acc) const {
+    if (blas)
+      gemm(ta, b.trans, M, N, K, alpha, A, lda, b.m, b.ld, acc ? 1.0f : 0.0f, C, ldc);
+    else
+      simd::gemm_packed(A, lda, ta, b.packed, M, N, K, C, ldc, alpha, acc);
   }
 
   // Rows [i0, i0+rows) of sequence n, head h of a [rows, H, dim] input as f32: a pointer into
@@ -223,6 +258,8 @@ class Forward : Common {
       s.m = alloc<float>(keep_, static_cast<size_t>(bq));
       s.l = alloc<float>(keep_, static_cast<size_t>(bq));
       s.alpha = alloc<float>(keep_, static_cast<size_t>(bq));
+      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
+      s.vv.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.Dv)));
       if (half) {
         s.q = alloc<float>(keep_, static_cast<size_t>(bq * p.D));
         s.k = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
@@ -230,7 +267,7 @@ class Forward : Common {
       }
     }
     std::atomic<size_t> next{0};
-    run_threads(T, [&](int tid) {
+    run_threads(T, blas, [&](int tid) {
       for (size_t i = next.fetch_add(1); i < items_.size(); i = next.fetch_add(1)) item(scratch_[tid], items_[i]);
     });
   }
@@ -241,10 +278,12 @@ class Forward : Common {
   };
   struct Scratch {
     float *S, *O, *m, *l, *alpha, *q = nullptr, *k = nullptr, *v = nullptr;
+    BOp kt, vv;  // Kᵀ and V of the current kv tile
   };
 
   void item(Scratch& s, const Item& it) const {
     const int64_t n = it.n, h = it.h, kvh = h / p.group();
+    // (Scratch is per thread; its BOp packed buffers are reused tile after tile.)
     const int64_t sq = p.q_len(n), qbeg = p.q_begin(n), kbeg = p.k_begin(n);
     const int64_t i0 = it.qb * bq, mq = std::min(bq, sq - i0);
     int64_t kmin = p.k_len(n), kmax = 0;
@@ -266,12 +305,14 @@ class Forward : Common {
       const int64_t nk = std::min(bk, kmax - j0);
       const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
       const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
-      gemm(false, true, mq, nk, p.D, scale, Q, ldq, K, ldk, 0.0f, s.S, ld);
+      pack(s.kt, K, ldk, true, p.D, nk);
+      mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
       transform_tile(n, h, i0, mq, j0, nk, s.S);
       mask_tile(n, i0, mq, j0, nk, s.S);
       simd::online_softmax(s.S, mq, nk, ld, s.m, s.l, s.alpha);
       simd::scale_rows(s.O, mq, p.Dv, p.Dv, s.alpha);
-      gemm(false, false, mq, p.Dv, nk, 1.0f, s.S, ld, V, ldv, 1.0f, s.O, p.Dv);
+      pack(s.vv, V, ldv, false, nk, p.Dv);
+      mm(s.S, ld, false, s.vv, mq, p.Dv, nk, s.O, p.Dv, 1.0f, true);
     }
     for (int64_t r = 0; r < mq; ++r) {
       const bool seen = s.l[r] > 0.0f;
@@ -340,6 +381,11 @@ class Backward : Common {
       if (p.softcap > 0.0) s.P = alloc<float>(keep_, static_cast<size_t>(bq * ld));
       s.dK = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
       s.dV = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
+      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
+      s.vt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.Dv, bk)));
+      s.kk.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.D)));
+      s.qq.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bq, p.D)));
+      s.dd.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bq, p.Dv)));
       s.delta = alloc<float>(keep_, static_cast<size_t>(max_sq * G));
       if (half) {
         s.q = alloc<float>(keep_, static_cast<size_t>(bq * p.D));
@@ -350,7 +396,7 @@ class Backward : Common {
       if (chunks_ == 1 && !dq_f32) s.dq = alloc<float>(keep_, static_cast<size_t>(max_sq * G * p.D));
     }
     std::atomic<size_t> next{0};
-    run_threads(T, [&](int tid) {
+    run_threads(T, blas, [&](int tid) {
       for (size_t i = next.fetch_add(1); i < items_.size(); i = next.fetch_add(1)) item(scratch_[tid], items_[i]);
     });
     if (chunks_ > 1) reduce_dq();
@@ -364,6 +410,8 @@ class Backward : Common {
   struct Scratch {
     float *S, *dP, *P = nullptr, *dK, *dV, *delta, *q = nullptr, *k = nullptr, *v = nullptr, *dO = nullptr,
                    *dq = nullptr;
+    BOp kt, vt, kk;  // Kᵀ, Vᵀ, K of the current kv block
+    BOp qq, dd;      // Q, dO of the current q tile
   };
 
   // Stores an f32 [rows][G][D] dq accumulator of (sequence n, kv head kvh) into dq.
@@ -437,6 +485,9 @@ class Backward : Common {
       int64_t ldk = 0, ldv = 0;
       const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
       const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
+      pack(s.kt, K, ldk, true, p.D, nk);
+      pack(s.vt, V, ldv, true, p.Dv, nk);
+      pack(s.kk, K, ldk, false, nk, p.D);
       std::fill(s.dK, s.dK + nk * p.D, 0.0f);
       std::fill(s.dV, s.dV + nk * p.Dv, 0.0f);
       // Rows whose allowed keys meet this block (contiguous: the ranges are monotone in i).
@@ -457,7 +508,9 @@ class Backward : Common {
           int64_t ldq = 0, lddo = 0;
           const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
           const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + i0, h, mq, s.dO, &lddo);
-          gemm(false, true, mq, nk, p.D, scale, Q, ldq, K, ldk, 0.0f, s.S, ld);
+          pack(s.qq, Q, ldq, false, mq, p.D);
+          pack(s.dd, dO, lddo, false, mq, p.Dv);
+          mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
           float* P = s.S;
           const float* Tcap = nullptr;
           if (p.softcap > 0.0) {
@@ -472,11 +525,11 @@ class Backward : Common {
           }
           mask_tile(n, i0, mq, j0, nk, P);
           simd::exp_rows(P, mq, nk, ld, lse + i0);
-          gemm(true, false, nk, p.Dv, mq, 1.0f, P, ld, dO, lddo, 1.0f, s.dV, p.Dv);
-          gemm(false, true, mq, nk, p.Dv, 1.0f, dO, lddo, V, ldv, 0.0f, s.dP, ld);
+          mm(P, ld, true, s.dd, nk, p.Dv, mq, s.dV, p.Dv, 1.0f, true);                       // dV += Pᵀ·dO
+          mm(dO, lddo, false, s.vt, mq, nk, p.Dv, s.dP, ld, 1.0f, false);                    // dP = dO·Vᵀ
           simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c);
-          gemm(true, false, nk, p.D, mq, scale, s.dP, ld, Q, ldq, 1.0f, s.dK, p.D);
-          gemm(false, false, mq, p.D, nk, scale, s.dP, ld, K, ldk, 1.0f, dq + i0 * dq_ld + g * p.D, dq_ld);
+          mm(s.dP, ld, true, s.qq, nk, p.D, mq, s.dK, p.D, scale, true);                     // dK += dSᵀ·Q
+          mm(s.dP, ld, false, s.kk, mq, p.D, nk, dq + i0 * dq_ld + g * p.D, dq_ld, scale, true);  // dQ += dS·K
         }
       }
       store_kv(out_.dk, out_.dk_dtype, p.D, kbeg + j0, kvh, nk, s.dK);

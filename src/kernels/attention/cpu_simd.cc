@@ -4,6 +4,7 @@
 #define HWY_TARGET_INCLUDE "kernels/attention/cpu_simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
+#include <algorithm>
 #include <limits>
 
 #include "hwy/contrib/math/math-inl.h"
@@ -38,6 +39,96 @@ HWY_INLINE VF Exp(DF d, VF x) {
   const hn::RebindToSigned<DF> di;
   const auto e = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
   return hn::IfThenZeroElse(hn::Lt(x, lo), hn::Mul(y, hn::BitCast(d, e)));
+}
+
+void PackB(const float* Mx, int64_t ld, bool trans, int64_t K, int64_t N, float* Bp) {
+  const DF df;
+  const int64_t W = 2 * static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t p0 = 0; p0 < N; p0 += W) {
+    float* dst = Bp + (p0 / W) * K * W;
+    const int64_t w = std::min(W, N - p0);
+    if (trans) {  // column c of the panel is row p0 + c of M, contiguous over k
+      for (int64_t c = 0; c < w; ++c) {
+        const float* src = Mx + (p0 + c) * ld;
+        for (int64_t k = 0; k < K; ++k) dst[k * W + c] = src[k];
+      }
+      for (int64_t c = w; c < W; ++c)
+        for (int64_t k = 0; k < K; ++k) dst[k * W + c] = 0.0f;
+    } else {
+      for (int64_t k = 0; k < K; ++k) {
+        float* d = dst + k * W;
+        const float* src = Mx + k * ld + p0;
+        for (int64_t c = 0; c < w; ++c) d[c] = src[c];
+        for (int64_t c = w; c < W; ++c) d[c] = 0.0f;
+      }
+    }
+  }
+}
+
+template <int MR, bool TA>
+HWY_INLINE void Micro(const float* A, int64_t lda, const float* Bp, int64_t K, float* C, int64_t ldc, int64_t w,
+                      float alpha, bool acc) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<DF> c0[MR], c1[MR];
+  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = hn::Zero(df);
+  for (int64_t k = 0; k < K; ++k) {
+    const auto b0 = hn::Load(df, Bp + k * 2 * N), b1 = hn::Load(df, Bp + k * 2 * N + N);
+    for (int r = 0; r < MR; ++r) {
+      const auto a = hn::Set(df, TA ? A[k * lda + r] : A[r * lda + k]);
+      c0[r] = hn::MulAdd(a, b0, c0[r]);
+      c1[r] = hn::MulAdd(a, b1, c1[r]);
+    }
+  }
+  const auto va = hn::Set(df, alpha);
+  for (int r = 0; r < MR; ++r) {
+    float* c = C + r * ldc;
+    if (w == 2 * N) {
+      auto x0 = hn::Mul(va, c0[r]), x1 = hn::Mul(va, c1[r]);
+      if (acc) {
+        x0 = hn::Add(hn::LoadU(df, c), x0);
+        x1 = hn::Add(hn::LoadU(df, c + N), x1);
+      }
+      hn::StoreU(x0, df, c);
+      hn::StoreU(x1, df, c + N);
+    } else {
+      HWY_ALIGN float buf[2 * hn::MaxLanes(df)];
+      hn::Store(hn::Mul(va, c0[r]), df, buf);
+      hn::Store(hn::Mul(va, c1[r]), df, buf + N);
+      for (int64_t j = 0; j < w; ++j) c[j] = acc ? c[j] + buf[j] : buf[j];
+    }
+  }
+}
+
+template <bool TA>
+void GemmT(const float* A, int64_t lda, const float* Bp, int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,
+           float alpha, bool acc) {
+  const DF df;
+  const int64_t W = 2 * static_cast<int64_t>(hn::Lanes(df));
+  // Row offset i of op(A): A + i·lda (plain) or A + i (transposed).
+  auto a_at = [&](int64_t i) { return TA ? A + i : A + i * lda; };
+  for (int64_t p0 = 0; p0 < N; p0 += W) {
+    const float* bp = Bp + (p0 / W) * K * W;
+    const int64_t w = std::min(W, N - p0);
+    int64_t i = 0;
+    for (; i + 6 <= M; i += 6) Micro<6, TA>(a_at(i), lda, bp, K, C + i * ldc + p0, ldc, w, alpha, acc);
+    switch (M - i) {
+      case 5: Micro<5, TA>(a_at(i), lda, bp, K, C + i * ldc + p0, ldc, w, alpha, acc); break;
+      case 4: Micro<4, TA>(a_at(i), lda, bp, K, C + i * ldc + p0, ldc, w, alpha, acc); break;
+      case 3: Micro<3, TA>(a_at(i), lda, bp, K, C + i * ldc + p0, ldc, w, alpha, acc); break;
+      case 2: Micro<2, TA>(a_at(i), lda, bp, K, C + i * ldc + p0, ldc, w, alpha, acc); break;
+      case 1: Micro<1, TA>(a_at(i), lda, bp, K, C + i * ldc + p0, ldc, w, alpha, acc); break;
+      default: break;
+    }
+  }
+}
+
+void GemmPacked(const float* A, int64_t lda, bool trans_a, const float* Bp, int64_t M, int64_t N, int64_t K, float* C,
+                int64_t ldc, float alpha, bool acc) {
+  if (trans_a)
+    GemmT<true>(A, lda, Bp, M, N, K, C, ldc, alpha, acc);
+  else
+    GemmT<false>(A, lda, Bp, M, N, K, C, ldc, alpha, acc);
 }
 
 void HalfToF32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
@@ -216,6 +307,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tessera::attention::cpu_simd {
 
+HWY_EXPORT(PackB);
+HWY_EXPORT(GemmPacked);
 HWY_EXPORT(HalfToF32);
 HWY_EXPORT(Softcap);
 HWY_EXPORT(Alibi);
@@ -225,6 +318,13 @@ HWY_EXPORT(DsRows);
 HWY_EXPORT(ScaleRows);
 HWY_EXPORT(Dot);
 
+void pack_b(const float* M, int64_t ld, bool trans, int64_t K, int64_t N, float* Bp) {
+  HWY_DYNAMIC_DISPATCH(PackB)(M, ld, trans, K, N, Bp);
+}
+void gemm_packed(const float* A, int64_t lda, bool trans_a, const float* Bp, int64_t M, int64_t N, int64_t K,
+                 float* C, int64_t ldc, float alpha, bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(GemmPacked)(A, lda, trans_a, Bp, M, N, K, C, ldc, alpha, accumulate);
+}
 void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
   HWY_DYNAMIC_DISPATCH(HalfToF32)(src, is_bf16, dst, n);
 }

@@ -84,7 +84,7 @@ HWY_INLINE void Micro(const float* A, int64_t lda, const float* Bp, int64_t K, f
 
 // C = alpha·A·B (+ C when acc), B packed by Pack.
 void Gemm(const float* A, int64_t lda, const float* Bp, int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,
-          float alpha, bool acc) {
+          float alpha, bool acc, int mr) {
   const DF df;
   const int64_t W = 2 * static_cast<int64_t>(hn::Lanes(df));
   for (int64_t p0 = 0; p0 < N; p0 += W) {
@@ -92,10 +92,12 @@ void Gemm(const float* A, int64_t lda, const float* Bp, int64_t M, int64_t N, in
     const int64_t w = std::min(W, N - p0);
     int64_t i = 0;
 #if HWY_TARGET <= HWY_AVX3
-    if (std::getenv("MR12"))
+    if (mr == 12)
       for (; i + 12 <= M; i += 12) Micro<12>(A + i * lda, lda, bp, K, C + i * ldc + p0, ldc, w, alpha, acc);
-    if (std::getenv("MR8"))
+    if (mr == 8)
       for (; i + 8 <= M; i += 8) Micro<8>(A + i * lda, lda, bp, K, C + i * ldc + p0, ldc, w, alpha, acc);
+#else
+    (void)mr;
 #endif
     for (; i + 6 <= M; i += 6) Micro<6>(A + i * lda, lda, bp, K, C + i * ldc + p0, ldc, w, alpha, acc);
     switch (M - i) {
@@ -127,6 +129,8 @@ int main(int argc, char** argv) {
   openblas_set_num_threads(1);
   const int64_t D = 128, H = 8, ld_in = H * D;  // q/k/v rows of a [S, H, D] tensor
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 7;
+  // Rows of the micro-kernel's register block: 6 (the backend's), or 8 / 12 on AVX-512 targets.
+  const int mr = argc > 2 ? std::atoi(argv[2]) : 6;
   std::vector<float> Q(1024 * ld_in), Kx(4096 * ld_in), V(4096 * ld_in);
   for (size_t i = 0; i < Q.size(); ++i) Q[i] = std::sin(0.37 * double(i));
   for (size_t i = 0; i < Kx.size(); ++i) Kx[i] = std::cos(0.11 * double(i));
@@ -151,7 +155,7 @@ int main(int argc, char** argv) {
         t0 = now();
         for (int i = 0; i < reps; ++i) {
           HWY_DYNAMIC_DISPATCH(Pack)(Kx.data() + (i % 4) * bk * ld_in, ld_in, true, D, bk, Bp.get());
-          HWY_DYNAMIC_DISPATCH(Gemm)(Q.data(), ld_in, Bp.get(), bq, bk, D, S2.data(), lds, 0.088f, false);
+          HWY_DYNAMIC_DISPATCH(Gemm)(Q.data(), ld_in, Bp.get(), bq, bk, D, S2.data(), lds, 0.088f, false, mr);
         }
         t[1].push_back((now() - t0) / reps);
         t0 = now();
@@ -162,7 +166,7 @@ int main(int argc, char** argv) {
         t0 = now();
         for (int i = 0; i < reps; ++i) {
           HWY_DYNAMIC_DISPATCH(Pack)(V.data() + (i % 4) * bk * ld_in, ld_in, false, bk, D, Bp.get());
-          HWY_DYNAMIC_DISPATCH(Gemm)(S2.data(), lds, Bp.get(), bq, D, bk, O2.data(), D, 1.0f, true);
+          HWY_DYNAMIC_DISPATCH(Gemm)(S2.data(), lds, Bp.get(), bq, D, bk, O2.data(), D, 1.0f, true, mr);
         }
         t[3].push_back((now() - t0) / reps);
       }

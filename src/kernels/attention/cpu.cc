@@ -242,26 +242,39 @@ class Forward : Common {
   Forward(const Problem& prob, const BlockSizes& bs, const ForwardOut& out) : Common(prob, bs), out_(out) {}
 
   void run() {
-    // Items, heaviest first under causal masks (later q blocks see more keys).
-    int64_t max_blocks = 0;
-    for (int64_t n = 0; n < p.N; ++n) max_blocks = std::max(max_blocks, (p.q_len(n) + bq - 1) / bq);
-    for (int64_t qb = max_blocks - 1; qb >= 0; --qb)
-      for (int64_t n = 0; n < p.N; ++n)
-        if (qb * bq < p.q_len(n))
-          for (int64_t h = 0; h < p.Hq; ++h) items_.push_back({n, h, qb});
-    const int T = static_cast<int>(std::min<int64_t>(std::clamp(p.num_threads, 1, kMaxThreads),
-                                                     std::max<int64_t>(1, static_cast<int64_t>(items_.size()))));
+    // Super-blocks of R consecutive q blocks of one (sequence, head): each kv tile is converted
+    // and packed once for all of them. R is as large as keeps >= 4 items per thread (load
+    // balance) and R·q <= kMaxSuperRows (the f32 O accumulators stay small).
+    const int want = std::clamp(p.num_threads, 1, kMaxThreads);
+    int64_t blocks = 0;
+    for (int64_t n = 0; n < p.N; ++n) blocks += p.Hq * ((p.q_len(n) + bq - 1) / bq);
+    R_ = std::clamp<int64_t>(blocks / (4 * want), 1, std::max<int64_t>(1, kMaxSuperRows / bq));
+    for (int64_t n = 0; n < p.N; ++n) {
+      const int64_t nqb = (p.q_len(n) + bq - 1) / bq;
+      for (int64_t h = 0; h < p.Hq; ++h)
+        for (int64_t b0 = 0; b0 < nqb; b0 += R_) items_.push_back({n, h, b0, std::min(nqb, b0 + R_), 0});
+    }
+    // Heaviest first (by the keys their rows may see): causal masks make later blocks heavier.
+    for (Item& it : items_)
+      for (int64_t b = it.qb0; b < it.qb1; ++b) {
+        int64_t lo, hi;
+        span(it.n, b, &lo, &hi);
+        it.cost += std::max<int64_t>(0, hi - lo);
+      }
+    std::stable_sort(items_.begin(), items_.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+    const int T = static_cast<int>(std::min<int64_t>(want, std::max<int64_t>(1, static_cast<int64_t>(items_.size()))));
     scratch_.resize(static_cast<size_t>(T));
+    const size_t rows = static_cast<size_t>(R_ * bq);
     for (Scratch& s : scratch_) {
       s.S = alloc<float>(keep_, static_cast<size_t>(bq * ld));
-      s.O = alloc<float>(keep_, static_cast<size_t>(bq * p.Dv));
-      s.m = alloc<float>(keep_, static_cast<size_t>(bq));
-      s.l = alloc<float>(keep_, static_cast<size_t>(bq));
+      s.O = alloc<float>(keep_, rows * static_cast<size_t>(p.Dv));
+      s.m = alloc<float>(keep_, rows);
+      s.l = alloc<float>(keep_, rows);
       s.alpha = alloc<float>(keep_, static_cast<size_t>(bq));
       s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
       s.vv.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.Dv)));
       if (half) {
-        s.q = alloc<float>(keep_, static_cast<size_t>(bq * p.D));
+        s.q = alloc<float>(keep_, rows * static_cast<size_t>(p.D));
         s.k = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
         s.v = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
       }
@@ -273,51 +286,81 @@ class Forward : Common {
   }
 
  private:
+  static constexpr int64_t kMaxSuperRows = 4096;
+
   struct Item {
-    int64_t n, h, qb;
+    int64_t n, h, qb0, qb1;  // q blocks [qb0, qb1) of sequence n, head h
+    int64_t cost;
   };
   struct Scratch {
     float *S, *O, *m, *l, *alpha, *q = nullptr, *k = nullptr, *v = nullptr;
     BOp kt, vv;  // Kᵀ and V of the current kv tile
   };
 
-  void item(Scratch& s, const Item& it) const {
-    const int64_t n = it.n, h = it.h, kvh = h / p.group();
-    // (Scratch is per thread; its BOp packed buffers are reused tile after tile.)
-    const int64_t sq = p.q_len(n), qbeg = p.q_begin(n), kbeg = p.k_begin(n);
-    const int64_t i0 = it.qb * bq, mq = std::min(bq, sq - i0);
-    int64_t kmin = p.k_len(n), kmax = 0;
+  // Keys [*lo, *hi) that some row of q block b may see (empty: *lo >= *hi).
+  void span(int64_t n, int64_t b, int64_t* lo, int64_t* hi) const {
+    const int64_t i0 = b * bq, mq = std::min(bq, p.q_len(n) - i0);
+    *lo = p.k_len(n);
+    *hi = 0;
     for (int64_t r = 0; r < mq; ++r) {
-      int64_t lo, hi;
-      p.key_range(n, i0 + r, &lo, &hi);
-      if (lo < hi) {
-        kmin = std::min(kmin, lo);
-        kmax = std::max(kmax, hi);
+      int64_t a, c;
+      p.key_range(n, i0 + r, &a, &c);
+      if (a < c) {
+        *lo = std::min(*lo, a);
+        *hi = std::max(*hi, c);
       }
     }
-    int64_t ldq = 0, ldk = 0, ldv = 0;
-    const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
-    std::fill(s.m, s.m + mq, kNegInf);
-    std::fill(s.l, s.l + mq, 0.0f);
-    std::fill(s.O, s.O + mq * p.Dv, 0.0f);
-    const float scale = static_cast<float>(p.scale);
-    for (int64_t j0 = kmin; j0 < kmax; j0 += bk) {
-      const int64_t nk = std::min(bk, kmax - j0);
-      const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
-      const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
-      pack(s.kt, K, ldk, true, p.D, nk);
-      mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
-      transform_tile(n, h, i0, mq, j0, nk, s.S);
-      mask_tile(n, i0, mq, j0, nk, s.S);
-      simd::online_softmax(s.S, mq, nk, ld, s.m, s.l, s.alpha);
-      simd::scale_rows(s.O, mq, p.Dv, p.Dv, s.alpha);
-      pack(s.vv, V, ldv, false, nk, p.Dv);
-      mm(s.S, ld, false, s.vv, mq, p.Dv, nk, s.O, p.Dv, 1.0f, true);
+  }
+
+  void item(Scratch& s, const Item& it) const {
+    const int64_t n = it.n, h = it.h, kvh = h / p.group();
+    const int64_t sq = p.q_len(n), qbeg = p.q_begin(n), kbeg = p.k_begin(n);
+    const int64_t nb = it.qb1 - it.qb0;
+    int64_t blo[kMaxSuperRows], bhi[kMaxSuperRows];  // per-block key spans (nb <= kMaxSuperRows)
+    int64_t kmin = p.k_len(n), kmax = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      span(n, it.qb0 + b, &blo[b], &bhi[b]);
+      if (blo[b] < bhi[b]) {
+        kmin = std::min(kmin, blo[b]);
+        kmax = std::max(kmax, bhi[b]);
+      }
     }
-    for (int64_t r = 0; r < mq; ++r) {
+    const int64_t r0 = it.qb0 * bq, rows = std::min(it.qb1 * bq, sq) - r0;  // rows of the item
+    int64_t ldq = 0, ldk = 0, ldv = 0;
+    const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + r0, h, rows, s.q, &ldq);
+    std::fill(s.m, s.m + rows, kNegInf);
+    std::fill(s.l, s.l + rows, 0.0f);
+    std::fill(s.O, s.O + rows * p.Dv, 0.0f);
+    const float scale = static_cast<float>(p.scale);
+    // kv tiles at multiples of bk: a block meets the same tiles whatever R is (a tile clipped at
+    // kmax only loses columns the block masks anyway), so results do not depend on R, hence not
+    // on the thread count.
+    for (int64_t j0 = kmin / bk * bk; j0 < kmax; j0 += bk) {
+      const int64_t nk = std::min(bk, kmax - j0);
+      bool packed = false;
+      for (int64_t b = 0; b < nb; ++b) {
+        if (blo[b] >= bhi[b] || blo[b] >= j0 + nk || bhi[b] <= j0) continue;  // tile outside the block's span
+        if (!packed) {
+          const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
+          const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
+          pack(s.kt, K, ldk, true, p.D, nk);
+          pack(s.vv, V, ldv, false, nk, p.Dv);
+          packed = true;
+        }
+        const int64_t i0 = (it.qb0 + b) * bq, mq = std::min(bq, sq - i0), off = i0 - r0;
+        mm(Q + off * ldq, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
+        transform_tile(n, h, i0, mq, j0, nk, s.S);
+        mask_tile(n, i0, mq, j0, nk, s.S);
+        simd::online_softmax(s.S, mq, nk, ld, s.m + off, s.l + off, s.alpha);
+        float* O = s.O + off * p.Dv;
+        simd::scale_rows(O, mq, p.Dv, p.Dv, s.alpha);
+        mm(s.S, ld, false, s.vv, mq, p.Dv, nk, O, p.Dv, 1.0f, true);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
       const bool seen = s.l[r] > 0.0f;
       const float inv = seen ? 1.0f / s.l[r] : 0.0f;
-      const int64_t base = ((qbeg + i0 + r) * p.Hq + h) * p.Dv;
+      const int64_t base = ((qbeg + r0 + r) * p.Hq + h) * p.Dv;
       const float* o = s.O + r * p.Dv;
       if (out_.o_dtype == DType::kF32) {
         float* dst = static_cast<float*>(out_.o) + base;
@@ -325,11 +368,12 @@ class Forward : Common {
       } else {
         for (int64_t c = 0; c < p.Dv; ++c) store_from_f32(out_.o, out_.o_dtype, base + c, o[c] * inv);
       }
-      out_.lse[p.lse_index(n, h, i0 + r)] = seen ? s.m[r] + std::log(s.l[r]) : kNegInf;
+      out_.lse[p.lse_index(n, h, r0 + r)] = seen ? s.m[r] + std::log(s.l[r]) : kNegInf;
     }
   }
 
   const ForwardOut& out_;
+  int64_t R_ = 1;
   std::vector<Item> items_;
   std::vector<Scratch> scratch_;
   std::vector<memory::HostBuffer> keep_;

@@ -155,6 +155,7 @@ struct BOp {
   int64_t ld = 0;
   bool trans = false;
   float* packed = nullptr;
+  int64_t panel_rows = 0, k0 = 0;  // rows [k0, k0+K) of a packed matrix of panel_rows rows
 };
 
 // Shared pieces of both passes.
@@ -176,6 +177,8 @@ struct Common {
     b.m = m;
     b.ld = ldm;
     b.trans = trans;
+    b.panel_rows = K;
+    b.k0 = 0;
     if (!blas) simd::pack_b(m, ldm, trans, K, N, b.packed);
   }
   // C (M × N) = alpha · op(A) · B (+ C when acc).
@@ -184,7 +187,7 @@ struct Common {
     if (blas)
       gemm(ta, b.trans, M, N, K, alpha, A, lda, b.m, b.ld, acc ? 1.0f : 0.0f, C, ldc);
     else
-      simd::gemm_packed(A, lda, ta, b.packed, M, N, K, C, ldc, alpha, acc);
+      simd::gemm_packed(A, lda, ta, b.packed, b.panel_rows, b.k0, M, N, K, C, ldc, alpha, acc);
   }
 
   // Rows [i0, i0+rows) of sequence n, head h of a [rows, H, dim] input as f32: a pointer into
@@ -418,6 +421,10 @@ class Backward : Common {
       for (size_t i = 0; i < items_.size(); ++i) items_[i].dq = slots + offs[i];
     }
     const int T = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(items_.size()))));
+    // Q and dO of the group's heads are packed once per item (not once per q tile and kv block)
+    // when that fits kPrepackBytes per thread (TESSERA_ATTENTION_CPU_PREPACK=0: never; a test seam).
+    prepack_ = !blas && env::flag("TESSERA_ATTENTION_CPU_PREPACK", true) && static_cast<size_t>(G * (simd::packed_floats(max_sq, p.D) + simd::packed_floats(max_sq, p.Dv))) *
+                            sizeof(float) <= kPrepackBytes;
     scratch_.resize(static_cast<size_t>(T));
     for (Scratch& s : scratch_) {
       s.S = alloc<float>(keep_, static_cast<size_t>(bq * ld));
@@ -437,6 +444,10 @@ class Backward : Common {
         s.v = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
       }
       if (in_.grad_o_dtype != DType::kF32) s.dO = alloc<float>(keep_, static_cast<size_t>(bq * p.Dv));
+      if (prepack_) {
+        s.qfull = alloc<float>(keep_, static_cast<size_t>(G * simd::packed_floats(max_sq, p.D)));
+        s.dofull = alloc<float>(keep_, static_cast<size_t>(G * simd::packed_floats(max_sq, p.Dv)));
+      }
       if (chunks_ == 1 && !dq_f32) s.dq = alloc<float>(keep_, static_cast<size_t>(max_sq * G * p.D));
     }
     std::atomic<size_t> next{0};
@@ -456,6 +467,7 @@ class Backward : Common {
                    *dq = nullptr;
     BOp kt, vt, kk;  // Kᵀ, Vᵀ, K of the current kv block
     BOp qq, dd;      // Q, dO of the current q tile
+    float *qfull = nullptr, *dofull = nullptr;  // prepacked Q, dO of the item's heads
   };
 
   // Stores an f32 [rows][G][D] dq accumulator of (sequence n, kv head kvh) into dq.
@@ -522,6 +534,17 @@ class Backward : Common {
     }
     const int64_t nb = (sk + bk - 1) / bk;
     const int64_t kb0 = it.chunk * nb / chunks_, kb1 = (it.chunk + 1) * nb / chunks_;
+    const int64_t qsz = simd::packed_floats(sq, p.D), dsz = simd::packed_floats(sq, p.Dv);
+    if (prepack_)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t r0 = 0; r0 < sq; r0 += bq) {
+          const int64_t c = std::min(bq, sq - r0);
+          int64_t ldq = 0, lddo = 0;
+          const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + r0, kvh * G + g, c, s.q, &ldq);
+          simd::pack_b(Q, ldq, false, c, p.D, s.qfull + g * qsz, sq, r0);
+          const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + r0, kvh * G + g, c, s.dO, &lddo);
+          simd::pack_b(dO, lddo, false, c, p.Dv, s.dofull + g * dsz, sq, r0);
+        }
     const float scale = static_cast<float>(p.scale);
     const float inv_c = p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.0f;
     for (int64_t kb = kb0; kb < kb1; ++kb) {
@@ -552,8 +575,13 @@ class Backward : Common {
           int64_t ldq = 0, lddo = 0;
           const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
           const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + i0, h, mq, s.dO, &lddo);
-          pack(s.qq, Q, ldq, false, mq, p.D);
-          pack(s.dd, dO, lddo, false, mq, p.Dv);
+          if (prepack_) {
+            s.qq = {Q, ldq, false, s.qfull + g * qsz, sq, i0};
+            s.dd = {dO, lddo, false, s.dofull + g * dsz, sq, i0};
+          } else {
+            pack(s.qq, Q, ldq, false, mq, p.D);
+            pack(s.dd, dO, lddo, false, mq, p.Dv);
+          }
           mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
           float* P = s.S;
           const float* Tcap = nullptr;
@@ -582,8 +610,11 @@ class Backward : Common {
     if (!direct_dq_ && chunks_ == 1) store_dq(n, kvh, dq);
   }
 
+  static constexpr size_t kPrepackBytes = size_t{8} << 20;
+
   const BackwardIn& in_;
   const GradOut& out_;
+  bool prepack_ = false;
   int64_t chunks_ = 1;
   bool direct_dq_ = false;
   std::vector<Item> items_;

@@ -41,11 +41,11 @@ HWY_INLINE VF Exp(DF d, VF x) {
   return hn::IfThenZeroElse(hn::Lt(x, lo), hn::Mul(y, hn::BitCast(d, e)));
 }
 
-void PackB(const float* Mx, int64_t ld, bool trans, int64_t K, int64_t N, float* Bp) {
+void PackB(const float* Mx, int64_t ld, bool trans, int64_t K, int64_t N, float* Bp, int64_t panel_rows, int64_t k0) {
   const DF df;
   const int64_t W = 2 * static_cast<int64_t>(hn::Lanes(df));
   for (int64_t p0 = 0; p0 < N; p0 += W) {
-    float* dst = Bp + (p0 / W) * K * W;
+    float* dst = Bp + (p0 / W) * panel_rows * W + k0 * W;
     const int64_t w = std::min(W, N - p0);
     if (trans) {  // column c of the panel is row p0 + c of M, contiguous over k
       for (int64_t c = 0; c < w; ++c) {
@@ -101,14 +101,14 @@ HWY_INLINE void Micro(const float* A, int64_t lda, const float* Bp, int64_t K, f
 }
 
 template <bool TA>
-void GemmT(const float* A, int64_t lda, const float* Bp, int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,
-           float alpha, bool acc) {
+void GemmT(const float* A, int64_t lda, const float* Bp, int64_t panel_rows, int64_t k0, int64_t M, int64_t N,
+           int64_t K, float* C, int64_t ldc, float alpha, bool acc) {
   const DF df;
   const int64_t W = 2 * static_cast<int64_t>(hn::Lanes(df));
   // Row offset i of op(A): A + i·lda (plain) or A + i (transposed).
   auto a_at = [&](int64_t i) { return TA ? A + i : A + i * lda; };
   for (int64_t p0 = 0; p0 < N; p0 += W) {
-    const float* bp = Bp + (p0 / W) * K * W;
+    const float* bp = Bp + (p0 / W) * panel_rows * W + k0 * W;
     const int64_t w = std::min(W, N - p0);
     int64_t i = 0;
     for (; i + 6 <= M; i += 6) Micro<6, TA>(a_at(i), lda, bp, K, C + i * ldc + p0, ldc, w, alpha, acc);
@@ -123,12 +123,12 @@ void GemmT(const float* A, int64_t lda, const float* Bp, int64_t M, int64_t N, i
   }
 }
 
-void GemmPacked(const float* A, int64_t lda, bool trans_a, const float* Bp, int64_t M, int64_t N, int64_t K, float* C,
-                int64_t ldc, float alpha, bool acc) {
+void GemmPacked(const float* A, int64_t lda, bool trans_a, const float* Bp, int64_t panel_rows, int64_t k0, int64_t M,
+                int64_t N, int64_t K, float* C, int64_t ldc, float alpha, bool acc) {
   if (trans_a)
-    GemmT<true>(A, lda, Bp, M, N, K, C, ldc, alpha, acc);
+    GemmT<true>(A, lda, Bp, panel_rows, k0, M, N, K, C, ldc, alpha, acc);
   else
-    GemmT<false>(A, lda, Bp, M, N, K, C, ldc, alpha, acc);
+    GemmT<false>(A, lda, Bp, panel_rows, k0, M, N, K, C, ldc, alpha, acc);
 }
 
 void HalfToF32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
@@ -318,12 +318,12 @@ HWY_EXPORT(DsRows);
 HWY_EXPORT(ScaleRows);
 HWY_EXPORT(Dot);
 
-void pack_b(const float* M, int64_t ld, bool trans, int64_t K, int64_t N, float* Bp) {
-  HWY_DYNAMIC_DISPATCH(PackB)(M, ld, trans, K, N, Bp);
+void pack_b(const float* M, int64_t ld, bool trans, int64_t K, int64_t N, float* Bp, int64_t panel_rows, int64_t k0) {
+  HWY_DYNAMIC_DISPATCH(PackB)(M, ld, trans, K, N, Bp, panel_rows, k0);
 }
-void gemm_packed(const float* A, int64_t lda, bool trans_a, const float* Bp, int64_t M, int64_t N, int64_t K,
-                 float* C, int64_t ldc, float alpha, bool accumulate) {
-  HWY_DYNAMIC_DISPATCH(GemmPacked)(A, lda, trans_a, Bp, M, N, K, C, ldc, alpha, accumulate);
+void gemm_packed(const float* A, int64_t lda, bool trans_a, const float* Bp, int64_t panel_rows, int64_t k0,
+                 int64_t M, int64_t N, int64_t K, float* C, int64_t ldc, float alpha, bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(GemmPacked)(A, lda, trans_a, Bp, panel_rows, k0, M, N, K, C, ldc, alpha, accumulate);
 }
 void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
   HWY_DYNAMIC_DISPATCH(HalfToF32)(src, is_bf16, dst, n);

@@ -17,13 +17,19 @@ inline int64_t round_up(int64_t n) { return (n + kPad - 1) / kPad * kPad; }
 // B operands are packed into column panels of two vectors (zero-padded); packed_floats(K, N)
 // is the buffer size a pack needs on any target.
 inline int64_t packed_floats(int64_t K, int64_t N) { return (N + 31) / 32 * 32 * K; }
-// Packs B (K × N) with B[k][n] = trans ? M[n·ld + k] : M[k·ld + n].
-void pack_b(const float* M, int64_t ld, bool trans, int64_t K, int64_t N, float* Bp);
-// C (M × N, row stride ldc) = alpha · op(A) · B  (+ C when accumulate), B packed by pack_b;
-// op(A)[i][k] = trans_a ? A[k·lda + i] : A[i·lda + k]. f32 FMA accumulation over K in
+// A packed matrix holds `panel_rows` rows (k) per panel; a pack or a product may cover rows
+// [k0, k0 + K) of it (a q tile of a whole packed sequence), the default being all of it.
+// Packs B (K × N) with B[k][n] = trans ? M[n·ld + k] : M[k·ld + n] into rows [k0, k0+K).
+void pack_b(const float* M, int64_t ld, bool trans, int64_t K, int64_t N, float* Bp, int64_t panel_rows,
+            int64_t k0);
+inline void pack_b(const float* M, int64_t ld, bool trans, int64_t K, int64_t N, float* Bp) {
+  pack_b(M, ld, trans, K, N, Bp, K, 0);
+}
+// C (M × N, row stride ldc) = alpha · op(A) · B[k0 : k0+K]  (+ C when accumulate), B packed by
+// pack_b; op(A)[i][k] = trans_a ? A[k·lda + i] : A[i·lda + k]. f32 FMA accumulation over K in
 // registers (6 rows × 2 vectors per step), in a fixed order.
-void gemm_packed(const float* A, int64_t lda, bool trans_a, const float* Bp, int64_t M, int64_t N, int64_t K,
-                 float* C, int64_t ldc, float alpha, bool accumulate);
+void gemm_packed(const float* A, int64_t lda, bool trans_a, const float* Bp, int64_t panel_rows, int64_t k0,
+                 int64_t M, int64_t N, int64_t K, float* C, int64_t ldc, float alpha, bool accumulate);
 
 // dst[i] = f32(src[i]) for bf16 (is_bf16) or f16 source elements.
 void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n);

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,26 +34,43 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+double cpu_now() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Median wall seconds of `reps` calls after one warm-up; *cpu receives the median process CPU
+// seconds (all threads) of the same calls. On a shared machine CPU time is the steadier of the
+// two: wall time also counts the time slices other processes took.
+double last_cpu_seconds = 0.0;
 template <class F>
 double median_seconds(int reps, F&& f) {
-  f();  // warm-up (first call reported apart by the caller when it matters)
-  std::vector<double> t;
+  f();  // warm-up
+  std::vector<double> t, c;
   for (int i = 0; i < reps; ++i) {
-    const double t0 = now();
+    const double t0 = now(), c0 = cpu_now();
     f();
     t.push_back(now() - t0);
+    c.push_back(cpu_now() - c0);
   }
   std::sort(t.begin(), t.end());
+  std::sort(c.begin(), c.end());
+  last_cpu_seconds = c[c.size() / 2];
   return t[t.size() / 2];
 }
 
-double sgemm_rate(int n, int threads, int reps) {
+// sgemm GFLOP/s by wall time; *per_cpu: GFLOP per CPU-second × threads (the rate it would have
+// with the cores to itself).
+double sgemm_rate(int n, int threads, int reps, double* per_cpu = nullptr) {
   openblas_set_num_threads(threads);
   std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a);
   const double s = median_seconds(reps, [&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   });
-  return 2.0 * n * double(n) * n / s / 1e9;
+  const double fl = 2.0 * n * double(n) * n;
+  if (per_cpu) *per_cpu = fl / (last_cpu_seconds / threads) / 1e9;
+  return fl / s / 1e9;
 }
 
 Tensor random(DType dt, const Shape& shape, uint64_t seed, float a) {
@@ -111,7 +129,8 @@ int main(int argc, char** argv) {
   if (Sk == 0) Sk = S;
   const int T = resolve_num_threads(threads);
   const DType dt = parse_dtype(dtype);
-  double gemm = gemm_n > 0 ? sgemm_rate(gemm_n, T, 5) : 0.0;
+  double gemm_cpu = 0.0;
+  double gemm = gemm_n > 0 ? sgemm_rate(gemm_n, T, 5, &gemm_cpu) : 0.0;
   std::printf("sgemm %dx%dx%d on %d threads: %.1f GFLOP/s\n", gemm_n, gemm_n, gemm_n, T, gemm);
 
   const float a = std::sqrt(6.0f);  // q, k ~ U(−a, a): scale·q·k has std a²/3 = 2
@@ -134,15 +153,20 @@ int main(int argc, char** argv) {
                   (long long)Hkv, (long long)S, (long long)Sk, (long long)D);
     auto report = [&](const char* pass, double sec, double flops, size_t mem) {
       const double gf = flops / sec / 1e9;
+      const double gf_cpu = flops / (last_cpu_seconds / T) / 1e9;
       // The sgemm rate again right after the pass: on a shared machine the load drifts, so the
       // fraction is taken against the mean of the rates measured before and after.
-      const double after = gemm_n > 0 ? sgemm_rate(gemm_n, T, 3) : 0.0;
+      double after_cpu = 0.0;
+      const double after = gemm_n > 0 ? sgemm_rate(gemm_n, T, 3, &after_cpu) : 0.0;
       const double ceiling = gemm > 0 ? 0.5 * (gemm + after) : 0.0;
+      const double ceiling_cpu = 0.5 * (gemm_cpu + after_cpu);
       gemm = after;
+      gemm_cpu = after_cpu;
       std::printf("%-6s %-5s %-6s %-28s %10s %10.1f %8.1f %9.0f%%   extra %.1f MiB\n", impl.c_str(), dtype.c_str(),
                   opt.causal ? "causal" : "full", shape, pass, sec * 1e3, gf, ceiling > 0 ? 100.0 * gf / ceiling : 0.0,
                   double(mem) / (1 << 20));
-      std::printf("       (sgemm %.1f GFLOP/s around this pass)\n", ceiling);
+      std::printf("       (sgemm %.1f GFLOP/s around this pass; by CPU time: kernel %.1f, sgemm %.1f GFLOP/s, %.0f%%)\n",
+                  ceiling, gf_cpu, ceiling_cpu, ceiling_cpu > 0 ? 100.0 * gf_cpu / ceiling_cpu : 0.0);
     };
     memory::reset_peak(memory::Space::kHost);
     size_t base = memory::current_bytes(memory::Space::kHost);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/memory.h"
+#include "hwy/targets.h"
 #include "kernels/attention/testing.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
@@ -55,6 +56,22 @@ TEST(AttentionCpu, BackwardWithoutPrepack) {
     expect_parity(c, "no prepack");
   }
   unsetenv("TESSERA_ATTENTION_CPU_PREPACK");
+}
+
+// The SIMD kernels on narrower instruction sets than this machine's best (Highway dispatches at
+// run time: AVX-512 here, AVX2 or SSE4 elsewhere; panel widths and tails differ).
+TEST(AttentionCpu, NarrowerInstructionSets) {
+  for (int64_t target : {int64_t{HWY_AVX2}, int64_t{HWY_SSE4}}) {
+    if (!(hwy::SupportedTargets() & target)) continue;
+    hwy::SetSupportedTargetsForTest(target);
+    int k = 0;
+    for (at::CaseSpec c : at::check_grid(/*quick=*/true)) {
+      c.opt.block_sizes = BlockSizes{k % 2 ? 7 : 32, k % 2 ? 11 : 48};
+      c.opt.num_threads = 1 + (k++ % 2);
+      expect_parity(c, std::string("target ") + hwy::TargetName(target));
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
 }
 
 // MQA with one sequence and more threads than kv heads: chunked backward, every option.

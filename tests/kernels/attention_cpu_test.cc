@@ -74,16 +74,18 @@ TEST(AttentionCpu, NarrowerInstructionSets) {
   }
 }
 
-// MQA with one sequence and more threads than kv heads: chunked backward, every option.
+// One sequence and more threads than kv heads: chunked backward, every option. MQA (3 query
+// heads on 1 kv head) splits the heads; a single head (Hq = Hkv = 1) splits the kv blocks.
 TEST(AttentionCpu, ChunkedBackwardEveryOption) {
   uint64_t seed = 500;
-  for (DType dt : {DType::kF32, DType::kBF16}) {
+  for (DType dt : {DType::kF32, DType::kBF16})
+  for (int64_t hq : {3, 1}) {
     at::CaseSpec c;
     c.dtype = dt;
     c.B = 1;
     c.Sq = 45;
     c.Sk = 53;
-    c.Hq = 3;
+    c.Hq = hq;
     c.Hkv = 1;
     c.D = 20;
     c.Dv = 12;

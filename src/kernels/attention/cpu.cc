@@ -19,8 +19,10 @@
 //     dV += Pᵀ·dO;  dP = dO·Vᵀ;  dS = P ∘ (dP − Δ) [∘ (1 − (t/c)²)]
 //     dK += scale·dSᵀ·Q;  dQ += scale·dS·K
 //   with Δ_i = Σ dO_i·o_i from the saved o. Five sgemms per tile, the minimum for FA2.
-//   When there are fewer (sequence, kv head) items than threads, each is split into C chunks of
-//   kv blocks; each chunk accumulates its own f32 dq partial and the partials are summed in
+//   When there are fewer (sequence, kv head) items than threads, each is split into C chunks:
+//   over the query heads of the group when it has several (each chunk owns its heads' dq and
+//   accumulates f32 dk/dv partials of Sk × (D + Dv)), else over the kv blocks (each chunk owns
+//   its blocks' dk/dv and accumulates an f32 dq partial of Sq × D). Partials are summed in
 //   chunk order afterwards. C depends only on the shape and the thread count.
 //
 //   Determinism: every sum has a fixed order for a fixed thread count (an item's work does not
@@ -28,9 +30,11 @@
 //   bitwise reproducible for a fixed num_threads. In forward and in backward without chunking
 //   they do not even depend on the thread count.
 //
-//   Memory: per thread, a few q × kv f32 tiles, kv × D accumulators and conversion buffers; in
-//   backward also Sq × (Hq/Hkv) floats for Δ and, when dq is not f32 or items are chunked, an
-//   f32 dq accumulator of Sq × (Hq/Hkv) × D per thread (chunked: per chunk). Never Sq × Sk.
+//   Memory: per thread, a few q × kv f32 tiles, kv × D accumulators, packed operands and
+//   conversion buffers; forward the f32 O accumulator of a q super-block; backward also
+//   Sq × (Hq/Hkv) floats for Δ, Q and dO of the item's heads packed (<= 8 MiB, else per tile)
+//   and, when dq is not f32, an f32 dq accumulator of Sq × (Hq/Hkv) × D; chunked items add the
+//   partials above. Never Sq × Sk.
 //
 //   bf16 / f16 inputs are converted to f32 tile by tile (Q, dO per q block; K, V per kv block);
 //   all arithmetic is f32 and rounding to the storage dtype happens only when storing.
@@ -398,10 +402,16 @@ class Backward : Common {
       max_sq = std::max(max_sq, p.q_len(n));
       max_kb = std::max(max_kb, (p.k_len(n) + bk - 1) / bk);
     }
-    // Chunks per (sequence, kv head): enough items for every thread, never more than kv blocks.
-    chunks_ = pairs >= want ? 1 : std::min<int64_t>((want + pairs - 1) / pairs, max_kb);
+    // Chunks per (sequence, kv head) when there are fewer pairs than threads. With a group of
+    // G >= 2 query heads the chunks split the heads (each owns its heads' dq; dk and dv become
+    // f32 partials of Sk × (D + Dv), reduced in chunk order); with G = 1 they split the kv blocks
+    // (each owns its blocks' dk, dv; dq becomes f32 partials of Sq × D, reduced in chunk order).
+    const int64_t need = pairs >= want ? 1 : (want + pairs - 1) / pairs;
+    head_split_ = need > 1 && G >= 2;
+    chunks_ = head_split_ ? std::min<int64_t>(need, G) : std::min<int64_t>(need, max_kb);
+    kv_split_ = chunks_ > 1 && !head_split_;
     const bool dq_f32 = out_.dq_dtype == DType::kF32;
-    direct_dq_ = chunks_ == 1 && dq_f32;
+    direct_dq_ = !kv_split_ && dq_f32;
     // Items: heaviest sequences first (by sq·sk), then kv head, chunk.
     std::vector<int64_t> order(static_cast<size_t>(p.N));
     for (int64_t n = 0; n < p.N; ++n) order[n] = n;
@@ -410,21 +420,23 @@ class Backward : Common {
     for (int64_t n : order)
       for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
         for (int64_t c = 0; c < chunks_; ++c) items_.push_back({n, kvh, c, nullptr});
-    if (chunks_ > 1) {  // one f32 dq partial per item
+    if (chunks_ > 1) {  // one f32 partial per item: dq (kv split) or dk and dv (head split)
       size_t off = 0;
       std::vector<size_t> offs;
       for (const Item& it : items_) {
         offs.push_back(off);
-        off += static_cast<size_t>(p.q_len(it.n) * G * p.D);
+        off += static_cast<size_t>(head_split_ ? p.k_len(it.n) * (p.D + p.Dv) : p.q_len(it.n) * G * p.D);
       }
       float* slots = alloc<float>(keep_, off);
-      for (size_t i = 0; i < items_.size(); ++i) items_[i].dq = slots + offs[i];
+      for (size_t i = 0; i < items_.size(); ++i) items_[i].partial = slots + offs[i];
     }
     const int T = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(items_.size()))));
     // Q and dO of the group's heads are packed once per item (not once per q tile and kv block)
     // when that fits kPrepackBytes per thread (TESSERA_ATTENTION_CPU_PREPACK=0: never; a test seam).
-    prepack_ = !blas && env::flag("TESSERA_ATTENTION_CPU_PREPACK", true) && static_cast<size_t>(G * (simd::packed_floats(max_sq, p.D) + simd::packed_floats(max_sq, p.Dv))) *
-                            sizeof(float) <= kPrepackBytes;
+    const int64_t heads = head_split_ ? (G + chunks_ - 1) / chunks_ : G;  // most heads of one item
+    prepack_ = !blas && env::flag("TESSERA_ATTENTION_CPU_PREPACK", true) &&
+               static_cast<size_t>(heads * (simd::packed_floats(max_sq, p.D) + simd::packed_floats(max_sq, p.Dv))) *
+                       sizeof(float) <= kPrepackBytes;
     scratch_.resize(static_cast<size_t>(T));
     for (Scratch& s : scratch_) {
       s.S = alloc<float>(keep_, static_cast<size_t>(bq * ld));
@@ -445,22 +457,25 @@ class Backward : Common {
       }
       if (in_.grad_o_dtype != DType::kF32) s.dO = alloc<float>(keep_, static_cast<size_t>(bq * p.Dv));
       if (prepack_) {
-        s.qfull = alloc<float>(keep_, static_cast<size_t>(G * simd::packed_floats(max_sq, p.D)));
-        s.dofull = alloc<float>(keep_, static_cast<size_t>(G * simd::packed_floats(max_sq, p.Dv)));
+        s.qfull = alloc<float>(keep_, static_cast<size_t>(heads * simd::packed_floats(max_sq, p.D)));
+        s.dofull = alloc<float>(keep_, static_cast<size_t>(heads * simd::packed_floats(max_sq, p.Dv)));
       }
-      if (chunks_ == 1 && !dq_f32) s.dq = alloc<float>(keep_, static_cast<size_t>(max_sq * G * p.D));
+      if (!kv_split_ && !dq_f32) s.dq = alloc<float>(keep_, static_cast<size_t>(max_sq * G * p.D));
     }
     std::atomic<size_t> next{0};
     run_threads(T, blas, [&](int tid) {
       for (size_t i = next.fetch_add(1); i < items_.size(); i = next.fetch_add(1)) item(scratch_[tid], items_[i]);
     });
-    if (chunks_ > 1) reduce_dq();
+    if (kv_split_) reduce_dq();
+    if (head_split_) reduce_dkv();
   }
 
  private:
   struct Item {
     int64_t n, kvh, chunk;
-    float* dq;  // this item's f32 dq partial [sq][G][D] when chunked
+    // This item's f32 partial when chunked: dq [sq][G][D] (kv split), or dk [sk][D] followed by
+    // dv [sk][Dv] (head split).
+    float* partial;
   };
   struct Scratch {
     float *S, *dP, *P = nullptr, *dK, *dV, *delta, *q = nullptr, *k = nullptr, *v = nullptr, *dO = nullptr,
@@ -470,11 +485,11 @@ class Backward : Common {
     float *qfull = nullptr, *dofull = nullptr;  // prepacked Q, dO of the item's heads
   };
 
-  // Stores an f32 [rows][G][D] dq accumulator of (sequence n, kv head kvh) into dq.
-  void store_dq(int64_t n, int64_t kvh, const float* acc) const {
+  // Stores heads [g0, g1) of an f32 [rows][G][D] dq accumulator of (sequence n, kv head kvh).
+  void store_dq(int64_t n, int64_t kvh, const float* acc, int64_t g0, int64_t g1) const {
     const int64_t G = p.group(), qbeg = p.q_begin(n);
     for (int64_t i = 0; i < p.q_len(n); ++i)
-      for (int64_t g = 0; g < G; ++g) {
+      for (int64_t g = g0; g < g1; ++g) {
         const int64_t base = ((qbeg + i) * p.Hq + kvh * G + g) * p.D;
         const float* a = acc + (i * G + g) * p.D;
         for (int64_t c = 0; c < p.D; ++c) store_from_f32(out_.dq, out_.dq_dtype, base + c, a[c]);
@@ -487,10 +502,25 @@ class Backward : Common {
       const Item& first = items_[i];
       const size_t count = static_cast<size_t>(p.q_len(first.n) * p.group() * p.D);
       for (int64_t c = 1; c < chunks_; ++c) {
-        const float* src = items_[i + static_cast<size_t>(c)].dq;
-        for (size_t e = 0; e < count; ++e) first.dq[e] += src[e];
+        const float* src = items_[i + static_cast<size_t>(c)].partial;
+        for (size_t e = 0; e < count; ++e) first.partial[e] += src[e];
       }
-      store_dq(first.n, first.kvh, first.dq);
+      store_dq(first.n, first.kvh, first.partial, 0, p.group());
+    }
+  }
+
+  // dk, dv = Σ over chunks (in chunk order) of the partials.
+  void reduce_dkv() {
+    for (size_t i = 0; i < items_.size(); i += static_cast<size_t>(chunks_)) {
+      const Item& first = items_[i];
+      const int64_t sk = p.k_len(first.n);
+      const size_t count = static_cast<size_t>(sk * (p.D + p.Dv));
+      for (int64_t c = 1; c < chunks_; ++c) {
+        const float* src = items_[i + static_cast<size_t>(c)].partial;
+        for (size_t e = 0; e < count; ++e) first.partial[e] += src[e];
+      }
+      store_kv(out_.dk, out_.dk_dtype, p.D, p.k_begin(first.n), first.kvh, sk, first.partial);
+      store_kv(out_.dv, out_.dv_dtype, p.Dv, p.k_begin(first.n), first.kvh, sk, first.partial + sk * p.D);
     }
   }
 
@@ -507,8 +537,11 @@ class Backward : Common {
   void item(Scratch& s, const Item& it) const {
     const int64_t n = it.n, kvh = it.kvh, G = p.group();
     const int64_t sq = p.q_len(n), sk = p.k_len(n), qbeg = p.q_begin(n), kbeg = p.k_begin(n);
-    // Δ_i = Σ_c dO_ic · o_ic per row of each query head of the group (f32).
-    for (int64_t g = 0; g < G; ++g)
+    // This item's query heads of the group: all, or its share under the head split.
+    const int64_t g0 = head_split_ ? it.chunk * G / chunks_ : 0;
+    const int64_t g1 = head_split_ ? (it.chunk + 1) * G / chunks_ : G;
+    // Δ_i = Σ_c dO_ic · o_ic per row of each query head (f32).
+    for (int64_t g = g0; g < g1; ++g)
       for (int64_t i = 0; i < sq; ++i) {
         const int64_t base = ((qbeg + i) * p.Hq + kvh * G + g) * p.Dv;
         float d = 0.0f;
@@ -526,24 +559,23 @@ class Backward : Common {
     if (direct_dq_) {
       dq = static_cast<float*>(out_.dq) + (qbeg * p.Hq + kvh * G) * p.D;
       dq_ld = p.Hq * p.D;
-      for (int64_t i = 0; i < sq; ++i) std::fill(dq + i * dq_ld, dq + i * dq_ld + G * p.D, 0.0f);
     } else {
-      dq = chunks_ > 1 ? it.dq : s.dq;
+      dq = kv_split_ ? it.partial : s.dq;
       dq_ld = G * p.D;
-      std::fill(dq, dq + sq * dq_ld, 0.0f);
     }
+    for (int64_t i = 0; i < sq; ++i) std::fill(dq + i * dq_ld + g0 * p.D, dq + i * dq_ld + g1 * p.D, 0.0f);
     const int64_t nb = (sk + bk - 1) / bk;
-    const int64_t kb0 = it.chunk * nb / chunks_, kb1 = (it.chunk + 1) * nb / chunks_;
+    const int64_t kb0 = kv_split_ ? it.chunk * nb / chunks_ : 0, kb1 = kv_split_ ? (it.chunk + 1) * nb / chunks_ : nb;
     const int64_t qsz = simd::packed_floats(sq, p.D), dsz = simd::packed_floats(sq, p.Dv);
     if (prepack_)
-      for (int64_t g = 0; g < G; ++g)
+      for (int64_t g = g0; g < g1; ++g)
         for (int64_t r0 = 0; r0 < sq; r0 += bq) {
           const int64_t c = std::min(bq, sq - r0);
           int64_t ldq = 0, lddo = 0;
           const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + r0, kvh * G + g, c, s.q, &ldq);
-          simd::pack_b(Q, ldq, false, c, p.D, s.qfull + g * qsz, sq, r0);
+          simd::pack_b(Q, ldq, false, c, p.D, s.qfull + (g - g0) * qsz, sq, r0);
           const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + r0, kvh * G + g, c, s.dO, &lddo);
-          simd::pack_b(dO, lddo, false, c, p.Dv, s.dofull + g * dsz, sq, r0);
+          simd::pack_b(dO, lddo, false, c, p.Dv, s.dofull + (g - g0) * dsz, sq, r0);
         }
     const float scale = static_cast<float>(p.scale);
     const float inv_c = p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.0f;
@@ -567,7 +599,7 @@ class Backward : Common {
           ihi = i + 1;
         }
       }
-      for (int64_t g = 0; g < G; ++g) {
+      for (int64_t g = g0; g < g1; ++g) {
         const int64_t h = kvh * G + g;
         const float* lse = in_.lse + p.lse_index(n, h, 0);  // contiguous in i (both forms)
         for (int64_t i0 = ilo; i0 < ihi; i0 += bq) {
@@ -576,8 +608,8 @@ class Backward : Common {
           const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
           const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + i0, h, mq, s.dO, &lddo);
           if (prepack_) {
-            s.qq = {Q, ldq, false, s.qfull + g * qsz, sq, i0};
-            s.dd = {dO, lddo, false, s.dofull + g * dsz, sq, i0};
+            s.qq = {Q, ldq, false, s.qfull + (g - g0) * qsz, sq, i0};
+            s.dd = {dO, lddo, false, s.dofull + (g - g0) * dsz, sq, i0};
           } else {
             pack(s.qq, Q, ldq, false, mq, p.D);
             pack(s.dd, dO, lddo, false, mq, p.Dv);
@@ -604,10 +636,15 @@ class Backward : Common {
           mm(s.dP, ld, false, s.kk, mq, p.D, nk, dq + i0 * dq_ld + g * p.D, dq_ld, scale, true);  // dQ += dS·K
         }
       }
-      store_kv(out_.dk, out_.dk_dtype, p.D, kbeg + j0, kvh, nk, s.dK);
-      store_kv(out_.dv, out_.dv_dtype, p.Dv, kbeg + j0, kvh, nk, s.dV);
+      if (head_split_) {  // into this item's partials, reduced after the workers join
+        std::memcpy(it.partial + j0 * p.D, s.dK, static_cast<size_t>(nk * p.D) * sizeof(float));
+        std::memcpy(it.partial + sk * p.D + j0 * p.Dv, s.dV, static_cast<size_t>(nk * p.Dv) * sizeof(float));
+      } else {
+        store_kv(out_.dk, out_.dk_dtype, p.D, kbeg + j0, kvh, nk, s.dK);
+        store_kv(out_.dv, out_.dv_dtype, p.Dv, kbeg + j0, kvh, nk, s.dV);
+      }
     }
-    if (!direct_dq_ && chunks_ == 1) store_dq(n, kvh, dq);
+    if (!direct_dq_ && !kv_split_) store_dq(n, kvh, dq, g0, g1);
   }
 
   static constexpr size_t kPrepackBytes = size_t{8} << 20;
@@ -616,6 +653,7 @@ class Backward : Common {
   const GradOut& out_;
   bool prepack_ = false;
   int64_t chunks_ = 1;
+  bool head_split_ = false, kv_split_ = false;
   bool direct_dq_ = false;
   std::vector<Item> items_;
   std::vector<Scratch> scratch_;

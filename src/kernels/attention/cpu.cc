@@ -2,14 +2,19 @@
 //
 // Design (docs/kernels/attention.md, "cpu backend"):
 //
-//   Forward, FlashAttention-style. A work item is (sequence, query head, block of q query rows).
-//   It walks the blocks of kv keys that its rows may see (causal and window limits cut the walk
-//   to the allowed span, so masked-out tiles cost nothing) and per tile:
-//     S = scale · Q_blk · K_blkᵀ                       one sgemm (K = D)
+//   Forward, FlashAttention-style. A work item is (sequence, query head, super-block of R
+//   consecutive blocks of q query rows). It walks the tiles of kv keys its rows may see (causal
+//   and window limits cut the walk to the allowed span, so masked-out tiles cost nothing); each
+//   kv tile is converted and packed once for the super-block, and per (q block, kv tile):
+//     S = scale · Q_blk · K_tileᵀ                      micro-kernel (K = D)
 //     soft cap, ALiBi, mask (only tiles that cross a mask edge, or with segment ids)
-//     online softmax in f32 (row max, P = exp(S − m), running sum, rescale factor)  (Highway)
-//     O_acc = alpha ∘ O_acc + P · V_blk                 one sgemm (K = kv block)
+//     online softmax in f32 (row max, P = exp(S − m), running sum, rescale factor)
+//     O_acc = alpha ∘ O_acc + P · V_tile               micro-kernel (K = kv tile)
 //   and stores O_acc / l (rounded to o's dtype only here) and lse = m + log l.
+//
+//   The tile products run on a Highway register-blocked micro-kernel (cpu_simd.cc), measured
+//   1.5-2x faster than OpenBLAS sgemm on the machine this was written on (docs, devlog v1);
+//   TESSERA_ATTENTION_CPU_GEMM=blas selects sgemm instead, for side-by-side timing.
 //
 //   Backward, FlashAttention-2-style: P is recomputed from the saved lse. A work item is
 //   (sequence, kv head[, kv chunk]); it owns dk and dv of its kv head and dq of the query heads
@@ -18,7 +23,7 @@
 //     S = scale·Q·Kᵀ, P = exp(S' − lse)   (S' = soft-capped, biased, masked S)
 //     dV += Pᵀ·dO;  dP = dO·Vᵀ;  dS = P ∘ (dP − Δ) [∘ (1 − (t/c)²)]
 //     dK += scale·dSᵀ·Q;  dQ += scale·dS·K
-//   with Δ_i = Σ dO_i·o_i from the saved o. Five sgemms per tile, the minimum for FA2.
+//   with Δ_i = Σ dO_i·o_i from the saved o. Five products per tile, the minimum for FA2.
 //   When there are fewer (sequence, kv head) items than threads, each is split into C chunks:
 //   over the query heads of the group when it has several (each chunk owns its heads' dq and
 //   accumulates f32 dk/dv partials of Sk × (D + Dv)), else over the kv blocks (each chunk owns
@@ -39,10 +44,11 @@
 //   bf16 / f16 inputs are converted to f32 tile by tile (Q, dO per q block; K, V per kv block);
 //   all arithmetic is f32 and rounding to the storage dtype happens only when storing.
 //
-// Threads: std::thread, work items handed out by an atomic counter (heaviest first). While a
-// call runs, OpenBLAS is switched to one thread (process-wide, reference-counted, restored
-// afterwards), because each worker calls sgemm on its own tiles — the same rule as the
-// linear_cross_entropy cpu backend (the two guards are separate; see the doc).
+// Threads: std::thread, work items handed out by an atomic counter (heaviest first). On the
+// sgemm path, OpenBLAS is switched to one thread while a call runs (process-wide,
+// reference-counted, restored afterwards), because each worker calls sgemm on its own tiles —
+// the linear_cross_entropy backend's rule; its guard is a separate counter, so concurrent calls
+// of both kernels could restore OpenBLAS's thread count early (harmless: slower, not wrong).
 #include <cblas.h>
 
 #include <algorithm>
@@ -664,8 +670,8 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "optimized CPU backend: flash-style q x kv tiles, OpenBLAS sgemm per tile + Highway online softmax, "
-           "FA2 backward (deterministic); extra memory O(threads x tile)";
+    return "optimized CPU backend: flash-style q x kv tiles, Highway micro-kernel products + online softmax, "
+           "FA2 backward (deterministic); D, Dv <= 256; extra memory O(threads x tile)";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {

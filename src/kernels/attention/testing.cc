@@ -394,7 +394,8 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.opt.causal = true;
       add(c);
     }
-    // Varlen, causal, GQA, an empty sequence and a single-row one.
+    // Varlen, causal, GQA, an empty sequence and a single-row one; again with ALiBi per sequence
+    // and a two-sided window instead of causal.
     {
       CaseSpec c = base;
       c.seqlens_q = {5, 0, 17, 1, 9};
@@ -402,6 +403,21 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.Hq = 4;
       c.Hkv = 2;
       c.opt.causal = true;
+      add(c);
+      c.opt.causal = false;
+      c.opt.window_left = 3;
+      c.opt.window_right = 2;
+      c.alibi = 2;
+      add(c);
+    }
+    // A two-sided window with Sq > Sk: rows before the keys see nothing.
+    {
+      CaseSpec c = base;
+      c.Sq = 29;
+      c.Sk = 20;
+      c.opt.window_left = 4;
+      c.opt.window_right = 2;
+      c.alibi = 1;
       add(c);
     }
     // Everything at once: window, softcap, ALiBi, segments, GQA, Dv != D.

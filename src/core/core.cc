@@ -226,7 +226,8 @@ Tensor Tensor::to(Device device) const {
   } else {
     const DeviceType dt = src_host ? device.type : view_.device.type;
     const int idx = src_host ? device.index : view_.device.index;
-    const int kind = src_host ? 0 : (dst_host ? 1 : 2);
+    const CopyKind kind = src_host ? CopyKind::kHostToDevice
+                          : dst_host ? CopyKind::kDeviceToHost : CopyKind::kDeviceToDevice;
     if (bytes) get_allocator(dt).copy(out.data(), data(), bytes, kind, idx);
   }
   return out;

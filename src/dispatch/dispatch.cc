@@ -1,4 +1,5 @@
 #include "dispatch/dispatch.h"
+#include "dispatch/registry.h"
 
 #include <sstream>
 
@@ -102,6 +103,39 @@ std::string run(const std::string& kernel, const Plan& plan, const Callbacks& cb
   os << kernel << ": no implementation could run these inputs (" << plan.source << "):";
   for (const auto& r : reasons) os << " [" << r << "]";
   throw Error(ErrorCode::kUnsupported, os.str());
+}
+
+ImplementationInfo ImplementationBase::info() const {
+  ImplementationInfo info;
+  info.name = name();
+  info.description = description();
+  info.device = device_type();
+  const Availability a = available();
+  info.available = a.ok;
+  info.unavailable_reason = a.reason;
+  info.status = status();
+  info.what_changed = what_changed();
+  return info;
+}
+
+const ImplementationBase* RegistryView::find(const std::string& name) const {
+  for (const ImplementationBase* impl : implementations())
+    if (impl->name() == name) return impl;
+  return nullptr;
+}
+
+std::vector<ImplementationInfo> RegistryView::infos() const {
+  std::vector<ImplementationInfo> out;
+  for (const ImplementationBase* impl : implementations()) out.push_back(impl->info());
+  return out;
+}
+
+std::vector<std::string> RegistryView::default_order(DeviceType device) const {
+  std::vector<std::string> order;
+  for (const ImplementationBase* impl : implementations())
+    if (impl->device_type() == device && impl->status() == VersionStatus::kCurrent)
+      order.push_back(impl->name());
+  return order;
 }
 
 }  // namespace tessera::dispatch

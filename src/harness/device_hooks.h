@@ -44,6 +44,10 @@ struct DeviceHooks {
   std::function<std::optional<double>(int index, int64_t M, int64_t N, int64_t K, DType dtype,
                                       bool b_transposed)>
       time_gemm;
+  // Seconds of one call of `fn` on device `index`, measured with device events recorded on the
+  // default stream around it (the device is synchronized first and after). Optional: without
+  // it the bench times device rows with the host clock after a synchronize.
+  std::function<double(int index, const std::function<void()>& fn)> time_call;
   // Number of devices of this type present (0 when none). Optional (then 1 is assumed).
   std::function<int()> device_count;
 };

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "harness/device_hooks.h"
+#include "kernels/registry.h"
 #include "harness/roofline.h"
 #include "kernels/linear_cross_entropy/bench.h"
 #include "tessera/error.h"
@@ -68,14 +69,14 @@ TEST(DeviceHooksCuda, BenchOfAnUnavailableGpuTimesNothing) {
   const auto* h = cuda_hooks();
   ASSERT_NE(h, nullptr);
   if (h->device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
-  namespace lce = tessera::linear_cross_entropy;
-  lce::BenchConfig cfg;
-  cfg.implementations = {"cuda"};
-  cfg.shapes = {{"big", 8192, 4096, 128256}};
-  cfg.dtypes = {DType::kBF16};
+  const auto& k = tessera::kernels::get("linear_cross_entropy");
+  std::vector<std::string> unavailable;
+  tessera::harness::GridShape big{"big", {{"B", 8192}, {"H", 4096}, {"V", 128256}}, {}};
+  auto cfg = tessera::kernels::bench_config(k, "cuda", {big}, {DType::kBF16}, {}, 1, &unavailable);
+  EXPECT_EQ(unavailable.size(), 1u);
   cfg.compare = true;
   cfg.progress = false;
-  const auto res = lce::run_bench(cfg);
+  const auto res = tessera::harness::run_bench(cfg);
   EXPECT_TRUE(res.rows.empty());
   bool said = false;
   for (const auto& m : res.messages) said |= m.find("no implementation to time") != std::string::npos;

@@ -118,10 +118,31 @@ TEST_F(Cli, BadInputsGiveOneLineErrorsAndNonZeroExit) {
 TEST_F(Cli, CheckRunsTheGridForANamedImplementation) {
   const Cmd c = sh("check linear_cross_entropy --impl reference --quick --pass forward");
   EXPECT_EQ(c.code, 0) << c.out;
-  EXPECT_NE(c.out.find("failed"), std::string::npos) << c.out;
+  // The summary line: some cases passed, none failed (not merely the word "failed" somewhere).
+  const auto at = c.out.find("check: ");
+  ASSERT_NE(at, std::string::npos) << c.out;
+  int passed = -1, failed = -1, skipped = -1;
+  ASSERT_EQ(std::sscanf(c.out.c_str() + at, "check: %d passed, %d failed, %d skipped", &passed, &failed, &skipped), 3);
+  EXPECT_GT(passed, 0);
+  EXPECT_EQ(failed, 0);
   EXPECT_NE(c.out.find("max_abs="), std::string::npos) << c.out;
+  // A typo never falls back, spaces are trimmed, and the error names the known implementations.
   const Cmd bad = sh("check linear_cross_entropy --impl nope");
   EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("no implementation named 'nope'"), std::string::npos) << bad.out;
+  const Cmd typo = sh("check linear_cross_entropy --impl 'reference, refrence' --quick --pass forward");
+  EXPECT_EQ(typo.code, 2) << typo.out;
+  EXPECT_NE(typo.out.find("'refrence'"), std::string::npos) << typo.out;
+  const Cmd spaced = sh("check linear_cross_entropy --impl ' reference ' --quick --pass forward");
+  EXPECT_EQ(spaced.code, 0) << spaced.out;
+}
+
+// A check that checked nothing passed nothing: every case skipped exits non-zero.
+TEST_F(Cli, CheckWithEveryCaseSkippedFails) {
+  const Cmd c = sh("check linear_cross_entropy --impl cuda --quick --pass forward");
+  if (c.out.find("SKIP") == std::string::npos) GTEST_SKIP() << "cuda is available here";
+  EXPECT_EQ(c.code, 1) << c.out;
+  EXPECT_NE(c.out.find("nothing was checked"), std::string::npos) << c.out;
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ TEST_F(TuneCli, BadArgumentsFailWithOneLine) {
   EXPECT_NE(c.out.find("no tunable block sizes"), std::string::npos) << c.out;
   c = run_cli("tune linear_cross_entropy --dtype i32 --list");
   EXPECT_EQ(c.code, 2);
-  c = run_cli("tune linear_cross_entropy --op sideways --list");
+  c = run_cli("tune linear_cross_entropy --pass sideways --list");
   EXPECT_EQ(c.code, 2);
   c = run_cli("tune linear_cross_entropy --buckets llama3-ish --shape 8,8,100 --list");
   EXPECT_EQ(c.code, 2);

@@ -69,7 +69,7 @@ TEST(LceCpuTuning, AutotuneOnMissCachesAndKeepsResultsRight) {
   std::ifstream in(path);
   const auto j = nlohmann::json::parse(in);
   EXPECT_EQ(j["result"], "ok");
-  EXPECT_NE(j["key"].get<std::string>().find("op=forward_backward"), std::string::npos);
+  EXPECT_NE(j["key"].get<std::string>().find("op=fused"), std::string::npos);
   const Problem shape_only = [&] {
     Problem p;
     p.B = 64, p.H = 128, p.V = 8192;

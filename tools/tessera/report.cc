@@ -4,7 +4,7 @@
 
 #include "harness/report.h"
 #include "harness/table.h"
-#include "tessera/commands.h"
+#include "common.h"
 
 namespace tessera::cli {
 

@@ -26,20 +26,11 @@ struct TuningHooks {
   int64_t min_autotune_work = kMinAutotuneWork;
 };
 
-// In order:
-//  1. options.block_sizes: validated for `impl`, used as given (never changed);
-//  2. (tunable implementations) the tuned table row for (impl, device kind, dtype, bucket),
-//     sanitized to the shape and validated (unless TESSERA_TUNED_TABLE=0);
-//  3. autotune-on-miss (opt.autotune_on_miss and TESSERA_AUTOTUNE != 0, problem not tiny):
-//     the disk cache, else a timed sweep that is then cached. If every candidate fails, throws
-//     Error(kUnsupported) so that dispatch falls back to the next implementation;
-//  4. impl.default_block_sizes(p).
-// Logs the choice at debug level (TESSERA_LOG_LEVEL=debug).
+// The generic choice of tune/choose.h (options -> tuned table -> autotune-on-miss -> defaults)
+// with this kernel's adapter. Logs the choice at debug level (TESSERA_LOG_LEVEL=debug).
 BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p,
-                                   const Options& opt, Op op = Op::kForwardBackward,
+                                   const Options& opt, Pass op = Pass::kFused,
                                    const TuningHooks& hooks = {});
 
-// The on-miss time budget: TESSERA_AUTOTUNE_BUDGET_MS (default 2000 ms) of measured run time.
-double autotune_budget_seconds();
 
 }  // namespace tessera::linear_cross_entropy

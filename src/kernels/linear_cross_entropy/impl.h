@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/dispatch.h"
+#include "dispatch/registry.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera::linear_cross_entropy {
@@ -68,16 +68,8 @@ struct GradOut {
   DType dbias_dtype = DType::kF32;
 };
 
-class Implementation {
+class Implementation : public dispatch::ImplementationBase {
  public:
-  virtual ~Implementation() = default;
-  virtual std::string name() const = 0;
-  virtual std::string description() const = 0;
-  // The device whose memory this implementation works on (the default order for a call lists
-  // the implementations of the inputs' device type, in registry order).
-  virtual DeviceType device_type() const = 0;
-  // Machine / build level: can this implementation run here at all?
-  virtual Availability available() const { return Availability::yes(); }
   // Input level: can it run this problem (device, dtypes, sizes)? Must be cheap.
   virtual Availability supports(const Problem& p) const = 0;
 
@@ -105,7 +97,8 @@ class Implementation {
 };
 
 // The registry of this kernel, in default dispatch order. Defined in implementations.cc.
-const std::vector<std::unique_ptr<Implementation>>& registry();
+using Registry = dispatch::Registry<Implementation>;
+Registry& registry();
 const Implementation* find_implementation(const std::string& name);  // nullptr if unknown
 
 // Factories (each backend's file defines its own).

@@ -17,11 +17,6 @@
 
 namespace tessera::linear_cross_entropy {
 
-// What a call computes; keys the autotune cache and picks what is timed.
-enum class Op : uint8_t { kForward, kBackward, kForwardBackward };
-const char* op_name(Op op) noexcept;  // "forward", "backward", "forward_backward"
-Op parse_op(const std::string& s);    // throws Error(kInvalidArgument)
-
 // The buckets, first match wins (tuning.cc documents each).
 const std::vector<tune::Bucket>& tuning_buckets();
 const tune::Bucket* bucket_for(const Problem& p);  // nullptr when none matches
@@ -47,7 +42,7 @@ bool worth_autotuning(const Problem& p, int64_t min_work = kMinAutotuneWork);
 // The full autotune cache key: implementation, device kind, dtypes, shape (B by its power-of-two
 // class, H and V exact), layout, options that change the work (bias, soft cap, label smoothing,
 // argmax), op, CPU threads, library version.
-std::string autotune_key(const Implementation& impl, const Problem& p, Op op,
+std::string autotune_key(const Implementation& impl, const Problem& p, Pass op,
                          const std::string& device_kind);
 // The candidate list for `p`: the implementation's default first, then its candidates (dupes
 // dropped).
@@ -57,7 +52,7 @@ std::vector<BlockSizes> tuning_candidates(const Implementation& impl, const Prob
 // inputs, read only) into scratch outputs allocated here (never the caller's outputs),
 // synchronizing the implementation before stopping the clock. Throws Error(kOutOfMemory) if
 // the scratch cannot be allocated.
-tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Op op);
+tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op);
 
 // A problem with deterministic random inputs of a given shape, owning its memory (for
 // `tessera tune` and tests). Labels avoid ignore_index; no bias, no weights, mean reduction.

@@ -101,13 +101,7 @@ Result compute(const Inputs& in, const Options& opt = {});
 Result compute_with_grad(const Inputs& in, const TensorView& grad_o, const Options& opt = {});
 
 // ---- introspection ----
-struct ImplementationInfo {
-  std::string name;
-  std::string description;
-  DeviceType device = DeviceType::kCPU;
-  bool available = false;
-  std::string unavailable_reason;
-};
+using tessera::ImplementationInfo;  // tessera/exec.h
 std::vector<ImplementationInfo> implementations();
 // The implementation that the last call on this thread ran ("" if none).
 const std::string& last_implementation();

@@ -247,31 +247,16 @@ BackwardIn check_saved(const Inputs& in, const Problem& p, const BackwardInputs&
   return {s.o.data, s.o.dtype, static_cast<const float*>(s.lse.data), s.grad_o.data, s.grad_o.dtype};
 }
 
-std::vector<std::string> default_order(const Device& dev) {
-  std::vector<std::string> order;
-  for (const auto& impl : registry())
-    if (impl->device_type() == dev.type) order.push_back(impl->name());
-  return order;
-}
-
+// Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
 void dispatch_call(const Problem& p, const Options& opt, Body&& body) {
-  const dispatch::Plan plan = dispatch::make_plan(opt.implementation, default_order(p.device));
-  dispatch::Callbacks cb;
-  cb.exists = [](const std::string& n) { return find_implementation(n) != nullptr; };
-  cb.supports = [&](const std::string& n) {
-    const Implementation* impl = find_implementation(n);
-    Availability a = impl->available();
-    if (!a.ok) return a;
-    return impl->supports(p);
-  };
-  cb.run = [&](const std::string& n) {
-    const Implementation* impl = find_implementation(n);
-    const BlockSizeChoice bs = choose_block_sizes(*impl, p, opt);
-    log::debug(kName + ": " + n + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
-    body(*impl, bs.sizes);
-  };
-  t_last_impl = dispatch::run(kName, plan, cb);
+  t_last_impl = registry().dispatch(
+      opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
+      [&](const Implementation& impl) {
+        const BlockSizeChoice bs = choose_block_sizes(impl, p, opt);
+        log::debug(kName + ": " + impl.name() + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
+        body(impl, bs.sizes);
+      });
 }
 
 // Calls with nothing to compute. No query rows: nothing to write but dk = dv = 0. No keys: every
@@ -298,20 +283,7 @@ bool trivial_backward(const Problem& p, const Gradients& g) {
 
 const std::string& last_implementation() { return t_last_impl; }
 
-std::vector<ImplementationInfo> implementations() {
-  std::vector<ImplementationInfo> out;
-  for (const auto& impl : registry()) {
-    ImplementationInfo info;
-    info.name = impl->name();
-    info.description = impl->description();
-    info.device = impl->device_type();
-    const Availability a = impl->available();
-    info.available = a.ok;
-    info.unavailable_reason = a.reason;
-    out.push_back(std::move(info));
-  }
-  return out;
-}
+std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
   const Problem p = normalize(in, opt);

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/dispatch.h"
+#include "dispatch/registry.h"
 #include "tessera/attention.h"
 
 namespace tessera::attention {
@@ -101,14 +101,9 @@ struct GradOut {
   DType dv_dtype = DType::kF32;
 };
 
-class Implementation {
+// name, description, device type, availability and version status come from the generic base.
+class Implementation : public dispatch::ImplementationBase {
  public:
-  virtual ~Implementation() = default;
-  virtual std::string name() const = 0;
-  virtual std::string description() const = 0;
-  virtual DeviceType device_type() const = 0;
-  // Machine / build level: can this implementation run here at all?
-  virtual Availability available() const { return Availability::yes(); }
   // Input level: can it run this problem (device, dtypes, head dims)? Must be cheap.
   virtual Availability supports(const Problem& p) const = 0;
 
@@ -123,7 +118,8 @@ class Implementation {
 };
 
 // The registry of this kernel, in default dispatch order (implementations.cc).
-const std::vector<std::unique_ptr<Implementation>>& registry();
+using Registry = dispatch::Registry<Implementation>;
+Registry& registry();
 const Implementation* find_implementation(const std::string& name);  // nullptr if unknown
 
 std::unique_ptr<Implementation> make_reference_implementation();  // reference.cc

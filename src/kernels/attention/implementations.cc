@@ -4,23 +4,19 @@
 
 namespace tessera::attention {
 
-const std::vector<std::unique_ptr<Implementation>>& registry() {
-  static const std::vector<std::unique_ptr<Implementation>> impls = [] {
-    std::vector<std::unique_ptr<Implementation>> v;
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry(kKernelName);  // never destroyed: device modules may hold pointers
     // Default order: fastest first. Only implementations of the inputs' device are tried.
 #ifdef TESSERA_HAVE_CPU_BACKEND
-    v.push_back(make_cpu_implementation());
+    reg->add(make_cpu_implementation());
 #endif
-    v.push_back(make_reference_implementation());
-    return v;
+    reg->add(make_reference_implementation());
+    return reg;
   }();
-  return impls;
+  return *r;
 }
 
-const Implementation* find_implementation(const std::string& name) {
-  for (const auto& impl : registry())
-    if (impl->name() == name) return impl.get();
-  return nullptr;
-}
+const Implementation* find_implementation(const std::string& name) { return registry().find(name); }
 
 }  // namespace tessera::attention

@@ -18,11 +18,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/memory.h"
+#include "core/random.h"
 #include "tessera/attention.h"
 
 using namespace tessera;
@@ -73,13 +73,6 @@ double sgemm_rate(int n, int threads, int reps, double* per_cpu = nullptr) {
   return fl / s / 1e9;
 }
 
-Tensor random(DType dt, const Shape& shape, uint64_t seed, float a) {
-  Tensor t = Tensor::empty(dt, shape);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-a, a);
-  for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data(), dt, i, u(rng));
-  return t;
-}
 
 // Allowed (query, key) pairs of one head for causal / full attention.
 double allowed_pairs(int64_t Sq, int64_t Sk, bool causal) {
@@ -134,8 +127,8 @@ int main(int argc, char** argv) {
   std::printf("sgemm %dx%dx%d on %d threads: %.1f GFLOP/s\n", gemm_n, gemm_n, gemm_n, T, gemm);
 
   const float a = std::sqrt(6.0f);  // q, k ~ U(−a, a): scale·q·k has std a²/3 = 2
-  Tensor q = random(dt, {B, S, H, D}, 1, a), k = random(dt, {B, Sk, Hkv, D}, 2, a), v = random(dt, {B, Sk, Hkv, D}, 3, 1.0f);
-  Tensor go = random(dt, {B, S, H, D}, 4, 1.0f);
+  Tensor q = random_uniform(dt, {B, S, H, D}, a, 1), k = random_uniform(dt, {B, Sk, Hkv, D}, a, 2),
+         v = random_uniform(dt, {B, Sk, Hkv, D}, 1.0f, 3), go = random_uniform(dt, {B, S, H, D}, 1.0f, 4);
   Tensor o = Tensor::empty(dt, {B, S, H, D}), lse = Tensor::empty(DType::kF32, {B, H, S});
   Tensor dq = Tensor::empty(dt, q.shape()), dk = Tensor::empty(dt, k.shape()), dv = Tensor::empty(dt, v.shape());
   std::printf("%-6s %-5s %-6s %-28s %10s %10s %8s %10s\n", "impl", "dtype", "mask", "shape", "pass", "ms", "GFLOP/s",

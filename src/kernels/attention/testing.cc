@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <sstream>
 
+#include "core/random.h"
 #include "tessera/error.h"
 
 namespace tessera::attention::testing {
@@ -17,10 +17,6 @@ int64_t sum(const std::vector<int64_t>& v) {
   return t;
 }
 
-void fill_float(Tensor& t, std::mt19937_64& rng, double lo, double hi) {
-  std::uniform_real_distribution<double> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data(), t.dtype(), i, static_cast<float>(u(rng)));
-}
 
 std::vector<double> to_doubles(const Tensor& t) {
   std::vector<double> v(static_cast<size_t>(t.numel()));
@@ -32,10 +28,10 @@ Tensor i32_tensor(const Shape& shape) { return Tensor::zeros(DType::kI32, shape)
 
 // Sorted segment ids for one row of length len: `segments` contiguous runs with random cut
 // points (some runs may be empty, so ids in q and k rows need not all occur in both).
-void fill_segments(int32_t* ids, int64_t len, int segments, std::mt19937_64& rng) {
+void fill_segments(int32_t* ids, int64_t len, int segments, uint64_t seed) {
   std::vector<int64_t> cuts;
-  std::uniform_int_distribution<int64_t> u(0, len);
-  for (int s = 1; s < segments; ++s) cuts.push_back(u(rng));
+  for (int s = 1; s < segments; ++s)
+    cuts.push_back(static_cast<int64_t>(random_bits(seed, static_cast<uint64_t>(s)) % static_cast<uint64_t>(len + 1)));
   std::sort(cuts.begin(), cuts.end());
   int32_t id = 0;
   size_t c = 0;
@@ -85,7 +81,8 @@ std::string CaseSpec::name() const {
 }
 
 CaseData make_case(const CaseSpec& s) {
-  std::mt19937_64 rng(s.seed * 0x9E3779B97F4A7C15ull + 777);
+  // One stream per tensor (core/random: values depend only on seed and index).
+  const uint64_t seed = s.seed * 0x9E3779B97F4A7C15ull + 777;
   CaseData d;
   const bool vl = varlen(s);
   const Shape lead_q = vl ? Shape{sum(s.seqlens_q)} : Shape{s.B, s.Sq};
@@ -101,11 +98,11 @@ CaseData make_case(const CaseSpec& s) {
   d.q = Tensor::empty(s.dtype, shape(lead_q, s.Hq, s.D));
   d.k = Tensor::empty(s.dtype, shape(lead_k, s.Hkv, s.D));
   d.v = Tensor::empty(s.dtype, shape(lead_k, s.Hkv, s.Dv));
-  fill_float(d.q, rng, -a, a);
-  fill_float(d.k, rng, -a, a);
-  fill_float(d.v, rng, -1.0, 1.0);
+  fill_uniform(d.q, -a, a, seed + 1);
+  fill_uniform(d.k, -a, a, seed + 2);
+  fill_uniform(d.v, -1.0, 1.0, seed + 3);
   d.grad_o = Tensor::empty(s.o_f32 ? DType::kF32 : s.dtype, o_shape(s));
-  fill_float(d.grad_o, rng, -1.0, 1.0);
+  fill_uniform(d.grad_o, -1.0, 1.0, seed + 4);
   const int64_t nseq = vl ? static_cast<int64_t>(s.seqlens_q.size()) : s.B;
   if (s.alibi) {
     d.alibi = Tensor::empty(DType::kF32, s.alibi == 1 ? Shape{s.Hq} : Shape{nseq, s.Hq});
@@ -118,8 +115,8 @@ CaseData make_case(const CaseSpec& s) {
     d.seg_q = i32_tensor({s.B, s.Sq});
     d.seg_k = i32_tensor({s.B, s.Sk});
     for (int64_t b = 0; b < s.B; ++b) {
-      fill_segments(d.seg_q.data_as<int32_t>() + b * s.Sq, s.Sq, s.segments, rng);
-      fill_segments(d.seg_k.data_as<int32_t>() + b * s.Sk, s.Sk, s.segments, rng);
+      fill_segments(d.seg_q.data_as<int32_t>() + b * s.Sq, s.Sq, s.segments, seed + 100 + 2 * static_cast<uint64_t>(b));
+      fill_segments(d.seg_k.data_as<int32_t>() + b * s.Sk, s.Sk, s.segments, seed + 101 + 2 * static_cast<uint64_t>(b));
     }
   }
   if (vl) {

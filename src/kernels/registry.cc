@@ -8,6 +8,9 @@ namespace tessera {
 namespace linear_cross_entropy {
 const kernels::KernelSpec& spec();
 }
+namespace attention {
+const kernels::KernelSpec& spec();
+}
 }  // namespace tessera
 
 namespace tessera::kernels {
@@ -15,6 +18,7 @@ namespace tessera::kernels {
 const std::vector<const KernelSpec*>& all() {
   static const std::vector<const KernelSpec*> specs = {
       &linear_cross_entropy::spec(),
+      &attention::spec(),
   };
   return specs;
 }

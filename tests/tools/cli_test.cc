@@ -10,6 +10,7 @@
 
 #include "harness/npy.h"
 #include "tools/cli_test_util.h"
+#include "tessera/attention.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera {
@@ -169,6 +170,31 @@ TEST_F(Cli, ReportMergesPeersAndQuotesCorruptFilesAsText) {
   EXPECT_NE(c.out.find("\\x93"), std::string::npos) << c.out;
   EXPECT_TRUE(std::none_of(c.out.begin(), c.out.end(), [](char ch) { return static_cast<unsigned char>(ch) >= 0x80; }))
       << "only ASCII here: the raw bytes are escaped";
+}
+
+// A second kernel through the same generic `run`: files out equal the API's results.
+TEST_F(Cli, RunsAttentionFromItsRegistration) {
+  Tensor q = Tensor::empty(DType::kF32, {1, 5, 2, 8}), k = Tensor::empty(DType::kF32, {1, 6, 1, 8});
+  Tensor v = Tensor::empty(DType::kF32, {1, 6, 1, 4});
+  for (Tensor* t : {&q, &k, &v})
+    for (int64_t i = 0; i < t->numel(); ++i) t->data_as<float>()[i] = std::sin(0.37f * static_cast<float>(i) + t->numel());
+  npy::save(p("q.npy"), q), npy::save(p("k.npy"), k), npy::save(p("v.npy"), v);
+  const Cmd c = sh("run attention --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") +
+                   " --causal --grad --out " + p("att"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  for (const char* f : {"o", "lse", "dq", "dk", "dv"}) EXPECT_TRUE(fs::exists(p(std::string("att/") + f + ".npy"))) << f;
+  attention::Options opt;
+  opt.causal = true;
+  attention::Inputs in;
+  in.q = q.view(), in.k = k.view(), in.v = v.view();
+  const attention::Result r = attention::compute(in, opt);
+  const Tensor o = npy::load(p("att/o.npy"));
+  ASSERT_EQ(o.numel(), r.o.numel());
+  for (int64_t i = 0; i < o.numel(); ++i) EXPECT_EQ(o.data_as<float>()[i], r.o.data_as<float>()[i]) << i;
+  const Cmd help = sh("run attention --help");
+  EXPECT_NE(help.out.find("--kv-segment-ids"), std::string::npos) << help.out;
+  const Cmd bad = sh("run attention --q " + p("q.npy") + " --k " + p("q.npy") + " --v " + p("v.npy") + " --out " + p("att2"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
 }
 
 }  // namespace

@@ -189,14 +189,18 @@ void compiler_section(std::ostringstream& h, const json& doc) {
       << "thread):</p>\n<div class=\"wrap\"><table>\n<tr><th class=\"t\">kernel</th><th class=\"t\">source</th>"
          "<th class=\"t\">arch</th><th>registers</th><th>spill st/ld B</th><th>stack B</th><th>shared B</th>"
          "<th>const B</th><th>barriers</th></tr>\n";
+    auto n = [](const json& k, const char* key) {  // byte and register counts: integers
+      const double v = getd(k, key);
+      return std::isfinite(v) ? std::to_string(static_cast<long long>(v)) : std::string("–");
+    };
     for (const auto& k : b["cuda_kernels"]) {
       const bool flagged = k.value("spill_flagged", false);
       h << "<tr><td class=\"t\">" << esc(gets(k, "name")) << "</td><td class=\"t\">" << esc(gets(k, "source"))
-        << "</td><td class=\"t\">" << esc(gets(k, "arch")) << "</td><td>" << num(getd(k, "registers"))
-        << "</td><td" << (flagged ? " class=\"stale\" title=\"spills, not declared CUDA_MAY_SPILL\"" : "") << ">"
-        << num(getd(k, "spill_store_bytes")) << "/" << num(getd(k, "spill_load_bytes")) << (flagged ? " SPILL" : "")
-        << "</td><td>" << num(getd(k, "stack_frame_bytes")) << "</td><td>" << num(getd(k, "shared_bytes"))
-        << "</td><td>" << num(getd(k, "constant_bytes")) << "</td><td>" << num(getd(k, "barriers")) << "</td></tr>\n";
+        << "</td><td class=\"t\">" << esc(gets(k, "arch")) << "</td><td>" << n(k, "registers") << "</td><td"
+        << (flagged ? " class=\"stale\" title=\"spills, not declared CUDA_MAY_SPILL\"" : "") << ">"
+        << n(k, "spill_store_bytes") << "/" << n(k, "spill_load_bytes") << (flagged ? " SPILL" : "") << "</td><td>"
+        << n(k, "stack_frame_bytes") << "</td><td>" << n(k, "shared_bytes") << "</td><td>" << n(k, "constant_bytes")
+        << "</td><td>" << n(k, "barriers") << "</td></tr>\n";
     }
     h << "</table></div>\n";
   } else if (b.contains("cuda_note")) {

@@ -18,6 +18,27 @@ K = "linear_cross_entropy"
 failures = []
 
 
+def latest(base, ext):
+    """The family's latest version number in the source tree (1 = base.ext only)."""
+    n = 1
+    for fn in os.listdir(os.path.join(SRC, "src", "kernels", K)):
+        m = re.fullmatch(re.escape(base) + r"_v([0-9]+)" + re.escape(ext), fn)
+        if m:
+            n = max(n, int(m.group(1)))
+    return n
+
+
+def vname(base, n):
+    return base if n == 1 else f"{base}_v{n}"
+
+
+# The tree may hold versions already (a clone being worked on): test from its latest.
+NC = latest("cpu", ".cc")
+C0, C1, C2, C3 = (vname("cpu", NC + i) for i in range(4))  # latest, next, next-next, ...
+NU = latest("cuda", ".cu")
+U0, U1 = vname("cuda", NU), vname("cuda", NU + 1)
+
+
 def check(cond, what):
     if not cond:
         failures.append(what)
@@ -60,60 +81,60 @@ with tempfile.TemporaryDirectory(prefix="tessera_new_version_") as root:
     check(rc == 0 and "would write" in out, f"dry run: rc={rc} {out}")
     check(snapshot(root) == before, "refusals and --dry-run wrote nothing")
 
-    # cpu -> cpu_v2
+    # cpu -> cpu_v2 (from the family's latest C0 to C1)
     rc, out = run(root, K, "cpu", "--what-changed", 'tiles of 8 "rows"')
-    check(rc == 0, f"cpu -> cpu_v2: rc={rc} {out}")
-    v2 = read(root, f"{kdir}/cpu_v2.cc")
-    check('std::string name() const override { return "cpu_v2"; }' in v2, "cpu_v2.cc registers as cpu_v2")
-    check("make_cpu_v2_implementation()" in v2 and "make_cpu_implementation" not in v2, "factory renamed")
-    check("return VersionStatus::kExperimental;" in v2, "cpu_v2 is experimental")
+    check(rc == 0, f"{C0} -> {C1}: rc={rc} {out}")
+    v2 = read(root, f"{kdir}/{C1}.cc")
+    check('std::string name() const override { return "%s"; }' % C1 in v2, f"{C1}.cc registers as {C1}")
+    check(f"make_{C1}_implementation()" in v2 and f"make_{C0}_implementation" not in v2, "factory renamed")
+    check("return VersionStatus::kExperimental;" in v2, f"{C1} is experimental")
     check('what_changed() const override { return "tiles of 8 \\"rows\\""; }' in v2, "what_changed escaped")
-    check('" cpu_v2: invalid block sizes' in v2 and '" cpu: ' not in v2, "messages name cpu_v2")
-    cpu = read(root, f"{kdir}/cpu.cc")
-    check(cpu == open(os.path.join(SRC, kdir, "cpu.cc"), encoding="utf-8").read(), "cpu.cc untouched")
+    check(f'" {C1}: invalid block sizes' in v2 and f'" {C0}: ' not in v2, f"messages name {C1}")
+    cpu = read(root, f"{kdir}/{C0}.cc")
+    check(cpu == open(os.path.join(SRC, kdir, f"{C0}.cc"), encoding="utf-8").read(), f"{C0}.cc untouched")
     impl_h = read(root, f"{kdir}/impl.h")
-    check(re.search(r"make_cpu_implementation\(\);\n(//[^\n]*\n)?std::unique_ptr<Implementation> make_cpu_v2_implementation\(\);",
-                    impl_h) is not None, "impl.h declares make_cpu_v2_implementation after cpu's")
+    check(re.search(f"make_{C0}_implementation\\(\\);\\n(//[^\\n]*\\n)?std::unique_ptr<Implementation> make_{C1}_implementation\\(\\);",
+                    impl_h) is not None, f"impl.h declares make_{C1}_implementation after {C0}'s")
     impls = read(root, f"{kdir}/implementations.cc")
-    i_cpu, i_v2, i_ref = (impls.find("make_cpu_implementation()"), impls.find("make_cpu_v2_implementation()"),
+    i_cpu, i_v2, i_ref = (impls.find(f"make_{C0}_implementation()"), impls.find(f"make_{C1}_implementation()"),
                           impls.find("make_reference_implementation()"))
-    check(0 <= i_cpu < i_v2 < i_ref, "implementations.cc: cpu, cpu_v2, reference in that order")
+    check(0 <= i_cpu < i_v2 < i_ref, f"implementations.cc: {C0}, {C1}, reference in that order")
     cmake = read(root, "CMakeLists.txt")
-    check(re.search(r"CPU_SOURCES cpu\.cc cpu_v2\.cc\b", cmake) is not None, "CPU_SOURCES lists cpu_v2.cc after cpu.cc")
-    check(cmake.count("cpu_v2.cc") == 1, "cpu_v2.cc listed once")
+    check(re.search(f"CPU_SOURCES [^)]*\\b{C0}\\.cc {C1}\\.cc\\b", cmake) is not None, f"CPU_SOURCES lists {C1}.cc after {C0}.cc")
+    check(cmake.count(f"{C1}.cc") == 1, f"{C1}.cc listed once")
     doc = read(root, f"docs/kernels/{K}.md")
-    check(doc.rstrip().endswith("keep experimental, or drop.") and "### cpu_v2 — tiles of 8 \"rows\"" in doc,
+    check(doc.rstrip().endswith("keep experimental, or drop.") and f"### {C1} — tiles of 8 \"rows\"" in doc,
           "devlog entry appended")
-    check("src/kernels/linear_cross_entropy/cpu_v2.cc" in doc, "devlog names the file")
+    check(f"src/kernels/linear_cross_entropy/{C1}.cc" in doc, "devlog names the file")
 
-    # cpu_v2 exists: the family's next is cpu_v3, cloned from cpu_v2, one status() only.
-    rc, out = run(root, K, "cpu_v2")
-    check(rc == 0, f"cpu_v2 -> cpu_v3: rc={rc} {out}")
-    v3 = read(root, f"{kdir}/cpu_v3.cc")
+    # C1 exists: the family's next is C2, cloned from C1, one status() only.
+    rc, out = run(root, K, C1)
+    check(rc == 0, f"{C1} -> {C2}: rc={rc} {out}")
+    v3 = read(root, f"{kdir}/{C2}.cc")
     check(v3.count("VersionStatus status() const override") == 1 and v3.count("what_changed() const override") == 1,
-          "cpu_v3 has one status() and one what_changed()")
-    check('return "cpu_v3";' in v3 and "make_cpu_v3_implementation()" in v3 and
-          "cpu_v2" not in v3.replace("cloned from cpu_v2.cc", ""), "cpu_v3 renamed from cpu_v2")
-    check(v3.count("cloned from") == 1, "cpu_v3 says once where it came from")
-    check("TODO: one line" in v3, "cpu_v3 what_changed is the placeholder again")
-    check(re.search(r"CPU_SOURCES cpu\.cc cpu_v2\.cc cpu_v3\.cc\b", read(root, "CMakeLists.txt")) is not None,
-          "CPU_SOURCES: cpu.cc cpu_v2.cc cpu_v3.cc")
+          f"{C2} has one status() and one what_changed()")
+    check('return "%s";' % C2 in v3 and f"make_{C2}_implementation()" in v3 and
+          C1 not in v3.replace(f"cloned from {C1}.cc", ""), f"{C2} renamed from {C1}")
+    check(v3.count("cloned from") == 1, f"{C2} says once where it came from")
+    check("TODO: one line" in v3, f"{C2} what_changed is the placeholder again")
+    check(re.search(f"CPU_SOURCES [^)]*\\b{C0}\\.cc {C1}\\.cc {C2}\\.cc\\b", read(root, "CMakeLists.txt")) is not None,
+          f"CPU_SOURCES: {C0}.cc {C1}.cc {C2}.cc")
     impls = read(root, f"{kdir}/implementations.cc")
-    check(impls.find("make_cpu_v2_implementation()") < impls.find("make_cpu_v3_implementation()")
-          < impls.find("make_reference_implementation()"), "cpu_v3 registered after cpu_v2")
-    rc, out = run(root, K, "cpu")  # the family: next is cpu_v4 whatever version is named
-    check(rc == 0 and os.path.exists(os.path.join(root, kdir, "cpu_v4.cc")), f"cpu -> cpu_v4: {out}")
+    check(impls.find(f"make_{C1}_implementation()") < impls.find(f"make_{C2}_implementation()")
+          < impls.find("make_reference_implementation()"), f"{C2} registered after {C1}")
+    rc, out = run(root, K, "cpu")  # the family: the next whatever version is named
+    check(rc == 0 and os.path.exists(os.path.join(root, kdir, f"{C3}.cc")), f"cpu -> {C3}: {out}")
 
     # cuda -> cuda_v2: declared as a module implementation, registered by the module.
     rc, out = run(root, K, "cuda")
-    check(rc == 0, f"cuda -> cuda_v2: rc={rc} {out}")
-    cu = read(root, f"{kdir}/cuda_v2.cu")
-    check('return "cuda_v2";' in cu and "registry().add(make_cuda_v2_implementation())" in cu,
-          "cuda_v2.cu registers cuda_v2 from the module")
+    check(rc == 0, f"{U0} -> {U1}: rc={rc} {out}")
+    cu = read(root, f"{kdir}/{U1}.cu")
+    check('return "%s";' % U1 in cu and f"registry().add(make_{U1}_implementation())" in cu,
+          f"{U1}.cu registers {U1} from the module")
     impls = read(root, f"{kdir}/implementations.cc")
-    check('add_module_implementation("cuda_v2", DeviceType::kCUDA' in impls, "cuda_v2 declared as module implementation")
-    check(re.search(r"CUDA_SOURCES cuda\.cu cuda_v2\.cu\b", read(root, "CMakeLists.txt")) is not None,
-          "CUDA_SOURCES lists cuda_v2.cu")
+    check(f'add_module_implementation("{U1}", DeviceType::kCUDA' in impls, f"{U1} declared as module implementation")
+    check(re.search(f"CUDA_SOURCES [^)]*\\b{U0}\\.cu {U1}\\.cu\\b", read(root, "CMakeLists.txt")) is not None,
+          f"CUDA_SOURCES lists {U1}.cu")
 
 print("new_version_test:", "FAILED" if failures else "ok", f"({len(failures)} failures)")
 sys.exit(1 if failures else 0)

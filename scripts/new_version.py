@@ -224,16 +224,19 @@ def main(argv):
         print(f"new_version: {e}; nothing written", file=sys.stderr)
         return 1
 
-    for key, text in out.items():
-        rel = os.path.relpath(paths[key], root)
-        if a.dry_run:
-            print(f"would write {rel}")
-            continue
-        tmp = paths[key] + ".new_version.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, paths[key])
-        print(f"wrote {rel}")
+    # Every file is written to a temporary beside it first, then all are renamed, then reported:
+    # nothing interrupts the renames half way (not even a closed stdout).
+    if a.dry_run:
+        for key in out:
+            print(f"would write {os.path.relpath(paths[key], root)}")
+    else:
+        for key, text in out.items():
+            with open(paths[key] + ".new_version.tmp", "w", encoding="utf-8") as f:
+                f.write(text)
+        for key in out:
+            os.replace(paths[key] + ".new_version.tmp", paths[key])
+        for key in out:
+            print(f"wrote {os.path.relpath(paths[key], root)}")
     print(f"\n{a.kernel}: {new} cloned from {old} ({src_file} -> {new_file}), status experimental.\n"
           f"Next: build, then\n"
           f"  tessera list --verbose                       # {new} [experimental] and what changed\n"

@@ -324,16 +324,21 @@ def main(argv):
     except (Fail, OSError) as e:
         print(f"scaffold_kernel: {e}; nothing written", file=sys.stderr)
         return 1
-    for rel, text in out.items():
-        path = os.path.join(root, rel)
-        if a.dry_run:
+    # Written to temporaries first, then all renamed, then reported (a closed stdout cannot stop
+    # the renames half way).
+    if a.dry_run:
+        for rel in out:
             print(f"would write {rel}")
-            continue
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".scaffold.tmp", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(path + ".scaffold.tmp", path)
-        print(f"wrote {rel}")
+    else:
+        for rel, text in out.items():
+            path = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".scaffold.tmp", "w", encoding="utf-8") as f:
+                f.write(text)
+        for rel in out:
+            os.replace(os.path.join(root, rel) + ".scaffold.tmp", os.path.join(root, rel))
+        for rel in out:
+            print(f"wrote {rel}")
     print(f"\n{name}: scaffolded. Build; `tessera list` shows it; {v['Name']}Reference.MatchesHandValues fails "
           f"until src/kernels/{name}/reference.cc is written (docs/ADDING_A_KERNEL.md).")
     return 0

@@ -211,6 +211,21 @@ def main(argv):
         src_text = clone_source(read(os.path.join(kdir, src_file)), old, new, a.what_changed, src_file)
         if is_cuda:
             src_text = edit_module_registration(src_text, old, new)
+            # The version's own kernel headers (cuda_kernels.cuh for cuda): __global__ functions
+            # have external linkage, so two versions including one header would define them
+            # twice in the module. Each version gets its copy, its namespace renamed with it.
+            for hdr in re.findall(r'#include "kernels/' + re.escape(a.kernel) + r"/(" + re.escape(old) + r'_\w+\.cuh)"',
+                                  src_text):
+                stem_old = os.path.splitext(hdr)[0]
+                stem_new = new + stem_old[len(old):]
+                new_hdr = stem_new + ".cuh"
+                if os.path.exists(os.path.join(kdir, new_hdr)):
+                    raise Fail(f"{new_hdr} exists already")
+                hdr_text = re.sub(r"\b" + re.escape(stem_old) + r"\b", stem_new, read(os.path.join(kdir, hdr)))
+                key = "hdr:" + new_hdr
+                paths[key] = os.path.join(kdir, new_hdr)
+                out[key] = hdr_text
+                src_text = re.sub(r"\b" + re.escape(stem_old) + r"\b", stem_new, src_text)
         out["src"] = src_text
         out["impl_h"] = edit_impl_h(read(paths["impl_h"]), old, new, new_file)
         out["impls"] = edit_implementations(read(paths["impls"]), old, new, is_cuda)

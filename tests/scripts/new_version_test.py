@@ -131,6 +131,13 @@ with tempfile.TemporaryDirectory(prefix="tessera_new_version_") as root:
     cu = read(root, f"{kdir}/{U1}.cu")
     check('return "%s";' % U1 in cu and f"registry().add(make_{U1}_implementation())" in cu,
           f"{U1}.cu registers {U1} from the module")
+    # Its own copy of the kernels header, namespace renamed (no kernel defined twice in the module).
+    check(f'#include "kernels/{K}/{U1}_kernels.cuh"' in cu and f"namespace ck = {U1}_kernels;" in cu,
+          f"{U1}.cu includes its own {U1}_kernels.cuh")
+    hdr = read(root, f"{kdir}/{U1}_kernels.cuh")
+    check(f"namespace tessera::linear_cross_entropy::{U1}_kernels {{" in hdr, f"{U1}_kernels.cuh has its namespace")
+    check(read(root, f"{kdir}/{U0}_kernels.cuh") == open(os.path.join(SRC, kdir, f"{U0}_kernels.cuh"),
+                                                         encoding="utf-8").read(), f"{U0}_kernels.cuh untouched")
     impls = read(root, f"{kdir}/implementations.cc")
     check(f'add_module_implementation("{U1}", DeviceType::kCUDA' in impls, f"{U1} declared as module implementation")
     check(re.search(f"CUDA_SOURCES [^)]*\\b{U0}\\.cu {U1}\\.cu\\b", read(root, "CMakeLists.txt")) is not None,

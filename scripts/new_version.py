@@ -134,7 +134,8 @@ def edit_implementations(text, old, new, is_cuda):
         indent = re.match(r"[ \t]*", m.group(0)).group(0)
         dev = re.search(r"DeviceType::\w+", m.group(0)).group(0)
         add = (f'{indent}reg->add_module_implementation("{new}", {dev},\n'
-               f'{indent}                               "version {new} of {old} (experimental), from the device module");\n')
+               f'{indent}                               "version {new} of {old}, from the device module", {{}},\n'
+               f'{indent}                               VersionStatus::kExperimental);  // until the module says\n')
     else:
         m = re.search(r"[ \t]*reg->add\(make_" + re.escape(old) + r"_implementation\(\)\);[^\n]*\n", text)
         if not m:

@@ -135,3 +135,15 @@ TEST(Versions, BenchRowsOfAVersionCarryTheRatioToTheirBase) {
   }
   EXPECT_EQ(versions, 2);  // one per pass
 }
+
+TEST(Versions, AnExperimentalModuleVersionStaysOutOfTheDefaultOrderBeforeItsModuleLoads) {
+  d::Registry<Fake> reg("fake_module");
+  reg.add_module_implementation("gpu", DeviceType::kCUDA, "declared", [] { return d::Availability::no("no module"); });
+  reg.add_module_implementation("gpu_v2", DeviceType::kCUDA, "declared", [] { return d::Availability::no("no module"); },
+                                VersionStatus::kExperimental);
+  EXPECT_EQ(reg.default_order(DeviceType::kCUDA), (std::vector<std::string>{"gpu"}));
+  const auto infos = reg.infos();
+  ASSERT_EQ(infos.size(), 2u);
+  EXPECT_EQ(infos[1].status, VersionStatus::kExperimental);
+  EXPECT_EQ(tessera::kernels::version_base(reg, "gpu_v2"), "gpu");
+}

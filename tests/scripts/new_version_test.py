@@ -140,6 +140,8 @@ with tempfile.TemporaryDirectory(prefix="tessera_new_version_") as root:
                                                          encoding="utf-8").read(), f"{U0}_kernels.cuh untouched")
     impls = read(root, f"{kdir}/implementations.cc")
     check(f'add_module_implementation("{U1}", DeviceType::kCUDA' in impls, f"{U1} declared as module implementation")
+    check(re.search(f'add_module_implementation\\("{U1}"[^;]*VersionStatus::kExperimental\\);', impls) is not None,
+          f"{U1} declared experimental (out of the default order before its module loads)")
     check(re.search(f"CUDA_SOURCES [^)]*\\b{U0}\\.cu {U1}\\.cu\\b", read(root, "CMakeLists.txt")) is not None,
           f"CUDA_SOURCES lists {U1}.cu")
 

@@ -14,6 +14,9 @@
 #     CPU_TESTS       ...   GoogleTest files that need the CPU backend
 #     CUDA_TESTS      ...   GoogleTest files of the CUDA backend, in tessera_cuda_tests (built with
 #                           CUDA only; they skip without a device)
+#     CUDA_MAY_SPILL  ...   regexes of CUDA kernel (mangled) names allowed to spill registers; any
+#                           other kernel that spills is flagged in the build, `tessera list
+#                           --verbose` and the report (lib/libtessera_cuda.resources.json)
 #   )
 #
 # Sources are relative to src/kernels/<name>/, tests to tests/ (absolute paths work too).
@@ -36,7 +39,7 @@ endfunction()
 function(tessera_add_kernel name)
   cmake_parse_arguments(PARSE_ARGV 1 K ""
     ""
-    "SOURCES;CPU_SOURCES;CUDA_SOURCES;TOOLS_SOURCES;TESTING_SOURCES;TESTS;CPU_TESTS;CUDA_TESTS")
+    "SOURCES;CPU_SOURCES;CUDA_SOURCES;TOOLS_SOURCES;TESTING_SOURCES;TESTS;CPU_TESTS;CUDA_TESTS;CUDA_MAY_SPILL")
   if(K_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "tessera_add_kernel(${name}): unknown arguments ${K_UNPARSED_ARGUMENTS}")
   endif()
@@ -57,6 +60,7 @@ function(tessera_add_kernel name)
   if(K_CUDA_SOURCES AND TESSERA_HAVE_CUDA)
     target_sources(tessera_cuda PRIVATE ${K_CUDA_SOURCES})
     set_property(GLOBAL APPEND PROPERTY TESSERA_CUDA_TEST_SOURCES ${K_CUDA_TESTS})
+    set_property(TARGET tessera_cuda APPEND PROPERTY TESSERA_CUDA_MAY_SPILL ${K_CUDA_MAY_SPILL})
   endif()
   if(K_TOOLS_SOURCES)
     target_sources(tessera_kernels_tools PRIVATE ${K_TOOLS_SOURCES})

@@ -60,14 +60,18 @@ ModuleLoader device_module_loader(DeviceType type);
 // Generic: it knows the implementation's name, device and description, not its kernel.
 class ModuleImplementation final : public ImplementationBase {
  public:
-  ModuleImplementation(std::string name, DeviceType device, std::string description, ModuleLoader load)
-      : name_(std::move(name)), device_(device), description_(std::move(description)), load_(std::move(load)) {}
+  ModuleImplementation(std::string name, DeviceType device, std::string description, ModuleLoader load,
+                       VersionStatus status = VersionStatus::kCurrent)
+      : name_(std::move(name)), device_(device), description_(std::move(description)), load_(std::move(load)),
+        status_(status) {}
   std::string name() const override { return name_; }
   std::string description() const override { return loaded() ? loaded()->description() : description_; }
   DeviceType device_type() const override { return device_; }
   // Loads the module (first call only) and answers for the real implementation once registered.
   Availability available() const override;
-  VersionStatus status() const override { return loaded() ? loaded()->status() : VersionStatus::kCurrent; }
+  // Until the module is loaded: the status it was declared with (an experimental CUDA version
+  // stays out of the default order before and after loading).
+  VersionStatus status() const override { return loaded() ? loaded()->status() : status_; }
   std::string what_changed() const override { return loaded() ? loaded()->what_changed() : std::string(); }
 
   // The registered implementation, or nullptr while the module is not loaded.
@@ -84,6 +88,7 @@ class ModuleImplementation final : public ImplementationBase {
   DeviceType device_;
   std::string description_;
   ModuleLoader load_;
+  VersionStatus status_;
   std::atomic<const ImplementationBase*> real_{nullptr};
 };
 
@@ -127,9 +132,10 @@ class Registry final : public RegistryView {
   }
 
   // Declares an implementation that the device module of `device` registers when it is loaded
-  // (see the top of this file). `load` defaults to that module's loader.
+  // (see the top of this file). `load` defaults to that module's loader; `status` is what the
+  // placeholder says until the module is loaded (a version: experimental, say).
   void add_module_implementation(std::string name, DeviceType device, std::string description,
-                                 ModuleLoader load = {}) {
+                                 ModuleLoader load = {}, VersionStatus status = VersionStatus::kCurrent) {
     if (!load) load = device_module_loader(device);
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& e : entries_)
@@ -137,7 +143,7 @@ class Registry final : public RegistryView {
     Entry e;
     e.name = name;
     e.placeholder = std::make_unique<ModuleImplementation>(std::move(name), device, std::move(description),
-                                                           std::move(load));
+                                                           std::move(load), status);
     entries_.push_back(std::move(e));
   }
 

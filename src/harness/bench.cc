@@ -132,8 +132,34 @@ class Driver {
     baseline_s_.clear();
     time_gemm_floor(*p, bc);
     if (cfg_.compare && have_blas_) time_baselines(*p, bc);
+    const size_t first_row = res_.rows.size();
     for (size_t i = 0; i < cfg_.implementations.size(); ++i)
       run_implementation(*p, bc, cfg_.implementations[i], cfg_.devices[i]);
+    add_version_ratios(first_row);
+  }
+
+  // vs_version of this case's rows: a version's median over its base version's median in the
+  // same pass (both timed here, in either order).
+  void add_version_ratios(size_t first_row) {
+    if (cfg_.version_bases.size() != cfg_.implementations.size()) return;
+    for (size_t i = first_row; i < res_.rows.size(); ++i) {
+      Row& r = res_.rows[i];
+      if (r.value("kind", "") != "kernel") continue;
+      const std::string impl = r.value("implementation", "");
+      std::string base;
+      for (size_t k = 0; k < cfg_.implementations.size(); ++k)
+        if (cfg_.implementations[k] == impl) base = cfg_.version_bases[k];
+      if (base.empty()) continue;
+      for (size_t j = first_row; j < res_.rows.size(); ++j) {
+        const Row& b = res_.rows[j];
+        if (b.value("kind", "") != "kernel" || b.value("implementation", "") != base ||
+            b.value("mode", "") != r.value("mode", "") || !b.contains("median_ms") || !r.contains("median_ms"))
+          continue;
+        const double bm = b["median_ms"].get<double>();
+        r["version_base"] = base;
+        if (bm > 0) r["vs_version"] = r["median_ms"].get<double>() / bm;
+      }
+    }
   }
 
   void time_gemm_floor(BenchProblem& p, const BenchCase& bc) {
@@ -348,7 +374,7 @@ std::vector<std::string> bench_columns(const std::vector<std::string>& dims) {
                         "transcendentals", "ai", "gflops", "gflops_issued", "gbs", "roofline_gflops",
                         "roofline_fraction", "bound", "roofline_stale", "extra_host_bytes",
                         "extra_device_bytes", "rss_growth_bytes", "gemm_ms", "gemm_count", "vs_gemm",
-                        "baseline_ms", "vs_baseline", "loss", "roofline_note", "note"})
+                        "baseline_ms", "vs_baseline", "version_base", "vs_version", "loss", "roofline_note", "note"})
     cols.push_back(c);
   return cols;
 }

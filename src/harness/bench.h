@@ -7,8 +7,8 @@
 // same way for every kernel: first-call and steady-state timing (CUDA events on a device, via
 // the device hooks; wall clock on the host), tracked and RSS memory, useful and issued GFLOP/s,
 // GB/s, the roofline fraction (flagged when above 100 %: stale ceilings), and the ratios to the
-// GEMM floor and to the baseline timed in the same run. Every row carries the kernel's dims under
-// their own names.
+// GEMM floor, to the baseline and to the base version (cpu_v2 / cpu) timed in the same run. Every
+// row carries the kernel's dims under their own names.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +85,10 @@ struct BenchConfig {
   std::string kernel;
   std::vector<std::string> implementations;  // resolved names, each available here
   std::vector<DeviceType> devices;           // device of each implementation
+  // Versions (docs/VERSIONS.md): for each implementation, the version it is compared with
+  // ("cpu" for "cpu_v2"; "" for none). When both are timed, its rows get version_base and
+  // vs_version = its median / the base's median for the same shape, dtype and pass.
+  std::vector<std::string> version_bases;
   std::vector<BenchCase> cases;
   std::vector<Pass> passes{Pass::kForward, Pass::kBackward, Pass::kFused};
   TimingOptions timing;

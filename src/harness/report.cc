@@ -139,6 +139,8 @@ void table_row(std::ostringstream& h, const json& r, size_t i, const std::vector
     << "</td><td>" << num(getd(r, "gflops")) << "</td><td>" << num(getd(r, "gbs")) << "</td><td>" << num(getd(r, "ai"))
     << "</td>" << roofline_cell(r) << "<td>" << (std::isfinite(extra) ? num(extra / 1048576.0) : "–") << "</td><td>"
     << num(getd(r, "vs_gemm")) << "</td><td>" << num(getd(r, "vs_baseline")) << "</td><td class=\"t\">"
+    << (std::isfinite(getd(r, "vs_version")) ? num(getd(r, "vs_version")) + " " + esc(gets(r, "version_base")) : "–")
+    << "</td><td class=\"t\">"
     << (note ? "<a href=\"#note-" + std::to_string(note) + "\">[" + std::to_string(note) + "]</a>" : "")
     << "</td></tr>\n";
 }
@@ -151,7 +153,8 @@ void rows_section(std::ostringstream& h, const json& doc) {
        "<th class=\"t\">pass</th><th class=\"t\">shape</th>";
   for (const auto& d : dims) h << "<th>" << esc(d) << "</th>";
   h << "<th class=\"t\">dtype</th><th>median ms</th><th>min–max ms</th><th>first ms</th><th>GFLOP/s</th><th>GB/s</th>"
-       "<th>flop/B</th><th>% roof</th><th>extra MiB</th><th>× GEMM</th><th>× mat.</th><th class=\"t\">note</th></tr>\n";
+       "<th>flop/B</th><th>% roof</th><th>extra MiB</th><th>× GEMM</th><th>× mat.</th><th class=\"t\">× version</th>"
+       "<th class=\"t\">note</th></tr>\n";
   std::vector<std::string> notes;
   for (size_t i = 0; i < rows.size(); ++i)
     table_row(h, rows[i], i, dims, footnote(notes, short_note(gets(rows[i], "note"), blas)));
@@ -159,8 +162,50 @@ void rows_section(std::ostringstream& h, const json& doc) {
   for (size_t k = 0; k < notes.size(); ++k) h << "<li id=\"note-" << k + 1 << "\">" << esc(notes[k]) << "</li>\n";
   h << "</ol>\n<p class=\"small\">GFLOP/s counts useful flops (recomputation excluded); GB/s and flop/B use the "
        "minimum bytes (inputs read once, outputs written once). × GEMM = median / the GEMM floor (useful GEMM count × "
-       "one BLAS GEMM of the shape); × mat. = median / the materialized BLAS baseline; below 1 is faster. Grey rows are "
+       "one BLAS GEMM of the shape); × mat. = median / the materialized BLAS baseline; × version = a version's "
+       "median / its base version's (cpu_v2 / cpu) in this run; below 1 is faster. Grey rows are "
        "baselines, blue rows peers (their rates come from this run's cost model for the shape).</p>\n";
+}
+
+// What the compiler did (doc["build"], written by `tessera bench`): the SIMD targets and, per
+// CUDA kernel, registers, spills, stack, shared and constant memory; flagged spills in red.
+void compiler_section(std::ostringstream& h, const json& doc) {
+  if (!doc.contains("build") || !doc["build"].is_object()) return;
+  const json& b = doc["build"];
+  h << "<h2>What the compiler did</h2>\n";
+  if (b.contains("simd") && b["simd"].is_object()) {
+    const json& s = b["simd"];
+    auto list = [&](const char* k) {
+      std::string out;
+      if (s.contains(k) && s[k].is_array())
+        for (const auto& x : s[k]) out += (out.empty() ? "" : ", ") + (x.is_string() ? x.get<std::string>() : x.dump());
+      return out.empty() ? std::string("–") : out;
+    };
+    h << "<p class=\"small\">CPU SIMD (Highway): compiled " << esc(list("compiled")) << "; supported on the bench "
+      << "machine " << esc(list("supported")) << "; dispatched there <b>" << esc(gets(s, "dispatched")) << "</b>.</p>\n";
+  }
+  if (b.contains("cuda_kernels") && b["cuda_kernels"].is_array()) {
+    h << "<p class=\"small\">CUDA kernels (" << esc(gets(b, "cuda_compiler")) << ", ptxas resource usage per "
+      << "thread):</p>\n<div class=\"wrap\"><table>\n<tr><th class=\"t\">kernel</th><th class=\"t\">source</th>"
+         "<th class=\"t\">arch</th><th>registers</th><th>spill st/ld B</th><th>stack B</th><th>shared B</th>"
+         "<th>const B</th><th>barriers</th></tr>\n";
+    auto n = [](const json& k, const char* key) {  // byte and register counts: integers
+      const double v = getd(k, key);
+      return std::isfinite(v) ? std::to_string(static_cast<long long>(v)) : std::string("–");
+    };
+    for (const auto& k : b["cuda_kernels"]) {
+      const bool flagged = k.value("spill_flagged", false);
+      h << "<tr><td class=\"t\">" << esc(gets(k, "name")) << "</td><td class=\"t\">" << esc(gets(k, "source"))
+        << "</td><td class=\"t\">" << esc(gets(k, "arch")) << "</td><td>" << n(k, "registers") << "</td><td"
+        << (flagged ? " class=\"stale\" title=\"spills, not declared CUDA_MAY_SPILL\"" : "") << ">"
+        << n(k, "spill_store_bytes") << "/" << n(k, "spill_load_bytes") << (flagged ? " SPILL" : "") << "</td><td>"
+        << n(k, "stack_frame_bytes") << "</td><td>" << n(k, "shared_bytes") << "</td><td>" << n(k, "constant_bytes")
+        << "</td><td>" << n(k, "barriers") << "</td></tr>\n";
+    }
+    h << "</table></div>\n";
+  } else if (b.contains("cuda_note")) {
+    h << "<p class=\"small\">CUDA: " << esc(gets(b, "cuda_note")) << "</p>\n";
+  }
 }
 
 }  // namespace
@@ -182,6 +227,7 @@ std::string render_report_html(const json& in) {
   h << "<h2>Roofline</h2>\n" << svg;
   rows_section(h, doc);
   ceilings_section(h, doc);
+  compiler_section(h, doc);
   if (doc.contains("messages") && doc["messages"].is_array() && !doc["messages"].empty()) {
     h << "<h2>Messages</h2>\n<ul>\n";
     for (const auto& m : doc["messages"]) h << "<li>" << esc(m.is_string() ? m.get<std::string>() : m.dump()) << "</li>\n";

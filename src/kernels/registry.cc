@@ -68,6 +68,26 @@ std::vector<std::string> pick_implementations(const KernelSpec& k, const std::st
   return out;
 }
 
+std::string version_family(const std::string& name) {
+  const size_t u = name.rfind("_v");
+  if (u == std::string::npos || u == 0 || u + 2 >= name.size()) return name;
+  for (size_t i = u + 2; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return name;
+  return name.substr(0, u);
+}
+
+std::string version_base(const dispatch::RegistryView& reg, const std::string& name) {
+  const std::string family = version_family(name);
+  std::vector<const dispatch::ImplementationBase*> members;
+  for (const dispatch::ImplementationBase* impl : reg.implementations())
+    if (version_family(impl->name()) == family) members.push_back(impl);
+  if (members.size() < 2) return {};
+  // The family's current version (statuses of module placeholders not loaded read "current").
+  for (const dispatch::ImplementationBase* impl : members)
+    if (impl->name() != name && impl->status() == VersionStatus::kCurrent) return impl->name();
+  return name == family ? std::string() : family;
+}
+
 harness::BenchConfig bench_config(const KernelSpec& k, const std::string& implementations,
                                   const std::vector<harness::GridShape>& shapes,
                                   const std::vector<DType>& dtypes,
@@ -85,6 +105,7 @@ harness::BenchConfig bench_config(const KernelSpec& k, const std::string& implem
     }
     cfg.implementations.push_back(name);
     cfg.devices.push_back(impl->device_type());
+    cfg.version_bases.push_back(version_base(reg, name));
   }
   harness::OptionValues options = harness::defaults_of(k.bench.options);
   for (const auto& [name, value] : given.all()) options.set(name, value);

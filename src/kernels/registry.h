@@ -172,6 +172,12 @@ std::string names();  // "linear_cross_entropy, attention"
 std::vector<std::string> pick_implementations(const KernelSpec& k, const std::string& list,
                                               bool include_reference = false);
 
+// Versions (docs/VERSIONS.md): "cpu_v2" and "cpu_v3" are versions of the family "cpu".
+std::string version_family(const std::string& implementation);
+// The version `implementation` is compared with in benchmarks: its family's current version
+// (when it is not that one itself), else the family's first version; "" when it has no sibling.
+std::string version_base(const dispatch::RegistryView& registry, const std::string& implementation);
+
 // A benchmark configuration for `k`: the named implementations (empty: all, the reference
 // included) that are available here (the others are reported in `messages`), one case per
 // shape × dtype, and the kernel's bench options (defaults where not given).

@@ -128,6 +128,33 @@ TEST(Report, BarsPerShapeAndPassWithEveryImplementation) {
   }
 }
 
+TEST(Report, VersionRatiosAndWhatTheCompilerDid) {
+  json doc = fixture();
+  ASSERT_FALSE(doc["rows"].empty());
+  doc["rows"][0]["version_base"] = "cpu";
+  doc["rows"][0]["vs_version"] = 0.5;
+  doc["build"] = {{"simd", {{"compiled", {"AVX3", "AVX2"}}, {"supported", {"AVX2"}}, {"dispatched", "AVX2"}}},
+                  {"cuda_compiler", "nvcc 13.0"},
+                  {"cuda_kernels",
+                   {{{"name", "row_kernel<float>(Params)"}, {"source", "src/kernels/k/cuda.cu"}, {"arch", "sm_90a"},
+                     {"registers", 40}, {"spill_store_bytes", 0}, {"spill_load_bytes", 0}, {"shared_bytes", 324},
+                     {"spill_flagged", false}},
+                    {{"name", "spilly<float>(Params)"}, {"source", "src/kernels/k/cuda.cu"}, {"arch", "sm_90a"},
+                     {"registers", 255}, {"spill_store_bytes", 64}, {"spill_load_bytes", 48}, {"shared_bytes", 0},
+                     {"spill_flagged", true}}}}};
+  const std::string html = render_report_html(doc);
+  EXPECT_NE(html.find("× version"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"t\">0.5 cpu</td>"), std::string::npos);
+  EXPECT_NE(html.find("What the compiler did"), std::string::npos);
+  EXPECT_NE(html.find("dispatched there <b>AVX2</b>"), std::string::npos);
+  EXPECT_NE(html.find("row_kernel&lt;float&gt;(Params)"), std::string::npos);  // escaped
+  EXPECT_EQ(count(html, " SPILL</td>"), 1u);                                    // only the flagged one
+  EXPECT_NE(html.find("class=\"stale\" title=\"spills, not declared CUDA_MAY_SPILL\">64/48 SPILL"), std::string::npos);
+  // Without "build" (older files) there is no such section.
+  doc.erase("build");
+  EXPECT_EQ(render_report_html(doc).find("What the compiler did"), std::string::npos);
+}
+
 TEST(Report, DimsComeFromTheDocument) {
   const std::string html = render_report_html(attention_doc());
   EXPECT_NE(html.find("<th>B</th><th>S</th><th>H</th><th>D</th>"), std::string::npos);

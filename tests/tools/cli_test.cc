@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +55,50 @@ TEST_F(Cli, ListShowsTheKernelAndTheReference) {
   EXPECT_EQ(c.code, 0) << c.out;
   EXPECT_NE(c.out.find("linear_cross_entropy"), std::string::npos) << c.out;
   EXPECT_NE(c.out.find("reference"), std::string::npos) << c.out;
+}
+
+TEST_F(Cli, ListVerboseSaysWhatTheCompilerDid) {
+  const Cmd c = sh("list --verbose");
+  ASSERT_EQ(c.code, 0) << c.out;
+#ifdef TESSERA_HAVE_CPU_BACKEND
+  // The SIMD targets Highway compiled and the one dispatched on this machine.
+  EXPECT_NE(c.out.find("CPU SIMD (Highway): compiled "), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("dispatched here "), std::string::npos) << c.out;
+#endif
+#if TESSERA_TEST_CUDA_MODULE_BUILT
+  // Registers, spills and memory of every CUDA kernel of the build, read from the report the
+  // build wrote beside the module (no GPU needed).
+  EXPECT_NE(c.out.find("CUDA compiler report: "), std::string::npos) << c.out;
+  EXPECT_EQ(c.out.find("CUDA compiler report: none"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("cuda.cu [sm_90a] "), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("regs "), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find(" B (st/ld), stack "), std::string::npos) << c.out;
+#endif
+}
+
+TEST_F(Cli, ListVerboseWithoutACompilerReportSaysWhy) {
+  ::setenv("TESSERA_CUDA_RESOURCES", p("missing.json").c_str(), 1);
+  const Cmd c = sh("list --verbose");
+  ::unsetenv("TESSERA_CUDA_RESOURCES");
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("CUDA compiler report: none (no CUDA compiler report at " + p("missing.json")),
+            std::string::npos) << c.out;
+}
+
+TEST_F(Cli, NewVersionChecksNamesAndSaysWhatToRunOutsideTheSourceTree) {
+  Cmd c = sh("new-version linear_cross_entropy no_such_impl");
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_NE(c.out.find("no implementation named 'no_such_impl'"), std::string::npos) << c.out;
+  c = sh("new-version linear_cross_entropy cpu --root " + dir.string());
+  EXPECT_EQ(c.code, 1) << c.out;
+  EXPECT_NE(c.out.find("python3 scripts/new_version.py linear_cross_entropy cpu"), std::string::npos) << c.out;
+}
+
+TEST_F(Cli, NewVersionDryRunInTheSourceTreeWritesNothing) {
+  const Cmd c = sh(std::string("new-version linear_cross_entropy cpu --dry-run --root ") + TESSERA_TEST_SOURCE_DIR);
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("would write src/kernels/linear_cross_entropy/"), std::string::npos) << c.out;
+  EXPECT_EQ(c.out.find("wrote "), std::string::npos) << c.out;
 }
 
 TEST_F(Cli, RunWritesLossAndGradientsMatchingTheLibrary) {

@@ -8,6 +8,7 @@
 #include "common.h"
 #include "dispatch/dispatch.h"
 #include "harness/blas.h"
+#include "harness/compiler_report.h"
 #include "harness/device_hooks.h"
 #include "harness/grid.h"
 #include "harness/process.h"
@@ -54,19 +55,29 @@ std::string extra_cell(const harness::Row& r) {
   return fmt::format("{:.1f}", b / 1048576.0);
 }
 
+// "0.93 cpu": this version's median over its base version's (same shape, dtype and pass).
+std::string version_cell(const harness::Row& r) {
+  if (!r.contains("vs_version") || !r["vs_version"].is_number()) return "-";
+  return fmt::format("{:.2f} {}", r["vs_version"].get<double>(), r.value("version_base", ""));
+}
+
 void print_table(const std::vector<harness::Row>& rows, const std::vector<std::string>& dims) {
-  fmt::print("{:>3} {:<18} {:<8} {:<24} {:<4} {:>10} {:>19} {:>10} {:>8} {:>7} {:>6} {:>8} {:>7} {:>7}\n", "#",
+  bool versions = false;
+  for (const auto& r : rows) versions |= r.contains("vs_version");
+  const std::string ver_head = versions ? fmt::format(" {:<12}", "vs version") : "";
+  fmt::print("{:>3} {:<18} {:<8} {:<24} {:<4} {:>10} {:>19} {:>10} {:>8} {:>7} {:>6} {:>8} {:>7} {:>7}{}\n", "#",
              "implementation", "pass", "shape", "dt", "median ms", "min..max ms", "first ms", "GFLOP/s", "GB/s",
-             "%roof", "xtraMiB", "xGEMM", "xbase");
+             "%roof", "xtraMiB", "xGEMM", "xbase", ver_head);
   bool stale = false;
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     stale |= r.value("roofline_stale", false);
-    fmt::print("{:>3} {:<18} {:<8} {:<24} {:<4} {:>10} {:>19} {:>10} {:>8} {:>7} {:>6} {:>8} {:>7} {:>7}\n", i + 1,
+    fmt::print("{:>3} {:<18} {:<8} {:<24} {:<4} {:>10} {:>19} {:>10} {:>8} {:>7} {:>6} {:>8} {:>7} {:>7}{}\n", i + 1,
                r.value("implementation", ""), r.value("mode", ""), dims_label(r, dims), r.value("dtype", ""),
                cell(r, "median_ms", "{:.4g}"), cell(r, "min_ms", "{:.4g}") + ".." + cell(r, "max_ms", "{:.4g}"),
                cell(r, "first_call_ms", "{:.4g}"), cell(r, "gflops", "{:.4g}"), cell(r, "gbs", "{:.3g}"),
-               roof_cell(r), extra_cell(r), cell(r, "vs_gemm", "{:.2f}"), cell(r, "vs_baseline", "{:.2f}"));
+               roof_cell(r), extra_cell(r), cell(r, "vs_gemm", "{:.2f}"), cell(r, "vs_baseline", "{:.2f}"),
+               versions ? fmt::format(" {:<12}", version_cell(r)) : std::string());
   }
   if (stale)
     fmt::print("STALE: faster than the stored ceilings allow; they were measured on a busy or another machine. "
@@ -191,6 +202,7 @@ void write_json(const kernels::KernelSpec& k, const BenchArgs& a, const harness:
                              {"threads", a.threads}, {"check_finite", a.check_finite}};
   for (const auto& [name, value] : options.all()) settings[name] = value;
   doc["settings"] = settings;
+  doc["build"] = harness::build_json(k.name);  // what the compiler did (the report shows it)
   doc["rows"] = res.rows;
   doc["messages"] = res.messages;
   harness::write_json_file(a.json, doc);

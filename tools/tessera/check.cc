@@ -4,6 +4,8 @@
 // nothing.
 #include <fmt/core.h>
 
+#include <algorithm>
+
 #include "common.h"
 #include "tessera/error.h"
 
@@ -19,6 +21,49 @@ struct CheckArgs {
 struct Counts {
   int passed = 0, failed = 0, skipped = 0;
 };
+
+// Per implementation and pass: cases passed / failed and the worst deviations, for the summary
+// that puts versions side by side (cpu_v2 beside cpu, with the ratio of their worst max_abs).
+struct Summary {
+  std::string implementation, pass;
+  int passed = 0, failed = 0;
+  double max_abs = 0, max_rel = 0;
+};
+
+void add_summary(std::vector<Summary>& sums, const harness::ParityReport& r) {
+  if (!r.ran) return;
+  Summary* s = nullptr;
+  for (auto& x : sums)
+    if (x.implementation == r.implementation && x.pass == r.pass) s = &x;
+  if (!s) s = &sums.emplace_back(Summary{r.implementation, r.pass});
+  r.ok() ? ++s->passed : ++s->failed;
+  const harness::Deviation w = r.worst();
+  s->max_abs = std::max(s->max_abs, w.max_abs);
+  s->max_rel = std::max(s->max_rel, w.max_rel);
+}
+
+// Printed when the run checked two versions of one family: one line per implementation and pass.
+void print_versions_summary(const kernels::KernelSpec& k, const std::vector<Summary>& sums) {
+  bool versions = false;
+  for (const auto& a : sums)
+    for (const auto& b : sums)
+      versions |= a.implementation != b.implementation &&
+                  kernels::version_family(a.implementation) == kernels::version_family(b.implementation);
+  if (!versions) return;
+  fmt::print("\n{} versions side by side (worst over the grid):\n", k.name);
+  fmt::print("  {:<14} {:<8} {:>6} {:>6} {:>10} {:>10}  {}\n", "implementation", "pass", "passed", "failed", "max_abs",
+             "max_rel", "max_abs vs version");
+  for (const auto& s : sums) {
+    std::string vs = "-";
+    const std::string base = kernels::version_base(k.implementations(), s.implementation);
+    for (const auto& b : sums)
+      if (!base.empty() && b.implementation == base && b.pass == s.pass)
+        vs = b.max_abs > 0 ? fmt::format("{:.2f} {}", s.max_abs / b.max_abs, base)
+                           : (s.max_abs == 0 ? "1.00 " + base : "inf " + base);
+    fmt::print("  {:<14} {:<8} {:>6} {:>6} {:>10.3g} {:>10.3g}  {}\n", s.implementation, s.pass, s.passed, s.failed,
+               s.max_abs, s.max_rel, vs);
+  }
+}
 
 void print_report(const harness::ParityReport& r, bool verbose, Counts& n) {
   if (!r.ran) {
@@ -39,7 +84,7 @@ void print_report(const harness::ParityReport& r, bool verbose, Counts& n) {
 
 void check_implementation(const kernels::KernelSpec& k, const ImplementationInfo& info,
                           const std::vector<kernels::CheckCase>& grid, const std::vector<Pass>& passes,
-                          const CheckArgs& a, Counts& n) {
+                          const CheckArgs& a, Counts& n, std::vector<Summary>& sums) {
   if (!info.available) {
     fmt::print("SKIP {:<12} unavailable here: {}\n", info.name, info.unavailable_reason);
     ++n.skipped;
@@ -47,7 +92,11 @@ void check_implementation(const kernels::KernelSpec& k, const ImplementationInfo
   }
   const Device dev = info.device == DeviceType::kCPU ? Device::cpu() : Device{info.device, 0};
   for (Pass pass : passes)
-    for (const auto& c : grid) print_report(c.run(info.name, pass, dev), a.verbose, n);
+    for (const auto& c : grid) {
+      const harness::ParityReport r = c.run(info.name, pass, dev);
+      print_report(r, a.verbose, n);
+      add_summary(sums, r);
+    }
   (void)k;
 }
 
@@ -61,8 +110,10 @@ Counts check_kernel(const kernels::KernelSpec& k, const CheckArgs& a) {
   }
   const auto grid = k.check_grid(a.quick);
   // info() of the named ones only: asking a CUDA entry loads the CUDA module.
+  std::vector<Summary> sums;
   for (const std::string& name : names)
-    check_implementation(k, k.implementations().find(name)->info(), grid, passes, a, n);
+    check_implementation(k, k.implementations().find(name)->info(), grid, passes, a, n, sums);
+  print_versions_summary(k, sums);
   return n;
 }
 

@@ -23,6 +23,7 @@ void build_app(CLI::App& app) {
   register_check(app);
   register_run(app);
   register_tune(app);
+  register_new_version(app);
 }
 
 void require_kernel(CLI::App* parent) {

@@ -31,6 +31,7 @@ void register_report(CLI::App& app);
 void register_check(CLI::App& app);
 void register_run(CLI::App& app);
 void register_tune(CLI::App& app);
+void register_new_version(CLI::App& app);
 
 // Makes `parent` (bench, run, tune) take exactly one kernel subcommand: a word that names no
 // kernel is Error(kNotFound) "unknown kernel 'X' (kernels: ...)", none at all says which exist.

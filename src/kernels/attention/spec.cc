@@ -5,6 +5,7 @@
 
 #include "core/random.h"
 #include "dispatch/dispatch.h"
+#include "kernels/attention/baseline.h"
 #include "kernels/attention/impl.h"
 #include "kernels/attention/testing.h"
 #include "kernels/attention/tuning.h"
@@ -233,6 +234,25 @@ class AttentionBench final : public harness::BenchProblem {
       c.add({"backward: 2.5× forward (FlashAttention convention)", 2.5 * fwd, 2 * qkv, s_.B * s_.H * pairs(), false});
     c.assumptions.push_back("useful FLOPs 4·B·H·D·pairs forward, 2.5× that backward; bytes: each tensor once");
     return c;
+  }
+
+  std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
+    BaselineInputs bin;
+    bin.B = s_.B, bin.S = s_.S, bin.H = s_.H, bin.Hkv = s_.Hkv, bin.D = s_.D, bin.causal = s_.causal;
+    bin.q = &q_, bin.k = &k_, bin.v = &v_, bin.d_o = &do_, bin.threads = threads;
+    std::vector<harness::BaselineCall> out;
+    for (Pass pass : passes) {
+      if (pass == Pass::kBackward) continue;  // the baseline times forward and fused
+      MaterializedBaseline m = make_materialized_baseline(bin, pass);
+      harness::BaselineCall c;
+      c.name = "blas-materialized";
+      c.pass = pass;
+      c.description = m.description;
+      c.cost = cost(pass, c.name);
+      c.run = m.run;
+      out.push_back(std::move(c));
+    }
+    return out;
   }
 
   harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass,

@@ -88,3 +88,23 @@ TEST_F(TuneCli, EmitTableNeedsAnExistingDirectory) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(TuneCli, AttentionSweepsItsHeadDimBuckets) {
+  Cmd c = run_cli("tune attention --list");
+  EXPECT_EQ(c.code, 0) << c.out;
+  for (const char* b : {"d64", "d128", "d256"}) EXPECT_NE(c.out.find(b), std::string::npos) << c.out;
+  const fs::path table = dir / "tuned_table.cc";
+  c = run_cli("tune attention --buckets d64 --shape 1,64,2,32 --dtype f32 --pass fused --repeats 1 --warmup 0 --out " +
+              (dir / "raw").string() + " --emit-table --table " + table.string());
+  if (c.out.find("no tunable block sizes") != std::string::npos) GTEST_SKIP() << "built without the cpu backend";
+  ASSERT_EQ(c.code, 0) << c.out;
+  std::ifstream in(table);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("tessera tune attention --emit-table"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"d64\""), std::string::npos) << text;
+  EXPECT_NE(text.find("{\"q\", "), std::string::npos) << text;
+}
+
+}  // namespace

@@ -249,11 +249,11 @@ BackwardIn check_saved(const Inputs& in, const Problem& p, const BackwardInputs&
 
 // Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
-void dispatch_call(const Problem& p, const Options& opt, Body&& body) {
+void dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
   t_last_impl = registry().dispatch(
       opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
       [&](const Implementation& impl) {
-        const BlockSizeChoice bs = choose_block_sizes(impl, p, opt);
+        const BlockSizeChoice bs = choose_block_sizes(impl, p, opt, op);
         log::debug(kName + ": " + impl.name() + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
         body(impl, bs.sizes);
       });
@@ -289,7 +289,7 @@ void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
   const Problem p = normalize(in, opt);
   const ForwardOut fo = check_forward_outputs(in, p, out);
   if (trivial_forward(p, out)) return;
-  dispatch_call(p, opt, [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
+  dispatch_call(p, opt, Pass::kForward, [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
 }
 
 void backward(const Inputs& in, const BackwardInputs& saved, const Gradients& grads, const Options& opt) {
@@ -297,7 +297,7 @@ void backward(const Inputs& in, const BackwardInputs& saved, const Gradients& gr
   const BackwardIn bi = check_saved(in, p, saved, opt);
   const GradOut go = check_gradients(in, p, grads);
   if (trivial_backward(p, grads)) return;
-  dispatch_call(p, opt, [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, bi, go); });
+  dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, bi, go); });
 }
 
 void forward_backward(const Inputs& in, const TensorView& grad_o, const ForwardOutputs& out,
@@ -311,7 +311,7 @@ void forward_backward(const Inputs& in, const TensorView& grad_o, const ForwardO
     return;
   }
   const BackwardIn bi{out.o.data, out.o.dtype, fo.lse, grad_o.data, grad_o.dtype};
-  dispatch_call(p, opt, [&](const Implementation& impl, const BlockSizes& bs) {
+  dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.forward(p, bs, fo);
     impl.backward(p, bs, bi, go);
   });

@@ -687,6 +687,15 @@ class Cpu final : public Implementation {
   }
 
   BlockSizes default_block_sizes(const Problem&) const override { return BlockSizes{}; }
+  bool tunable() const override { return true; }
+  // q blocks of 64..256 rows × kv tiles of 128..512 keys: the range where a tile's K/V panel
+  // (kv × D floats, 128–512 KiB at D = 256) moves between L2-resident and not.
+  std::vector<BlockSizes> candidate_block_sizes(const Problem&) const override {
+    std::vector<BlockSizes> out;
+    for (int64_t q : {64, 128, 256})
+      for (int64_t kv : {128, 256, 512}) out.push_back({q, kv});
+    return out;
+  }
 
   void validate_block_sizes(const BlockSizes& bs) const override {
     auto fail = [](const std::string& what) {

@@ -110,6 +110,14 @@ class Implementation : public dispatch::ImplementationBase {
   virtual BlockSizes default_block_sizes(const Problem& p) const = 0;
   // Throws Error(kInvalidArgument) naming the broken constraint.
   virtual void validate_block_sizes(const BlockSizes& bs) const = 0;
+  // Whether block sizes matter (the tuner only sweeps tunable implementations).
+  virtual bool tunable() const { return false; }
+  // Bounded candidate set for the tuner.
+  virtual std::vector<BlockSizes> candidate_block_sizes(const Problem&) const { return {}; }
+  // Machine class that tuned block sizes are keyed by (src/tune/device_kind.h); defined in
+  // tuning.cc: the generic CPU helper for CPU implementations, "cuda:unknown" otherwise.
+  virtual std::string device_kind(const Problem& p) const;
+  // Blocks until the work queued for `p` is done (autotune timing); no-op when synchronous.
   virtual void synchronize(const Problem&) const {}
 
   virtual void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const = 0;

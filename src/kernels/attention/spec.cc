@@ -1,13 +1,14 @@
 // attention: its registration with the kernel registry (src/kernels/registry.h) — the only
-// place the generic tools (CLI, parity suite, bench) learn about this kernel. No tuning adapter
-// yet (the cpu backend's block sizes come from its defaults).
+// place the generic tools (CLI, parity suite, bench, tune) learn about this kernel.
 #include <cmath>
 #include <sstream>
 
 #include "core/random.h"
 #include "dispatch/dispatch.h"
+#include "kernels/attention/baseline.h"
 #include "kernels/attention/impl.h"
 #include "kernels/attention/testing.h"
+#include "kernels/attention/tuning.h"
 #include "kernels/registry.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
@@ -45,6 +46,51 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
                      return to_harness(testing::check_parity(spec, impl, pass));
                    }});
   return out;
+}
+
+// ---- tune ----
+// shape: the bucket dims (B, S, H, D); MHA, no mask, D = Dv.
+kernels::TuneJob tune_job(const std::string& name, const std::vector<int64_t>& shape, DType dtype, Pass pass,
+                          bool with_data) {
+  const Implementation* impl = find_implementation(name);
+  check(impl != nullptr, ErrorCode::kNotFound, std::string(kKernelName) + ": unknown implementation '" + name + "'");
+  const Device dev{impl->device_type(), 0};
+  std::shared_ptr<OwnedProblem> owned;
+  if (with_data)
+    owned = std::make_shared<OwnedProblem>(
+        make_random_problem(shape.at(0), shape.at(1), shape.at(2), shape.at(3), dtype, dev));
+  const Problem p = owned ? owned->problem
+                          : shape_only_problem(shape.at(0), shape.at(1), shape.at(2), shape.at(3), dtype, dev);
+  kernels::TuneJob job;
+  job.device_kind = impl->device_kind(p);
+  for (const BlockSizes& c : tuning_candidates(*impl, p)) job.candidates.push_back(to_params(c));
+  job.support = impl->supports(p);
+  job.make_run = [owned, impl, pass]() -> tune::RunFn {
+    check(owned != nullptr, ErrorCode::kInternal, "tune job built without data");
+    return make_timed_run(*impl, owned->problem, pass);
+  };
+  return job;
+}
+
+kernels::TuneSpec tune_spec() {
+  kernels::TuneSpec t;
+  t.buckets = []() -> const std::vector<tune::Bucket>& { return tuning_buckets(); };
+  t.table = []() -> const std::vector<tune::TableEntry>& { return tuned_table(); };
+  t.tunable = [](const std::string& n) {
+    const Implementation* impl = find_implementation(n);
+    return impl && impl->tunable();
+  };
+  t.job = tune_job;
+  t.source.kernel = kKernelName;
+  t.source.include = "kernels/attention/tuning.h";
+  t.source.cpp_namespace = "tessera::attention";
+  t.source.function = "tuned_table";
+  t.source.regenerate = "tessera tune attention --emit-table   (from the repository root, on the machine to "
+                        "tune; rebuild first: rows of other machines are kept)";
+  t.source.empty_note = "No rows: no tunable implementation was measured yet. Every lookup misses and falls "
+                        "to autotune-on-miss or the backend defaults.";
+  t.table_path = "src/kernels/attention/tuned_table.cc";
+  return t;
 }
 
 // ---- run ----
@@ -190,6 +236,25 @@ class AttentionBench final : public harness::BenchProblem {
     return c;
   }
 
+  std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
+    BaselineInputs bin;
+    bin.B = s_.B, bin.S = s_.S, bin.H = s_.H, bin.Hkv = s_.Hkv, bin.D = s_.D, bin.causal = s_.causal;
+    bin.q = &q_, bin.k = &k_, bin.v = &v_, bin.d_o = &do_, bin.threads = threads;
+    std::vector<harness::BaselineCall> out;
+    for (Pass pass : passes) {
+      if (pass == Pass::kBackward) continue;  // the baseline times forward and fused
+      MaterializedBaseline m = make_materialized_baseline(bin, pass);
+      harness::BaselineCall c;
+      c.name = "blas-materialized";
+      c.pass = pass;
+      c.description = m.description;
+      c.cost = cost(pass, c.name);
+      c.run = m.run;
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+
   harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass,
                           const ExecOptions& exec) override {
     auto b = std::make_shared<Bound>();
@@ -260,6 +325,7 @@ kernels::KernelSpec make_spec() {
   k.bench.options = {{"causal", K::kFlag, "causal mask", "false", {}},
                      {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}};
   k.bench.make_problem = make_bench_problem;
+  k.tune = tune_spec();
   k.run = run_spec();
   return k;
 }

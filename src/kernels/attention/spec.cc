@@ -10,6 +10,7 @@
 #include "kernels/attention/testing.h"
 #include "kernels/attention/tuning.h"
 #include "kernels/registry.h"
+#include "kernels/tune_spec.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
 
@@ -46,51 +47,6 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
                      return to_harness(testing::check_parity(spec, impl, pass));
                    }});
   return out;
-}
-
-// ---- tune ----
-// shape: the bucket dims (B, S, H, D); MHA, no mask, D = Dv.
-kernels::TuneJob tune_job(const std::string& name, const std::vector<int64_t>& shape, DType dtype, Pass pass,
-                          bool with_data) {
-  const Implementation* impl = find_implementation(name);
-  check(impl != nullptr, ErrorCode::kNotFound, std::string(kKernelName) + ": unknown implementation '" + name + "'");
-  const Device dev{impl->device_type(), 0};
-  std::shared_ptr<OwnedProblem> owned;
-  if (with_data)
-    owned = std::make_shared<OwnedProblem>(
-        make_random_problem(shape.at(0), shape.at(1), shape.at(2), shape.at(3), dtype, dev));
-  const Problem p = owned ? owned->problem
-                          : shape_only_problem(shape.at(0), shape.at(1), shape.at(2), shape.at(3), dtype, dev);
-  kernels::TuneJob job;
-  job.device_kind = impl->device_kind(p);
-  for (const BlockSizes& c : tuning_candidates(*impl, p)) job.candidates.push_back(to_params(c));
-  job.support = impl->supports(p);
-  job.make_run = [owned, impl, pass]() -> tune::RunFn {
-    check(owned != nullptr, ErrorCode::kInternal, "tune job built without data");
-    return make_timed_run(*impl, owned->problem, pass);
-  };
-  return job;
-}
-
-kernels::TuneSpec tune_spec() {
-  kernels::TuneSpec t;
-  t.buckets = []() -> const std::vector<tune::Bucket>& { return tuning_buckets(); };
-  t.table = []() -> const std::vector<tune::TableEntry>& { return tuned_table(); };
-  t.tunable = [](const std::string& n) {
-    const Implementation* impl = find_implementation(n);
-    return impl && impl->tunable();
-  };
-  t.job = tune_job;
-  t.source.kernel = kKernelName;
-  t.source.include = "kernels/attention/tuning.h";
-  t.source.cpp_namespace = "tessera::attention";
-  t.source.function = "tuned_table";
-  t.source.regenerate = "tessera tune attention --emit-table   (from the repository root, on the machine to "
-                        "tune; rebuild first: rows of other machines are kept)";
-  t.source.empty_note = "No rows: no tunable implementation was measured yet. Every lookup misses and falls "
-                        "to autotune-on-miss or the backend defaults.";
-  t.table_path = "src/kernels/attention/tuned_table.cc";
-  return t;
 }
 
 // ---- run ----
@@ -325,7 +281,7 @@ kernels::KernelSpec make_spec() {
   k.bench.options = {{"causal", K::kFlag, "causal mask", "false", {}},
                      {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}};
   k.bench.make_problem = make_bench_problem;
-  k.tune = tune_spec();
+  k.tune = kernels::make_tune_spec<Tuning>();
   k.run = run_spec();
   return k;
 }

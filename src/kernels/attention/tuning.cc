@@ -13,10 +13,7 @@
 
 namespace tessera::attention {
 
-std::string Implementation::device_kind(const Problem&) const {
-  if (device_type() == DeviceType::kCPU) return tune::cpu_device_kind();
-  return "cuda:unknown";
-}
+std::string Implementation::device_kind(const Problem&) const { return tune::default_device_kind(device_type()); }
 
 // The buckets: dimension order (B, S, H, D); first match wins. The head dim is what changes the
 // best tiles most (it sets the width of every tile product and the bytes per kv row a tile
@@ -90,13 +87,6 @@ std::string autotune_key(const Implementation& impl, const Problem& p, Pass op, 
   if (impl.device_type() == DeviceType::kCPU) k += "|threads=" + std::to_string(p.num_threads);
   k += std::string("|version=") + TESSERA_VERSION;
   return k;
-}
-
-std::vector<BlockSizes> tuning_candidates(const Implementation& impl, const Problem& p) {
-  std::vector<BlockSizes> out{impl.default_block_sizes(p)};
-  for (const BlockSizes& c : impl.candidate_block_sizes(p))
-    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-  return out;
 }
 
 namespace {
@@ -174,6 +164,12 @@ OwnedProblem make_random_problem(int64_t B, int64_t S, int64_t H, int64_t D, DTy
   o.problem = shape_only_problem(B, S, H, D, dtype, device);
   o.problem.q = o.q.data(), o.problem.k = o.k.data(), o.problem.v = o.v.data();
   return o;
+}
+
+std::string Tuning::describe(const Implementation& impl, const Problem& p, Pass op) {
+  return std::string(kKernelName) + " " + impl.name() + " " + dtype_name(p.dtype) + " " + pass_name(op) +
+         " N=" + std::to_string(p.N) + ",Sq=" + std::to_string(p.Sq) + ",Sk=" + std::to_string(p.Sk) +
+         ",Hq=" + std::to_string(p.Hq) + ",D=" + std::to_string(p.D);
 }
 
 }  // namespace tessera::attention

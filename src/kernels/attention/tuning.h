@@ -43,9 +43,6 @@ bool worth_autotuning(const Problem& p, int64_t min_work = kMinAutotuneWork);
 // class, heads and head dims exact, the masks and options that change the work, op, threads,
 // library version.
 std::string autotune_key(const Implementation& impl, const Problem& p, Pass op, const std::string& device_kind);
-// The default first, then the implementation's candidates (dupes dropped).
-std::vector<BlockSizes> tuning_candidates(const Implementation& impl, const Problem& p);
-
 // A RunFn that validates a candidate and times one `op` of `impl` on `p` (read only) into
 // scratch outputs allocated here, synchronizing the implementation before stopping the clock.
 tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op);
@@ -60,5 +57,38 @@ OwnedProblem make_random_problem(int64_t B, int64_t S, int64_t H, int64_t D, DTy
                                  uint64_t seed = 1);
 // The same problem without data (candidate lists, support checks).
 Problem shape_only_problem(int64_t B, int64_t S, int64_t H, int64_t D, DType dtype, Device device);
+
+// This kernel's tuning traits (tune/adapter.h, kernels/tune_spec.h).
+struct Tuning {
+  using Impl = Implementation;
+  using Problem = attention::Problem;
+  using Sizes = BlockSizes;
+  using Owned = OwnedProblem;
+  static constexpr const char* kKernel = kKernelName;
+  static constexpr int64_t kMinWork = kMinAutotuneWork;
+  static constexpr const char* kInclude = "kernels/attention/tuning.h";
+  static constexpr const char* kNamespace = "tessera::attention";
+  static constexpr const char* kTablePath = "src/kernels/attention/tuned_table.cc";
+  static tune::Params to_params(const Sizes& s) { return attention::to_params(s); }
+  static Sizes from_params(const tune::Params& p) { return attention::from_params(p); }
+  static Sizes fit(const Sizes& s, const Problem& p) { return sanitize_for_shape(s, p); }
+  static const std::vector<tune::TableEntry>& table() { return tuned_table(); }
+  static const std::vector<tune::Bucket>& buckets() { return tuning_buckets(); }
+  static const tune::Bucket* bucket(const Problem& p) { return bucket_for(p); }
+  static bool worth(const Problem& p, int64_t min_work) { return worth_autotuning(p, min_work); }
+  static std::string key(const Impl& i, const Problem& p, Pass op, const std::string& kind) {
+    return autotune_key(i, p, op, kind);
+  }
+  static tune::RunFn timed_run(const Impl& i, const Problem& p, Pass op) { return make_timed_run(i, p, op); }
+  static std::string describe(const Impl& impl, const Problem& p, Pass op);
+  static const Impl* find(const std::string& name) { return find_implementation(name); }
+  // shape: the bucket dims (B, S, H, D); MHA, no mask, D = Dv.
+  static Owned random_problem(const std::vector<int64_t>& s, DType dtype, Device dev) {
+    return make_random_problem(s.at(0), s.at(1), s.at(2), s.at(3), dtype, dev);
+  }
+  static Problem shape_only(const std::vector<int64_t>& s, DType dtype, Device dev) {
+    return shape_only_problem(s.at(0), s.at(1), s.at(2), s.at(3), dtype, dev);
+  }
+};
 
 }  // namespace tessera::attention

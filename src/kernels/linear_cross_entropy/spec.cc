@@ -7,6 +7,7 @@
 #include "kernels/linear_cross_entropy/testing.h"
 #include "kernels/linear_cross_entropy/tuning.h"
 #include "kernels/registry.h"
+#include "kernels/tune_spec.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
 
@@ -24,57 +25,6 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
                      return testing::check_parity(spec, impl, pass, dev);
                    }});
   return out;
-}
-
-// ---- tune ----
-Problem shape_only(const std::vector<int64_t>& s, DType dtype, const Implementation& impl) {
-  Problem p;
-  p.B = s.at(0), p.H = s.at(1), p.V = s.at(2);
-  p.dtype = dtype;
-  p.device = Device{impl.device_type(), 0};
-  p.num_threads = resolve_num_threads(0);
-  return p;
-}
-
-kernels::TuneJob tune_job(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
-                          Pass pass, bool with_data) {
-  const Implementation* impl = find_implementation(name);
-  check(impl != nullptr, ErrorCode::kNotFound, std::string(kKernelName) + ": unknown implementation '" + name + "'");
-  std::shared_ptr<OwnedProblem> owned;
-  if (with_data)
-    owned = std::make_shared<OwnedProblem>(
-        make_random_problem(shape.at(0), shape.at(1), shape.at(2), dtype, Device{impl->device_type(), 0}));
-  const Problem p = owned ? owned->problem : shape_only(shape, dtype, *impl);
-  kernels::TuneJob job;
-  job.device_kind = impl->device_kind(p);
-  for (const BlockSizes& c : tuning_candidates(*impl, p)) job.candidates.push_back(to_params(c));
-  job.support = impl->supports(p);
-  job.make_run = [owned, impl, pass]() -> tune::RunFn {
-    check(owned != nullptr, ErrorCode::kInternal, "tune job built without data");
-    return make_timed_run(*impl, owned->problem, pass);
-  };
-  return job;
-}
-
-kernels::TuneSpec tune_spec() {
-  kernels::TuneSpec t;
-  t.buckets = [] () -> const std::vector<tune::Bucket>& { return tuning_buckets(); };
-  t.table = [] () -> const std::vector<tune::TableEntry>& { return tuned_table(); };
-  t.tunable = [](const std::string& n) {
-    const Implementation* impl = find_implementation(n);
-    return impl && impl->tunable();
-  };
-  t.job = tune_job;
-  t.source.kernel = kKernelName;
-  t.source.include = "kernels/linear_cross_entropy/tuning.h";
-  t.source.cpp_namespace = "tessera::linear_cross_entropy";
-  t.source.function = "tuned_table";
-  t.source.regenerate = "tessera tune linear_cross_entropy --emit-table   (from the repository root, "
-                        "on the machine to tune; rebuild first: rows of other machines are kept)";
-  t.source.empty_note = "No rows: no tunable implementation was measured yet. Every lookup misses and "
-                        "falls to autotune-on-miss or the backend defaults.";
-  t.table_path = "src/kernels/linear_cross_entropy/tuned_table.cc";
-  return t;
 }
 
 // ---- run ----
@@ -261,7 +211,7 @@ kernels::KernelSpec make_spec() {
   k.check_grid = check_cases;
   k.bench.options = bench_options();
   k.bench.make_problem = make_bench_problem;
-  k.tune = tune_spec();
+  k.tune = kernels::make_tune_spec<Tuning>();
   k.run = run_spec();
   k.call = call_spec();
   return k;

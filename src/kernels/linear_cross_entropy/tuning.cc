@@ -13,10 +13,7 @@
 
 namespace tessera::linear_cross_entropy {
 
-std::string Implementation::device_kind(const Problem&) const {
-  if (device_type() == DeviceType::kCPU) return tune::cpu_device_kind();
-  return "cuda:unknown";
-}
+std::string Implementation::device_kind(const Problem&) const { return tune::default_device_kind(device_type()); }
 
 
 // The buckets: dimension order (B, H, V); first match wins. Vocabulary size is what separates
@@ -98,13 +95,6 @@ std::string autotune_key(const Implementation& impl, const Problem& p, Pass op,
   return k;
 }
 
-std::vector<BlockSizes> tuning_candidates(const Implementation& impl, const Problem& p) {
-  std::vector<BlockSizes> out{impl.default_block_sizes(p)};
-  for (const BlockSizes& c : impl.candidate_block_sizes(p))
-    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-  return out;
-}
-
 tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op) {
   // Scratch outputs, shared by every timed call, freed with the RunFn.
   struct Scratch {
@@ -153,6 +143,20 @@ tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op
     ip->synchronize(prob);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+}
+
+std::string Tuning::describe(const Implementation& impl, const Problem& p, Pass op) {
+  return std::string(kKernelName) + " " + impl.name() + " " + dtype_name(p.dtype) + " " + pass_name(op) +
+         " B=" + std::to_string(p.B) + ",H=" + std::to_string(p.H) + ",V=" + std::to_string(p.V);
+}
+
+Problem Tuning::shape_only(const std::vector<int64_t>& s, DType dtype, Device dev) {
+  Problem p;
+  p.B = s.at(0), p.H = s.at(1), p.V = s.at(2);
+  p.dtype = dtype;
+  p.device = dev;
+  p.num_threads = resolve_num_threads(0);
+  return p;
 }
 
 OwnedProblem make_random_problem(int64_t B, int64_t H, int64_t V, DType dtype, Device device,

@@ -44,9 +44,6 @@ bool worth_autotuning(const Problem& p, int64_t min_work = kMinAutotuneWork);
 // argmax), op, CPU threads, library version.
 std::string autotune_key(const Implementation& impl, const Problem& p, Pass op,
                          const std::string& device_kind);
-// The candidate list for `p`: the implementation's default first, then its candidates (dupes
-// dropped).
-std::vector<BlockSizes> tuning_candidates(const Implementation& impl, const Problem& p);
 
 // A RunFn that validates a candidate and times one call of `op` of `impl` on `p` (the caller's
 // inputs, read only) into scratch outputs allocated here (never the caller's outputs),
@@ -62,5 +59,36 @@ struct OwnedProblem {
 };
 OwnedProblem make_random_problem(int64_t B, int64_t H, int64_t V, DType dtype, Device device,
                                  uint64_t seed = 1);
+
+// This kernel's tuning traits (tune/adapter.h, kernels/tune_spec.h).
+struct Tuning {
+  using Impl = Implementation;
+  using Problem = linear_cross_entropy::Problem;
+  using Sizes = BlockSizes;
+  using Owned = OwnedProblem;
+  static constexpr const char* kKernel = kKernelName;
+  static constexpr int64_t kMinWork = kMinAutotuneWork;
+  static constexpr const char* kInclude = "kernels/linear_cross_entropy/tuning.h";
+  static constexpr const char* kNamespace = "tessera::linear_cross_entropy";
+  static constexpr const char* kTablePath = "src/kernels/linear_cross_entropy/tuned_table.cc";
+  static tune::Params to_params(const Sizes& s) { return linear_cross_entropy::to_params(s); }
+  static Sizes from_params(const tune::Params& p) { return linear_cross_entropy::from_params(p); }
+  static Sizes fit(const Sizes& s, const Problem& p) { return sanitize_for_shape(s, p); }
+  static const std::vector<tune::TableEntry>& table() { return tuned_table(); }
+  static const std::vector<tune::Bucket>& buckets() { return tuning_buckets(); }
+  static const tune::Bucket* bucket(const Problem& p) { return bucket_for(p); }
+  static bool worth(const Problem& p, int64_t min_work) { return worth_autotuning(p, min_work); }
+  static std::string key(const Impl& i, const Problem& p, Pass op, const std::string& kind) {
+    return autotune_key(i, p, op, kind);
+  }
+  static tune::RunFn timed_run(const Impl& i, const Problem& p, Pass op) { return make_timed_run(i, p, op); }
+  static std::string describe(const Impl& impl, const Problem& p, Pass op);
+  static const Impl* find(const std::string& name) { return find_implementation(name); }
+  // shape: the bucket dims (B, H, V); labels avoid ignore_index, no bias, mean reduction.
+  static Owned random_problem(const std::vector<int64_t>& s, DType dtype, Device dev) {
+    return make_random_problem(s.at(0), s.at(1), s.at(2), dtype, dev);
+  }
+  static Problem shape_only(const std::vector<int64_t>& s, DType dtype, Device dev);
+};
 
 }  // namespace tessera::linear_cross_entropy

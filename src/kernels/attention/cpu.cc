@@ -49,7 +49,6 @@
 // reference-counted, restored afterwards), because each worker calls sgemm on its own tiles —
 // the linear_cross_entropy backend's rule; its guard is a separate counter, so concurrent calls
 // of both kernels could restore OpenBLAS's thread count early (harmless: slower, not wrong).
-#include <cblas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -57,7 +56,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -66,6 +64,7 @@
 #include "core/memory.h"
 #include "kernels/attention/cpu_simd.h"
 #include "kernels/attention/impl.h"
+#include "kernels/cpu_blas.h"
 #include "tessera/error.h"
 
 namespace tessera::attention {
@@ -79,41 +78,8 @@ constexpr int64_t kMaxBlockKv = 4096;
 constexpr int kMaxThreads = 1024;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// ---- OpenBLAS: single-threaded while any call of this backend runs ----
-std::mutex g_blas_mu;
-int g_blas_users = 0;
-int g_blas_saved = 1;
-
-class BlasSingleThreaded {
- public:
-  BlasSingleThreaded() {
-    std::lock_guard<std::mutex> lock(g_blas_mu);
-    if (g_blas_users++ == 0) {
-      g_blas_saved = openblas_get_num_threads();
-      if (g_blas_saved != 1) openblas_set_num_threads(1);
-    }
-  }
-  ~BlasSingleThreaded() {
-    std::lock_guard<std::mutex> lock(g_blas_mu);
-    if (--g_blas_users == 0 && g_blas_saved != 1) openblas_set_num_threads(g_blas_saved);
-  }
-  BlasSingleThreaded(const BlasSingleThreaded&) = delete;
-  BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
-};
-
-// Row-major sgemm: C = alpha·op(A)·op(B) + beta·C. All dimensions fit int (checked in supports).
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0) {  // C = beta·C
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
-              static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta,
-              C, static_cast<int>(ldc));
-}
+using BlasSingleThreaded = cpu_blas::SingleThreaded;
+using cpu_blas::sgemm;
 
 template <class T>
 T* alloc(std::vector<memory::HostBuffer>& keep, size_t count) {
@@ -195,7 +161,7 @@ struct Common {
   void mm(const float* A, int64_t lda, bool ta, const BOp& b, int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,
           float alpha, bool acc) const {
     if (blas)
-      gemm(ta, b.trans, M, N, K, alpha, A, lda, b.m, b.ld, acc ? 1.0f : 0.0f, C, ldc);
+      sgemm(ta, b.trans, M, N, K, alpha, A, lda, b.m, b.ld, acc ? 1.0f : 0.0f, C, ldc);
     else
       simd::gemm_packed(A, lda, ta, b.packed, b.panel_rows, b.k0, M, N, K, C, ldc, alpha, acc);
   }

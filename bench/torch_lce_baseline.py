@@ -3,7 +3,13 @@
 logits (mean), then backward. CUDA-event timing (warm-up, median), peak extra memory from
 torch.cuda.max_memory_allocated. Prints one JSON document (or writes --out).
 
+With --peers-out FILE it also writes the timings as peer results (schema "tessera-peers/1",
+documented in src/harness/report.h) that `tessera report BENCH.json --peers FILE` draws beside
+Tessera's own rows: implementation "torch-eager", mode "forward" (no grad) and "fused" (loss and
+backward in one step, what Tessera's fused pass computes), the dims B/H/V, median/min/max ms.
+
   python3 bench/torch_lce_baseline.py [--shapes 8192x4096x128256,...] [--dtype bf16] [--iters 10]
+                                      [--out FILE] [--peers-out FILE]
 """
 import argparse
 import json
@@ -28,7 +34,23 @@ def timed(fn, warmup, iters):
     for _ in range(warmup):
         once()
     runs = sorted(once() for _ in range(iters))
-    return {"first_ms": first, "median_ms": statistics.median(runs), "min_ms": runs[0]}
+    return {"first_ms": first, "median_ms": statistics.median(runs), "min_ms": runs[0], "max_ms": runs[-1]}
+
+
+def peer_results(doc):
+    """The run as tessera-peers/1 rows: one per shape and pass that was timed."""
+    rows = []
+    for r in doc["results"]:
+        for key, mode in (("forward", "forward"), ("forward_backward", "fused")):
+            if key not in r:
+                continue  # out of memory: nothing timed
+            t = r[key]
+            rows.append({"implementation": "torch-eager", "mode": mode, "B": r["B"], "H": r["H"], "V": r["V"],
+                         "dtype": doc["dtype"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
+                         "max_ms": t["max_ms"], "first_call_ms": t["first_ms"]})
+    return {"schema": "tessera-peers/1", "kernel": "linear_cross_entropy",
+            "source": f"PyTorch {doc['torch']} {doc['variant']}", "device": doc["device"],
+            "dims": ["B", "H", "V"], "rows": rows}
 
 
 def main():
@@ -38,6 +60,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default="")
+    ap.add_argument("--peers-out", default="", help="also write tessera-peers/1 JSON for `tessera report --peers`")
     a = ap.parse_args()
     dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[a.dtype]
     dev = torch.device("cuda")
@@ -89,6 +112,9 @@ def main():
             f.write(text + "\n")
     else:
         print(text)
+    if a.peers_out:
+        with open(a.peers_out, "w") as f:
+            f.write(json.dumps(peer_results(doc), indent=2) + "\n")
 
 
 if __name__ == "__main__":

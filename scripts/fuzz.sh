@@ -5,7 +5,8 @@
 #   bash scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 #
 # SECONDS_PER_TARGET defaults to 60; TARGET is one of the names below (default: all). Builds
-# build/fuzz (clang, TESSERA_FUZZ=ON, no CUDA, no CPU backend, no tests or tools), then runs each
+# build/fuzz (clang, TESSERA_FUZZ=ON, no CUDA, no CPU backend, no tests; the CLI subcommands for
+# the cli_run target), then runs each
 # target from its seed corpus tests/fuzz/corpus/<target> (kept small, in the repository). New
 # inputs go to build/fuzz/corpus/<target>, findings to build/fuzz/artifacts/<target>/. Prints,
 # per target: inputs tried, crashes (any crash, sanitizer report, timeout or out-of-memory), and
@@ -49,7 +50,7 @@ if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
   command -v ninja >/dev/null && gen=(-G Ninja)
   cmake -S . -B "$build" "${gen[@]}" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DTESSERA_FUZZ=ON -DTESSERA_SANITIZE=ON -DTESSERA_CUDA=OFF -DTESSERA_CPU_BACKEND=OFF \
-    -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_TOOLS=OFF >/dev/null
+    -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_TOOLS=ON >/dev/null
 fi
 names=()
 for t in "${targets[@]}"; do names+=("tessera_fuzz_$t"); done

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# GPU machine check of the cuda backend, in one go: configure + build (preset gpu), run the test
-# suite (the LceCuda* GPU tests included), the benchmark and the PyTorch eager baseline, and write
-# the results to docs/gpu_results/<stamp>/ (or the directory given as $1):
-#   env.txt  build.log  tests.log  tests.json  bench.json  torch.json  bench.log  summary.md
-# and the tessera CLI's own view (GPU ceilings, bench over the llm grid, HTML report):
-#   roofline.json  roofline.log  tessera_bench.json  tessera_bench.csv  tessera_bench.log  report.html
+# GPU machine check of every CUDA implementation, in one go: configure + build (preset gpu), run
+# the test suites (every GPU test), the GPU tests again under compute-sanitizer (memcheck,
+# racecheck, initcheck; the large-shape test excluded), the measured GPU ceilings, `tessera bench`
+# of every cuda implementation of every kernel (timed with CUDA events through the device hooks)
+# with the PyTorch eager baseline as peers, and write the results to docs/gpu_results/<stamp>/
+# (or the directory given as $1):
+#   env.txt  build.log  tests.{log,json}  tests_cuda.{log,json}  sanitizer_<tool>.log  torch.json
+#   roofline.{json,log}  tessera_bench.{json,csv,log}  report.html  summary.md
 #
 # Needs: an NVIDIA GPU + driver, nvcc, CMake >= 3.25, ninja, python3 with PyTorch (for the
 # baseline; skipped with a note when missing). No network: nlohmann-json, CLI11, fmt and GTest come
@@ -41,19 +43,36 @@ if ! { cmake --preset gpu -DCMAKE_PREFIX_PATH="$root/.deps/usr" "-DCMAKE_CUDA_AR
   note "BUILD FAILED (see build.log)"; tail -30 "$out/build.log"; exit 1
 fi
 
-# The whole suite in one process (faster than ctest's one process per test); GPU tests are LceCuda*.
+# Each suite in one process (faster than ctest's one process per test). The CUDA module and the
+# GPU tests (LceCuda*, DeviceHooksCuda*, CudaModule*) are in tessera_cuda_tests.
 if ! build/gpu/tests/tessera_tests --gtest_output="json:$out/tests.json" > "$out/tests.log" 2>&1; then
   note "TESTS FAILED (see tests.log)"; status=1
 fi
 grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$out/tests.log" | tail -20
-
-if ! build/gpu/bin/lce_cuda_bench --shapes "${BENCH_SHAPES:-8192x4096x128256,8192x2304x256000}" \
-     --iters "${BENCH_ITERS:-10}" --out "$out/bench.json" 2> "$out/bench.log"; then
-  note "BENCHMARK FAILED (see bench.log)"; status=1
+if ! build/gpu/tests/tessera_cuda_tests --gtest_output="json:$out/tests_cuda.json" > "$out/tests_cuda.log" 2>&1; then
+  note "CUDA TESTS FAILED (see tests_cuda.log)"; status=1
 fi
+grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$out/tests_cuda.log" | tail -20
+
+# compute-sanitizer over the GPU tests at small shapes (the float64-oracle test at a large shape
+# would take hours under the tools).
+san_filter='LceCuda*:CudaModule*:DeviceHooksCuda*:-*LargeShape*'
+if command -v compute-sanitizer >/dev/null 2>&1; then
+  for tool in memcheck racecheck initcheck; do
+    if ! compute-sanitizer --tool "$tool" --error-exitcode 3 build/gpu/tests/tessera_cuda_tests \
+         --gtest_filter="$san_filter" > "$out/sanitizer_$tool.log" 2>&1; then
+      note "compute-sanitizer $tool FAILED (see sanitizer_$tool.log)"; status=1
+    fi
+    tail -3 "$out/sanitizer_$tool.log"
+  done
+else
+  note "compute-sanitizer not found: no sanitizer runs"
+fi
+
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   python3 bench/torch_lce_baseline.py --shapes "${BENCH_SHAPES:-8192x4096x128256,8192x2304x256000}" \
-    --iters "${BENCH_ITERS:-10}" --out "$out/torch.json" 2>> "$out/bench.log" || note "torch baseline failed (see bench.log)"
+    --iters "${BENCH_ITERS:-10}" --out "$out/torch.json" --peers-out "$out/torch_peers.json" \
+    2>> "$out/bench.log" || note "torch baseline failed (see bench.log)"
 else
   note "PyTorch with CUDA not available: no eager baseline"
 fi
@@ -67,13 +86,20 @@ fi
 cat "$out/roofline.log"
 roof_arg=(--roofline "$out/roofline.json")
 [ -f "$out/roofline.json" ] || roof_arg=()
-if ! "$tessera" bench linear_cross_entropy --impl cuda --grid llm --dtype bf16 --mode fwd,fused "${roof_arg[@]}" \
+# Every cuda implementation of every kernel (kernels without one are skipped), at the shapes of
+# the issue (Llama-3 and Gemma-2 heads for linear_cross_entropy), device rows timed with events.
+shapes=(--shape 8192,4096,128256 --shape 8192,2304,256000)
+[ -n "${BENCH_SHAPES:-}" ] && { shapes=(); for sh in ${BENCH_SHAPES//x/,}; do shapes+=(--shape "$sh"); done; }
+if ! "$tessera" bench linear_cross_entropy --impl cuda "${shapes[@]}" --dtype bf16 --pass forward,fused \
+     --repeats "${BENCH_ITERS:-10}" "${roof_arg[@]}" \
      --json "$out/tessera_bench.json" --csv "$out/tessera_bench.csv" > "$out/tessera_bench.log" 2>&1; then
   note "tessera bench FAILED (see tessera_bench.log)"; status=1
 fi
 tail -20 "$out/tessera_bench.log"
 if [ -f "$out/tessera_bench.json" ]; then
-  "$tessera" report "$out/tessera_bench.json" -o "$out/report.html" >> "$out/tessera_bench.log" 2>&1 ||
+  peers=()
+  [ -f "$out/torch_peers.json" ] && peers=(--peers "$out/torch_peers.json")
+  "$tessera" report "$out/tessera_bench.json" "${peers[@]}" -o "$out/report.html" >> "$out/tessera_bench.log" 2>&1 ||
     { note "tessera report FAILED (see tessera_bench.log)"; status=1; }
 fi
 
@@ -86,28 +112,25 @@ def load(name):
 lines = ["# cuda backend: GPU check", ""]
 env = open(os.path.join(out, "env.txt")).read().strip()
 lines += ["```", env, "```", ""]
-t = load("tests.json")
-if t:
-    lines.append(f"Tests: {t.get('tests', 0)} run, {t.get('failures', 0)} failed, {t.get('disabled', 0)} disabled.")
+for tname, t in (("Tests", load("tests.json")), ("CUDA tests", load("tests_cuda.json"))):
+    if not t:
+        continue
+    lines.append(f"{tname}: {t.get('tests', 0)} run, {t.get('failures', 0)} failed, {t.get('disabled', 0)} disabled.")
     for suite in t.get("testsuites", []):
         for case in suite.get("testsuite", []):
             if case.get("failures"):
                 lines.append(f"- FAILED {suite['name']}.{case['name']}: " + case["failures"][0]["failure"].splitlines()[0])
     lines.append("")
-b, pt = load("bench.json"), load("torch.json")
-if b:
-    lines += [f"Benchmark on {b['device']}, {b['dtype']} inputs, dw {b['dw_dtype']}, median of {b['iters']} after {b['warmup']} warm-up runs (ms):", "",
-              "| B | H | V | fwd | fwd+bwd | 3 GEMMs | fwd+bwd / 3 GEMMs | fwd+bwd TFLOP/s | peak extra MiB | torch eager fwd+bwd | torch peak extra MiB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    trows = {(r["B"], r["H"], r["V"]): r for r in (pt or {}).get("results", [])}
-    for r in b["results"]:
-        tr = trows.get((r["B"], r["H"], r["V"]), {})
-        tfb = f"{tr['forward_backward']['median_ms']:.2f}" if "forward_backward" in tr else tr.get("error", "-")
-        tmem = f"{tr['peak_extra_bytes_forward_backward'] / 2**20:.0f}" if "peak_extra_bytes_forward_backward" in tr else "-"
-        lines.append(f"| {r['B']} | {r['H']} | {r['V']} | {r['forward']['median_ms']:.2f} | {r['forward_backward']['median_ms']:.2f} | "
-                     f"{r['gemm3']['median_ms']:.2f} | {r['forward_backward_vs_gemm3']:.3f} | {r['forward_backward_tflops']:.0f} | "
-                     f"{r['peak_extra_bytes_forward_backward'] / 2**20:.0f} | {tfb} | {tmem} |")
-    lines += ["", "Targets: fwd+bwd <= 1.3x three GEMMs; peak extra device memory <= 1 GiB."]
+pt = load("torch.json")
+if pt:
+    lines += ["PyTorch eager (materialized) on the same GPU, `bench/torch_lce_baseline.py` (median ms):", "",
+              "| B | H | V | fwd+bwd | peak extra MiB |", "|---|---|---|---|---|"]
+    for r in pt.get("results", []):
+        fb = r.get("forward_backward", {}).get("median_ms")
+        mem = r.get("peak_extra_bytes_forward_backward")
+        lines.append(f"| {r['B']} | {r['H']} | {r['V']} | {fb if fb is None else format(fb, '.2f')} | "
+                     f"{'-' if mem is None else format(mem / 2**20, '.0f')} |")
+    lines.append("")
 roof = load("roofline.json")
 if roof:
     for d in roof.get("devices", []):
@@ -121,7 +144,7 @@ if roof:
         lines += [f"- note: {n}" for n in d.get("notes", [])]
 tb = load("tessera_bench.json")
 if tb:
-    lines += ["", "`tessera bench linear_cross_entropy --impl cuda --grid llm --dtype bf16` (median ms; wall clock with a device sync per call):", "",
+    lines += ["", "`tessera bench linear_cross_entropy --impl cuda` bf16 (median ms, CUDA events; targets: fused <= 1.3x three GEMMs, <= 1 GiB extra):", "",
               "| shape | mode | median ms | first ms | TFLOP/s | % roofline | x GEMM | extra device MiB | loss |",
               "|---|---|---|---|---|---|---|---|---|"]
     def f(r, k, fmt, scale=1.0):
@@ -130,7 +153,7 @@ if tb:
     for r in tb.get("rows", []):
         if r.get("kind") != "kernel":
             continue
-        lines.append(f"| {r['shape']} ({r['B']},{r['H']},{r['V']}) | {r['mode']} | {f(r, 'median_ms', '.2f')} | {f(r, 'first_call_ms', '.1f')} | "
+        lines.append(f"| {r.get('shape', '')} ({r['B']},{r['H']},{r['V']}) | {r['mode']} | {f(r, 'median_ms', '.2f')} | {f(r, 'first_call_ms', '.1f')} | "
                      f"{f(r, 'gflops', '.0f', 1e-3)} | {f(r, 'roofline_fraction', '.1f', 100.0)} | {f(r, 'vs_gemm', '.3f')} | "
                      f"{f(r, 'extra_device_bytes', '.0f', 1 / 2**20)} | {f(r, 'loss', '.4f')} |")
     lines += [f"- {m}" for m in tb.get("messages", [])]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Tessera needs from Debian's packages (only what is missing).
 set -euo pipefail
-pkgs=(cmake ninja-build g++ pkg-config libopenblas-dev libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev)
+pkgs=(cmake ninja-build g++ pkg-config libopenblas-dev libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev
+      python3-dev python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <string>
 
+#include "tessera/tensor.h"
+
 namespace tessera {
 
 // What a call computes: the forward pass, the backward pass (gradients, given the upstream
@@ -30,6 +32,22 @@ struct ExecOptions {
   // default: a scan of every input on every call is a cost no peer library charges a
   // training loop; the CLI's `run` turns it on for users' files.
   bool check_finite = false;
+};
+
+// Versions of an implementation live side by side (cpu, cpu_v2, ...): only `current` ones are
+// in the default dispatch order; experimental and retired ones run when named.
+enum class VersionStatus : unsigned char { kCurrent, kExperimental, kRetired };
+const char* version_status_name(VersionStatus s) noexcept;  // "current", "experimental", "retired"
+
+// What a kernel's registry says about one implementation (tessera list, Python, reports).
+struct ImplementationInfo {
+  std::string name;
+  std::string description;
+  DeviceType device = DeviceType::kCPU;  // where its inputs and outputs live
+  bool available = false;                // can run on this machine / build at all
+  std::string unavailable_reason;
+  VersionStatus status = VersionStatus::kCurrent;
+  std::string what_changed;              // versions: one line on what this version changes
 };
 
 // The one default-thread-count rule: `requested` if > 0, else $TESSERA_NUM_THREADS if > 0,

@@ -5,7 +5,7 @@
 //   lse    = logsumexp_j z_j                                  (f32 or wider)
 //   nll    = lse − z[label_t]
 //   ce     = (1 − ε)·nll + ε·(lse − mean_j z_j)               (label smoothing ε)
-//   loss_t = weight_t · (ce + z_loss_weight · lse²)
+//   loss_t = token_weight_t · (ce + z_loss_weight · lse²)
 // Rows whose label == ignore_index have loss 0 and count nowhere. Reductions: none (per token),
 // sum, mean (Σ loss_t / Σ weight_t over non-ignored rows; 0 when that is 0).
 // Implementations never materialize the B×V logits (the reference may; it says so).
@@ -32,8 +32,8 @@ Reduction parse_reduction(const std::string& s);  // "none" | "sum" | "mean"
 //   kHV: w is [H, V], row-major (x @ w).
 //   kVH: w is [V, H], row-major (PyTorch lm_head.weight; x @ w.T).
 //   kAuto: taken from the view: a 2-D view whose shape matches [H, V] or [V, H] and that is
-//          contiguous (or a transposed view of one) picks the layout; ambiguous when H == V
-//          and the view is contiguous, then kHV is assumed.
+//          contiguous (or a transposed view of one) picks the layout. A square w (H == V) is
+//          ambiguous and an error: PyTorch, Liger and CCE pass [V, H], x @ w would take [H, V].
 enum class WLayout : uint8_t { kAuto, kHV, kVH };
 const char* w_layout_name(WLayout l) noexcept;
 WLayout parse_w_layout(const std::string& s);  // "auto" | "hv" | "vh"
@@ -64,13 +64,14 @@ struct Options : ExecOptions {
 };
 
 // Inputs. x: [..., H] float; w: [H, V] or [V, H] float (same dtype as x); bias: [V] float;
-// labels: [...] i32/i64 matching x's leading axes; weights: [...] f32 matching them.
+// labels: [...] i32/i64 matching x's leading axes; token_weights: [...] f32 matching them — a
+// weight per TOKEN (loss_t scaled by it), not PyTorch's / Liger's per-class `weight` [V].
 struct Inputs {
   TensorView x;
   TensorView w;
   std::optional<TensorView> bias;
   TensorView labels;
-  std::optional<TensorView> weights;
+  std::optional<TensorView> token_weights;
 };
 
 // Outputs of the forward pass (caller-allocated, on the inputs' device, contiguous):
@@ -93,11 +94,14 @@ struct Gradients {
   std::optional<TensorView> dbias;
 };
 
+// Argument order everywhere: inputs, then outputs, then options.
 // grad_loss: upstream gradient of `loss`. f32; 0-d for kSum / kMean, labels' shape for kNone.
-// lse: optional, the forward's lse (saves recomputing it).
+// lse: the forward's lse (an input of backward that saves recomputing it), when you have it.
 void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt = {});
 void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads,
-              const Options& opt = {}, const std::optional<TensorView>& lse = std::nullopt);
+              const Options& opt = {});
+void backward(const Inputs& in, const TensorView& grad_loss, const TensorView& lse,
+              const Gradients& grads, const Options& opt = {});
 // Loss and gradients in one pass (training). grad_loss as in backward.
 void forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
                       const Gradients& grads, const Options& opt = {});
@@ -114,13 +118,7 @@ Result compute(const Inputs& in, const Options& opt = {});
 Result compute_with_grad(const Inputs& in, const Options& opt = {});
 
 // ---- introspection ----
-struct ImplementationInfo {
-  std::string name;
-  std::string description;
-  DeviceType device = DeviceType::kCPU;  // where its inputs and outputs live
-  bool available = false;     // can run on this machine / build at all
-  std::string unavailable_reason;
-};
+using tessera::ImplementationInfo;
 std::vector<ImplementationInfo> implementations();
 // The implementation that the last call on this thread ran ("" if none).
 const std::string& last_implementation();

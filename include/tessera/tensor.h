@@ -62,12 +62,18 @@ struct TensorView {
   }
 };
 
-// Allocator hooks for a device type: backends that own a device register one.
+// Direction of a DeviceAllocator copy.
+enum class CopyKind : unsigned char { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
+// Allocator hooks for a device type: backends that own a device register one. A device
+// backend is a module loaded on first use: the first allocation or copy on its device type (or
+// has_device_allocator) loads it; without it (no driver, not built) those throw kUnsupported
+// saying why.
 struct DeviceAllocator {
   std::function<void*(size_t bytes, int device_index)> allocate;
   std::function<void(void* ptr, int device_index)> deallocate;
-  // Copies `bytes` between host and device memory; kind: 0 host->dev, 1 dev->host, 2 dev->dev.
-  std::function<void(void* dst, const void* src, size_t bytes, int kind, int device_index)> copy;
+  // Copies `bytes` between host and device memory, finished when it returns.
+  std::function<void(void* dst, const void* src, size_t bytes, CopyKind kind, int device_index)> copy;
   std::function<void(void* ptr, int value, size_t bytes, int device_index)> memset;
 };
 void register_device_allocator(DeviceType type, DeviceAllocator allocator);

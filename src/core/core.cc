@@ -8,12 +8,16 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/device_module.h"
 #include "core/memory.h"
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/tensor.h"
+#include "tessera/version.h"
 
 namespace tessera {
+
+const char* version() noexcept { return TESSERA_VERSION; }
 
 const char* error_code_name(ErrorCode code) noexcept {
   switch (code) {
@@ -114,6 +118,9 @@ int64_t TensorView::size(int64_t dim) const {
 
 bool TensorView::is_contiguous() const {
   if (strides.size() != shape.size()) return false;
+  // No element to address (a zero dim): every strides describe it, as in NumPy and PyTorch
+  // (contiguous_strides() gives such a tensor the strides of its nonzero dims).
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return true;
   int64_t expect = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     if (shape[i] != 1 && strides[i] != expect) return false;
@@ -139,18 +146,31 @@ void register_device_allocator(DeviceType type, DeviceAllocator allocator) {
   allocators()[static_cast<int>(type)] = std::move(allocator);
 }
 
-bool has_device_allocator(DeviceType type) {
+namespace {
+bool allocator_registered(DeviceType type) {
   std::lock_guard<std::mutex> lock(g_alloc_mu);
   return allocators().count(static_cast<int>(type)) > 0;
 }
+}  // namespace
+
+// A device's allocator comes from its backend module, loaded here on first use (never for the
+// host; never with g_alloc_mu held: the module registers its allocator while loading).
+bool has_device_allocator(DeviceType type) {
+  if (type != DeviceType::kCPU && !allocator_registered(type)) (void)device_module::load(type);
+  return allocator_registered(type);
+}
 
 static DeviceAllocator get_allocator(DeviceType type) {
+  std::string why;
+  if (!allocator_registered(type)) {
+    const device_module::Status& s = device_module::load(type);
+    why = s.loaded ? "its module registered none" : s.reason;
+  }
   std::lock_guard<std::mutex> lock(g_alloc_mu);
   auto it = allocators().find(static_cast<int>(type));
   if (it == allocators().end())
     throw Error(ErrorCode::kUnsupported,
-                "no allocator for device type " + Device{type, 0}.str() +
-                    " (Tessera was built without that backend)");
+                "no allocator for device type " + Device{type, 0}.str() + ": " + why);
   return it->second;
 }
 
@@ -244,7 +264,8 @@ Tensor Tensor::to(Device device) const {
   } else {
     const DeviceType dt = src_host ? device.type : view_.device.type;
     const int idx = src_host ? device.index : view_.device.index;
-    const int kind = src_host ? 0 : (dst_host ? 1 : 2);
+    const CopyKind kind = src_host ? CopyKind::kHostToDevice
+                          : dst_host ? CopyKind::kDeviceToHost : CopyKind::kDeviceToDevice;
     if (bytes) get_allocator(dt).copy(out.data(), data(), bytes, kind, idx);
   }
   return out;

@@ -6,8 +6,9 @@
 // buffers filled with pseudo-random values (a GEMM on zeros draws less power and can run faster
 // than on real data). measure_ceilings and time_gemm never throw: whatever cannot be measured
 // (no device, out of memory, a cuBLAS error) is said in the result's method strings / notes, or
-// logged. All device memory, streams, events and the cuBLAS handle are RAII-owned, so every path
-// frees them. Registration touches no CUDA API, so it is safe on a machine without a GPU.
+// logged. All device memory, streams and events are RAII-owned, so every path frees them; the
+// cuBLAS handle is leased from the shared pool (core/cuda_util.h) and configured exactly as the
+// backend's GEMMs are. Registration touches no CUDA API, so it is safe on a machine without a GPU.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,7 +26,6 @@
 #include <vector>
 
 #include "core/cuda_util.h"
-#include "core/env.h"
 #include "core/log.h"
 #include "harness/device_hooks.h"
 #include "tessera/dtype.h"
@@ -74,30 +74,6 @@ struct Event {
   Event& operator=(const Event&) = delete;
 };
 
-void cublas_check(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return;
-  throw Error(s == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
-              std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));
-}
-
-struct Blas {
-  cublasHandle_t h = nullptr;
-  explicit Blas(cudaStream_t s) {
-    cublas_check(cublasCreate(&h), "cublasCreate");
-    const cublasStatus_t st = cublasSetStream(h, s);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-      (void)cublasDestroy(h);
-      h = nullptr;
-      cublas_check(st, "cublasSetStream");
-    }
-  }
-  ~Blas() {
-    if (h) (void)cublasDestroy(h);
-  }
-  Blas(const Blas&) = delete;
-  Blas& operator=(const Blas&) = delete;
-};
-
 // ---- pseudo-random fill (uniform in [-scale, scale)) ----
 
 __device__ inline void store(float* p, float v) { *p = v; }
@@ -127,15 +103,6 @@ void fill(void* p, DType t, size_t n, uint64_t seed, cudaStream_t s) {
     default: throw Error(ErrorCode::kInternal, std::string("no fill for ") + dtype_name(t));
   }
   check(cudaGetLastError(), "fill_kernel launch");
-}
-
-cudaDataType cuda_type(DType t) {
-  switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: throw Error(ErrorCode::kInvalidArgument, std::string("no GEMM for dtype ") + dtype_name(t));
-  }
 }
 
 // Device seconds of `reps` runs of `fn` on `s` (each between two events), after `warmup`
@@ -173,7 +140,7 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-bool tf32_enabled() { return env::flag("TESSERA_CUDA_TF32", false); }  // as the cuda backend
+bool tf32_enabled() { return blas_compute(DType::kF32) == CUBLAS_COMPUTE_32F_FAST_TF32; }  // as the backend
 
 // Row-major C[M,N] (dtype c_type) = A[M,K] · B[K,N] (B stored [N,K] when b_transposed), A and B
 // in `t`, f32 accumulation. Column-major cuBLAS view: Cᵀ[N,M] = Bᵀ · Aᵀ.
@@ -184,29 +151,33 @@ struct GemmProblem {
   bool b_transposed = false;
 };
 
+int current_device() {
+  int d = 0;
+  check(cudaGetDevice(&d), "cudaGetDevice");
+  return d;
+}
+
 // Seconds per run (`best` or median) of the GEMM, buffers allocated, filled and freed here.
 double run_gemm(const GemmProblem& g, bool take_best, int warmup, int reps, double budget_s, std::string* how) {
   for (int64_t d : {g.M, g.N, g.K})
     if (d <= 0 || d > INT_MAX) throw Error(ErrorCode::kUnsupported, "GEMM dimension outside the cuBLAS int range");
-  const cudaDataType ab_cuda = cuda_type(g.t), c_cuda = cuda_type(g.c_type);
+  const cudaDataType ab_cuda = blas_type(g.t), c_cuda = blas_type(g.c_type);
   Stream st;
-  Blas blas(st.s);
+  const BlasHandle blas(current_device(), st.s);  // configured as the backend's GEMMs are
   const size_t es = dtype_size(g.t);
   DevMem a(static_cast<size_t>(g.M) * static_cast<size_t>(g.K) * es, "GEMM A");
   DevMem b(static_cast<size_t>(g.K) * static_cast<size_t>(g.N) * es, "GEMM B");
   DevMem c(static_cast<size_t>(g.M) * static_cast<size_t>(g.N) * dtype_size(g.c_type), "GEMM C");
   fill(a.p, g.t, static_cast<size_t>(g.M) * static_cast<size_t>(g.K), 1, st.s);
   fill(b.p, g.t, static_cast<size_t>(g.K) * static_cast<size_t>(g.N), 2, st.s);
-  const bool tf32 = g.t == DType::kF32 && tf32_enabled();
-  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  const int m = static_cast<int>(g.N), n = static_cast<int>(g.M), k = static_cast<int>(g.K);
+  const bool tf32 = tf32_enabled();
+  const cublasComputeType_t compute = blas_compute(g.t);
+  const int64_t m = g.N, n = g.M, k = g.K;
   const cublasOperation_t op_b = g.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int ldb_cm = g.b_transposed ? k : m;  // B [K,N] row-major = (N×K, ld N); [N,K] = (K×N, ld K)
-  const float alpha = 1.0f, beta = 0.0f;
+  const int64_t ldb_cm = g.b_transposed ? k : m;  // B [K,N] row-major = (N×K, ld N); [N,K] = (K×N, ld K)
   auto run = [&] {
-    cublas_check(cublasGemmEx(blas.h, op_b, CUBLAS_OP_N, m, n, k, &alpha, b.p, ab_cuda, ldb_cm, a.p, ab_cuda, k,
-                              &beta, c.p, c_cuda, m, compute, CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmEx");
+    gemm_ex(blas.get(), compute, op_b, CUBLAS_OP_N, m, n, k, 1.0f, {b.p, ab_cuda, ldb_cm}, {a.p, ab_cuda, k}, 0.0f,
+            c.p, c_cuda, m, "cublasGemmEx (harness ceiling / baseline)");
   };
   const std::vector<double> t = time_runs(run, st.s, warmup, reps, budget_s);
   if (how) {
@@ -214,7 +185,7 @@ double run_gemm(const GemmProblem& g, bool take_best, int warmup, int reps, doub
     std::snprintf(buf, sizeof buf, "cublasGemmEx %s %lldx%lldx%lld (MxNxK), %s out, %s, %s of %d after %d warm-up, CUDA events",
                   dtype_name(g.t), static_cast<long long>(g.M), static_cast<long long>(g.N),
                   static_cast<long long>(g.K), dtype_name(g.c_type),
-                  tf32 ? "CUBLAS_COMPUTE_32F_FAST_TF32" : "CUBLAS_COMPUTE_32F", take_best ? "best" : "median",
+                  tf32 && g.t == DType::kF32 ? "CUBLAS_COMPUTE_32F_FAST_TF32" : "CUBLAS_COMPUTE_32F", take_best ? "best" : "median",
                   static_cast<int>(t.size()), warmup);
     *how = buf;
   }
@@ -230,6 +201,24 @@ int hook_device_count() { return device_count(); }
 void hook_synchronize(int index) {
   DeviceGuard g(index);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+// Seconds of one call of `fn`, between two events on the legacy default stream (which orders
+// with every blocking stream, where the backends' calls run by default). The device is idle
+// before the start event; the stop event is recorded once fn has returned on the host, so the
+// time covers everything fn queued plus any host synchronization inside it.
+double hook_time_call(int index, const std::function<void()>& fn) {
+  DeviceGuard g(index);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  Event start, stop;
+  check(cudaEventRecord(start.e, cudaStreamLegacy), "cudaEventRecord");
+  fn();
+  check(cudaEventRecord(stop.e, cudaStreamLegacy), "cudaEventRecord");
+  check(cudaEventSynchronize(stop.e), "cudaEventSynchronize");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // work fn left on other streams
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start.e, stop.e), "cudaEventElapsedTime");
+  return ms / 1e3;
 }
 
 // Peak GEMM per dtype and copy bandwidth of device `index`; each failure is caught where it
@@ -383,6 +372,7 @@ void register_device_hooks() {
     h.synchronize = hook_synchronize;
     h.measure_ceilings = hook_measure_ceilings;
     h.time_gemm = hook_time_gemm;
+    h.time_call = hook_time_call;
     h.device_count = hook_device_count;
     harness::register_device_hooks(DeviceType::kCUDA, std::move(h));
   });

@@ -3,10 +3,13 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
+#include <cstdint>
 #include <mutex>
 #include <utility>
 #include <vector>
 
+#include "core/env.h"
 #include "tessera/error.h"
 #include "tessera/tensor.h"
 
@@ -63,12 +66,44 @@ bool pools_supported(int d) {
   return cache[static_cast<size_t>(d)] == 1;
 }
 
+// Bytes the scratch pool keeps mapped across synchronizations (its release threshold).
+uint64_t pool_keep_bytes() {
+  const int mib = env::integer("TESSERA_CUDA_POOL_KEEP_MIB", -1);
+  return mib < 0 ? UINT64_MAX : static_cast<uint64_t>(mib) << 20;
+}
+
+cudaMemPool_t create_pool(int d) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = d;
+  cudaMemPool_t pool = nullptr;
+  check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate (device scratch pool)");
+  uint64_t keep = pool_keep_bytes();
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+        "cudaMemPoolSetAttribute (release threshold of the scratch pool)");
+  return pool;
+}
+
 }  // namespace
+
+cudaMemPool_t scratch_pool(int device) {
+  if (!pools_supported(device)) return nullptr;
+  static std::mutex mu;
+  static std::vector<cudaMemPool_t> pools;  // never destroyed (teardown order), one per device
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= static_cast<int>(pools.size())) pools.resize(static_cast<size_t>(device) + 1, nullptr);
+  cudaMemPool_t& p = pools[static_cast<size_t>(device)];
+  if (!p) p = create_pool(device);
+  return p;
+}
 
 DeviceBuffer::DeviceBuffer(size_t bytes, cudaStream_t stream, int device) : stream_(stream) {
   if (bytes == 0) return;
-  async_ = pools_supported(device);
-  cudaError_t e = async_ ? cudaMallocAsync(&ptr_, bytes, stream) : cudaMalloc(&ptr_, bytes);
+  cudaMemPool_t pool = scratch_pool(device);
+  async_ = pool != nullptr;
+  cudaError_t e = async_ ? cudaMallocFromPoolAsync(&ptr_, bytes, pool, stream) : cudaMalloc(&ptr_, bytes);
   if (e != cudaSuccess) {
     ptr_ = nullptr;
     throw_error(e, "allocating " + std::to_string(bytes) + " bytes of device scratch");
@@ -122,6 +157,120 @@ bool is_device_accessible(const void* ptr, int device) {
   }
 }
 
+// ---- cuBLAS ----
+
+void blas_check(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(s == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
+              std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));
+}
+
+cudaDataType blas_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    default: throw Error(ErrorCode::kInvalidArgument, std::string("no cuBLAS data type for ") + dtype_name(t));
+  }
+}
+
+cublasComputeType_t blas_compute(DType operands) {
+  const bool tf32 = operands == DType::kF32 && env::flag("TESSERA_CUDA_TF32", false);
+  return tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+namespace {
+
+struct HandlePool {
+  std::mutex mu;
+  std::vector<std::vector<cublasHandle_t>> idle;  // per device
+  std::vector<size_t> created;                    // per device
+  void fit(int d) {
+    if (d >= static_cast<int>(idle.size())) {
+      idle.resize(static_cast<size_t>(d) + 1);
+      created.resize(static_cast<size_t>(d) + 1, 0);
+    }
+  }
+};
+
+HandlePool& handle_pool() {
+  static HandlePool* pool = new HandlePool;  // never destroyed: see BlasHandle
+  return *pool;
+}
+
+void configure(cublasHandle_t h, cudaStream_t stream) {
+  blas_check(cublasSetStream(h, stream), "cublasSetStream");  // also resets the workspace
+  blas_check(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+  blas_check(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                            CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+             "cublasSetMathMode");
+}
+
+}  // namespace
+
+BlasHandle::BlasHandle(int device, cudaStream_t stream) : device_(device) {
+  HandlePool& pool = handle_pool();
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    pool.fit(device);
+    auto& idle = pool.idle[static_cast<size_t>(device)];
+    if (!idle.empty()) {
+      h_ = idle.back();
+      idle.pop_back();
+    }
+  }
+  if (!h_) {
+    DeviceGuard g(device);  // a handle belongs to the device current at its creation
+    blas_check(cublasCreate(&h_), "cublasCreate");
+    std::lock_guard<std::mutex> lock(pool.mu);
+    ++pool.created[static_cast<size_t>(device)];
+  }
+  try {
+    configure(h_, stream);
+  } catch (...) {
+    give_back();  // the handle itself is fine
+    throw;
+  }
+}
+
+BlasHandle::~BlasHandle() { give_back(); }
+
+void BlasHandle::give_back() noexcept {
+  if (!h_) return;
+  HandlePool& pool = handle_pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  pool.idle[static_cast<size_t>(device_)].push_back(h_);
+  h_ = nullptr;
+}
+
+void BlasHandle::set_workspace(void* p, size_t bytes) { blas_check(cublasSetWorkspace(h_, p, bytes), "cublasSetWorkspace"); }
+
+size_t blas_handles_created(int device) {
+  HandlePool& pool = handle_pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  return device < static_cast<int>(pool.created.size()) ? pool.created[static_cast<size_t>(device)] : 0;
+}
+
+namespace {
+
+int blas_int(int64_t v, const char* dim, const char* what) {
+  if (v < 0 || v > INT_MAX)
+    throw Error(ErrorCode::kInternal, std::string(what) + ": " + dim + " = " + std::to_string(v) +
+                                          " is outside the cuBLAS int range");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+void gemm_ex(cublasHandle_t h, cublasComputeType_t compute, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+             int64_t n, int64_t k, float alpha, GemmOperand a, GemmOperand b, float beta, void* c, cudaDataType ct,
+             int64_t ldc, const char* what) {
+  blas_check(cublasGemmEx(h, ta, tb, blas_int(m, "m", what), blas_int(n, "n", what), blas_int(k, "k", what), &alpha,
+                          a.ptr, a.type, blas_int(a.ld, "lda", what), b.ptr, b.type, blas_int(b.ld, "ldb", what), &beta,
+                          c, ct, blas_int(ldc, "ldc", what), compute, CUBLAS_GEMM_DEFAULT),
+             what);
+}
+
 // ---- the DeviceAllocator for Tensor on cuda ----
 
 namespace {
@@ -142,11 +291,11 @@ void deallocate(void* p, int device) {
   if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
 }
 
-void copy(void* dst, const void* src, size_t bytes, int kind, int device) {
+void copy(void* dst, const void* src, size_t bytes, CopyKind kind, int device) {
   DeviceGuard g(device);
-  const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice
-                           : kind == 1 ? cudaMemcpyDeviceToHost
-                                       : cudaMemcpyDeviceToDevice;
+  const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                             : cudaMemcpyDeviceToDevice;
   // Synchronous with respect to the host (Tensor::to returns a usable tensor); cudaMemcpy on
   // the legacy default stream also waits for work queued there.
   check(cudaMemcpy(dst, src, bytes, k), "cudaMemcpy (Tensor::to)");

@@ -26,6 +26,15 @@ Pass parse_pass(const std::string& s) {
               "unknown pass '" + s + "' (expected forward, backward or fused)");
 }
 
+const char* version_status_name(VersionStatus s) noexcept {
+  switch (s) {
+    case VersionStatus::kCurrent: return "current";
+    case VersionStatus::kExperimental: return "experimental";
+    case VersionStatus::kRetired: return "retired";
+  }
+  return "?";
+}
+
 int resolve_num_threads(int requested) noexcept {
   if (requested > 0) return requested;
   const int env_threads = env::integer("TESSERA_NUM_THREADS", 0);

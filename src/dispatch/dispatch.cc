@@ -1,8 +1,10 @@
 #include "dispatch/dispatch.h"
+#include "dispatch/registry.h"
 
 #include <new>
 #include <sstream>
 
+#include "core/device_module.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "tessera/error.h"
@@ -110,6 +112,54 @@ std::string run(const std::string& kernel, const Plan& plan, const Callbacks& cb
   os << kernel << ": no implementation could run these inputs (" << plan.source << "):";
   for (const auto& r : reasons) os << " [" << r << "]";
   throw Error(ErrorCode::kUnsupported, os.str());
+}
+
+ImplementationInfo ImplementationBase::info() const {
+  ImplementationInfo info;
+  info.name = name();
+  info.description = description();
+  info.device = device_type();
+  const Availability a = available();
+  info.available = a.ok;
+  info.unavailable_reason = a.reason;
+  info.status = status();
+  info.what_changed = what_changed();
+  return info;
+}
+
+ModuleLoader device_module_loader(DeviceType type) {
+  return [type] {
+    const device_module::Status& s = device_module::load(type);
+    return s.loaded ? Availability::yes() : Availability::no(s.reason);
+  };
+}
+
+Availability ModuleImplementation::available() const {
+  if (const ImplementationBase* real = loaded()) return real->available();
+  const Availability a = load_();
+  if (const ImplementationBase* real = loaded()) return real->available();
+  if (!a.ok) return a;
+  return Availability::no("its module is loaded but registered no implementation '" + name_ + "'");
+}
+
+const ImplementationBase* RegistryView::find(const std::string& name) const {
+  for (const ImplementationBase* impl : implementations())
+    if (impl->name() == name) return impl;
+  return nullptr;
+}
+
+std::vector<ImplementationInfo> RegistryView::infos() const {
+  std::vector<ImplementationInfo> out;
+  for (const ImplementationBase* impl : implementations()) out.push_back(impl->info());
+  return out;
+}
+
+std::vector<std::string> RegistryView::default_order(DeviceType device) const {
+  std::vector<std::string> order;
+  for (const ImplementationBase* impl : implementations())
+    if (impl->device_type() == device && impl->status() == VersionStatus::kCurrent)
+      order.push_back(impl->name());
+  return order;
 }
 
 }  // namespace tessera::dispatch

@@ -2,6 +2,8 @@
 
 #include <mutex>
 
+#include "core/device_module.h"
+
 namespace tessera::harness {
 namespace {
 std::mutex g_mu;
@@ -17,6 +19,12 @@ void register_device_hooks(DeviceType type, DeviceHooks hooks) {
 }
 
 const DeviceHooks* device_hooks(DeviceType type) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (table().count(type)) return &table()[type];
+  }
+  // First use of this device type's hooks: load its backend module (which registers them).
+  if (type != DeviceType::kCPU) (void)device_module::load(type);
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = table().find(type);
   return it == table().end() ? nullptr : &it->second;

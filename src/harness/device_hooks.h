@@ -1,9 +1,9 @@
 // Tessera harness: hooks a device backend fills so the generic harness can time work on its
 // device and measure its ceilings, without the harness knowing the device's API.
 //
-// The CUDA backend (when built) calls register_device_hooks(DeviceType::kCUDA, {...}) at the
-// same time it registers its DeviceAllocator (src/core/cuda_device_hooks.cu: at load time and
-// from make_cuda_implementation(), which keeps that object linked). Without hooks, `tessera roofline` reports no GPU
+// The CUDA module (libtessera_cuda.so, src/core/cuda_device_hooks.cu) registers hooks for
+// DeviceType::kCUDA when it is loaded, which device_hooks(kCUDA) itself triggers on first call
+// (core/device_module.h). Without hooks (no module, no driver), `tessera roofline` reports no GPU
 // ceilings and `tessera bench` cannot time implementations on that device (it says so).
 // This file is compiled into the core library so backends can register without depending on
 // the harness.
@@ -44,12 +44,16 @@ struct DeviceHooks {
   std::function<std::optional<double>(int index, int64_t M, int64_t N, int64_t K, DType dtype,
                                       bool b_transposed)>
       time_gemm;
+  // Seconds of one call of `fn` on device `index`, measured with device events recorded on the
+  // default stream around it (the device is synchronized first and after). Optional: without
+  // it the bench times device rows with the host clock after a synchronize.
+  std::function<double(int index, const std::function<void()>& fn)> time_call;
   // Number of devices of this type present (0 when none). Optional (then 1 is assumed).
   std::function<int()> device_count;
 };
 
 void register_device_hooks(DeviceType type, DeviceHooks hooks);
-// nullptr when no backend registered hooks for `type`.
+// nullptr when no backend registered hooks for `type` (after trying to load its module once).
 const DeviceHooks* device_hooks(DeviceType type);
 
 }  // namespace tessera::harness

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/env.h"
+#include "core/text.h"
 #include "harness/table.h"
 #include "tessera/error.h"
 
@@ -30,7 +31,7 @@ const Grid& GridFile::grid(const std::string& name) const {
 namespace {
 
 GridFile parse_grid_file_impl(const nlohmann::json& j) {
-  auto bad = [](const std::string& m) { throw Error(ErrorCode::kInvalidArgument, "grid file: " + m); };
+  auto bad = [](const std::string& m) { throw Error(ErrorCode::kInvalidArgument, text::printable("grid file: " + m)); };
   if (!j.is_object()) bad("top level must be an object");
   GridFile f;
   if (!j.contains("kernel") || !j["kernel"].is_string()) bad("missing string \"kernel\"");

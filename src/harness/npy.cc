@@ -6,13 +6,15 @@
 #include <fstream>
 #include <vector>
 
+#include "core/text.h"
 #include "tessera/error.h"
 
 namespace tessera::npy {
 namespace {
 
+// The message may quote bytes of a corrupt header: escaped, so the text stays valid UTF-8.
 [[noreturn]] void bad(const std::string& path, const std::string& msg) {
-  throw Error(ErrorCode::kInvalidArgument, path + ": " + msg);
+  throw Error(ErrorCode::kInvalidArgument, text::printable(path + ": " + msg));
 }
 
 DType parse_descr(const std::string& path, const std::string& d) {
@@ -61,7 +63,9 @@ Tensor load(const std::string& path) {
 
 Tensor read(std::istream& f, const std::string& path) {
   char magic[8];
-  if (!f.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0) bad(path, "not a .npy file (bad magic)");
+  if (!f.read(magic, 8)) bad(path, "not a .npy file (shorter than its 8-byte preamble)");
+  if (std::memcmp(magic, "\x93NUMPY", 6) != 0)
+    bad(path, "not a .npy file (bad magic: starts with '" + std::string(magic, 6) + "', want '\\x93NUMPY')");
   const int major = static_cast<unsigned char>(magic[6]);
   size_t header_len = 0;
   if (major == 1) {

@@ -57,4 +57,24 @@ Deviation compare(const std::vector<double>& got, const std::vector<double>& wan
   return d;
 }
 
+bool ParityReport::ok() const {
+  if (!ran) return false;
+  for (const auto& f : fields)
+    if (!f.dev.ok()) return false;
+  return true;
+}
+
+Deviation ParityReport::worst() const {
+  Deviation w;
+  for (const auto& f : fields) {
+    w.max_abs = std::max(w.max_abs, f.dev.max_abs);
+    w.mean_abs = std::max(w.mean_abs, f.dev.mean_abs);
+    w.max_rel = std::max(w.max_rel, f.dev.max_rel);
+    w.mean_rel = std::max(w.mean_rel, f.dev.mean_rel);
+    w.violations += f.dev.violations;
+    w.nonfinite += f.dev.nonfinite;
+  }
+  return w;
+}
+
 }  // namespace tessera::harness

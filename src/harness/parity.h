@@ -34,4 +34,23 @@ struct Deviation {
 
 Deviation compare(const std::vector<double>& got, const std::vector<double>& want, Tolerance tol);
 
+// The deviation of one output of a kernel (a "field": "loss", "dx", "o", ...).
+struct FieldReport {
+  std::string field;
+  Deviation dev;
+};
+
+// One parity check: an implementation against the reference on one case and pass.
+struct ParityReport {
+  std::string case_name;
+  std::string implementation;
+  std::string pass;        // pass_name(Pass)
+  bool ran = false;        // false: the implementation could not run (see error)
+  bool skipped = false;    // could not run because it does not support these inputs
+  std::string error;
+  std::vector<FieldReport> fields;
+  bool ok() const;         // ran and every field within tolerance
+  Deviation worst() const; // the largest of each statistic over the fields
+};
+
 }  // namespace tessera::harness

@@ -14,10 +14,12 @@
 
 #include "core/env.h"
 #include "core/memory.h"
+#include "core/text.h"
 #include "harness/blas.h"
 #include "harness/device_hooks.h"
 #include "harness/process.h"
-#include "harness/progress.h"
+#include "core/progress.h"
+#include "core/random.h"
 #include "harness/timer.h"
 #include "tessera/error.h"
 
@@ -110,11 +112,11 @@ Roofline parse_roofline(const std::string& text, const std::string& path) {
   try {
     return nlohmann::json::parse(text).get<Roofline>();
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kIo, "roofline file " + path + " is not valid: " + e.what() +
-                                    " (re-measure with `tessera roofline`)");
+    throw Error(ErrorCode::kIo, text::printable("roofline file " + path + " is not valid: " + e.what() +
+                                                    " (re-measure with `tessera roofline`)"));
   } catch (const Error& e) {
-    throw Error(ErrorCode::kIo, "roofline file " + path + ": " + e.what() +
-                                    " (re-measure with `tessera roofline`)");
+    throw Error(ErrorCode::kIo, text::printable("roofline file " + path + ": " + e.what() +
+                                                    " (re-measure with `tessera roofline`)"));
   }
 }
 
@@ -189,11 +191,9 @@ std::optional<double> measure_cpu_gemm_gflops(const std::string& dtype, int64_t 
     return std::nullopt;
   }
   const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
-  std::mt19937 rng(42);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
   std::vector<float> a(nn), b(nn), c(nn, 0.f);
-  for (auto& v : a) v = u(rng);
-  for (auto& v : b) v = u(rng);
+  for (size_t i = 0; i < nn; ++i) a[i] = static_cast<float>(2 * random_unit(42, i) - 1);
+  for (size_t i = 0; i < nn; ++i) b[i] = static_cast<float>(2 * random_unit(43, i) - 1);
   std::vector<uint16_t> a16, b16;
   if (dtype == "bf16") {
     a16.resize(nn);
@@ -254,7 +254,7 @@ Roofline measure_roofline(const RooflineOptions& opt) {
       double best = 0;
       std::string method;
       for (int64_t n : sizes) {
-        progress.step(++step, "CPU " + dtype + " GEMM " + std::to_string(n) + "^3");
+        progress.update(++step, "CPU " + dtype + " GEMM " + std::to_string(n) + "^3");
         std::string m;
         auto g = measure_cpu_gemm_gflops(dtype, n, gemm_repeats, &m);
         if (!g) {
@@ -268,7 +268,7 @@ Roofline measure_roofline(const RooflineOptions& opt) {
       c.gemm_method[dtype] = method;
     }
     c.gemm_method["f16"] = "no BLAS ceiling: no f16 GEMM in a CBLAS; f32's is used";
-    progress.step(++step, "CPU copy bandwidth (" + std::to_string(copy_bytes >> 20) + " MiB)");
+    progress.update(++step, "CPU copy bandwidth (" + std::to_string(copy_bytes >> 20) + " MiB)");
     c.bandwidth_gbs = measure_cpu_copy_gbs(copy_bytes, threads, copy_repeats);
     c.bandwidth_method = "memcpy of " + std::to_string(copy_bytes >> 20) + " MiB on " +
                          std::to_string(threads) + " threads, read + write bytes counted, best of " +
@@ -277,7 +277,7 @@ Roofline measure_roofline(const RooflineOptions& opt) {
     r.devices.push_back(std::move(c));
   }
   for (int i = 0; i < gpus; ++i) {
-    progress.step(++step, "GPU " + std::to_string(i) + " ceilings");
+    progress.update(++step, "GPU " + std::to_string(i) + " ceilings");
     auto raw = gpu->measure_ceilings(i, opt.quick);
     if (!raw) continue;
     DeviceCeilings d;

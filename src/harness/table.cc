@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/text.h"
 #include "tessera/error.h"
 
 namespace tessera::harness {
@@ -181,7 +182,7 @@ nlohmann::json read_json_file(const std::string& path) {
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kIo, path + " is not valid JSON: " + e.what());
+    throw Error(ErrorCode::kIo, text::printable(path + " is not valid JSON: " + e.what()));
   }
 }
 
@@ -194,7 +195,7 @@ std::vector<Row> read_csv_file(const std::string& path) {
   try {
     return parse_csv(read_text_file(path));
   } catch (const Error& e) {
-    throw Error(ErrorCode::kIo, path + ": " + e.what());
+    throw Error(ErrorCode::kIo, text::printable(path + ": " + e.what()));
   }
 }
 

@@ -36,6 +36,9 @@ struct TimingOptions {
   // Called just before / just after the first call, outside the clock (e.g. to reset and read
   // memory peak counters around the cold call).
   std::function<void()> before_first, after_first;
+  // Times one call and returns its seconds (e.g. CUDA events around it, DeviceHooks::time_call).
+  // Unset: the host clock around the call and `sync`.
+  std::function<double(const std::function<void()>&)> time_one;
 };
 
 struct Timing {

@@ -18,6 +18,7 @@
 
 #include "core/env.h"
 #include "core/log.h"
+#include "core/text.h"
 #include "tessera/error.h"
 
 namespace tessera::tune {
@@ -114,17 +115,17 @@ std::optional<CacheEntry> DiskCache::read(const std::string& prefix, const std::
   try {
     e = entry_from_json(nlohmann::json::parse(ss.str()));
   } catch (const std::exception& ex) {
-    log::warn("autotune cache: ignoring corrupt entry " + path + " (" + ex.what() + ")");
+    log::warn(text::printable("autotune cache: ignoring corrupt entry " + path + " (" + ex.what() + ")"));
     return std::nullopt;
   }
   if (e.version != version_) {
-    log::warn("autotune cache: ignoring entry " + path + " written by tessera " + e.version +
-              " (this is " + version_ + ")");
+    log::warn(text::printable("autotune cache: ignoring entry " + path + " written by tessera " + e.version +
+                              " (this is " + version_ + ")"));
     return std::nullopt;
   }
   if (e.key != key) {
-    log::warn("autotune cache: ignoring entry " + path + " whose key differs from the request (" +
-              e.key + ")");
+    log::warn(text::printable("autotune cache: ignoring entry " + path +
+                              " whose key differs from the request (" + e.key + ")"));
     return std::nullopt;
   }
   return e;

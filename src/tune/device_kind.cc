@@ -57,6 +57,10 @@ std::string clean_device_name(const std::string& s) {
   return out;
 }
 
+std::string default_device_kind(DeviceType type) {
+  return type == DeviceType::kCPU ? cpu_device_kind() : "cuda:unknown";
+}
+
 std::string cpu_device_kind() {
   static const std::string kind = [] {
     const unsigned n = std::max(1u, std::thread::hardware_concurrency());

@@ -8,16 +8,15 @@
 // in the CLI). Expected outcomes: CLI::ParseError (what main() turns into a usage message),
 // tessera::Error, or the stop after a complete parse.
 //
-// Written against tools/tessera/run.cc as of main 68366fa (one `run linear_cross_entropy`
-// subcommand). The CLI is being restructured (kernel registry, tools/tessera/common.cc); the
-// target only relies on register_run(CLI::App&) and walks whatever subcommands it registers.
+// The target relies only on tessera::cli::register_run(CLI::App&) (tools/tessera/common.h) and
+// walks whatever subcommands it registers: one `run KERNEL` per registered kernel.
 #include <CLI/CLI.hpp>
 
 #include <string>
 #include <vector>
 
 #include "fuzz_util.h"
-#include "tessera/commands.h"
+#include "tessera/common.h"
 #include "tessera/error.h"
 
 namespace {

@@ -1,5 +1,7 @@
-// Harness device hooks: registered by the CUDA backend when it is built (without any kernel call
-// first: `tessera roofline` touches no kernel), and harmless on a machine without a GPU —
+// Harness device hooks: registered by the CUDA module when it is loaded, which asking for them
+// does (without any kernel call first: `tessera roofline` touches no kernel; tessera_cuda_tests
+// loads the module even without a driver, tests/cuda/force_module.cc), and harmless on a
+// machine without a GPU —
 // device_count() is 0, measure_ceilings says "no CUDA device" instead of throwing, time_gemm
 // gives nothing, synchronize reports an error instead of crashing. The GPU-only checks skip
 // without a device.
@@ -8,6 +10,7 @@
 #include <string>
 
 #include "harness/device_hooks.h"
+#include "kernels/registry.h"
 #include "harness/roofline.h"
 #include "kernels/linear_cross_entropy/bench.h"
 #include "tessera/error.h"
@@ -16,14 +19,12 @@ namespace th = tessera::harness;
 using tessera::DeviceType;
 using tessera::DType;
 
-#ifdef TESSERA_HAVE_CUDA_BACKEND
-
 namespace {
-// Nothing here calls a kernel first: the load-time registration alone must provide the hooks.
+// Nothing here calls a kernel first: asking for the hooks loads the module, which registers them.
 const th::DeviceHooks* cuda_hooks() { return th::device_hooks(DeviceType::kCUDA); }
 }  // namespace
 
-TEST(DeviceHooksCuda, RegisteredWhenTheCudaBackendIsBuilt) {
+TEST(DeviceHooksCuda, RegisteredByTheCudaModule) {
   const auto* h = cuda_hooks();
   ASSERT_NE(h, nullptr) << "the cuda backend did not register its harness hooks";
   EXPECT_TRUE(static_cast<bool>(h->synchronize));
@@ -68,14 +69,14 @@ TEST(DeviceHooksCuda, BenchOfAnUnavailableGpuTimesNothing) {
   const auto* h = cuda_hooks();
   ASSERT_NE(h, nullptr);
   if (h->device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
-  namespace lce = tessera::linear_cross_entropy;
-  lce::BenchConfig cfg;
-  cfg.implementations = {"cuda"};
-  cfg.shapes = {{"big", 8192, 4096, 128256}};
-  cfg.dtypes = {DType::kBF16};
+  const auto& k = tessera::kernels::get("linear_cross_entropy");
+  std::vector<std::string> unavailable;
+  tessera::harness::GridShape big{"big", {{"B", 8192}, {"H", 4096}, {"V", 128256}}, {}};
+  auto cfg = tessera::kernels::bench_config(k, "cuda", {big}, {DType::kBF16}, {}, 1, &unavailable);
+  EXPECT_EQ(unavailable.size(), 1u);
   cfg.compare = true;
   cfg.progress = false;
-  const auto res = lce::run_bench(cfg);
+  const auto res = tessera::harness::run_bench(cfg);
   EXPECT_TRUE(res.rows.empty());
   bool said = false;
   for (const auto& m : res.messages) said |= m.find("no implementation to time") != std::string::npos;
@@ -107,10 +108,3 @@ TEST(DeviceHooksCuda, OnADeviceTheHooksMeasure) {
   EXPECT_TRUE(bad->gemm_gflops.empty());
 }
 
-#else
-
-TEST(DeviceHooksCuda, NoneRegisteredWithoutTheCudaBackend) {
-  EXPECT_EQ(th::device_hooks(DeviceType::kCUDA), nullptr);
-}
-
-#endif

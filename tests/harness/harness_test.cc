@@ -1,15 +1,14 @@
 // Generic harness pieces: statistics, timing, CSV/JSON tables, grid files, roofline store,
-// report rendering.
+// (report rendering: report_test.cc).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 
+#include "core/text.h"
 #include "harness/grid.h"
-#include "harness/report.h"
 #include "harness/roofline.h"
 #include "harness/stats.h"
 #include "harness/table.h"
@@ -23,12 +22,6 @@ std::string temp_path(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("tessera_harness_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
-}
-
-size_t count(const std::string& s, const std::string& needle) {
-  size_t n = 0;
-  for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
-  return n;
 }
 
 TEST(Stats, MedianQuartilesMinMax) {
@@ -112,6 +105,20 @@ TEST(Table, JsonRoundTrip) {
   EXPECT_THROW(read_json_file(temp_path("does_not_exist.json")), Error);
 }
 
+// A corrupt JSON file (here a .npy passed by mistake) is quoted escaped, never as raw bytes.
+TEST(Table, JsonErrorsQuoteCorruptBytesEscaped) {
+  const std::string path = temp_path("corrupt.json");
+  write_text_file(path, "\x93NUMPY\x01\x00{'descr'");
+  try {
+    read_json_file(path);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(text::printable(msg), msg);  // nothing left to escape: valid UTF-8, no controls
+    EXPECT_NE(msg.find("\\x93"), std::string::npos) << msg;
+  }
+}
+
 TEST(Grid, ParsesAndValidates) {
   const auto j = nlohmann::json::parse(R"({
     "kernel": "k", "dims": ["B", "H"],
@@ -191,81 +198,6 @@ TEST(Roofline, StoreRoundTripAndCorruptFile) {
   const std::string bad = temp_path("corrupt.json");
   std::ofstream(bad) << "{\"schema\": \"something-else\"}";
   EXPECT_THROW(load_roofline(bad), Error);
-}
-
-// Numbers of <circle>/<rect> centres in the points group.
-std::vector<std::pair<double, double>> point_centres(const std::string& svg) {
-  std::vector<std::pair<double, double>> out;
-  std::regex circle(R"re(<circle cx="([0-9.]+)" cy="([0-9.]+)" r="5\.5")re");
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), circle); it != std::sregex_iterator(); ++it)
-    out.emplace_back(std::stod((*it)[1]), std::stod((*it)[2]));
-  std::regex rect(R"re(<rect x="([0-9.]+)" y="([0-9.]+)" width="10")re");
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), rect); it != std::sregex_iterator(); ++it)
-    out.emplace_back(std::stod((*it)[1]) + 5, std::stod((*it)[2]) + 5);
-  return out;
-}
-
-TEST(Report, RendersFixture) {
-  const auto doc = read_json_file(TESSERA_TEST_SOURCE_DIR "/tests/fixtures/bench_report.json");
-  const size_t nrows = doc["rows"].size();
-  ASSERT_GE(nrows, 3u);
-  const std::string svg = render_roofline_svg(doc);
-  // Ceilings from the measured peaks: one bandwidth line and one compute line per dtype.
-  EXPECT_EQ(count(svg, "class=\"ceiling ceiling-memory\""), 1u);
-  EXPECT_EQ(count(svg, "class=\"ceiling ceiling-compute\""),
-            doc["roofline"]["devices"][0]["gemm_gflops"].size());
-  const double peak = doc["roofline"]["devices"][0]["gemm_gflops"]["f32"].get<double>();
-  char peak_txt[64];
-  std::snprintf(peak_txt, sizeof peak_txt, "GEMM peak %.1f GFLOP/s", peak);
-  EXPECT_NE(svg.find(peak_txt), std::string::npos) << peak_txt;
-  // One labelled point per row, inside the plot, not all on top of each other.
-  EXPECT_EQ(count(svg, "<g class=\"point\""), nrows);
-  const auto pts = point_centres(svg);
-  ASSERT_EQ(pts.size(), nrows);
-  double minx = 1e9, maxx = -1e9, miny = 1e9, maxy = -1e9;
-  for (const auto& [x, y] : pts) {
-    EXPECT_GE(x, 80.0);
-    EXPECT_LE(x, 960.0 - 250.0);
-    EXPECT_GE(y, 40.0);
-    EXPECT_LE(y, 600.0 - 60.0);
-    minx = std::min(minx, x), maxx = std::max(maxx, x), miny = std::min(miny, y), maxy = std::max(maxy, y);
-  }
-  EXPECT_GT(maxx - minx, 10.0);
-  EXPECT_GT(maxy - miny, 10.0);
-  for (size_t i = 1; i <= nrows; ++i)
-    EXPECT_NE(svg.find("data-row=\"" + std::to_string(i) + "\""), std::string::npos) << i;
-
-  const std::string html = render_report_html(doc);
-  EXPECT_NE(html.find("<svg"), std::string::npos);
-  EXPECT_EQ(html.find("<script"), std::string::npos);  // self-contained, no JS
-  EXPECT_EQ(html.find("https://"), std::string::npos);  // nothing fetched from the network
-  // The table has every row with its numbers.
-  EXPECT_EQ(count(html, "<tr><td>") + count(html, "<tr class=\"baseline\"><td>"), nrows);
-  for (const auto& r : doc["rows"]) {
-    EXPECT_NE(html.find(">" + r["implementation"].get<std::string>() + "<"), std::string::npos);
-    const double med = r["median_ms"].get<double>();
-    char buf[32];
-    if (med >= 100) std::snprintf(buf, sizeof buf, "%.0f", med);
-    else if (med >= 10) std::snprintf(buf, sizeof buf, "%.1f", med);
-    else if (med >= 1) std::snprintf(buf, sizeof buf, "%.2f", med);
-    else std::snprintf(buf, sizeof buf, "%.3g", med);
-    EXPECT_NE(html.find("<td>" + std::string(buf) + "</td>"), std::string::npos) << buf;
-  }
-
-  // Writing: .svg gives the chart alone, .html the page.
-  const std::string svg_path = temp_path("r.svg"), html_path = temp_path("r.html");
-  write_report(doc, svg_path);
-  write_report(doc, html_path);
-  EXPECT_EQ(read_text_file(svg_path).rfind("<?xml", 0), 0u);
-  EXPECT_EQ(read_text_file(html_path).rfind("<!DOCTYPE html>", 0), 0u);
-}
-
-TEST(Report, EmptyChartSaysSo) {
-  nlohmann::json doc = {{"rows", nlohmann::json::array()}};
-  const std::string svg = render_roofline_svg(doc);
-  EXPECT_EQ(count(svg, "<g class=\"point\""), 0u);
-  EXPECT_NE(svg.find("no rows"), std::string::npos);
-  EXPECT_THROW(render_roofline_svg(nlohmann::json::object()), Error);
 }
 
 }  // namespace

@@ -94,5 +94,20 @@ TEST(Npy, RejectsWhatItCannotReadFaithfully) {
   expect_load_error(tmp("does_not_exist.npy"), "cannot open");
 }
 
+// A corrupt header's bytes are quoted escaped: the message is valid UTF-8 text, no raw bytes.
+TEST(Npy, ErrorsQuoteCorruptHeadersEscaped) {
+  const std::string p = tmp("corrupt.npy");
+  write_raw(p, "{'descr': '<f\xff\x01', 'fortran_order': False, 'shape': (1,), }", std::string(4, '\0'));
+  expect_load_error(p, "unsupported dtype '<f\\xff\\x01'");
+  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,\x93\n), }", std::string(8, '\0'));
+  expect_load_error(p, "malformed shape '(2,\\x93\\n)'");
+  {
+    std::ofstream f(p, std::ios::binary);
+    f << "\x89PNG\r\n\x1a\n and more";
+  }
+  expect_load_error(p, "starts with '\\x89PNG\\r\\n'");
+  std::remove(p.c_str());
+}
+
 }  // namespace
 }  // namespace tessera::npy

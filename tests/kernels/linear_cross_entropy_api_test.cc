@@ -95,8 +95,8 @@ TEST(LceApi, ShapeMismatches) {
                   ErrorCode::kInvalidArgument, "no dimension equal to H=4");
   expect_rejected([](Fixture& f, Inputs& in) { f.bias = Tensor::zeros(DType::kF32, {4}); in.bias = f.bias.view(); },
                   ErrorCode::kInvalidArgument, "bias must be [V=5]");
-  expect_rejected([](Fixture& f, Inputs& in) { f.weights = Tensor::zeros(DType::kF32, {3, 1}); in.weights = f.weights.view(); },
-                  ErrorCode::kInvalidArgument, "weights shape");
+  expect_rejected([](Fixture& f, Inputs& in) { f.weights = Tensor::zeros(DType::kF32, {3, 1}); in.token_weights = f.weights.view(); },
+                  ErrorCode::kInvalidArgument, "token_weights shape");
   expect_rejected([](Fixture& f, Inputs& in) { f.opt.w_layout = WLayout::kVH; (void)in; },
                   ErrorCode::kInvalidArgument, "w_layout=vh expects w of shape [V, H=4]");
   expect_rejected([](Fixture& f, Inputs& in) { in.x = TensorView(f.x.data(), DType::kF32, {4, 3}, {1, 4}); },
@@ -144,7 +144,7 @@ TEST(LceApi, NonFiniteInputs) {
   expect_rejected([&](Fixture& f, Inputs&) { f.opt.check_finite = true; f.bias.data_as<float>()[0] = -INFINITY; }, ErrorCode::kInvalidArgument,
                   "bias contains NaN or Inf");
   expect_rejected([&](Fixture& f, Inputs&) { f.opt.check_finite = true; f.weights.data_as<float>()[2] = nan; }, ErrorCode::kInvalidArgument,
-                  "weights contain NaN or Inf");
+                  "token_weights contain NaN or Inf");
   // The upstream gradient (backward passes only).
   Fixture f;
   f.g.data_as<float>()[0] = nan;
@@ -159,8 +159,8 @@ TEST(LceApi, UnsupportedDtypes) {
                   ErrorCode::kInvalidArgument, "w dtype bf16 differs from x dtype f32");
   expect_rejected([](Fixture& f, Inputs& in) { f.labels = Tensor::zeros(DType::kF32, {3}); in.labels = f.labels; },
                   ErrorCode::kInvalidArgument, "labels must be i32 or i64, got f32");
-  expect_rejected([](Fixture& f, Inputs& in) { f.weights = Tensor::zeros(DType::kBF16, {3}); in.weights = f.weights.view(); },
-                  ErrorCode::kInvalidArgument, "weights must be f32");
+  expect_rejected([](Fixture& f, Inputs& in) { f.weights = Tensor::zeros(DType::kBF16, {3}); in.token_weights = f.weights.view(); },
+                  ErrorCode::kInvalidArgument, "token_weights must be f32");
 }
 
 TEST(LceApi, BadOptions) {
@@ -191,7 +191,7 @@ TEST(LceApi, InputsOnADeviceWithNoImplementationFailClearly) {
   in.w = on_cuda(in.w);
   in.bias = on_cuda(*in.bias);
   in.labels = on_cuda(in.labels);
-  in.weights = on_cuda(*in.weights);
+  in.token_weights = on_cuda(*in.token_weights);
   ForwardOutputs out{on_cuda(f.loss), on_cuda(f.lse), std::nullopt};
   Options o;
   o.implementation = "reference";

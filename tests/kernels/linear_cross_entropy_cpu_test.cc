@@ -32,18 +32,17 @@ namespace {
 namespace lt = testing;
 
 void expect_parity(const lt::CaseSpec& spec, const std::string& label) {
-  for (lt::Pass pass : {lt::Pass::kForward, lt::Pass::kBackward, lt::Pass::kFused}) {
+  for (Pass pass : {Pass::kForward, Pass::kBackward, Pass::kFused}) {
     const lt::ParityReport r = lt::check_parity(spec, "cpu", pass);
-    ASSERT_TRUE(r.ran) << label << " " << r.case_name << " " << lt::pass_name(pass) << ": " << r.error;
+    ASSERT_TRUE(r.ran) << label << " " << r.case_name << " " << tessera::pass_name(pass) << ": " << r.error;
     for (const auto& f : r.fields)
-      EXPECT_TRUE(f.dev.ok()) << label << " " << r.case_name << " " << lt::pass_name(pass) << " " << f.field
+      EXPECT_TRUE(f.dev.ok()) << label << " " << r.case_name << " " << tessera::pass_name(pass) << " " << f.field
                               << ": " << f.dev.str();
   }
 }
 
-TEST(LinearCrossEntropyCpu, BuiltInCheckGrid) {
-  for (const lt::CaseSpec& c : lt::check_grid()) expect_parity(c, "default blocks");
-}
+// The built-in grid with default blocks runs for every implementation of every kernel in
+// tests/kernels/parity_test.cc (Parity/*.CheckGrid).
 
 // The grid again with tiny blocks (b=3, h=8, v=16: tails everywhere, many token blocks, the
 // h chunking of bf16/f16 w) and different thread counts (on these tiny blocks the backend

@@ -7,6 +7,7 @@
 #include "harness/blas.h"
 #include "kernels/linear_cross_entropy/bench.h"
 #include "kernels/linear_cross_entropy/cost.h"
+#include "kernels/registry.h"
 #include "tessera/error.h"
 
 namespace tessera::linear_cross_entropy {
@@ -64,11 +65,16 @@ TEST(LinearCrossEntropyCost, FusedIssuedGemmsPerImplementation) {
   EXPECT_EQ(parse_pass("fused"), Pass::kFused);
 }
 
+harness::GridShape shape(const char* name, int64_t B, int64_t H, int64_t V) {
+  return {name, {{"B", B}, {"H", H}, {"V", V}}, {}};
+}
+
+// Through the generic driver, as `tessera bench linear_cross_entropy` runs it.
 TEST(LinearCrossEntropyBench, TinyShapeWithReference) {
-  BenchConfig cfg;
-  cfg.implementations = {"reference"};
-  cfg.shapes = {{"tiny", 8, 16, 64}, {"too-big", 64, 64, 64}};
-  cfg.reference_max_bhv = 10000;  // skips "too-big" (B·H·V = 262144)
+  const kernels::KernelSpec& k = kernels::get("linear_cross_entropy");
+  harness::BenchConfig cfg = kernels::bench_config(k, "reference", {shape("tiny", 8, 16, 64), shape("too-big", 64, 64, 64)},
+                                                   {DType::kF32}, {}, 1, nullptr);
+  cfg.reference_max_work = 10000;  // skips "too-big" (B·H·V = 262144)
   cfg.timing.repeats = 3;
   cfg.timing.max_seconds = 0.5;
   cfg.compare = true;
@@ -76,12 +82,12 @@ TEST(LinearCrossEntropyBench, TinyShapeWithReference) {
   harness::Roofline roof;
   harness::DeviceCeilings d;
   d.device = "cpu";
-  d.gemm_gflops = {{"f32", 50.0}};
-  d.bandwidth_gbs = 10.0;
+  d.gemm_gflops = {{"f32", 1e6}};  // far above anything here: every fraction is a real one
+  d.bandwidth_gbs = 1e6;
   roof.devices.push_back(d);
   cfg.roofline = &roof;
 
-  const auto res = run_bench(cfg);
+  const auto res = harness::run_bench(cfg);
   int kernel_rows = 0;
   for (const auto& r : res.rows) {
     SCOPED_TRACE(r.dump());
@@ -98,7 +104,7 @@ TEST(LinearCrossEntropyBench, TinyShapeWithReference) {
       EXPECT_EQ(r["implementation"], "reference");
       EXPECT_EQ(r["shape"], "tiny");
       EXPECT_EQ(r["B"], 8);
-      if (r["mode"] != "bwd") {
+      if (r["mode"] != "backward") {
         // Mean CE of unit-variance logits over 64 classes: near log(64) ≈ 4.2.
         EXPECT_GT(r["loss"].get<double>(), 2.0);
         EXPECT_LT(r["loss"].get<double>(), 7.0);
@@ -125,20 +131,48 @@ TEST(LinearCrossEntropyBench, TinyShapeWithReference) {
     // The materialized baseline computes the same loss as the reference.
     double ref_loss = 0, mat_loss = 0;
     for (const auto& r : res.rows)
-      if (r["shape"] == "tiny" && r["mode"] == "fwd")
+      if (r["shape"] == "tiny" && r["mode"] == "forward")
         (r["kind"] == "kernel" ? ref_loss : mat_loss) = r["loss"].get<double>();
     EXPECT_NEAR(ref_loss, mat_loss, 1e-4 * std::abs(ref_loss));
   }
-  const auto cols = bench_columns();
+  const auto cols = harness::bench_columns(k.dims);
+  EXPECT_NE(std::find(cols.begin(), cols.end(), "V"), cols.end());
   EXPECT_NE(std::find(cols.begin(), cols.end(), "roofline_fraction"), cols.end());
 }
 
-TEST(LinearCrossEntropyBench, UnknownImplementationIsAnError) {
-  BenchConfig cfg;
-  cfg.implementations = {"nope"};
-  cfg.shapes = {{"tiny", 2, 2, 2}};
+// Ceilings below what was measured are stale: flagged, never printed as a fraction above 100 %.
+TEST(LinearCrossEntropyBench, FasterThanTheCeilingsIsFlaggedStale) {
+  const kernels::KernelSpec& k = kernels::get("linear_cross_entropy");
+  harness::BenchConfig cfg = kernels::bench_config(k, "reference", {shape("tiny", 8, 16, 64)}, {DType::kF32}, {}, 1, nullptr);
+  cfg.passes = {Pass::kForward};
+  cfg.timing.repeats = 1;
+  cfg.gemm_baseline = false;
   cfg.progress = false;
-  EXPECT_THROW(run_bench(cfg), Error);
+  harness::Roofline roof;
+  harness::DeviceCeilings d;
+  d.device = "cpu";
+  d.gemm_gflops = {{"f32", 1e-6}};
+  d.bandwidth_gbs = 1e-6;
+  roof.devices.push_back(d);
+  cfg.roofline = &roof;
+  const auto res = harness::run_bench(cfg);
+  ASSERT_EQ(res.rows.size(), 1u);
+  const auto& r = res.rows[0];
+  EXPECT_TRUE(r["roofline_fraction"].is_null()) << r.dump();
+  EXPECT_TRUE(r.value("roofline_stale", false));
+  EXPECT_GT(r["roofline_measured_fraction"].get<double>(), 1.0);
+  EXPECT_NE(r["roofline_note"].get<std::string>().find("tessera roofline"), std::string::npos);
+}
+
+TEST(LinearCrossEntropyBench, UnknownImplementationIsAnError) {
+  const kernels::KernelSpec& k = kernels::get("linear_cross_entropy");
+  try {
+    kernels::bench_config(k, "cpu, nope", {shape("tiny", 2, 2, 2)}, {DType::kF32}, {}, 1, nullptr);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    EXPECT_NE(std::string(e.what()).find("no implementation named 'nope'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -164,7 +164,7 @@ TEST_P(LceFiniteDifference, ReferenceGradientMatchesCentralDifferences) {
   Tensor wt = f32_tensor({2, 2}, {1.5f, 0.5f, 2.0f, 0.75f});
   Inputs in{x, w, std::nullopt, y, std::nullopt};
   if (c.bias) in.bias = b.view();
-  if (c.weights) in.weights = wt.view();
+  if (c.weights) in.token_weights = wt.view();
   Options o = ref_opts(c.red);
   o.label_smoothing = c.eps;
   o.z_loss_weight = c.z;

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 
 #include "harness/npy.h"
 #include "tools/cli_test_util.h"
+#include "tessera/attention.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera {
@@ -53,6 +55,50 @@ TEST_F(Cli, ListShowsTheKernelAndTheReference) {
   EXPECT_EQ(c.code, 0) << c.out;
   EXPECT_NE(c.out.find("linear_cross_entropy"), std::string::npos) << c.out;
   EXPECT_NE(c.out.find("reference"), std::string::npos) << c.out;
+}
+
+TEST_F(Cli, ListVerboseSaysWhatTheCompilerDid) {
+  const Cmd c = sh("list --verbose");
+  ASSERT_EQ(c.code, 0) << c.out;
+#ifdef TESSERA_HAVE_CPU_BACKEND
+  // The SIMD targets Highway compiled and the one dispatched on this machine.
+  EXPECT_NE(c.out.find("CPU SIMD (Highway): compiled "), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("dispatched here "), std::string::npos) << c.out;
+#endif
+#if TESSERA_TEST_CUDA_MODULE_BUILT
+  // Registers, spills and memory of every CUDA kernel of the build, read from the report the
+  // build wrote beside the module (no GPU needed).
+  EXPECT_NE(c.out.find("CUDA compiler report: "), std::string::npos) << c.out;
+  EXPECT_EQ(c.out.find("CUDA compiler report: none"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("cuda.cu [sm_90a] "), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("regs "), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find(" B (st/ld), stack "), std::string::npos) << c.out;
+#endif
+}
+
+TEST_F(Cli, ListVerboseWithoutACompilerReportSaysWhy) {
+  ::setenv("TESSERA_CUDA_RESOURCES", p("missing.json").c_str(), 1);
+  const Cmd c = sh("list --verbose");
+  ::unsetenv("TESSERA_CUDA_RESOURCES");
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("CUDA compiler report: none (no CUDA compiler report at " + p("missing.json")),
+            std::string::npos) << c.out;
+}
+
+TEST_F(Cli, NewVersionChecksNamesAndSaysWhatToRunOutsideTheSourceTree) {
+  Cmd c = sh("new-version linear_cross_entropy no_such_impl");
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_NE(c.out.find("no implementation named 'no_such_impl'"), std::string::npos) << c.out;
+  c = sh("new-version linear_cross_entropy cpu --root " + dir.string());
+  EXPECT_EQ(c.code, 1) << c.out;
+  EXPECT_NE(c.out.find("python3 scripts/new_version.py linear_cross_entropy cpu"), std::string::npos) << c.out;
+}
+
+TEST_F(Cli, NewVersionDryRunInTheSourceTreeWritesNothing) {
+  const Cmd c = sh(std::string("new-version linear_cross_entropy cpu --dry-run --root ") + TESSERA_TEST_SOURCE_DIR);
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("would write src/kernels/linear_cross_entropy/"), std::string::npos) << c.out;
+  EXPECT_EQ(c.out.find("wrote "), std::string::npos) << c.out;
 }
 
 TEST_F(Cli, RunWritesLossAndGradientsMatchingTheLibrary) {
@@ -118,9 +164,81 @@ TEST_F(Cli, BadInputsGiveOneLineErrorsAndNonZeroExit) {
 TEST_F(Cli, CheckRunsTheGridForANamedImplementation) {
   const Cmd c = sh("check linear_cross_entropy --impl reference --quick --pass forward");
   EXPECT_EQ(c.code, 0) << c.out;
-  EXPECT_NE(c.out.find("failed"), std::string::npos) << c.out;
+  // The summary line: some cases passed, none failed (not merely the word "failed" somewhere).
+  const auto at = c.out.find("check: ");
+  ASSERT_NE(at, std::string::npos) << c.out;
+  int passed = -1, failed = -1, skipped = -1;
+  ASSERT_EQ(std::sscanf(c.out.c_str() + at, "check: %d passed, %d failed, %d skipped", &passed, &failed, &skipped), 3);
+  EXPECT_GT(passed, 0);
+  EXPECT_EQ(failed, 0);
   EXPECT_NE(c.out.find("max_abs="), std::string::npos) << c.out;
+  // A typo never falls back, spaces are trimmed, and the error names the known implementations.
   const Cmd bad = sh("check linear_cross_entropy --impl nope");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("no implementation named 'nope'"), std::string::npos) << bad.out;
+  const Cmd typo = sh("check linear_cross_entropy --impl 'reference, refrence' --quick --pass forward");
+  EXPECT_EQ(typo.code, 2) << typo.out;
+  EXPECT_NE(typo.out.find("'refrence'"), std::string::npos) << typo.out;
+  const Cmd spaced = sh("check linear_cross_entropy --impl ' reference ' --quick --pass forward");
+  EXPECT_EQ(spaced.code, 0) << spaced.out;
+}
+
+// A check that checked nothing passed nothing: every case skipped exits non-zero.
+TEST_F(Cli, CheckWithEveryCaseSkippedFails) {
+  const Cmd c = sh("check linear_cross_entropy --impl cuda --quick --pass forward");
+  if (c.out.find("SKIP") == std::string::npos) GTEST_SKIP() << "cuda is available here";
+  EXPECT_EQ(c.code, 1) << c.out;
+  EXPECT_NE(c.out.find("nothing was checked"), std::string::npos) << c.out;
+}
+
+// tessera report merges repeated --peers files; a corrupt input is quoted as text, not raw bytes.
+TEST_F(Cli, ReportMergesPeersAndQuotesCorruptFilesAsText) {
+  const std::string bench = p("bench.json");
+  std::ofstream(bench) << R"({"schema": "tessera-bench/2", "kernel": "linear_cross_entropy", "dims": ["B", "H", "V"],
+    "rows": [{"kind": "kernel", "implementation": "cpu", "mode": "forward", "shape": "small", "B": 64, "H": 64,
+              "V": 512, "dtype": "f32", "median_ms": 1.0, "min_ms": 0.9, "max_ms": 1.2}]})";
+  for (const char* name : {"torch", "jax"}) {
+    std::ofstream(p(std::string(name) + ".json"))
+        << R"({"schema": "tessera-peers/1", "source": ")" << name << R"(", "rows": [{"implementation": ")" << name
+        << R"(", "mode": "forward", "B": 64, "H": 64, "V": 512, "dtype": "f32", "median_ms": 1.5}]})";
+  }
+  Cmd c = sh("report " + bench + " --peers " + p("torch.json") + " --peers " + p("jax.json") + " -o " + p("r.html"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  std::stringstream html;
+  html << std::ifstream(p("r.html")).rdbuf();
+  EXPECT_NE(html.str().find("torch (peer)"), std::string::npos);
+  EXPECT_NE(html.str().find("jax (peer)"), std::string::npos);
+  std::ofstream(p("corrupt.json"), std::ios::binary) << "\x93NUMPY\x01\xff{";
+  c = sh("report " + p("corrupt.json") + " -o " + p("r2.html"));
+  EXPECT_EQ(c.code, 2);
+  EXPECT_NE(c.out.find("not valid JSON"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("\\x93"), std::string::npos) << c.out;
+  EXPECT_TRUE(std::none_of(c.out.begin(), c.out.end(), [](char ch) { return static_cast<unsigned char>(ch) >= 0x80; }))
+      << "only ASCII here: the raw bytes are escaped";
+}
+
+// A second kernel through the same generic `run`: files out equal the API's results.
+TEST_F(Cli, RunsAttentionFromItsRegistration) {
+  Tensor q = Tensor::empty(DType::kF32, {1, 5, 2, 8}), k = Tensor::empty(DType::kF32, {1, 6, 1, 8});
+  Tensor v = Tensor::empty(DType::kF32, {1, 6, 1, 4});
+  for (Tensor* t : {&q, &k, &v})
+    for (int64_t i = 0; i < t->numel(); ++i) t->data_as<float>()[i] = std::sin(0.37f * static_cast<float>(i) + t->numel());
+  npy::save(p("q.npy"), q), npy::save(p("k.npy"), k), npy::save(p("v.npy"), v);
+  const Cmd c = sh("run attention --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy") +
+                   " --causal --grad --out " + p("att"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  for (const char* f : {"o", "lse", "dq", "dk", "dv"}) EXPECT_TRUE(fs::exists(p(std::string("att/") + f + ".npy"))) << f;
+  attention::Options opt;
+  opt.causal = true;
+  attention::Inputs in;
+  in.q = q.view(), in.k = k.view(), in.v = v.view();
+  const attention::Result r = attention::compute(in, opt);
+  const Tensor o = npy::load(p("att/o.npy"));
+  ASSERT_EQ(o.numel(), r.o.numel());
+  for (int64_t i = 0; i < o.numel(); ++i) EXPECT_EQ(o.data_as<float>()[i], r.o.data_as<float>()[i]) << i;
+  const Cmd help = sh("run attention --help");
+  EXPECT_NE(help.out.find("--kv-segment-ids"), std::string::npos) << help.out;
+  const Cmd bad = sh("run attention --q " + p("q.npy") + " --k " + p("q.npy") + " --v " + p("v.npy") + " --out " + p("att2"));
   EXPECT_EQ(bad.code, 2) << bad.out;
 }
 

@@ -50,7 +50,7 @@ TEST_F(TuneCli, BadArgumentsFailWithOneLine) {
   EXPECT_NE(c.out.find("no tunable block sizes"), std::string::npos) << c.out;
   c = run_cli("tune linear_cross_entropy --dtype i32 --list");
   EXPECT_EQ(c.code, 2);
-  c = run_cli("tune linear_cross_entropy --op sideways --list");
+  c = run_cli("tune linear_cross_entropy --pass sideways --list");
   EXPECT_EQ(c.code, 2);
   c = run_cli("tune linear_cross_entropy --buckets llama3-ish --shape 8,8,100 --list");
   EXPECT_EQ(c.code, 2);
@@ -85,6 +85,26 @@ TEST_F(TuneCli, EmitTableNeedsAnExistingDirectory) {
                         (dir / "raw").string() + " --emit-table --table " + (dir / "no/such/dir/t.cc").string());
   EXPECT_EQ(c.code, 2) << c.out;
   EXPECT_NE(c.out.find("--table"), std::string::npos) << c.out;
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(TuneCli, AttentionSweepsItsHeadDimBuckets) {
+  Cmd c = run_cli("tune attention --list");
+  EXPECT_EQ(c.code, 0) << c.out;
+  for (const char* b : {"d64", "d128", "d256"}) EXPECT_NE(c.out.find(b), std::string::npos) << c.out;
+  const fs::path table = dir / "tuned_table.cc";
+  c = run_cli("tune attention --buckets d64 --shape 1,64,2,32 --dtype f32 --pass fused --repeats 1 --warmup 0 --out " +
+              (dir / "raw").string() + " --emit-table --table " + table.string());
+  if (c.out.find("no tunable block sizes") != std::string::npos) GTEST_SKIP() << "built without the cpu backend";
+  ASSERT_EQ(c.code, 0) << c.out;
+  std::ifstream in(table);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("tessera tune attention --emit-table"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"d64\""), std::string::npos) << text;
+  EXPECT_NE(text.find("{\"q\", "), std::string::npos) << text;
 }
 
 }  // namespace

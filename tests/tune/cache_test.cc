@@ -7,11 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "core/text.h"
 #include "tessera/error.h"
 #include "tune/autotune.h"
 #include "tune/cache.h"
@@ -133,6 +135,14 @@ TEST(TuneCache, CorruptFileIgnoredWithWarning) {
     EXPECT_FALSE(c.read(kPrefix, kKey).has_value()) << bad;
     EXPECT_NE(log.text().find("ignoring corrupt entry"), std::string::npos) << log.text();
   }
+  // Raw bytes of a corrupt entry are quoted escaped: the warning stays valid UTF-8 text.
+  spit(path, "\xff\xfe{\"format\"\x01");
+  LogCapture log;
+  EXPECT_FALSE(c.read(kPrefix, kKey).has_value());
+  std::string warning = log.text();
+  warning.erase(std::remove(warning.begin(), warning.end(), '\n'), warning.end());
+  EXPECT_NE(warning.find("ignoring corrupt entry"), std::string::npos) << warning;
+  EXPECT_EQ(text::printable(warning), warning) << warning;
 }
 
 TEST(TuneCache, ForeignVersionIgnoredWithWarning) {

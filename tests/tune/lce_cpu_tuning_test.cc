@@ -12,6 +12,7 @@
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "kernels/linear_cross_entropy/tuning.h"
+#include "tune/adapter.h"
 #include "tune/autotune.h"
 #include "tune/device_kind.h"
 #include "tune/table.h"
@@ -69,13 +70,13 @@ TEST(LceCpuTuning, AutotuneOnMissCachesAndKeepsResultsRight) {
   std::ifstream in(path);
   const auto j = nlohmann::json::parse(in);
   EXPECT_EQ(j["result"], "ok");
-  EXPECT_NE(j["key"].get<std::string>().find("op=forward_backward"), std::string::npos);
+  EXPECT_NE(j["key"].get<std::string>().find("op=fused"), std::string::npos);
   const Problem shape_only = [&] {
     Problem p;
     p.B = 64, p.H = 128, p.V = 8192;
     return p;
   }();
-  EXPECT_EQ(j["candidates"].size(), tuning_candidates(*find_implementation("cpu"), shape_only).size());
+  EXPECT_EQ(j["candidates"].size(), tune::candidates_for<Tuning>(*find_implementation("cpu"), shape_only).size());
 
   {  // Same process again: the memo answers.
     DebugLog log;

@@ -120,39 +120,39 @@ TEST(LceBuckets, ParamsRoundTrip) {
 TEST(LceBuckets, KeyHoldsWhatChangesTheWork) {
   FakeImpl impl;
   Problem p = shape(1000, 64, 32000);
-  const std::string k = autotune_key(impl, p, Op::kForward, "dev");
+  const std::string k = autotune_key(impl, p, Pass::kForward, "dev");
   EXPECT_NE(k.find("version=" TESSERA_VERSION), std::string::npos);
   EXPECT_NE(k.find("B<=1024"), std::string::npos);  // B by power-of-two class
-  EXPECT_EQ(autotune_key(impl, shape(600, 64, 32000), Op::kForward, "dev"), k);
-  EXPECT_NE(autotune_key(impl, shape(1000, 64, 32001), Op::kForward, "dev"), k);
-  EXPECT_NE(autotune_key(impl, p, Op::kForwardBackward, "dev"), k);
-  EXPECT_NE(autotune_key(impl, p, Op::kForward, "dev2"), k);
+  EXPECT_EQ(autotune_key(impl, shape(600, 64, 32000), Pass::kForward, "dev"), k);
+  EXPECT_NE(autotune_key(impl, shape(1000, 64, 32001), Pass::kForward, "dev"), k);
+  EXPECT_NE(autotune_key(impl, p, Pass::kFused, "dev"), k);
+  EXPECT_NE(autotune_key(impl, p, Pass::kForward, "dev2"), k);
   Problem q = p;
   q.soft_cap = 30;
-  EXPECT_NE(autotune_key(impl, q, Op::kForward, "dev"), k);
+  EXPECT_NE(autotune_key(impl, q, Pass::kForward, "dev"), k);
   q = p;
   q.want_argmax = true;
-  EXPECT_NE(autotune_key(impl, q, Op::kForward, "dev"), k);
+  EXPECT_NE(autotune_key(impl, q, Pass::kForward, "dev"), k);
   q = p;
   float bias = 0;
   q.bias = &bias;
-  EXPECT_NE(autotune_key(impl, q, Op::kForward, "dev"), k);
+  EXPECT_NE(autotune_key(impl, q, Pass::kForward, "dev"), k);
   q = p;
   q.dtype = DType::kBF16;
-  EXPECT_NE(autotune_key(impl, q, Op::kForward, "dev"), k);
+  EXPECT_NE(autotune_key(impl, q, Pass::kForward, "dev"), k);
   q = p;
   q.layout = WLayout::kVH;
-  EXPECT_NE(autotune_key(impl, q, Op::kForward, "dev"), k);
+  EXPECT_NE(autotune_key(impl, q, Pass::kForward, "dev"), k);
 }
 
 TEST_F(LceTuning, OptionsWinAndAreValidatedNotChanged) {
   Options opt;
   opt.block_sizes = BlockSizes{8, 16, 24};
-  const auto c = choose_block_sizes(impl_, shape(1, 1, 1), opt, Op::kForward, hooks());
+  const auto c = choose_block_sizes(impl_, shape(1, 1, 1), opt, Pass::kForward, hooks());
   EXPECT_EQ(c.source, "options");
   EXPECT_EQ(c.sizes, (BlockSizes{8, 16, 24}));  // not clamped to the tiny shape
   opt.block_sizes = BlockSizes{7, 16, 24};
-  EXPECT_THROW(choose_block_sizes(impl_, shape(1, 1, 1), opt, Op::kForward, hooks()), Error);
+  EXPECT_THROW(choose_block_sizes(impl_, shape(1, 1, 1), opt, Pass::kForward, hooks()), Error);
 }
 
 TEST_F(LceTuning, TableHitIsSanitizedAndMissFallsThrough) {
@@ -160,21 +160,21 @@ TEST_F(LceTuning, TableHitIsSanitizedAndMissFallsThrough) {
       {"fake", "fake:device", "f32", "llama2-ish", {{"b", 128}, {"h", 256}, {"v", 1024}}, "", "", 0, ""}};
   Options opt;
   opt.autotune_on_miss = false;
-  auto c = choose_block_sizes(impl_, shape(100, 64, 32000), opt, Op::kForward, hooks(&table));
+  auto c = choose_block_sizes(impl_, shape(100, 64, 32000), opt, Pass::kForward, hooks(&table));
   EXPECT_EQ(c.source, "tuned table");
   EXPECT_EQ(c.sizes, (BlockSizes{112, 64, 1024}));
   // Miss: another dtype, another bucket, another device kind.
-  EXPECT_EQ(choose_block_sizes(impl_, shape(100, 64, 32000, DType::kBF16), opt, Op::kForward, hooks(&table)).source,
+  EXPECT_EQ(choose_block_sizes(impl_, shape(100, 64, 32000, DType::kBF16), opt, Pass::kForward, hooks(&table)).source,
             "default");
-  EXPECT_EQ(choose_block_sizes(impl_, shape(100, 64, 128000), opt, Op::kForward, hooks(&table)).source, "default");
+  EXPECT_EQ(choose_block_sizes(impl_, shape(100, 64, 128000), opt, Pass::kForward, hooks(&table)).source, "default");
   TuningHooks other = hooks(&table);
   other.device_kind = "another:device";
-  c = choose_block_sizes(impl_, shape(100, 64, 32000), opt, Op::kForward, other);
+  c = choose_block_sizes(impl_, shape(100, 64, 32000), opt, Pass::kForward, other);
   EXPECT_EQ(c.source, "default");
   EXPECT_EQ(c.sizes, (BlockSizes{64, 64, 64}));
   // TESSERA_TUNED_TABLE=0 ignores the table.
   ScopedEnv off("TESSERA_TUNED_TABLE", "0");
-  EXPECT_EQ(choose_block_sizes(impl_, shape(100, 64, 32000), opt, Op::kForward, hooks(&table)).source, "default");
+  EXPECT_EQ(choose_block_sizes(impl_, shape(100, 64, 32000), opt, Pass::kForward, hooks(&table)).source, "default");
 }
 
 TEST_F(LceTuning, TableRowThatBreaksTheBackendIsFittedOrIgnored) {
@@ -185,25 +185,25 @@ TEST_F(LceTuning, TableRowThatBreaksTheBackendIsFittedOrIgnored) {
   Options opt;
   opt.autotune_on_miss = false;
   // Clamping b to 112 breaks "powers of two": the unclamped row is used.
-  auto c = choose_block_sizes(impl_, shape(100, 64, 32000), opt, Op::kForward, hooks(&table));
+  auto c = choose_block_sizes(impl_, shape(100, 64, 32000), opt, Pass::kForward, hooks(&table));
   EXPECT_EQ(c.source, "tuned table");
   EXPECT_EQ(c.sizes, (BlockSizes{128, 64, 1024}));
   // A row the backend rejects outright is ignored with a warning.
   LogCapture log;
-  c = choose_block_sizes(impl_, shape(100, 64, 32000, DType::kBF16), opt, Op::kForward, hooks(&table));
+  c = choose_block_sizes(impl_, shape(100, 64, 32000, DType::kBF16), opt, Pass::kForward, hooks(&table));
   EXPECT_EQ(c.source, "default");
   EXPECT_NE(log.text().find("not valid for the backend"), std::string::npos) << log.text();
 }
 
 TEST_F(LceTuning, OnMissPicksTheFastestPlantedCandidateAndPersists) {
   const Problem p = shape(1000, 500, 4000);
-  auto c = choose_block_sizes(impl_, p, Options{}, Op::kForwardBackward, hooks());
+  auto c = choose_block_sizes(impl_, p, Options{}, Pass::kFused, hooks());
   EXPECT_EQ(c.source, "autotune");
   EXPECT_EQ(c.sizes, (BlockSizes{128, 64, 256}));
   EXPECT_EQ(planted_.calls[8], 1);  // failed once, recorded, skipped
   EXPECT_EQ(planted_.calls[7], 0);  // invalid: rejected before running
   const tune::DiskCache cache(dir_.path());
-  const auto e = cache.read("linear_cross_entropy.fake", autotune_key(impl_, p, Op::kForwardBackward, "fake:device"));
+  const auto e = cache.read("linear_cross_entropy.fake", autotune_key(impl_, p, Pass::kFused, "fake:device"));
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(from_params(e->params), (BlockSizes{128, 64, 256}));
   ASSERT_EQ(e->candidates.size(), 5u);  // default first, duplicates dropped
@@ -216,19 +216,19 @@ TEST_F(LceTuning, OnMissPicksTheFastestPlantedCandidateAndPersists) {
   // A new process (memo cleared) reads the cache and does not time anything.
   tune::clear_autotune_memo();
   planted_.calls.clear();
-  c = choose_block_sizes(impl_, p, Options{}, Op::kForwardBackward, hooks());
+  c = choose_block_sizes(impl_, p, Options{}, Pass::kFused, hooks());
   EXPECT_EQ(c.source, "autotune cache");
   EXPECT_EQ(c.sizes, (BlockSizes{128, 64, 256}));
   EXPECT_TRUE(planted_.calls.empty());
   // Another op is another key.
-  EXPECT_EQ(choose_block_sizes(impl_, p, Options{}, Op::kForward, hooks()).source, "autotune");
+  EXPECT_EQ(choose_block_sizes(impl_, p, Options{}, Pass::kForward, hooks()).source, "autotune");
 }
 
 TEST_F(LceTuning, CachedResultIsSanitizedForTheActualB) {
   // B=600 and B=1000 share a key (B class 1024); the cached b=128 still fits both; for B=520 a
   // planted winner larger than B is clamped.
-  (void)choose_block_sizes(impl_, shape(1000, 500, 4000), Options{}, Op::kForward, hooks());
-  const auto c = choose_block_sizes(impl_, shape(600, 500, 4000), Options{}, Op::kForward, hooks());
+  (void)choose_block_sizes(impl_, shape(1000, 500, 4000), Options{}, Pass::kForward, hooks());
+  const auto c = choose_block_sizes(impl_, shape(600, 500, 4000), Options{}, Pass::kForward, hooks());
   EXPECT_EQ(c.source, "autotune cache");
   EXPECT_EQ(c.sizes, (BlockSizes{128, 64, 256}));
 }
@@ -238,7 +238,7 @@ TEST_F(LceTuning, NegativeEntryThrowsUnsupportedSoDispatchFallsBack) {
   h.run = [](const tune::Params&) -> double { throw Error(ErrorCode::kOutOfMemory, "planted"); };
   const Problem p = shape(1000, 500, 4000);
   try {
-    choose_block_sizes(impl_, p, Options{}, Op::kForward, h);
+    choose_block_sizes(impl_, p, Options{}, Pass::kForward, h);
     FAIL() << "expected Error(kUnsupported)";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
@@ -251,7 +251,7 @@ TEST_F(LceTuning, NegativeEntryThrowsUnsupportedSoDispatchFallsBack) {
     timed = true;
     return 1;
   };
-  EXPECT_THROW(choose_block_sizes(impl_, p, Options{}, Op::kForward, h), Error);
+  EXPECT_THROW(choose_block_sizes(impl_, p, Options{}, Pass::kForward, h), Error);
   EXPECT_FALSE(timed);
 
   // Dispatch treats it as a fallback to the next implementation of a list.
@@ -260,7 +260,7 @@ TEST_F(LceTuning, NegativeEntryThrowsUnsupportedSoDispatchFallsBack) {
   cb.exists = [](const std::string&) { return true; };
   cb.supports = [](const std::string&) { return dispatch::Availability::yes(); };
   cb.run = [&](const std::string& n) {
-    if (n == "fake") (void)choose_block_sizes(impl_, p, Options{}, Op::kForward, h);
+    if (n == "fake") (void)choose_block_sizes(impl_, p, Options{}, Pass::kForward, h);
   };
   LogCapture log;
   EXPECT_EQ(dispatch::run("linear_cross_entropy", plan, cb), "other");
@@ -270,14 +270,14 @@ TEST_F(LceTuning, DisabledByOptionAndByEnv) {
   const Problem p = shape(1000, 500, 4000);
   Options off;
   off.autotune_on_miss = false;
-  EXPECT_EQ(choose_block_sizes(impl_, p, off, Op::kForward, hooks()).source, "default");
+  EXPECT_EQ(choose_block_sizes(impl_, p, off, Pass::kForward, hooks()).source, "default");
   {
     ScopedEnv env("TESSERA_AUTOTUNE", "0");
-    EXPECT_EQ(choose_block_sizes(impl_, p, Options{}, Op::kForward, hooks()).source, "default");
+    EXPECT_EQ(choose_block_sizes(impl_, p, Options{}, Pass::kForward, hooks()).source, "default");
   }
   EXPECT_TRUE(planted_.calls.empty());
   EXPECT_EQ(std::filesystem::directory_iterator(dir_.path()), std::filesystem::directory_iterator());
-  EXPECT_EQ(choose_block_sizes(impl_, p, Options{}, Op::kForward, hooks()).source, "autotune");
+  EXPECT_EQ(choose_block_sizes(impl_, p, Options{}, Pass::kForward, hooks()).source, "autotune");
 }
 
 TEST_F(LceTuning, TinyProblemsAreNotAutotuned) {
@@ -285,7 +285,7 @@ TEST_F(LceTuning, TinyProblemsAreNotAutotuned) {
   h.min_autotune_work = kMinAutotuneWork;
   EXPECT_FALSE(worth_autotuning(shape(64, 64, 1000)));
   EXPECT_TRUE(worth_autotuning(shape(1024, 256, 256)));
-  EXPECT_EQ(choose_block_sizes(impl_, shape(64, 64, 1000), Options{}, Op::kForward, h).source, "default");
+  EXPECT_EQ(choose_block_sizes(impl_, shape(64, 64, 1000), Options{}, Pass::kForward, h).source, "default");
   EXPECT_TRUE(planted_.calls.empty());
 }
 
@@ -293,20 +293,20 @@ TEST_F(LceTuning, UntunableImplementationsUseDefaults) {
   class Plain : public FakeImpl {
     bool tunable() const override { return false; }
   } plain;
-  EXPECT_EQ(choose_block_sizes(plain, shape(1000, 500, 4000), Options{}, Op::kForward, hooks()).source, "default");
+  EXPECT_EQ(choose_block_sizes(plain, shape(1000, 500, 4000), Options{}, Pass::kForward, hooks()).source, "default");
   EXPECT_TRUE(planted_.calls.empty());
 }
 
 TEST_F(LceTuning, CorruptCacheEntryIsRetunedWithAWarning) {
   const Problem p = shape(1000, 500, 4000);
-  (void)choose_block_sizes(impl_, p, Options{}, Op::kForward, hooks());
+  (void)choose_block_sizes(impl_, p, Options{}, Pass::kForward, hooks());
   const tune::DiskCache cache(dir_.path());
   const std::string path =
-      cache.path_for("linear_cross_entropy.fake", autotune_key(impl_, p, Op::kForward, "fake:device"));
+      cache.path_for("linear_cross_entropy.fake", autotune_key(impl_, p, Pass::kForward, "fake:device"));
   { std::ofstream(path, std::ios::trunc) << "{ truncated"; }
   tune::clear_autotune_memo();
   LogCapture log;
-  const auto c = choose_block_sizes(impl_, p, Options{}, Op::kForward, hooks());
+  const auto c = choose_block_sizes(impl_, p, Options{}, Pass::kForward, hooks());
   EXPECT_EQ(c.source, "autotune");
   EXPECT_EQ(c.sizes, (BlockSizes{128, 64, 256}));
   EXPECT_NE(log.text().find("ignoring corrupt entry"), std::string::npos) << log.text();
@@ -319,9 +319,9 @@ TEST(LceTimedRun, TimesIntoScratchNotTheCallersBuffers) {
   ASSERT_NE(ref, nullptr);
   OwnedProblem o = make_random_problem(4, 8, 16, DType::kF32, Device::cpu());
   const std::vector<float> x_before(o.x.data_as<float>(), o.x.data_as<float>() + 32);
-  for (Op op : {Op::kForward, Op::kBackward, Op::kForwardBackward}) {
+  for (Pass op : {Pass::kForward, Pass::kBackward, Pass::kFused}) {
     const tune::RunFn run = make_timed_run(*ref, o.problem, op);
-    EXPECT_GT(run(to_params(ref->default_block_sizes(o.problem))), 0.0) << op_name(op);
+    EXPECT_GT(run(to_params(ref->default_block_sizes(o.problem))), 0.0) << pass_name(op);
   }
   EXPECT_EQ(std::vector<float>(o.x.data_as<float>(), o.x.data_as<float>() + 32), x_before);
 }

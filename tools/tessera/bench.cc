@@ -1,56 +1,33 @@
-// tessera bench <kernel>: time implementations over a shape grid through the public API, with
-// cost model, fraction of roofline, memory, and BLAS baselines timed in the same run.
+// tessera bench KERNEL: time implementations over a shape grid through the public API, with
+// cost model, fraction of roofline, memory, and baselines timed in the same run (the generic
+// driver, harness/bench.h; the kernel supplies its problems and extra flags).
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <cmath>
-#include <sstream>
 
+#include "common.h"
+#include "dispatch/dispatch.h"
 #include "harness/blas.h"
+#include "harness/compiler_report.h"
 #include "harness/device_hooks.h"
 #include "harness/grid.h"
 #include "harness/process.h"
 #include "harness/roofline.h"
 #include "harness/table.h"
-#include "kernels/linear_cross_entropy/bench.h"
-#include "tessera/commands.h"
 #include "tessera/error.h"
 
 namespace tessera::cli {
 namespace {
 
-namespace lce = tessera::linear_cross_entropy;
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  std::istringstream is(s);
-  while (std::getline(is, cur, sep)) {
-    cur.erase(0, cur.find_first_not_of(" \t"));
-    cur.erase(cur.find_last_not_of(" \t") + 1);
-    if (!cur.empty()) out.push_back(cur);
-  }
-  return out;
-}
-
-lce::BenchShape parse_shape(const std::string& s) {
-  auto parts = split(s, ',');
-  check(parts.size() == 3, ErrorCode::kInvalidArgument, "--shape wants B,H,V (e.g. 2048,1024,32768), got '" + s + "'");
-  lce::BenchShape sh;
-  int64_t v[3];
-  for (int i = 0; i < 3; ++i) {
-    try {
-      size_t pos = 0;
-      v[i] = std::stoll(parts[static_cast<size_t>(i)], &pos);
-      check(pos == parts[static_cast<size_t>(i)].size() && v[i] > 0, ErrorCode::kInvalidArgument, "");
-    } catch (...) {
-      throw Error(ErrorCode::kInvalidArgument, "--shape wants three positive integers B,H,V, got '" + s + "'");
-    }
-  }
-  sh.B = v[0], sh.H = v[1], sh.V = v[2];
-  sh.name = fmt::format("{}x{}x{}", sh.B, sh.H, sh.V);
-  return sh;
-}
+struct BenchArgs {
+  std::string impl, grid, grid_file, dtype, json, csv, roofline;
+  std::vector<std::string> shapes, passes;
+  int repeats = 7, threads = 0;
+  double max_seconds = 10;
+  bool compare = false, no_gemm = false, include_reference = false, no_roofline = false, quiet = false,
+       check_finite = false;
+  uint64_t seed = 1;
+};
 
 std::string cell(const nlohmann::json& r, const char* k, const char* fmtspec = "{:.3g}") {
   auto it = r.find(k);
@@ -58,196 +35,237 @@ std::string cell(const nlohmann::json& r, const char* k, const char* fmtspec = "
   return fmt::format(fmt::runtime(fmtspec), it->get<double>());
 }
 
-void print_table(const std::vector<harness::Row>& rows) {
-  fmt::print("{:>3} {:<18} {:<5} {:<14} {:<4} {:>10} {:>19} {:>10} {:>8} {:>7} {:>6} {:>8} {:>7} {:>7}\n", "#",
-             "implementation", "mode", "shape", "dt", "median ms", "min..max ms", "first ms", "GFLOP/s", "GB/s",
-             "%roof", "xtraMiB", "xGEMM", "xmat");
+std::string dims_label(const harness::Row& r, const std::vector<std::string>& dims) {
+  std::string s;
+  for (const auto& d : dims) s += (s.empty() ? "" : ",") + d + "=" + (r.contains(d) ? r[d].dump() : "?");
+  return s;
+}
+
+std::string roof_cell(const harness::Row& r) {
+  if (r.value("roofline_stale", false)) return "STALE";
+  return r.contains("roofline_fraction") && r["roofline_fraction"].is_number()
+             ? fmt::format("{:.1f}", 100 * r["roofline_fraction"].get<double>()) : "-";
+}
+
+std::string extra_cell(const harness::Row& r) {
+  if (!r.contains("extra_host_bytes") || !r["extra_host_bytes"].is_number()) return "-";
+  double b = r["extra_host_bytes"].get<double>();
+  if (r.contains("extra_device_bytes") && r["extra_device_bytes"].is_number() && r["extra_device_bytes"].get<double>() > 0)
+    b = r["extra_device_bytes"].get<double>();
+  return fmt::format("{:.1f}", b / 1048576.0);
+}
+
+// "0.93 cpu": this version's median over its base version's (same shape, dtype and pass).
+std::string version_cell(const harness::Row& r) {
+  if (!r.contains("vs_version") || !r["vs_version"].is_number()) return "-";
+  return fmt::format("{:.2f} {}", r["vs_version"].get<double>(), r.value("version_base", ""));
+}
+
+void print_table(const std::vector<harness::Row>& rows, const std::vector<std::string>& dims) {
+  bool versions = false;
+  for (const auto& r : rows) versions |= r.contains("vs_version");
+  const std::string ver_head = versions ? fmt::format(" {:<12}", "vs version") : "";
+  fmt::print("{:>3} {:<18} {:<8} {:<24} {:<4} {:>10} {:>19} {:>10} {:>8} {:>7} {:>6} {:>8} {:>7} {:>7}{}\n", "#",
+             "implementation", "pass", "shape", "dt", "median ms", "min..max ms", "first ms", "GFLOP/s", "GB/s",
+             "%roof", "xtraMiB", "xGEMM", "xbase", ver_head);
+  bool stale = false;
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
-    std::string frac = "-";
-    if (r.contains("roofline_fraction") && r["roofline_fraction"].is_number())
-      frac = fmt::format("{:.1f}", 100 * r["roofline_fraction"].get<double>());
-    std::string extra = "-";
-    if (r.contains("extra_host_bytes") && r["extra_host_bytes"].is_number()) {
-      double b = r["extra_host_bytes"].get<double>();
-      if (r.contains("extra_device_bytes") && r["extra_device_bytes"].is_number() &&
-          r["extra_device_bytes"].get<double>() > 0)
-        b = r["extra_device_bytes"].get<double>();
-      extra = fmt::format("{:.1f}", b / 1048576.0);
-    }
-    fmt::print("{:>3} {:<18} {:<5} {:<14} {:<4} {:>10} {:>19} {:>10} {:>8} {:>7} {:>6} {:>8} {:>7} {:>7}\n", i + 1,
-               r.value("implementation", ""), r.value("mode", ""), r.value("shape", ""), r.value("dtype", ""),
+    stale |= r.value("roofline_stale", false);
+    fmt::print("{:>3} {:<18} {:<8} {:<24} {:<4} {:>10} {:>19} {:>10} {:>8} {:>7} {:>6} {:>8} {:>7} {:>7}{}\n", i + 1,
+               r.value("implementation", ""), r.value("mode", ""), dims_label(r, dims), r.value("dtype", ""),
                cell(r, "median_ms", "{:.4g}"), cell(r, "min_ms", "{:.4g}") + ".." + cell(r, "max_ms", "{:.4g}"),
-               cell(r, "first_call_ms", "{:.4g}"), cell(r, "gflops", "{:.4g}"), cell(r, "gbs", "{:.3g}"), frac,
-               extra, cell(r, "vs_gemm", "{:.2f}"), cell(r, "vs_baseline", "{:.2f}"));
+               cell(r, "first_call_ms", "{:.4g}"), cell(r, "gflops", "{:.4g}"), cell(r, "gbs", "{:.3g}"),
+               roof_cell(r), extra_cell(r), cell(r, "vs_gemm", "{:.2f}"), cell(r, "vs_baseline", "{:.2f}"),
+               versions ? fmt::format(" {:<12}", version_cell(r)) : std::string());
   }
+  if (stale)
+    fmt::print("STALE: faster than the stored ceilings allow; they were measured on a busy or another machine. "
+               "Re-measure with `tessera roofline` on an idle machine.\n");
+}
+
+harness::GridShape parse_shape(const std::string& s, const kernels::KernelSpec& k) {
+  const auto parts = dispatch::split_names(s);
+  std::string want;
+  for (const auto& d : k.dims) want += (want.empty() ? "" : ",") + d;
+  check(parts.size() == k.dims.size(), ErrorCode::kInvalidArgument, "--shape wants " + want + ", got '" + s + "'");
+  harness::GridShape g;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    int64_t v = 0;
+    try {
+      size_t pos = 0;
+      v = std::stoll(parts[i], &pos);
+      if (pos != parts[i].size()) v = 0;
+    } catch (...) {
+      v = 0;
+    }
+    check(v > 0, ErrorCode::kInvalidArgument, "--shape wants positive integers " + want + ", got '" + s + "'");
+    g.dims[k.dims[i]] = v;
+    g.name += (g.name.empty() ? "" : "x") + std::to_string(v);
+  }
+  return g;
+}
+
+// The shapes and dtypes to time: --shape, else the named grid (smoke by default).
+struct Plan {
+  std::vector<harness::GridShape> shapes;
+  std::vector<std::string> dtypes;
+  std::string description;
+};
+
+Plan plan_shapes(const kernels::KernelSpec& k, const BenchArgs& a) {
+  Plan p;
+  if (!a.shapes.empty()) {
+    check(a.grid.empty(), ErrorCode::kInvalidArgument, "give --grid or --shape, not both");
+    for (const auto& s : a.shapes) p.shapes.push_back(parse_shape(s, k));
+    p.description = "--shape";
+  } else {
+    const std::string path = harness::find_grid_file(k.name, a.grid_file);
+    const auto file = harness::load_grid_file(path);
+    const auto& g = file.grid(a.grid.empty() ? "smoke" : a.grid);
+    p.shapes = g.shapes;
+    p.dtypes = g.dtypes;
+    p.description = "grid '" + g.name + "' from " + path;
+  }
+  if (!a.dtype.empty()) p.dtypes = dispatch::split_names(a.dtype);
+  if (p.dtypes.empty()) p.dtypes = {"f32"};
+  return p;
+}
+
+std::optional<harness::Roofline> load_ceilings(const BenchArgs& a, bool gpu_rows, std::string* source) {
+  if (a.no_roofline) return std::nullopt;
+  const std::string path = a.roofline.empty() ? harness::default_roofline_path() : a.roofline;
+  auto roof = harness::load_roofline(path);
+  if (roof) {
+    *source = "ceilings stored at " + path + " (measured " + roof->measured_at + (roof->quick ? ", quick" : "") + ")";
+  } else {
+    fmt::print(stderr, "bench: no stored ceilings at {}: measuring quick ones now (rougher; run `tessera "
+                       "roofline` to store accurate ones)\n", path);
+    harness::RooflineOptions ro;
+    ro.quick = true;
+    ro.threads = a.threads;
+    roof = harness::measure_roofline(ro);
+    *source = "ceilings measured on the fly (quick) because none were stored at " + path;
+  }
+  const auto* hooks = harness::device_hooks(DeviceType::kCUDA);
+  if (gpu_rows && !roof->find(Device::cuda(0).str()) && hooks && hooks->measure_ceilings) {
+    fmt::print(stderr, "bench: the ceilings have no {}: measuring quick GPU ceilings now\n", Device::cuda(0).str());
+    harness::RooflineOptions ro;
+    ro.quick = true;
+    ro.cpu = false;
+    ro.progress = !a.quiet;
+    for (auto& d : harness::measure_roofline(ro).devices) roof->devices.push_back(std::move(d));
+    *source += "; GPU ceilings measured on the fly (quick) because none were stored";
+  }
+  return roof;
+}
+
+harness::BenchConfig make_config(const kernels::KernelSpec& k, const BenchArgs& a,
+                                 const harness::OptionValues& options, std::vector<std::string>& messages) {
+  const Plan plan = plan_shapes(k, a);
+  std::string dtype_list;
+  for (const auto& d : plan.dtypes) dtype_list += (dtype_list.empty() ? "" : ",") + d;
+  harness::BenchConfig cfg = kernels::bench_config(k, a.impl, plan.shapes, parse_float_dtypes(dtype_list, k),
+                                                   options, a.seed, &messages);
+  for (const auto& m : messages) fmt::print(stderr, "bench: {}\n", m);
+  cfg.passes = parse_passes(a.passes, k);
+  check(a.repeats >= 1, ErrorCode::kInvalidArgument, "--repeats must be >= 1");
+  cfg.timing.repeats = a.repeats;
+  cfg.timing.min_repeats = std::min(3, a.repeats);
+  cfg.timing.max_seconds = a.max_seconds;
+  cfg.exec.num_threads = a.threads;
+  cfg.exec.check_finite = a.check_finite;
+  cfg.gemm_baseline = !a.no_gemm;
+  cfg.compare = a.compare;
+  cfg.include_reference_large = a.include_reference;
+  cfg.progress = !a.quiet;
+  return cfg;
+}
+
+void write_json(const kernels::KernelSpec& k, const BenchArgs& a, const harness::OptionValues& options,
+                const std::optional<harness::Roofline>& roof, const std::string& roof_source,
+                const harness::BenchResult& res, const std::string& grid_desc) {
+  nlohmann::json doc;
+  doc["schema"] = "tessera-bench/2";
+  doc["kernel"] = k.name;
+  doc["dims"] = k.dims;
+  doc["created_at"] = harness::utc_timestamp();
+  doc["tessera_version"] = TESSERA_VERSION;
+  doc["command"] = harness::command_line();
+  doc["machine"] = {{"cpu", harness::cpu_model()},
+                    {"hardware_threads", harness::hardware_threads()},
+                    {"cpu_features", harness::cpu_features()},
+                    {"blas", harness::blas::available() ? harness::blas::name() : "none"}};
+  if (roof) doc["roofline"] = *roof;
+  doc["roofline_source"] = roof_source.empty() ? "no ceilings (--no-roofline)" : roof_source;
+  nlohmann::json settings = {{"grid", grid_desc}, {"repeats", a.repeats}, {"max_seconds", a.max_seconds},
+                             {"threads", a.threads}, {"check_finite", a.check_finite}};
+  for (const auto& [name, value] : options.all()) settings[name] = value;
+  doc["settings"] = settings;
+  doc["build"] = harness::build_json(k.name);  // what the compiler did (the report shows it)
+  doc["rows"] = res.rows;
+  doc["messages"] = res.messages;
+  harness::write_json_file(a.json, doc);
+  fmt::print("wrote {}\n", a.json);
+}
+
+void run_bench(const kernels::KernelSpec& k, const BenchArgs& a, const harness::OptionValues& options) {
+  std::vector<std::string> messages;
+  harness::BenchConfig cfg = make_config(k, a, options, messages);
+  bool gpu_rows = false;
+  for (DeviceType d : cfg.devices) gpu_rows |= d != DeviceType::kCPU;
+  std::string roof_source;
+  const auto roof = load_ceilings(a, gpu_rows, &roof_source);
+  cfg.roofline = roof ? &*roof : nullptr;
+  harness::BenchResult res = harness::run_bench(cfg);
+  res.messages.insert(res.messages.begin(), messages.begin(), messages.end());
+  print_table(res.rows, k.dims);
+  if (!roof_source.empty()) fmt::print("{}\n", roof_source);
+  if (!a.json.empty()) write_json(k, a, options, roof, roof_source, res, plan_shapes(k, a).description);
+  if (!a.csv.empty()) {
+    harness::write_csv_file(a.csv, res.rows, harness::bench_columns(k.dims));
+    fmt::print("wrote {}\n", a.csv);
+  }
+  if (res.rows.empty()) {
+    fmt::print(stderr, "bench: nothing was timed\n");
+    set_exit_code(1);
+  }
+}
+
+void add_kernel(CLI::App* bench, const kernels::KernelSpec& k) {
+  auto* cmd = bench->add_subcommand(k.name, "Benchmark " + k.name + " (" + k.description + ")");
+  auto a = std::make_shared<BenchArgs>();
+  std::string dims;
+  for (const auto& d : k.dims) dims += (dims.empty() ? "" : ",") + d;
+  cmd->add_option("--impl", a->impl, "Implementations, comma separated (default: every available one)");
+  cmd->add_option("--grid", a->grid, "Named grid from bench/" + k.name + ".json (default: smoke)");
+  cmd->add_option("--grid-file", a->grid_file, "Grid file (default: next to the tool, $TESSERA_BENCH_DIR, or the source tree)");
+  cmd->add_option("--shape", a->shapes, dims + " (repeatable; instead of --grid)");
+  cmd->add_option("--dtype", a->dtype, "Comma-separated dtypes (default: the grid's, else f32)");
+  add_pass_option(cmd, a->passes);
+  cmd->add_option("--json", a->json, "Write the results (rows + ceilings + settings) as JSON");
+  cmd->add_option("--csv", a->csv, "Write the rows as CSV");
+  cmd->add_option("--repeats", a->repeats, "Timed repeats per row (median reported)")->capture_default_str();
+  cmd->add_option("--max-seconds", a->max_seconds, "Timed-work budget per row (at least 3 repeats)")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Seed of the generated inputs")->capture_default_str();
+  cmd->add_flag("--compare", a->compare, "Also time the kernel's baselines (e.g. the BLAS-materialized math)");
+  cmd->add_flag("--no-gemm", a->no_gemm, "Do not time the plain GEMM floor");
+  cmd->add_option("--threads", a->threads, "Threads for the implementations and the BLAS (default: all)");
+  cmd->add_flag("--include-reference", a->include_reference, "Time the reference even on large shapes (slow)");
+  cmd->add_option("--roofline", a->roofline, "Stored ceilings (default: the `tessera roofline` store)");
+  cmd->add_flag("--no-roofline", a->no_roofline, "No ceilings: skip the fraction-of-roofline column");
+  cmd->add_flag("--check-finite", a->check_finite, "Keep ExecOptions::check_finite on (off by default)");
+  cmd->add_flag("-q,--quiet", a->quiet, "No progress lines");
+  auto options = add_kernel_options(cmd, k.bench.options);
+  cmd->callback([a, options, &k] { run_bench(k, *a, options()); });
 }
 
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Benchmark a kernel's implementations over a shape grid (roofline, baselines)");
-  struct Args {
-    std::string kernel, impl, grid, grid_file, dtype, mode = "all", json, csv, roofline, layout = "hv";
-    std::vector<std::string> shapes;
-    int repeats = 7, threads = 0;
-    double max_seconds = 10, soft_cap = 0;
-    bool compare = false, no_gemm = false, bias = false, include_reference = false, no_roofline = false,
-         quiet = false, check_finite = false;
-  };
-  auto a = std::make_shared<Args>();
-  cmd->add_option("kernel", a->kernel, "Kernel (linear_cross_entropy)")->required();
-  cmd->add_option("--impl", a->impl, "Implementations, comma separated (default: every available one)");
-  cmd->add_option("--grid", a->grid, "Named grid from bench/<kernel>.json (default: smoke)");
-  cmd->add_option("--grid-file", a->grid_file, "Grid file (default: found next to the tool, in $TESSERA_BENCH_DIR, or the source tree)");
-  cmd->add_option("--shape", a->shapes, "B,H,V (repeatable; instead of --grid)");
-  cmd->add_option("--dtype", a->dtype, "Comma-separated dtypes (default: the grid's, else f32)");
-  cmd->add_option("--mode", a->mode, "fwd | bwd | fused | all, or a comma list")->capture_default_str();
-  cmd->add_option("--json", a->json, "Write the results (rows + ceilings + settings) as JSON");
-  cmd->add_option("--csv", a->csv, "Write the rows as CSV");
-  cmd->add_option("--repeats", a->repeats, "Timed repeats per row (median reported)")->capture_default_str();
-  cmd->add_option("--max-seconds", a->max_seconds, "Timed-work budget per row (at least 3 repeats)")->capture_default_str();
-  cmd->add_flag("--compare", a->compare, "Also time a materialized baseline (BLAS GEMM into B×V logits + softmax CE)");
-  cmd->add_flag("--no-gemm", a->no_gemm, "Do not time the plain GEMM baseline");
-  cmd->add_flag("--bias", a->bias, "Benchmark with a bias");
-  cmd->add_option("--soft-cap", a->soft_cap, "Logit soft cap (0 = off)");
-  cmd->add_option("--layout", a->layout, "w layout: hv ([H,V]) or vh ([V,H])")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "Threads for the implementations and the BLAS (default: all)");
-  cmd->add_flag("--include-reference", a->include_reference, "Time the reference even on large shapes (slow)");
-  cmd->add_option("--roofline", a->roofline, "Stored ceilings (default: the `tessera roofline` store)");
-  cmd->add_flag("--no-roofline", a->no_roofline, "No ceilings: skip the fraction-of-roofline column");
-  cmd->add_flag("--check-finite", a->check_finite, "Keep Options::check_finite on (off by default: time the kernel)");
-  cmd->add_flag("-q,--quiet", a->quiet, "No progress lines");
-  cmd->callback([a] {
-    check(a->kernel == lce::kKernelName, ErrorCode::kNotFound,
-          "no benchmark for kernel '" + a->kernel + "' (kernels: " + lce::kKernelName + ")");
-    lce::BenchConfig cfg;
-    cfg.implementations = split(a->impl, ',');
-    // Shapes: --shape, else the grid (smoke by default).
-    std::vector<std::string> grid_dtypes;
-    std::string grid_desc;
-    if (!a->shapes.empty()) {
-      check(a->grid.empty(), ErrorCode::kInvalidArgument, "give --grid or --shape, not both");
-      for (const auto& s : a->shapes) cfg.shapes.push_back(parse_shape(s));
-    } else {
-      const std::string path = harness::find_grid_file(a->kernel, a->grid_file);
-      const auto file = harness::load_grid_file(path);
-      const auto& g = file.grid(a->grid.empty() ? "smoke" : a->grid);
-      for (const auto& s : g.shapes) cfg.shapes.push_back({s.name, s.dim("B"), s.dim("H"), s.dim("V")});
-      grid_dtypes = g.dtypes;
-      grid_desc = "grid '" + g.name + "' from " + path;
-    }
-    cfg.dtypes.clear();
-    for (const auto& d : a->dtype.empty() ? (grid_dtypes.empty() ? std::vector<std::string>{"f32"} : grid_dtypes)
-                                          : split(a->dtype, ',')) {
-      const DType t = parse_dtype(d);
-      check(is_float(t), ErrorCode::kInvalidArgument, "--dtype must be f32, bf16 or f16, got " + d);
-      cfg.dtypes.push_back(t);
-    }
-    cfg.passes.clear();
-    for (const auto& m : split(a->mode, ',')) {
-      if (m == "all") {
-        cfg.passes = {lce::Pass::kForward, lce::Pass::kBackward, lce::Pass::kFused};
-        break;
-      }
-      cfg.passes.push_back(lce::parse_pass(m));
-    }
-    check(!cfg.passes.empty(), ErrorCode::kInvalidArgument, "--mode is empty");
-    cfg.layout = lce::parse_w_layout(a->layout);
-    check(cfg.layout != lce::WLayout::kAuto, ErrorCode::kInvalidArgument, "--layout must be hv or vh");
-    cfg.bias = a->bias;
-    cfg.soft_cap = a->soft_cap;
-    check(a->repeats >= 1, ErrorCode::kInvalidArgument, "--repeats must be >= 1");
-    cfg.timing.repeats = a->repeats;
-    cfg.timing.min_repeats = std::min(3, a->repeats);
-    cfg.timing.max_seconds = a->max_seconds;
-    cfg.threads = a->threads;
-    cfg.gemm_baseline = !a->no_gemm;
-    cfg.compare = a->compare;
-    cfg.include_reference_large = a->include_reference;
-    cfg.check_finite = a->check_finite;
-    cfg.progress = !a->quiet;
-
-    // Ceilings: stored, else measured quickly now.
-    std::optional<harness::Roofline> roof;
-    std::string roof_source;
-    if (!a->no_roofline) {
-      const std::string path = a->roofline.empty() ? harness::default_roofline_path() : a->roofline;
-      roof = harness::load_roofline(path);
-      if (roof) {
-        roof_source = "ceilings stored at " + path + " (measured " + roof->measured_at + (roof->quick ? ", quick" : "") + ")";
-      } else {
-        fmt::print(stderr,
-                   "bench: no stored ceilings at {}: measuring quick ones now (rougher; run `tessera roofline` "
-                   "to store accurate ones)\n",
-                   path);
-        harness::RooflineOptions ro;
-        ro.quick = true;
-        ro.threads = a->threads;
-        roof = harness::measure_roofline(ro);
-        roof_source = "ceilings measured on the fly (quick) because none were stored at " + path;
-      }
-      // GPU rows need the GPU's ceilings; a file stored without them (measured with --no-gpu, or
-      // on another build) gets quick ones measured now, for this run only.
-      bool gpu_rows = false;
-      for (const auto& info : lce::implementations())
-        if (info.device == DeviceType::kCUDA && info.available &&
-            (cfg.implementations.empty() ||
-             std::find(cfg.implementations.begin(), cfg.implementations.end(), info.name) != cfg.implementations.end()))
-          gpu_rows = true;
-      const auto* hooks = harness::device_hooks(DeviceType::kCUDA);
-      if (gpu_rows && !roof->find(Device::cuda(0).str()) && hooks && hooks->measure_ceilings) {
-        fmt::print(stderr, "bench: the ceilings have no {}: measuring quick GPU ceilings now\n", Device::cuda(0).str());
-        harness::RooflineOptions ro;
-        ro.quick = true;
-        ro.cpu = false;
-        ro.progress = !a->quiet;
-        for (auto& d : harness::measure_roofline(ro).devices) roof->devices.push_back(std::move(d));
-        roof_source += "; GPU ceilings measured on the fly (quick) because none were stored";
-      }
-      cfg.roofline = &*roof;
-    }
-
-    const auto res = lce::run_bench(cfg);
-    print_table(res.rows);
-    if (!roof_source.empty()) fmt::print("{}\n", roof_source);
-
-    if (!a->json.empty()) {
-      nlohmann::json doc;
-      doc["schema"] = "tessera-bench/1";
-      doc["kernel"] = a->kernel;
-      doc["created_at"] = harness::utc_timestamp();
-      doc["tessera_version"] = TESSERA_VERSION;
-      doc["command"] = harness::command_line();
-      doc["machine"] = {{"cpu", harness::cpu_model()},
-                        {"hardware_threads", harness::hardware_threads()},
-                        {"cpu_features", harness::cpu_features()},
-                        {"blas", harness::blas::available() ? harness::blas::name() : "none"}};
-      if (roof) doc["roofline"] = *roof;
-      doc["roofline_source"] = roof_source.empty() ? "no ceilings (--no-roofline)" : roof_source;
-      doc["settings"] = {{"grid", grid_desc},
-                         {"repeats", a->repeats},
-                         {"max_seconds", a->max_seconds},
-                         {"threads", a->threads},
-                         {"layout", a->layout},
-                         {"bias", a->bias},
-                         {"soft_cap", a->soft_cap},
-                         {"reduction", "mean"},
-                         {"check_finite", a->check_finite}};
-      doc["rows"] = res.rows;
-      doc["messages"] = res.messages;
-      harness::write_json_file(a->json, doc);
-      fmt::print("wrote {}\n", a->json);
-    }
-    if (!a->csv.empty()) {
-      harness::write_csv_file(a->csv, res.rows, lce::bench_columns());
-      fmt::print("wrote {}\n", a->csv);
-    }
-    if (res.rows.empty()) {
-      fmt::print(stderr, "bench: nothing was timed\n");
-      set_exit_code(1);
-    }
-  });
+  auto* bench = app.add_subcommand("bench", "Benchmark a kernel's implementations over a shape grid (roofline, baselines)");
+  require_kernel(bench);
+  for (const kernels::KernelSpec* k : kernels::all()) add_kernel(bench, *k);
 }
 
 }  // namespace tessera::cli

@@ -1,31 +1,29 @@
-// tessera: the command-line tool. One file per subcommand; each registers itself here.
+// tessera: the command-line tool. Subcommands are generic; kernels come from the registry.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 
+#include "common.h"
+#include "core/text.h"
 #include "tessera/error.h"
-#include "tessera/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tessera: fused kernels for large-model training and serving, with their oracles"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
-  tessera::cli::register_list(app);
-  tessera::cli::register_roofline(app);
-  tessera::cli::register_bench(app);
-  tessera::cli::register_report(app);
-  tessera::cli::register_check(app);
-  tessera::cli::register_run(app);
-  tessera::cli::register_tune(app);
   try {
+    tessera::cli::build_app(app);
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
-  } catch (const tessera::Error& e) {
-    std::fprintf(stderr, "tessera: error: %s\n", e.what());
-    return 2;
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);  // prints the message
+    return 2;     // every usage error exits 2, like our own argument errors
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    // Messages may quote a corrupt file's bytes: escaped, so the output stays valid UTF-8 text.
+    std::fprintf(stderr, "tessera: error: %s\n", tessera::text::printable(e.what()).c_str());
     return 2;
   }
   return tessera::cli::exit_code();

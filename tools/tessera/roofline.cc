@@ -3,7 +3,7 @@
 #include <fmt/core.h>
 
 #include "harness/roofline.h"
-#include "tessera/commands.h"
+#include "common.h"
 
 namespace tessera::cli {
 

@@ -63,8 +63,11 @@ WLayout resolve_w_layout(const TensorView& w, int64_t H, WLayout requested, int6
       logical_hv = false;
       break;
     default:
+      if (r == H && c == H)
+        bad("w is square (" + shape_str(w.shape) + ", H == V): its layout is ambiguous; set w_layout to "
+            "hv ([H, V], x @ w) or vh ([V, H], x @ w.T, PyTorch's lm_head.weight)");
       if (r == H)
-        logical_hv = true;  // also when V == H: [H, V] is assumed, documented
+        logical_hv = true;
       else if (c == H)
         logical_hv = false;
       else
@@ -127,14 +130,14 @@ Problem normalize(const Inputs& in, const Options& opt) {
   p.labels = l.data;
   p.label_dtype = l.dtype;
 
-  if (in.weights) {
-    const TensorView& t = *in.weights;
-    if (t.dtype != DType::kF32) bad(std::string("weights must be f32, got ") + dtype_name(t.dtype));
+  if (in.token_weights) {
+    const TensorView& t = *in.token_weights;
+    if (t.dtype != DType::kF32) bad(std::string("token_weights must be f32, got ") + dtype_name(t.dtype));
     if (t.shape != lead)
-      bad("weights shape " + shape_str(t.shape) + " does not match x's leading axes " + shape_str(lead));
-    require_device(t, p.device, "weights");
-    require_contiguous(t, "weights");
-    require_data(t, "weights");
+      bad("token_weights shape " + shape_str(t.shape) + " does not match x's leading axes " + shape_str(lead));
+    require_device(t, p.device, "token_weights");
+    require_contiguous(t, "token_weights");
+    require_data(t, "token_weights");
     p.weights = static_cast<const float*>(t.data);
   }
 
@@ -167,7 +170,7 @@ Problem normalize(const Inputs& in, const Options& opt) {
     if (!all_finite(x)) bad("x contains NaN or Inf");
     if (!all_finite(w)) bad("w contains NaN or Inf");
     if (in.bias && !all_finite(*in.bias)) bad("bias contains NaN or Inf");
-    if (in.weights && !all_finite(*in.weights)) bad("weights contain NaN or Inf");
+    if (in.token_weights && !all_finite(*in.token_weights)) bad("token_weights contain NaN or Inf");
   }
   return p;
 }
@@ -260,32 +263,16 @@ void zero_fill_dw(const TensorView& dw) {
   zero_fill(TensorView(dw.data, dw.dtype, {dw.numel()}, dw.device));
 }
 
-std::vector<std::string> default_order(const Device& dev) {
-  std::vector<std::string> order;
-  for (const auto& impl : registry())
-    if (impl->device_type() == dev.type) order.push_back(impl->name());
-  return order;
-}
-
 // Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
-void dispatch_call(const Problem& p, const Options& opt, Op op, Body&& body) {
-  const dispatch::Plan plan = dispatch::make_plan(opt.implementation, default_order(p.device));
-  dispatch::Callbacks cb;
-  cb.exists = [](const std::string& n) { return find_implementation(n) != nullptr; };
-  cb.supports = [&](const std::string& n) {
-    const Implementation* impl = find_implementation(n);
-    Availability a = impl->available();
-    if (!a.ok) return a;
-    return impl->supports(p);
-  };
-  cb.run = [&](const std::string& n) {
-    const Implementation* impl = find_implementation(n);
-    const BlockSizeChoice bs = choose_block_sizes(*impl, p, opt, op);
-    log::debug(kName + ": " + n + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
-    body(*impl, bs.sizes);
-  };
-  t_last_impl = dispatch::run(kName, plan, cb);
+void dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
+  t_last_impl = registry().dispatch(
+      opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
+      [&](const Implementation& impl) {
+        const BlockSizeChoice bs = choose_block_sizes(impl, p, opt, op);
+        log::debug(kName + ": " + impl.name() + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
+        body(impl, bs.sizes);
+      });
 }
 
 }  // namespace
@@ -324,20 +311,25 @@ WLayout parse_w_layout(const std::string& s) {
 
 const std::string& last_implementation() { return t_last_impl; }
 
-std::vector<ImplementationInfo> implementations() {
-  std::vector<ImplementationInfo> out;
-  for (const auto& impl : registry()) {
-    ImplementationInfo info;
-    info.name = impl->name();
-    info.description = impl->description();
-    info.device = impl->device_type();
-    const Availability a = impl->available();
-    info.available = a.ok;
-    info.unavailable_reason = a.reason;
-    out.push_back(std::move(info));
-  }
-  return out;
+void validate_metadata(const Inputs& in, const Options& opt) {
+  // normalize() on copies that claim device memory at a dummy address: device data is never
+  // read on the host (no label range, no finiteness scan) and a non-null pointer passes the
+  // "has no data" check; every other check runs unchanged, with the same message.
+  static char dummy;
+  auto meta = [](TensorView v) {
+    v.data = &dummy;
+    v.device = Device::cuda(0);
+    return v;
+  };
+  Inputs m{meta(in.x), meta(in.w), std::nullopt, meta(in.labels), std::nullopt};
+  if (in.bias) m.bias = meta(*in.bias);
+  if (in.token_weights) m.token_weights = meta(*in.token_weights);
+  Options o = opt;
+  o.check_finite = false;
+  (void)normalize(m, o);
 }
+
+std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
   const Problem p = normalize(in, opt);
@@ -347,12 +339,14 @@ void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
     t_last_impl = "(empty batch)";
     return;
   }
-  dispatch_call(p, opt, Op::kForward,
+  dispatch_call(p, opt, Pass::kForward,
                 [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
 }
 
-void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads, const Options& opt,
-              const std::optional<TensorView>& lse) {
+namespace {
+
+void backward_impl(const Inputs& in, const TensorView& grad_loss, const std::optional<TensorView>& lse,
+                   const Gradients& grads, const Options& opt) {
   const Problem p = normalize(in, opt);
   GradIn gi;
   gi.grad_loss = check_grad_loss(in, p, grad_loss);
@@ -367,8 +361,19 @@ void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& gr
     t_last_impl = "(empty batch)";
     return;
   }
-  dispatch_call(p, opt, Op::kBackward,
+  dispatch_call(p, opt, Pass::kBackward,
                 [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, gi, go); });
+}
+
+}  // namespace
+
+void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads, const Options& opt) {
+  backward_impl(in, grad_loss, std::nullopt, grads, opt);
+}
+
+void backward(const Inputs& in, const TensorView& grad_loss, const TensorView& lse, const Gradients& grads,
+              const Options& opt) {
+  backward_impl(in, grad_loss, lse, grads, opt);
 }
 
 void forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
@@ -385,7 +390,7 @@ void forward_backward(const Inputs& in, const TensorView& grad_loss, const Forwa
     t_last_impl = "(empty batch)";
     return;
   }
-  dispatch_call(p, opt, Op::kForwardBackward, [&](const Implementation& impl, const BlockSizes& bs) {
+  dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.forward_backward(p, bs, gi, fo, go);
   });
 }

@@ -27,48 +27,6 @@ memory::HostBuffer f32_copy(const void* p, DType t, int64_t n) {
   return b;
 }
 
-memory::HostBuffer bf16_copy(const void* p, int64_t n) {
-  auto b = memory::host_alloc(static_cast<size_t>(n) * 2);
-  std::copy_n(static_cast<const uint16_t*>(p), n, memory::as<uint16_t>(b));
-  return b;
-}
-
-class GemmBaseline final : public Baseline {
- public:
-  explicit GemmBaseline(const BaselineInputs& in) : in_(in) {
-    require_blas();
-    bf16_ = in.dtype == DType::kBF16 && blas::has_sbgemm();
-    if (bf16_) {
-      x16_ = bf16_copy(in.x, in.B * in.H);
-      w16_ = bf16_copy(in.w, in.H * in.V);
-    } else {
-      x_ = f32_copy(in.x, in.dtype, in.B * in.H);
-      w_ = f32_copy(in.w, in.dtype, in.H * in.V);
-    }
-    c_ = memory::host_alloc(static_cast<size_t>(in.B * in.V) * 4);
-  }
-  void run() override {
-    const bool tb = in_.layout == WLayout::kVH;
-    const int64_t ldb = tb ? in_.H : in_.V;
-    if (bf16_)
-      blas::sbgemm(false, tb, in_.B, in_.V, in_.H, 1.f, memory::as<uint16_t>(x16_), in_.H,
-                   memory::as<uint16_t>(w16_), ldb, 0.f, memory::as<float>(c_), in_.V);
-    else
-      blas::sgemm(false, tb, in_.B, in_.V, in_.H, 1.f, memory::as<float>(x_), in_.H,
-                  memory::as<float>(w_), ldb, 0.f, memory::as<float>(c_), in_.V);
-  }
-  std::string description() const override {
-    return std::string(bf16_ ? "sbgemm bf16" : "sgemm f32") + " [" + std::to_string(in_.B) + "x" +
-           std::to_string(in_.H) + "]·[" + std::to_string(in_.H) + "x" + std::to_string(in_.V) + "]" +
-           (in_.dtype != DType::kF32 && !bf16_ ? " (f32 copies of the " + std::string(dtype_name(in_.dtype)) + " inputs)" : "");
-  }
-
- private:
-  BaselineInputs in_;
-  bool bf16_ = false;
-  memory::HostBuffer x_, w_, x16_, w16_, c_;
-};
-
 class MaterializedBaseline final : public Baseline {
  public:
   MaterializedBaseline(const BaselineInputs& in, Pass pass) : in_(in), pass_(pass) {
@@ -178,9 +136,6 @@ class MaterializedBaseline final : public Baseline {
 
 }  // namespace
 
-std::unique_ptr<Baseline> make_gemm_baseline(const BaselineInputs& in) {
-  return std::make_unique<GemmBaseline>(in);
-}
 std::unique_ptr<Baseline> make_materialized_baseline(const BaselineInputs& in, Pass pass) {
   return std::make_unique<MaterializedBaseline>(in, pass);
 }

@@ -1,13 +1,11 @@
 // Tessera internal: how linear_cross_entropy picks block sizes for a call.
 #pragma once
 
-#include <cstdint>
-#include <optional>
 #include <string>
-#include <vector>
 
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/tuning.h"
+#include "tune/adapter.h"
 
 namespace tessera::linear_cross_entropy {
 
@@ -16,30 +14,11 @@ struct BlockSizeChoice {
   std::string source;  // "options", "tuned table", "autotune cache", "autotune", "default"
 };
 
-// Test seams. Production calls pass nothing and get the checked-in table, the default cache
-// directory, real timing and the implementation's device kind.
-struct TuningHooks {
-  const std::vector<tune::TableEntry>* table = nullptr;  // nullptr: tuned_table()
-  std::optional<std::string> cache_dir;                  // default: tune::default_cache_dir()
-  std::optional<std::string> device_kind;                // default: impl.device_kind(p)
-  tune::RunFn run;                     // default: make_timed_run(impl, p, op)
-  int64_t min_autotune_work = kMinAutotuneWork;
-};
+using TuningHooks = tune::Hooks;  // test seams (table, cache dir, device kind, timing)
 
-// In order:
-//  1. options.block_sizes: validated for `impl`, used as given (never changed);
-//  2. (tunable implementations) the tuned table row for (impl, device kind, dtype, bucket),
-//     sanitized to the shape and validated (unless TESSERA_TUNED_TABLE=0);
-//  3. autotune-on-miss (opt.autotune_on_miss and TESSERA_AUTOTUNE != 0, problem not tiny):
-//     the disk cache, else a timed sweep that is then cached. If every candidate fails, throws
-//     Error(kUnsupported) so that dispatch falls back to the next implementation;
-//  4. impl.default_block_sizes(p).
-// Logs the choice at debug level (TESSERA_LOG_LEVEL=debug).
-BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p,
-                                   const Options& opt, Op op = Op::kForwardBackward,
-                                   const TuningHooks& hooks = {});
-
-// The on-miss time budget: TESSERA_AUTOTUNE_BUDGET_MS (default 2000 ms) of measured run time.
-double autotune_budget_seconds();
+// The generic choice of tune/choose.h (options -> tuned table -> autotune-on-miss -> defaults)
+// with this kernel's traits (tuning.h). Logs the choice at debug level (TESSERA_LOG_LEVEL=debug).
+BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p, const Options& opt,
+                                   Pass op = Pass::kFused, const TuningHooks& hooks = {});
 
 }  // namespace tessera::linear_cross_entropy

@@ -20,22 +20,6 @@
 
 namespace tessera::linear_cross_entropy {
 
-const char* pass_name(Pass p) noexcept {
-  switch (p) {
-    case Pass::kForward: return "fwd";
-    case Pass::kBackward: return "bwd";
-    case Pass::kFused: return "fused";
-  }
-  return "?";
-}
-
-Pass parse_pass(const std::string& name) {
-  if (name == "fwd" || name == "forward") return Pass::kForward;
-  if (name == "bwd" || name == "backward") return Pass::kBackward;
-  if (name == "fused" || name == "forward_backward") return Pass::kFused;
-  throw Error(ErrorCode::kInvalidArgument, "unknown mode '" + name + "' (fwd, bwd, fused)");
-}
-
 int useful_gemms(Pass pass) {
   switch (pass) {
     case Pass::kForward: return 1;

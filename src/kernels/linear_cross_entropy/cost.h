@@ -6,15 +6,10 @@
 
 #include "harness/cost.h"
 #include "tessera/dtype.h"
+#include "tessera/exec.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera::linear_cross_entropy {
-
-// What is timed: forward, backward (given the forward's lse; it recomputes the logits), or
-// forward_backward ("fused").
-enum class Pass : uint8_t { kForward, kBackward, kFused };
-const char* pass_name(Pass p) noexcept;    // "fwd", "bwd", "fused"
-Pass parse_pass(const std::string& name);  // throws Error(kInvalidArgument)
 
 struct CostShape {
   int64_t B = 0, H = 0, V = 0;

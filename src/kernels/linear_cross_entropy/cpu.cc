@@ -34,7 +34,6 @@
 // deterministic, and it avoids mixing an OpenMP runtime with OpenBLAS's own pthread pool.
 // While a call runs, OpenBLAS is switched to one thread (process-wide, reference-counted,
 // restored afterwards), because each worker calls sgemm on its own tile.
-#include <cblas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -43,11 +42,11 @@
 #include <cstring>
 #include <exception>
 #include <limits>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "core/memory.h"
+#include "kernels/cpu_blas.h"
 #include "kernels/linear_cross_entropy/cpu_simd.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/error.h"
@@ -63,28 +62,7 @@ constexpr int kMaxThreads = 1024;
 constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;  // multiply-adds per token block
 constexpr size_t kSlabTargetBytes = size_t{32} << 20;  // default b keeps the b×V slab below this
 
-// ---- OpenBLAS: single-threaded while any call of this backend runs ----
-
-std::mutex g_blas_mu;
-int g_blas_users = 0;
-int g_blas_saved = 1;
-
-class BlasSingleThreaded {
- public:
-  BlasSingleThreaded() {
-    std::lock_guard<std::mutex> lock(g_blas_mu);
-    if (g_blas_users++ == 0) {
-      g_blas_saved = openblas_get_num_threads();
-      if (g_blas_saved != 1) openblas_set_num_threads(1);
-    }
-  }
-  ~BlasSingleThreaded() {
-    std::lock_guard<std::mutex> lock(g_blas_mu);
-    if (--g_blas_users == 0 && g_blas_saved != 1) openblas_set_num_threads(g_blas_saved);
-  }
-  BlasSingleThreaded(const BlasSingleThreaded&) = delete;
-  BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
-};
+using BlasSingleThreaded = cpu_blas::SingleThreaded;  // OpenBLAS single-threaded while we run
 
 // A reusable barrier that spins briefly before sleeping (std::atomic::wait). A token block
 // crosses up to five barriers; on an idle machine the other worker usually arrives within
@@ -126,10 +104,7 @@ class Barrier {
 // Row-major sgemm, alpha = 1: C = op(A)·op(B) + beta·C. Dimensions were checked to fit int.
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M <= 0 || N <= 0) return;
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1.0f, A,
-              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+  cpu_blas::sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
 

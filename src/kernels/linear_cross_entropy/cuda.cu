@@ -10,10 +10,12 @@
 //   3. dbias += Σ_rows g      colsum_kernel (deterministic, f32)
 //   4. dx_c = α · g · Wᵀ      cuBLAS, written straight in dx's dtype (complete per chunk)
 //   5. dw  += α · x_cᵀ · g    cuBLAS into an f32 accumulator (dw itself when dw is f32)
-// A prologue kernel checks the labels and reduces Σ weights (mean denominator) and the upstream
+// A prologue kernel checks the labels and reduces Σ weights (mean denominator), the largest row
+// factor |weight·upstream| (it sets the f16 gradient's scale, cuda_plan.h) and the upstream
 // scalar on the device; one host synchronization fetches them (labels must be validated before
-// any output is written, and α is a host scalar of the GEMMs). Everything else is stream-ordered
-// on Problem::stream.
+// any output is written, and α is a host scalar of the GEMMs); that synchronization is why a
+// stream being captured into a CUDA graph is refused with a clear error. Everything else is
+// stream-ordered on Problem::stream.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -23,11 +25,12 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_module.h"
 #include "core/cuda_util.h"
-#include "core/env.h"
 #include "core/log.h"
 #include "core/memory.h"
 #include "kernels/linear_cross_entropy/cuda_kernels.cuh"
+#include "kernels/linear_cross_entropy/cuda_plan.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/error.h"
 
@@ -36,61 +39,25 @@ namespace {
 
 namespace ck = cuda_kernels;
 
-constexpr size_t kDefaultBudget = size_t{1} << 30;  // 1 GiB
-constexpr size_t kAlign = 256;
-constexpr int kMinComputeMajor = 8;  // bf16 tensor cores; the fatbin holds sm_90a + compute_80 PTX
+namespace plan = cuda_plan;
 
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+constexpr int kMinComputeMajor = 8;  // bf16 tensor cores; the fatbin holds sm_90a + compute_80 PTX
+static_assert(sizeof(ck::Scalars) <= plan::kScalarsBytes, "cuda_plan.h: kScalarsBytes too small");
 
 [[noreturn]] void fail(ErrorCode code, const std::string& msg) {
   throw Error(code, std::string(kKernelName) + " (cuda): " + msg);
 }
 
-// ---- cuBLAS ----
+// ---- cuBLAS (handles, checks and the GEMM wrapper live in core/cuda_util) ----
 
-const char* cublas_status_str(cublasStatus_t s) { return cublasGetStatusString(s); }
-
-void cublas_check(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return;
-  fail(s == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
-       std::string("cuBLAS error in ") + what + ": " + cublas_status_str(s));
-}
-
-// One handle per (host thread, device), created on first use and kept for the life of the
-// process (destroying handles during process teardown races the CUDA runtime's own teardown).
-cublasHandle_t cublas_handle(int device) {
-  thread_local std::vector<cublasHandle_t> handles;
-  if (device >= static_cast<int>(handles.size())) handles.resize(static_cast<size_t>(device) + 1, nullptr);
-  cublasHandle_t& h = handles[static_cast<size_t>(device)];
-  if (!h) cublas_check(cublasCreate(&h), "cublasCreate");
-  return h;
-}
-
-cudaDataType cuda_type(DType t) {
-  switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: fail(ErrorCode::kInternal, std::string("no CUDA data type for ") + dtype_name(t));
-  }
-}
-
-int as_int(int64_t v, const char* what) {
-  if (v < 0 || v > INT_MAX) fail(ErrorCode::kInternal, std::string(what) + " exceeds the cuBLAS int range");
-  return static_cast<int>(v);
-}
-
+// cublasGemmEx on one leased handle with one compute type; operands as cuda::GemmOperand.
 struct Gemm {
   cublasHandle_t h;
   cublasComputeType_t compute;
-  // Column-major C[m,n] = alpha·op(A)[m,k]·op(B)[k,n] + beta·C (host scalars).
   void operator()(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
-                  const void* A, cudaDataType at, int64_t lda, const void* B, cudaDataType bt, int64_t ldb,
-                  float beta, void* C, cudaDataType ct, int64_t ldc, const char* what) const {
-    cublas_check(cublasGemmEx(h, ta, tb, as_int(m, "m"), as_int(n, "n"), as_int(k, "k"), &alpha, A, at,
-                              as_int(lda, "lda"), B, bt, as_int(ldb, "ldb"), &beta, C, ct, as_int(ldc, "ldc"),
-                              compute, CUBLAS_GEMM_DEFAULT),
-                 what);
+                  cuda::GemmOperand a, cuda::GemmOperand b, float beta, void* c, cudaDataType ct, int64_t ldc,
+                  const char* what) const {
+    cuda::gemm_ex(h, compute, ta, tb, m, n, k, alpha, a, b, beta, c, ct, ldc, what);
   }
 };
 
@@ -136,37 +103,33 @@ DeviceFacts device_facts(int device) {
   return f;
 }
 
-// ---- planning ----
+// ---- planning (the arithmetic is in cuda_plan.h, tested on the host) ----
 
-size_t budget_of(const Problem& p) { return p.memory_budget ? p.memory_budget : kDefaultBudget; }
+size_t budget_of(const Problem& p) { return p.memory_budget ? p.memory_budget : plan::kDefaultBudget; }
 
-// Bytes of scratch that do not scale with the chunk (all inside the budget).
-size_t fixed_bytes(const Problem& p, bool fwd, bool grad, const GradOut* go) {
-  size_t n = align_up(sizeof(ck::Scalars));
-  if (fwd && p.reduction != Reduction::kNone) n += align_up(static_cast<size_t>(p.B) * sizeof(float));
-  if (grad && p.bias && go && go->dbias_dtype != DType::kF32) n += align_up(static_cast<size_t>(p.V) * sizeof(float));
+// What this call needs besides the logits chunk.
+plan::ScratchNeeds needs_of(const Problem& p, bool fwd, bool grad, const GradOut* go) {
+  plan::ScratchNeeds n;
+  n.B = p.B;
+  n.V = p.V;
+  n.row_losses = fwd && p.reduction != Reduction::kNone;
+  n.dbias_acc = grad && p.bias && go->dbias_dtype != DType::kF32;
   return n;
 }
 
-// Rows of logits per chunk that fit the budget (0: not even one). Not clamped to B or block b.
-int64_t budget_rows(const Problem& p, size_t fixed) {
-  const size_t budget = budget_of(p);
-  const size_t per_row = static_cast<size_t>(p.V) * sizeof(float);
-  if (budget <= fixed + kAlign) return 0;
-  return static_cast<int64_t>((budget - fixed - kAlign) / per_row);
+// The most any call on `p` can need (supports() and the default block sizes).
+plan::ScratchNeeds worst_needs(const Problem& p) {
+  return plan::worst_case_needs(p.B, p.V, p.reduction != Reduction::kNone, p.bias != nullptr);
 }
 
-int64_t chunk_rows(const Problem& p, const BlockSizes& bs, size_t fixed) {
-  int64_t rows = std::min({budget_rows(p, fixed), p.B, std::max<int64_t>(bs.b, 1)});
+int64_t chunk_rows(const Problem& p, const BlockSizes& bs, const plan::ScratchNeeds& n) {
+  const int64_t rows = plan::chunk_rows(plan::budget_rows(n, budget_of(p)), p.B, bs.b);
   if (rows <= 0)
     fail(ErrorCode::kUnsupported,
-         "memory_budget of " + std::to_string(budget_of(p)) + " bytes does not hold one row of f32 logits (4·V = " +
-             std::to_string(static_cast<size_t>(p.V) * 4) + " bytes) plus " + std::to_string(fixed) +
-             " bytes of fixed scratch; raise Options::memory_budget");
-  // One thread block per token row (gridDim.x) and the GEMMs' n are ints: a huge budget with a
-  // tiny V could otherwise ask for more than 2^31 − 1 rows per chunk.
-  rows = std::min<int64_t>(rows, INT_MAX);
-  if (rows < p.B && rows >= 256) rows = rows / 128 * 128;  // GEMM-friendly n
+         "memory_budget of " + std::to_string(budget_of(p)) + " bytes does not hold one row of f32 logits (" +
+             std::to_string(plan::logits_row_stride(p.V) * 4) + " bytes) plus " +
+             std::to_string(plan::scratch_layout(n, budget_of(p), 0).bytes) +
+             " bytes of fixed scratch (cuBLAS workspace included); raise Options::memory_budget");
   return rows;
 }
 
@@ -177,13 +140,26 @@ void check_accessible(const void* ptr, int device, const char* what) {
                                           "(pageable host memory or another device?)");
 }
 
+// Why a call on `stream` cannot run now ("" when it can): a call synchronizes the host once (the
+// label check and the GEMMs' host scalars), which a CUDA graph capture cannot record, so a
+// capturing stream is refused before anything is queued on it (the capture stays valid).
+std::string capture_problem(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("cannot tell whether the stream is being captured into a CUDA graph (cudaStreamIsCapturing: ") +
+           cudaGetErrorString(e) + "; the legacy stream while another stream captures?)";
+  }
+  if (status == cudaStreamCaptureStatusNone) return "";
+  return "the stream is being captured into a CUDA graph, and the cuda backend synchronizes the host once per "
+         "call (label check, GEMM scalars), which a capture cannot record: call it outside the capture";
+}
+
 template <class OutT>
 void launch_rows(const ck::RowParams& rp, int64_t n, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n));
-  if (rp.V % 4 == 0)
-    ck::row_kernel<OutT, 4><<<grid, ck::kRowThreads, 0, stream>>>(rp);
-  else
-    ck::row_kernel<OutT, 1><<<grid, ck::kRowThreads, 0, stream>>>(rp);
+  ck::row_kernel<OutT><<<grid, ck::kRowThreads, 0, stream>>>(rp);
 }
 
 template <class OutT>
@@ -214,10 +190,6 @@ int bias_type(const Problem& p) {
   }
 }
 
-// The power of two folded into the stored f16 logit gradient (and divided out through the GEMMs'
-// alpha): keeps softmax probabilities ~1/V clear of f16's subnormal range. See the docs.
-float dz_scale(DType t) { return t == DType::kF16 ? 256.0f : 1.0f; }
-
 class Cuda final : public Implementation {
  public:
   std::string name() const override { return "cuda"; }
@@ -238,20 +210,21 @@ class Cuda final : public Implementation {
       return Availability::no("inputs are on " + p.device.str() + "; the cuda backend needs CUDA device memory");
     const DeviceFacts f = device_facts(p.device.index);
     if (!f.ok) return Availability::no(f.why);
+    if (const std::string why = capture_problem(p.stream); !why.empty()) return Availability::no(why);
     if (!is_float(p.dtype)) return Availability::no(std::string("dtype ") + dtype_name(p.dtype) + " is not supported");
-    if (2 * p.V > INT_MAX || p.H > INT_MAX)
+    if (2 * plan::logits_row_stride(p.V) > INT_MAX || p.H > INT_MAX)
       return Availability::no("V=" + std::to_string(p.V) + ", H=" + std::to_string(p.H) +
                               " exceed the cuBLAS int range (V < 2^30, H < 2^31)");
-    const size_t fixed = fixed_bytes(p, true, true, nullptr);
-    if (budget_rows(p, fixed) < 1)
+    if (plan::budget_rows(worst_needs(p), budget_of(p)) < 1)
       return Availability::no("memory_budget " + std::to_string(budget_of(p)) +
-                              " bytes is smaller than one row of f32 logits (4·V bytes) plus fixed scratch");
+                              " bytes is smaller than one row of f32 logits (4·V bytes) plus fixed scratch "
+                              "(cuBLAS workspace, row losses, dbias accumulator)");
     return Availability::yes();
   }
 
   BlockSizes default_block_sizes(const Problem& p) const override {
     BlockSizes bs;
-    bs.b = std::max<int64_t>(1, std::min(p.B, budget_rows(p, fixed_bytes(p, true, true, nullptr))));
+    bs.b = std::max<int64_t>(1, std::min(p.B, plan::budget_rows(worst_needs(p), budget_of(p))));
     bs.h = p.H;
     bs.v = p.V;
     return bs;
@@ -283,6 +256,7 @@ class Cuda final : public Implementation {
 
 void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, const GradIn* gi,
                const GradOut* go) const {
+  if (const std::string why = capture_problem(p.stream); !why.empty()) fail(ErrorCode::kUnsupported, why);
   const int dev = p.device.index;
   cuda::DeviceGuard guard(dev);
   const auto stream = static_cast<cudaStream_t>(p.stream);
@@ -327,34 +301,27 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   }
 
   // ---- plan and scratch (all before any output is written) ----
-  const size_t fixed = fixed_bytes(p, fwd, grad, go);
-  const int64_t rows = chunk_rows(p, bs, fixed);
-  const bool need_row_loss = fwd && p.reduction != Reduction::kNone;
-  const bool dbias_acc_needed = grad && p.bias && go->dbias_dtype != DType::kF32;
+  const plan::ScratchNeeds needs = needs_of(p, fwd, grad, go);
+  const int64_t rows = chunk_rows(p, bs, needs);
+  const plan::ScratchLayout lay = plan::scratch_layout(needs, budget_of(p), rows);
+  const bool need_row_loss = needs.row_losses;
+  const bool dbias_acc_needed = needs.dbias_acc;
   const bool dw_acc_needed = grad && go->dw_dtype != DType::kF32;
 
-  size_t off = 0;
-  const size_t off_scalars = off;
-  off += align_up(sizeof(ck::Scalars));
-  const size_t off_row_loss = off;
-  if (need_row_loss) off += align_up(static_cast<size_t>(B) * sizeof(float));
-  const size_t off_dbias = off;
-  if (dbias_acc_needed) off += align_up(static_cast<size_t>(V) * sizeof(float));
-  const size_t off_logits = off;
-  off += align_up(static_cast<size_t>(rows) * static_cast<size_t>(V) * sizeof(float));
-  cuda::DeviceBuffer ws(off, stream, dev);
+  cuda::DeviceBuffer ws(lay.bytes, stream, dev);
   char* base = static_cast<char*>(ws.get());
-  auto* scalars_dev = reinterpret_cast<ck::Scalars*>(base + off_scalars);
-  float* row_loss = need_row_loss ? reinterpret_cast<float*>(base + off_row_loss) : nullptr;
-  float* dbias_acc = dbias_acc_needed ? reinterpret_cast<float*>(base + off_dbias) : nullptr;
-  float* logits = reinterpret_cast<float*>(base + off_logits);
+  base += (plan::kAlign - reinterpret_cast<uintptr_t>(base) % plan::kAlign) % plan::kAlign;  // slack is in lay.bytes
+  auto* scalars_dev = reinterpret_cast<ck::Scalars*>(base + lay.scalars);
+  float* row_loss = need_row_loss ? reinterpret_cast<float*>(base + lay.row_loss) : nullptr;
+  float* dbias_acc = dbias_acc_needed ? reinterpret_cast<float*>(base + lay.dbias) : nullptr;
+  float* logits = reinterpret_cast<float*>(base + lay.logits);
 
   // The f32 dw accumulator (only when dw is stored in bf16/f16: accumulating chunk after chunk
   // in 16 bits drifts). It is 4·H·V bytes on top of the budget; an f32 dw avoids it.
   cuda::DeviceBuffer dw_acc_buf;
   if (dw_acc_needed) {
     const size_t bytes = static_cast<size_t>(H) * static_cast<size_t>(V) * sizeof(float);
-    if (off + bytes > budget_of(p))
+    if (lay.bytes + bytes > budget_of(p))
       log::warn_once(std::string(kKernelName) + " (cuda): dw is " + dtype_name(go->dw_dtype) +
                      ", so gradients are accumulated in an f32 copy of dw (" + std::to_string(bytes) +
                      " bytes) on top of memory_budget; pass an f32 dw to avoid it");
@@ -362,9 +329,10 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   }
 
   // ---- prologue: label check, Σ weights, upstream scalar; one synchronization ----
+  const bool per_row_upstream = grad && p.reduction == Reduction::kNone;
   ck::prologue_kernel<<<1, ck::kReduceThreads, 0, stream>>>(
       p.labels, p.label_dtype == DType::kI32, p.weights, B, V, p.ignore_index,
-      grad && p.reduction != Reduction::kNone ? gi->grad_loss : nullptr, scalars_dev);
+      grad && !per_row_upstream ? gi->grad_loss : nullptr, per_row_upstream ? gi->grad_loss : nullptr, scalars_dev);
   cuda::check(cudaGetLastError(), "prologue_kernel launch");
   ck::Scalars sc{};
   cuda::check(cudaMemcpyAsync(&sc, scalars_dev, sizeof(sc), cudaMemcpyDeviceToHost, stream), "copy of the prologue");
@@ -372,20 +340,28 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   if (sc.first_bad != ULLONG_MAX) {
     const auto t = static_cast<int64_t>(sc.first_bad);
     int64_t y = 0;
+    // Read on `stream` (a plain cudaMemcpy would wait for the legacy stream's work).
     if (p.label_dtype == DType::kI32) {
       int32_t v = 0;
-      cuda::check(cudaMemcpy(&v, static_cast<const int32_t*>(p.labels) + t, sizeof(v), cudaMemcpyDeviceToHost), "label copy");
+      cuda::check(cudaMemcpyAsync(&v, static_cast<const int32_t*>(p.labels) + t, sizeof(v), cudaMemcpyDeviceToHost,
+                                  stream),
+                  "label copy");
+      cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the label copy");
       y = v;
     } else {
-      cuda::check(cudaMemcpy(&y, static_cast<const int64_t*>(p.labels) + t, sizeof(y), cudaMemcpyDeviceToHost), "label copy");
+      cuda::check(cudaMemcpyAsync(&y, static_cast<const int64_t*>(p.labels) + t, sizeof(y), cudaMemcpyDeviceToHost,
+                                  stream),
+                  "label copy");
+      cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the label copy");
     }
     fail(ErrorCode::kInvalidArgument, "label " + std::to_string(y) + " at token " + std::to_string(t) +
                                           " is outside [0, V=" + std::to_string(V) + ") and is not ignore_index (" +
                                           std::to_string(p.ignore_index) + ")");
   }
 
-  // Gradient scale through the GEMMs: α = (upstream scalar / denominator) / dz_scale.
-  const float S = dz_scale(p.dtype);
+  // Gradient scale through the GEMMs: α = (upstream scalar / denominator) / S, where S is the
+  // power of two folded into the stored logit gradient (f16 only, chosen from this call's rows).
+  const float S = p.dtype == DType::kF16 ? cuda_plan::f16_grad_scale(sc.max_row_factor) : 1.0f;
   float alpha = 1.0f / S;
   if (grad) {
     double g = 1.0;
@@ -395,16 +371,10 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   }
 
   // ---- GEMM set-up ----
-  const cublasHandle_t h = cublas_handle(dev);
-  cublas_check(cublasSetStream(h, stream), "cublasSetStream");
-  cublas_check(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
-  // f32 accumulation everywhere, also inside split-K reductions of 16-bit outputs.
-  cublas_check(cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
-               "cublasSetMathMode");
-  const bool tf32 = p.dtype == DType::kF32 && env::flag("TESSERA_CUDA_TF32", false);
-  const Gemm gemm{h, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F};
-  const cudaDataType in_t = cuda_type(p.dtype);
+  cuda::BlasHandle blas(dev, stream);
+  blas.set_workspace(base + lay.workspace, lay.workspace_bytes);  // counted scratch, not cuBLAS's own
+  const Gemm gemm{blas.get(), cuda::blas_compute(p.dtype)};
+  const cudaDataType in_t = cuda::blas_type(p.dtype);
   const bool hv = p.layout == WLayout::kHV;
   const cublasOperation_t N = CUBLAS_OP_N, T = CUBLAS_OP_T;
 
@@ -415,12 +385,15 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   }
   float* dw_target = grad ? (dw_acc_needed ? static_cast<float*>(dw_acc_buf.get()) : static_cast<float*>(go->dw)) : nullptr;
 
+  // Logits rows padded to ldz floats (a multiple of 8: every row 32-byte aligned, also for odd V).
   // The stored logit gradient: OutT = input dtype, row stride ldg elements (in place over Z).
-  const int64_t ldg = p.dtype == DType::kF32 ? V : 2 * V;
+  const int64_t ldz = plan::logits_row_stride(V);
+  const int64_t ldg = p.dtype == DType::kF32 ? ldz : 2 * ldz;
 
   ck::RowParams rp;
   rp.logits = logits;
   rp.V = V;
+  rp.ld = ldz;
   rp.bias = p.bias;
   rp.bias_type = bias_type(p);
   rp.labels = p.labels;
@@ -446,9 +419,9 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
     const int64_t n = std::min(rows, B - c0);
     const void* xc = static_cast<const char*>(p.x) + static_cast<size_t>(c0) * static_cast<size_t>(H) * esize;
 
-    // 1. Z[n, V] (row-major) = x_c · W; column-major: Zᵀ[V, n] = op(W)[V, H] · x_cᵀ[H, n].
-    gemm(hv ? N : T, N, V, n, H, 1.0f, p.w, in_t, hv ? V : H, xc, in_t, H, 0.0f, logits, CUDA_R_32F, V,
-         "logits GEMM");
+    // 1. Z[n, V] (row-major, row stride ldz) = x_c · W; column-major: Zᵀ[V, n] = op(W)[V, H] · x_cᵀ[H, n].
+    gemm(hv ? N : T, N, V, n, H, 1.0f, {p.w, in_t, hv ? V : H}, {xc, in_t, H}, 0.0f, logits, CUDA_R_32F, ldz,
+         "the logits GEMM of linear_cross_entropy (cuda)");
 
     // 2. Row-wise pass.
     rp.rows = n;
@@ -474,15 +447,17 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
     // 4. dx_c[n, H] = α · g[n, V] · Wᵀ; column-major: dx_cᵀ[H, n] = op(W)[H, V] · gᵀ[V, n].
     void* dxc = static_cast<char*>(go->dx) +
                 static_cast<size_t>(c0) * static_cast<size_t>(H) * dtype_size(go->dx_dtype);
-    gemm(hv ? T : N, N, H, n, V, alpha, p.w, in_t, hv ? V : H, logits, in_t, ldg, 0.0f, dxc,
-         cuda_type(go->dx_dtype), H, "dx GEMM");
+    gemm(hv ? T : N, N, H, n, V, alpha, {p.w, in_t, hv ? V : H}, {logits, in_t, ldg}, 0.0f, dxc,
+         cuda::blas_type(go->dx_dtype), H, "the dx GEMM of linear_cross_entropy (cuda)");
 
     // 5. dw += α · x_cᵀ · g, in w's layout.
     const float beta = c0 == 0 ? 0.0f : 1.0f;
     if (hv) {  // dw[H, V] row-major = column-major [V, H]: gᵀ[V, n] · x_c[n, H]
-      gemm(N, T, V, H, n, alpha, logits, in_t, ldg, xc, in_t, H, beta, dw_target, CUDA_R_32F, V, "dw GEMM");
+      gemm(N, T, V, H, n, alpha, {logits, in_t, ldg}, {xc, in_t, H}, beta, dw_target, CUDA_R_32F, V,
+           "the dw GEMM of linear_cross_entropy (cuda)");
     } else {  // dw[V, H] row-major = column-major [H, V]: x_cᵀ[H, n] · g[n, V]
-      gemm(N, T, H, V, n, alpha, xc, in_t, H, logits, in_t, ldg, beta, dw_target, CUDA_R_32F, H, "dw GEMM");
+      gemm(N, T, H, V, n, alpha, {xc, in_t, H}, {logits, in_t, ldg}, beta, dw_target, CUDA_R_32F, H,
+           "the dw GEMM of linear_cross_entropy (cuda)");
     }
   }
 
@@ -509,5 +484,9 @@ std::unique_ptr<Implementation> make_cuda_implementation() {
   cuda::register_device_hooks();  // also keeps cuda_device_hooks.cu (load-time registration) linked
   return std::make_unique<Cuda>();
 }
+
+// The CUDA module (core/cuda_module.h) registers this implementation when it is loaded; it
+// takes the place of the "cuda" placeholder declared in implementations.cc.
+TESSERA_CUDA_MODULE_REGISTRATION([] { registry().add(make_cuda_implementation()); });
 
 }  // namespace tessera::linear_cross_entropy

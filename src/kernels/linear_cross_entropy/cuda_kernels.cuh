@@ -3,7 +3,9 @@
 // docs/kernels/linear_cross_entropy.md for the design.
 //
 // Row-wise pass over one chunk of `rows` tokens whose f32 logits (x·W, before bias) lie in
-// `logits` [rows, V] (row stride V floats). One thread block per row:
+// `logits` [rows, V] with row stride `ld` floats (V padded to a multiple of 8, so every row is
+// 32-byte aligned). One thread block per row, each thread taking groups of 4 columns (one float4
+// load; the last group of a row is loaded element by element when V % 4 != 0):
 //   pass 1: s_j = logit_j + bias_j, z_j = c·tanh(s_j / c) (soft cap) or s_j; online logsumexp
 //           (max + rescaled sum of exp), Σ z_j (label smoothing), first argmax of s_j;
 //           then lse, the row loss w_t·((1−ε)(lse − z_y) + ε(lse − Σz/V) + λ·lse²).
@@ -13,7 +15,7 @@
 //           r_t = weight_t · (grad_loss_t for reduction none, else 1) · dz_scale, and
 //           dz/ds = sech²(s/c) under the soft cap. Ignored rows get g = 0.
 //           g is stored in place over the row as OutT (the GEMM operand type): for 16-bit OutT
-//           the row's first 2V bytes, i.e. a [rows, V] OutT matrix with row stride 2V elements.
+//           the row's first 2V bytes, i.e. a [rows, V] OutT matrix with row stride 2·ld elements.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,8 +35,9 @@ constexpr int kRowWarps = kRowThreads / 32;
 enum BiasType : int { kBiasNone = 0, kBiasF32 = 1, kBiasBF16 = 2, kBiasF16 = 3 };
 
 struct RowParams {
-  const float* logits = nullptr;  // chunk [rows, V] f32, before bias
+  const float* logits = nullptr;  // chunk [rows, V] f32, before bias, row stride ld
   int64_t rows = 0, V = 0;
+  int64_t ld = 0;                 // row stride in floats: a multiple of 8, >= V
   int64_t row0 = 0;               // global token index of the chunk's first row
 
   const void* bias = nullptr;
@@ -56,7 +59,7 @@ struct RowParams {
   bool want_grad = false;
   const float* lse_in = nullptr;     // [B] global: use it instead of computing lse (skips pass 1)
   const float* grad_rows = nullptr;  // [B] global per-row upstream gradient (reduction none) or null
-  float dz_scale = 1.f;              // power of two folded into the stored gradient
+  float dz_scale = 1.f;              // power of two folded into the stored gradient (f16: per call)
 };
 
 __device__ __forceinline__ float load_bias(const void* b, int type, int64_t j) {
@@ -151,13 +154,52 @@ __device__ __forceinline__ float grad_elem(const RowParams& p, float z, float s,
   return d;
 }
 
-// One block per row. VEC = 4 needs V % 4 == 0 (16-byte aligned rows); else VEC = 1.
-template <class OutT, int VEC>
+constexpr int kGroup = 4;                                // columns per thread per step
+constexpr int64_t kTile = int64_t{kRowThreads} * kGroup;  // columns per block per step
+
+// Loads the group of columns [j0, j0 + 4) of a row (j0 % 4 == 0) into g and returns how many of
+// them are < V (0..4). A full group is one float4 load (the row is 32-byte aligned); the last,
+// partial group of a row reads only its columns below V (g[k] = 0 for the others).
+__device__ __forceinline__ int load_group(const float* row, int64_t j0, int64_t V, float g[kGroup]) {
+  const int64_t left = V - j0;
+  if (left >= kGroup) {
+    const float4 q = *reinterpret_cast<const float4*>(row + j0);
+    g[0] = q.x; g[1] = q.y; g[2] = q.z; g[3] = q.w;
+    return kGroup;
+  }
+  const int n = left > 0 ? static_cast<int>(left) : 0;
+#pragma unroll
+  for (int k = 0; k < kGroup; ++k) g[k] = k < n ? row[j0 + k] : 0.f;
+  return n;
+}
+
+// Stores the first n (1..4) values of d as OutT at out[j0 ..]: one 16-byte (f32) or 8-byte
+// (bf16 / f16) store for a full group, element stores for a partial one.
+template <class OutT>
+__device__ __forceinline__ void store_group(OutT* out, int64_t j0, int n, const float d[kGroup]) {
+  if (n == kGroup) {
+    if constexpr (sizeof(OutT) == sizeof(float)) {
+      *reinterpret_cast<float4*>(out + j0) = make_float4(d[0], d[1], d[2], d[3]);
+    } else {
+      OutT o[kGroup];
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) o[k] = from_f32<OutT>(d[k]);
+      uint2 packed;
+      __builtin_memcpy(&packed, o, sizeof(packed));
+      *reinterpret_cast<uint2*>(out + j0) = packed;
+    }
+  } else {
+    for (int k = 0; k < n; ++k) out[j0 + k] = from_f32<OutT>(d[k]);
+  }
+}
+
+// One block per row (see the header comment).
+template <class OutT>
 __global__ void __launch_bounds__(kRowThreads, 3) row_kernel(RowParams p) {
   const int64_t r = blockIdx.x;
   const int64_t t = p.row0 + r;
   const int64_t V = p.V;
-  const float* row = p.logits + r * V;
+  const float* row = p.logits + r * p.ld;
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
 
@@ -174,22 +216,17 @@ __global__ void __launch_bounds__(kRowThreads, 3) row_kernel(RowParams p) {
   } else {
     // ---- pass 1: statistics ----
     RowStats st{-INFINITY, 0.f, 0.f, -INFINITY, INT_MAX};
-    for (int64_t j0 = static_cast<int64_t>(tid) * VEC; j0 < V; j0 += static_cast<int64_t>(kRowThreads) * VEC) {
-      float g[VEC];
-      if constexpr (VEC == 4) {
-        const float4 q = *reinterpret_cast<const float4*>(row + j0);  // V % 4 == 0: in range
-        g[0] = q.x; g[1] = q.y; g[2] = q.z; g[3] = q.w;
-      } else {
-        g[0] = row[j0];
-      }
-      float z[VEC];
+    for (int64_t j0 = static_cast<int64_t>(tid) * kGroup; j0 < V; j0 += kTile) {
+      float g[kGroup];
+      const int n = load_group(row, j0, V, g);  // >= 1: j0 < V
       float mloc = -INFINITY;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
+      for (int k = 0; k < kGroup; ++k) {  // g[k] becomes z of column j0 + k
+        if (k >= n) break;
         float s;
-        z[k] = transform(p, g[k], j0 + k, &s);
-        mloc = fmaxf(mloc, z[k]);
-        st.sum_z += z[k];
+        g[k] = transform(p, g[k], j0 + k, &s);
+        mloc = fmaxf(mloc, g[k]);
+        st.sum_z += g[k];
         if (s > st.best) {  // ascending j per thread: strict > keeps the first maximum
           st.best = s;
           st.best_j = static_cast<int>(j0 + k);
@@ -200,7 +237,10 @@ __global__ void __launch_bounds__(kRowThreads, 3) row_kernel(RowParams p) {
         st.m = mloc;
       }
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) st.s += expf(z[k] - st.m);
+      for (int k = 0; k < kGroup; ++k) {
+        if (k >= n) break;
+        st.s += expf(g[k] - st.m);
+      }
     }
     // Block reduction in a fixed order (deterministic).
 #pragma unroll
@@ -253,78 +293,74 @@ __global__ void __launch_bounds__(kRowThreads, 3) row_kernel(RowParams p) {
   const float off = p.eps / static_cast<float>(V);
   OutT* out = reinterpret_cast<OutT*>(const_cast<float*>(row));  // same row start, OutT elements
   constexpr bool kNarrow = sizeof(OutT) < sizeof(float);
-  for (int64_t base = 0; base < V; base += static_cast<int64_t>(kRowThreads) * VEC) {
-    const int64_t j0 = base + static_cast<int64_t>(tid) * VEC;
-    const bool in = j0 < V;  // VEC = 4: the whole group is in range (V % 4 == 0)
-    float g[VEC];
-    if (in) {
-      if constexpr (VEC == 4) {
-        const float4 q = *reinterpret_cast<const float4*>(row + j0);
-        g[0] = q.x; g[1] = q.y; g[2] = q.z; g[3] = q.w;
-      } else {
-        g[0] = row[j0];
-      }
-    }
-    // 16-bit output overwrites f32 slots [base/2, (base+tile)/2) of this row: every thread must
-    // have read its part of this tile first. Slots of later tiles are never touched.
+  // Every thread runs every step (the loop bound does not depend on tid): the barrier is uniform.
+  for (int64_t base = 0; base < V; base += kTile) {
+    const int64_t j0 = base + static_cast<int64_t>(tid) * kGroup;
+    float g[kGroup];
+    const int n = load_group(row, j0, V, g);  // 0 past the end of the row
+    // 16-bit output overwrites f32 slots [base/2, (base + kTile)/2) of this row, all below
+    // base + kTile: every thread must have read its part of this step's tile first. Slots of
+    // later tiles are never touched.
     if constexpr (kNarrow) __syncthreads();
-    if (in) {
-      OutT o[VEC];
+    if (n > 0) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
+      for (int k = 0; k < kGroup; ++k) {  // g[k] becomes the gradient of column j0 + k
         float d = 0.f;
-        if (rf != 0.f) {
+        if (k < n && rf != 0.f) {
           float s;
           const float z = transform(p, g[k], j0 + k, &s);
           d = rf * grad_elem(p, z, s, j0 + k == y, lse, a, off);
         }
-        o[k] = from_f32<OutT>(d);
+        g[k] = d;
       }
-      if constexpr (VEC == 4 && kNarrow) {
-        uint2 packed;
-        __builtin_memcpy(&packed, o, sizeof(packed));
-        *reinterpret_cast<uint2*>(out + j0) = packed;
-      } else if constexpr (VEC == 4) {
-        *reinterpret_cast<float4*>(out + j0) = make_float4(o[0], o[1], o[2], o[3]);
-      } else {
-        out[j0] = o[0];
-      }
+      store_group<OutT>(out, j0, n, g);
     }
   }
 }
 
-// Deterministic single-block reduction of the label check, the mean denominator and the
-// upstream scalar. Results in `scalars`.
+// Deterministic single-block reduction of the label check, the mean denominator, the largest
+// row factor and the upstream scalar. Results in `scalars`.
 struct Scalars {
   double denom;                // Σ weight_t over non-ignored rows
   unsigned long long first_bad;  // smallest token index with an out-of-range label (ULLONG_MAX: none)
   float grad_scalar;           // grad_loss[0] for reduction sum / mean (else 0)
-  float pad;
+  float max_row_factor;        // max |weight_t · grad_rows_t| over rows with a valid label (f16 scale)
 };
 
 constexpr int kReduceThreads = 1024;
 
+// grad_scalar: the upstream scalar (sum / mean) or null; grad_rows: the per-row upstream
+// gradient (none) or null. The row factor is formed as the row kernel forms it (f32 product).
 __global__ void __launch_bounds__(kReduceThreads)
 prologue_kernel(const void* labels, bool labels_i32, const float* weights, int64_t B, int64_t V,
-                int64_t ignore_index, const float* grad_scalar, Scalars* out) {
+                int64_t ignore_index, const float* grad_scalar, const float* grad_rows, Scalars* out) {
   __shared__ double sh_sum[kReduceThreads];
   __shared__ unsigned long long sh_bad[kReduceThreads];
+  __shared__ float sh_max[kReduceThreads];
   const int tid = threadIdx.x;
   double sum = 0.0;
   unsigned long long bad = ULLONG_MAX;
+  float mx = 0.f;
   for (int64_t t = tid; t < B; t += kReduceThreads) {
     const int64_t y = load_label(labels, labels_i32, t);
     if (y == ignore_index) continue;
-    if ((y < 0 || y >= V) && bad == ULLONG_MAX) bad = static_cast<unsigned long long>(t);
-    sum += weights ? static_cast<double>(weights[t]) : 1.0;
+    const float wt = weights ? weights[t] : 1.f;
+    if (y < 0 || y >= V) {
+      if (bad == ULLONG_MAX) bad = static_cast<unsigned long long>(t);
+    } else {
+      mx = fmaxf(mx, fabsf(wt * (grad_rows ? grad_rows[t] : 1.f)));
+    }
+    sum += static_cast<double>(wt);
   }
   sh_sum[tid] = sum;
   sh_bad[tid] = bad;
+  sh_max[tid] = mx;
   __syncthreads();
   for (int stride = kReduceThreads / 2; stride > 0; stride >>= 1) {
     if (tid < stride) {
       sh_sum[tid] += sh_sum[tid + stride];
       sh_bad[tid] = min(sh_bad[tid], sh_bad[tid + stride]);
+      sh_max[tid] = fmaxf(sh_max[tid], sh_max[tid + stride]);
     }
     __syncthreads();
   }
@@ -332,7 +368,7 @@ prologue_kernel(const void* labels, bool labels_i32, const float* weights, int64
     out->denom = sh_sum[0];
     out->first_bad = sh_bad[0];
     out->grad_scalar = grad_scalar ? grad_scalar[0] : 0.f;
-    out->pad = 0.f;
+    out->max_row_factor = sh_max[0];
   }
 }
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/dispatch.h"
+#include "dispatch/registry.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera::linear_cross_entropy {
@@ -68,16 +68,8 @@ struct GradOut {
   DType dbias_dtype = DType::kF32;
 };
 
-class Implementation {
+class Implementation : public dispatch::ImplementationBase {
  public:
-  virtual ~Implementation() = default;
-  virtual std::string name() const = 0;
-  virtual std::string description() const = 0;
-  // The device whose memory this implementation works on (the default order for a call lists
-  // the implementations of the inputs' device type, in registry order).
-  virtual DeviceType device_type() const = 0;
-  // Machine / build level: can this implementation run here at all?
-  virtual Availability available() const { return Availability::yes(); }
   // Input level: can it run this problem (device, dtypes, sizes)? Must be cheap.
   virtual Availability supports(const Problem& p) const = 0;
 
@@ -104,16 +96,23 @@ class Implementation {
                                 const ForwardOut& fout, const GradOut& gout) const;
 };
 
+// Validates the inputs' dtypes, shapes, layouts and the options exactly as a call would, from
+// metadata only: no data is read (label values and finiteness are checked by the call itself).
+// For callers that must reject a call before they have data (JAX tracing, torch fake tensors).
+// Throws the call's Error(kInvalidArgument). Defined in api.cc.
+void validate_metadata(const Inputs& in, const Options& opt);
+
 // The registry of this kernel, in default dispatch order. Defined in implementations.cc.
-const std::vector<std::unique_ptr<Implementation>>& registry();
+using Registry = dispatch::Registry<Implementation>;
+Registry& registry();
 const Implementation* find_implementation(const std::string& name);  // nullptr if unknown
 
 // Factories (each backend's file defines its own).
 std::unique_ptr<Implementation> make_reference_implementation();
 // Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on (TESSERA_HAVE_CPU_BACKEND).
 std::unique_ptr<Implementation> make_cpu_implementation();
-#ifdef TESSERA_HAVE_CUDA_BACKEND
-std::unique_ptr<Implementation> make_cuda_implementation();  // cuda.cu
-#endif
+// CUDA backend (cuda.cu): built into the CUDA device module, libtessera_cuda.so, which
+// registers it when loaded on first use (implementations.cc declares it).
+std::unique_ptr<Implementation> make_cuda_implementation();
 
 }  // namespace tessera::linear_cross_entropy

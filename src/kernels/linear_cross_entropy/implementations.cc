@@ -1,5 +1,6 @@
 // linear_cross_entropy: the registry of implementations, in default dispatch order.
-// A new backend adds its factory here (and its file to CMakeLists.txt).
+// A new backend adds its factory here (and its file to the kernel's tessera_add_kernel in
+// CMakeLists.txt); a device-module backend is declared here and registers itself from the module.
 #include "kernels/linear_cross_entropy/impl.h"
 
 namespace tessera::linear_cross_entropy {
@@ -12,26 +13,24 @@ void Implementation::forward_backward(const Problem& p, const BlockSizes& bs, co
   backward(p, bs, g2, gout);
 }
 
-const std::vector<std::unique_ptr<Implementation>>& registry() {
-  static const std::vector<std::unique_ptr<Implementation>> impls = [] {
-    std::vector<std::unique_ptr<Implementation>> v;
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry(kKernelName);  // never destroyed: device modules hold pointers
     // Default order: fastest first. Only implementations of the inputs' device are tried.
-#ifdef TESSERA_HAVE_CUDA_BACKEND
-    v.push_back(make_cuda_implementation());
-#endif
+    // cuda.cu lives in the CUDA device module: declared here, registered by the module when a
+    // CUDA device is first used (dispatch/registry.h). Listed as unavailable, with the reason,
+    // where the module cannot be loaded.
+    reg->add_module_implementation("cuda", DeviceType::kCUDA,
+                                   "NVIDIA GPUs (sm_80+), from the CUDA module libtessera_cuda.so");
 #ifdef TESSERA_HAVE_CPU_BACKEND
-    v.push_back(make_cpu_implementation());
+    reg->add(make_cpu_implementation());
 #endif
-    v.push_back(make_reference_implementation());
-    return v;
+    reg->add(make_reference_implementation());
+    return reg;
   }();
-  return impls;
+  return *r;
 }
 
-const Implementation* find_implementation(const std::string& name) {
-  for (const auto& impl : registry())
-    if (impl->name() == name) return impl.get();
-  return nullptr;
-}
+const Implementation* find_implementation(const std::string& name) { return registry().find(name); }
 
 }  // namespace tessera::linear_cross_entropy

@@ -2,18 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <sstream>
 
+#include "core/random.h"
 #include "tessera/error.h"
 
 namespace tessera::linear_cross_entropy::testing {
 namespace {
 
-void fill_float(Tensor& t, std::mt19937_64& rng, double lo, double hi) {
-  std::uniform_real_distribution<double> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data(), t.dtype(), i, static_cast<float>(u(rng)));
-}
 
 std::vector<double> to_doubles(const Tensor& t) {
   std::vector<double> v(static_cast<size_t>(t.numel()));
@@ -51,41 +47,38 @@ std::string CaseSpec::name() const {
   return os.str();
 }
 
+// Every tensor of a case draws from its own stream of the one generator (core/random.h).
 CaseData make_case(const CaseSpec& s) {
-  std::mt19937_64 rng(s.seed * 0x9E3779B97F4A7C15ull + 12345);
+  const uint64_t seed = s.seed * 16;
   CaseData d;
   Shape xs = s.lead;
   xs.push_back(s.H);
   d.x = Tensor::empty(s.dtype, xs);
-  fill_float(d.x, rng, -1.0, 1.0);
+  fill_uniform(d.x, -1.0, 1.0, seed + 1);
   // z = x·w has std ≈ sqrt(H/3)·(a/sqrt(3)) for w ~ U(-a, a); pick a so that |z| ~ logit_scale.
   const double a = s.logit_scale * 3.0 / std::sqrt(static_cast<double>(s.H));
   const Shape mem = s.memory_layout == WLayout::kVH ? Shape{s.V, s.H} : Shape{s.H, s.V};
   d.w = Tensor::empty(s.dtype, mem);
-  fill_float(d.w, rng, -a, a);
+  fill_uniform(d.w, -a, a, seed + 2);
   d.w_view_owner = s.transposed_view ? d.w.as_strided({mem[1], mem[0]}, {1, mem[1]}) : d.w;
   if (s.bias) {
     d.bias = Tensor::empty(s.bias_dtype, {s.V});
-    fill_float(d.bias, rng, -1.0, 1.0);
+    fill_uniform(d.bias, -1.0, 1.0, seed + 3);
   }
   const int64_t B = shape_numel(s.lead);
-  d.labels = Tensor::empty(s.label_dtype, s.lead);
-  std::uniform_int_distribution<int64_t> lab(0, s.V - 1);
-  std::uniform_real_distribution<double> u01(0.0, 1.0);
-  for (int64_t t = 0; t < B; ++t) {
-    int64_t y = u01(rng) < s.ignore_fraction ? s.opt.ignore_index : lab(rng);
-    if (s.label_dtype == DType::kI32)
-      d.labels.data_as<int32_t>()[t] = static_cast<int32_t>(y);
-    else
-      d.labels.data_as<int64_t>()[t] = y;
-  }
+  d.labels = random_indices(s.label_dtype, s.lead, s.V, seed + 4);
+  for (int64_t t = 0; t < B; ++t)
+    if (random_unit(seed + 5, static_cast<uint64_t>(t)) < s.ignore_fraction) {
+      if (s.label_dtype == DType::kI32) d.labels.data_as<int32_t>()[t] = static_cast<int32_t>(s.opt.ignore_index);
+      else d.labels.data_as<int64_t>()[t] = s.opt.ignore_index;
+    }
   if (s.weights) {
     d.weights = Tensor::empty(DType::kF32, s.lead);
-    fill_float(d.weights, rng, 0.25, 2.0);
+    fill_uniform(d.weights, 0.25, 2.0, seed + 6);
   }
   if (s.opt.reduction == Reduction::kNone) {
     d.grad_loss = Tensor::empty(DType::kF32, s.lead);
-    fill_float(d.grad_loss, rng, -1.0, 2.0);  // distinct per token: catches "first only" bugs
+    fill_uniform(d.grad_loss, -1.0, 2.0, seed + 7);  // distinct per token: catches "first only" bugs
   } else {
     d.grad_loss = Tensor::empty(DType::kF32, {});
     d.grad_loss.data_as<float>()[0] = 0.7f;
@@ -99,7 +92,7 @@ Inputs CaseData::inputs() const {
   in.w = w_view_owner.view();
   if (bias.defined()) in.bias = bias.view();
   in.labels = labels.view();
-  if (weights.defined()) in.weights = weights.view();
+  if (weights.defined()) in.token_weights = weights.view();
   return in;
 }
 
@@ -146,22 +139,6 @@ Tolerances tolerances(const CaseSpec& s) {
   return t;
 }
 
-const char* pass_name(Pass p) {
-  switch (p) {
-    case Pass::kForward: return "forward";
-    case Pass::kBackward: return "backward";
-    case Pass::kFused: return "fused";
-  }
-  return "?";
-}
-
-bool ParityReport::ok() const {
-  if (!ran) return skipped;
-  for (const auto& f : fields)
-    if (!f.dev.ok()) return false;
-  return true;
-}
-
 namespace {
 
 struct Outputs {
@@ -171,6 +148,10 @@ struct Outputs {
 Outputs run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass pass, Device dev) {
   Options opt = s.opt;
   opt.implementation = impl;
+  if (s.H == s.V && opt.w_layout == WLayout::kAuto) {  // a square w's layout must be said
+    const bool hv = s.memory_layout == WLayout::kHV;
+    opt.w_layout = hv != s.transposed_view ? WLayout::kHV : WLayout::kVH;
+  }
   const Inputs in = d.inputs();
   Outputs o;
   const Shape lead = s.lead;
@@ -209,7 +190,7 @@ ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass,
   ParityReport r;
   r.case_name = s.name();
   r.implementation = impl;
-  r.pass = pass;
+  r.pass = pass_name(pass);
   const CaseData host = make_case(s);
   Outputs want = run_one(s, host, "reference", pass, Device::cpu());
   Outputs got;

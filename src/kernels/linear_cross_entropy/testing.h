@@ -48,24 +48,8 @@ struct Tolerances {
 };
 Tolerances tolerances(const CaseSpec& spec);
 
-enum class Pass { kForward, kBackward, kFused };
-const char* pass_name(Pass p);
-
-struct FieldReport {
-  std::string field;  // "loss", "lse", "argmax", "dx", "dw", "dbias"
-  harness::Deviation dev;
-};
-
-struct ParityReport {
-  std::string case_name;
-  std::string implementation;
-  Pass pass = Pass::kForward;
-  bool ran = false;        // false: the implementation could not run (see error)
-  bool skipped = false;    // could not run because it does not support these inputs
-  std::string error;
-  std::vector<FieldReport> fields;
-  bool ok() const;
-};
+using harness::FieldReport;
+using harness::ParityReport;
 
 // Runs `implementation` (inputs copied to `device`) and the reference on the same case and
 // compares every output. Never throws for an implementation's failure: it is reported.

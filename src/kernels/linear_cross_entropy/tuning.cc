@@ -7,32 +7,14 @@
 #include <thread>
 
 #include "core/env.h"
+#include "core/random.h"
 #include "tessera/error.h"
 #include "tune/device_kind.h"
 
 namespace tessera::linear_cross_entropy {
 
-std::string Implementation::device_kind(const Problem&) const {
-  if (device_type() == DeviceType::kCPU) return tune::cpu_device_kind();
-  return "cuda:unknown";
-}
+std::string Implementation::device_kind(const Problem&) const { return tune::default_device_kind(device_type()); }
 
-const char* op_name(Op op) noexcept {
-  switch (op) {
-    case Op::kForward: return "forward";
-    case Op::kBackward: return "backward";
-    case Op::kForwardBackward: return "forward_backward";
-  }
-  return "?";
-}
-
-Op parse_op(const std::string& s) {
-  if (s == "forward") return Op::kForward;
-  if (s == "backward") return Op::kBackward;
-  if (s == "forward_backward") return Op::kForwardBackward;
-  throw Error(ErrorCode::kInvalidArgument,
-              "unknown op '" + s + "' (expected forward, backward or forward_backward)");
-}
 
 // The buckets: dimension order (B, H, V); first match wins. Vocabulary size is what separates
 // real models most (how many vocabulary tiles a row streams through); token count and hidden
@@ -94,7 +76,7 @@ bool worth_autotuning(const Problem& p, int64_t min_work) {
          static_cast<double>(min_work);
 }
 
-std::string autotune_key(const Implementation& impl, const Problem& p, Op op,
+std::string autotune_key(const Implementation& impl, const Problem& p, Pass op,
                          const std::string& device_kind) {
   std::string k = std::string(kKernelName);
   k += "|impl=" + impl.name();
@@ -107,20 +89,13 @@ std::string autotune_key(const Implementation& impl, const Problem& p, Op op,
   k += std::string("|soft_cap=") + (p.soft_cap > 0 ? "on" : "off");
   k += std::string("|label_smoothing=") + (p.label_smoothing > 0 ? "on" : "off");
   k += std::string("|argmax=") + (p.want_argmax ? "on" : "off");
-  k += std::string("|op=") + op_name(op);
+  k += std::string("|op=") + pass_name(op);
   if (impl.device_type() == DeviceType::kCPU) k += "|threads=" + std::to_string(p.num_threads);
   k += std::string("|version=") + TESSERA_VERSION;
   return k;
 }
 
-std::vector<BlockSizes> tuning_candidates(const Implementation& impl, const Problem& p) {
-  std::vector<BlockSizes> out{impl.default_block_sizes(p)};
-  for (const BlockSizes& c : impl.candidate_block_sizes(p))
-    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-  return out;
-}
-
-tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Op op) {
+tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op) {
   // Scratch outputs, shared by every timed call, freed with the RunFn.
   struct Scratch {
     Tensor loss, lse, argmax, grad_loss, dx, dw, dbias;
@@ -132,7 +107,7 @@ tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Op op) 
   s->loss = Tensor::empty(DType::kF32, {nloss}, dev);
   s->lse = Tensor::empty(DType::kF32, {p.B}, dev);
   if (p.want_argmax) s->argmax = Tensor::empty(DType::kI64, {p.B}, dev);
-  if (op != Op::kForward) {
+  if (op != Pass::kForward) {
     Tensor g = Tensor::empty(DType::kF32, {nloss});
     for (int64_t i = 0; i < nloss; ++i) g.data_as<float>()[i] = 1.0f;
     s->grad_loss = dev.type == DeviceType::kCPU ? g : g.to(dev);
@@ -147,65 +122,55 @@ tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Op op) 
     ip->validate_block_sizes(bs);
     ForwardOut fo{s->loss.data_as<float>(), s->lse.data_as<float>(),
                   prob.want_argmax ? s->argmax.data_as<int64_t>() : nullptr};
-    GradIn gi{op == Op::kForward ? nullptr : s->grad_loss.data_as<float>(), nullptr};
-    GradOut go{op == Op::kForward ? nullptr : s->dx.data(), prob.dtype,
-               op == Op::kForward ? nullptr : s->dw.data(), prob.dtype,
-               prob.bias && op != Op::kForward ? s->dbias.data() : nullptr, prob.bias_dtype};
-    if (op == Op::kBackward && !s->lse_ready) {  // backward is timed with the forward's lse
+    GradIn gi{op == Pass::kForward ? nullptr : s->grad_loss.data_as<float>(), nullptr};
+    GradOut go{op == Pass::kForward ? nullptr : s->dx.data(), prob.dtype,
+               op == Pass::kForward ? nullptr : s->dw.data(), prob.dtype,
+               prob.bias && op != Pass::kForward ? s->dbias.data() : nullptr, prob.bias_dtype};
+    if (op == Pass::kBackward && !s->lse_ready) {  // backward is timed with the forward's lse
       ip->forward(prob, bs, fo);
       ip->synchronize(prob);
       s->lse_ready = true;
     }
     const auto t0 = std::chrono::steady_clock::now();
     switch (op) {
-      case Op::kForward: ip->forward(prob, bs, fo); break;
-      case Op::kBackward:
+      case Pass::kForward: ip->forward(prob, bs, fo); break;
+      case Pass::kBackward:
         gi.lse = s->lse.data_as<float>();
         ip->backward(prob, bs, gi, go);
         break;
-      case Op::kForwardBackward: ip->forward_backward(prob, bs, gi, fo, go); break;
+      case Pass::kFused: ip->forward_backward(prob, bs, gi, fo, go); break;
     }
     ip->synchronize(prob);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
 }
 
+std::string Tuning::describe(const Implementation& impl, const Problem& p, Pass op) {
+  return std::string(kKernelName) + " " + impl.name() + " " + dtype_name(p.dtype) + " " + pass_name(op) +
+         " B=" + std::to_string(p.B) + ",H=" + std::to_string(p.H) + ",V=" + std::to_string(p.V);
+}
+
+Problem Tuning::shape_only(const std::vector<int64_t>& s, DType dtype, Device dev) {
+  Problem p;
+  p.B = s.at(0), p.H = s.at(1), p.V = s.at(2);
+  p.dtype = dtype;
+  p.device = dev;
+  p.num_threads = resolve_num_threads(0);
+  return p;
+}
+
 OwnedProblem make_random_problem(int64_t B, int64_t H, int64_t V, DType dtype, Device device,
                                  uint64_t seed) {
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto next = [&] {  // xorshift64*: deterministic, fast, good enough for timing inputs
-    state ^= state >> 12;
-    state ^= state << 25;
-    state ^= state >> 27;
-    return state * 0x2545F4914F6CDD1Dull;
-  };
-  auto uniform = [&] { return static_cast<float>((next() >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f; };
-  Tensor x = Tensor::empty(dtype, {B, H});
-  Tensor w = Tensor::empty(dtype, {H, V});
-  Tensor labels = Tensor::empty(DType::kI64, {B});
-  for (int64_t i = 0; i < B * H; ++i) store_from_f32(x.data(), dtype, i, uniform());
-  const float ws = 1.0f / std::sqrt(static_cast<float>(H));
-  for (int64_t i = 0; i < H * V; ++i) store_from_f32(w.data(), dtype, i, uniform() * ws);
-  for (int64_t i = 0; i < B; ++i) labels.data_as<int64_t>()[i] = static_cast<int64_t>(next() % static_cast<uint64_t>(V));
   OwnedProblem o;
-  if (device.type != DeviceType::kCPU) {
-    x = x.to(device);
-    w = w.to(device);
-    labels = labels.to(device);
-  }
-  o.x = x;
-  o.w = w;
-  o.labels = labels;
+  o.x = random_uniform(dtype, {B, H}, 1.0f, seed * 3 + 1).to(device);
+  o.w = random_uniform(dtype, {H, V}, 1.0f / std::sqrt(static_cast<float>(H)), seed * 3 + 2).to(device);
+  o.labels = random_indices(DType::kI64, {B}, V, seed * 3 + 3).to(device);
   Problem& p = o.problem;
-  p.B = B;
-  p.H = H;
-  p.V = V;
+  p.B = B, p.H = H, p.V = V;
   p.dtype = dtype;
   p.device = device;
-  p.x = o.x.data();
-  p.w = o.w.data();
+  p.x = o.x.data(), p.w = o.w.data(), p.labels = o.labels.data();
   p.layout = WLayout::kHV;
-  p.labels = o.labels.data();
   p.label_dtype = DType::kI64;
   p.num_threads = resolve_num_threads(0);
   return o;

@@ -17,11 +17,6 @@
 
 namespace tessera::linear_cross_entropy {
 
-// What a call computes; keys the autotune cache and picks what is timed.
-enum class Op : uint8_t { kForward, kBackward, kForwardBackward };
-const char* op_name(Op op) noexcept;  // "forward", "backward", "forward_backward"
-Op parse_op(const std::string& s);    // throws Error(kInvalidArgument)
-
 // The buckets, first match wins (tuning.cc documents each).
 const std::vector<tune::Bucket>& tuning_buckets();
 const tune::Bucket* bucket_for(const Problem& p);  // nullptr when none matches
@@ -47,17 +42,14 @@ bool worth_autotuning(const Problem& p, int64_t min_work = kMinAutotuneWork);
 // The full autotune cache key: implementation, device kind, dtypes, shape (B by its power-of-two
 // class, H and V exact), layout, options that change the work (bias, soft cap, label smoothing,
 // argmax), op, CPU threads, library version.
-std::string autotune_key(const Implementation& impl, const Problem& p, Op op,
+std::string autotune_key(const Implementation& impl, const Problem& p, Pass op,
                          const std::string& device_kind);
-// The candidate list for `p`: the implementation's default first, then its candidates (dupes
-// dropped).
-std::vector<BlockSizes> tuning_candidates(const Implementation& impl, const Problem& p);
 
 // A RunFn that validates a candidate and times one call of `op` of `impl` on `p` (the caller's
 // inputs, read only) into scratch outputs allocated here (never the caller's outputs),
 // synchronizing the implementation before stopping the clock. Throws Error(kOutOfMemory) if
 // the scratch cannot be allocated.
-tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Op op);
+tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op);
 
 // A problem with deterministic random inputs of a given shape, owning its memory (for
 // `tessera tune` and tests). Labels avoid ignore_index; no bias, no weights, mean reduction.
@@ -67,5 +59,36 @@ struct OwnedProblem {
 };
 OwnedProblem make_random_problem(int64_t B, int64_t H, int64_t V, DType dtype, Device device,
                                  uint64_t seed = 1);
+
+// This kernel's tuning traits (tune/adapter.h, kernels/tune_spec.h).
+struct Tuning {
+  using Impl = Implementation;
+  using Problem = linear_cross_entropy::Problem;
+  using Sizes = BlockSizes;
+  using Owned = OwnedProblem;
+  static constexpr const char* kKernel = kKernelName;
+  static constexpr int64_t kMinWork = kMinAutotuneWork;
+  static constexpr const char* kInclude = "kernels/linear_cross_entropy/tuning.h";
+  static constexpr const char* kNamespace = "tessera::linear_cross_entropy";
+  static constexpr const char* kTablePath = "src/kernels/linear_cross_entropy/tuned_table.cc";
+  static tune::Params to_params(const Sizes& s) { return linear_cross_entropy::to_params(s); }
+  static Sizes from_params(const tune::Params& p) { return linear_cross_entropy::from_params(p); }
+  static Sizes fit(const Sizes& s, const Problem& p) { return sanitize_for_shape(s, p); }
+  static const std::vector<tune::TableEntry>& table() { return tuned_table(); }
+  static const std::vector<tune::Bucket>& buckets() { return tuning_buckets(); }
+  static const tune::Bucket* bucket(const Problem& p) { return bucket_for(p); }
+  static bool worth(const Problem& p, int64_t min_work) { return worth_autotuning(p, min_work); }
+  static std::string key(const Impl& i, const Problem& p, Pass op, const std::string& kind) {
+    return autotune_key(i, p, op, kind);
+  }
+  static tune::RunFn timed_run(const Impl& i, const Problem& p, Pass op) { return make_timed_run(i, p, op); }
+  static std::string describe(const Impl& impl, const Problem& p, Pass op);
+  static const Impl* find(const std::string& name) { return find_implementation(name); }
+  // shape: the bucket dims (B, H, V); labels avoid ignore_index, no bias, mean reduction.
+  static Owned random_problem(const std::vector<int64_t>& s, DType dtype, Device dev) {
+    return make_random_problem(s.at(0), s.at(1), s.at(2), dtype, dev);
+  }
+  static Problem shape_only(const std::vector<int64_t>& s, DType dtype, Device dev);
+};
 
 }  // namespace tessera::linear_cross_entropy

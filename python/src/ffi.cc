@@ -1,0 +1,149 @@
+// XLA FFI handlers: JAX calls Tessera's kernels inside its compiled programs (jax.jit, grad)
+// with no host round trip and no Python callback. One generic handler per platform, driven by
+// the kernel registry like the rest of the extension:
+//   args:  the present tensors, named in order by the attribute `names` ("x,w,labels,grad_loss")
+//   rets:  the pass's outputs in the order CallSpec::outputs gives them
+//   attrs: kernel, pass, names, options ("reduction=mean;soft_cap=30"), implementation
+// XLA owns every buffer; the handler wraps them as TensorViews (no copy) and returns an ffi::Error
+// with Tessera's one-line message when the call is rejected.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ext.h"
+#include "tessera/error.h"
+#include "xla/ffi/api/ffi.h"
+
+#ifdef TESSERA_HAVE_CUDA_BACKEND
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ffi = xla::ffi;
+namespace nb = nanobind;
+
+namespace tessera::python {
+namespace {
+
+std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  if (s.empty()) return out;
+  size_t start = 0;
+  while (true) {
+    const size_t end = s.find(sep, start);
+    out.emplace_back(s.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+DType dtype_of(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32: return DType::kF32;
+    case ffi::DataType::BF16: return DType::kBF16;
+    case ffi::DataType::F16: return DType::kF16;
+    case ffi::DataType::S32: return DType::kI32;
+    case ffi::DataType::S64: return DType::kI64;
+    default:
+      throw Error(ErrorCode::kInvalidArgument,
+                  "a buffer has an XLA dtype Tessera does not take (f32, bf16, f16, i32, i64)");
+  }
+}
+
+TensorView view_of(const ffi::AnyBuffer& b, Device dev) {
+  Shape shape(b.dimensions().begin(), b.dimensions().end());
+  return TensorView(b.untyped_data(), dtype_of(b.element_type()), std::move(shape), dev);
+}
+
+ffi::Error run(Device dev, void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel,
+               std::string_view pass, std::string_view names, std::string_view options,
+               std::string_view implementation) {
+  try {
+    const kernels::KernelSpec& k = kernels::get(std::string(kernel));
+    kernels::CallArgs call;
+    call.pass = parse_pass(std::string(pass));
+    const std::vector<std::string> n = split(names, ',');
+    if (n.size() != args.size())
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tessera: " + std::to_string(args.size()) +
+                                                              " buffers for " + std::to_string(n.size()) + " names");
+    for (size_t i = 0; i < n.size(); ++i) {
+      auto b = args.get<ffi::AnyBuffer>(i);
+      if (b.has_error()) return b.error();
+      call.tensors.push_back({n[i], view_of(*b, dev)});
+    }
+    std::map<std::string, std::string> given;
+    for (const std::string& kv : split(options, ';')) {
+      const size_t eq = kv.find('=');
+      given[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    }
+    call.options = option_values(k.call, k.name, given);
+    call.exec.implementation = std::string(implementation);
+    call.exec.stream = stream;
+    std::vector<TensorView> out;
+    for (size_t i = 0; i < rets.size(); ++i) {
+      auto r = rets.get<ffi::AnyBuffer>(i);
+      if (r.has_error()) return r.error();
+      out.push_back(view_of(**r, dev));
+    }
+    k.call.call(call, out);
+    return ffi::Error::Success();
+  } catch (const Error& e) {
+    const auto code = e.code() == ErrorCode::kInvalidArgument ? ffi::ErrorCode::kInvalidArgument
+                      : e.code() == ErrorCode::kUnsupported   ? ffi::ErrorCode::kUnimplemented
+                                                              : ffi::ErrorCode::kInternal;
+    return ffi::Error(code, e.what());
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("tessera: ") + e.what());
+  }
+}
+
+ffi::Error call_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel, std::string_view pass,
+                    std::string_view names, std::string_view options, std::string_view implementation) {
+  return run(Device::cpu(), nullptr, args, rets, kernel, pass, names, options, implementation);
+}
+
+#ifdef TESSERA_HAVE_CUDA_BACKEND
+ffi::Error call_cuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel,
+                     std::string_view pass, std::string_view names, std::string_view options,
+                     std::string_view implementation) {
+  int device = 0;
+  cudaGetDevice(&device);
+  return run(Device::cuda(device), stream, args, rets, kernel, pass, names, options, implementation);
+}
+#endif
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCpu, call_cpu,
+                              ffi::Ffi::Bind()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<std::string_view>("kernel")
+                                  .Attr<std::string_view>("pass_")
+                                  .Attr<std::string_view>("names")
+                                  .Attr<std::string_view>("options")
+                                  .Attr<std::string_view>("implementation"));
+
+#ifdef TESSERA_HAVE_CUDA_BACKEND
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCuda, call_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<std::string_view>("kernel")
+                                  .Attr<std::string_view>("pass_")
+                                  .Attr<std::string_view>("names")
+                                  .Attr<std::string_view>("options")
+                                  .Attr<std::string_view>("implementation"));
+#endif
+
+nb::dict ffi_targets() {
+  nb::dict d;
+  d["cpu"] = nb::capsule(reinterpret_cast<void*>(TesseraCallCpu));
+#ifdef TESSERA_HAVE_CUDA_BACKEND
+  d["cuda"] = nb::capsule(reinterpret_cast<void*>(TesseraCallCuda));
+#endif
+  return d;
+}
+
+}  // namespace tessera::python

@@ -1,0 +1,127 @@
+"""Tessera: fused kernels for large-model training, from NumPy, PyTorch, JAX and CuPy.
+
+    import numpy as np, tessera
+    loss = tessera.linear_cross_entropy(x, w, labels)              # x [..., H], w [V, H], labels [...]
+    loss = tessera.linear_cross_entropy(x, w, labels, reduction="sum", z_loss_weight=1e-4,
+                                        soft_cap=30.0, implementation="cpu")
+
+One function per kernel of the C++ registry, generated at import time from its description
+(``tessera.kernels()``): required inputs positional, optional inputs and the C++ options
+keyword-only. Inputs are any DLPack arrays, taken without a copy (CPU and CUDA); outputs come back
+as the caller's array type. PyTorch tensors go through ``tessera.torch`` (a custom op with
+autograd), JAX arrays through ``tessera.jax`` (XLA FFI, custom_vjp). Errors are the C++ one-line
+messages as ValueError / TypeError. The GIL is released while a kernel runs.
+
+``tessera.call(kernel, pass_, tensors, **options)`` runs any pass ("forward", "backward",
+"fused") and returns every output by name (gradients included) for NumPy / CuPy arrays.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from . import _ext
+from ._registry import KERNELS, Kernel, outputs, public_outputs
+
+__version__ = _ext.__version__
+__all__ = ["call", "kernels", "implementations"] + sorted(KERNELS)
+
+
+def kernels():
+    """The kernels this build holds: name, description, inputs, options, implementations."""
+    return _ext.kernels()
+
+
+def implementations(kernel: str):
+    """[{name, device, available, unavailable_reason, status, description}] for a kernel."""
+    return _kernel(kernel).implementations
+
+
+def _kernel(name: str) -> Kernel:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel '{name}' (kernels: {', '.join(KERNELS)})") from None
+
+
+def _framework(tensors: Dict[str, Any]) -> str:
+    for t in tensors.values():
+        if t is None:
+            continue
+        mod = type(t).__module__
+        if mod.startswith("torch"):
+            return "torch"
+        if mod.startswith("jax"):
+            return "jax"
+        if mod.startswith("cupy"):
+            return "cupy"
+    return "numpy"
+
+
+_NP_DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i64": np.int64}
+
+
+def _empty(xp, dtype: str, shape, strides):
+    """An uninitialized array of `shape` whose memory order follows `strides` (elements)."""
+    if dtype == "bf16":
+        import ml_dtypes
+        dt = ml_dtypes.bfloat16
+    else:
+        dt = _NP_DTYPES[dtype]
+    shape = tuple(shape)
+    order = sorted(range(len(shape)), key=lambda i: -strides[i]) if strides else list(range(len(shape)))
+    if order == list(range(len(shape))):
+        return xp.empty(shape, dtype=dt)
+    base = xp.empty(tuple(shape[i] for i in order), dtype=dt)
+    return base.transpose([order.index(i) for i in range(len(shape))])
+
+
+def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Optional[str] = None,
+         num_threads: int = 0, **options) -> Dict[str, Any]:
+    """Runs one pass of a kernel on NumPy (or CuPy / any DLPack) arrays; returns every output by name.
+
+    tensors: the kernel's inputs by name, plus for "backward" / "fused" the upstream gradients
+    (``grad_loss``) and optionally saved forward outputs (``lse``).
+    """
+    k = _kernel(kernel)
+    given = {n: t for n, t in tensors.items() if t is not None}
+    opts = k.option_texts(options)
+    metas = {}
+    for n, t in given.items():
+        v = _ext.view(t, n)
+        metas[n] = (v["dtype"], v["shape"], v["strides"])
+    descs = outputs(k, pass_, metas, opts)
+    xp, stream = np, 0
+    if _framework(given) == "cupy":
+        import cupy as xp  # noqa: F811
+        stream = xp.cuda.get_current_stream().ptr
+    outs = [_empty(xp, d, s, st) for _, d, s, st in descs]
+    _ext.call(k.name, pass_, given, outs, opts, implementation or "", num_threads, stream)
+    return {name: o for (name, _, _, _), o in zip(descs, outs)}
+
+
+def _make(k: Kernel):
+    def fn(*args, **kwargs):
+        tensors, options, implementation, _ = k.bind(args, kwargs)
+        fw = _framework(tensors)
+        if fw == "torch":
+            from . import torch as tt
+            return getattr(tt, k.name)(*args, **kwargs)
+        if fw == "jax":
+            from . import jax as tj
+            return getattr(tj, k.name)(*args, **kwargs)
+        out = call(k.name, "forward", tensors, implementation=implementation, **options)
+        public = public_outputs(k, list(out))
+        return out[public[0]] if len(public) == 1 else tuple(out[n] for n in public)
+
+    fn.__name__ = fn.__qualname__ = k.name
+    fn.__signature__ = k.signature()
+    fn.__doc__ = k.doc("NumPy / CuPy; PyTorch tensors go to tessera.torch, JAX arrays to tessera.jax") + (
+        "\n\nReturns the forward's outputs but the saved ones (lse): loss, or (loss, argmax).")
+    return fn
+
+
+for _name, _k in KERNELS.items():
+    globals()[_name] = _make(_k)
+del _name, _k

@@ -1,0 +1,169 @@
+"""The kernel registry as Python sees it, and the generic call machinery.
+
+Everything here is generated from ``tessera._ext.kernels()`` (the C++ KernelSpec's CallSpec):
+the inputs a kernel takes (required / optional / differentiable), its options (kind, default,
+choices), its passes and which forward outputs take an upstream gradient. The NumPy, PyTorch and
+JAX front ends build their per-kernel functions from a ``Kernel`` and never name a kernel.
+
+Conventions of a CallSpec that the front ends rely on:
+  * backward takes the forward's inputs, ``grad_<out>`` for each output in ``forward_outputs``
+    and, optionally, each output in ``saved_outputs`` (e.g. ``lse``);
+  * backward writes ``d<input>`` for each differentiable input that was given.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from . import _ext
+
+# DLPack / framework dtype names -> Tessera's.
+_DTYPE_NAMES = {
+    "float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32", "int64": "i64",
+    "torch.float32": "f32", "torch.bfloat16": "bf16", "torch.float16": "f16",
+    "torch.int32": "i32", "torch.int64": "i64",
+}
+
+
+def dtype_name(dtype: Any) -> str:
+    """Tessera's name ("f32", "bf16", ...) for a NumPy / PyTorch / JAX dtype; TypeError otherwise."""
+    name = str(dtype)
+    try:
+        return _DTYPE_NAMES[name]
+    except KeyError:
+        raise TypeError(f"dtype {name} is not one Tessera takes (float32, bfloat16, float16, int32, int64)") from None
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    kind: str  # "flag", "int", "float", "str"
+    help: str
+    default: Any
+    choices: Tuple[str, ...]
+
+    def to_text(self, value: Any) -> str:
+        """The option's value as the C++ OptionValues text."""
+        if self.kind == "flag":
+            if not isinstance(value, (bool, int)):
+                raise TypeError(f"{self.name} must be a bool, got {type(value).__name__}")
+            return "true" if value else "false"
+        if self.kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{self.name} must be an int, got {type(value).__name__}")
+            return str(int(value))
+        if self.kind == "float":
+            if value is None:
+                value = 0.0
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{self.name} must be a float, got {type(value).__name__}")
+            return repr(float(value))
+        if not isinstance(value, str):
+            raise TypeError(f"{self.name} must be a str, got {type(value).__name__}")
+        if self.choices and value not in self.choices:
+            raise ValueError(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}")
+        return value
+
+
+def _typed_default(kind: str, text: str) -> Any:
+    if kind == "flag":
+        return text == "true"
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text)
+    return text
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    help: str
+    required: bool
+    differentiable: bool
+
+
+@dataclass
+class Kernel:
+    name: str
+    description: str
+    passes: Tuple[str, ...]
+    inputs: Tuple[Input, ...]
+    grad_inputs: Tuple[Input, ...]
+    options: Tuple[Option, ...]
+    forward_outputs: Tuple[str, ...]
+    saved_outputs: Tuple[str, ...]
+    implementations: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def option_names(self) -> Tuple[str, ...]:
+        return tuple(o.name for o in self.options)
+
+    def signature(self, extra: Sequence[inspect.Parameter] = ()) -> inspect.Signature:
+        """Required inputs positional, optional inputs and options keyword-only."""
+        P = inspect.Parameter
+        params = [P(i.name, P.POSITIONAL_OR_KEYWORD) for i in self.inputs if i.required]
+        params += [P(i.name, P.KEYWORD_ONLY, default=None) for i in self.inputs if not i.required]
+        params += [P(o.name, P.KEYWORD_ONLY, default=o.default) for o in self.options]
+        params += [P("implementation", P.KEYWORD_ONLY, default=None)]
+        params += list(extra)
+        return inspect.Signature(params)
+
+    def bind(self, args: Sequence[Any], kwargs: Dict[str, Any], extra: Sequence[inspect.Parameter] = ()):
+        """(tensors by name (None when absent), options as typed values, implementation, extras)."""
+        b = self.signature(extra).bind(*args, **kwargs)
+        b.apply_defaults()
+        a = b.arguments
+        tensors = {i.name: a[i.name] for i in self.inputs}
+        for i in self.inputs:
+            if i.required and tensors[i.name] is None:
+                raise ValueError(f"{self.name}: {i.name} is required")
+        options = {o.name: a[o.name] for o in self.options}
+        extras = {p.name: a[p.name] for p in extra}
+        return tensors, options, a["implementation"] or "", extras
+
+    def option_texts(self, options: Dict[str, Any]) -> Dict[str, str]:
+        by_name = {o.name: o for o in self.options}
+        return {k: by_name[k].to_text(v) for k, v in options.items()}
+
+    def doc(self, front_end: str) -> str:
+        lines = [f"{self.description}.", "", f"Tessera kernel `{self.name}` ({front_end}).", "", "Inputs:"]
+        for i in self.inputs:
+            lines.append(f"  {i.name}{'' if i.required else ' (optional)'}: {i.help}")
+        lines += ["", "Options (keyword-only):"]
+        for o in self.options:
+            choices = f" [{', '.join(o.choices)}]" if o.choices else ""
+            lines.append(f"  {o.name}={o.default!r}{choices}: {o.help}")
+        lines.append("  implementation=None: an implementation name or a comma list "
+                     "(default: the dispatch order; TESSERA_IMPLEMENTATION overrides it)")
+        return "\n".join(lines)
+
+
+def _load() -> Dict[str, Kernel]:
+    out = {}
+    for d in _ext.kernels():
+        opts = tuple(Option(o["name"], o["kind"], o["help"], _typed_default(o["kind"], o["default"]),
+                            tuple(o["choices"])) for o in d["options"])
+        ins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"]) for i in d["inputs"])
+        gins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"]) for i in d["grad_inputs"])
+        out[d["name"]] = Kernel(d["name"], d["description"], tuple(d["passes"]), ins, gins, opts,
+                                tuple(d["forward_outputs"]), tuple(d["saved_outputs"]), d["implementations"])
+    return out
+
+
+KERNELS: Dict[str, Kernel] = _load()
+
+
+def meta(shape: Sequence[int], dtype: Any, strides: Optional[Sequence[int]] = None):
+    return (dtype_name(dtype), [int(s) for s in shape], [int(s) for s in strides] if strides is not None else [])
+
+
+def outputs(kernel: Kernel, pass_: str, metas: Dict[str, Any], options: Dict[str, str]):
+    """[(name, dtype name, shape, strides)] that `pass_` writes for inputs of these metas."""
+    return _ext.outputs(kernel.name, pass_, metas, options)
+
+
+def public_outputs(kernel: Kernel, names: Sequence[str]) -> List[str]:
+    """The forward outputs a user gets back: all but the saved ones (lse stays internal)."""
+    return [n for n in names if n not in kernel.saved_outputs]

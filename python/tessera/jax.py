@@ -1,0 +1,105 @@
+"""Tessera's kernels in JAX: XLA FFI calls (no host round trip, no callback) with a custom_vjp.
+
+    import jax, jax.numpy as jnp, tessera.jax as tj
+    loss = tj.linear_cross_entropy(x, w, labels)                 # x [..., H], w [V, H], labels [...]
+    g = jax.jit(jax.grad(lambda x, w: tj.linear_cross_entropy(x, w, labels, z_loss_weight=1e-4),
+                         argnums=(0, 1)))(x, w)
+
+One function per kernel of the registry (the same signature as ``tessera.<kernel>``). The forward
+pass runs the kernel's "forward" (keeping ``lse``), the VJP its "backward" with the saved ``lse``
+and the upstream gradient. Options are static (part of the jit cache key). Inputs without a
+gradient in the kernel (labels, token_weights) get a zero cotangent: token_weights are treated as
+constants. The handlers are compiled into tessera._ext and registered with ``jax.ffi`` for CPU,
+and for CUDA when the extension was built with the CUDA backend.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from . import _ext
+from ._registry import KERNELS, Kernel, dtype_name, outputs, public_outputs
+
+__all__ = sorted(KERNELS)
+
+_TARGET = "tessera_call"
+for _platform, _capsule in _ext.ffi_targets().items():
+    jax.ffi.register_ffi_target(_TARGET, _capsule, platform=_platform)
+
+_JNP = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32, "i64": jnp.int64}
+
+
+def _ffi(k: Kernel, pass_: str, tensors: Dict[str, Any], options: Tuple[Tuple[str, str], ...], implementation: str):
+    """One pass through the FFI: {output name: array}. Shapes come from the C++ CallSpec."""
+    names = [n for n, t in tensors.items() if t is not None]
+    args = [tensors[n] for n in names]
+    metas = {n: (dtype_name(t.dtype), list(t.shape), []) for n, t in zip(names, args)}
+    descs = outputs(k, pass_, metas, dict(options))
+    result = [jax.ShapeDtypeStruct(tuple(s), _JNP[d]) for _, d, s, _ in descs]
+    outs = jax.ffi.ffi_call(_TARGET, result, vmap_method="sequential")(
+        *args, kernel=k.name, pass_=pass_, names=",".join(names),
+        options=";".join(f"{n}={v}" for n, v in options), implementation=implementation)
+    return {name: o for (name, _, _, _), o in zip(descs, outs)}
+
+
+@functools.lru_cache(maxsize=None)
+def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[str, str], ...], implementation: str):
+    """A custom_vjp function of the present inputs (positional, in `present` order)."""
+    k = KERNELS[kname]
+    diff = {i.name for i in k.inputs if i.differentiable}
+
+    def primal_out(out):
+        public = public_outputs(k, list(out))
+        return out[public[0]] if len(public) == 1 else tuple(out[n] for n in public)
+
+    @jax.custom_vjp
+    def f(*args):
+        return primal_out(_ffi(k, "forward", dict(zip(present, args)), options, implementation))
+
+    def fwd(*args):
+        out = _ffi(k, "forward", dict(zip(present, args)), options, implementation)
+        saved = {n: out[n] for n in k.saved_outputs if n in out}
+        return primal_out(out), (args, saved)
+
+    def bwd(res, g):
+        args, saved = res
+        gs = g if isinstance(g, tuple) else (g,)
+        tensors = dict(zip(present, args))
+        # Upstream gradients of the outputs that take one (the first public outputs, in order).
+        for name, gi in zip(k.forward_outputs, gs):
+            tensors["grad_" + name] = jnp.asarray(gi, jnp.float32)
+        tensors.update(saved)
+        grads = _ffi(k, "backward", tensors, options, implementation)
+        return tuple(grads["d" + n] if n in diff else None for n in present)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def _make(k: Kernel):
+    def fn(*args, **kwargs):
+        tensors, options, implementation, _ = k.bind(args, kwargs)
+        present = tuple(n for n, t in tensors.items() if t is not None)
+        arrays = [jnp.asarray(tensors[n]) for n in present]
+        opts = tuple(sorted(k.option_texts(options).items()))
+        return _differentiable(k.name, present, opts, implementation)(*arrays)
+
+    fn.__name__ = fn.__qualname__ = k.name
+    fn.__signature__ = k.signature()
+    fn.__doc__ = k.doc("JAX: XLA FFI + custom_vjp; works under jit and grad (vmap runs it per element)") + (
+        "\n\nReturns the forward's outputs but the saved ones (lse): loss, or (loss, argmax).")
+    return fn
+
+
+def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: str = "", **options):
+    """One pass of a kernel on JAX arrays (jit-able, no autodiff): {output name: array}."""
+    k = KERNELS[kernel]
+    return _ffi(k, pass_, tensors, tuple(sorted(k.option_texts(options).items())), implementation or "")
+
+
+for _name, _k in KERNELS.items():
+    globals()[_name] = _make(_k)
+del _name, _k

@@ -1,0 +1,217 @@
+"""Tessera's kernels in PyTorch: ``torch.library`` custom ops with autograd.
+
+    import torch, tessera.torch as tt
+    loss = tt.linear_cross_entropy(hidden, lm_head.weight, labels)   # hidden [..., H], weight [V, H]
+    loss.backward()
+
+For each kernel of the registry two ops are defined, their schemas generated from its CallSpec:
+``torch.ops.tessera.<kernel>`` (the forward pass; returns every forward output, the saved ones
+included) and ``torch.ops.tessera.<kernel>_backward`` (the gradients, given the upstream gradient
+and the saved outputs). Each has a fake (meta) implementation whose shapes come from the C++
+spec, and the forward op has its autograd registered, so ``torch.compile(fullgraph=True)`` keeps
+the op in the graph. CPU tensors run the CPU implementations; CUDA tensors the cuda
+implementation on the tensor's current stream. Tensors are handed to the kernel through DLPack
+without a copy; outputs are allocated by PyTorch (its caching allocator on CUDA).
+
+``LinearCrossEntropyLoss`` is an ``nn.Module`` with the call signature of Liger-Kernel's
+``LigerFusedLinearCrossEntropyLoss``; ``linear_cross_entropy(x, w, labels)`` takes CCE's
+``linear_cross_entropy(e, c, targets)`` arguments in the same order (see the README's mapping).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from . import _ext
+from ._registry import KERNELS, Kernel, dtype_name
+
+__all__ = sorted(KERNELS) + ["LinearCrossEntropyLoss"]
+
+_TORCH = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32, "i64": torch.int64}
+_SCHEMA_TYPES = {"flag": "bool", "int": "int", "float": "float", "str": "str"}
+
+_lib = torch.library.Library("tessera", "DEF")
+
+
+def _default_literal(o) -> str:
+    if o.kind == "flag":
+        return "True" if o.default else "False"
+    if o.kind == "str":
+        return '"' + o.default + '"'
+    return repr(o.default)
+
+
+def _arg_names(k: Kernel, pass_: str) -> List[str]:
+    """The op's arguments: required tensors, optional tensors, options, implementation."""
+    tensors = list(k.inputs) + (list(k.grad_inputs) if pass_ == "backward" else [])
+    return ([t.name for t in tensors if t.required] + [t.name for t in tensors if not t.required] +
+            [o.name for o in k.options] + ["implementation"])
+
+
+def _schema(k: Kernel, pass_: str) -> str:
+    tensors = list(k.inputs) + (list(k.grad_inputs) if pass_ == "backward" else [])
+    args = [f"Tensor {t.name}" for t in tensors if t.required]
+    args += [f"Tensor? {t.name}=None" for t in tensors if not t.required]
+    args += [f"{_SCHEMA_TYPES[o.kind]} {o.name}={_default_literal(o)}" for o in k.options]
+    args += ['str implementation=""']
+    return "(" + ", ".join(args) + ") -> Tensor[]"
+
+
+def _defaults(k: Kernel) -> Dict[str, Any]:
+    d: Dict[str, Any] = {t.name: None for t in list(k.inputs) + list(k.grad_inputs) if not t.required}
+    d.update({o.name: o.default for o in k.options})
+    d["implementation"] = ""
+    return d
+
+
+def _split(k: Kernel, pass_: str, args, kwargs):
+    # The dispatcher may leave out trailing arguments that equal their defaults.
+    named = _defaults(k)
+    named.update(zip(_arg_names(k, pass_), args))
+    named.update(kwargs)
+    tensor_names = [t.name for t in k.inputs] + ([t.name for t in k.grad_inputs] if pass_ == "backward" else [])
+    tensors = {n: named[n] for n in tensor_names if named[n] is not None}
+    options = k.option_texts({o.name: named[o.name] for o in k.options})
+    return tensors, options, named["implementation"]
+
+
+def _descs(k: Kernel, pass_: str, tensors: Dict[str, torch.Tensor], options: Dict[str, str]):
+    metas = {n: (dtype_name(t.dtype), list(t.shape), list(t.stride())) for n, t in tensors.items()}
+    return _ext.outputs(k.name, pass_, metas, options)
+
+
+def _device(tensors: Dict[str, torch.Tensor]) -> torch.device:
+    return next(iter(tensors.values())).device
+
+
+def _register(k: Kernel, pass_: str, op_name: str):
+    _lib.define(op_name + _schema(k, pass_))
+
+    def impl(*args, **kwargs):
+        tensors, options, implementation = _split(k, pass_, args, kwargs)
+        dev = _device(tensors)
+        outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev) for _, d, s, st in _descs(k, pass_, tensors, options)]
+        stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+        views = {n: t.detach() for n, t in tensors.items()}  # DLPack refuses tensors that require grad
+        _ext.call(k.name, pass_, views, outs, options, implementation, 0, stream)
+        return outs
+
+    def fake(*args, **kwargs):
+        tensors, options, _ = _split(k, pass_, args, kwargs)
+        dev = _device(tensors)
+        return [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev) for _, d, s, st in _descs(k, pass_, tensors, options)]
+
+    for key in ("CPU", "CUDA"):
+        _lib.impl(op_name, impl, key)
+    torch.library.register_fake("tessera::" + op_name, fake, lib=_lib)
+
+
+def _register_autograd(k: Kernel):
+    fwd_names = _arg_names(k, "forward")
+    bwd_names = _arg_names(k, "backward")
+    diff = [t.name for t in k.inputs if t.differentiable]
+    bwd_op = getattr(torch.ops.tessera, k.name + "_backward")
+
+    def setup_context(ctx, inputs, output):
+        named = _defaults(k)
+        named.update(zip(fwd_names, inputs))
+        tensor_names = [t.name for t in k.inputs if named[t.name] is not None]
+        ctx.tensor_names = tensor_names
+        ctx.rest = {n: v for n, v in named.items() if n not in tensor_names}
+        # Forward outputs are ordered: forward_outputs, then saved_outputs, then the others.
+        nf = len(k.forward_outputs)
+        saved = list(output[nf:nf + len(k.saved_outputs)])
+        ctx.save_for_backward(*[named[n] for n in tensor_names], *saved)
+        ctx.grad_shapes = [o.shape for o in output[:nf]]
+
+    def backward(ctx, *grads):
+        if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
+            grads = grads[0]
+        saved = ctx.saved_tensors
+        n = len(ctx.tensor_names)
+        named: Dict[str, Any] = dict(ctx.rest)
+        named.update(zip(ctx.tensor_names, saved[:n]))
+        named.update(zip(k.saved_outputs, saved[n:]))
+        for name, g, shape in zip(k.forward_outputs, grads, ctx.grad_shapes):
+            ref = saved[0]
+            named["grad_" + name] = (torch.zeros(shape, dtype=torch.float32, device=ref.device) if g is None
+                                     else g.to(torch.float32).contiguous())
+        for t in k.grad_inputs:
+            named.setdefault(t.name, None)
+        outs = bwd_op(*[named[a] for a in bwd_names])
+        by_name = {}
+        i = 0
+        for name in diff:  # backward writes d<input> for each differentiable input given, in order
+            if named.get(name) is not None:
+                by_name[name] = outs[i]
+                i += 1
+        return tuple(by_name.get(a) if a in diff else None for a in fwd_names)
+
+    torch.library.register_autograd("tessera::" + k.name, backward, setup_context=setup_context, lib=_lib)
+
+
+def _make(k: Kernel):
+    """The user-facing function, generated as Python source so that torch.compile traces it."""
+    req = [t.name for t in k.inputs if t.required]
+    opt = [t.name for t in k.inputs if not t.required]
+    params = req + ["*"] + [f"{n}=None" for n in opt] + [f"{o.name}={o.default!r}" for o in k.options] + ["implementation=None"]
+    call_args = req + opt + [f"float({o.name} or 0.0)" if o.kind == "float" else o.name for o in k.options]
+    call_args.append('implementation or ""')
+    nf, ns = len(k.forward_outputs), len(k.saved_outputs)
+    src = (f"def {k.name}({', '.join(params)}):\n"
+           f"    outs = _op({', '.join(call_args)})\n"
+           f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"
+           f"    return public[0] if len(public) == 1 else tuple(public)\n")
+    scope = {"_op": getattr(torch.ops.tessera, k.name)}
+    exec(src, scope)  # noqa: S102 - source built from the registry's names only
+    fn = scope[k.name]
+    fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + (
+        "\n\nReturns the forward's outputs but the saved ones (lse): loss, or (loss, argmax).")
+    fn.__module__ = __name__
+    return fn
+
+
+for _k in KERNELS.values():
+    _register(_k, "forward", _k.name)
+    _register(_k, "backward", _k.name + "_backward")
+    _register_autograd(_k)
+    globals()[_k.name] = _make(_k)
+del _k
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """Fused linear + cross-entropy loss with Liger-Kernel's call signature.
+
+    ``LigerFusedLinearCrossEntropyLoss(...)(lin_weight, _input, target, bias=None)`` becomes
+    ``tessera.torch.LinearCrossEntropyLoss(...)(lin_weight, _input, target, bias=None)``:
+    lse_square_scale -> z_loss_weight, softcap (None = off) -> soft_cap. ``ce_weight`` (per-class
+    weights) and ``return_z_loss`` are not supported; ``token_weights`` (per token) is Tessera's.
+    """
+
+    def __init__(self, ce_weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                 lse_square_scale: float = 0.0, label_smoothing: float = 0.0, reduction: str = "mean",
+                 softcap: Optional[float] = None, return_z_loss: bool = False,
+                 implementation: Optional[str] = None):
+        super().__init__()
+        if ce_weight is not None:
+            raise NotImplementedError("per-class ce_weight is not supported; tessera takes per-token token_weights")
+        if return_z_loss:
+            raise NotImplementedError("return_z_loss is not supported: the z-loss is included in the loss")
+        self.ignore_index = ignore_index
+        self.lse_square_scale = lse_square_scale
+        self.label_smoothing = label_smoothing
+        self.reduction = reduction
+        self.softcap = softcap
+        self.implementation = implementation
+
+    def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
+                bias: Optional[torch.Tensor] = None, token_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return linear_cross_entropy(  # noqa: F821 - generated above
+            _input, lin_weight, target, bias=bias, token_weights=token_weights, reduction=self.reduction,
+            ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+            z_loss_weight=self.lse_square_scale, soft_cap=self.softcap or 0.0, implementation=self.implementation)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, lse_square_scale={self.lse_square_scale}, "
+                f"label_smoothing={self.label_smoothing}, reduction={self.reduction!r}, softcap={self.softcap}")

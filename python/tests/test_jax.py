@@ -1,0 +1,151 @@
+"""tessera.jax: XLA FFI + custom_vjp, values and gradients against JAX's own autodiff of the
+materialized loss, under jit and grad."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import tessera  # noqa: E402
+import tessera.jax as tj  # noqa: E402
+
+import reference as ref  # noqa: E402
+
+
+def materialized(x, w, y, bias=None, token_weights=None, reduction="mean", ignore_index=-100,
+                 label_smoothing=0.0, z_loss_weight=0.0, soft_cap=0.0):
+    """The loss as JAX users write it: logits, jax.nn.logsumexp, then the options."""
+    z = (x @ w.T).astype(jnp.float32)
+    if bias is not None:
+        z = z + bias
+    if soft_cap:
+        z = soft_cap * jnp.tanh(z / soft_cap)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    keep = y != ignore_index
+    zy = jnp.take_along_axis(z, jnp.where(keep, y, 0)[..., None], axis=-1)[..., 0]
+    ce = (1 - label_smoothing) * (lse - zy) + label_smoothing * (lse - z.mean(-1))
+    tw = jnp.ones_like(lse) if token_weights is None else token_weights
+    per = jnp.where(keep, tw * (ce + z_loss_weight * lse**2), 0.0)
+    if reduction == "none":
+        return per
+    if reduction == "sum":
+        return per.sum()
+    return per.sum() / jnp.maximum((tw * keep).sum(), 1e-30)
+
+
+OPTIONS = [
+    {},
+    {"reduction": "sum"},
+    {"label_smoothing": 0.1},
+    {"z_loss_weight": 1e-3},
+    {"soft_cap": 5.0},
+    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "soft_cap": 3.0},
+]
+
+
+def arrays(seed=0, bias=False):
+    x, w, y = ref.problem(seed=seed)
+    out = [jnp.asarray(x), jnp.asarray(w), jnp.asarray(y.astype(np.int32))]
+    if bias:
+        out.append(jnp.asarray(np.random.default_rng(seed).standard_normal(w.shape[0]).astype(np.float32)))
+    return out
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_value_and_grad_under_jit(opts):
+    x, w, y, b = arrays(bias=True)
+
+    def ours(x, w, b):
+        return tj.linear_cross_entropy(x, w, y, bias=b, **opts)
+
+    def theirs(x, w, b):
+        return materialized(x, w, y, bias=b, **opts)
+
+    v, g = jax.jit(jax.value_and_grad(ours, argnums=(0, 1, 2)))(x, w, b)
+    rv, rg = jax.value_and_grad(theirs, argnums=(0, 1, 2))(x, w, b)
+    np.testing.assert_allclose(v, rv, rtol=2e-5, atol=1e-6)
+    for a, r in zip(g, rg):
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=2e-6)
+
+
+def test_reduction_none_vjp_with_a_nonuniform_cotangent():
+    x, w, y = arrays()
+    ct = jnp.linspace(0.5, 2.0, y.shape[0])
+    ours = jax.vjp(lambda x, w: tj.linear_cross_entropy(x, w, y, reduction="none"), x, w)
+    theirs = jax.vjp(lambda x, w: materialized(x, w, y, reduction="none"), x, w)
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=2e-5, atol=1e-6)
+    for a, r in zip(ours[1](ct), theirs[1](ct)):
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=2e-6)
+
+
+def test_token_weights_leading_axes_and_argmax():
+    x, w, y = arrays()
+    tw = jnp.asarray(np.random.default_rng(3).random(y.shape[0]).astype(np.float32))
+    f = jax.jit(lambda x, w: tj.linear_cross_entropy(x.reshape(4, 6, -1), w, y.reshape(4, 6),
+                                                     token_weights=tw.reshape(4, 6), return_argmax=True))
+    loss, am = f(x, w)
+    np.testing.assert_allclose(loss, materialized(x, w, y, token_weights=tw), rtol=2e-5)
+    assert am.shape == (4, 6)
+    np.testing.assert_array_equal(am.reshape(-1), jnp.argmax(x @ w.T, -1))
+    gx = jax.grad(lambda x: tj.linear_cross_entropy(x, w, y, token_weights=tw))(x)
+    np.testing.assert_allclose(gx, jax.grad(lambda x: materialized(x, w, y, token_weights=tw))(x), rtol=1e-4, atol=2e-6)
+
+
+def test_bf16():
+    x, w, y = arrays()
+    xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+    v, (gx, gw) = jax.jit(jax.value_and_grad(lambda x, w: tj.linear_cross_entropy(x, w, y), argnums=(0, 1)))(xb, wb)
+    assert gx.dtype == jnp.bfloat16 and gw.dtype == jnp.bfloat16
+    x32, w32 = xb.astype(jnp.float32), wb.astype(jnp.float32)
+    rv, (rx, rw) = jax.value_and_grad(lambda x, w: materialized(x, w, y), argnums=(0, 1))(x32, w32)
+    np.testing.assert_allclose(v, rv, rtol=1e-3)
+    np.testing.assert_allclose(gx.astype(jnp.float32), rx, rtol=2e-2, atol=2e-3)
+    np.testing.assert_allclose(gw.astype(jnp.float32), rw, rtol=2e-2, atol=2e-3)
+
+
+def test_jitted_training_step_matches_jax():
+    x, w, y = arrays()
+
+    def step(loss_fn):
+        @jax.jit
+        def s(w):
+            l, g = jax.value_and_grad(lambda w: loss_fn(x, w, y))(w)
+            return w - 0.5 * g, l
+        return s
+
+    ours, theirs = step(tj.linear_cross_entropy), step(materialized)
+    wo, wt = w, w
+    losses = []
+    for _ in range(5):
+        wo, lo = ours(wo)
+        wt, lt = theirs(wt)
+        np.testing.assert_allclose(lo, lt, rtol=1e-4)
+        losses.append(float(lo))
+    np.testing.assert_allclose(wo, wt, rtol=1e-4, atol=1e-5)
+    assert losses[-1] < losses[0]
+
+
+def test_an_ffi_custom_call_not_a_callback():
+    x, w, y = arrays()
+    hlo = jax.jit(jax.grad(lambda x: tj.linear_cross_entropy(x, w, y))).lower(x).as_text()
+    assert "custom_call @tessera_call" in hlo
+    assert "callback" not in hlo
+
+
+def test_top_level_function_dispatches_jax_arrays():
+    x, w, y = arrays()
+    got = tessera.linear_cross_entropy(x, w, y)
+    assert isinstance(got, jax.Array)
+    np.testing.assert_allclose(got, materialized(x, w, y), rtol=2e-5)
+
+
+def test_bad_inputs_raise():
+    x, w, y = arrays()
+    with pytest.raises(TypeError, match="w dtype bf16 differs from x dtype f32"):
+        tj.linear_cross_entropy(x, w.astype(jnp.bfloat16), y)
+    with pytest.raises(TypeError, match="labels must be i32 or i64, got f32"):
+        tj.linear_cross_entropy(x, w, y.astype(jnp.float32))
+    with pytest.raises(ValueError, match="labels shape \\[23\\] does not match"):
+        jax.jit(lambda x: tj.linear_cross_entropy(x, w, y[:23]))(x)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        tj.linear_cross_entropy(x, w, y, reduction="avg")

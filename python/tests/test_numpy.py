@@ -1,0 +1,154 @@
+"""tessera.<kernel> on NumPy arrays: values, zero-copy, errors, the GIL."""
+import inspect
+import threading
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera import _ext
+
+import reference as ref
+
+OPTIONS = [
+    {},
+    {"reduction": "sum"},
+    {"reduction": "none"},
+    {"label_smoothing": 0.1},
+    {"z_loss_weight": 1e-3},
+    {"soft_cap": 5.0},
+    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "soft_cap": 3.0},
+]
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+def test_values(opts, impl):
+    x, w, y = ref.problem()
+    got = tessera.linear_cross_entropy(x, w, y, implementation=impl, **opts)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32
+    np.testing.assert_allclose(got, ref.loss(x, w, y, **opts), rtol=2e-5, atol=2e-5)
+
+
+def test_bias_token_weights_hv_layout_and_leading_axes():
+    x, w, y = ref.problem(B=24)
+    rng = np.random.default_rng(1)
+    b = rng.standard_normal(w.shape[0]).astype(np.float32)
+    tw = rng.random(24).astype(np.float32)
+    want = ref.loss(x, w, y, bias=b, token_weights=tw)
+    got = tessera.linear_cross_entropy(x.reshape(4, 6, -1), np.ascontiguousarray(w.T), y.reshape(4, 6),
+                                       bias=b, token_weights=tw.reshape(4, 6))
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+    # A transposed view of w is taken as it is (no copy), like the C++ API.
+    np.testing.assert_allclose(tessera.linear_cross_entropy(x, np.ascontiguousarray(w.T).T, y, bias=b,
+                                                            token_weights=tw), want, rtol=2e-5)
+
+
+def test_argmax_and_int32_labels():
+    x, w, y = ref.problem(ignore=False)
+    loss, am = tessera.linear_cross_entropy(x, w, y.astype(np.int32), reduction="none", return_argmax=True)
+    assert loss.shape == (24,) and am.dtype == np.int64
+    np.testing.assert_array_equal(am, (x.astype(np.float64) @ w.T.astype(np.float64)).argmax(-1))
+
+
+def test_backward_matches_analytic_gradient():
+    x, w, y = ref.problem()
+    out = tessera.call("linear_cross_entropy", "backward",
+                       {"x": x, "w": w, "labels": y, "grad_loss": np.array(2.0, np.float32)})
+    z = x.astype(np.float64) @ w.T.astype(np.float64)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    keep = y != -100
+    p[np.arange(24), np.where(keep, y, 0)] -= 1
+    dz = 2.0 * p * keep[:, None] / keep.sum()
+    np.testing.assert_allclose(out["dx"], dz @ w, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(out["dw"], dz.T @ x, rtol=1e-4, atol=1e-6)
+    fused = tessera.call("linear_cross_entropy", "fused",
+                         {"x": x, "w": w, "labels": y, "grad_loss": np.array(2.0, np.float32)})
+    np.testing.assert_allclose(fused["loss"], ref.loss(x, w, y), rtol=2e-5)
+    np.testing.assert_allclose(fused["dw"], out["dw"], rtol=1e-5, atol=1e-7)
+
+
+def test_zero_copy_inputs():
+    big = np.zeros((40, 32), np.float32)
+    x, w, y = ref.problem()
+    big[8:32] = x
+    view = big[8:32]  # contiguous, at an offset inside another array
+    seen = _ext.view(view)
+    assert seen["data"] == view.ctypes.data and seen["strides"] == [32, 1]
+    np.testing.assert_allclose(tessera.linear_cross_entropy(view, w, y), ref.loss(x, w, y), rtol=2e-5)
+    # The kernel reads the caller's memory: changing it changes the result, nothing is cached.
+    big[8:32] *= 2
+    np.testing.assert_allclose(tessera.linear_cross_entropy(view, w, y), ref.loss(2 * x, w, y), rtol=2e-5)
+
+
+def test_outputs_are_written_in_place():
+    x, w, y = ref.problem()
+    loss = np.full((), -1.0, np.float32)
+    lse = np.full(24, -1.0, np.float32)
+    ptr = loss.ctypes.data
+    _ext.call("linear_cross_entropy", "forward", {"x": x, "w": w, "labels": y}, [loss, lse], {})
+    assert loss.ctypes.data == ptr
+    np.testing.assert_allclose(loss, ref.loss(x, w, y), rtol=2e-5)
+
+
+def test_errors_are_exceptions_with_the_cpp_message():
+    x, w, y = ref.problem()
+    f = tessera.linear_cross_entropy
+    with pytest.raises(ValueError, match=r"^linear_cross_entropy: x must be contiguous \(row-major\), got strides \[32, 2\] for shape \[24, 16\]$"):
+        f(np.zeros((24, 32), np.float32)[:, ::2], w[:, :16].copy(), y)
+    with pytest.raises(TypeError, match="w dtype f16 differs from x dtype f32"):
+        f(x, w.astype(np.float16), y)
+    with pytest.raises(TypeError, match="labels must be i32 or i64, got f32"):
+        f(x, w, y.astype(np.float32))
+    with pytest.raises(TypeError, match="x has dtype float64"):
+        f(x.astype(np.float64), w, y)
+    with pytest.raises(ValueError, match=r"label 80 at token 0 is outside \[0, V=80\)"):
+        f(x, w, np.full(24, 80))
+    with pytest.raises(ValueError, match="labels shape \\[23\\] does not match"):
+        f(x, w, y[:23])
+    with pytest.raises(ValueError, match="w is square"):
+        f(x, np.zeros((32, 32), np.float32), y)
+    with pytest.raises(ValueError, match="label_smoothing must be in"):
+        f(x, w, y, label_smoothing=2.0)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        f(x, w, y, reduction="avg")
+    with pytest.raises(ValueError, match="unknown implementation 'nope'"):
+        f(x, w, y, implementation="nope")
+    with pytest.raises(TypeError):
+        f(x, w, y, no_such_option=1)
+    with pytest.raises(TypeError, match="z_loss_weight must be a float"):
+        f(x, w, y, z_loss_weight="big")
+
+
+def test_signature_generated_from_the_registry():
+    sig = inspect.signature(tessera.linear_cross_entropy)
+    assert list(sig.parameters)[:3] == ["x", "w", "labels"]
+    assert sig.parameters["bias"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert sig.parameters["reduction"].default == "mean"
+    assert sig.parameters["ignore_index"].default == -100
+    names = [k["name"] for k in tessera.kernels()]
+    assert "linear_cross_entropy" in names
+    for n in names:
+        assert callable(getattr(tessera, n))
+    assert any(i["name"] == "reference" for i in tessera.implementations("linear_cross_entropy"))
+
+
+def test_gil_is_released_while_a_kernel_runs():
+    x, w, y = ref.problem(B=256, H=128, V=4096, ignore=False)
+    started, done = threading.Event(), threading.Event()
+    ticks = 0
+
+    def work():
+        started.set()
+        tessera.linear_cross_entropy(x, w, y, implementation="reference")
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    started.wait()
+    while not done.is_set():
+        ticks += 1
+    t.join()
+    # With the GIL held for the whole call, this thread could not have run meanwhile.
+    assert ticks > 1000

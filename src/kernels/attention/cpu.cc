@@ -1,0 +1,690 @@
+// attention: the optimized CPU backend ("cpu").
+//
+// Design (docs/kernels/attention.md, "cpu backend"):
+//
+//   Forward, FlashAttention-style. A work item is (sequence, query head, super-block of R
+//   consecutive blocks of q query rows). It walks the tiles of kv keys its rows may see (causal
+//   and window limits cut the walk to the allowed span, so masked-out tiles cost nothing); each
+//   kv tile is converted and packed once for the super-block, and per (q block, kv tile):
+//     S = scale · Q_blk · K_tileᵀ                      micro-kernel (K = D)
+//     soft cap, ALiBi, mask (only tiles that cross a mask edge, or with segment ids)
+//     online softmax in f32 (row max, P = exp(S − m), running sum, rescale factor)
+//     O_acc = alpha ∘ O_acc + P · V_tile               micro-kernel (K = kv tile)
+//   and stores O_acc / l (rounded to o's dtype only here) and lse = m + log l.
+//
+//   The tile products run on a Highway register-blocked micro-kernel (cpu_simd.cc), measured
+//   1.5-2x faster than OpenBLAS sgemm on the machine this was written on (docs, devlog v1);
+//   TESSERA_ATTENTION_CPU_GEMM=blas selects sgemm instead, for side-by-side timing.
+//
+//   Backward, FlashAttention-2-style: P is recomputed from the saved lse. A work item is
+//   (sequence, kv head[, kv chunk]); it owns dk and dv of its kv head and dq of the query heads
+//   that share it, so no two items write the same memory and no atomics are needed. Per kv block
+//   (dK, dV accumulated in f32 tiles) and per query head of the group and q block:
+//     S = scale·Q·Kᵀ, P = exp(S' − lse)   (S' = soft-capped, biased, masked S)
+//     dV += Pᵀ·dO;  dP = dO·Vᵀ;  dS = P ∘ (dP − Δ) [∘ (1 − (t/c)²)]
+//     dK += scale·dSᵀ·Q;  dQ += scale·dS·K
+//   with Δ_i = Σ dO_i·o_i from the saved o. Five products per tile, the minimum for FA2.
+//   When there are fewer (sequence, kv head) items than threads, each is split into C chunks:
+//   over the query heads of the group when it has several (each chunk owns its heads' dq and
+//   accumulates f32 dk/dv partials of Sk × (D + Dv)), else over the kv blocks (each chunk owns
+//   its blocks' dk/dv and accumulates an f32 dq partial of Sq × D). Partials are summed in
+//   chunk order afterwards. C depends only on the shape and the thread count.
+//
+//   Determinism: every sum has a fixed order for a fixed thread count (an item's work does not
+//   depend on which thread runs it; chunk partials are reduced in chunk order), so results are
+//   bitwise reproducible for a fixed num_threads. In forward and in backward without chunking
+//   they do not even depend on the thread count.
+//
+//   Memory: per thread, a few q × kv f32 tiles, kv × D accumulators, packed operands and
+//   conversion buffers; forward the f32 O accumulator of a q super-block; backward also
+//   Sq × (Hq/Hkv) floats for Δ, Q and dO of the item's heads packed (<= 8 MiB, else per tile)
+//   and, when dq is not f32, an f32 dq accumulator of Sq × (Hq/Hkv) × D; chunked items add the
+//   partials above. Never Sq × Sk.
+//
+//   bf16 / f16 inputs are converted to f32 tile by tile (Q, dO per q block; K, V per kv block);
+//   all arithmetic is f32 and rounding to the storage dtype happens only when storing.
+//
+// Threads: std::thread, work items handed out by an atomic counter (heaviest first). On the
+// sgemm path, OpenBLAS is switched to one thread while a call runs (process-wide,
+// reference-counted, restored afterwards), because each worker calls sgemm on its own tiles —
+// the linear_cross_entropy backend's rule; its guard is a separate counter, so concurrent calls
+// of both kernels could restore OpenBLAS's thread count early (harmless: slower, not wrong).
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "core/env.h"
+#include "core/memory.h"
+#include "kernels/attention/cpu_simd.h"
+#include "kernels/attention/impl.h"
+#include "kernels/cpu_blas.h"
+#include "tessera/error.h"
+
+namespace tessera::attention {
+namespace {
+
+namespace simd = cpu_simd;
+
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kMaxBlockQ = 1024;
+constexpr int64_t kMaxBlockKv = 4096;
+constexpr int kMaxThreads = 1024;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+using BlasSingleThreaded = cpu_blas::SingleThreaded;
+using cpu_blas::sgemm;
+
+template <class T>
+T* alloc(std::vector<memory::HostBuffer>& keep, size_t count) {
+  keep.push_back(memory::host_alloc(std::max<size_t>(1, count) * sizeof(T)));
+  return memory::as<T>(keep.back());
+}
+
+// Runs body(tid) for tid in [0, T) on T threads (the caller is thread 0).
+template <class F>
+void run_threads(int T, bool blas, F&& body) {
+  std::optional<BlasSingleThreaded> blas_guard;
+  if (blas) blas_guard.emplace();
+  if (T <= 1) {
+    body(0);
+    return;
+  }
+  std::atomic<int> go{0};  // 0 wait, 1 run, 2 abort
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(T - 1));
+  auto run = [&](int tid) {
+    while (go.load(std::memory_order_acquire) == 0) std::this_thread::yield();
+    if (go.load(std::memory_order_acquire) == 1) body(tid);
+  };
+  try {
+    for (int k = 1; k < T; ++k) threads.emplace_back(run, k);
+  } catch (...) {
+    go.store(2, std::memory_order_release);
+    for (auto& t : threads) t.join();
+    throw Error(ErrorCode::kUnsupported,
+                std::string(kKernelName) + " cpu: could not start " + std::to_string(T) + " threads");
+  }
+  go.store(1, std::memory_order_release);
+  body(0);
+  for (auto& t : threads) t.join();
+}
+
+// Which kernel does the tile products: the Highway micro-kernel (default, faster on the
+// machines measured, devlog v1) or OpenBLAS sgemm (TESSERA_ATTENTION_CPU_GEMM=blas, kept for
+// side-by-side measurement).
+bool use_blas() {
+  static const bool blas = env::get("TESSERA_ATTENTION_CPU_GEMM").value_or("hwy") == "blas";
+  return blas;
+}
+
+// Operand B of a tile product, B[k][n] = trans ? m[n·ld + k] : m[k·ld + n]; `packed` holds it
+// in the micro-kernel's panel layout (filled by Common::pack, unused with BLAS).
+struct BOp {
+  const float* m = nullptr;
+  int64_t ld = 0;
+  bool trans = false;
+  float* packed = nullptr;
+  int64_t panel_rows = 0, k0 = 0;  // rows [k0, k0+K) of a packed matrix of panel_rows rows
+};
+
+// Shared pieces of both passes.
+struct Common {
+  const Problem& p;
+  int64_t bq = 1, bk = 1, ld = 16;  // effective blocks; tile row stride
+  bool half = false;
+  bool blas = false;
+
+  Common(const Problem& prob, const BlockSizes& bs) : p(prob) {
+    bq = bs.q;
+    bk = bs.kv;
+    ld = simd::round_up(bk);
+    half = p.dtype != DType::kF32;
+    blas = use_blas();
+  }
+
+  void pack(BOp& b, const float* m, int64_t ldm, bool trans, int64_t K, int64_t N) const {
+    b.m = m;
+    b.ld = ldm;
+    b.trans = trans;
+    b.panel_rows = K;
+    b.k0 = 0;
+    if (!blas) simd::pack_b(m, ldm, trans, K, N, b.packed);
+  }
+  // C (M × N) = alpha · op(A) · B (+ C when acc).
+  void mm(const float* A, int64_t lda, bool ta, const BOp& b, int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,
+          float alpha, bool acc) const {
+    if (blas)
+      sgemm(ta, b.trans, M, N, K, alpha, A, lda, b.m, b.ld, acc ? 1.0f : 0.0f, C, ldc);
+    else
+      simd::gemm_packed(A, lda, ta, b.packed, b.panel_rows, b.k0, M, N, K, C, ldc, alpha, acc);
+  }
+
+  // Rows [i0, i0+rows) of sequence n, head h of a [rows, H, dim] input as f32: a pointer into
+  // the input (f32) or converted into buf; *ldx receives the row stride.
+  const float* rows_f32(const void* base, DType dt, int64_t H, int64_t dim, int64_t row0, int64_t h, int64_t rows,
+                        float* buf, int64_t* ldx) const {
+    if (dt == DType::kF32) {
+      *ldx = H * dim;
+      return static_cast<const float*>(base) + (row0 * H + h) * dim;
+    }
+    const auto* src = static_cast<const uint16_t*>(base);
+    for (int64_t r = 0; r < rows; ++r)
+      simd::half_to_f32(src + ((row0 + r) * H + h) * dim, dt == DType::kBF16, buf + r * dim, dim);
+    *ldx = dim;
+    return buf;
+  }
+
+  // Sets −inf in S where row i0+r of sequence n may not see key j0+j. Tiles entirely inside
+  // every row's allowed range (and no segment ids) are left alone.
+  void mask_tile(int64_t n, int64_t i0, int64_t mq, int64_t j0, int64_t nk, float* S) const {
+    int64_t lo_last, hi_first, unused;
+    p.key_range(n, i0 + mq - 1, &lo_last, &unused);
+    p.key_range(n, i0, &unused, &hi_first);
+    if (!p.seg_q && lo_last <= j0 && hi_first >= j0 + nk) return;  // ranges are monotone in i
+    const int32_t* sk = p.seg_k ? p.seg_k + p.k_begin(n) + j0 : nullptr;
+    for (int64_t r = 0; r < mq; ++r) {
+      int64_t lo, hi;
+      p.key_range(n, i0 + r, &lo, &hi);
+      const int64_t a = std::clamp<int64_t>(lo - j0, 0, nk), b = std::clamp<int64_t>(hi - j0, a, nk);
+      float* s = S + r * ld;
+      std::fill(s, s + a, kNegInf);
+      std::fill(s + b, s + nk, kNegInf);
+      if (sk) {
+        const int32_t id = p.seg_q[p.q_begin(n) + i0 + r];
+        for (int64_t j = a; j < b; ++j)
+          if (sk[j] != id) s[j] = kNegInf;
+      }
+    }
+  }
+
+  // Soft cap and ALiBi on a tile of scores of head h (rows i0.., keys j0..).
+  void transform_tile(int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, float* S) const {
+    if (p.softcap > 0.0) simd::softcap(S, mq, nk, ld, static_cast<float>(p.softcap));
+    if (p.alibi) {
+      const int64_t off = p.k_len(n) - p.q_len(n);
+      simd::alibi(S, mq, nk, ld, p.slope(n, h), static_cast<float>(i0 + off - j0));
+    }
+  }
+};
+
+// ---------------------------------------------------------------- forward
+
+class Forward : Common {
+ public:
+  Forward(const Problem& prob, const BlockSizes& bs, const ForwardOut& out) : Common(prob, bs), out_(out) {}
+
+  void run() {
+    // Super-blocks of R consecutive q blocks of one (sequence, head): each kv tile is converted
+    // and packed once for all of them. R is as large as keeps >= 4 items per thread (load
+    // balance) and R·q <= kMaxSuperRows (the f32 O accumulators stay small).
+    const int want = std::clamp(p.num_threads, 1, kMaxThreads);
+    int64_t blocks = 0;
+    for (int64_t n = 0; n < p.N; ++n) blocks += p.Hq * ((p.q_len(n) + bq - 1) / bq);
+    R_ = std::clamp<int64_t>(blocks / (4 * want), 1, std::max<int64_t>(1, kMaxSuperRows / bq));
+    for (int64_t n = 0; n < p.N; ++n) {
+      const int64_t nqb = (p.q_len(n) + bq - 1) / bq;
+      for (int64_t h = 0; h < p.Hq; ++h)
+        for (int64_t b0 = 0; b0 < nqb; b0 += R_) items_.push_back({n, h, b0, std::min(nqb, b0 + R_), 0});
+    }
+    // Heaviest first (by the keys their rows may see): causal masks make later blocks heavier.
+    for (Item& it : items_)
+      for (int64_t b = it.qb0; b < it.qb1; ++b) {
+        int64_t lo, hi;
+        span(it.n, b, &lo, &hi);
+        it.cost += std::max<int64_t>(0, hi - lo);
+      }
+    std::stable_sort(items_.begin(), items_.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+    const int T = static_cast<int>(std::min<int64_t>(want, std::max<int64_t>(1, static_cast<int64_t>(items_.size()))));
+    scratch_.resize(static_cast<size_t>(T));
+    const size_t rows = static_cast<size_t>(R_ * bq);
+    for (Scratch& s : scratch_) {
+      s.S = alloc<float>(keep_, static_cast<size_t>(bq * ld));
+      s.O = alloc<float>(keep_, rows * static_cast<size_t>(p.Dv));
+      s.m = alloc<float>(keep_, rows);
+      s.l = alloc<float>(keep_, rows);
+      s.alpha = alloc<float>(keep_, static_cast<size_t>(bq));
+      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
+      s.vv.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.Dv)));
+      if (half) {
+        s.q = alloc<float>(keep_, rows * static_cast<size_t>(p.D));
+        s.k = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
+        s.v = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
+      }
+    }
+    std::atomic<size_t> next{0};
+    run_threads(T, blas, [&](int tid) {
+      for (size_t i = next.fetch_add(1); i < items_.size(); i = next.fetch_add(1)) item(scratch_[tid], items_[i]);
+    });
+  }
+
+ private:
+  static constexpr int64_t kMaxSuperRows = 4096;
+
+  struct Item {
+    int64_t n, h, qb0, qb1;  // q blocks [qb0, qb1) of sequence n, head h
+    int64_t cost;
+  };
+  struct Scratch {
+    float *S, *O, *m, *l, *alpha, *q = nullptr, *k = nullptr, *v = nullptr;
+    BOp kt, vv;  // Kᵀ and V of the current kv tile
+  };
+
+  // Keys [*lo, *hi) that some row of q block b may see (empty: *lo >= *hi).
+  void span(int64_t n, int64_t b, int64_t* lo, int64_t* hi) const {
+    const int64_t i0 = b * bq, mq = std::min(bq, p.q_len(n) - i0);
+    *lo = p.k_len(n);
+    *hi = 0;
+    for (int64_t r = 0; r < mq; ++r) {
+      int64_t a, c;
+      p.key_range(n, i0 + r, &a, &c);
+      if (a < c) {
+        *lo = std::min(*lo, a);
+        *hi = std::max(*hi, c);
+      }
+    }
+  }
+
+  void item(Scratch& s, const Item& it) const {
+    const int64_t n = it.n, h = it.h, kvh = h / p.group();
+    const int64_t sq = p.q_len(n), qbeg = p.q_begin(n), kbeg = p.k_begin(n);
+    const int64_t nb = it.qb1 - it.qb0;
+    int64_t blo[kMaxSuperRows], bhi[kMaxSuperRows];  // per-block key spans (nb <= kMaxSuperRows)
+    int64_t kmin = p.k_len(n), kmax = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      span(n, it.qb0 + b, &blo[b], &bhi[b]);
+      if (blo[b] < bhi[b]) {
+        kmin = std::min(kmin, blo[b]);
+        kmax = std::max(kmax, bhi[b]);
+      }
+    }
+    const int64_t r0 = it.qb0 * bq, rows = std::min(it.qb1 * bq, sq) - r0;  // rows of the item
+    int64_t ldq = 0, ldk = 0, ldv = 0;
+    const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + r0, h, rows, s.q, &ldq);
+    std::fill(s.m, s.m + rows, kNegInf);
+    std::fill(s.l, s.l + rows, 0.0f);
+    std::fill(s.O, s.O + rows * p.Dv, 0.0f);
+    const float scale = static_cast<float>(p.scale);
+    // kv tiles at multiples of bk: a block meets the same tiles whatever R is (a tile clipped at
+    // kmax only loses columns the block masks anyway), so results do not depend on R, hence not
+    // on the thread count.
+    for (int64_t j0 = kmin / bk * bk; j0 < kmax; j0 += bk) {
+      const int64_t nk = std::min(bk, kmax - j0);
+      bool packed = false;
+      for (int64_t b = 0; b < nb; ++b) {
+        if (blo[b] >= bhi[b] || blo[b] >= j0 + nk || bhi[b] <= j0) continue;  // tile outside the block's span
+        if (!packed) {
+          const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
+          const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
+          pack(s.kt, K, ldk, true, p.D, nk);
+          pack(s.vv, V, ldv, false, nk, p.Dv);
+          packed = true;
+        }
+        const int64_t i0 = (it.qb0 + b) * bq, mq = std::min(bq, sq - i0), off = i0 - r0;
+        mm(Q + off * ldq, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
+        transform_tile(n, h, i0, mq, j0, nk, s.S);
+        mask_tile(n, i0, mq, j0, nk, s.S);
+        simd::online_softmax(s.S, mq, nk, ld, s.m + off, s.l + off, s.alpha);
+        float* O = s.O + off * p.Dv;
+        simd::scale_rows(O, mq, p.Dv, p.Dv, s.alpha);
+        mm(s.S, ld, false, s.vv, mq, p.Dv, nk, O, p.Dv, 1.0f, true);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const bool seen = s.l[r] > 0.0f;
+      const float inv = seen ? 1.0f / s.l[r] : 0.0f;
+      const int64_t base = ((qbeg + r0 + r) * p.Hq + h) * p.Dv;
+      const float* o = s.O + r * p.Dv;
+      if (out_.o_dtype == DType::kF32) {
+        float* dst = static_cast<float*>(out_.o) + base;
+        for (int64_t c = 0; c < p.Dv; ++c) dst[c] = o[c] * inv;
+      } else {
+        for (int64_t c = 0; c < p.Dv; ++c) store_from_f32(out_.o, out_.o_dtype, base + c, o[c] * inv);
+      }
+      out_.lse[p.lse_index(n, h, r0 + r)] = seen ? s.m[r] + std::log(s.l[r]) : kNegInf;
+    }
+  }
+
+  const ForwardOut& out_;
+  int64_t R_ = 1;
+  std::vector<Item> items_;
+  std::vector<Scratch> scratch_;
+  std::vector<memory::HostBuffer> keep_;
+};
+
+// ---------------------------------------------------------------- backward
+
+class Backward : Common {
+ public:
+  Backward(const Problem& prob, const BlockSizes& bs, const BackwardIn& in, const GradOut& out)
+      : Common(prob, bs), in_(in), out_(out) {}
+
+  void run() {
+    const int64_t G = p.group();
+    const int want = std::clamp(p.num_threads, 1, kMaxThreads);
+    const int64_t pairs = p.N * p.Hkv;
+    int64_t max_sq = 0, max_kb = 1;
+    for (int64_t n = 0; n < p.N; ++n) {
+      max_sq = std::max(max_sq, p.q_len(n));
+      max_kb = std::max(max_kb, (p.k_len(n) + bk - 1) / bk);
+    }
+    // Chunks per (sequence, kv head) when there are fewer pairs than threads. With a group of
+    // G >= 2 query heads the chunks split the heads (each owns its heads' dq; dk and dv become
+    // f32 partials of Sk × (D + Dv), reduced in chunk order); with G = 1 they split the kv blocks
+    // (each owns its blocks' dk, dv; dq becomes f32 partials of Sq × D, reduced in chunk order).
+    const int64_t need = pairs >= want ? 1 : (want + pairs - 1) / pairs;
+    head_split_ = need > 1 && G >= 2;
+    chunks_ = head_split_ ? std::min<int64_t>(need, G) : std::min<int64_t>(need, max_kb);
+    kv_split_ = chunks_ > 1 && !head_split_;
+    const bool dq_f32 = out_.dq_dtype == DType::kF32;
+    direct_dq_ = !kv_split_ && dq_f32;
+    // Items: heaviest sequences first (by sq·sk), then kv head, chunk.
+    std::vector<int64_t> order(static_cast<size_t>(p.N));
+    for (int64_t n = 0; n < p.N; ++n) order[n] = n;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return p.q_len(a) * p.k_len(a) > p.q_len(b) * p.k_len(b); });
+    for (int64_t n : order)
+      for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
+        for (int64_t c = 0; c < chunks_; ++c) items_.push_back({n, kvh, c, nullptr});
+    if (chunks_ > 1) {  // one f32 partial per item: dq (kv split) or dk and dv (head split)
+      size_t off = 0;
+      std::vector<size_t> offs;
+      for (const Item& it : items_) {
+        offs.push_back(off);
+        off += static_cast<size_t>(head_split_ ? p.k_len(it.n) * (p.D + p.Dv) : p.q_len(it.n) * G * p.D);
+      }
+      float* slots = alloc<float>(keep_, off);
+      for (size_t i = 0; i < items_.size(); ++i) items_[i].partial = slots + offs[i];
+    }
+    const int T = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(items_.size()))));
+    // Q and dO of the group's heads are packed once per item (not once per q tile and kv block)
+    // when that fits kPrepackBytes per thread (TESSERA_ATTENTION_CPU_PREPACK=0: never; a test seam).
+    const int64_t heads = head_split_ ? (G + chunks_ - 1) / chunks_ : G;  // most heads of one item
+    prepack_ = !blas && env::flag("TESSERA_ATTENTION_CPU_PREPACK", true) &&
+               static_cast<size_t>(heads * (simd::packed_floats(max_sq, p.D) + simd::packed_floats(max_sq, p.Dv))) *
+                       sizeof(float) <= kPrepackBytes;
+    scratch_.resize(static_cast<size_t>(T));
+    for (Scratch& s : scratch_) {
+      s.S = alloc<float>(keep_, static_cast<size_t>(bq * ld));
+      s.dP = alloc<float>(keep_, static_cast<size_t>(bq * ld));
+      if (p.softcap > 0.0) s.P = alloc<float>(keep_, static_cast<size_t>(bq * ld));
+      s.dK = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
+      s.dV = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
+      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
+      s.vt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.Dv, bk)));
+      s.kk.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.D)));
+      s.qq.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bq, p.D)));
+      s.dd.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bq, p.Dv)));
+      s.delta = alloc<float>(keep_, static_cast<size_t>(max_sq * G));
+      if (half) {
+        s.q = alloc<float>(keep_, static_cast<size_t>(bq * p.D));
+        s.k = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
+        s.v = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
+      }
+      if (in_.grad_o_dtype != DType::kF32) s.dO = alloc<float>(keep_, static_cast<size_t>(bq * p.Dv));
+      if (prepack_) {
+        s.qfull = alloc<float>(keep_, static_cast<size_t>(heads * simd::packed_floats(max_sq, p.D)));
+        s.dofull = alloc<float>(keep_, static_cast<size_t>(heads * simd::packed_floats(max_sq, p.Dv)));
+      }
+      if (!kv_split_ && !dq_f32) s.dq = alloc<float>(keep_, static_cast<size_t>(max_sq * G * p.D));
+    }
+    std::atomic<size_t> next{0};
+    run_threads(T, blas, [&](int tid) {
+      for (size_t i = next.fetch_add(1); i < items_.size(); i = next.fetch_add(1)) item(scratch_[tid], items_[i]);
+    });
+    if (kv_split_) reduce_dq();
+    if (head_split_) reduce_dkv();
+  }
+
+ private:
+  struct Item {
+    int64_t n, kvh, chunk;
+    // This item's f32 partial when chunked: dq [sq][G][D] (kv split), or dk [sk][D] followed by
+    // dv [sk][Dv] (head split).
+    float* partial;
+  };
+  struct Scratch {
+    float *S, *dP, *P = nullptr, *dK, *dV, *delta, *q = nullptr, *k = nullptr, *v = nullptr, *dO = nullptr,
+                   *dq = nullptr;
+    BOp kt, vt, kk;  // Kᵀ, Vᵀ, K of the current kv block
+    BOp qq, dd;      // Q, dO of the current q tile
+    float *qfull = nullptr, *dofull = nullptr;  // prepacked Q, dO of the item's heads
+  };
+
+  // Stores heads [g0, g1) of an f32 [rows][G][D] dq accumulator of (sequence n, kv head kvh).
+  void store_dq(int64_t n, int64_t kvh, const float* acc, int64_t g0, int64_t g1) const {
+    const int64_t G = p.group(), qbeg = p.q_begin(n);
+    for (int64_t i = 0; i < p.q_len(n); ++i)
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t base = ((qbeg + i) * p.Hq + kvh * G + g) * p.D;
+        const float* a = acc + (i * G + g) * p.D;
+        for (int64_t c = 0; c < p.D; ++c) store_from_f32(out_.dq, out_.dq_dtype, base + c, a[c]);
+      }
+  }
+
+  // dq = Σ over chunks (in chunk order) of the partials.
+  void reduce_dq() {
+    for (size_t i = 0; i < items_.size(); i += static_cast<size_t>(chunks_)) {
+      const Item& first = items_[i];
+      const size_t count = static_cast<size_t>(p.q_len(first.n) * p.group() * p.D);
+      for (int64_t c = 1; c < chunks_; ++c) {
+        const float* src = items_[i + static_cast<size_t>(c)].partial;
+        for (size_t e = 0; e < count; ++e) first.partial[e] += src[e];
+      }
+      store_dq(first.n, first.kvh, first.partial, 0, p.group());
+    }
+  }
+
+  // dk, dv = Σ over chunks (in chunk order) of the partials.
+  void reduce_dkv() {
+    for (size_t i = 0; i < items_.size(); i += static_cast<size_t>(chunks_)) {
+      const Item& first = items_[i];
+      const int64_t sk = p.k_len(first.n);
+      const size_t count = static_cast<size_t>(sk * (p.D + p.Dv));
+      for (int64_t c = 1; c < chunks_; ++c) {
+        const float* src = items_[i + static_cast<size_t>(c)].partial;
+        for (size_t e = 0; e < count; ++e) first.partial[e] += src[e];
+      }
+      store_kv(out_.dk, out_.dk_dtype, p.D, p.k_begin(first.n), first.kvh, sk, first.partial);
+      store_kv(out_.dv, out_.dv_dtype, p.Dv, p.k_begin(first.n), first.kvh, sk, first.partial + sk * p.D);
+    }
+  }
+
+  void store_kv(void* dst, DType dt, int64_t dim, int64_t krow0, int64_t kvh, int64_t nk, const float* acc) const {
+    for (int64_t j = 0; j < nk; ++j) {
+      const int64_t base = ((krow0 + j) * p.Hkv + kvh) * dim;
+      if (dt == DType::kF32)
+        std::memcpy(static_cast<float*>(dst) + base, acc + j * dim, static_cast<size_t>(dim) * sizeof(float));
+      else
+        for (int64_t c = 0; c < dim; ++c) store_from_f32(dst, dt, base + c, acc[j * dim + c]);
+    }
+  }
+
+  void item(Scratch& s, const Item& it) const {
+    const int64_t n = it.n, kvh = it.kvh, G = p.group();
+    const int64_t sq = p.q_len(n), sk = p.k_len(n), qbeg = p.q_begin(n), kbeg = p.k_begin(n);
+    // This item's query heads of the group: all, or its share under the head split.
+    const int64_t g0 = head_split_ ? it.chunk * G / chunks_ : 0;
+    const int64_t g1 = head_split_ ? (it.chunk + 1) * G / chunks_ : G;
+    // Δ_i = Σ_c dO_ic · o_ic per row of each query head (f32).
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t i = 0; i < sq; ++i) {
+        const int64_t base = ((qbeg + i) * p.Hq + kvh * G + g) * p.Dv;
+        float d = 0.0f;
+        if (in_.o_dtype == DType::kF32 && in_.grad_o_dtype == DType::kF32) {
+          d = simd::dot(static_cast<const float*>(in_.o) + base, static_cast<const float*>(in_.grad_o) + base, p.Dv);
+        } else {
+          for (int64_t c = 0; c < p.Dv; ++c)
+            d += load_as_f32(in_.o, in_.o_dtype, base + c) * load_as_f32(in_.grad_o, in_.grad_o_dtype, base + c);
+        }
+        s.delta[g * sq + i] = d;
+      }
+    // The dq accumulator: the f32 output itself, this item's partial, or the thread's buffer.
+    float* dq;
+    int64_t dq_ld;
+    if (direct_dq_) {
+      dq = static_cast<float*>(out_.dq) + (qbeg * p.Hq + kvh * G) * p.D;
+      dq_ld = p.Hq * p.D;
+    } else {
+      dq = kv_split_ ? it.partial : s.dq;
+      dq_ld = G * p.D;
+    }
+    for (int64_t i = 0; i < sq; ++i) std::fill(dq + i * dq_ld + g0 * p.D, dq + i * dq_ld + g1 * p.D, 0.0f);
+    const int64_t nb = (sk + bk - 1) / bk;
+    const int64_t kb0 = kv_split_ ? it.chunk * nb / chunks_ : 0, kb1 = kv_split_ ? (it.chunk + 1) * nb / chunks_ : nb;
+    const int64_t qsz = simd::packed_floats(sq, p.D), dsz = simd::packed_floats(sq, p.Dv);
+    if (prepack_)
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t r0 = 0; r0 < sq; r0 += bq) {
+          const int64_t c = std::min(bq, sq - r0);
+          int64_t ldq = 0, lddo = 0;
+          const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + r0, kvh * G + g, c, s.q, &ldq);
+          simd::pack_b(Q, ldq, false, c, p.D, s.qfull + (g - g0) * qsz, sq, r0);
+          const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + r0, kvh * G + g, c, s.dO, &lddo);
+          simd::pack_b(dO, lddo, false, c, p.Dv, s.dofull + (g - g0) * dsz, sq, r0);
+        }
+    const float scale = static_cast<float>(p.scale);
+    const float inv_c = p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.0f;
+    for (int64_t kb = kb0; kb < kb1; ++kb) {
+      const int64_t j0 = kb * bk, nk = std::min(bk, sk - j0);
+      int64_t ldk = 0, ldv = 0;
+      const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
+      const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
+      pack(s.kt, K, ldk, true, p.D, nk);
+      pack(s.vt, V, ldv, true, p.Dv, nk);
+      pack(s.kk, K, ldk, false, nk, p.D);
+      std::fill(s.dK, s.dK + nk * p.D, 0.0f);
+      std::fill(s.dV, s.dV + nk * p.Dv, 0.0f);
+      // Rows whose allowed keys meet this block (contiguous: the ranges are monotone in i).
+      int64_t ilo = sq, ihi = 0;
+      for (int64_t i = 0; i < sq; ++i) {
+        int64_t lo, hi;
+        p.key_range(n, i, &lo, &hi);
+        if (lo < hi && lo < j0 + nk && hi > j0) {
+          ilo = std::min(ilo, i);
+          ihi = i + 1;
+        }
+      }
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t h = kvh * G + g;
+        const float* lse = in_.lse + p.lse_index(n, h, 0);  // contiguous in i (both forms)
+        for (int64_t i0 = ilo; i0 < ihi; i0 += bq) {
+          const int64_t mq = std::min(bq, ihi - i0);
+          int64_t ldq = 0, lddo = 0;
+          const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
+          const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + i0, h, mq, s.dO, &lddo);
+          if (prepack_) {
+            s.qq = {Q, ldq, false, s.qfull + (g - g0) * qsz, sq, i0};
+            s.dd = {dO, lddo, false, s.dofull + (g - g0) * dsz, sq, i0};
+          } else {
+            pack(s.qq, Q, ldq, false, mq, p.D);
+            pack(s.dd, dO, lddo, false, mq, p.Dv);
+          }
+          mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
+          float* P = s.S;
+          const float* Tcap = nullptr;
+          if (p.softcap > 0.0) {
+            simd::softcap(s.S, mq, nk, ld, static_cast<float>(p.softcap));
+            std::memcpy(s.P, s.S, static_cast<size_t>(mq * ld) * sizeof(float));
+            P = s.P;
+            Tcap = s.S;
+          }
+          if (p.alibi) {
+            const int64_t off = sk - sq;
+            simd::alibi(P, mq, nk, ld, p.slope(n, h), static_cast<float>(i0 + off - j0));
+          }
+          mask_tile(n, i0, mq, j0, nk, P);
+          simd::exp_rows(P, mq, nk, ld, lse + i0);
+          mm(P, ld, true, s.dd, nk, p.Dv, mq, s.dV, p.Dv, 1.0f, true);                       // dV += Pᵀ·dO
+          mm(dO, lddo, false, s.vt, mq, nk, p.Dv, s.dP, ld, 1.0f, false);                    // dP = dO·Vᵀ
+          simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c);
+          mm(s.dP, ld, true, s.qq, nk, p.D, mq, s.dK, p.D, scale, true);                     // dK += dSᵀ·Q
+          mm(s.dP, ld, false, s.kk, mq, p.D, nk, dq + i0 * dq_ld + g * p.D, dq_ld, scale, true);  // dQ += dS·K
+        }
+      }
+      if (head_split_) {  // into this item's partials, reduced after the workers join
+        std::memcpy(it.partial + j0 * p.D, s.dK, static_cast<size_t>(nk * p.D) * sizeof(float));
+        std::memcpy(it.partial + sk * p.D + j0 * p.Dv, s.dV, static_cast<size_t>(nk * p.Dv) * sizeof(float));
+      } else {
+        store_kv(out_.dk, out_.dk_dtype, p.D, kbeg + j0, kvh, nk, s.dK);
+        store_kv(out_.dv, out_.dv_dtype, p.Dv, kbeg + j0, kvh, nk, s.dV);
+      }
+    }
+    if (!direct_dq_ && !kv_split_) store_dq(n, kvh, dq, g0, g1);
+  }
+
+  static constexpr size_t kPrepackBytes = size_t{8} << 20;
+
+  const BackwardIn& in_;
+  const GradOut& out_;
+  bool prepack_ = false;
+  int64_t chunks_ = 1;
+  bool head_split_ = false, kv_split_ = false;
+  bool direct_dq_ = false;
+  std::vector<Item> items_;
+  std::vector<Scratch> scratch_;
+  std::vector<memory::HostBuffer> keep_;
+};
+
+class Cpu final : public Implementation {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::string description() const override {
+    return "optimized CPU backend: flash-style q x kv tiles, Highway micro-kernel products + online softmax, "
+           "FA2 backward (deterministic); D, Dv <= 256; extra memory O(threads x tile)";
+  }
+  DeviceType device_type() const override { return DeviceType::kCPU; }
+  Availability supports(const Problem& p) const override {
+    if (p.device.type != DeviceType::kCPU)
+      return Availability::no("inputs are on " + p.device.str() + ", the cpu backend runs on host memory");
+    if (p.D > kMaxHeadDim || p.Dv > kMaxHeadDim)
+      return Availability::no("the cpu backend supports head dims D <= " + std::to_string(kMaxHeadDim) + " and Dv <= " +
+                              std::to_string(kMaxHeadDim) + ", got D=" + std::to_string(p.D) +
+                              ", Dv=" + std::to_string(p.Dv));
+    if (p.Hq * std::max(p.D, p.Dv) > INT_MAX)
+      return Availability::no("Hq*D must be < 2^31 (BLAS uses 32-bit leading dimensions)");
+    return Availability::yes();
+  }
+
+  BlockSizes default_block_sizes(const Problem&) const override { return BlockSizes{}; }
+  bool tunable() const override { return true; }
+  // q blocks of 64..256 rows × kv tiles of 128..512 keys: the range where a tile's K/V panel
+  // (kv × D floats, 128–512 KiB at D = 256) moves between L2-resident and not.
+  std::vector<BlockSizes> candidate_block_sizes(const Problem&) const override {
+    std::vector<BlockSizes> out;
+    for (int64_t q : {64, 128, 256})
+      for (int64_t kv : {128, 256, 512}) out.push_back({q, kv});
+    return out;
+  }
+
+  void validate_block_sizes(const BlockSizes& bs) const override {
+    auto fail = [](const std::string& what) {
+      throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + " cpu: invalid block sizes: " + what);
+    };
+    if (bs.q < 1 || bs.q > kMaxBlockQ)
+      fail("q (query block) must be in [1, " + std::to_string(kMaxBlockQ) + "], got " + std::to_string(bs.q));
+    if (bs.kv < 1 || bs.kv > kMaxBlockKv)
+      fail("kv (key block) must be in [1, " + std::to_string(kMaxBlockKv) + "], got " + std::to_string(bs.kv));
+  }
+
+  void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const override {
+    validate_block_sizes(bs);
+    Forward(p, bs, out).run();
+  }
+  void backward(const Problem& p, const BlockSizes& bs, const BackwardIn& in, const GradOut& out) const override {
+    validate_block_sizes(bs);
+    Backward(p, bs, in, out).run();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Implementation> make_cpu_implementation() { return std::make_unique<Cpu>(); }
+
+}  // namespace tessera::attention

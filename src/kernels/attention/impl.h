@@ -1,0 +1,137 @@
+// Tessera internal: the contract between the attention API and its implementations.
+//
+// api.cc validates the user's views and normalizes the dense and varlen forms into one Problem:
+// N sequences, each a range of q rows and a range of k rows of row-major [rows, H, D] arrays,
+// plus resolved options (scale, masks). Every implementation receives exactly the same Problem
+// and must give the same results (docs/kernels/attention.md).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dispatch/registry.h"
+#include "tessera/attention.h"
+
+namespace tessera::attention {
+
+using dispatch::Availability;
+
+struct Problem {
+  int64_t N = 0;            // sequences (B in the dense form)
+  bool varlen = false;
+  int64_t Sq = 0, Sk = 0;   // dense: every sequence's lengths; varlen: the longest
+  const int32_t* cu_q = nullptr;  // varlen: [N+1] row offsets (host memory)
+  const int32_t* cu_k = nullptr;
+  int64_t total_q = 0, total_k = 0;  // rows of q (and o), rows of k and v
+  int64_t Hq = 1, Hkv = 1, D = 1, Dv = 1;
+  DType dtype = DType::kF32;  // of q, k, v
+  Device device;
+
+  const void* q = nullptr;  // [total_q, Hq, D]
+  const void* k = nullptr;  // [total_k, Hkv, D]
+  const void* v = nullptr;  // [total_k, Hkv, Dv]
+  const float* alibi = nullptr;      // slopes, or nullptr
+  int64_t alibi_seq_stride = 0;      // 0 ([Hq]) or Hq ([N, Hq])
+  const int32_t* seg_q = nullptr;    // [total_q] (dense only), or nullptr
+  const int32_t* seg_k = nullptr;    // [total_k]
+
+  double scale = 1.0;
+  double softcap = 0.0;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+
+  int num_threads = 1;  // resolved by the API: >= 1
+  void* stream = nullptr;
+  size_t memory_budget = 0;
+
+  int64_t group() const { return Hq / Hkv; }
+  int64_t q_begin(int64_t n) const { return varlen ? cu_q[n] : n * Sq; }
+  int64_t k_begin(int64_t n) const { return varlen ? cu_k[n] : n * Sk; }
+  int64_t q_len(int64_t n) const { return varlen ? cu_q[n + 1] - cu_q[n] : Sq; }
+  int64_t k_len(int64_t n) const { return varlen ? cu_k[n + 1] - cu_k[n] : Sk; }
+  // lse index of (sequence n, query head h, row i of the sequence): dense [B, Hq, Sq],
+  // varlen [Hq, Tq].
+  int64_t lse_index(int64_t n, int64_t h, int64_t i) const {
+    return varlen ? h * total_q + cu_q[n] + i : (n * Hq + h) * Sq + i;
+  }
+  float slope(int64_t n, int64_t h) const { return alibi ? alibi[n * alibi_seq_stride + h] : 0.0f; }
+
+  // Keys [*lo, *hi) of sequence n that row i may see by position (causal, window); segment ids
+  // are not included (allowed() is the full rule). Empty when *lo >= *hi.
+  void key_range(int64_t n, int64_t i, int64_t* lo, int64_t* hi) const {
+    const int64_t sk = k_len(n), c = i + sk - q_len(n);
+    int64_t a = 0, b = sk;
+    if (window_left >= 0) a = std::max(a, c - window_left);
+    if (causal) b = std::min(b, c + 1);
+    if (window_right >= 0) b = std::min(b, c + window_right + 1);
+    *lo = a;
+    *hi = std::max(a, b);
+  }
+  bool allowed(int64_t n, int64_t i, int64_t j) const {
+    int64_t lo, hi;
+    key_range(n, i, &lo, &hi);
+    if (j < lo || j >= hi) return false;
+    return !seg_q || seg_q[q_begin(n) + i] == seg_k[k_begin(n) + j];
+  }
+};
+
+struct ForwardOut {
+  void* o = nullptr;  // [total_q, Hq, Dv]
+  DType o_dtype = DType::kF32;
+  float* lse = nullptr;  // see Problem::lse_index
+};
+
+struct BackwardIn {
+  const void* o = nullptr;  // the forward's output
+  DType o_dtype = DType::kF32;
+  const float* lse = nullptr;
+  const void* grad_o = nullptr;  // [total_q, Hq, Dv]
+  DType grad_o_dtype = DType::kF32;
+};
+
+struct GradOut {
+  void* dq = nullptr;  // like q
+  DType dq_dtype = DType::kF32;
+  void* dk = nullptr;  // like k
+  DType dk_dtype = DType::kF32;
+  void* dv = nullptr;  // like v
+  DType dv_dtype = DType::kF32;
+};
+
+// name, description, device type, availability and version status come from the generic base.
+class Implementation : public dispatch::ImplementationBase {
+ public:
+  // Input level: can it run this problem (device, dtypes, head dims)? Must be cheap.
+  virtual Availability supports(const Problem& p) const = 0;
+
+  virtual BlockSizes default_block_sizes(const Problem& p) const = 0;
+  // Throws Error(kInvalidArgument) naming the broken constraint.
+  virtual void validate_block_sizes(const BlockSizes& bs) const = 0;
+  // Whether block sizes matter (the tuner only sweeps tunable implementations).
+  virtual bool tunable() const { return false; }
+  // Bounded candidate set for the tuner.
+  virtual std::vector<BlockSizes> candidate_block_sizes(const Problem&) const { return {}; }
+  // Machine class that tuned block sizes are keyed by (src/tune/device_kind.h); defined in
+  // tuning.cc: the generic CPU helper for CPU implementations, "cuda:unknown" otherwise.
+  virtual std::string device_kind(const Problem& p) const;
+  // Blocks until the work queued for `p` is done (autotune timing); no-op when synchronous.
+  virtual void synchronize(const Problem&) const {}
+
+  virtual void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const = 0;
+  virtual void backward(const Problem& p, const BlockSizes& bs, const BackwardIn& in,
+                        const GradOut& out) const = 0;
+};
+
+// The registry of this kernel, in default dispatch order (implementations.cc).
+using Registry = dispatch::Registry<Implementation>;
+Registry& registry();
+const Implementation* find_implementation(const std::string& name);  // nullptr if unknown
+
+std::unique_ptr<Implementation> make_reference_implementation();  // reference.cc
+// Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on.
+std::unique_ptr<Implementation> make_cpu_implementation();
+
+}  // namespace tessera::attention

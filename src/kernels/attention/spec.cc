@@ -1,0 +1,296 @@
+// attention: its registration with the kernel registry (src/kernels/registry.h) — the only
+// place the generic tools (CLI, parity suite, bench, tune) learn about this kernel.
+#include <cmath>
+#include <sstream>
+
+#include "core/random.h"
+#include "dispatch/dispatch.h"
+#include "kernels/attention/baseline.h"
+#include "kernels/attention/impl.h"
+#include "kernels/attention/testing.h"
+#include "kernels/attention/tuning.h"
+#include "kernels/registry.h"
+#include "kernels/tune_spec.h"
+#include "tessera/attention.h"
+#include "tessera/error.h"
+
+namespace tessera::attention {
+namespace {
+
+using harness::OptionSpec;
+using K = OptionSpec::Kind;
+
+// ---- check ----
+harness::ParityReport to_harness(const testing::ParityReport& r) {
+  harness::ParityReport h;
+  h.case_name = r.case_name;
+  h.implementation = r.implementation;
+  h.pass = pass_name(r.pass);
+  h.ran = r.ran;
+  h.skipped = r.skipped;
+  h.error = r.error;
+  for (const auto& f : r.fields) h.fields.push_back({f.field, f.dev});
+  return h;
+}
+
+std::vector<kernels::CheckCase> check_cases(bool quick) {
+  std::vector<kernels::CheckCase> out;
+  for (const testing::CaseSpec& spec : testing::check_grid(quick))
+    out.push_back({spec.name(), [spec](const std::string& impl, Pass pass, Device dev) {
+                     if (dev.type != DeviceType::kCPU) {
+                       harness::ParityReport r;
+                       r.case_name = spec.name(), r.implementation = impl, r.pass = pass_name(pass);
+                       r.skipped = true;
+                       r.error = "the attention check grid runs on host memory only";
+                       return r;
+                     }
+                     return to_harness(testing::check_parity(spec, impl, pass));
+                   }});
+  return out;
+}
+
+// ---- run ----
+void parse_window(const std::string& s, Options& opt) {
+  if (s.empty()) return;
+  const auto parts = dispatch::split_names(s);
+  check(parts.size() == 2, ErrorCode::kInvalidArgument, "--window wants LEFT,RIGHT (-1 = unbounded), got '" + s + "'");
+  try {
+    opt.window_left = std::stoll(parts[0]);
+    opt.window_right = std::stoll(parts[1]);
+  } catch (...) {
+    throw Error(ErrorCode::kInvalidArgument, "--window wants two integers LEFT,RIGHT, got '" + s + "'");
+  }
+}
+
+Options run_options(const kernels::RunRequest& r) {
+  Options opt;
+  static_cast<ExecOptions&>(opt) = r.exec;
+  const harness::OptionValues& o = r.options;
+  opt.causal = o.flag("causal");
+  opt.softcap = o.real("softcap");
+  if (o.has("scale")) opt.scale = o.real("scale");
+  parse_window(o.str("window"), opt);
+  return opt;
+}
+
+Tensor as_f32(const Tensor& t) {
+  if (t.dtype() == DType::kF32) return t;
+  Tensor o = Tensor::empty(DType::kF32, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) o.data_as<float>()[i] = load_as_f32(t.data(), t.dtype(), i);
+  return o;
+}
+
+Inputs run_inputs(const kernels::RunRequest& r) {
+  Inputs in;
+  in.q = r.tensor("q")->view(), in.k = r.tensor("k")->view(), in.v = r.tensor("v")->view();
+  auto opt_view = [&](const char* name, std::optional<TensorView>& dst) {
+    if (const Tensor* t = r.tensor(name)) dst = t->view();
+  };
+  opt_view("alibi-slopes", in.alibi_slopes);
+  opt_view("q-segment-ids", in.segment_ids_q);
+  opt_view("kv-segment-ids", in.segment_ids_k);
+  opt_view("cu-seqlens-q", in.cu_seqlens_q);
+  opt_view("cu-seqlens-k", in.cu_seqlens_k);
+  return in;
+}
+
+kernels::RunOutput run(const kernels::RunRequest& r) {
+  const Options opt = run_options(r);
+  const Inputs in = run_inputs(r);
+  Result res;
+  if (r.grad) {
+    Tensor d_o;
+    if (const Tensor* t = r.tensor("do")) {
+      d_o = *t;
+    } else {  // dO defaults to ones, in o's shape and q's dtype
+      Shape os = in.q.shape;
+      os.back() = in.v.shape.back();  // [..., Hq, Dv] in the dense and the varlen form
+      d_o = Tensor::empty(in.q.dtype, os);
+      for (int64_t i = 0; i < d_o.numel(); ++i) store_from_f32(d_o.data(), d_o.dtype(), i, 1.0f);
+    }
+    res = compute_with_grad(in, d_o.view(), opt);
+  } else {
+    res = compute(in, opt);
+  }
+  kernels::RunOutput out;
+  out.implementation = res.implementation;
+  out.outputs = {{"o", as_f32(res.o)}, {"lse", res.lse}};
+  if (r.grad) out.outputs.insert(out.outputs.end(), {{"dq", as_f32(res.dq)}, {"dk", as_f32(res.dk)}, {"dv", as_f32(res.dv)}});
+  std::ostringstream s;
+  s << "q=" << shape_str(in.q.shape) << " k=" << shape_str(in.k.shape) << " v=" << shape_str(in.v.shape)
+    << " dtype=" << dtype_name(in.q.dtype) << (opt.causal ? " causal" : "");
+  out.summary = s.str();
+  return out;
+}
+
+kernels::RunSpec run_spec() {
+  kernels::RunSpec s;
+  s.inputs = {{"q", "queries [B, Sq, Hq, D] (or [T, Hq, D] with --cu-seqlens-q); f32, bf16 (<V2) or f16", true},
+              {"k", "keys [B, Sk, Hkv, D] (or [T, Hkv, D]); Hq a multiple of Hkv", true},
+              {"v", "values [B, Sk, Hkv, Dv] (or [T, Hkv, Dv])", true},
+              {"alibi-slopes", "ALiBi slopes [Hq] or [B, Hq] (f32)", false},
+              {"q-segment-ids", "segment ids of the queries [B, Sq] (i32)", false},
+              {"kv-segment-ids", "segment ids of the keys [B, Sk] (i32)", false},
+              {"cu-seqlens-q", "varlen: cumulative query lengths [N + 1] (i32)", false},
+              {"cu-seqlens-k", "varlen: cumulative key lengths [N + 1] (i32)", false}};
+  s.grad_inputs = {{"do", "upstream gradient dO, o's shape", false}};
+  s.options = {{"causal", K::kFlag, "causal mask, bottom-right aligned when Sq != Sk", "false", {}},
+               {"window", K::kString, "sliding window LEFT,RIGHT around i + Sk - Sq (-1 = unbounded)", "", {}},
+               {"softcap", K::kFloat, "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables", "0", {}},
+               {"scale", K::kString, "softmax scale (default 1/sqrt(D))", "", {}}};
+  s.outputs_help = "o.npy, lse.npy; with --grad dq.npy, dk.npy, dv.npy (all f32; dO defaults to ones)";
+  s.run = run;
+  return s;
+}
+
+// ---- bench: B, S, H, D with Hkv = H / (--gqa) and Sq = Sk = S ----
+struct Settings {
+  int64_t B = 0, S = 0, H = 0, D = 0, Hkv = 0;
+  DType dtype = DType::kF32;
+  bool causal = false;
+};
+
+struct Bound {
+  Tensor q, k, v, o, lse, d_o, dq, dk, dv;
+  Options opt;
+};
+
+class AttentionBench final : public harness::BenchProblem {
+ public:
+  AttentionBench(const Settings& s, uint64_t seed) : s_(s) {
+    q_ = random_uniform(s.dtype, {s.B, s.S, s.H, s.D}, 1.0f, seed * 5 + 1);
+    k_ = random_uniform(s.dtype, {s.B, s.S, s.Hkv, s.D}, 1.0f, seed * 5 + 2);
+    v_ = random_uniform(s.dtype, {s.B, s.S, s.Hkv, s.D}, 1.0f, seed * 5 + 3);
+    do_ = random_uniform(s.dtype, {s.B, s.S, s.H, s.D}, 1.0f, seed * 5 + 4);
+  }
+
+  harness::Row describe() const override {
+    harness::Row r = harness::Row::object();
+    r["B"] = s_.B, r["S"] = s_.S, r["H"] = s_.H, r["D"] = s_.D;
+    r["kv_heads"] = s_.Hkv;
+    r["dtype"] = dtype_name(s_.dtype);
+    r["causal"] = s_.causal;
+    return r;
+  }
+
+  // Allowed (query, key) pairs: all, or the causal triangle.
+  double pairs() const {
+    const double S = static_cast<double>(s_.S);
+    return s_.causal ? S * (S + 1) / 2 : S * S;
+  }
+  double work() const override { return 2.0 * s_.B * s_.H * s_.D * pairs(); }
+
+  harness::Cost cost(Pass pass, const std::string&) const override {
+    harness::Cost c;
+    const double fwd = 4.0 * s_.B * s_.H * s_.D * pairs();  // QKᵀ and PV, 2 flops per MAC
+    const double esz = static_cast<double>(dtype_size(s_.dtype));
+    const double qkv = (2.0 * s_.H + 2.0 * s_.Hkv) * s_.B * s_.S * s_.D * esz;  // q, k, v, o
+    if (pass != Pass::kBackward) c.add({"forward: QKᵀ, PV", fwd, qkv, s_.B * s_.H * pairs(), false});
+    if (pass != Pass::kForward)
+      c.add({"backward: 2.5× forward (FlashAttention convention)", 2.5 * fwd, 2 * qkv, s_.B * s_.H * pairs(), false});
+    c.assumptions.push_back("useful FLOPs 4·B·H·D·pairs forward, 2.5× that backward; bytes: each tensor once");
+    return c;
+  }
+
+  std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
+    BaselineInputs bin;
+    bin.B = s_.B, bin.S = s_.S, bin.H = s_.H, bin.Hkv = s_.Hkv, bin.D = s_.D, bin.causal = s_.causal;
+    bin.q = &q_, bin.k = &k_, bin.v = &v_, bin.d_o = &do_, bin.threads = threads;
+    std::vector<harness::BaselineCall> out;
+    for (Pass pass : passes) {
+      if (pass == Pass::kBackward) continue;  // the baseline times forward and fused
+      MaterializedBaseline m = make_materialized_baseline(bin, pass);
+      harness::BaselineCall c;
+      c.name = "blas-materialized";
+      c.pass = pass;
+      c.description = m.description;
+      c.cost = cost(pass, c.name);
+      c.run = m.run;
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass,
+                          const ExecOptions& exec) override {
+    auto b = std::make_shared<Bound>();
+    b->q = q_.to(dev), b->k = k_.to(dev), b->v = v_.to(dev), b->d_o = do_.to(dev);
+    b->o = Tensor::zeros(s_.dtype, q_.shape(), dev);
+    b->lse = Tensor::zeros(DType::kF32, {s_.B, s_.H, s_.S}, dev);
+    if (pass != Pass::kForward) {
+      b->dq = Tensor::zeros(s_.dtype, q_.shape(), dev);
+      b->dk = Tensor::zeros(s_.dtype, k_.shape(), dev);
+      b->dv = Tensor::zeros(s_.dtype, v_.shape(), dev);
+    }
+    static_cast<ExecOptions&>(b->opt) = exec;
+    b->opt.implementation = implementation;
+    b->opt.causal = s_.causal;
+    auto in = [b] { Inputs i; i.q = b->q, i.k = b->k, i.v = b->v; return i; };
+    harness::BenchCall c;
+    switch (pass) {
+      case Pass::kForward: c.run = [b, in] { forward(in(), {b->o, b->lse}, b->opt); }; break;
+      case Pass::kBackward:
+        c.prepare = [b, in] { forward(in(), {b->o, b->lse}, b->opt); };
+        c.run = [b, in] { backward(in(), {b->o, b->lse, b->d_o}, {b->dq, b->dk, b->dv}, b->opt); };
+        break;
+      case Pass::kFused:
+        c.run = [b, in] { forward_backward(in(), b->d_o, {b->o, b->lse}, {b->dq, b->dk, b->dv}, b->opt); };
+        break;
+    }
+    c.ran = [] { return last_implementation(); };
+    return c;
+  }
+
+  // The floor: the two products of a forward as plain GEMMs over all heads (B·H of
+  // [S, D]·[D, S]), approximated by one [B·H·S, D]·[D, S] GEMM; count 2 forward, 5 backward.
+  std::optional<harness::GemmFloor> gemm_floor() const override {
+    harness::GemmFloor g;
+    g.M = s_.B * s_.H * s_.S, g.N = s_.S, g.K = s_.D, g.dtype = s_.dtype;
+    // The floor is the full (unmasked) product; causal rows are compared against it too.
+    g.count = [](Pass p) { return p == Pass::kForward ? 2 : p == Pass::kBackward ? 5 : 7; };
+    return g;
+  }
+
+ private:
+  Settings s_;
+  Tensor q_, k_, v_, do_;
+};
+
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
+                                                          const harness::OptionValues& o, uint64_t seed) {
+  Settings s;
+  s.B = shape.dim("B"), s.S = shape.dim("S"), s.H = shape.dim("H"), s.D = shape.dim("D");
+  const int64_t groups = o.integer("gqa");
+  check(groups >= 1 && s.H % groups == 0, ErrorCode::kInvalidArgument,
+        "--gqa must divide H=" + std::to_string(s.H) + ", got " + std::to_string(groups));
+  s.Hkv = s.H / groups;
+  s.dtype = dtype;
+  s.causal = o.flag("causal");
+  return std::make_unique<AttentionBench>(s, seed);
+}
+
+kernels::KernelSpec make_spec() {
+  kernels::KernelSpec k;
+  k.name = kKernelName;
+  k.description = "scaled dot-product attention (flash-style tiles, online softmax): never materializes S×S";
+  k.dims = {"B", "S", "H", "D"};
+  k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
+  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
+  k.check_grid = check_cases;
+  k.bench.options = {{"causal", K::kFlag, "causal mask", "false", {}},
+                     {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}};
+  k.bench.make_problem = make_bench_problem;
+  k.tune = kernels::make_tune_spec<Tuning>();
+  k.run = run_spec();
+  return k;
+}
+
+}  // namespace
+
+const kernels::KernelSpec& spec() {
+  static const kernels::KernelSpec s = make_spec();
+  return s;
+}
+
+}  // namespace tessera::attention

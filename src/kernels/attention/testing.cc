@@ -1,0 +1,492 @@
+#include "kernels/attention/testing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/random.h"
+#include "tessera/error.h"
+
+namespace tessera::attention::testing {
+namespace {
+
+bool varlen(const CaseSpec& s) { return !s.seqlens_q.empty(); }
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t t = 0;
+  for (int64_t x : v) t += x;
+  return t;
+}
+
+
+std::vector<double> to_doubles(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = load_as_f32(t.data(), t.dtype(), i);
+  return v;
+}
+
+Tensor i32_tensor(const Shape& shape) { return Tensor::zeros(DType::kI32, shape); }
+
+// Sorted segment ids for one row of length len: `segments` contiguous runs with random cut
+// points (some runs may be empty, so ids in q and k rows need not all occur in both).
+void fill_segments(int32_t* ids, int64_t len, int segments, uint64_t seed) {
+  std::vector<int64_t> cuts;
+  for (int s = 1; s < segments; ++s)
+    cuts.push_back(static_cast<int64_t>(random_bits(seed, static_cast<uint64_t>(s)) % static_cast<uint64_t>(len + 1)));
+  std::sort(cuts.begin(), cuts.end());
+  int32_t id = 0;
+  size_t c = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    while (c < cuts.size() && cuts[c] <= i) ++c, ++id;
+    ids[i] = id;
+  }
+}
+
+}  // namespace
+
+Shape o_shape(const CaseSpec& s) {
+  if (varlen(s)) return {sum(s.seqlens_q), s.Hq, s.Dv};
+  return {s.B, s.Sq, s.Hq, s.Dv};
+}
+Shape lse_shape(const CaseSpec& s) {
+  if (varlen(s)) return {s.Hq, sum(s.seqlens_q)};
+  return {s.B, s.Hq, s.Sq};
+}
+
+std::string CaseSpec::name() const {
+  std::ostringstream os;
+  os << dtype_name(dtype);
+  if (varlen(*this)) {
+    os << " varlen q=[";
+    for (size_t i = 0; i < seqlens_q.size(); ++i) os << (i ? "," : "") << seqlens_q[i];
+    os << "] k=[";
+    for (size_t i = 0; i < seqlens_k.size(); ++i) os << (i ? "," : "") << seqlens_k[i];
+    os << "]";
+  } else {
+    os << " B=" << B << " Sq=" << Sq << " Sk=" << Sk;
+  }
+  os << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D;
+  if (Dv != D) os << " Dv=" << Dv;
+  if (opt.causal) os << " causal";
+  if (opt.window_left >= 0 || opt.window_right >= 0) os << " window=(" << opt.window_left << "," << opt.window_right << ")";
+  if (opt.softcap > 0) os << " softcap=" << opt.softcap;
+  if (opt.scale) os << " scale=" << *opt.scale;
+  if (alibi) os << (alibi == 1 ? " alibi[H]" : " alibi[B,H]");
+  if (segments) os << " segments=" << segments;
+  if (o_f32) os << " o:f32";
+  if (f32_grads) os << " f32grads";
+  if (logit_scale != 2.0) os << " logits~" << logit_scale;
+  if (opt.block_sizes) os << " blocks=" << opt.block_sizes->str();
+  if (opt.num_threads) os << " threads=" << opt.num_threads;
+  return os.str();
+}
+
+CaseData make_case(const CaseSpec& s) {
+  // One stream per tensor (core/random: values depend only on seed and index).
+  const uint64_t seed = s.seed * 0x9E3779B97F4A7C15ull + 777;
+  CaseData d;
+  const bool vl = varlen(s);
+  const Shape lead_q = vl ? Shape{sum(s.seqlens_q)} : Shape{s.B, s.Sq};
+  const Shape lead_k = vl ? Shape{sum(s.seqlens_k)} : Shape{s.B, s.Sk};
+  auto shape = [](Shape lead, int64_t h, int64_t d) {
+    lead.push_back(h);
+    lead.push_back(d);
+    return lead;
+  };
+  // scale·q·k with q, k ~ U(−a, a) has std scale·sqrt(D)·a²/3: pick a for |s| ~ logit_scale.
+  const double scale = s.opt.scale ? *s.opt.scale : 1.0 / std::sqrt(static_cast<double>(s.D));
+  const double a = std::sqrt(3.0 * s.logit_scale / (scale * std::sqrt(static_cast<double>(s.D))));
+  d.q = Tensor::empty(s.dtype, shape(lead_q, s.Hq, s.D));
+  d.k = Tensor::empty(s.dtype, shape(lead_k, s.Hkv, s.D));
+  d.v = Tensor::empty(s.dtype, shape(lead_k, s.Hkv, s.Dv));
+  fill_uniform(d.q, -a, a, seed + 1);
+  fill_uniform(d.k, -a, a, seed + 2);
+  fill_uniform(d.v, -1.0, 1.0, seed + 3);
+  d.grad_o = Tensor::empty(s.o_f32 ? DType::kF32 : s.dtype, o_shape(s));
+  fill_uniform(d.grad_o, -1.0, 1.0, seed + 4);
+  const int64_t nseq = vl ? static_cast<int64_t>(s.seqlens_q.size()) : s.B;
+  if (s.alibi) {
+    d.alibi = Tensor::empty(DType::kF32, s.alibi == 1 ? Shape{s.Hq} : Shape{nseq, s.Hq});
+    // The geometric slopes of the ALiBi paper (2^(−8h/H)), perturbed per batch row.
+    for (int64_t i = 0; i < d.alibi.numel(); ++i)
+      d.alibi.data_as<float>()[i] = static_cast<float>(
+          std::exp2(-8.0 * static_cast<double>(i % s.Hq + 1) / static_cast<double>(s.Hq)) * (1.0 + 0.1 * static_cast<double>(i / s.Hq)));
+  }
+  if (s.segments > 0 && !vl) {
+    d.seg_q = i32_tensor({s.B, s.Sq});
+    d.seg_k = i32_tensor({s.B, s.Sk});
+    for (int64_t b = 0; b < s.B; ++b) {
+      fill_segments(d.seg_q.data_as<int32_t>() + b * s.Sq, s.Sq, s.segments, seed + 100 + 2 * static_cast<uint64_t>(b));
+      fill_segments(d.seg_k.data_as<int32_t>() + b * s.Sk, s.Sk, s.segments, seed + 101 + 2 * static_cast<uint64_t>(b));
+    }
+  }
+  if (vl) {
+    const int64_t n = nseq;
+    d.cu_q = i32_tensor({n + 1});
+    d.cu_k = i32_tensor({n + 1});
+    for (int64_t i = 0; i < n; ++i) {
+      d.cu_q.data_as<int32_t>()[i + 1] = d.cu_q.data_as<int32_t>()[i] + static_cast<int32_t>(s.seqlens_q[i]);
+      d.cu_k.data_as<int32_t>()[i + 1] = d.cu_k.data_as<int32_t>()[i] + static_cast<int32_t>(s.seqlens_k[i]);
+    }
+  }
+  return d;
+}
+
+Inputs CaseData::inputs() const {
+  Inputs in;
+  in.q = q.view();
+  in.k = k.view();
+  in.v = v.view();
+  if (alibi.defined()) in.alibi_slopes = alibi.view();
+  if (seg_q.defined()) {
+    in.segment_ids_q = seg_q.view();
+    in.segment_ids_k = seg_k.view();
+  }
+  if (cu_q.defined()) {
+    in.cu_seqlens_q = cu_q.view();
+    in.cu_seqlens_k = cu_k.view();
+  }
+  return in;
+}
+
+// Tolerances. Every implementation sees the same (already rounded) inputs, so the differences
+// from the double-precision oracle come from (a) f32 arithmetic: dot products of length D, exp
+// in f32, sums of up to Sk probabilities — relative errors ~ sqrt(n)·2^-24 < 1e-5 here; (b) a
+// backend that rounds P and dS to the input dtype before its matrix products (as FlashAttention
+// does on tensor cores; the cpu backend does not), an error of one unit roundoff u per term of a
+// sum of signed terms, hence ≲ u·max|x| for the whole tensor; and (c) rounding the stored output
+// to its dtype, which both the oracle and the implementation do, so their stored values can
+// differ by one ulp = 2u relative.
+// So: compute = max(2e-4, 2.5·u_in) as the absolute part (scaled by the tensor's largest
+// magnitude, since outputs and gradients are sums of signed terms that can cancel to ~0) and
+// compute + 2·u_store as the relative part, with u = 2^-8 (bf16), 2^-11 (f16), 0 (f32). The 2e-4
+// floor for f32 leaves > 20x margin over (a) and still catches any wrong term (a missing key, a
+// wrong mask edge or a missing softcap factor moves values by 1e-2 or more at these sizes).
+// lse is f32 and sums positive terms: rtol 1e-4 with an absolute floor of 1e-5·max|lse|.
+Tolerances tolerances(const CaseSpec& s) {
+  auto unit = [](DType t) {
+    switch (t) {
+      case DType::kBF16: return std::ldexp(1.0, -8);
+      case DType::kF16: return std::ldexp(1.0, -11);
+      default: return 0.0;
+    }
+  };
+  const double compute = std::max(2e-4, 2.5 * unit(s.dtype));
+  auto field = [&](DType stored) { return harness::Tolerance{compute + 2.0 * unit(stored), compute}; };
+  Tolerances t;
+  t.o = field(s.o_f32 ? DType::kF32 : s.dtype);
+  t.lse = {1e-4, 1e-5};
+  const DType g = s.f32_grads ? DType::kF32 : s.dtype;
+  t.dq = field(g);
+  t.dk = field(g);
+  t.dv = field(g);
+  return t;
+}
+
+bool ParityReport::ok() const {
+  if (!ran) return skipped;
+  for (const auto& f : fields)
+    if (!f.dev.ok()) return false;
+  return true;
+}
+
+void lse_for_compare(std::vector<double>& got, std::vector<double>& want) {
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    const bool gi = got[i] == -INFINITY, wi = want[i] == -INFINITY;
+    if (gi && wi) {
+      got[i] = want[i] = 0.0;
+    } else if (gi || wi) {
+      got[i] = NAN;
+      if (wi) want[i] = 0.0;
+    }
+  }
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+harness::Deviation compare_with_floor(const std::vector<double>& got, const std::vector<double>& want,
+                                      harness::Tolerance tol, double floor) {
+  harness::Deviation d = harness::compare(got, want, tol);  // statistics; violations redone below
+  const double atol = tol.atol_scale * std::max(d.ref_scale, floor);
+  d.violations = got.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    if (std::isfinite(got[i]) && std::fabs(got[i] - want[i]) > atol + tol.rtol * std::fabs(want[i])) ++d.violations;
+  return d;
+}
+
+namespace {
+
+struct Outputs {
+  Tensor o, lse, dq, dk, dv;
+};
+
+Outputs make_outputs(const CaseSpec& s, const CaseData& d) {
+  Outputs o;
+  o.o = Tensor::empty(s.o_f32 ? DType::kF32 : s.dtype, o_shape(s));
+  o.lse = Tensor::empty(DType::kF32, lse_shape(s));
+  const DType g = s.f32_grads ? DType::kF32 : s.dtype;
+  o.dq = Tensor::empty(g, d.q.shape());
+  o.dk = Tensor::empty(g, d.k.shape());
+  o.dv = Tensor::empty(g, d.v.shape());
+  return o;
+}
+
+void run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass pass, const Outputs* saved,
+             Outputs& o) {
+  Options opt = s.opt;
+  opt.implementation = impl;
+  const Inputs in = d.inputs();
+  const Gradients g{o.dq.view(), o.dk.view(), o.dv.view()};
+  switch (pass) {
+    case Pass::kForward: forward(in, {o.o.view(), o.lse.view()}, opt); break;
+    case Pass::kBackward: backward(in, {saved->o.view(), saved->lse.view(), d.grad_o.view()}, g, opt); break;
+    case Pass::kFused: forward_backward(in, d.grad_o.view(), {o.o.view(), o.lse.view()}, g, opt); break;
+  }
+}
+
+}  // namespace
+
+ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass) {
+  ParityReport r;
+  r.case_name = s.name();
+  r.implementation = impl;
+  r.pass = pass;
+  const CaseData d = make_case(s);
+  Outputs want = make_outputs(s, d), got = make_outputs(s, d);
+  CaseSpec ref = s;
+  ref.opt.block_sizes.reset();
+  ref.opt.num_threads = 0;
+  if (pass == Pass::kBackward) run_one(ref, d, "reference", Pass::kForward, nullptr, want);
+  run_one(ref, d, "reference", pass, &want, want);
+  try {
+    run_one(s, d, impl, pass, &want, got);
+    r.ran = true;
+  } catch (const Error& e) {
+    r.error = e.what();
+    r.skipped = e.code() == ErrorCode::kUnsupported;
+    return r;
+  }
+  const Tolerances tol = tolerances(s);
+  if (pass != Pass::kBackward) {
+    r.fields.push_back({"o", harness::compare(to_doubles(got.o), to_doubles(want.o), tol.o)});
+    std::vector<double> gl = to_doubles(got.lse), wl = to_doubles(want.lse);
+    lse_for_compare(gl, wl);
+    r.fields.push_back({"lse", harness::compare(gl, wl, tol.lse)});
+  }
+  if (pass != Pass::kForward) {
+    // dq and dk are sums of dS_ij·k_j (q_i) whose terms can cancel to exactly 0 (with one key,
+    // dS = P·(dP − Δ) = 0 in exact arithmetic), leaving only rounding noise against a zero
+    // oracle. The gradients of one call share a scale, so their absolute tolerance is taken
+    // relative to the largest magnitude of all three (grad_floor), not of each alone.
+    const std::vector<double> wq = to_doubles(want.dq), wk = to_doubles(want.dk), wv = to_doubles(want.dv);
+    const double floor = std::max({max_abs(wq), max_abs(wk), max_abs(wv)});
+    r.fields.push_back({"dq", compare_with_floor(to_doubles(got.dq), wq, tol.dq, floor)});
+    r.fields.push_back({"dk", compare_with_floor(to_doubles(got.dk), wk, tol.dk, floor)});
+    r.fields.push_back({"dv", compare_with_floor(to_doubles(got.dv), wv, tol.dv, floor)});
+  }
+  return r;
+}
+
+std::vector<CaseSpec> check_grid(bool quick) {
+  std::vector<CaseSpec> grid;
+  uint64_t seed = 100;
+  auto add = [&](CaseSpec c) {
+    c.seed = seed++;
+    grid.push_back(c);
+  };
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    CaseSpec base;
+    base.dtype = dt;
+    // MHA, small odd shape.
+    {
+      CaseSpec c = base;
+      c.Hq = c.Hkv = 3;
+      add(c);
+    }
+    // GQA, causal square, D = 64, f32 outputs.
+    {
+      CaseSpec c = base;
+      c.B = 1;
+      c.Sq = c.Sk = 33;
+      c.Hq = 6;
+      c.Hkv = 2;
+      c.D = c.Dv = 64;
+      c.opt.causal = true;
+      c.o_f32 = true;
+      c.f32_grads = true;
+      add(c);
+    }
+    // MQA, causal with Sq < Sk (bottom-right: the last query sees every key), D = 80.
+    {
+      CaseSpec c = base;
+      c.Sq = 5;
+      c.Sk = 37;
+      c.Hq = 4;
+      c.Hkv = 1;
+      c.D = c.Dv = 80;
+      c.opt.causal = true;
+      add(c);
+    }
+    // Causal with Sq > Sk: the first Sq − Sk rows see no key (o = 0, lse = −inf); Dv != D.
+    {
+      CaseSpec c = base;
+      c.Sq = 37;
+      c.Sk = 13;
+      c.Hq = 2;
+      c.Hkv = 1;
+      c.Dv = 24;
+      c.opt.causal = true;
+      add(c);
+    }
+    // Sliding window, left only, causal (local attention), D = 32.
+    {
+      CaseSpec c = base;
+      c.B = 1;
+      c.Sq = c.Sk = 40;
+      c.D = c.Dv = 32;
+      c.opt.causal = true;
+      c.opt.window_left = 8;
+      add(c);
+    }
+    // Sliding window on both sides, not causal, Sq < Sk.
+    {
+      CaseSpec c = base;
+      c.Sq = 20;
+      c.Sk = 29;
+      c.opt.window_left = 5;
+      c.opt.window_right = 3;
+      add(c);
+    }
+    // Softcap with an explicit scale, large logits.
+    {
+      CaseSpec c = base;
+      c.Sq = 11;
+      c.Sk = 23;
+      c.opt.scale = 0.3;
+      c.opt.softcap = 5.0;
+      c.logit_scale = 8.0;
+      add(c);
+    }
+    // ALiBi per head, causal; ALiBi per batch row, not causal, Sq > Sk.
+    {
+      CaseSpec c = base;
+      c.Sq = c.Sk = 19;
+      c.alibi = 1;
+      c.opt.causal = true;
+      add(c);
+      c.Sq = 21;
+      c.Sk = 15;
+      c.alibi = 2;
+      c.opt.causal = false;
+      add(c);
+    }
+    // Segment ids (packed sequences) with causal.
+    {
+      CaseSpec c = base;
+      c.Sq = c.Sk = 31;
+      c.segments = 3;
+      c.opt.causal = true;
+      add(c);
+    }
+    // Varlen, causal, GQA, an empty sequence and a single-row one; again with ALiBi per sequence
+    // and a two-sided window instead of causal.
+    {
+      CaseSpec c = base;
+      c.seqlens_q = {5, 0, 17, 1, 9};
+      c.seqlens_k = {9, 3, 17, 1, 4};
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.opt.causal = true;
+      add(c);
+      c.opt.causal = false;
+      c.opt.window_left = 3;
+      c.opt.window_right = 2;
+      c.alibi = 2;
+      add(c);
+    }
+    // A two-sided window with Sq > Sk: rows before the keys see nothing.
+    {
+      CaseSpec c = base;
+      c.Sq = 29;
+      c.Sk = 20;
+      c.opt.window_left = 4;
+      c.opt.window_right = 2;
+      c.alibi = 1;
+      add(c);
+    }
+    // Everything at once: window, softcap, ALiBi, segments, GQA, Dv != D.
+    {
+      CaseSpec c = base;
+      c.Sq = 26;
+      c.Sk = 30;
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.D = 24;
+      c.Dv = 40;
+      c.opt.causal = true;
+      c.opt.window_left = 9;
+      c.opt.softcap = 3.0;
+      c.alibi = 2;
+      c.segments = 2;
+      c.logit_scale = 4.0;
+      add(c);
+    }
+    if (quick) continue;
+    // Dv != D at D = 64; one key; one query against many keys (decode).
+    {
+      CaseSpec c = base;
+      c.B = 1;
+      c.Sq = 7;
+      c.Sk = 129;
+      c.D = 64;
+      c.Dv = 32;
+      add(c);
+      c.Sq = 1;
+      c.Sk = 1;
+      add(c);
+      c.Sq = 1;
+      c.Sk = 257;
+      c.D = c.Dv = 16;
+      c.opt.causal = true;
+      add(c);
+    }
+    // D = 128 over 129 rows (one row past a 128 block), causal, GQA.
+    {
+      CaseSpec c = base;
+      c.B = 1;
+      c.Sq = c.Sk = 129;
+      c.Hq = 2;
+      c.Hkv = 1;
+      c.D = c.Dv = 128;
+      c.opt.causal = true;
+      add(c);
+    }
+    // D = 256 (the cpu backend's limit), not causal.
+    {
+      CaseSpec c = base;
+      c.B = 1;
+      c.Sq = 7;
+      c.Sk = 65;
+      c.Hq = c.Hkv = 1;
+      c.D = c.Dv = 256;
+      add(c);
+    }
+    // 257 rows and keys (past two 128 blocks), window, MQA.
+    {
+      CaseSpec c = base;
+      c.B = 1;
+      c.Sq = c.Sk = 257;
+      c.Hq = 2;
+      c.Hkv = 1;
+      c.opt.window_left = 100;
+      c.opt.window_right = 20;
+      add(c);
+    }
+  }
+  return grid;
+}
+
+}  // namespace tessera::attention::testing

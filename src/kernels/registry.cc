@@ -1,0 +1,123 @@
+// Tessera: the list of kernels. A new kernel adds one line here (its spec() from spec.cc).
+#include "kernels/registry.h"
+
+#include "dispatch/dispatch.h"
+#include "tessera/error.h"
+
+namespace tessera {
+namespace linear_cross_entropy {
+const kernels::KernelSpec& spec();
+}
+namespace attention {
+const kernels::KernelSpec& spec();
+}
+}  // namespace tessera
+
+namespace tessera::kernels {
+
+const std::vector<const KernelSpec*>& all() {
+  static const std::vector<const KernelSpec*> specs = {
+      &linear_cross_entropy::spec(),
+      &attention::spec(),
+  };
+  return specs;
+}
+
+std::string names() {
+  std::string s;
+  for (const KernelSpec* k : all()) s += (s.empty() ? "" : ", ") + k->name;
+  return s;
+}
+
+const KernelSpec& get(const std::string& name) {
+  for (const KernelSpec* k : all())
+    if (k->name == name) return *k;
+  throw Error(ErrorCode::kNotFound, "unknown kernel '" + name + "' (kernels: " + names() + ")");
+}
+
+const Tensor* RunRequest::tensor(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return &t;
+  return nullptr;
+}
+
+const TensorView* CallArgs::tensor(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return &t;
+  return nullptr;
+}
+
+std::vector<std::string> pick_implementations(const KernelSpec& k, const std::string& list,
+                                              bool include_reference) {
+  const dispatch::RegistryView& reg = k.implementations();
+  std::vector<std::string> out;
+  if (list.find_first_not_of(" \t,") == std::string::npos) {
+    for (const auto& info : reg.infos())
+      if (include_reference || info.name != "reference") out.push_back(info.name);
+    return out;
+  }
+  for (const std::string& n : dispatch::split_names(list)) {
+    if (!reg.find(n)) {
+      std::string known;
+      for (const auto& info : reg.infos()) known += (known.empty() ? "" : ", ") + info.name;
+      throw Error(ErrorCode::kNotFound,
+                  k.name + ": no implementation named '" + n + "' (have: " + known + ")");
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+std::string version_family(const std::string& name) {
+  const size_t u = name.rfind("_v");
+  if (u == std::string::npos || u == 0 || u + 2 >= name.size()) return name;
+  for (size_t i = u + 2; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return name;
+  return name.substr(0, u);
+}
+
+std::string version_base(const dispatch::RegistryView& reg, const std::string& name) {
+  const std::string family = version_family(name);
+  std::vector<const dispatch::ImplementationBase*> members;
+  for (const dispatch::ImplementationBase* impl : reg.implementations())
+    if (version_family(impl->name()) == family) members.push_back(impl);
+  if (members.size() < 2) return {};
+  // The family's current version (statuses of module placeholders not loaded read "current").
+  for (const dispatch::ImplementationBase* impl : members)
+    if (impl->name() != name && impl->status() == VersionStatus::kCurrent) return impl->name();
+  return name == family ? std::string() : family;
+}
+
+harness::BenchConfig bench_config(const KernelSpec& k, const std::string& implementations,
+                                  const std::vector<harness::GridShape>& shapes,
+                                  const std::vector<DType>& dtypes,
+                                  const harness::OptionValues& given, uint64_t seed,
+                                  std::vector<std::string>* messages) {
+  harness::BenchConfig cfg;
+  cfg.kernel = k.name;
+  const dispatch::RegistryView& reg = k.implementations();
+  for (const std::string& name : pick_implementations(k, implementations, true)) {
+    const dispatch::ImplementationBase* impl = reg.find(name);
+    const dispatch::Availability a = impl->available();
+    if (!a.ok) {
+      if (messages) messages->push_back("implementation '" + name + "' unavailable here: " + a.reason);
+      continue;
+    }
+    cfg.implementations.push_back(name);
+    cfg.devices.push_back(impl->device_type());
+    cfg.version_bases.push_back(version_base(reg, name));
+  }
+  harness::OptionValues options = harness::defaults_of(k.bench.options);
+  for (const auto& [name, value] : given.all()) options.set(name, value);
+  for (const auto& shape : shapes)
+    for (DType dt : dtypes) {
+      const std::string label = (shape.name.empty() ? "" : shape.name + " ") + dtype_name(dt);
+      cfg.cases.push_back({shape.name, label, [&k, shape, dt, options, seed] {
+                             return k.bench.make_problem(shape, dt, options, seed);
+                           }});
+    }
+  cfg.passes = k.passes;
+  return cfg;
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,190 @@
+// Tessera: the kernel registry. Each kernel registers one KernelSpec (its spec.cc); the CLI,
+// the generic parity suite and the Python bindings iterate the registry and never name a
+// kernel. docs/ADDING_A_KERNEL.md walks through writing a spec.
+//
+// A spec says, for generic tools:
+//   what it is        name, one line, its dims (named: B,H,V or B,S,H,D), its passes
+//   implementations   its implementation registry (dispatch/registry.h)
+//   check             its check grid: cases that run an implementation against the reference
+//                     and report each output's deviation (harness/parity.h)
+//   bench             how to build a benchmark problem from a grid shape (harness/bench.h):
+//                     inputs, cost model, GEMM floor, baselines; its extra bench flags
+//   tune              its shape buckets, tuned table and how to time one candidate
+//   run               its `run` signature: named .npy inputs, options, outputs
+//   call              one pass on the caller's own views, no copy, outputs preallocated by the
+//                     caller (the Python bindings: NumPy, PyTorch custom ops, JAX FFI)
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dispatch/registry.h"
+#include "harness/bench.h"
+#include "harness/grid.h"
+#include "harness/options.h"
+#include "harness/parity.h"
+#include "tessera/exec.h"
+#include "tessera/tensor.h"
+#include "tune/bucket.h"
+#include "tune/sweep.h"
+#include "tune/table.h"
+
+namespace tessera::kernels {
+
+// ---- check ----
+struct CheckCase {
+  std::string name;
+  // Runs `implementation` on `device` for `pass` and the reference on the same inputs and
+  // compares every output. Never throws for an implementation's failure: it is reported.
+  std::function<harness::ParityReport(const std::string& implementation, Pass pass, Device device)> run;
+};
+
+// ---- tune ----
+// One (implementation, dtype, shape) to sweep.
+struct TuneJob {
+  std::string device_kind;                 // keys the tuned table (tune/device_kind.h)
+  std::vector<tune::Params> candidates;    // the default first
+  dispatch::Availability support;          // can the implementation run this shape at all
+  std::function<tune::RunFn()> make_run;   // allocates the inputs; times one call
+};
+
+struct TuneSpec {
+  std::function<const std::vector<tune::Bucket>&()> buckets;
+  std::function<const std::vector<tune::TableEntry>&()> table;  // the checked-in table
+  // Is this implementation's block size tunable?
+  std::function<bool(const std::string& implementation)> tunable;
+  // shape: the bucket's dims in order. with_data = false: candidates only (no allocation).
+  std::function<TuneJob(const std::string& implementation, const std::vector<int64_t>& shape,
+                        DType dtype, Pass pass, bool with_data)>
+      job;
+  tune::TableSource source;  // how `tessera tune --emit-table` writes tuned_table.cc
+  std::string table_path;    // the checked-in table, relative to the repository root
+};
+
+// ---- run ----
+struct TensorArg {
+  std::string name;  // --NAME FILE.npy
+  std::string help;
+  bool required = true;
+};
+
+struct RunRequest {
+  std::vector<std::pair<std::string, Tensor>> tensors;  // the inputs given, by name
+  harness::OptionValues options;                        // every declared option
+  ExecOptions exec;
+  bool grad = false;
+  const Tensor* tensor(const std::string& name) const;  // nullptr when not given
+};
+
+struct RunOutput {
+  std::vector<std::pair<std::string, Tensor>> outputs;  // written as NAME.npy, in order
+  std::string implementation;                           // which one ran
+  std::string summary;                                  // one line: shapes, options, result
+};
+
+struct RunSpec {
+  std::vector<TensorArg> inputs;
+  std::vector<TensorArg> grad_inputs;  // upstream gradients, used with --grad (default ones)
+  std::vector<harness::OptionSpec> options;
+  bool has_grad = true;                // --grad is offered
+  std::string outputs_help;            // "o.npy, lse.npy; with --grad dq.npy, dk.npy, dv.npy"
+  std::function<RunOutput(const RunRequest&)> run;
+};
+
+// ---- call ----
+// A pass on views the caller owns (NumPy / PyTorch / JAX buffers taken zero-copy). The caller
+// asks `outputs` what to allocate, allocates it with its own framework and hands the views to
+// `call`, which validates everything (an error touches no output) and runs the pass.
+struct CallInput {
+  std::string name;        // Python keyword: "x", "bias", "grad_loss"
+  std::string help;
+  bool required = true;
+  bool differentiable = false;  // has a gradient output named "d" + name (backward, fused)
+};
+
+struct CallArgs {
+  Pass pass = Pass::kForward;
+  // Inputs, upstream gradients and saved forward outputs, by name (absent optional ones left out).
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  harness::OptionValues options;  // every declared option (defaults filled in)
+  ExecOptions exec;
+  const TensorView* tensor(const std::string& name) const;  // nullptr when not given
+};
+
+struct OutputDesc {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  Shape strides;  // elements: row-major, or another layout to allocate (a gradient in w's layout)
+};
+
+struct CallSpec {
+  std::vector<CallInput> inputs;        // the forward's inputs, in signature order
+  // What backward (and fused) take besides the inputs: upstream gradients of the forward's
+  // outputs (required) and saved forward outputs (optional, they spare a recomputation).
+  std::vector<CallInput> grad_inputs;
+  std::vector<harness::OptionSpec> options;  // names as the C++ Options fields
+  std::vector<std::string> forward_outputs;  // the forward's outputs that take an upstream gradient
+  std::vector<std::string> saved_outputs;    // forward outputs that backward may take back
+  // The outputs of `pass` for these inputs (only dtype, shape and strides of args.tensors are
+  // read; data may be null). Throws Error(kInvalidArgument) like the call would.
+  std::function<std::vector<OutputDesc>(const CallArgs& args)> outputs;
+  // Runs args.pass writing `out` (views of what `outputs` described, in its order). Returns the
+  // name of the implementation that ran.
+  std::function<std::string(const CallArgs& args, const std::vector<TensorView>& out)> call;
+};
+
+// ---- bench ----
+struct BenchSpec {
+  std::vector<harness::OptionSpec> options;  // the kernel's extra bench flags
+  // A problem for a grid shape (which holds every dim) and dtype, inputs generated from `seed`.
+  std::function<std::unique_ptr<harness::BenchProblem>(const harness::GridShape& shape, DType dtype,
+                                                       const harness::OptionValues& options,
+                                                       uint64_t seed)>
+      make_problem;
+};
+
+struct KernelSpec {
+  std::string name;
+  std::string description;               // one line
+  std::vector<std::string> dims;         // named dims of its bench shapes and tune buckets
+  std::vector<Pass> passes;
+  std::vector<DType> dtypes;             // input dtypes it takes
+  std::function<dispatch::RegistryView&()> implementations;
+  std::function<std::vector<CheckCase>(bool quick)> check_grid;
+  BenchSpec bench;
+  TuneSpec tune;
+  RunSpec run;
+  CallSpec call;
+};
+
+// The kernels, in a fixed order (registry.cc lists them).
+const std::vector<const KernelSpec*>& all();
+// Throws Error(kNotFound) listing the known kernels.
+const KernelSpec& get(const std::string& name);
+std::string names();  // "linear_cross_entropy, attention"
+
+// Parses "a,b,c" against a kernel's implementations: unknown names (after trimming) are an
+// error listing the known ones, never skipped. Empty: every implementation but the reference.
+std::vector<std::string> pick_implementations(const KernelSpec& k, const std::string& list,
+                                              bool include_reference = false);
+
+// Versions (docs/VERSIONS.md): "cpu_v2" and "cpu_v3" are versions of the family "cpu".
+std::string version_family(const std::string& implementation);
+// The version `implementation` is compared with in benchmarks: its family's current version
+// (when it is not that one itself), else the family's first version; "" when it has no sibling.
+std::string version_base(const dispatch::RegistryView& registry, const std::string& implementation);
+
+// A benchmark configuration for `k`: the named implementations (empty: all, the reference
+// included) that are available here (the others are reported in `messages`), one case per
+// shape × dtype, and the kernel's bench options (defaults where not given).
+harness::BenchConfig bench_config(const KernelSpec& k, const std::string& implementations,
+                                  const std::vector<harness::GridShape>& shapes,
+                                  const std::vector<DType>& dtypes,
+                                  const harness::OptionValues& options, uint64_t seed,
+                                  std::vector<std::string>* messages);
+
+}  // namespace tessera::kernels

@@ -1,0 +1,216 @@
+// Parity of the optimized CPU backend ("cpu") against the reference oracle over the shared grid
+// (kernels/attention/testing.h: the same cases and dtype-justified tolerances the generic parity
+// suite uses), rerun with tiny blocks (tails and mask edges in every tile) and 1-3 threads (the
+// chunked backward), plus determinism, rows that see nothing, large logits and memory bounds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/memory.h"
+#include "hwy/targets.h"
+#include "kernels/attention/testing.h"
+#include "tessera/attention.h"
+#include "tessera/error.h"
+
+namespace tessera::attention {
+namespace {
+
+namespace at = testing;
+
+void expect_parity(const at::CaseSpec& spec, const std::string& label) {
+  for (Pass pass : {Pass::kForward, Pass::kBackward, Pass::kFused}) {
+    const at::ParityReport r = at::check_parity(spec, "cpu", pass);
+    ASSERT_TRUE(r.ran) << label << " " << r.case_name << " " << pass_name(pass) << ": " << r.error;
+    for (const auto& f : r.fields)
+      EXPECT_TRUE(f.dev.ok()) << label << " " << r.case_name << " " << pass_name(pass) << " " << f.field << ": "
+                              << f.dev.str();
+  }
+}
+
+TEST(AttentionCpu, BuiltInCheckGrid) {
+  for (const at::CaseSpec& c : at::check_grid()) expect_parity(c, "default blocks");
+}
+
+// Tiny odd blocks: several q and kv tiles per row range, tails, tiles that cross every mask
+// edge; 1, 2 and 3 threads (3 > the number of (sequence, kv head) pairs in several cases, so the
+// backward splits kv blocks into chunks and reduces their dq partials).
+TEST(AttentionCpu, SmallBlocksAndThreadCounts) {
+  int k = 0;
+  for (at::CaseSpec c : at::check_grid(/*quick=*/true)) {
+    c.opt.block_sizes = BlockSizes{5, 7};
+    c.opt.num_threads = 1 + (k++ % 3);
+    expect_parity(c, "blocks q=5,kv=7");
+  }
+}
+
+// The backward without prepacked Q / dO (the path of sequences too long to prepack).
+TEST(AttentionCpu, BackwardWithoutPrepack) {
+  setenv("TESSERA_ATTENTION_CPU_PREPACK", "0", 1);
+  int k = 0;
+  for (at::CaseSpec c : at::check_grid(/*quick=*/true)) {
+    c.opt.block_sizes = BlockSizes{8, 16};
+    c.opt.num_threads = 1 + (k++ % 2);
+    expect_parity(c, "no prepack");
+  }
+  unsetenv("TESSERA_ATTENTION_CPU_PREPACK");
+}
+
+// The SIMD kernels on narrower instruction sets than this machine's best (Highway dispatches at
+// run time: AVX-512 here, AVX2 or SSE4 elsewhere; panel widths and tails differ).
+TEST(AttentionCpu, NarrowerInstructionSets) {
+  for (int64_t target : {int64_t{HWY_AVX2}, int64_t{HWY_SSE4}}) {
+    if (!(hwy::SupportedTargets() & target)) continue;
+    hwy::SetSupportedTargetsForTest(target);
+    int k = 0;
+    for (at::CaseSpec c : at::check_grid(/*quick=*/true)) {
+      c.opt.block_sizes = BlockSizes{k % 2 ? 7 : 32, k % 2 ? 11 : 48};
+      c.opt.num_threads = 1 + (k++ % 2);
+      expect_parity(c, std::string("target ") + hwy::TargetName(target));
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
+// One sequence and more threads than kv heads: chunked backward, every option. MQA (3 query
+// heads on 1 kv head) splits the heads; a single head (Hq = Hkv = 1) splits the kv blocks.
+TEST(AttentionCpu, ChunkedBackwardEveryOption) {
+  uint64_t seed = 500;
+  for (DType dt : {DType::kF32, DType::kBF16})
+  for (int64_t hq : {3, 1}) {
+    at::CaseSpec c;
+    c.dtype = dt;
+    c.B = 1;
+    c.Sq = 45;
+    c.Sk = 53;
+    c.Hq = hq;
+    c.Hkv = 1;
+    c.D = 20;
+    c.Dv = 12;
+    c.opt.causal = true;
+    c.opt.window_left = 30;
+    c.opt.softcap = 4.0;
+    c.alibi = 1;
+    c.segments = 2;
+    c.logit_scale = 3.0;
+    c.opt.block_sizes = BlockSizes{8, 8};
+    c.seed = seed++;
+    for (int t : {2, 3, 5}) {
+      c.opt.num_threads = t;
+      expect_parity(c, "threads=" + std::to_string(t));
+    }
+  }
+}
+
+// Large logits: the online softmax must stay stable (no overflow, no NaN).
+TEST(AttentionCpu, LargeLogits) {
+  at::CaseSpec c;
+  c.Sq = 33;
+  c.Sk = 70;
+  c.logit_scale = 60.0;
+  c.opt.block_sizes = BlockSizes{16, 16};
+  expect_parity(c, "logits~60");
+  c.opt.causal = true;
+  c.opt.softcap = 30.0;
+  expect_parity(c, "logits~60 softcap");
+}
+
+struct CpuRun {
+  Tensor o, lse, dq, dk, dv;
+};
+CpuRun run_cpu(const at::CaseSpec& s, const at::CaseData& d) {
+  CpuRun r;
+  Options opt = s.opt;
+  opt.implementation = "cpu";
+  r.o = Tensor::empty(s.dtype, at::o_shape(s));
+  r.lse = Tensor::empty(DType::kF32, at::lse_shape(s));
+  r.dq = Tensor::empty(s.dtype, d.q.shape());
+  r.dk = Tensor::empty(s.dtype, d.k.shape());
+  r.dv = Tensor::empty(s.dtype, d.v.shape());
+  forward_backward(d.inputs(), d.grad_o, {r.o, r.lse}, {r.dq, r.dk, r.dv}, opt);
+  return r;
+}
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.view().nbytes() == b.view().nbytes() && std::memcmp(a.data(), b.data(), a.view().nbytes()) == 0;
+}
+
+// Bitwise reproducible for a fixed thread count; forward (and backward without chunking) even
+// across thread counts.
+TEST(AttentionCpu, Deterministic) {
+  at::CaseSpec s;
+  s.B = 2;
+  s.Sq = 61;
+  s.Sk = 77;
+  s.Hq = 4;
+  s.Hkv = 2;
+  s.D = 32;
+  s.opt.causal = true;
+  s.opt.window_left = 23;  // kv spans that start mid-sequence
+  s.opt.block_sizes = BlockSizes{16, 16};
+  const at::CaseData d = at::make_case(s);
+  for (int t : {1, 3}) {
+    s.opt.num_threads = t;
+    const CpuRun a = run_cpu(s, d), b = run_cpu(s, d);
+    for (auto [x, y] : {std::pair<const Tensor*, const Tensor*>{&a.o, &b.o}, {&a.lse, &b.lse}, {&a.dq, &b.dq}, {&a.dk, &b.dk}, {&a.dv, &b.dv}})
+      EXPECT_TRUE(same_bits(*x, *y)) << "threads=" << t;
+  }
+  s.opt.num_threads = 1;
+  const CpuRun one = run_cpu(s, d);
+  s.opt.num_threads = 4;  // 4 = B·Hkv: no chunks
+  const CpuRun four = run_cpu(s, d);
+  for (auto [x, y] : {std::pair<const Tensor*, const Tensor*>{&one.o, &four.o}, {&one.lse, &four.lse}, {&one.dq, &four.dq}, {&one.dk, &four.dk}})
+    EXPECT_TRUE(same_bits(*x, *y));
+}
+
+// Rows that see nothing (causal Sq > Sk, a window that misses, a lonely segment): o = 0,
+// lse = −inf, finite gradients.
+TEST(AttentionCpu, RowsThatSeeNothing) {
+  at::CaseSpec s;
+  s.Sq = 40;
+  s.Sk = 9;
+  s.opt.causal = true;
+  s.opt.block_sizes = BlockSizes{8, 4};
+  s.dtype = DType::kBF16;
+  const at::CaseData d = at::make_case(s);
+  const CpuRun r = run_cpu(s, d);
+  for (const Tensor* t : {&r.o, &r.dq, &r.dk, &r.dv})
+    for (int64_t i = 0; i < t->numel(); ++i) ASSERT_TRUE(std::isfinite(load_as_f32(t->data(), t->dtype(), i)));
+  for (int64_t h = 0; h < s.Hq; ++h) {
+    EXPECT_EQ(r.lse.data_as<float>()[h * s.Sq + 30], -INFINITY);
+    EXPECT_TRUE(std::isfinite(r.lse.data_as<float>()[h * s.Sq + 31]));
+    EXPECT_EQ(load_as_f32(r.o.data(), r.o.dtype(), (0 * s.Hq + h) * s.Dv), 0.0f);
+  }
+}
+
+// Extra memory: per-thread tiles, never Sq × Sk. At Sq = Sk = 2048, D = 64, 2 threads, default
+// blocks (q=128, kv=256) the scratch is a few MiB; Sq × Sk f32 would be 16 MiB per head.
+TEST(AttentionCpu, ExtraMemoryIsPerThreadTiles) {
+  at::CaseSpec s;
+  s.B = 1;
+  s.Sq = s.Sk = 2048;
+  s.Hq = 2;
+  s.Hkv = 1;
+  s.D = s.Dv = 64;
+  s.opt.causal = true;
+  s.opt.num_threads = 2;
+  const at::CaseData d = at::make_case(s);
+  memory::reset_peak(memory::Space::kHost);
+  const size_t before = memory::current_bytes(memory::Space::kHost);
+  const CpuRun r = run_cpu(s, d);
+  const size_t extra = memory::peak_bytes(memory::Space::kHost) - before;
+  // Backward, per thread: S, dP (and P with a soft cap) q×kv tiles, dK and dV kv×D
+  // accumulators, packed Kᵀ, Vᵀ, K (kv×D each) and Q, dO (q×D each), Δ (Sq·G floats), the
+  // prepacked Q and dO of the group (Sq·G·(D + Dv) floats); with 2 threads > 1 (sequence, kv
+  // head) pair, 2 chunked dq partials of Sq·G·D floats.
+  const size_t f = sizeof(float), q = 128, kv = 256, D = 64, G = 2, S = 2048;
+  const size_t per_thread =
+      3 * q * kv * f + 2 * kv * D * f + 3 * kv * D * f + 2 * q * D * f + S * G * f + S * G * 2 * D * f;
+  const size_t bound = 2 * per_thread + 2 * S * G * D * f + (64 << 10);
+  EXPECT_LE(extra, bound) << "extra host memory " << extra << " bytes";
+  EXPECT_LT(extra, S * S * f);  // one head's Sq × Sk f32 scores
+}
+
+}  // namespace
+}  // namespace tessera::attention

@@ -1,0 +1,101 @@
+#include "common.h"
+
+#include <algorithm>
+
+#include "dispatch/dispatch.h"
+#include "tessera/error.h"
+
+namespace tessera::cli {
+namespace {
+int g_exit = 0;
+}
+
+void set_exit_code(int code) { g_exit = std::max(g_exit, code); }
+int exit_code() { return g_exit; }
+
+void build_app(CLI::App& app) {
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
+  register_list(app);
+  register_roofline(app);
+  register_bench(app);
+  register_report(app);
+  register_check(app);
+  register_run(app);
+  register_tune(app);
+  register_new_version(app);
+}
+
+void require_kernel(CLI::App* parent) {
+  parent->require_subcommand(0, 1);
+  parent->allow_extras();
+  parent->callback([parent] {
+    if (!parent->get_subcommands().empty()) return;
+    const auto extras = parent->remaining();
+    if (!extras.empty() && extras.front().rfind("-", 0) != 0)
+      throw Error(ErrorCode::kNotFound,
+                  parent->get_name() + ": unknown kernel '" + extras.front() + "' (kernels: " + kernels::names() + ")");
+    throw Error(ErrorCode::kInvalidArgument,
+                parent->get_name() + " needs a kernel: one of " + kernels::names() + " (tessera " +
+                    parent->get_name() + " KERNEL --help)");
+  });
+}
+
+std::function<harness::OptionValues()> add_kernel_options(CLI::App* cmd,
+                                                          const std::vector<harness::OptionSpec>& specs) {
+  using K = harness::OptionSpec::Kind;
+  auto values = std::make_shared<std::map<std::string, std::string>>();
+  auto flags = std::make_shared<std::map<std::string, bool>>();
+  for (const auto& s : specs) {
+    const std::string flag = "--" + s.name;
+    if (s.kind == K::kFlag) {
+      cmd->add_flag(flag, (*flags)[s.name], s.help);
+      continue;
+    }
+    auto* opt = cmd->add_option(flag, (*values)[s.name], s.help);
+    if (!s.default_value.empty()) opt->default_str(s.default_value);
+    if (!s.choices.empty()) opt->check(CLI::IsMember(s.choices));
+    if (s.kind == K::kInt) opt->check(CLI::Number);
+    if (s.kind == K::kFloat) opt->check(CLI::Number);
+  }
+  return [specs, values, flags] {
+    harness::OptionValues v = harness::defaults_of(specs);
+    for (const auto& [name, text] : *values)
+      if (!text.empty()) v.set(name, text);
+    for (const auto& [name, on] : *flags)
+      if (on) v.set(name, "true");
+    return v;
+  };
+}
+
+void add_pass_option(CLI::App* cmd, std::vector<std::string>& storage) {
+  cmd->add_option("--pass", storage, "forward, backward, fused (comma-separated; default: all the kernel has)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"forward", "backward", "fused", "fwd", "bwd", "all"}));
+}
+
+std::vector<Pass> parse_passes(const std::vector<std::string>& names, const kernels::KernelSpec& k) {
+  if (names.empty() || std::find(names.begin(), names.end(), "all") != names.end()) return k.passes;
+  std::vector<Pass> out;
+  for (const auto& n : names) {
+    const Pass p = parse_pass(n);
+    check(std::find(k.passes.begin(), k.passes.end(), p) != k.passes.end(), ErrorCode::kInvalidArgument,
+          k.name + " has no " + pass_name(p) + " pass");
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<DType> parse_float_dtypes(const std::string& list, const kernels::KernelSpec& k) {
+  std::vector<DType> out;
+  for (const std::string& d : dispatch::split_names(list)) {
+    const DType t = parse_dtype(d);
+    check(std::find(k.dtypes.begin(), k.dtypes.end(), t) != k.dtypes.end(), ErrorCode::kInvalidArgument,
+          "--dtype: " + k.name + " takes no " + d + " inputs");
+    out.push_back(t);
+  }
+  check(!out.empty(), ErrorCode::kInvalidArgument, "--dtype is empty");
+  return out;
+}
+
+}  // namespace tessera::cli

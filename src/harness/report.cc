@@ -189,7 +189,7 @@ void compiler_section(std::ostringstream& h, const json& doc) {
          "<th>const B</th><th>barriers</th></tr>\n";
     auto n = [](const json& k, const char* key) {  // byte and register counts: integers
       const double v = getd(k, key);
-      return std::isfinite(v) ? std::to_string(static_cast<long long>(v)) : std::string("–");
+      return std::fabs(v) < 9e15 ? std::to_string(static_cast<long long>(v)) : std::string("–");  // NaN fails too
     };
     for (const auto& k : b["cuda_kernels"]) {
       const bool flagged = k.contains("spill_flagged") && k["spill_flagged"].is_boolean() && k["spill_flagged"].get<bool>();

@@ -121,7 +121,8 @@ void fill_references(BarGroup& g, const json& rows) {
     }
     if (g.gemm_floor_ms <= 0 && vg > 0) {
       g.gemm_floor_ms = med / vg;
-      g.gemm_count = static_cast<int>(getd(r, "gemm_count"));
+      const double n = getd(r, "gemm_count");  // a count, but the file is outside data: NaN, 1e300
+      g.gemm_count = n >= 1 && n <= 1e6 ? static_cast<int>(n) : 0;
     }
     if (g.baseline_ms <= 0 && vb > 0) g.baseline_ms = med / vb;
   }

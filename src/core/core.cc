@@ -2,11 +2,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <new>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
 
 #include "core/device_module.h"
+#include "core/memory.h"
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/tensor.h"
@@ -69,14 +72,19 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t acc = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     s[i] = acc;
-    acc *= shape[i];
+    // A zero dim makes the tensor empty but not its strides: (0, 2^40, 2^40) has none to
+    // represent, and would overflow here.
+    if (__builtin_mul_overflow(acc, std::max<int64_t>(shape[i], 1), &acc))
+      throw Error(ErrorCode::kInvalidArgument, "shape " + shape_str(shape) + " has strides past 2^63 elements");
   }
   return s;
 }
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw Error(ErrorCode::kInvalidArgument, "shape " + shape_str(shape) + " has more than 2^63 elements");
   return n;
 }
 
@@ -110,6 +118,9 @@ int64_t TensorView::size(int64_t dim) const {
 
 bool TensorView::is_contiguous() const {
   if (strides.size() != shape.size()) return false;
+  // No element to address (a zero dim): every strides describe it, as in NumPy and PyTorch
+  // (contiguous_strides() gives such a tensor the strides of its nonzero dims).
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return true;
   int64_t expect = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     if (shape[i] != 1 && strides[i] != expect) return false;
@@ -167,20 +178,30 @@ Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
   for (int64_t d : shape)
     check(d >= 0, ErrorCode::kInvalidArgument, "negative dimension in " + shape_str(shape));
   Tensor t;
-  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype), &bytes) ||
+      bytes > std::numeric_limits<size_t>::max() / 2)
+    throw Error(ErrorCode::kOutOfMemory, std::string("a ") + dtype_name(dtype) + shape_str(shape) +
+                                             " tensor has more bytes than a 64-bit size can hold");
   const size_t alloc_bytes = std::max<size_t>(bytes, 64);
-  if (device.type == DeviceType::kCPU) {
-    void* p = std::aligned_alloc(64, (alloc_bytes + 63) / 64 * 64);
-    if (!p)
-      throw Error(ErrorCode::kOutOfMemory, "could not allocate " + std::to_string(bytes) +
-                                               " bytes on the host");
-    t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-  } else {
-    DeviceAllocator a = get_allocator(device.type);
-    void* p = a.allocate(alloc_bytes, device.index);
-    const int idx = device.index;
-    auto dealloc = a.deallocate;
-    t.storage_ = std::shared_ptr<void>(p, [dealloc, idx](void* q) { dealloc(q, idx); });
+  // Named only on the error paths (an allocation is often on a hot path).
+  auto what = [&] { return std::string("a ") + dtype_name(dtype) + shape_str(shape) + " tensor"; };
+  try {
+    if (device.type == DeviceType::kCPU) {
+      if (!memory::host_fits(bytes)) memory::check_host_fits(bytes, what());
+      void* p = std::aligned_alloc(64, (alloc_bytes + 63) / 64 * 64);
+      if (!p)
+        throw Error(ErrorCode::kOutOfMemory, "could not allocate " + memory::bytes_str(bytes) + " on the host for " + what());
+      t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });  // frees p if it throws
+    } else {
+      DeviceAllocator a = get_allocator(device.type);
+      void* p = a.allocate(alloc_bytes, device.index);
+      const int idx = device.index;
+      auto dealloc = a.deallocate;
+      t.storage_ = std::shared_ptr<void>(p, [dealloc, idx](void* q) { dealloc(q, idx); });
+    }
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::kOutOfMemory, "could not allocate " + memory::bytes_str(bytes) + " for " + what());
   }
   t.storage_bytes_ = bytes;
   t.view_ = TensorView(t.storage_.get(), dtype, std::move(shape), device);

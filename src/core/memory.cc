@@ -2,8 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <sys/sysinfo.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
+
+#include "core/env.h"
 
 #include "tessera/error.h"
 
@@ -33,12 +39,48 @@ void HostDeleter::operator()(void* p) const noexcept {
   note_free(Space::kHost, bytes);
 }
 
+size_t host_memory_limit() {
+  static const size_t machine = [] {
+    struct sysinfo si {};
+    if (::sysinfo(&si) != 0) return size_t{0};
+    return (static_cast<size_t>(si.totalram) + static_cast<size_t>(si.totalswap)) * si.mem_unit;
+  }();
+  size_t limit = machine;
+  if (auto v = env::get("TESSERA_HOST_MEMORY_LIMIT")) {
+    const long long n = std::atoll(v->c_str());
+    if (n > 0 && (limit == 0 || static_cast<size_t>(n) < limit)) limit = static_cast<size_t>(n);
+  }
+  return limit;
+}
+
+std::string bytes_str(size_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%zu bytes (%.1f GiB)", bytes, static_cast<double>(bytes) / (1ull << 30));
+  return buf;
+}
+
+bool host_fits(size_t bytes) {
+  const size_t limit = host_memory_limit();
+  return !limit || bytes <= limit;
+}
+
+void check_host_fits(size_t bytes, const std::string& what) {
+  const size_t limit = host_memory_limit();
+  if (limit && bytes > limit)
+    throw Error(ErrorCode::kOutOfMemory, what + " needs " + bytes_str(bytes) +
+                                             " of host memory, more than this machine has (" +
+                                             bytes_str(limit) + "); nothing was allocated");
+}
+
 HostBuffer host_alloc(size_t bytes) {
+  check_host_fits(bytes, "host scratch");
+  if (bytes > std::numeric_limits<size_t>::max() - 64)
+    throw Error(ErrorCode::kOutOfMemory, "could not allocate " + bytes_str(bytes) + " of host scratch");
   const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
   void* p = std::aligned_alloc(64, rounded);
   if (!p)
     throw Error(ErrorCode::kOutOfMemory,
-                "could not allocate " + std::to_string(bytes) + " bytes of host scratch");
+                "could not allocate " + bytes_str(bytes) + " of host scratch");
   note_alloc(Space::kHost, rounded);
   return HostBuffer(p, HostDeleter{rounded});
 }

@@ -1,6 +1,7 @@
 #include "dispatch/dispatch.h"
 #include "dispatch/registry.h"
 
+#include <new>
 #include <sstream>
 
 #include "core/device_module.h"
@@ -73,7 +74,14 @@ std::string run(const std::string& kernel, const Plan& plan, const Callbacks& cb
     Availability a = cb.supports(name);
     if (a.ok) {
       try {
-        cb.run(name);
+        try {
+          cb.run(name);
+        } catch (const std::bad_alloc&) {
+          // An allocation anywhere in the implementation (a std::vector, a library) is a
+          // Tessera error like any other, never an escaped std::bad_alloc or an abort.
+          throw Error(ErrorCode::kOutOfMemory,
+                      kernel + ": implementation '" + name + "' ran out of host memory (std::bad_alloc)");
+        }
         if (i > 0 || plan.mode != Mode::kDefault)
           log::info_once(kernel + ": using implementation '" + name + "' (" + plan.source + ")");
         else

@@ -28,7 +28,9 @@ const Grid& GridFile::grid(const std::string& name) const {
                                         " (grids: " + names + ")");
 }
 
-GridFile parse_grid_file(const nlohmann::json& j) {
+namespace {
+
+GridFile parse_grid_file_impl(const nlohmann::json& j) {
   auto bad = [](const std::string& m) { throw Error(ErrorCode::kInvalidArgument, text::printable("grid file: " + m)); };
   if (!j.is_object()) bad("top level must be an object");
   GridFile f;
@@ -45,6 +47,8 @@ GridFile parse_grid_file(const nlohmann::json& j) {
     g.name = it.key();
     const auto& gj = it.value();
     if (!gj.is_object()) bad("grid '" + g.name + "' must be an object");
+    if (gj.contains("description") && !gj["description"].is_string())
+      bad("grid '" + g.name + "': \"description\" must be a string");
     g.description = gj.value("description", "");
     if (gj.contains("dtypes")) {
       if (!gj["dtypes"].is_array()) bad("grid '" + g.name + "': \"dtypes\" must be an array");
@@ -59,6 +63,8 @@ GridFile parse_grid_file(const nlohmann::json& j) {
       const auto& sj = gj["shapes"][i];
       GridShape s;
       if (!sj.is_object()) bad("grid '" + g.name + "' shape " + std::to_string(i) + " must be an object");
+      if (sj.contains("name") && !sj["name"].is_string())
+        bad("grid '" + g.name + "' shape " + std::to_string(i) + ": \"name\" must be a string");
       s.name = sj.value("name", "");
       for (const auto& d : f.dims) {
         const std::string where = "grid '" + g.name + "' shape " +
@@ -80,6 +86,17 @@ GridFile parse_grid_file(const nlohmann::json& j) {
     f.grids.push_back(std::move(g));
   }
   return f;
+}
+
+}  // namespace
+
+GridFile parse_grid_file(const nlohmann::json& j) {
+  try {
+    return parse_grid_file_impl(j);
+  } catch (const nlohmann::json::exception& e) {
+    // Every field is checked above; this is the net for one that is not (never an escape).
+    throw Error(ErrorCode::kInvalidArgument, std::string("grid file: malformed (") + e.what() + ")");
+  }
 }
 
 std::string find_grid_file(const std::string& kernel, const std::string& explicit_path) {

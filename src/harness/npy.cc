@@ -1,5 +1,7 @@
 #include "harness/npy.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -56,6 +58,10 @@ std::string dict_value(const std::string& header, const std::string& key) {
 Tensor load(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(ErrorCode::kIo, path + ": cannot open for reading");
+  return read(f, path);
+}
+
+Tensor read(std::istream& f, const std::string& path) {
   char magic[8];
   if (!f.read(magic, 8)) bad(path, "not a .npy file (shorter than its 8-byte preamble)");
   if (std::memcmp(magic, "\x93NUMPY", 6) != 0)
@@ -90,7 +96,13 @@ Tensor load(const std::string& path) {
     if (dims[i] >= '0' && dims[i] <= '9') {
       size_t e = i;
       while (e < dims.size() && dims[e] >= '0' && dims[e] <= '9') ++e;
-      shape.push_back(std::stoll(dims.substr(i, e - i)));
+      // Digits only, so the one failure is a value past int64 (std::stoll would throw
+      // std::out_of_range, which is not a Tessera error).
+      int64_t d = 0;
+      for (size_t k = i; k < e; ++k)
+        if (__builtin_mul_overflow(d, int64_t{10}, &d) || __builtin_add_overflow(d, int64_t{dims[k] - '0'}, &d))
+          bad(path, "dimension " + dims.substr(i, e - i) + " in shape '(" + dims + ")' is too large");
+      shape.push_back(d);
       i = e;
     } else if (dims[i] == ',' || dims[i] == ' ' || dims[i] == 'L') {
       ++i;
@@ -98,8 +110,27 @@ Tensor load(const std::string& path) {
       bad(path, "malformed shape '(" + dims + ")'");
     }
   }
+  // The declared size, checked for overflow and against what the file holds, before allocating.
+  // Zero dims count as 1 in the overflow check: an empty (0, 2^62, 2^62) still has strides.
+  uint64_t bytes = dtype_size(dtype), span = dtype_size(dtype);
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) ||
+        __builtin_mul_overflow(span, static_cast<uint64_t>(std::max<int64_t>(d, 1)), &span) ||
+        span > static_cast<uint64_t>(INT64_MAX))
+      bad(path, "shape " + shape_str(shape) + " of " + dtype_name(dtype) + " overflows a 64-bit byte count");
+  const std::streampos here = f.tellg();
+  if (here != std::streampos(-1)) {
+    f.seekg(0, std::ios::end);
+    const std::streampos end = f.tellg();
+    f.seekg(here);
+    if (end != std::streampos(-1) && end >= here) {
+      const uint64_t left = static_cast<uint64_t>(end - here);
+      if (bytes > left)
+        bad(path, "truncated data: shape " + shape_str(shape) + " of " + dtype_name(dtype) + " needs " +
+                      std::to_string(bytes) + " bytes, the file has " + std::to_string(left) + " after the header");
+    }
+  }
   Tensor t = Tensor::empty(dtype, shape);
-  const size_t bytes = t.view().nbytes();
   if (bytes && !f.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(bytes)))
     bad(path, "truncated data: expected " + std::to_string(bytes) + " bytes for " + dtype_name(dtype) +
                   shape_str(shape));

@@ -6,6 +6,7 @@
 // silently converted.
 #pragma once
 
+#include <istream>
 #include <string>
 
 #include "tessera/tensor.h"
@@ -14,7 +15,14 @@ namespace tessera::npy {
 
 // Throws Error(kIo) when the file cannot be read, Error(kInvalidArgument) for a malformed or
 // unsupported file; messages start with the path.
+// The declared size is checked against the bytes left in the file before anything is
+// allocated, so a header that declares a huge shape fails with its size, never with an
+// allocation (or an overflow of the element count).
 Tensor load(const std::string& path);
+// The same reader over an open stream (positioned at the magic); `name` starts the messages.
+// Throws Error(kInvalidArgument) only (plus Error(kOutOfMemory) when a file that is really
+// that large does not fit in memory).
+Tensor read(std::istream& in, const std::string& name);
 // Writes a contiguous host tensor (bf16 is written with descr '<V2'). Throws Error(kIo).
 void save(const std::string& path, const TensorView& t);
 

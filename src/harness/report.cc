@@ -45,7 +45,7 @@ std::string short_note(std::string note, const std::string& blas) {
 }
 
 void header_section(std::ostringstream& h, const json& doc) {
-  const std::string kernel = doc.value("kernel", "");
+  const std::string kernel = gets(doc, "kernel");
   h << "<h1>Tessera bench" << (kernel.empty() ? "" : ": " + esc(kernel)) << "</h1>\n<p class=\"small\">";
   if (doc.contains("created_at")) h << "created " << esc(gets(doc, "created_at")) << " · ";
   if (doc.contains("tessera_version")) h << "tessera " << esc(gets(doc, "tessera_version")) << " · ";
@@ -81,9 +81,7 @@ void stale_warning(std::ostringstream& h, const json& rows) {
 
 void ceilings_section(std::ostringstream& h, const json& doc) {
   h << "<h2>Ceilings</h2>\n";
-  std::vector<DeviceCeilings> ceilings;
-  if (doc.contains("roofline") && doc["roofline"].is_object() && doc["roofline"].contains("devices"))
-    ceilings = doc["roofline"]["devices"].get<std::vector<DeviceCeilings>>();
+  const std::vector<DeviceCeilings> ceilings = ceilings_of(doc);
   if (ceilings.empty()) {
     h << "<p>No ceilings in this file: no fraction of roofline, and no ceiling lines.</p>\n";
     return;
@@ -191,10 +189,10 @@ void compiler_section(std::ostringstream& h, const json& doc) {
          "<th>const B</th><th>barriers</th></tr>\n";
     auto n = [](const json& k, const char* key) {  // byte and register counts: integers
       const double v = getd(k, key);
-      return std::isfinite(v) ? std::to_string(static_cast<long long>(v)) : std::string("–");
+      return std::fabs(v) < 9e15 ? std::to_string(static_cast<long long>(v)) : std::string("–");  // NaN fails too
     };
     for (const auto& k : b["cuda_kernels"]) {
-      const bool flagged = k.value("spill_flagged", false);
+      const bool flagged = k.contains("spill_flagged") && k["spill_flagged"].is_boolean() && k["spill_flagged"].get<bool>();
       h << "<tr><td class=\"t\">" << esc(gets(k, "name")) << "</td><td class=\"t\">" << esc(gets(k, "source"))
         << "</td><td class=\"t\">" << esc(gets(k, "arch")) << "</td><td>" << n(k, "registers") << "</td><td"
         << (flagged ? " class=\"stale\" title=\"spills, not declared CUDA_MAY_SPILL\"" : "") << ">"
@@ -213,7 +211,7 @@ void compiler_section(std::ostringstream& h, const json& doc) {
 std::string render_report_html(const json& in) {
   const std::string svg = render_roofline_svg(in);  // validates the document
   const json doc = normalize_bench_doc(in);
-  const std::string kernel = doc.value("kernel", "");
+  const std::string kernel = gets(doc, "kernel");
   std::ostringstream h;
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
     << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>Tessera bench"

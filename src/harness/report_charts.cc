@@ -54,13 +54,6 @@ struct Plot {
   double clampy(double y) const { return std::clamp(y, mt, mt + ph); }
 };
 
-std::vector<DeviceCeilings> ceilings_of(const json& doc) {
-  std::vector<DeviceCeilings> out;
-  if (doc.contains("roofline") && doc["roofline"].is_object() && doc["roofline"].contains("devices"))
-    out = doc["roofline"]["devices"].get<std::vector<DeviceCeilings>>();
-  return out;
-}
-
 // Domains padded to whole decades around the points, the peaks and the ridge points.
 Plot plot_domain(const std::vector<Pt>& pts, const std::vector<DeviceCeilings>& ceilings) {
   double xmin = 1e300, xmax = 0, ymin = 1e300, ymax = 0;
@@ -70,15 +63,18 @@ Plot plot_domain(const std::vector<Pt>& pts, const std::vector<DeviceCeilings>& 
   }
   for (const auto& d : ceilings)
     for (const auto& [dt, peak] : d.gemm_gflops) {
-      if (peak <= 0) continue;
+      if (!usable(peak)) continue;
       ymax = std::max(ymax, peak), ymin = std::min(ymin, peak);
-      if (d.bandwidth_gbs > 0) xmin = std::min(xmin, peak / d.bandwidth_gbs), xmax = std::max(xmax, peak / d.bandwidth_gbs);
+      const double ridge = d.bandwidth_gbs > 0 ? peak / d.bandwidth_gbs : 0;  // may overflow: 1e300 / 1e-320
+      if (usable(ridge)) xmin = std::min(xmin, ridge), xmax = std::max(xmax, ridge);
     }
   if (xmax <= 0) xmin = 0.1, xmax = 100;
   if (ymax <= 0) ymin = 0.1, ymax = 100;
   Plot p;
   p.lx0 = std::floor(std::log10(xmin) - 0.3), p.lx1 = std::ceil(std::log10(xmax) + 0.3);
   p.ly0 = std::floor(std::log10(ymin) - 0.3), p.ly1 = std::ceil(std::log10(ymax) + 0.3);
+  if (!std::isfinite(p.lx0) || !std::isfinite(p.lx1)) p.lx0 = -1, p.lx1 = 2;  // never loop over ±inf decades
+  if (!std::isfinite(p.ly0) || !std::isfinite(p.ly1)) p.ly0 = -1, p.ly1 = 2;
   if (p.lx1 - p.lx0 < 2) p.lx1 = p.lx0 + 2;
   if (p.ly1 - p.ly0 < 2) p.ly0 = p.ly1 - 2;
   return p;

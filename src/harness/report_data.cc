@@ -47,6 +47,24 @@ std::string gets(const json& r, const char* k) {
   return it->is_string() ? it->get<std::string>() : it->dump();
 }
 
+bool usable(double v) { return v > 0 && std::isfinite(v); }
+
+std::vector<DeviceCeilings> ceilings_of(const json& doc) {
+  std::vector<DeviceCeilings> out;
+  if (doc.contains("roofline") && doc["roofline"].is_object() && doc["roofline"].contains("devices")) {
+    try {
+      out = doc["roofline"]["devices"].get<std::vector<DeviceCeilings>>();
+    } catch (const json::exception& e) {
+      throw Error(ErrorCode::kInvalidArgument, std::string("report: malformed \"roofline\" ceilings: ") + e.what());
+    }
+  }
+  for (auto& d : out) {
+    if (!usable(d.bandwidth_gbs)) d.bandwidth_gbs = 0;
+    std::erase_if(d.gemm_gflops, [](const auto& kv) { return !usable(kv.second); });
+  }
+  return out;
+}
+
 std::vector<std::string> dims_of(const json& doc) {
   std::vector<std::string> dims;
   if (doc.contains("dims") && doc["dims"].is_array())
@@ -103,7 +121,8 @@ void fill_references(BarGroup& g, const json& rows) {
     }
     if (g.gemm_floor_ms <= 0 && vg > 0) {
       g.gemm_floor_ms = med / vg;
-      g.gemm_count = static_cast<int>(getd(r, "gemm_count"));
+      const double n = getd(r, "gemm_count");  // a count, but the file is outside data: NaN, 1e300
+      g.gemm_count = n >= 1 && n <= 1e6 ? static_cast<int>(n) : 0;
     }
     if (g.baseline_ms <= 0 && vb > 0) g.baseline_ms = med / vb;
   }
@@ -205,8 +224,8 @@ json peer_row(const json& doc, const json& p, const json& peers, const std::vect
   }
   for (const char* k : {"median_ms", "min_ms", "max_ms", "first_call_ms"})
     if (p.contains(k) && p[k].is_number()) row[k] = p[k];
-  row["device"] = p.value("device", peers.value("device", std::string("")));
-  row["note"] = p.value("note", peers.value("source", std::string("")));
+  row["device"] = p.contains("device") ? gets(p, "device") : gets(peers, "device");
+  row["note"] = p.contains("note") ? gets(p, "note") : gets(peers, "source");
   row = normalize_bench_doc(json{{"rows", json::array({row})}})["rows"][0];
   if (const json* any = matching_row(doc, row, dims, false)) row["shape"] = gets(*any, "shape");
   if (const json* k = matching_row(doc, row, dims, true)) derive_rates(row, *k);
@@ -217,9 +236,9 @@ json peer_row(const json& doc, const json& p, const json& peers, const std::vect
 
 void merge_peer_results(json& out, const json& peers, const std::string& origin) {
   json doc = normalize_bench_doc(out);  // a copy: `out` changes only when every row is valid
-  if (!peers.is_object() || peers.value("schema", "") != "tessera-peers/1")
+  if (!peers.is_object() || gets(peers, "schema") != "tessera-peers/1")
     bad_peer(origin, "not a peer results file (want \"schema\": \"tessera-peers/1\")");
-  const std::string kernel = peers.value("kernel", ""), ours = doc.value("kernel", "");
+  const std::string kernel = gets(peers, "kernel"), ours = gets(doc, "kernel");
   if (!kernel.empty() && !ours.empty() && kernel != ours)
     bad_peer(origin, "kernel '" + kernel + "' is not this report's kernel '" + ours + "'");
   if (!peers.contains("rows") || !peers["rows"].is_array()) bad_peer(origin, "no \"rows\" array");
@@ -230,8 +249,8 @@ void merge_peer_results(json& out, const json& peers, const std::string& origin)
   for (size_t i = 0; i < peers["rows"].size(); ++i)
     added.push_back(peer_row(doc, peers["rows"][i], peers, dims, origin, i));
   for (auto& r : added) doc["rows"].push_back(std::move(r));
-  doc["peers"].push_back({{"origin", origin}, {"source", peers.value("source", "")},
-                          {"device", peers.value("device", "")}, {"rows", added.size()}});
+  doc["peers"].push_back({{"origin", origin}, {"source", gets(peers, "source")},
+                          {"device", gets(peers, "device")}, {"rows", added.size()}});
   out = std::move(doc);
 }
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/roofline.h"
+
 namespace tessera::harness::report_detail {
 
 using nlohmann::json;
@@ -16,6 +18,12 @@ std::string esc(const std::string& s);   // HTML/XML text and attribute escaping
 std::string num(double v);               // 3 significant digits, "–" when not finite
 double getd(const json& r, const char* k);       // NaN when absent or not a number
 std::string gets(const json& r, const char* k);  // "" when absent or null
+
+// The document's ceilings, keeping only what a chart or table can use: a peak or a bandwidth
+// that is not a finite positive number is dropped, as if unmeasured. Throws
+// Error(kInvalidArgument) when "roofline.devices" is not a list of ceilings.
+std::vector<DeviceCeilings> ceilings_of(const json& doc);
+bool usable(double v);  // finite and > 0
 
 std::vector<std::string> dims_of(const json& doc);
 std::string dims_label(const json& row, const std::vector<std::string>& dims);  // "B=8 H=16 V=64"

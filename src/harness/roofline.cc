@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <unistd.h>
 #include <vector>
 
@@ -100,10 +101,16 @@ std::string default_roofline_path() {
 std::optional<Roofline> load_roofline(const std::string& path) {
   std::error_code ec;
   if (path.empty() || !std::filesystem::exists(path, ec)) return std::nullopt;
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   check(static_cast<bool>(f), ErrorCode::kIo, "cannot read roofline file " + path);
+  std::ostringstream text;
+  text << f.rdbuf();
+  return parse_roofline(text.str(), path);
+}
+
+Roofline parse_roofline(const std::string& text, const std::string& path) {
   try {
-    return nlohmann::json::parse(f).get<Roofline>();
+    return nlohmann::json::parse(text).get<Roofline>();
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::kIo, text::printable("roofline file " + path + " is not valid: " + e.what() +
                                                     " (re-measure with `tessera roofline`)"));

@@ -56,6 +56,9 @@ std::string default_roofline_path();
 // Reads a stored roofline; nullopt when the file does not exist. Throws Error(kIo) when it
 // exists but cannot be parsed (a corrupt file is reported, never silently trusted).
 std::optional<Roofline> load_roofline(const std::string& path);
+// The parser behind load_roofline: `text` is the file's content, `path` names it in messages.
+// Throws Error(kIo) for anything that is not a valid roofline document.
+Roofline parse_roofline(const std::string& text, const std::string& path);
 // Writes atomically (temp file + rename), creating parent directories. Throws Error(kIo).
 void save_roofline(const Roofline& r, const std::string& path);
 

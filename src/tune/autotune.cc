@@ -44,9 +44,14 @@ AutotuneResult from_entry(const CacheEntry& e, const std::string& path) {
   if (e.negative) {
     r.kind = AutotuneResult::Kind::kNegative;
     r.detail = "cached negative entry: no candidate could run";
-    for (const auto& c : e.candidates)
-      if (c.contains("failure") && c["failure"].is_string())
-        r.detail += "; " + c.value("candidate", std::string("?")) + ": " + c["failure"].get<std::string>();
+    // The candidates list comes from the file: read it defensively (a non-string "candidate"
+    // would make json::value throw out of a kernel call).
+    for (const auto& c : e.candidates) {
+      if (!c.is_object() || !c.contains("failure") || !c["failure"].is_string()) continue;
+      const bool named = c.contains("candidate") && c["candidate"].is_string();
+      r.detail += "; " + (named ? c["candidate"].get<std::string>() : std::string("?")) + ": " +
+                  c["failure"].get<std::string>();
+    }
   } else {
     r.kind = AutotuneResult::Kind::kFound;
     r.params = e.params;

@@ -98,7 +98,10 @@ CacheEntry entry_from_json(const nlohmann::json& j) {
     throw std::runtime_error("unknown result '" + result + "'");
   }
   e.complete = j.value("complete", true);
-  if (j.contains("candidates")) e.candidates = j["candidates"];
+  if (j.contains("candidates")) {
+    if (!j["candidates"].is_array()) throw std::runtime_error("\"candidates\" is not an array");
+    e.candidates = j["candidates"];
+  }
   return e;
 }
 

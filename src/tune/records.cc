@@ -1,6 +1,9 @@
 #include "tune/records.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <string>
 #include <fstream>
 
 #include "tessera/error.h"
@@ -24,11 +27,23 @@ std::string num(double x) {
   return buf;
 }
 
+// Atomic: a temp file beside `path`, renamed over it once complete, so an interrupted
+// `tessera tune` never leaves a partial CSV or JSON (at most a *.tmp.<pid> file).
 void save(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) throw Error(ErrorCode::kIo, "cannot write " + path);
+  const std::string tmp = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error(ErrorCode::kIo, "cannot write " + path);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error(ErrorCode::kIo, "cannot write " + path);
+  }
 }
 
 }  // namespace

@@ -134,6 +134,8 @@ struct RowPartial {
 
 enum class Mode { kForward, kBackward, kFused };
 
+void store_rounded(void* dst, DType dt, int64_t begin, const float* src, int64_t n);
+
 struct Call {
   const Problem& p;
   Mode mode;
@@ -144,13 +146,14 @@ struct Call {
   int T = 1;
   int64_t bb = 1, vb = 1, hb = 1;  // effective block sizes
   bool half = false;               // bf16 / f16 inputs
+  bool wchunks = false;            // half, and w converted chunk by chunk (no f32 copy of w)
   bool grads = false;
   bool need_stats = true;          // false when backward was given the forward's lse
   double denom = 1.0;              // mean denominator Σ weights (non-ignored)
 
   // scratch (all through memory::host_alloc)
   memory::HostBuffer part_buf, row_buf, row_scale_buf, rowloss_buf, tile_buf, slab_buf, xconv_buf, wconv_buf,
-      dxs_buf, dwacc_buf, dbacc_buf, bias_buf;
+      dxs_buf, dwacc_buf, dbacc_buf, bias_buf, w32_buf;
   RowPartial* part = nullptr;  // [T][bb]
   double* row_lse = nullptr;   // [bb] (f64: the label column's p_y − 1 needs more than f32 lse)
   float* row_scale = nullptr;  // [bb]
@@ -158,7 +161,8 @@ struct Call {
   float* tile = nullptr;       // [T][bb][vb]   forward only
   float* slab = nullptr;       // [bb][V]       gradients
   float* xconv = nullptr;      // [bb][H]       half inputs
-  float* wconv = nullptr;      // [T][hb*vb]    half inputs
+  float* wconv = nullptr;      // [T][hb*vb]    half inputs, w by chunks
+  float* w32 = nullptr;        // w-sized f32 copy of a half w (see use_w_copy)
   float* dxs = nullptr;        // [bb][H]       dx not f32
   float* dw32 = nullptr;       // w-sized f32: dw output itself when f32, else accumulator
   float* dbacc = nullptr;      // [V]
@@ -176,7 +180,9 @@ struct Call {
   // covers its whole vocab range: fewer, larger GEMMs (x_blk packed once), and the elementwise
   // passes over the slab are cheap next to the K = H GEMM. Otherwise (forward: bounded tile;
   // bf16/f16: w converted per chunk) the v block.
-  int64_t slab_step(const Range& r) const { return grads && !half ? std::max<int64_t>(1, r.size()) : vb; }
+  int64_t slab_step(const Range& r) const { return grads && !wchunks ? std::max<int64_t>(1, r.size()) : vb; }
+  bool use_w_copy() const;
+  void convert_w(int tid);
   const float* w_block(int tid, int64_t h0, int64_t hc, int64_t v0, int64_t n, int64_t* ld) const;
   void logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z,
                    int64_t ldz) const;
@@ -205,6 +211,7 @@ void Call::setup(const BlockSizes& bs) {
   hb = std::min(bs.h, p.H);
   half = p.dtype != DType::kF32;
   grads = mode != Mode::kForward;
+  wchunks = half && !use_w_copy();
   need_stats = !(mode == Mode::kBackward && gin->lse != nullptr);
   const auto ubb = static_cast<size_t>(bb), uV = static_cast<size_t>(p.V),
              uH = static_cast<size_t>(p.H);
@@ -222,10 +229,9 @@ void Call::setup(const BlockSizes& bs) {
     slab = alloc<float>(slab_buf, ubb * uV);
   else
     tile = alloc<float>(tile_buf, static_cast<size_t>(T) * ubb * static_cast<size_t>(vb));
-  if (half) {
-    xconv = alloc<float>(xconv_buf, ubb * uH);
-    wconv = alloc<float>(wconv_buf, static_cast<size_t>(T) * static_cast<size_t>(hb * vb));
-  }
+  if (half) xconv = alloc<float>(xconv_buf, ubb * uH);
+  if (wchunks) wconv = alloc<float>(wconv_buf, static_cast<size_t>(T) * static_cast<size_t>(hb * vb));
+  if (half && !wchunks) w32 = alloc<float>(w32_buf, uH * uV);
   if (p.bias) {
     biasf = alloc<float>(bias_buf, uV);
     for (int64_t j = 0; j < p.V; ++j) biasf[j] = load_as_f32(p.bias, p.bias_dtype, j);
@@ -244,8 +250,8 @@ void Call::setup(const BlockSizes& bs) {
 // kVH rows v, cols h. f32: a pointer into w. bf16/f16: converted into this thread's buffer.
 const float* Call::w_block(int tid, int64_t h0, int64_t hc, int64_t v0, int64_t n, int64_t* ld) const {
   const bool hv = p.layout == WLayout::kHV;
-  if (!half) {
-    const auto* w = static_cast<const float*>(p.w);
+  if (!wchunks) {
+    const auto* w = w32 ? w32 : static_cast<const float*>(p.w);
     *ld = hv ? p.V : p.H;
     return hv ? w + h0 * p.V + v0 : w + v0 * p.H + h0;
   }
@@ -266,7 +272,7 @@ const float* Call::w_block(int tid, int64_t h0, int64_t hc, int64_t v0, int64_t 
 void Call::logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z,
                        int64_t ldz) const {
   const bool hv = p.layout == WLayout::kHV;
-  const int64_t hstep = half ? hb : p.H;  // f32: one GEMM with K = H
+  const int64_t hstep = wchunks ? hb : p.H;  // f32 w: one GEMM with K = H
   for (int64_t h0 = 0; h0 < p.H; h0 += hstep) {
     const int64_t hc = std::min(hstep, p.H - h0);
     int64_t ld = 0;
@@ -427,7 +433,7 @@ void Call::phase_b2(int tid, int64_t b0, int64_t nb) {
   if (r.size() == 0) return;
   const bool hv = p.layout == WLayout::kHV;
   float* dxf = dxs ? dxs : static_cast<float*>(gout->dx) + b0 * p.H;
-  if (!half) {  // one GEMM over the whole vocabulary (K = V)
+  if (!wchunks) {  // one GEMM over the whole vocabulary (K = V)
     int64_t ld = 0;
     const float* W = w_block(tid, r.begin, r.size(), 0, p.V, &ld);
     gemm(false, hv, nb, r.size(), p.V, slab, p.V, W, ld, 0.0f, dxf + r.begin, p.H);
@@ -444,8 +450,22 @@ void Call::phase_b2(int tid, int64_t b0, int64_t nb) {
   }
   if (dxs) {
     for (int64_t i = 0; i < nb; ++i)
-      for (int64_t h = r.begin; h < r.end; ++h)
-        store_from_f32(gout->dx, gout->dx_dtype, (b0 + i) * p.H + h, dxs[i * p.H + h]);
+      store_rounded(gout->dx, gout->dx_dtype, (b0 + i) * p.H + r.begin, dxs + i * p.H + r.begin, r.size());
+  }
+}
+
+// dst[i] = src[i - begin] for i in [begin, begin + n), rounded to dst's dtype, in one typed loop
+// per dtype (the compiler vectorizes the bf16 one; store_from_f32 switches on the dtype per
+// element). Same rounding as store_from_f32: f32_to_bf16 / f32_to_f16.
+void store_rounded(void* dst, DType dt, int64_t begin, const float* src, int64_t n) {
+  if (dt == DType::kBF16) {
+    uint16_t* d = static_cast<uint16_t*>(dst) + begin;
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+  } else if (dt == DType::kF16) {
+    uint16_t* d = static_cast<uint16_t*>(dst) + begin;
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) store_from_f32(dst, dt, begin + i, src[i]);
   }
 }
 
@@ -454,7 +474,7 @@ void Call::finish(int tid) {
   if (!grads) return;
   if (dw32 != gout->dw) {
     const Range r = split(p.H * p.V, tid, T, 64);
-    for (int64_t i = r.begin; i < r.end; ++i) store_from_f32(gout->dw, gout->dw_dtype, i, dw32[i]);
+    store_rounded(gout->dw, gout->dw_dtype, r.begin, dw32 + r.begin, r.size());
   }
   if (dbacc) {
     const Range r = split(p.V, tid, T, 16);
@@ -462,7 +482,26 @@ void Call::finish(int tid) {
   }
 }
 
+// bf16 / f16 w is converted to f32 once per call when it would otherwise be converted chunk by
+// chunk more than once: in phases A and B2 of every token block when gradients are computed,
+// in phase A of every token block otherwise. The copy is w-sized, like the dw accumulator a
+// half dw already needs; Options::memory_budget (when set) turns it off if it does not fit.
+bool Call::use_w_copy() const {
+  if (!grads && p.B <= bb) return false;  // one conversion either way: keep the small buffer
+  const double bytes = 4.0 * static_cast<double>(p.H) * static_cast<double>(p.V);
+  return p.memory_budget == 0 || bytes <= static_cast<double>(p.memory_budget);
+}
+
+void Call::convert_w(int tid) {
+  const Range r = split(p.H * p.V, tid, T, 64);
+  simd::half_to_f32(static_cast<const uint16_t*>(p.w) + r.begin, p.dtype == DType::kBF16, w32 + r.begin, r.size());
+}
+
 void Call::worker(int tid, Barrier& bar) {
+  if (w32) {
+    convert_w(tid);
+    bar.arrive_and_wait();
+  }
   for (int64_t b0 = 0; b0 < p.B; b0 += bb) {
     const int64_t nb = std::min(bb, p.B - b0);
     const float* xb = static_cast<const float*>(p.x) + b0 * p.H;

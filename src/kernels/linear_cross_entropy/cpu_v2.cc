@@ -571,7 +571,7 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu_v2"; }
   VersionStatus status() const override { return VersionStatus::kExperimental; }
-  std::string what_changed() const override { return "bf16/f16: w converted to f32 once per call (w-sized, when the pass computes gradients or runs several token blocks), so every GEMM runs with K = H / K = V as in f32"; }
+  std::string what_changed() const override { return "bf16/f16 gradient passes: w converted to f32 once per call (w-sized) instead of per chunk twice per token block, so the logits and dx GEMMs run with K = H / K = V as in f32; typed rounding loops for dx/dw"; }
   std::string description() const override {
     return "optimized CPU backend: blocked OpenBLAS sgemm tiles + Highway SIMD online softmax, "
            "threads own vocab ranges (deterministic); extra memory ~ b*V*4 bytes in backward";

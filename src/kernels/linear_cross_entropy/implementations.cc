@@ -24,6 +24,7 @@ Registry& registry() {
                                    "NVIDIA GPUs (sm_80+), from the CUDA module libtessera_cuda.so");
 #ifdef TESSERA_HAVE_CPU_BACKEND
     reg->add(make_cpu_implementation());
+    reg->add(make_cpu_v2_implementation());  // experimental: not in the default order
 #endif
     reg->add(make_reference_implementation());
     return reg;

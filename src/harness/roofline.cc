@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "core/files.h"
 #include "core/memory.h"
 #include "core/text.h"
 #include "harness/blas.h"
@@ -123,22 +124,7 @@ Roofline parse_roofline(const std::string& text, const std::string& path) {
 void save_roofline(const Roofline& r, const std::string& path) {
   check(!path.empty(), ErrorCode::kIo,
         "no place to store the roofline: set TESSERA_ROOFLINE, XDG_CACHE_HOME or HOME, or pass --out");
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path p(path);
-  if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-  const std::string tmp = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
-  {
-    std::ofstream f(tmp);
-    check(static_cast<bool>(f), ErrorCode::kIo, "cannot write " + tmp);
-    f << nlohmann::json(r).dump(2) << "\n";
-    check(static_cast<bool>(f), ErrorCode::kIo, "error writing " + tmp);
-  }
-  fs::rename(tmp, p, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw Error(ErrorCode::kIo, "cannot move the roofline into place at " + path);
-  }
+  files::write_atomically(path, nlohmann::json(r).dump(2) + "\n");
 }
 
 // ---- measurements ----

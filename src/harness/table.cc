@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/files.h"
 #include "core/text.h"
 #include "tessera/error.h"
 
@@ -146,23 +147,7 @@ std::vector<Row> parse_csv(const std::string& text) {
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path p(path);
-  if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-  const std::string tmp = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    check(static_cast<bool>(f), ErrorCode::kIo, "cannot write " + path);
-    f << text;
-    f.flush();
-    check(static_cast<bool>(f), ErrorCode::kIo, "error writing " + path);
-  }
-  fs::rename(tmp, p, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw Error(ErrorCode::kIo, "cannot write " + path + ": " + ec.message());
-  }
+  files::write_atomically(path, text);
 }
 
 std::string read_text_file(const std::string& path) {

@@ -19,6 +19,7 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "core/files.h"
 #include "tessera/error.h"
 
 namespace tessera::tune {
@@ -137,17 +138,7 @@ std::string io_error(const std::string& what, const std::string& path) {
   return "autotune cache: cannot " + what + " " + path + ": " + std::strerror(errno);
 }
 
-// A temp name unique across threads and processes: pid, a process-wide counter, a random word.
-std::string temp_name(const std::string& final_name) {
-  static std::atomic<uint64_t> counter{0};
-  thread_local std::mt19937_64 rng{std::random_device{}() ^
-                                   std::hash<std::thread::id>{}(std::this_thread::get_id())};
-  char buf[64];
-  std::snprintf(buf, sizeof buf, ".tmp.%ld.%llu.%08llx", static_cast<long>(::getpid()),
-                static_cast<unsigned long long>(counter.fetch_add(1)),
-                static_cast<unsigned long long>(rng() & 0xffffffffull));
-  return final_name + buf;
-}
+std::string temp_name(const std::string& final_name) { return files::unique_temp_name(final_name); }
 
 }  // namespace
 

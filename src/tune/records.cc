@@ -6,6 +6,7 @@
 #include <string>
 #include <fstream>
 
+#include "core/files.h"
 #include "tessera/error.h"
 
 namespace tessera::tune {
@@ -28,23 +29,8 @@ std::string num(double x) {
 }
 
 // Atomic: a temp file beside `path`, renamed over it once complete, so an interrupted
-// `tessera tune` never leaves a partial CSV or JSON (at most a *.tmp.<pid> file).
-void save(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error(ErrorCode::kIo, "cannot write " + path);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(ErrorCode::kIo, "cannot write " + path);
-  }
-}
+// `tessera tune` never leaves a partial CSV or JSON (at most a *.tmp.* file).
+void save(const std::string& path, const std::string& text) { files::write_atomically(path, text); }
 
 }  // namespace
 

@@ -11,6 +11,9 @@ const kernels::KernelSpec& spec();
 namespace attention {
 const kernels::KernelSpec& spec();
 }
+namespace grouped_matmul {
+const kernels::KernelSpec& spec();
+}
 }  // namespace tessera
 
 namespace tessera::kernels {
@@ -19,6 +22,7 @@ const std::vector<const KernelSpec*>& all() {
   static const std::vector<const KernelSpec*> specs = {
       &linear_cross_entropy::spec(),
       &attention::spec(),
+      &grouped_matmul::spec(),
   };
   return specs;
 }

@@ -12,6 +12,7 @@
 #include "harness/npy.h"
 #include "tools/cli_test_util.h"
 #include "tessera/attention.h"
+#include "tessera/grouped_matmul.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera {
@@ -240,6 +241,40 @@ TEST_F(Cli, RunsAttentionFromItsRegistration) {
   EXPECT_NE(help.out.find("--kv-segment-ids"), std::string::npos) << help.out;
   const Cmd bad = sh("run attention --q " + p("q.npy") + " --k " + p("q.npy") + " --v " + p("v.npy") + " --out " + p("att2"));
   EXPECT_EQ(bad.code, 2) << bad.out;
+}
+
+// grouped_matmul through `run`, as the issue spells it: out.npy, and with --grad dlhs.npy and
+// drhs.npy in rhs's layout (--transpose-rhs), equal to the API's results; the offset and its errors.
+TEST_F(Cli, RunsGroupedMatmulAsTheIssueSpellsIt) {
+  Tensor lhs = Tensor::empty(DType::kF32, {9, 3}), rhs = Tensor::empty(DType::kF32, {2, 4, 3});  // [G, N, K]
+  for (Tensor* t : {&lhs, &rhs})
+    for (int64_t i = 0; i < t->numel(); ++i) t->data_as<float>()[i] = std::cos(0.41f * static_cast<float>(i) + t->numel());
+  Tensor gs = Tensor::empty(DType::kI64, {3});
+  gs.data_as<int64_t>()[0] = 2, gs.data_as<int64_t>()[1] = 4, gs.data_as<int64_t>()[2] = 1;
+  npy::save(p("lhs.npy"), lhs), npy::save(p("rhs.npy"), rhs), npy::save(p("gs.npy"), gs);
+  const std::string args = "run grouped_matmul --lhs " + p("lhs.npy") + " --rhs " + p("rhs.npy") + " --group-sizes " + p("gs.npy");
+  Cmd c = sh(args + " --transpose-rhs --group-offset 1 --grad --out " + p("gm"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  grouped_matmul::Options opt;
+  opt.transpose_rhs = true;
+  opt.group_offset = 1;
+  Tensor ones = Tensor::empty(DType::kF32, {9, 4});
+  for (int64_t i = 0; i < ones.numel(); ++i) ones.data_as<float>()[i] = 1.0f;
+  const grouped_matmul::Result r = grouped_matmul::compute_with_grad({lhs.view(), rhs.view(), gs.view()}, ones.view(), opt);
+  for (auto [name, want] : {std::pair{"out", &r.out}, {"dlhs", &r.dlhs}, {"drhs", &r.drhs}}) {
+    const Tensor got = npy::load(p(std::string("gm/") + name + ".npy"));
+    ASSERT_EQ(got.shape(), want->shape()) << name;
+    for (int64_t i = 0; i < got.numel(); ++i) EXPECT_EQ(got.data_as<float>()[i], want->data_as<float>()[i]) << name << i;
+  }
+  // Rows 0-1 (group 0, another shard's) are zero; row 2 is not.
+  const Tensor out = npy::load(p("gm/out.npy"));
+  EXPECT_EQ(out.data_as<float>()[0], 0.0f);
+  EXPECT_NE(out.data_as<float>()[2 * 4], 0.0f);
+  c = sh(args + " --transpose-rhs --out " + p("gm2"));  // 3 sizes for 2 matrices, no offset
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_NE(c.out.find("group_offset"), std::string::npos) << c.out;
+  c = sh(args + " --group-offset -3 --out " + p("gm3"));
+  EXPECT_EQ(c.code, 2) << c.out;
 }
 
 }  // namespace

@@ -65,6 +65,7 @@
 #include "kernels/attention/cpu_simd.h"
 #include "kernels/attention/impl.h"
 #include "kernels/cpu_blas.h"
+#include "kernels/cpu_threads.h"
 #include "tessera/error.h"
 
 namespace tessera::attention {
@@ -87,33 +88,10 @@ T* alloc(std::vector<memory::HostBuffer>& keep, size_t count) {
   return memory::as<T>(keep.back());
 }
 
-// Runs body(tid) for tid in [0, T) on T threads (the caller is thread 0).
+// Runs body(tid) for tid in [0, T) on T threads (the caller is thread 0): kernels/cpu_threads.h.
 template <class F>
 void run_threads(int T, bool blas, F&& body) {
-  std::optional<BlasSingleThreaded> blas_guard;
-  if (blas) blas_guard.emplace();
-  if (T <= 1) {
-    body(0);
-    return;
-  }
-  std::atomic<int> go{0};  // 0 wait, 1 run, 2 abort
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(T - 1));
-  auto run = [&](int tid) {
-    while (go.load(std::memory_order_acquire) == 0) std::this_thread::yield();
-    if (go.load(std::memory_order_acquire) == 1) body(tid);
-  };
-  try {
-    for (int k = 1; k < T; ++k) threads.emplace_back(run, k);
-  } catch (...) {
-    go.store(2, std::memory_order_release);
-    for (auto& t : threads) t.join();
-    throw Error(ErrorCode::kUnsupported,
-                std::string(kKernelName) + " cpu: could not start " + std::to_string(T) + " threads");
-  }
-  go.store(1, std::memory_order_release);
-  body(0);
-  for (auto& t : threads) t.join();
+  cpu_threads::run_threads(T, blas, std::string(kKernelName) + " cpu", std::forward<F>(body));
 }
 
 // Which kernel does the tile products: the Highway micro-kernel (default, faster on the

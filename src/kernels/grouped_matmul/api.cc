@@ -1,0 +1,242 @@
+// grouped_matmul: the public API. Validates every input and output before anything runs (an
+// error touches no output), normalizes them into one Problem (the local groups' row ranges),
+// picks block sizes and dispatches with the fallback rules of src/dispatch.
+#include <cmath>
+#include <utility>
+
+#include "core/log.h"
+#include "dispatch/dispatch.h"
+#include "kernels/grouped_matmul/block_sizes.h"
+#include "kernels/grouped_matmul/impl.h"
+#include "tessera/error.h"
+#include "tessera/grouped_matmul.h"
+
+namespace tessera::grouped_matmul {
+namespace {
+
+const std::string kName = kKernelName;
+
+[[noreturn]] void bad(const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, kName + ": " + msg); }
+
+thread_local std::string t_last_impl;
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+void require_plain(const TensorView& t, const Device& d, const char* what) {
+  if (t.device != d) bad(std::string(what) + " is on " + t.device.str() + " but lhs is on " + d.str());
+  if (!t.is_contiguous())
+    bad(std::string(what) + " must be contiguous (row-major), got strides " + shape_str(t.strides) +
+        " for shape " + shape_str(t.shape));
+  if (t.data == nullptr && t.numel() > 0) bad(std::string(what) + " has no data (null pointer)");
+}
+
+bool all_finite(const TensorView& t) {
+  if (t.device.type != DeviceType::kCPU) return true;  // device data is not inspected here
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(load_as_f32(t.data, t.dtype, i))) return false;
+  return true;
+}
+
+// [G, K, N], or [G, N, K] with transpose_rhs.
+Shape rhs_shape(int64_t G, int64_t K, int64_t N, bool transpose) {
+  return transpose ? Shape{G, N, K} : Shape{G, K, N};
+}
+
+// The local groups' row offsets from group_sizes (validated: host int32/int64 [G_total], sizes
+// >= 0, Σ <= M, G_total = G without an offset, offset + G <= G_total with one).
+std::vector<int64_t> group_rows(const TensorView& gs, int64_t G, int64_t M, const Options& opt) {
+  if (gs.dtype != DType::kI32 && gs.dtype != DType::kI64)
+    bad(std::string("group_sizes must be int32 or int64, got ") + dtype_name(gs.dtype));
+  if (gs.ndim() != 1) bad("group_sizes must be 1-D [G], got " + shape_str(gs.shape));
+  if (gs.device.type != DeviceType::kCPU) bad("group_sizes must be in host memory, got " + gs.device.str());
+  if (!gs.is_contiguous() || (gs.data == nullptr && gs.numel() > 0)) bad("group_sizes must be contiguous host data");
+  const int64_t total = gs.shape[0];
+  const int64_t offset = opt.group_offset.value_or(0);
+  if (!opt.group_offset && total != G)
+    bad("group_sizes has " + num(total) + " entries but rhs holds G=" + num(G) +
+        " groups (set group_offset for a shard of the experts)");
+  if (opt.group_offset && (offset < 0 || offset > total - G))
+    bad("group_offset=" + num(offset) + " with G_local=" + num(G) + " local groups must lie in [0, " +
+        num(total - G) + "] for " + num(total) + " groups in group_sizes");
+  std::vector<int64_t> begin;
+  int64_t row = 0;
+  for (int64_t g = 0; g < total; ++g) {
+    const int64_t s = load_as_i64(gs.data, gs.dtype, g);
+    if (s < 0) bad("group_sizes[" + num(g) + "] = " + num(s) + " is negative");
+    if (s > M - row) bad("group sizes sum past M=" + num(M) + " rows of lhs (at group " + num(g) + ")");
+    if (g == offset) begin.push_back(row);
+    row += s;
+    if (g >= offset && g < offset + G) begin.push_back(row);
+  }
+  if (G == 0) begin = {row, row};  // no local group: every row is outside
+  return begin;
+}
+
+// The common part of gmm and tgmm: lhs [M, K] and group_sizes against G local groups of
+// [K, N] matrices.
+Problem make_problem(const TensorView& lhs, int64_t G, int64_t K, int64_t N, const TensorView& gs,
+                     const Options& opt) {
+  if (!is_float(lhs.dtype)) bad(std::string("lhs must be f32, bf16 or f16, got ") + dtype_name(lhs.dtype));
+  if (lhs.ndim() != 2) bad("lhs must be 2-D [M, K], got " + shape_str(lhs.shape));
+  Problem p;
+  p.device = lhs.device;
+  p.dtype = lhs.dtype;
+  require_plain(lhs, p.device, "lhs");
+  p.M = lhs.shape[0];
+  p.K = K;
+  p.N = N;
+  p.G = G;
+  if (lhs.shape[1] != K) bad("lhs has K=" + num(lhs.shape[1]) + " columns but the group matrices have K=" + num(K));
+  p.begin = group_rows(gs, G, p.M, opt);
+  p.transpose_rhs = opt.transpose_rhs;
+  p.num_threads = resolve_num_threads(opt.num_threads);
+  p.stream = opt.stream;
+  p.memory_budget = opt.memory_budget;
+  if (opt.check_finite && !all_finite(lhs)) bad("lhs contains NaN or Inf");
+  return p;
+}
+
+// K, N from a [G, K, N] (or [G, N, K]) tensor.
+std::pair<int64_t, int64_t> k_n_of(const TensorView& t, bool transpose, const char* what) {
+  if (t.ndim() != 3)
+    bad(std::string(what) + " must be 3-D " + (transpose ? "[G, N, K]" : "[G, K, N]") + ", got " + shape_str(t.shape));
+  return transpose ? std::pair{t.shape[2], t.shape[1]} : std::pair{t.shape[1], t.shape[2]};
+}
+
+void require_same_dtype(const TensorView& t, const Problem& p, const char* what) {
+  if (t.dtype != p.dtype)
+    bad(std::string(what) + " must have lhs's dtype " + dtype_name(p.dtype) + ", got " + dtype_name(t.dtype));
+}
+
+void check_out(const TensorView& t, const Problem& p, const Shape& shape, const char* what) {
+  if (t.dtype != DType::kF32 && t.dtype != p.dtype)
+    bad(std::string(what) + " must be f32" + (p.dtype != DType::kF32 ? std::string(" or ") + dtype_name(p.dtype) : "") +
+        ", got " + dtype_name(t.dtype));
+  if (t.shape != shape) bad(std::string(what) + " must have shape " + shape_str(shape) + ", got " + shape_str(t.shape));
+  require_plain(t, p.device, what);
+}
+
+Problem normalize(const Inputs& in, const Options& opt) {
+  const auto [K, N] = k_n_of(in.rhs, opt.transpose_rhs, "rhs");
+  Problem p = make_problem(in.lhs, in.rhs.shape[0], K, N, in.group_sizes, opt);
+  require_same_dtype(in.rhs, p, "rhs");
+  require_plain(in.rhs, p.device, "rhs");
+  if (opt.check_finite && !all_finite(in.rhs)) bad("rhs contains NaN or Inf");
+  return p;
+}
+
+void check_dout(const TensorView& dout, const Problem& p, const Options& opt) {
+  require_same_dtype(dout, p, "dout");
+  if (dout.shape != Shape{p.M, p.N}) bad("dout must have shape " + shape_str({p.M, p.N}) + ", got " + shape_str(dout.shape));
+  require_plain(dout, p.device, "dout");
+  if (opt.check_finite && !all_finite(dout)) bad("dout contains NaN or Inf");
+}
+
+// Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
+template <class Body>
+void dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
+  t_last_impl = registry().dispatch(
+      opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
+      [&](const Implementation& impl) {
+        const BlockSizeChoice bs = choose_block_sizes(impl, p, opt, op);
+        log::debug(kName + ": " + impl.name() + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
+        body(impl, bs.sizes);
+      });
+}
+
+// dlhs is a gmm of dout against rhs transposed: K and N swap, and so does rhs's layout.
+Problem transposed(const Problem& p) {
+  Problem q = p;
+  std::swap(q.K, q.N);
+  q.transpose_rhs = !p.transpose_rhs;
+  return q;
+}
+
+void run_backward(const Implementation& impl, const BlockSizes& bs, const Problem& p, const Inputs& in,
+                  const TensorView& dout, const TensorView& dlhs, const TensorView& drhs) {
+  impl.gmm(transposed(p), bs, {dout.data, in.rhs.data, dlhs.data, dlhs.dtype});
+  impl.tgmm(p, bs, {in.lhs.data, dout.data, drhs.data, drhs.dtype});
+}
+
+}  // namespace
+
+const std::string& last_implementation() { return t_last_impl; }
+
+std::vector<ImplementationInfo> implementations() { return registry().infos(); }
+
+void gmm(const Inputs& in, const TensorView& out, const Options& opt) {
+  const Problem p = normalize(in, opt);
+  check_out(out, p, {p.M, p.N}, "out");
+  dispatch_call(p, opt, Pass::kForward, [&](const Implementation& impl, const BlockSizes& bs) {
+    impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
+  });
+}
+
+void tgmm(const TensorView& lhs, const TensorView& dout, const TensorView& group_sizes, const TensorView& drhs,
+          const Options& opt) {
+  const auto [K, N] = k_n_of(drhs, opt.transpose_rhs, "drhs");
+  const Problem p = make_problem(lhs, drhs.shape[0], K, N, group_sizes, opt);
+  check_dout(dout, p, opt);
+  check_out(drhs, p, rhs_shape(p.G, K, N, p.transpose_rhs), "drhs");
+  dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) {
+    impl.tgmm(p, bs, {lhs.data, dout.data, drhs.data, drhs.dtype});
+  });
+}
+
+void backward(const Inputs& in, const TensorView& dout, const TensorView& dlhs, const TensorView& drhs,
+              const Options& opt) {
+  const Problem p = normalize(in, opt);
+  check_dout(dout, p, opt);
+  check_out(dlhs, p, {p.M, p.K}, "dlhs");
+  check_out(drhs, p, in.rhs.shape, "drhs");
+  dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) {
+    run_backward(impl, bs, p, in, dout, dlhs, drhs);
+  });
+}
+
+void forward_backward(const Inputs& in, const TensorView& dout, const TensorView& out, const TensorView& dlhs,
+                      const TensorView& drhs, const Options& opt) {
+  const Problem p = normalize(in, opt);
+  check_out(out, p, {p.M, p.N}, "out");
+  check_dout(dout, p, opt);
+  check_out(dlhs, p, {p.M, p.K}, "dlhs");
+  check_out(drhs, p, in.rhs.shape, "drhs");
+  dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
+    impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
+    run_backward(impl, bs, p, in, dout, dlhs, drhs);
+  });
+}
+
+namespace {
+
+Result make_outputs(const Inputs& in, const Options& opt, bool with_grad) {
+  const auto [K, N] = k_n_of(in.rhs, opt.transpose_rhs, "rhs");
+  if (in.lhs.ndim() != 2) bad("lhs must be 2-D [M, K], got " + shape_str(in.lhs.shape));
+  (void)K;
+  Result r;
+  const Device dev = in.lhs.device;
+  r.out = Tensor::empty(in.lhs.dtype, {in.lhs.shape[0], N}, dev);
+  if (with_grad) {
+    r.dlhs = Tensor::empty(in.lhs.dtype, in.lhs.shape, dev);
+    r.drhs = Tensor::empty(in.lhs.dtype, in.rhs.shape, dev);
+  }
+  return r;
+}
+
+}  // namespace
+
+Result compute(const Inputs& in, const Options& opt) {
+  Result r = make_outputs(in, opt, false);
+  gmm(in, r.out.view(), opt);
+  r.implementation = t_last_impl;
+  return r;
+}
+
+Result compute_with_grad(const Inputs& in, const TensorView& dout, const Options& opt) {
+  Result r = make_outputs(in, opt, true);
+  forward_backward(in, dout, r.out.view(), r.dlhs.view(), r.drhs.view(), opt);
+  r.implementation = t_last_impl;
+  return r;
+}
+
+}  // namespace tessera::grouped_matmul

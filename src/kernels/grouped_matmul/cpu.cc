@@ -1,0 +1,267 @@
+// grouped_matmul: the optimized CPU backend.
+//
+// gmm: the output rows of the local groups are cut into work items (group, ≤ m rows, ≤ n
+// columns); each item is one OpenBLAS sgemm of its rows of lhs against its columns of rhs[g]
+// (f32 inputs are read in place; bf16/f16 rows and rhs columns are converted to f32 into the
+// thread's buffers first). Rows outside every local group are zeroed.
+// tgmm: items (group, ≤ m rows of drhs[g], ≤ n columns); each is lhs[rows of g]ᵀ · dout[rows of
+// g] over the group's rows — in place for f32 in one sgemm, in blocks of kRowBlock converted
+// rows for bf16/f16, accumulating in f32. An empty group's matrix is zeroed.
+//
+// Threads: std::thread, items handed out by an atomic counter, heaviest first; OpenBLAS at one
+// thread meanwhile (kernels/cpu_threads.h). Determinism: every output element is computed by
+// exactly one item, whose arithmetic does not depend on the thread that runs it, so results are
+// bitwise identical for any thread count.
+// Memory: per thread, for bf16/f16, m·K + K·n + m·n floats (gmm) or (kRowBlock + m)·… floats
+// (tgmm); none for f32 in and out.
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include "core/memory.h"
+#include "kernels/cpu_blas.h"
+#include "kernels/cpu_threads.h"
+#include "kernels/grouped_matmul/impl.h"
+#include "tessera/error.h"
+
+namespace tessera::grouped_matmul {
+namespace {
+
+constexpr int kMaxThreads = 256;
+constexpr int64_t kRowBlock = 1024;  // tgmm, bf16/f16: rows converted per step
+constexpr int64_t kMaxBlock = 1 << 16;
+
+// dst [rows, cols] (row stride cols) = f32(src[r·ld + c]) for the block at element offset `off`.
+void to_f32(const void* src, DType t, int64_t off, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * cols;
+    const int64_t o = off + r * ld;
+    if (t == DType::kF32) {
+      std::memcpy(d, static_cast<const float*>(src) + o, static_cast<size_t>(cols) * sizeof(float));
+    } else if (t == DType::kBF16) {
+      const uint16_t* s = static_cast<const uint16_t*>(src) + o;
+      for (int64_t c = 0; c < cols; ++c) d[c] = bf16_to_f32(s[c]);
+    } else {
+      const uint16_t* s = static_cast<const uint16_t*>(src) + o;
+      for (int64_t c = 0; c < cols; ++c) d[c] = f16_to_f32(s[c]);
+    }
+  }
+}
+
+// dst[off + r·ld + c] = src[r·cols + c] rounded to t (nearest even).
+void from_f32(const float* src, int64_t rows, int64_t cols, void* dst, DType t, int64_t off, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * cols;
+    const int64_t o = off + r * ld;
+    if (t == DType::kF32) {
+      std::memcpy(static_cast<float*>(dst) + o, s, static_cast<size_t>(cols) * sizeof(float));
+    } else if (t == DType::kBF16) {
+      uint16_t* d = static_cast<uint16_t*>(dst) + o;
+      for (int64_t c = 0; c < cols; ++c) d[c] = f32_to_bf16(s[c]);
+    } else {
+      uint16_t* d = static_cast<uint16_t*>(dst) + o;
+      for (int64_t c = 0; c < cols; ++c) d[c] = f32_to_f16(s[c]);
+    }
+  }
+}
+
+// Zeroes rows × cols elements at element offset `off` with row stride ld (0 bits are 0.0 in
+// f32, bf16 and f16 alike).
+void zero_block(void* dst, DType t, int64_t off, int64_t ld, int64_t rows, int64_t cols) {
+  const size_t es = dtype_size(t);
+  char* base = static_cast<char*>(dst);
+  for (int64_t r = 0; r < rows; ++r) std::memset(base + (off + r * ld) * es, 0, static_cast<size_t>(cols) * es);
+}
+
+// [0, n) in ceil(n / block) near-equal parts.
+std::vector<std::pair<int64_t, int64_t>> split(int64_t n, int64_t block) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t parts = std::max<int64_t>(1, (n + block - 1) / block);
+  for (int64_t i = 0; i < parts; ++i) out.emplace_back(n * i / parts, n * (i + 1) / parts);
+  return out;
+}
+
+// A rectangle of one group's output: rows [r0, r1) × columns [c0, c1) (tgmm: rows of drhs[g]).
+struct Item {
+  int64_t g, r0, r1, c0, c1;
+  double work;
+};
+
+void sort_heaviest_first(std::vector<Item>& items) {
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.work > b.work; });
+}
+
+// Per-thread f32 scratch.
+struct Scratch {
+  std::vector<memory::HostBuffer> keep;
+  std::vector<float*> a, b, c;
+  void make(int T, size_t a_floats, size_t b_floats, size_t c_floats) {
+    for (int t = 0; t < T; ++t) {
+      a.push_back(alloc(a_floats));
+      b.push_back(alloc(b_floats));
+      c.push_back(alloc(c_floats));
+    }
+  }
+  float* alloc(size_t n) {
+    if (n == 0) return nullptr;
+    keep.push_back(memory::host_alloc(n * sizeof(float)));
+    return memory::as<float>(keep.back());
+  }
+};
+
+// Runs body(item, tid) over items on up to p.num_threads threads, heaviest first.
+template <class F>
+void for_items(const Problem& p, const std::vector<Item>& items, int T, F&& body) {
+  std::atomic<size_t> next{0};
+  cpu_threads::run_threads(T, /*blas=*/true, std::string(kKernelName) + " cpu", [&](int tid) {
+    for (size_t i = next.fetch_add(1); i < items.size(); i = next.fetch_add(1)) body(items[i], tid);
+  });
+  (void)p;
+}
+
+int thread_count(const Problem& p, size_t items) {
+  return static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(p.num_threads, static_cast<int64_t>(items)), 1, kMaxThreads));
+}
+
+class Cpu final : public Implementation {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::string description() const override {
+    return "OpenBLAS sgemm per (group, row block, column tile), threads over tiles, deterministic";
+  }
+  DeviceType device_type() const override { return DeviceType::kCPU; }
+  Availability supports(const Problem& p) const override {
+    if (p.device.type != DeviceType::kCPU)
+      return Availability::no("inputs are on " + p.device.str() + ", cpu runs on host memory");
+    if (p.M > INT_MAX || p.K > INT_MAX || p.N > INT_MAX)
+      return Availability::no("M, K and N must each fit a BLAS int (<= 2^31 - 1)");
+    return Availability::yes();
+  }
+  BlockSizes default_block_sizes(const Problem&) const override { return {}; }
+  void validate_block_sizes(const BlockSizes& bs) const override {
+    check(bs.m >= 1 && bs.m <= kMaxBlock && bs.n >= 1 && bs.n <= kMaxBlock, ErrorCode::kInvalidArgument,
+          std::string(kKernelName) + " cpu: block sizes m and n must be in [1, 65536], got " + bs.str());
+  }
+  bool tunable() const override { return false; }  // no tuned table yet (devlog)
+  std::vector<BlockSizes> candidate_block_sizes(const Problem&) const override {
+    std::vector<BlockSizes> out{BlockSizes{}};
+    for (int64_t m : {128, 256, 512, 1024})
+      for (int64_t n : {256, 512, 1024, 2048})
+        if (!(BlockSizes{m, n} == BlockSizes{})) out.push_back({m, n});
+    return out;
+  }
+
+  void gmm(const Problem& p, const BlockSizes& bs, const GmmArgs& x) const override {
+    zero_block(x.c, x.c_dtype, 0, p.N, p.row_lo(), p.N);
+    zero_block(x.c, x.c_dtype, p.row_hi() * p.N, p.N, p.M - p.row_hi(), p.N);
+    std::vector<Item> items;
+    for (int64_t g = 0; g < p.G; ++g) {
+      if (p.rows(g) == 0) continue;
+      for (auto [r0, r1] : split(p.rows(g), bs.m))
+        for (auto [c0, c1] : split(p.N, bs.n))
+          items.push_back({g, p.begin[g] + r0, p.begin[g] + r1, c0, c1, double(r1 - r0) * double(c1 - c0)});
+    }
+    if (items.empty()) return;
+    sort_heaviest_first(items);
+    const int T = thread_count(p, items.size());
+    const bool in_f32 = p.dtype == DType::kF32, out_f32 = x.c_dtype == DType::kF32;
+    const size_t mb = static_cast<size_t>(std::min(bs.m, p.M)), nb = static_cast<size_t>(std::min(bs.n, p.N));
+    Scratch s;
+    s.make(T, in_f32 ? 0 : mb * p.K, in_f32 ? 0 : nb * p.K, out_f32 ? 0 : mb * nb);
+    for_items(p, items, T, [&](const Item& it, int tid) { gmm_item(p, x, it, s.a[tid], s.b[tid], s.c[tid]); });
+  }
+
+  void tgmm(const Problem& p, const BlockSizes& bs, const TgmmArgs& x) const override {
+    std::vector<Item> items;
+    for (int64_t g = 0; g < p.G; ++g)
+      for (auto [k0, k1] : split(p.K, bs.m))
+        for (auto [c0, c1] : split(p.N, bs.n))
+          items.push_back({g, k0, k1, c0, c1, double(p.rows(g)) * double(k1 - k0) * double(c1 - c0)});
+    sort_heaviest_first(items);
+    const int T = thread_count(p, items.size());
+    const bool in_f32 = p.dtype == DType::kF32, out_f32 = x.c_dtype == DType::kF32;
+    const size_t mb = static_cast<size_t>(std::min(bs.m, p.K)), nb = static_cast<size_t>(std::min(bs.n, p.N));
+    const size_t rb = static_cast<size_t>(std::min<int64_t>(kRowBlock, std::max<int64_t>(1, p.M)));
+    Scratch s;
+    s.make(T, in_f32 ? 0 : rb * mb, in_f32 ? 0 : rb * nb, out_f32 ? 0 : mb * nb);
+    for_items(p, items, T, [&](const Item& it, int tid) { tgmm_item(p, x, it, s.a[tid], s.b[tid], s.c[tid]); });
+  }
+
+ private:
+  // c[r0:r1, c0:c1] = a[r0:r1, :] · b[g][:, c0:c1].
+  static void gmm_item(const Problem& p, const GmmArgs& x, const Item& it, float* abuf, float* bbuf, float* cbuf) {
+    const int64_t rows = it.r1 - it.r0, cols = it.c1 - it.c0, K = p.K, N = p.N;
+    const bool trans = p.transpose_rhs;
+    const float* A = nullptr;
+    const float* B = nullptr;
+    int64_t lda = K, ldb = trans ? K : N;
+    if (p.dtype == DType::kF32) {
+      A = static_cast<const float*>(x.a) + it.r0 * K;
+      B = static_cast<const float*>(x.b) + (trans ? it.g * N * K + it.c0 * K : it.g * K * N + it.c0);
+    } else {
+      to_f32(x.a, p.dtype, it.r0 * K, K, rows, K, abuf);
+      if (trans) {
+        to_f32(x.b, p.dtype, it.g * N * K + it.c0 * K, K, cols, K, bbuf);  // [cols, K]
+      } else {
+        to_f32(x.b, p.dtype, it.g * K * N + it.c0, N, K, cols, bbuf);  // [K, cols]
+        ldb = cols;
+      }
+      A = abuf, B = bbuf;
+    }
+    if (x.c_dtype == DType::kF32) {
+      cpu_blas::sgemm(false, trans, rows, cols, K, 1.0f, A, lda, B, ldb, 0.0f,
+                      static_cast<float*>(x.c) + it.r0 * N + it.c0, N);
+    } else {
+      cpu_blas::sgemm(false, trans, rows, cols, K, 1.0f, A, lda, B, ldb, 0.0f, cbuf, cols);
+      from_f32(cbuf, rows, cols, x.c, x.c_dtype, it.r0 * N + it.c0, N);
+    }
+  }
+
+  // drhs[g][k0:k1, c0:c1] = a[rows of g, k0:k1]ᵀ · d[rows of g, c0:c1] (stored transposed with
+  // transpose_rhs: drhs[g][c0:c1, k0:k1]).
+  static void tgmm_item(const Problem& p, const TgmmArgs& x, const Item& it, float* abuf, float* dbuf, float* cbuf) {
+    const int64_t kc = it.r1 - it.r0, nc = it.c1 - it.c0, K = p.K, N = p.N, R = p.rows(it.g);
+    const bool trans = p.transpose_rhs;
+    // The item's block of drhs[g]: [kc, nc] at (k0, c0) with stride N, or [nc, kc] at (c0, k0)
+    // with stride K.
+    const int64_t c_off = trans ? it.g * N * K + it.c0 * K + it.r0 : it.g * K * N + it.r0 * N + it.c0;
+    const int64_t ldc = trans ? K : N;
+    const int64_t crows = trans ? nc : kc, ccols = trans ? kc : nc;
+    if (R == 0) {
+      zero_block(x.c, x.c_dtype, c_off, ldc, crows, ccols);
+      return;
+    }
+    const bool out_f32 = x.c_dtype == DType::kF32;
+    float* C = out_f32 ? static_cast<float*>(x.c) + c_off : cbuf;
+    const int64_t ldC = out_f32 ? ldc : ccols;
+    const int64_t row0 = p.begin[it.g];
+    const int64_t step = p.dtype == DType::kF32 ? R : kRowBlock;
+    for (int64_t r = 0; r < R; r += step) {
+      const int64_t rb = std::min(step, R - r);
+      const float *A, *D;
+      int64_t lda = K, ldd = N;
+      if (p.dtype == DType::kF32) {
+        A = static_cast<const float*>(x.a) + (row0 + r) * K + it.r0;
+        D = static_cast<const float*>(x.d) + (row0 + r) * N + it.c0;
+      } else {
+        to_f32(x.a, p.dtype, (row0 + r) * K + it.r0, K, rb, kc, abuf);
+        to_f32(x.d, p.dtype, (row0 + r) * N + it.c0, N, rb, nc, dbuf);
+        A = abuf, D = dbuf, lda = kc, ldd = nc;
+      }
+      const float beta = r == 0 ? 0.0f : 1.0f;
+      if (trans)
+        cpu_blas::sgemm(true, false, nc, kc, rb, 1.0f, D, ldd, A, lda, beta, C, ldC);
+      else
+        cpu_blas::sgemm(true, false, kc, nc, rb, 1.0f, A, lda, D, ldd, beta, C, ldC);
+    }
+    if (!out_f32) from_f32(cbuf, crows, ccols, x.c, x.c_dtype, c_off, ldc);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Implementation> make_cpu_implementation() { return std::make_unique<Cpu>(); }
+
+}  // namespace tessera::grouped_matmul

@@ -1,0 +1,25 @@
+// grouped_matmul: the registry of implementations, in default dispatch order.
+// A new backend adds its factory here (and its file to CMakeLists.txt).
+#include "kernels/grouped_matmul/impl.h"
+#include "tune/device_kind.h"
+
+namespace tessera::grouped_matmul {
+
+std::string Implementation::device_kind(const Problem&) const { return tune::default_device_kind(device_type()); }
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry(kKernelName);  // never destroyed: device modules may hold pointers
+    // Default order: fastest first. Only implementations of the inputs' device are tried.
+#ifdef TESSERA_HAVE_CPU_BACKEND
+    reg->add(make_cpu_implementation());
+#endif
+    reg->add(make_reference_implementation());
+    return reg;
+  }();
+  return *r;
+}
+
+const Implementation* find_implementation(const std::string& name) { return registry().find(name); }
+
+}  // namespace tessera::grouped_matmul

@@ -1,0 +1,290 @@
+// grouped_matmul: its registration with the kernel registry (src/kernels/registry.h) — the only
+// place the generic tools (CLI, parity suite, bench) learn about this kernel.
+#include <sstream>
+
+#include "core/random.h"
+#include "harness/blas.h"
+#include "kernels/grouped_matmul/impl.h"
+#include "kernels/grouped_matmul/testing.h"
+#include "kernels/registry.h"
+#include "tessera/error.h"
+#include "tessera/grouped_matmul.h"
+
+namespace tessera::grouped_matmul {
+
+const kernels::KernelSpec& spec();
+
+namespace {
+
+using harness::OptionSpec;
+using K = OptionSpec::Kind;
+
+// ---- check ----
+std::vector<kernels::CheckCase> check_cases(bool quick) {
+  std::vector<kernels::CheckCase> out;
+  for (const testing::CaseSpec& spec : testing::check_grid(quick))
+    out.push_back({spec.name(), [spec](const std::string& impl, Pass pass, Device dev) {
+                     if (dev.type != DeviceType::kCPU) {
+                       harness::ParityReport r;
+                       r.case_name = spec.name(), r.implementation = impl, r.pass = pass_name(pass);
+                       r.skipped = true;
+                       r.error = "the grouped_matmul check grid runs on host memory only";
+                       return r;
+                     }
+                     return testing::check_parity(spec, impl, pass);
+                   }});
+  return out;
+}
+
+// ---- run ----
+Tensor as_f32(const Tensor& t) {
+  if (t.dtype() == DType::kF32) return t;
+  Tensor o = Tensor::empty(DType::kF32, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) o.data_as<float>()[i] = load_as_f32(t.data(), t.dtype(), i);
+  return o;
+}
+
+Options run_options(const kernels::RunRequest& r) {
+  Options opt;
+  static_cast<ExecOptions&>(opt) = r.exec;
+  opt.transpose_rhs = r.options.flag("transpose-rhs");
+  const std::string off = r.options.str("group-offset");
+  if (!off.empty()) {
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(off, &used);
+    } catch (...) {
+      used = 0;
+    }
+    check(used == off.size() && v >= 0, ErrorCode::kInvalidArgument,
+          "--group-offset wants a non-negative integer, got '" + off + "'");
+    opt.group_offset = v;
+  }
+  return opt;
+}
+
+kernels::RunOutput run(const kernels::RunRequest& r) {
+  const Options opt = run_options(r);
+  const Inputs in{r.tensor("lhs")->view(), r.tensor("rhs")->view(), r.tensor("group-sizes")->view()};
+  Result res;
+  if (r.grad) {
+    Tensor dout;
+    if (const Tensor* t = r.tensor("dout")) {
+      dout = *t;
+    } else {  // dout defaults to ones, [M, N] in lhs's dtype
+      check(in.lhs.ndim() == 2 && in.rhs.ndim() == 3, ErrorCode::kInvalidArgument,
+            "grouped_matmul: lhs must be [M, K] and rhs [G, K, N] (or [G, N, K])");
+      dout = Tensor::empty(in.lhs.dtype, {in.lhs.shape[0], in.rhs.shape[opt.transpose_rhs ? 1 : 2]});
+      for (int64_t i = 0; i < dout.numel(); ++i) store_from_f32(dout.data(), dout.dtype(), i, 1.0f);
+    }
+    res = compute_with_grad(in, dout.view(), opt);
+  } else {
+    res = compute(in, opt);
+  }
+  kernels::RunOutput out;
+  out.implementation = res.implementation;
+  out.outputs = {{"out", as_f32(res.out)}};
+  if (r.grad) out.outputs.insert(out.outputs.end(), {{"dlhs", as_f32(res.dlhs)}, {"drhs", as_f32(res.drhs)}});
+  std::ostringstream s;
+  s << "lhs=" << shape_str(in.lhs.shape) << " rhs=" << shape_str(in.rhs.shape)
+    << " groups=" << shape_str(in.group_sizes.shape) << " dtype=" << dtype_name(in.lhs.dtype)
+    << (opt.transpose_rhs ? " transpose_rhs" : "");
+  if (opt.group_offset) s << " group_offset=" << *opt.group_offset;
+  out.summary = s.str();
+  return out;
+}
+
+kernels::RunSpec run_spec() {
+  kernels::RunSpec s;
+  s.inputs = {{"lhs", "tokens sorted by group [M, K]; f32, bf16 or f16", true},
+              {"rhs", "one matrix per local group [G, K, N] (or [G, N, K] with --transpose-rhs)", true},
+              {"group-sizes", "rows per group [G_total] (int32 or int64); rows past the sum are zero", true}};
+  s.grad_inputs = {{"dout", "upstream gradient [M, N]", false}};
+  s.options = {{"transpose-rhs", K::kFlag, "rhs (and drhs) are [G, N, K]", "false", {}},
+               {"group-offset", K::kString, "expert parallelism: rhs holds groups [N, N + G) of group-sizes", "", {}}};
+  s.outputs_help = "out.npy; with --grad dlhs.npy and drhs.npy (drhs in rhs's layout; all f32; dout defaults to ones)";
+  s.run = run;
+  return s;
+}
+
+// ---- bench: M rows, K, N, G groups; routing balanced or skewed ----
+std::vector<int64_t> route(int64_t M, int64_t G, const std::string& routing) {
+  std::vector<int64_t> sizes(static_cast<size_t>(G), 0);
+  if (routing == "balanced") {
+    for (int64_t g = 0; g < G; ++g) sizes[static_cast<size_t>(g)] = M * (g + 1) / G - M * g / G;
+    return sizes;
+  }
+  check(routing == "skewed", ErrorCode::kInvalidArgument,
+        "--routing must be balanced or skewed, got '" + routing + "'");
+  // One group with 70 % of the rows, the last two empty (G >= 4), the rest shared evenly.
+  const int64_t big = M * 7 / 10, rest = M - big;
+  sizes[0] = big;
+  const int64_t others = G >= 4 ? G - 3 : G - 1;
+  if (others == 0) {
+    sizes[0] = M;
+    return sizes;
+  }
+  for (int64_t i = 0; i < others; ++i) sizes[static_cast<size_t>(1 + i)] = rest * (i + 1) / others - rest * i / others;
+  return sizes;
+}
+
+struct Settings {
+  int64_t M = 0, K = 0, N = 0, G = 0;
+  DType dtype = DType::kF32;
+  std::string routing = "balanced";
+  std::vector<int64_t> sizes;
+};
+
+struct Bound {
+  Tensor lhs, rhs, sizes, dout, out, dlhs, drhs;
+  Options opt;
+};
+
+class GmmBench final : public harness::BenchProblem {
+ public:
+  GmmBench(Settings s, uint64_t seed) : s_(std::move(s)) {
+    lhs_ = random_uniform(s_.dtype, {s_.M, s_.K}, 1.0f, seed * 4 + 1);
+    rhs_ = random_uniform(s_.dtype, {s_.G, s_.K, s_.N}, 1.0f, seed * 4 + 2);
+    dout_ = random_uniform(s_.dtype, {s_.M, s_.N}, 1.0f, seed * 4 + 3);
+    sizes_ = Tensor::empty(DType::kI64, {s_.G});
+    for (int64_t g = 0; g < s_.G; ++g) sizes_.data_as<int64_t>()[g] = s_.sizes[static_cast<size_t>(g)];
+  }
+
+  harness::Row describe() const override {
+    harness::Row r = harness::Row::object();
+    r["M"] = s_.M, r["K"] = s_.K, r["N"] = s_.N, r["G"] = s_.G;
+    r["dtype"] = dtype_name(s_.dtype);
+    r["routing"] = s_.routing;
+    int64_t largest = 0, empty = 0;
+    for (int64_t v : s_.sizes) largest = std::max(largest, v), empty += v == 0;
+    r["largest_group"] = largest;
+    r["empty_groups"] = empty;
+    return r;
+  }
+
+  double work() const override { return 2.0 * s_.M * s_.K * s_.N; }
+
+  harness::Cost cost(Pass pass, const std::string&) const override {
+    harness::Cost c;
+    const double esz = static_cast<double>(dtype_size(s_.dtype));
+    const double mk = double(s_.M) * s_.K * esz, mn = double(s_.M) * s_.N * esz, gkn = double(s_.G) * s_.K * s_.N * esz;
+    const double f = work();
+    if (pass != Pass::kBackward) c.add({"gmm: out = lhs·rhs[g]", f, mk + gkn + mn, 0.0, false});
+    if (pass != Pass::kForward) {
+      c.add({"dlhs = dout·rhs[g]ᵀ", f, mn + gkn + mk, 0.0, false});
+      c.add({"drhs = lhsᵀ·dout per group", f, mk + mn + gkn, 0.0, false});
+    }
+    c.assumptions.push_back("2·M·K·N FLOPs per product (rows past the sum are not counted as work); bytes: each operand once");
+    return c;
+  }
+
+  std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int) override {
+    std::vector<harness::BaselineCall> out;
+    if (s_.dtype != DType::kF32 || !harness::blas::available()) return out;
+    for (Pass pass : passes) {
+      if (pass != Pass::kForward) continue;  // the baselines time the forward product
+      out.push_back(baseline("dense-gemm", "one sgemm of all M rows against rhs[0]: the floor", true, pass));
+      out.push_back(baseline("blas-loop", "one sgemm per non-empty group (OpenBLAS threads)", false, pass));
+    }
+    return out;
+  }
+
+  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
+    auto b = std::make_shared<Bound>();
+    b->lhs = lhs_.to(dev), b->rhs = rhs_.to(dev), b->sizes = sizes_, b->dout = dout_.to(dev);
+    b->out = Tensor::zeros(s_.dtype, {s_.M, s_.N}, dev);
+    if (pass != Pass::kForward) {
+      b->dlhs = Tensor::zeros(s_.dtype, lhs_.shape(), dev);
+      b->drhs = Tensor::zeros(s_.dtype, rhs_.shape(), dev);
+    }
+    static_cast<ExecOptions&>(b->opt) = exec;
+    b->opt.implementation = implementation;
+    auto in = [b] { return Inputs{b->lhs.view(), b->rhs.view(), b->sizes.view()}; };
+    harness::BenchCall c;
+    switch (pass) {
+      case Pass::kForward: c.run = [b, in] { gmm(in(), b->out, b->opt); }; break;
+      case Pass::kBackward: c.run = [b, in] { backward(in(), b->dout, b->dlhs, b->drhs, b->opt); }; break;
+      case Pass::kFused: c.run = [b, in] { forward_backward(in(), b->dout, b->out, b->dlhs, b->drhs, b->opt); }; break;
+    }
+    c.ran = [] { return last_implementation(); };
+    return c;
+  }
+
+  // The floor: one dense [M, K]·[K, N] GEMM (every row against one matrix), once per product.
+  std::optional<harness::GemmFloor> gemm_floor() const override {
+    harness::GemmFloor g;
+    g.M = s_.M, g.N = s_.N, g.K = s_.K, g.dtype = s_.dtype;
+    g.count = [](Pass p) { return p == Pass::kForward ? 1 : p == Pass::kBackward ? 2 : 3; };
+    return g;
+  }
+
+ private:
+  harness::BaselineCall baseline(const std::string& name, const std::string& what, bool dense, Pass pass) {
+    harness::BaselineCall c;
+    c.name = name;
+    c.pass = pass;
+    c.description = what;
+    c.cost = cost(pass, name);
+    auto out = std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {s_.M, s_.N}));
+    const float* a = lhs_.data_as<float>();
+    const float* w = rhs_.data_as<float>();
+    const Settings s = s_;
+    c.run = [a, w, out, s, dense] {
+      float* o = out->data_as<float>();
+      if (dense) {
+        harness::blas::sgemm(false, false, s.M, s.N, s.K, 1.f, a, s.K, w, s.N, 0.f, o, s.N);
+        return;
+      }
+      int64_t r = 0;
+      for (int64_t g = 0; g < s.G; ++g) {
+        const int64_t rows = s.sizes[static_cast<size_t>(g)];
+        if (rows > 0)
+          harness::blas::sgemm(false, false, rows, s.N, s.K, 1.f, a + r * s.K, s.K, w + g * s.K * s.N, s.N, 0.f,
+                               o + r * s.N, s.N);
+        r += rows;
+      }
+    };
+    return c;
+  }
+
+  Settings s_;
+  Tensor lhs_, rhs_, dout_, sizes_;
+};
+
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
+                                                          const harness::OptionValues& o, uint64_t seed) {
+  Settings s;
+  s.M = shape.dim("M"), s.K = shape.dim("K"), s.N = shape.dim("N"), s.G = shape.dim("G");
+  check(s.G >= 1, ErrorCode::kInvalidArgument, "grouped_matmul bench: G must be >= 1");
+  s.dtype = dtype;
+  s.routing = o.str("routing");
+  s.sizes = route(s.M, s.G, s.routing);
+  return std::make_unique<GmmBench>(std::move(s), seed);
+}
+
+kernels::KernelSpec make_spec() {
+  kernels::KernelSpec k;
+  k.name = kKernelName;
+  k.description = "grouped matmul for MoE (gmm, tgmm): ragged groups of rows, one matrix per group";
+  k.dims = {"M", "K", "N", "G"};
+  k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
+  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
+  k.check_grid = check_cases;
+  k.bench.options = {{"routing", K::kString,
+                      "group sizes: balanced (M/G each) or skewed (one group 70 % of the rows, two empty)",
+                      "balanced", {}}};
+  k.bench.make_problem = make_bench_problem;
+  k.run = run_spec();
+  return k;
+}
+
+}  // namespace
+
+const kernels::KernelSpec& spec() {
+  static const kernels::KernelSpec s = make_spec();
+  return s;
+}
+
+}  // namespace tessera::grouped_matmul

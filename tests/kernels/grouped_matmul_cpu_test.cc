@@ -1,0 +1,83 @@
+// grouped_matmul cpu backend: parity with the reference over the check grid and over block sizes
+// that cut groups, K and N into tails; bitwise determinism across thread counts.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "kernels/grouped_matmul/testing.h"
+#include "tessera/grouped_matmul.h"
+
+namespace tessera::grouped_matmul {
+namespace {
+
+void expect_parity(const testing::CaseSpec& s) {
+  for (Pass pass : {Pass::kForward, Pass::kBackward, Pass::kFused}) {
+    const harness::ParityReport r = testing::check_parity(s, "cpu", pass);
+    ASSERT_TRUE(r.ran) << s.name() << ": " << r.error;
+    for (const auto& f : r.fields) EXPECT_TRUE(f.dev.ok()) << s.name() << " " << pass_name(pass) << " " << f.field << ": " << f.dev.str();
+  }
+}
+
+TEST(GroupedMatmulCpu, CheckGrid) {
+  for (const testing::CaseSpec& s : testing::check_grid(false)) expect_parity(s);
+}
+
+TEST(GroupedMatmulCpu, BlockSizesThatLeaveTailsEverywhere) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (BlockSizes bs : {BlockSizes{1, 1}, BlockSizes{7, 5}, BlockSizes{64, 3}, BlockSizes{3, 64}}) {
+      for (bool t : {false, true}) {
+        testing::CaseSpec s;
+        s.label = "tails";
+        s.dtype = dt;
+        s.M = 41, s.K = 13, s.N = 11, s.sizes = {9, 0, 14, 1, 12};
+        s.transpose_rhs = t;
+        s.opt.block_sizes = bs;
+        expect_parity(s);
+      }
+    }
+  }
+}
+
+// A group longer than the tgmm row block of bf16 inputs (1024 rows, accumulated in steps).
+TEST(GroupedMatmulCpu, LongGroupsAccumulateOverRowBlocks) {
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    testing::CaseSpec s;
+    s.label = "long";
+    s.dtype = dt;
+    s.f32_outputs = true;
+    s.M = 2600, s.K = 8, s.N = 6, s.sizes = {2500, 0, 50};
+    expect_parity(s);
+  }
+}
+
+TEST(GroupedMatmulCpu, BitwiseTheSameForAnyThreadCount) {
+  testing::CaseSpec s;
+  s.M = 300, s.K = 40, s.N = 70, s.sizes = {120, 0, 3, 90, 60};
+  s.dtype = DType::kBF16;
+  s.opt.block_sizes = BlockSizes{32, 16};
+  const testing::CaseData d = testing::make_case(s);
+  Options o = testing::options_of(s);
+  o.implementation = "cpu";
+  Result base;
+  for (int threads : {1, 2, 3, 8}) {
+    o.num_threads = threads;
+    const Result r = compute_with_grad(d.inputs(), d.dout.view(), o);
+    ASSERT_EQ(r.implementation, "cpu");
+    if (threads == 1) {
+      base = r;
+      continue;
+    }
+    for (auto [a, b] : {std::pair{&r.out, &base.out}, {&r.dlhs, &base.dlhs}, {&r.drhs, &base.drhs}})
+      EXPECT_EQ(std::memcmp(a->data(), b->data(), a->view().nbytes()), 0) << threads << " threads";
+  }
+}
+
+TEST(GroupedMatmulCpu, IsTheDefaultOnTheHost) {
+  testing::CaseSpec s;
+  const testing::CaseData d = testing::make_case(s);
+  const Result r = compute(d.inputs(), testing::options_of(s));
+  EXPECT_EQ(r.implementation, "cpu");
+}
+
+}  // namespace
+}  // namespace tessera::grouped_matmul

@@ -108,6 +108,93 @@ kernels::RunSpec run_spec() {
   return s;
 }
 
+// ---- call (Python bindings) ----
+// Option names are the C++ Options fields; group_offset -1 means unset.
+Options call_options(const kernels::CallArgs& a) {
+  Options opt;
+  static_cast<ExecOptions&>(opt) = a.exec;
+  opt.transpose_rhs = a.options.flag("transpose_rhs");
+  const int64_t off = a.options.integer("group_offset");
+  check(off >= -1, ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": group_offset must be >= 0 (or -1: unset), got " + std::to_string(off));
+  if (off >= 0) opt.group_offset = off;
+  return opt;
+}
+
+const TensorView& need(const kernels::CallArgs& a, const char* name) {
+  const TensorView* t = a.tensor(name);
+  if (!t) throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": " + name + " is required");
+  return *t;
+}
+
+// Shapes only (the data may be absent: outputs() is asked with metadata under jit and fake
+// tensors); the call itself validates everything else.
+std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
+  const Options opt = call_options(a);
+  const TensorView &lhs = need(a, "lhs"), &rhs = need(a, "rhs");
+  check(lhs.ndim() == 2 && rhs.ndim() == 3, ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": lhs must be [M, K] and rhs [G, K, N] (or [G, N, K]), got " +
+            shape_str(lhs.shape) + " and " + shape_str(rhs.shape));
+  check(is_float(lhs.dtype) && rhs.dtype == lhs.dtype, ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": lhs and rhs must share one of f32, bf16, f16, got " + dtype_name(lhs.dtype) +
+            " and " + dtype_name(rhs.dtype));
+  const int64_t K = rhs.shape[opt.transpose_rhs ? 2 : 1], N = rhs.shape[opt.transpose_rhs ? 1 : 2];
+  check(lhs.shape[1] == K, ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": lhs has K=" + std::to_string(lhs.shape[1]) + " columns but rhs has K=" + std::to_string(K));
+  std::vector<kernels::OutputDesc> out;
+  auto add = [&](const char* name, const Shape& shape) { out.push_back({name, lhs.dtype, shape, contiguous_strides(shape)}); };
+  if (a.pass != Pass::kBackward) add("out", {lhs.shape[0], N});
+  if (a.pass != Pass::kForward) {
+    add("dlhs", lhs.shape);
+    add("drhs", rhs.shape);
+  }
+  return out;
+}
+
+std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
+  const Options opt = call_options(a);
+  const Inputs in{need(a, "lhs"), need(a, "rhs"), need(a, "group_sizes")};
+  const std::vector<kernels::OutputDesc> want = call_outputs(a);
+  check(out.size() == want.size(), ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": " + pass_name(a.pass) + " writes " + std::to_string(want.size()) +
+            " outputs, got " + std::to_string(out.size()));
+  // Frameworks hand upstream gradients in f32; the kernel takes dout in the inputs' dtype (the
+  // gradient of a bf16 output is bf16 in autograd too): rounded once here.
+  Tensor dout_copy;
+  TensorView dout;
+  if (a.pass != Pass::kForward) {
+    dout = need(a, "grad_out");
+    if (dout.dtype != in.lhs.dtype && is_float(dout.dtype) && dout.device.type == DeviceType::kCPU && dout.is_contiguous()) {
+      dout_copy = Tensor::empty(in.lhs.dtype, dout.shape);
+      for (int64_t i = 0; i < dout.numel(); ++i)
+        store_from_f32(dout_copy.data(), in.lhs.dtype, i, load_as_f32(dout.data, dout.dtype, i));
+      dout = dout_copy.view();
+    }
+  }
+  switch (a.pass) {
+    case Pass::kForward: gmm(in, out[0], opt); break;
+    case Pass::kBackward: backward(in, dout, out[0], out[1], opt); break;
+    case Pass::kFused: forward_backward(in, dout, out[0], out[1], out[2], opt); break;
+  }
+  return last_implementation();
+}
+
+kernels::CallSpec call_spec() {
+  kernels::CallSpec s;
+  s.inputs = {{"lhs", "tokens sorted by group [M, K] (f32, bf16 or f16)", true, true},
+              {"rhs", "one matrix per local group [G, K, N] ([G, N, K] with transpose_rhs), lhs's dtype", true, true},
+              {"group_sizes", "rows per group [G_total] (int32 or int64, host memory); rows past the sum are zero",
+               true, false}};
+  s.grad_inputs = {{"grad_out", "upstream gradient of out [M, N] (f32 or lhs's dtype)", true, false}};
+  s.options = {{"transpose_rhs", K::kFlag, "rhs (and drhs) are [G, N, K]", "false", {}},
+               {"group_offset", K::kInt, "expert parallelism: rhs holds groups [offset, offset + G) of group_sizes; -1: unset",
+                "-1", {}}};
+  s.forward_outputs = {"out"};
+  s.outputs = call_outputs;
+  s.call = call;
+  return s;
+}
+
 // ---- bench: M rows, K, N, G groups; routing balanced or skewed ----
 std::vector<int64_t> route(int64_t M, int64_t G, const std::string& routing) {
   std::vector<int64_t> sizes(static_cast<size_t>(G), 0);
@@ -277,6 +364,7 @@ kernels::KernelSpec make_spec() {
                       "balanced", {}}};
   k.bench.make_problem = make_bench_problem;
   k.run = run_spec();
+  k.call = call_spec();
   return k;
 }
 

@@ -5,9 +5,10 @@
 //   lse    = logsumexp_j z_j                                  (f32 or wider)
 //   nll    = lse − z[label_t]
 //   ce     = (1 − ε)·nll + ε·(lse − mean_j z_j)               (label smoothing ε)
-//   loss_t = token_weight_t · (ce + z_loss_weight · lse²)
+//   loss_t = weight_t · (ce + z_loss_weight · lse²),  weight_t = token_weight_t · class_weight[label_t]
 // Rows whose label == ignore_index have loss 0 and count nowhere. Reductions: none (per token),
-// sum, mean (Σ loss_t / Σ weight_t over non-ignored rows; 0 when that is 0).
+// sum, mean (Σ loss_t / Σ weight_t over non-ignored rows; 0 when that is 0). With class weights
+// and no token weights, mean is PyTorch's cross_entropy(weight=...) exactly: Σ w[y]·nll / Σ w[y].
 // Implementations never materialize the B×V logits (the reference may; it says so).
 // See docs/kernels/linear_cross_entropy.md for the full contract.
 #pragma once
@@ -58,6 +59,10 @@ struct Options : ExecOptions {
   double soft_cap = 0.0;         // c > 0 enables c·tanh(z/c); 0 disables
   WLayout w_layout = WLayout::kAuto;
   bool return_argmax = false;    // fill ForwardOutputs::argmax
+  // compute() / compute_with_grad() only: also allocate and fill Result::z_loss / ::accuracy
+  // (the view API fills ForwardOutputs::z_loss / ::accuracy when they are given).
+  bool return_z_loss = false;
+  bool return_token_accuracy = false;
 
   // Unset: tuned table -> autotune-on-miss (if enabled) -> backend defaults.
   std::optional<BlockSizes> block_sizes;
@@ -65,13 +70,16 @@ struct Options : ExecOptions {
 
 // Inputs. x: [..., H] float; w: [H, V] or [V, H] float (same dtype as x); bias: [V] float;
 // labels: [...] i32/i64 matching x's leading axes; token_weights: [...] f32 matching them — a
-// weight per TOKEN (loss_t scaled by it), not PyTorch's / Liger's per-class `weight` [V].
+// weight per TOKEN (loss_t scaled by it); class_weights: [V] f32, finite and >= 0 — PyTorch's
+// `weight` / Liger's `ce_weight` (loss_t scaled by class_weights[label_t]; host memory only for
+// now, and not combined with label_smoothing > 0: Error(kUnsupported)).
 struct Inputs {
   TensorView x;
   TensorView w;
   std::optional<TensorView> bias;
   TensorView labels;
   std::optional<TensorView> token_weights;
+  std::optional<TensorView> class_weights = std::nullopt;  // (a default: older brace-inits stay warning-free)
 };
 
 // Outputs of the forward pass (caller-allocated, on the inputs' device, contiguous):
@@ -79,10 +87,17 @@ struct Inputs {
 //   lse:  f32, shape = labels' shape (0 for ignored rows is NOT written: lse is always the real
 //         logsumexp of the row, also for ignored rows)
 //   argmax: i64, shape = labels' shape (first maximal index), only when return_argmax.
+//   z_loss: f32, loss's shape: the z-loss part of loss alone, weight_t · z_loss_weight · lse_t²,
+//           reduced like loss (Liger's return_z_loss). Host memory only for now.
+//   accuracy: f32, 0-d: the fraction of non-ignored tokens whose argmax is their label (Liger's
+//           return_token_accuracy; unweighted; 0 when every token is ignored), from the argmax
+//           the forward computes anyway. Host memory only for now.
 struct ForwardOutputs {
   TensorView loss;
   TensorView lse;
   std::optional<TensorView> argmax;
+  std::optional<TensorView> z_loss = std::nullopt;
+  std::optional<TensorView> accuracy = std::nullopt;
 };
 
 // Gradients (caller-allocated, contiguous, on the inputs' device). dx like x (dtype f32 or x's
@@ -109,6 +124,7 @@ void forward_backward(const Inputs& in, const TensorView& grad_loss, const Forwa
 // Convenience wrappers that allocate outputs on the inputs' device.
 struct Result {
   Tensor loss, lse, argmax;              // argmax undefined unless requested
+  Tensor z_loss, accuracy;               // undefined unless return_z_loss / return_token_accuracy
   Tensor dx, dw, dbias;                  // undefined unless gradients were asked for
   std::string implementation;            // which implementation ran
 };

@@ -142,3 +142,18 @@ def test_bad_inputs_raise():
         tt.linear_cross_entropy(x, w, torch.full_like(y, 1000))
     with pytest.raises(ValueError, match="reduction must be one of"):
         tt.linear_cross_entropy(x, w, y, reduction="avg")
+
+
+def test_class_weights_match_cross_entropy_weight():
+    """class_weights= is F.cross_entropy's weight= (Liger's ce_weight): loss and both gradients."""
+    x, w, y = tensors(seed=5)
+    cw = torch.from_numpy(np.random.default_rng(5).random(w.shape[0]).astype(np.float32))
+    got = tt.linear_cross_entropy(x, w, y, class_weights=cw)
+    gx, gw = torch.autograd.grad(got, (x, w))
+    want = F.cross_entropy(F.linear(x, w).float(), y, weight=cw, ignore_index=-100)
+    wx, ww = torch.autograd.grad(want, (x, w))
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
+    torch.testing.assert_close(gx, wx, rtol=2e-4, atol=2e-6)
+    torch.testing.assert_close(gw, ww, rtol=2e-4, atol=2e-6)
+    with pytest.raises(NotImplementedError, match="label_smoothing"):
+        tt.linear_cross_entropy(x, w, y, class_weights=cw, label_smoothing=0.1)

@@ -277,5 +277,33 @@ TEST_F(Cli, RunsGroupedMatmulAsTheIssueSpellsIt) {
   EXPECT_EQ(c.code, 2) << c.out;
 }
 
+// Issue #17's CLI flags: --class-weights, --return-z-loss and --token-accuracy write what the API
+// computes.
+TEST_F(Cli, RunWritesClassWeightedLossZLossAndAccuracy) {
+  Tensor x = Tensor::empty(DType::kF32, {6, 4}), w = Tensor::empty(DType::kF32, {4, 5});
+  for (Tensor* t : {&x, &w})
+    for (int64_t i = 0; i < t->numel(); ++i) t->data_as<float>()[i] = std::sin(0.7f * static_cast<float>(i) + 1.0f);
+  Tensor y = Tensor::empty(DType::kI64, {6}), cw = Tensor::empty(DType::kF32, {5});
+  const int64_t labels[6] = {0, 4, -100, 2, 2, 1};
+  for (int i = 0; i < 6; ++i) y.data_as<int64_t>()[i] = labels[i];
+  for (int i = 0; i < 5; ++i) cw.data_as<float>()[i] = 0.5f + 0.25f * static_cast<float>(i);
+  npy::save(p("x.npy"), x), npy::save(p("w.npy"), w), npy::save(p("y.npy"), y), npy::save(p("cw.npy"), cw);
+  const Cmd c = sh("run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --labels " + p("y.npy") +
+                   " --class-weights " + p("cw.npy") + " --z-loss 0.01 --return-z-loss --token-accuracy --out " + p("m"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  linear_cross_entropy::Options opt;
+  opt.z_loss_weight = 0.01;
+  opt.return_z_loss = opt.return_token_accuracy = true;
+  linear_cross_entropy::Inputs in{x, w, std::nullopt, y, std::nullopt};
+  in.class_weights = cw.view();
+  const linear_cross_entropy::Result r = linear_cross_entropy::compute(in, opt);
+  for (auto [name, want] : {std::pair{"loss", &r.loss}, {"z_loss", &r.z_loss}, {"accuracy", &r.accuracy}}) {
+    const Tensor got = npy::load(p(std::string("m/") + name + ".npy"));
+    ASSERT_EQ(got.numel(), 1) << name;
+    EXPECT_EQ(got.data_as<float>()[0], want->data_as<float>()[0]) << name;
+  }
+  EXPECT_GT(r.z_loss.data_as<float>()[0], 0.0f);
+}
+
 }  // namespace
 }  // namespace tessera

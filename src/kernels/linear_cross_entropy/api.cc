@@ -84,6 +84,36 @@ WLayout resolve_w_layout(const TensorView& w, int64_t H, WLayout requested, int6
       shape_str(w.strides) + " for shape " + shape_str(w.shape));
 }
 
+// Class weights (PyTorch's `weight`) scale loss_t by class_weights[label_t]; without label
+// smoothing that is exactly a per-token weight, so they are folded into the token weights
+// (every implementation then honours them, and the mean divides by Σ token · class weight, as
+// PyTorch divides by Σ weight[label]). Label smoothing spreads ε over every class with its own
+// weight — a weighted sum over the vocabulary that the backends do not compute yet.
+void fold_class_weights(const TensorView& cw, const Options& opt, Problem& p) {
+  if (cw.dtype != DType::kF32) bad(std::string("class_weights must be f32, got ") + dtype_name(cw.dtype));
+  if (cw.ndim() != 1 || cw.shape[0] != p.V)
+    bad("class_weights must be [V=" + std::to_string(p.V) + "], got " + shape_str(cw.shape));
+  require_device(cw, p.device, "class_weights");
+  require_contiguous(cw, "class_weights");
+  require_data(cw, "class_weights");
+  if (opt.label_smoothing > 0.0)
+    throw Error(ErrorCode::kUnsupported, kName + ": class_weights with label_smoothing > 0 are not implemented yet "
+                                                 "(the smoothing term needs a class-weighted sum over the vocabulary)");
+  if (p.device.type != DeviceType::kCPU)
+    throw Error(ErrorCode::kUnsupported, kName + ": class_weights are supported for host inputs only (for now)");
+  const auto* c = static_cast<const float*>(cw.data);
+  for (int64_t v = 0; v < p.V; ++v)
+    if (!(c[v] >= 0.0f) || !std::isfinite(c[v]))
+      bad("class_weights must be finite and >= 0, got " + std::to_string(c[v]) + " at class " + std::to_string(v));
+  auto combined = std::shared_ptr<float[]>(new float[static_cast<size_t>(std::max<int64_t>(p.B, 1))]);
+  for (int64_t t = 0; t < p.B; ++t) {
+    const int64_t y = p.label(t);
+    combined[t] = y == p.ignore_index ? 0.0f : p.weight(t) * c[y];
+  }
+  p.weights = combined.get();
+  p.keep = combined;
+}
+
 Problem normalize(const Inputs& in, const Options& opt) {
   const TensorView& x = in.x;
   if (!is_float(x.dtype)) bad(std::string("x must be f32, bf16 or f16, got ") + dtype_name(x.dtype));
@@ -166,6 +196,7 @@ Problem normalize(const Inputs& in, const Options& opt) {
             std::to_string(p.V) + ") and is not ignore_index (" + std::to_string(p.ignore_index) + ")");
     }
   }
+  if (in.class_weights) fold_class_weights(*in.class_weights, opt, p);  // after the label check
   if (opt.check_finite) {
     if (!all_finite(x)) bad("x contains NaN or Inf");
     if (!all_finite(w)) bad("w contains NaN or Inf");
@@ -202,7 +233,59 @@ ForwardOut check_forward_outputs(const Inputs& in, const Problem& p, const Forwa
     check_output(*out.argmax, DType::kI64, lead, p.device, "argmax");
     f.argmax = static_cast<int64_t*>(out.argmax->data);
   }
+  auto host_only = [&](const TensorView& t, const char* what) {
+    if (t.device.type != DeviceType::kCPU)
+      throw Error(ErrorCode::kUnsupported, kName + ": the " + what + " output is supported in host memory only (for now)");
+  };
+  if (out.z_loss) {
+    host_only(*out.z_loss, "z_loss");
+    check_output(*out.z_loss, DType::kF32, loss_shape(in, p.reduction), out.z_loss->device, "z_loss");
+  }
+  if (out.accuracy) {
+    host_only(*out.accuracy, "accuracy");
+    check_output(*out.accuracy, DType::kF32, Shape{}, out.accuracy->device, "accuracy");
+    if (p.device.type != DeviceType::kCPU)
+      throw Error(ErrorCode::kUnsupported, kName + ": the accuracy output needs host inputs (for now)");
+  }
+  if (out.z_loss && p.device.type != DeviceType::kCPU)
+    throw Error(ErrorCode::kUnsupported, kName + ": the z_loss output needs host inputs (for now)");
   return f;
+}
+
+// Token accuracy needs the argmax: when the caller did not ask for it, the forward writes it
+// into scratch (the backends compute it in the same pass as the statistics: no extra pass).
+struct ArgmaxScratch {
+  Tensor t;
+};
+void want_argmax_for_accuracy(const ForwardOutputs& out, Problem& p, ForwardOut& fo, ArgmaxScratch& s) {
+  if (!out.accuracy || p.want_argmax) return;
+  s.t = Tensor::empty(DType::kI64, {p.B}, p.device);
+  p.want_argmax = true;
+  fo.argmax = s.t.data_as<int64_t>();
+}
+
+// z_loss and accuracy from the forward's lse and argmax (host; checked by check_forward_outputs).
+void write_metrics(const Problem& p, const ForwardOut& fo, const ForwardOutputs& out) {
+  double zsum = 0.0, denom = 0.0;
+  int64_t counted = 0, correct = 0;
+  for (int64_t t = 0; t < p.B; ++t) {
+    const int64_t y = p.label(t);
+    const bool ign = y == p.ignore_index;
+    const double z = ign ? 0.0 : static_cast<double>(p.weight(t)) * p.z_loss_weight * fo.lse[t] * fo.lse[t];
+    if (out.z_loss && p.reduction == Reduction::kNone) static_cast<float*>(out.z_loss->data)[t] = static_cast<float>(z);
+    zsum += z;
+    if (ign) continue;
+    denom += p.weight(t);
+    ++counted;
+    if (fo.argmax) correct += fo.argmax[t] == y;
+  }
+  if (out.z_loss && p.reduction != Reduction::kNone) {
+    const double v = p.reduction == Reduction::kSum ? zsum : (denom == 0.0 ? 0.0 : zsum / denom);
+    *static_cast<float*>(out.z_loss->data) = static_cast<float>(v);
+  }
+  if (out.accuracy)
+    *static_cast<float*>(out.accuracy->data) =
+        counted == 0 ? 0.0f : static_cast<float>(static_cast<double>(correct) / static_cast<double>(counted));
 }
 
 void check_grad_dtype(const TensorView& g, DType input, const char* what) {
@@ -332,15 +415,19 @@ void validate_metadata(const Inputs& in, const Options& opt) {
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
-  const Problem p = normalize(in, opt);
-  const ForwardOut fo = check_forward_outputs(in, p, out);
+  Problem p = normalize(in, opt);
+  ForwardOut fo = check_forward_outputs(in, p, out);
+  ArgmaxScratch scratch;
+  want_argmax_for_accuracy(out, p, fo, scratch);
   if (p.B == 0) {  // empty batch: zero loss, nothing else to write
     zero_fill(out.loss);
+    write_metrics(p, fo, out);
     t_last_impl = "(empty batch)";
     return;
   }
   dispatch_call(p, opt, Pass::kForward,
                 [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
+  write_metrics(p, fo, out);
 }
 
 namespace {
@@ -378,13 +465,16 @@ void backward(const Inputs& in, const TensorView& grad_loss, const TensorView& l
 
 void forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
                       const Gradients& grads, const Options& opt) {
-  const Problem p = normalize(in, opt);
-  const ForwardOut fo = check_forward_outputs(in, p, out);
+  Problem p = normalize(in, opt);
+  ForwardOut fo = check_forward_outputs(in, p, out);
+  ArgmaxScratch scratch;
+  want_argmax_for_accuracy(out, p, fo, scratch);
   GradIn gi;
   gi.grad_loss = check_grad_loss(in, p, grad_loss);
   const GradOut go = check_gradients(in, p, grads);
   if (p.B == 0) {
     zero_fill(out.loss);
+    write_metrics(p, fo, out);
     zero_fill_dw(grads.dw);
     if (grads.dbias) zero_fill(*grads.dbias);
     t_last_impl = "(empty batch)";
@@ -393,6 +483,7 @@ void forward_backward(const Inputs& in, const TensorView& grad_loss, const Forwa
   dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.forward_backward(p, bs, gi, fo, go);
   });
+  write_metrics(p, fo, out);
 }
 
 namespace {
@@ -405,6 +496,8 @@ Result make_outputs(const Inputs& in, const Options& opt, bool with_grad) {
   r.loss = Tensor::empty(DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{}, dev);
   r.lse = Tensor::empty(DType::kF32, lead, dev);
   if (opt.return_argmax) r.argmax = Tensor::empty(DType::kI64, lead, dev);
+  if (opt.return_z_loss) r.z_loss = Tensor::empty(DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{}, dev);
+  if (opt.return_token_accuracy) r.accuracy = Tensor::empty(DType::kF32, {}, dev);
   if (with_grad) {
     r.dx = Tensor::empty(in.x.dtype, in.x.shape, dev);
     r.dw = Tensor::empty_like_layout(in.w, in.w.dtype);
@@ -416,6 +509,8 @@ Result make_outputs(const Inputs& in, const Options& opt, bool with_grad) {
 ForwardOutputs views_of(const Result& r) {
   ForwardOutputs o{r.loss.view(), r.lse.view(), std::nullopt};
   if (r.argmax.defined()) o.argmax = r.argmax.view();
+  if (r.z_loss.defined()) o.z_loss = r.z_loss.view();
+  if (r.accuracy.defined()) o.accuracy = r.accuracy.view();
   return o;
 }
 

@@ -28,7 +28,8 @@ struct Problem {
   DType bias_dtype = DType::kF32;
   const void* labels = nullptr;  // [B]
   DType label_dtype = DType::kI64;
-  const float* weights = nullptr;  // [B] f32 or nullptr (all ones)
+  const float* weights = nullptr;  // [B] f32 or nullptr (all ones): token × class weights
+  std::shared_ptr<const void> keep;  // storage the API made for this problem (combined weights)
 
   Reduction reduction = Reduction::kMean;
   int64_t ignore_index = -100;

@@ -47,6 +47,8 @@ Options run_options(const kernels::RunRequest& r) {
   opt.label_smoothing = o.real("label-smoothing");
   opt.ignore_index = o.integer("ignore-index");
   opt.return_argmax = o.flag("argmax");
+  opt.return_z_loss = o.flag("return-z-loss");
+  opt.return_token_accuracy = o.flag("token-accuracy");
   return opt;
 }
 
@@ -55,11 +57,14 @@ kernels::RunOutput run(const kernels::RunRequest& r) {
   Inputs in{r.tensor("x")->view(), r.tensor("w")->view(), std::nullopt, r.tensor("labels")->view(), std::nullopt};
   if (const Tensor* b = r.tensor("bias")) in.bias = b->view();
   if (const Tensor* t = r.tensor("token-weights")) in.token_weights = t->view();
+  if (const Tensor* c = r.tensor("class-weights")) in.class_weights = c->view();
   Result res = r.grad ? compute_with_grad(in, opt) : compute(in, opt);
   kernels::RunOutput out;
   out.implementation = res.implementation;
   out.outputs = {{"loss", res.loss}, {"lse", res.lse}};
   if (res.argmax.defined()) out.outputs.push_back({"argmax", res.argmax});
+  if (res.z_loss.defined()) out.outputs.push_back({"z_loss", res.z_loss});
+  if (res.accuracy.defined()) out.outputs.push_back({"accuracy", res.accuracy});
   if (r.grad) {
     out.outputs.push_back({"dx", as_f32(res.dx)});
     out.outputs.push_back({"dw", as_f32(res.dw)});  // w's shape, as the user gave it
@@ -79,7 +84,8 @@ kernels::RunSpec run_spec() {
               {"w", "classifier [H, V] or [V, H] (.npy, same dtype as x)", true},
               {"labels", "labels [...] (.npy: i32 or i64)", true},
               {"bias", "bias [V] (.npy, float)", false},
-              {"token-weights", "per-token loss weights [...] (.npy, f32); not per-class weights", false}};
+              {"token-weights", "per-token loss weights [...] (.npy, f32)", false},
+              {"class-weights", "per-class loss weights [V] (.npy, f32, >= 0): PyTorch's weight, Liger's ce_weight", false}};
   s.options = {
       {"w-layout", K::kString, "hv, vh or auto (from the shape; an error when H == V)", "auto", {"hv", "vh", "auto"}},
       {"reduction", K::kString, "none, sum or mean", "mean", {"none", "sum", "mean"}},
@@ -87,9 +93,12 @@ kernels::RunSpec run_spec() {
       {"soft-cap", K::kFloat, "logit soft cap c (z = c·tanh(z/c)); 0 disables", "0", {}},
       {"label-smoothing", K::kFloat, "label smoothing ε in [0, 1]", "0", {}},
       {"ignore-index", K::kInt, "label value whose rows are ignored", "-100", {}},
-      {"argmax", K::kFlag, "also write argmax.npy (i64)", "false", {}}};
-  s.outputs_help = "loss.npy, lse.npy (f32), argmax.npy (i64) with --argmax; with --grad dx.npy, dw.npy "
-                   "(w's shape) and dbias.npy, as f32, for an upstream gradient of 1 (ones per token for none)";
+      {"argmax", K::kFlag, "also write argmax.npy (i64)", "false", {}},
+      {"return-z-loss", K::kFlag, "also write z_loss.npy: the z-loss part of the loss alone, reduced like it", "false", {}},
+      {"token-accuracy", K::kFlag, "also write accuracy.npy: fraction of non-ignored tokens whose argmax is the label", "false", {}}};
+  s.outputs_help = "loss.npy, lse.npy (f32), argmax.npy (i64) with --argmax, z_loss.npy with --return-z-loss, "
+                   "accuracy.npy with --token-accuracy; with --grad dx.npy, dw.npy (w's shape) and dbias.npy, as f32, "
+                   "for an upstream gradient of 1 (ones per token for none)";
   s.run = run;
   return s;
 }
@@ -120,6 +129,7 @@ Inputs call_inputs(const kernels::CallArgs& a) {
   Inputs in{need(a, "x"), need(a, "w"), std::nullopt, need(a, "labels"), std::nullopt};
   if (const TensorView* b = a.tensor("bias")) in.bias = *b;
   if (const TensorView* t = a.tensor("token_weights")) in.token_weights = *t;
+  if (const TensorView* c = a.tensor("class_weights")) in.class_weights = *c;
   return in;
 }
 
@@ -181,7 +191,9 @@ kernels::CallSpec call_spec() {
               {"w", "classifier [V, H] (PyTorch lm_head.weight) or [H, V], same dtype as x", true, true},
               {"labels", "labels [...] (i32 or i64), ignore_index rows are ignored", true, false},
               {"bias", "bias [V] (float)", false, true},
-              {"token_weights", "per-token loss weights [...] (f32), not per-class weights; no gradient", false, false}};
+              {"token_weights", "per-token loss weights [...] (f32); no gradient", false, false},
+              {"class_weights", "per-class loss weights [V] (f32, >= 0, host): PyTorch's weight, Liger's ce_weight; "
+                                "no gradient", false, false}};
   s.grad_inputs = {{"grad_loss", "upstream gradient of loss (f32; 0-d for sum/mean, per token for none)", true, false},
                    {"lse", "the forward's lse (f32 [...]); spares recomputing it", false, false}};
   s.options = {

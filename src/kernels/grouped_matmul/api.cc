@@ -88,6 +88,7 @@ Problem make_problem(const TensorView& lhs, int64_t G, int64_t K, int64_t N, con
   p.G = G;
   if (lhs.shape[1] != K) bad("lhs has K=" + num(lhs.shape[1]) + " columns but the group matrices have K=" + num(K));
   p.begin = group_rows(gs, G, p.M, opt);
+  p.lhs = lhs.data;
   p.transpose_rhs = opt.transpose_rhs;
   p.num_threads = resolve_num_threads(opt.num_threads);
   p.stream = opt.stream;
@@ -121,6 +122,7 @@ Problem normalize(const Inputs& in, const Options& opt) {
   Problem p = make_problem(in.lhs, in.rhs.shape[0], K, N, in.group_sizes, opt);
   require_same_dtype(in.rhs, p, "rhs");
   require_plain(in.rhs, p.device, "rhs");
+  p.rhs = in.rhs.data;
   if (opt.check_finite && !all_finite(in.rhs)) bad("rhs contains NaN or Inf");
   return p;
 }
@@ -145,8 +147,9 @@ void dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
 }
 
 // dlhs is a gmm of dout against rhs transposed: K and N swap, and so does rhs's layout.
-Problem transposed(const Problem& p) {
+Problem transposed(const Problem& p, const void* dout) {
   Problem q = p;
+  q.lhs = dout;
   std::swap(q.K, q.N);
   q.transpose_rhs = !p.transpose_rhs;
   return q;
@@ -154,7 +157,7 @@ Problem transposed(const Problem& p) {
 
 void run_backward(const Implementation& impl, const BlockSizes& bs, const Problem& p, const Inputs& in,
                   const TensorView& dout, const TensorView& dlhs, const TensorView& drhs) {
-  impl.gmm(transposed(p), bs, {dout.data, in.rhs.data, dlhs.data, dlhs.dtype});
+  impl.gmm(transposed(p, dout.data), bs, {dout.data, in.rhs.data, dlhs.data, dlhs.dtype});
   impl.tgmm(p, bs, {in.lhs.data, dout.data, drhs.data, drhs.dtype});
 }
 

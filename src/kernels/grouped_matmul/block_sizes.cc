@@ -1,4 +1,5 @@
-// grouped_matmul: block-size selection for a call (options -> defaults).
+// grouped_matmul: block-size selection for a call (options -> tuned table -> autotune on miss ->
+// defaults). The generic pieces live in src/tune; this file is the policy.
 #include "kernels/grouped_matmul/block_sizes.h"
 
 #include "tessera/error.h"
@@ -14,12 +15,10 @@ void validate_block_sizes(const std::string& implementation, const BlockSizes& b
   impl->validate_block_sizes(bs);
 }
 
-BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p, const Options& opt, Pass) {
-  if (opt.block_sizes) {
-    impl.validate_block_sizes(*opt.block_sizes);
-    return {*opt.block_sizes, "options"};
-  }
-  return {impl.default_block_sizes(p), "default"};
+BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p, const Options& opt, Pass op,
+                                   const TuningHooks& hooks) {
+  const tune::Choice c = tune::choose_for<Tuning>(impl, p, opt.block_sizes, opt.autotune_on_miss, op, hooks);
+  return {from_params(c.params), c.source};
 }
 
 }  // namespace tessera::grouped_matmul

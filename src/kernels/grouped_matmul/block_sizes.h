@@ -4,16 +4,21 @@
 #include <string>
 
 #include "kernels/grouped_matmul/impl.h"
+#include "kernels/grouped_matmul/tuning.h"
+#include "tune/adapter.h"
 
 namespace tessera::grouped_matmul {
 
 struct BlockSizeChoice {
   BlockSizes sizes;
-  std::string source;  // "options" or "default"
+  std::string source;  // "options", "tuned table", "autotune cache", "autotune", "default"
 };
 
-// Options' block sizes (validated by the implementation), else the implementation's defaults.
-// Not tuned yet: the kernel has no tuned table or autotune-on-miss (docs/kernels/grouped_matmul.md).
-BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p, const Options& opt, Pass op);
+using TuningHooks = tune::Hooks;  // test seams (table, cache dir, device kind, timing)
+
+// The generic choice of tune/choose.h (options -> tuned table -> autotune-on-miss -> defaults)
+// with this kernel's traits (tuning.h).
+BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p, const Options& opt,
+                                   Pass op = Pass::kFused, const TuningHooks& hooks = {});
 
 }  // namespace tessera::grouped_matmul

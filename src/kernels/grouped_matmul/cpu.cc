@@ -144,7 +144,7 @@ class Cpu final : public Implementation {
     check(bs.m >= 1 && bs.m <= kMaxBlock && bs.n >= 1 && bs.n <= kMaxBlock, ErrorCode::kInvalidArgument,
           std::string(kKernelName) + " cpu: block sizes m and n must be in [1, 65536], got " + bs.str());
   }
-  bool tunable() const override { return false; }  // no tuned table yet (devlog)
+  bool tunable() const override { return true; }
   std::vector<BlockSizes> candidate_block_sizes(const Problem&) const override {
     std::vector<BlockSizes> out{BlockSizes{}};
     for (int64_t m : {128, 256, 512, 1024})

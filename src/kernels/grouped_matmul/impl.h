@@ -28,6 +28,9 @@ struct Problem {
   bool transpose_rhs = false;   // b / c per group stored [N, K] instead of [K, N]
   DType dtype = DType::kF32;    // of a, b, d
   Device device;
+  // The user's inputs, for the tuner's timed runs (implementations take theirs from the args):
+  const void* lhs = nullptr;  // [M, K]
+  const void* rhs = nullptr;  // [G, K, N] (or [G, N, K]); nullptr for a tgmm call
 
   int num_threads = 1;  // resolved by the API: >= 1
   void* stream = nullptr;

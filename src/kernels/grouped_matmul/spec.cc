@@ -6,7 +6,9 @@
 #include "harness/blas.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "kernels/grouped_matmul/testing.h"
+#include "kernels/grouped_matmul/tuning.h"
 #include "kernels/registry.h"
+#include "kernels/tune_spec.h"
 #include "tessera/error.h"
 #include "tessera/grouped_matmul.h"
 
@@ -363,6 +365,7 @@ kernels::KernelSpec make_spec() {
                       "group sizes: balanced (M/G each) or skewed (one group 70 % of the rows, two empty)",
                       "balanced", {}}};
   k.bench.make_problem = make_bench_problem;
+  k.tune = kernels::make_tune_spec<Tuning>();
   k.run = run_spec();
   k.call = call_spec();
   return k;

@@ -131,37 +131,6 @@ void GemmPacked(const float* A, int64_t lda, bool trans_a, const float* Bp, int6
     GemmT<false>(A, lda, Bp, panel_rows, k0, M, N, K, C, ldc, alpha, acc);
 }
 
-void HalfToF32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
-  const DF df;
-  const hn::RebindToUnsigned<DF> du32;
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  int64_t i = 0;
-  if (is_bf16) {
-    for (; i + N <= n; i += N) {
-      const auto u = hn::PromoteTo(du32, hn::LoadU(du16, src + i));
-      hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(u)), df, dst + i);
-    }
-    for (; i < n; ++i) {
-      const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
-      float f;
-      __builtin_memcpy(&f, &u, 4);
-      dst[i] = f;
-    }
-  } else {
-    for (; i + N <= n; i += N)
-      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + i))), df, dst + i);
-    if (i < n) {
-      HWY_ALIGN uint16_t in[hn::MaxLanes(df)] = {};
-      HWY_ALIGN float out[hn::MaxLanes(df)];
-      for (int64_t k = 0; k < n - i; ++k) in[k] = src[i + k];
-      hn::Store(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(in))), df, out);
-      for (int64_t k = 0; k < n - i; ++k) dst[i + k] = out[k];
-    }
-  }
-}
-
 // Number of floats processed per row: n rounded up to whole vectors (within the padding).
 HWY_INLINE int64_t Cols(DF df, int64_t n) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
@@ -309,7 +278,6 @@ namespace tessera::attention::cpu_simd {
 
 HWY_EXPORT(PackB);
 HWY_EXPORT(GemmPacked);
-HWY_EXPORT(HalfToF32);
 HWY_EXPORT(Softcap);
 HWY_EXPORT(Alibi);
 HWY_EXPORT(OnlineSoftmax);
@@ -324,9 +292,6 @@ void pack_b(const float* M, int64_t ld, bool trans, int64_t K, int64_t N, float*
 void gemm_packed(const float* A, int64_t lda, bool trans_a, const float* Bp, int64_t panel_rows, int64_t k0,
                  int64_t M, int64_t N, int64_t K, float* C, int64_t ldc, float alpha, bool accumulate) {
   HWY_DYNAMIC_DISPATCH(GemmPacked)(A, lda, trans_a, Bp, panel_rows, k0, M, N, K, C, ldc, alpha, accumulate);
-}
-void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(HalfToF32)(src, is_bf16, dst, n);
 }
 void softcap(float* S, int64_t rows, int64_t n, int64_t ld, float c) { HWY_DYNAMIC_DISPATCH(Softcap)(S, rows, n, ld, c); }
 void alibi(float* S, int64_t rows, int64_t n, int64_t ld, float slope, float center0) {

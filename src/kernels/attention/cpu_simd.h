@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu_convert.h"
+
 namespace tessera::attention::cpu_simd {
 
 inline constexpr int64_t kPad = 16;  // tile row strides are multiples of this (>= any vector)
@@ -32,7 +34,9 @@ void gemm_packed(const float* A, int64_t lda, bool trans_a, const float* Bp, int
                  int64_t M, int64_t N, int64_t K, float* C, int64_t ldc, float alpha, bool accumulate);
 
 // dst[i] = f32(src[i]) for bf16 (is_bf16) or f16 source elements.
-void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n);
+inline void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
+  cpu_convert::half_to_f32(src, is_bf16, dst, n);  // one implementation for every kernel
+}
 
 // s = c · tanh(s / c) over rows × n.
 void softcap(float* S, int64_t rows, int64_t n, int64_t ld, float c);

@@ -22,6 +22,7 @@
 
 #include "core/memory.h"
 #include "kernels/cpu_blas.h"
+#include "kernels/cpu_convert.h"
 #include "kernels/cpu_threads.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "tessera/error.h"
@@ -40,12 +41,8 @@ void to_f32(const void* src, DType t, int64_t off, int64_t ld, int64_t rows, int
     const int64_t o = off + r * ld;
     if (t == DType::kF32) {
       std::memcpy(d, static_cast<const float*>(src) + o, static_cast<size_t>(cols) * sizeof(float));
-    } else if (t == DType::kBF16) {
-      const uint16_t* s = static_cast<const uint16_t*>(src) + o;
-      for (int64_t c = 0; c < cols; ++c) d[c] = bf16_to_f32(s[c]);
     } else {
-      const uint16_t* s = static_cast<const uint16_t*>(src) + o;
-      for (int64_t c = 0; c < cols; ++c) d[c] = f16_to_f32(s[c]);
+      cpu_convert::half_to_f32(static_cast<const uint16_t*>(src) + o, t == DType::kBF16, d, cols);
     }
   }
 }
@@ -58,11 +55,9 @@ void from_f32(const float* src, int64_t rows, int64_t cols, void* dst, DType t, 
     if (t == DType::kF32) {
       std::memcpy(static_cast<float*>(dst) + o, s, static_cast<size_t>(cols) * sizeof(float));
     } else if (t == DType::kBF16) {
-      uint16_t* d = static_cast<uint16_t*>(dst) + o;
-      for (int64_t c = 0; c < cols; ++c) d[c] = f32_to_bf16(s[c]);
+      cpu_convert::f32_to_bf16(s, static_cast<uint16_t*>(dst) + o, cols);
     } else {
-      uint16_t* d = static_cast<uint16_t*>(dst) + o;
-      for (int64_t c = 0; c < cols; ++c) d[c] = f32_to_f16(s[c]);
+      cpu_convert::f32_to_f16(s, static_cast<uint16_t*>(dst) + o, cols);
     }
   }
 }

@@ -17,38 +17,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 
-void HalfToF32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
-  const DF df;
-  const hn::RebindToUnsigned<DF> du32;
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  int64_t i = 0;
-  if (is_bf16) {
-    for (; i + N <= n; i += N) {
-      const auto u = hn::PromoteTo(du32, hn::LoadU(du16, src + i));
-      hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(u)), df, dst + i);
-    }
-  } else {
-    for (; i + N <= n; i += N) {
-      const auto* h = reinterpret_cast<const hwy::float16_t*>(src + i);
-      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, h)), df, dst + i);
-    }
-  }
-  if (i < n) {  // tail through padded buffers
-    HWY_ALIGN uint16_t in[hn::MaxLanes(df)] = {};
-    HWY_ALIGN float out[hn::MaxLanes(df)];
-    for (int64_t k = 0; k < n - i; ++k) in[k] = src[i + k];
-    if (is_bf16) {
-      const auto u = hn::PromoteTo(du32, hn::LoadU(du16, in));
-      hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(u)), df, out);
-    } else {
-      hn::Store(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(in))), df, out);
-    }
-    for (int64_t k = 0; k < n - i; ++k) dst[i + k] = out[k];
-  }
-}
-
 template <class F>
 HWY_INLINE void for_each_vec(float* z, int64_t n, const float* aux, F&& f) {
   const DF df;
@@ -159,15 +127,11 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tessera::linear_cross_entropy::cpu_simd {
 
-HWY_EXPORT(HalfToF32);
 HWY_EXPORT(BiasSoftcap);
 HWY_EXPORT(MaxValue);
 HWY_EXPORT(SumExp);
 HWY_EXPORT(SoftmaxGrad);
 
-void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(HalfToF32)(src, is_bf16, dst, n);
-}
 void bias_softcap(float* z, int64_t n, const float* bias, float cap) {
   HWY_DYNAMIC_DISPATCH(BiasSoftcap)(z, n, bias, cap);
 }

@@ -7,10 +7,14 @@
 
 #include <cstdint>
 
+#include "kernels/cpu_convert.h"
+
 namespace tessera::linear_cross_entropy::cpu_simd {
 
 // dst[i] = f32(src[i]) for bf16 (is_bf16) or f16 source elements.
-void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n);
+inline void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
+  cpu_convert::half_to_f32(src, is_bf16, dst, n);  // one implementation for every kernel
+}
 
 // In place: z[i] += bias[i] (bias may be null); then, if cap > 0, z[i] = cap * tanh(z[i] / cap).
 void bias_softcap(float* z, int64_t n, const float* bias, float cap);

@@ -1,0 +1,108 @@
+// Tessera CPU backends: dtype conversion (Highway, run-time dispatch). See cpu_convert.h.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu_convert.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "hwy/highway.h"
+#include "kernels/cpu_convert.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::cpu_convert {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+// One vector of src (N elements) widened to f32.
+template <class D>
+HWY_INLINE hn::Vec<D> Widen(D df, const uint16_t* src, bool is_bf16) {
+  if (is_bf16) {
+    const hn::RebindToUnsigned<D> du32;
+    const hn::Rebind<uint16_t, D> du16;
+    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src))));
+  }
+  const hn::Rebind<hwy::float16_t, D> dh;
+  return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src)));
+}
+
+void HalfToF32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(Widen(df, src + i, is_bf16), df, dst + i);
+  if (i < n) {  // the tail through padded buffers
+    HWY_ALIGN uint16_t in[hn::MaxLanes(df)] = {};
+    HWY_ALIGN float out[hn::MaxLanes(df)];
+    for (int64_t k = 0; k < n - i; ++k) in[k] = src[i + k];
+    hn::Store(Widen(df, in, is_bf16), df, out);
+    for (int64_t k = 0; k < n - i; ++k) dst[i + k] = out[k];
+  }
+}
+
+void F32ToF16(const float* src, uint16_t* dst, int64_t n) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto* out = reinterpret_cast<hwy::float16_t*>(dst);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, src + i)), dh, out + i);
+  if (i < n) {
+    HWY_ALIGN float in[hn::MaxLanes(df)] = {};
+    HWY_ALIGN hwy::float16_t tail[hn::MaxLanes(df)];
+    for (int64_t k = 0; k < n - i; ++k) in[k] = src[i + k];
+    hn::Store(hn::DemoteTo(dh, hn::Load(df, in)), dh, tail);
+    for (int64_t k = 0; k < n - i; ++k) out[i + k] = tail[k];
+  }
+}
+
+// The rounding of dtype.h's f32_to_bf16 on whole vectors: u + 0x7fff + ((u >> 16) & 1), high
+// half; a NaN keeps its high half with the quiet bit set.
+void F32ToBf16(const float* src, uint16_t* dst, int64_t n) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> d16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto one = hn::Set(du, 1u), bias = hn::Set(du, 0x7fffu), abs_mask = hn::Set(du, 0x7fffffffu);
+  const auto inf = hn::Set(du, 0x7f800000u), quiet = hn::Set(du, 0x00400000u);
+  auto convert = [&](const float* in, uint16_t* out, bool aligned_tail) {
+    const auto u = hn::BitCast(du, hn::LoadU(df, in));
+    const auto rounded = hn::Add(u, hn::Add(bias, hn::And(hn::ShiftRight<16>(u), one)));
+    const auto is_nan = hn::Gt(hn::And(u, abs_mask), inf);
+    const auto r = hn::ShiftRight<16>(hn::IfThenElse(is_nan, hn::Or(u, quiet), rounded));
+    if (aligned_tail)
+      hn::Store(hn::TruncateTo(d16, r), d16, out);
+    else
+      hn::StoreU(hn::TruncateTo(d16, r), d16, out);
+  };
+  int64_t i = 0;
+  for (; i + N <= n; i += N) convert(src + i, dst + i, false);
+  if (i < n) {
+    HWY_ALIGN float in[hn::MaxLanes(df)] = {};
+    HWY_ALIGN uint16_t out[hn::MaxLanes(df)];
+    for (int64_t k = 0; k < n - i; ++k) in[k] = src[i + k];
+    convert(in, out, true);
+    for (int64_t k = 0; k < n - i; ++k) dst[i + k] = out[k];
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tessera::cpu_convert
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera::cpu_convert {
+
+HWY_EXPORT(HalfToF32);
+HWY_EXPORT(F32ToF16);
+HWY_EXPORT(F32ToBf16);
+
+void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(HalfToF32)(src, is_bf16, dst, n);
+}
+
+void f32_to_f16(const float* src, uint16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToF16)(src, dst, n); }
+void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToBf16)(src, dst, n); }
+
+}  // namespace tessera::cpu_convert
+#endif  // HWY_ONCE

@@ -1,0 +1,96 @@
+// cpu_convert: the one SIMD widening of bf16/f16 to f32 that every CPU backend uses, against the
+// scalar conversions of tessera/dtype.h: every f16 encoding, bf16 encodings, every tail length.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu_convert.h"
+#include "tessera/dtype.h"
+
+namespace tessera {
+namespace {
+
+bool same_bits_or_both_nan(float a, float b) {
+  if (a != a && b != b) return true;
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+TEST(CpuConvert, EveryF16AndBf16EncodingWidensExactly) {
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> out(65536);
+  for (bool bf16 : {false, true}) {
+    cpu_convert::half_to_f32(all.data(), bf16, out.data(), 65536);
+    for (uint32_t i = 0; i < 65536; ++i) {
+      const float want = bf16 ? bf16_to_f32(all[i]) : f16_to_f32(all[i]);
+      ASSERT_TRUE(same_bits_or_both_nan(out[i], want)) << (bf16 ? "bf16 " : "f16 ") << std::hex << i;
+    }
+  }
+}
+
+TEST(CpuConvert, TailsWriteExactlyNElements) {
+  std::vector<uint16_t> src(70);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = f32_to_bf16(0.5f * static_cast<float>(i) - 3.0f);
+  for (int64_t n = 0; n <= 69; ++n) {
+    std::vector<float> dst(71, -7.0f);
+    cpu_convert::half_to_f32(src.data() + 1, true, dst.data() + 1, n);  // unaligned on purpose
+    EXPECT_EQ(dst[0], -7.0f);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(dst[1 + i], bf16_to_f32(src[1 + i])) << n << " " << i;
+    EXPECT_EQ(dst[1 + n], -7.0f) << "wrote past n=" << n;
+  }
+}
+
+// Rounding to f16 as dtype.h does it: every f16 value, every midpoint between neighbours (ties
+// to even), values past the largest finite (overflow), subnormal midpoints, NaN and infinities.
+TEST(CpuConvert, F32ToF16RoundsLikeTheScalarConversion) {
+  std::vector<float> src;
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const float a = f16_to_f32(static_cast<uint16_t>(i)), b = f16_to_f32(static_cast<uint16_t>(i + 1));
+    src.push_back(a);
+    if (a == a && b == b) {
+      src.push_back(0.5f * (a + b));  // a tie (exact in f32)
+      src.push_back(std::nextafter(0.5f * (a + b), b));
+    }
+  }
+  for (float v : {65504.0f, 65519.0f, 65520.0f, 1e6f, -1e6f, 1e-9f, -1e-9f, 3e-8f, 0.0f, -0.0f}) src.push_back(v);
+  std::vector<uint16_t> got(src.size());
+  for (size_t n : {src.size(), size_t{13}, size_t{1}}) {
+    cpu_convert::f32_to_f16(src.data(), got.data(), static_cast<int64_t>(n));
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t want = f32_to_f16(src[i]);
+      if (src[i] != src[i]) {
+        EXPECT_TRUE(f16_to_f32(got[i]) != f16_to_f32(got[i])) << i;
+        continue;
+      }
+      ASSERT_EQ(got[i], want) << "value " << src[i] << " (index " << i << ")";
+    }
+  }
+}
+
+// Rounding to bf16: bit for bit the scalar conversion over a sweep of f32 bit patterns (every
+// 2^12th encoding with its neighbours, so ties, carries into the exponent, overflow to inf,
+// subnormals and NaN payloads all occur), at every tail length.
+TEST(CpuConvert, F32ToBf16IsBitForBitTheScalarConversion) {
+  std::vector<float> src;
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4096)
+    for (uint32_t d : {0u, 1u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
+      const uint32_t bits = static_cast<uint32_t>(u) + d;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      src.push_back(f);
+    }
+  std::vector<uint16_t> got(src.size());
+  cpu_convert::f32_to_bf16(src.data(), got.data(), static_cast<int64_t>(src.size()));
+  for (size_t i = 0; i < src.size(); ++i) ASSERT_EQ(got[i], f32_to_bf16(src[i])) << "index " << i;
+  for (int64_t n = 1; n <= 33; ++n) {
+    std::vector<uint16_t> t(static_cast<size_t>(n) + 1, 0xabcd);
+    cpu_convert::f32_to_bf16(src.data() + 7, t.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(t[i], f32_to_bf16(src[7 + i]));
+    EXPECT_EQ(t[n], 0xabcd) << "wrote past n=" << n;
+  }
+}
+
+}  // namespace
+}  // namespace tessera

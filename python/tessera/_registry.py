@@ -7,7 +7,8 @@ JAX front ends build their per-kernel functions from a ``Kernel`` and never name
 
 Conventions of a CallSpec that the front ends rely on:
   * backward takes the forward's inputs, ``grad_<out>`` for each output in ``forward_outputs``
-    and, optionally, each output in ``saved_outputs`` (e.g. ``lse``);
+    and, optionally, each output in ``saved_outputs`` (e.g. ``lse``; an output may be both a
+    forward output and saved, like attention's ``o``);
   * backward writes ``d<input>`` for each differentiable input that was given.
 """
 from __future__ import annotations
@@ -97,6 +98,16 @@ class Kernel:
     implementations: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
+    def saved_only(self) -> Tuple[str, ...]:
+        """Saved outputs that are not also returned (lse); a forward output may be both (attention's o)."""
+        return tuple(n for n in self.saved_outputs if n not in self.forward_outputs)
+
+    @property
+    def forward_order(self) -> Tuple[str, ...]:
+        """The leading outputs of a forward pass, in order: forward_outputs, then saved_only."""
+        return self.forward_outputs + self.saved_only
+
+    @property
     def option_names(self) -> Tuple[str, ...]:
         return tuple(o.name for o in self.options)
 
@@ -166,4 +177,4 @@ def outputs(kernel: Kernel, pass_: str, metas: Dict[str, Any], options: Dict[str
 
 def public_outputs(kernel: Kernel, names: Sequence[str]) -> List[str]:
     """The forward outputs a user gets back: all but the saved ones (lse stays internal)."""
-    return [n for n in names if n not in kernel.saved_outputs]
+    return [n for n in names if n not in kernel.saved_only]

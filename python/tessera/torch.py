@@ -119,9 +119,10 @@ def _register_autograd(k: Kernel):
         tensor_names = [t.name for t in k.inputs if named[t.name] is not None]
         ctx.tensor_names = tensor_names
         ctx.rest = {n: v for n, v in named.items() if n not in tensor_names}
-        # Forward outputs are ordered: forward_outputs, then saved_outputs, then the others.
+        # Forward outputs are ordered: forward_outputs, then the saved-only ones, then the others.
         nf = len(k.forward_outputs)
-        saved = list(output[nf:nf + len(k.saved_outputs)])
+        order = k.forward_order
+        saved = [output[order.index(n)] for n in k.saved_outputs]
         ctx.save_for_backward(*[named[n] for n in tensor_names], *saved)
         ctx.grad_shapes = [o.shape for o in output[:nf]]
 
@@ -158,7 +159,7 @@ def _make(k: Kernel):
     params = req + ["*"] + [f"{n}=None" for n in opt] + [f"{o.name}={o.default!r}" for o in k.options] + ["implementation=None"]
     call_args = req + opt + [f"float({o.name} or 0.0)" if o.kind == "float" else o.name for o in k.options]
     call_args.append('implementation or ""')
-    nf, ns = len(k.forward_outputs), len(k.saved_outputs)
+    nf, ns = len(k.forward_outputs), len(k.saved_only)
     src = (f"def {k.name}({', '.join(params)}):\n"
            f"    outs = _op({', '.join(call_args)})\n"
            f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"

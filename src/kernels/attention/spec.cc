@@ -143,6 +143,116 @@ kernels::RunSpec run_spec() {
   return s;
 }
 
+// ---- call (Python bindings) ----
+// Option names are the C++ Options fields; scale 0 means the default 1/sqrt(D).
+Options call_options(const kernels::CallArgs& a) {
+  Options opt;
+  static_cast<ExecOptions&>(opt) = a.exec;
+  const harness::OptionValues& o = a.options;
+  if (o.real("scale") != 0.0) opt.scale = o.real("scale");
+  opt.softcap = o.real("softcap");
+  opt.causal = o.flag("causal");
+  opt.window_left = o.integer("window_left");
+  opt.window_right = o.integer("window_right");
+  return opt;
+}
+
+const TensorView& need(const kernels::CallArgs& a, const char* name) {
+  const TensorView* t = a.tensor(name);
+  if (!t) throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": " + name + " is required");
+  return *t;
+}
+
+Inputs call_inputs(const kernels::CallArgs& a) {
+  Inputs in;
+  in.q = need(a, "q"), in.k = need(a, "k"), in.v = need(a, "v");
+  auto opt_in = [&](const char* name, std::optional<TensorView>& dst) {
+    if (const TensorView* t = a.tensor(name)) dst = *t;
+  };
+  opt_in("alibi_slopes", in.alibi_slopes);
+  opt_in("segment_ids_q", in.segment_ids_q);
+  opt_in("segment_ids_k", in.segment_ids_k);
+  opt_in("cu_seqlens_q", in.cu_seqlens_q);
+  opt_in("cu_seqlens_k", in.cu_seqlens_k);
+  return in;
+}
+
+// Shapes only (data may be absent under jit and fake tensors); the call validates the rest.
+std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
+  const Inputs in = call_inputs(a);
+  check(in.q.ndim() >= 3 && in.k.ndim() == in.q.ndim() && in.v.ndim() == in.q.ndim(), ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": q, k, v must be [B, S, H, D] (or [T, H, D] with cu_seqlens), got " +
+            shape_str(in.q.shape) + ", " + shape_str(in.k.shape) + ", " + shape_str(in.v.shape));
+  std::vector<kernels::OutputDesc> out;
+  auto add = [&](const char* name, DType dt, const Shape& shape) { out.push_back({name, dt, shape, contiguous_strides(shape)}); };
+  if (a.pass != Pass::kBackward) {
+    Shape os = in.q.shape;
+    os.back() = in.v.shape.back();
+    const int64_t Hq = in.q.shape[in.q.ndim() - 2];
+    add("o", in.q.dtype, os);
+    add("lse", DType::kF32, in.q.ndim() == 3 ? Shape{Hq, in.q.shape[0]} : Shape{in.q.shape[0], Hq, in.q.shape[1]});
+  }
+  if (a.pass != Pass::kForward) {
+    add("dq", in.q.dtype, in.q.shape);
+    add("dk", in.k.dtype, in.k.shape);
+    add("dv", in.v.dtype, in.v.shape);
+  }
+  return out;
+}
+
+// Backward takes the forward's o and lse when the caller kept them (the Python wrappers do);
+// without them it runs the forward again first.
+void call_backward(const Inputs& in, const kernels::CallArgs& a, const Gradients& g, const Options& opt) {
+  const TensorView& grad_o = need(a, "grad_o");
+  const TensorView *o = a.tensor("o"), *lse = a.tensor("lse");
+  if (o && lse) {
+    backward(in, {*o, *lse, grad_o}, g, opt);
+    return;
+  }
+  const Result r = compute(in, opt);
+  backward(in, {r.o.view(), r.lse.view(), grad_o}, g, opt);
+}
+
+std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
+  const Options opt = call_options(a);
+  const Inputs in = call_inputs(a);
+  const size_t want = call_outputs(a).size();
+  check(out.size() == want, ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": " + pass_name(a.pass) + " writes " + std::to_string(want) + " outputs, got " +
+            std::to_string(out.size()));
+  switch (a.pass) {
+    case Pass::kForward: forward(in, {out[0], out[1]}, opt); break;
+    case Pass::kBackward: call_backward(in, a, {out[0], out[1], out[2]}, opt); break;
+    case Pass::kFused: forward_backward(in, need(a, "grad_o"), {out[0], out[1]}, {out[2], out[3], out[4]}, opt); break;
+  }
+  return last_implementation();
+}
+
+kernels::CallSpec call_spec() {
+  kernels::CallSpec s;
+  s.inputs = {{"q", "queries [B, Sq, Hq, D] (or [T, Hq, D] with cu_seqlens); f32, bf16 or f16", true, true},
+              {"k", "keys [B, Sk, Hkv, D] (or [T, Hkv, D]); Hq a multiple of Hkv", true, true},
+              {"v", "values [B, Sk, Hkv, Dv] (or [T, Hkv, Dv])", true, true},
+              {"alibi_slopes", "ALiBi slopes [Hq] or [B, Hq] (f32); no gradient", false, false},
+              {"segment_ids_q", "segment ids of the queries [B, Sq] (i32); with segment_ids_k", false, false},
+              {"segment_ids_k", "segment ids of the keys [B, Sk] (i32)", false, false},
+              {"cu_seqlens_q", "varlen: cumulative query lengths [N + 1] (i32, host)", false, false},
+              {"cu_seqlens_k", "varlen: cumulative key lengths [N + 1] (i32, host)", false, false}};
+  s.grad_inputs = {{"grad_o", "upstream gradient of o (o's shape; f32 or q's dtype)", true, false},
+                   {"o", "the forward's o; spares recomputing the forward", false, false},
+                   {"lse", "the forward's lse (f32)", false, false}};
+  s.options = {{"scale", K::kFloat, "softmax scale; 0: 1/sqrt(D)", "0", {}},
+               {"softcap", K::kFloat, "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables", "0", {}},
+               {"causal", K::kFlag, "causal mask, bottom-right aligned when Sq != Sk", "false", {}},
+               {"window_left", K::kInt, "sliding window: keys left of i + Sk - Sq; -1 unbounded", "-1", {}},
+               {"window_right", K::kInt, "sliding window: keys right of i + Sk - Sq; -1 unbounded", "-1", {}}};
+  s.forward_outputs = {"o"};
+  s.saved_outputs = {"o", "lse"};  // o is returned and kept for backward
+  s.outputs = call_outputs;
+  s.call = call;
+  return s;
+}
+
 // ---- bench: B, S, H, D with Hkv = H / (--gqa) and Sq = Sk = S ----
 struct Settings {
   int64_t B = 0, S = 0, H = 0, D = 0, Hkv = 0;
@@ -283,6 +393,7 @@ kernels::KernelSpec make_spec() {
   k.bench.make_problem = make_bench_problem;
   k.tune = kernels::make_tune_spec<Tuning>();
   k.run = run_spec();
+  k.call = call_spec();
   return k;
 }
 

@@ -1,0 +1,121 @@
+"""tessera.attention from NumPy, PyTorch and JAX: values and gradients against the attention
+written out with softmax (float64 NumPy, PyTorch's own autodiff, JAX's own autodiff), GQA,
+causal with Sq != Sk, the saved o and lse, and errors."""
+import numpy as np
+import pytest
+
+import tessera
+
+
+def qkv(B=2, Sq=7, Sk=9, Hq=4, Hkv=2, D=8, Dv=6, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((B, Sq, Hq, D)).astype(np.float32),
+            rng.standard_normal((B, Sk, Hkv, D)).astype(np.float32),
+            rng.standard_normal((B, Sk, Hkv, Dv)).astype(np.float32))
+
+
+def expected(q, k, v, causal=False, softcap=0.0, scale=None):
+    """o and lse in float64: scores, bottom-right causal mask, softmax, weighted values."""
+    q, k, v = (t.astype(np.float64) for t in (q, k, v))
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    kk, vv = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", q, kk) * (scale or 1 / np.sqrt(D))
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    if causal:
+        i, j = np.arange(Sq)[:, None], np.arange(Sk)[None, :]
+        s = np.where(j <= i + (Sk - Sq), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    lse = (m + np.log(p.sum(-1, keepdims=True)))[..., 0]
+    o = np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), vv)
+    return o, lse
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_numpy_forward(impl, causal):
+    q, k, v = qkv()
+    o = tessera.attention(q, k, v, causal=causal, softcap=3.0, implementation=impl)
+    want, lse = expected(q, k, v, causal=causal, softcap=3.0)
+    assert o.shape == (2, 7, 4, 6) and o.dtype == np.float32
+    np.testing.assert_allclose(o, want, rtol=2e-5, atol=2e-5)
+    out = tessera.call("attention", "forward", {"q": q, "k": k, "v": v}, causal=causal, softcap=3.0)
+    np.testing.assert_allclose(out["lse"], lse, rtol=2e-5, atol=2e-5)
+
+
+def test_numpy_backward_with_and_without_the_saved_forward():
+    q, k, v = qkv(seed=1)
+    g = np.random.default_rng(2).standard_normal((2, 7, 4, 6)).astype(np.float32)
+    fwd = tessera.call("attention", "forward", {"q": q, "k": k, "v": v}, causal=True)
+    a = tessera.call("attention", "backward", {"q": q, "k": k, "v": v, "grad_o": g, "o": fwd["o"], "lse": fwd["lse"]},
+                     causal=True)
+    b = tessera.call("attention", "backward", {"q": q, "k": k, "v": v, "grad_o": g}, causal=True)
+    for n in ("dq", "dk", "dv"):
+        np.testing.assert_array_equal(a[n], b[n])
+    # Central differences of L = Σ o·g in float64 along one direction per input.
+    rng = np.random.default_rng(3)
+    for name, x in (("dq", q), ("dk", k), ("dv", v)):
+        d = rng.standard_normal(x.shape)
+        h = 1e-3
+
+        def loss(t):
+            args = {"q": q, "k": k, "v": v}
+            args[name[1:]] = t
+            return (expected(args["q"], args["k"], args["v"], causal=True)[0] * g).sum()
+
+        fd = (loss(x + h * d) - loss(x - h * d)) / (2 * h)
+        np.testing.assert_allclose((a[name] * d).sum(), fd, rtol=1e-4, atol=1e-4)
+
+
+def test_numpy_errors():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="not a multiple of Hkv"):
+        tessera.attention(np.ascontiguousarray(q[:, :, :3]), k, v)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        tessera.attention(q[:, :, :2], k, v)
+    with pytest.raises(TypeError):
+        tessera.attention(q.astype(np.float64), k, v)
+
+
+def test_torch_autograd_matches_sdpa():
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    q, k, v = (torch.from_numpy(t).requires_grad_() for t in qkv(Hq=4, Hkv=4, Dv=8, seed=4))
+    o = tessera.attention(q, k, v, causal=True)
+    g = torch.linspace(-1, 1, o.numel()).reshape(o.shape)
+    gq, gk, gv = torch.autograd.grad((o * g).sum(), (q, k, v))
+    # SDPA is [B, H, S, D] and aligns causal top-left; Sq = 7 < Sk = 9 needs the bottom-right mask.
+    i, j = torch.arange(7)[:, None], torch.arange(9)[None, :]
+    mask = j <= i + 2
+    ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+    ref = ref.transpose(1, 2)
+    rq, rk, rv = torch.autograd.grad((ref * g).sum(), (q, k, v))
+    torch.testing.assert_close(o, ref, rtol=2e-5, atol=2e-5)
+    for a, b in ((gq, rq), (gk, rk), (gv, rv)):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+
+
+def test_jax_jit_and_grad():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+
+    q, k, v = qkv(seed=5)
+    g = np.random.default_rng(6).standard_normal((2, 7, 4, 6)).astype(np.float32)
+
+    def ref(q, k, v):
+        kk, vv = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
+        s = jnp.einsum("bihd,bjhd->bhij", q, kk) / jnp.sqrt(8.0)
+        s = jnp.where(jnp.arange(9)[None, :] <= jnp.arange(7)[:, None] + 2, s, -jnp.inf)
+        return jnp.einsum("bhij,bjhd->bihd", jax.nn.softmax(s, axis=-1), vv)
+
+    ours = jax.jit(jax.grad(lambda q, k, v: jnp.sum(tj.attention(q, k, v, causal=True) * g), argnums=(0, 1, 2)))
+    theirs = jax.grad(lambda q, k, v: jnp.sum(ref(q, k, v) * g), argnums=(0, 1, 2))
+    np.testing.assert_allclose(np.asarray(tj.attention(q, k, v, causal=True)), np.asarray(ref(q, k, v)),
+                               rtol=2e-5, atol=2e-5)
+    for a, b in zip(ours(q, k, v), theirs(q, k, v)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)

@@ -7,6 +7,7 @@
 # (or the directory given as $1):
 #   env.txt  build.log  tests.{log,json}  tests_cuda.{log,json}  sanitizer_<tool>.log  torch.json
 #   roofline.{json,log}  tessera_bench.{json,csv,log}  report.html  summary.md
+#   gmm_bench_{balanced,skewed}.{json,log}  torch_gmm.{json,log}  torch_gmm_peers.json
 #
 # Needs: an NVIDIA GPU + driver, nvcc, CMake >= 3.25, ninja, python3 with PyTorch (for the
 # baseline; skipped with a note when missing). No network: nlohmann-json, CLI11, fmt and GTest come
@@ -56,7 +57,7 @@ grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$out/tests_cuda.log" | tai
 
 # compute-sanitizer over the GPU tests at small shapes (the float64-oracle test at a large shape
 # would take hours under the tools).
-san_filter='LceCuda*:CudaModule*:DeviceHooksCuda*:-*LargeShape*'
+san_filter='LceCuda*:GroupedMatmulCuda*:CudaModule*:DeviceHooksCuda*:-*LargeShape*'
 if command -v compute-sanitizer >/dev/null 2>&1; then
   for tool in memcheck racecheck initcheck; do
     if ! compute-sanitizer --tool "$tool" --error-exitcode 3 build/gpu/tests/tessera_cuda_tests \
@@ -96,6 +97,18 @@ if ! "$tessera" bench linear_cross_entropy --impl cuda "${shapes[@]}" --dtype bf
   note "tessera bench FAILED (see tessera_bench.log)"; status=1
 fi
 tail -20 "$out/tessera_bench.log"
+# grouped_matmul's cuda implementation at the H100 shape (Qwen-style MoE, bf16), balanced
+# and skewed, beside torch._grouped_mm and a torch.mm loop timed in the same call.
+for routing in balanced skewed; do
+  "$tessera" bench grouped_matmul --impl cuda --grid gpu --routing "$routing" --pass forward,fused \
+    --repeats "${BENCH_ITERS:-10}" "${roof_arg[@]}" --json "$out/gmm_bench_$routing.json" \
+    > "$out/gmm_bench_$routing.log" 2>&1 || { note "grouped_matmul bench ($routing) FAILED (see gmm_bench_$routing.log)"; status=1; }
+  tail -6 "$out/gmm_bench_$routing.log"
+done
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  python3 bench/torch_gmm_baseline.py --out "$out/torch_gmm.json" --peers-out "$out/torch_gmm_peers.json" \
+    > "$out/torch_gmm.log" 2>&1 || note "torch grouped-mm baseline failed (see torch_gmm.log)"
+fi
 if [ -f "$out/tessera_bench.json" ]; then
   peers=()
   [ -f "$out/torch_peers.json" ] && peers=(--peers "$out/torch_peers.json")
@@ -157,6 +170,29 @@ if tb:
                      f"{f(r, 'gflops', '.0f', 1e-3)} | {f(r, 'roofline_fraction', '.1f', 100.0)} | {f(r, 'vs_gemm', '.3f')} | "
                      f"{f(r, 'extra_device_bytes', '.0f', 1 / 2**20)} | {f(r, 'loss', '.4f')} |")
     lines += [f"- {m}" for m in tb.get("messages", [])]
+def f(r, k, fmt, scale=1.0):
+    v = r.get(k)
+    return format(v * scale, fmt) if isinstance(v, (int, float)) else "-"
+for routing in ("balanced", "skewed"):
+    gb = load(f"gmm_bench_{routing}.json")
+    if not gb:
+        continue
+    lines += ["", f"`tessera bench grouped_matmul --impl cuda --grid gpu --routing {routing}` (median ms, CUDA events):", "",
+              "| shape | mode | median ms | TFLOP/s | x GEMM |", "|---|---|---|---|---|"]
+    for r in gb.get("rows", []):
+        if r.get("kind") != "kernel":
+            continue
+        lines.append(f"| M={r.get('M')},K={r.get('K')},N={r.get('N')},G={r.get('G')} | {r['mode']} | {f(r, 'median_ms', '.2f')} | "
+                     f"{f(r, 'gflops', '.1f', 1e-3)} | {f(r, 'vs_gemm', '.3f')} |")
+tg = load("torch_gmm.json")
+if tg:
+    lines += ["", "PyTorch on the same GPU, `bench/torch_gmm_baseline.py` (forward, median ms):", "",
+              "| shape | routing | torch._grouped_mm | torch.mm loop |", "|---|---|---|---|"]
+    for r in tg.get("results", []):
+        g = r.get("torch_grouped_mm", {}).get("median_ms")
+        l = r.get("cublas_loop", {}).get("median_ms")
+        lines.append(f"| M={r['M']},K={r['K']},N={r['N']},G={r['G']} | {r['routing']} | "
+                     f"{'-' if g is None else format(g, '.2f')} | {'-' if l is None else format(l, '.2f')} |")
 notes = os.path.join(out, "summary.notes")
 if os.path.exists(notes):
     lines += ["", "Notes:", ""] + ["- " + l.strip() for l in open(notes)]

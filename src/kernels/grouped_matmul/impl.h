@@ -89,5 +89,7 @@ const Implementation* find_implementation(const std::string& name);  // nullptr 
 std::unique_ptr<Implementation> make_reference_implementation();  // reference.cc
 // Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on.
 std::unique_ptr<Implementation> make_cpu_implementation();
+// CUDA backend (cuda.cu, in the CUDA device module): registered by the module when it loads.
+std::unique_ptr<Implementation> make_cuda_implementation();
 
 }  // namespace tessera::grouped_matmul

@@ -11,6 +11,10 @@ Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry(kKernelName);  // never destroyed: device modules may hold pointers
     // Default order: fastest first. Only implementations of the inputs' device are tried.
+    // cuda.cu lives in the CUDA device module: declared here, registered by the module when a
+    // CUDA device is first used; listed as unavailable, with the reason, where it cannot load.
+    reg->add_module_implementation("cuda", DeviceType::kCUDA,
+                                   "NVIDIA GPUs: one cuBLAS GEMM per group, from the CUDA module libtessera_cuda.so");
 #ifdef TESSERA_HAVE_CPU_BACKEND
     reg->add(make_cpu_implementation());
 #endif

@@ -21,6 +21,8 @@ struct Outputs {
   Tensor out, dlhs, drhs;
 };
 
+Outputs to_device(const Outputs& o, Device dev) { return {o.out.to(dev), o.dlhs.to(dev), o.drhs.to(dev)}; }
+
 Outputs make_outputs(const CaseSpec& s, const CaseData& d) {
   const DType t = s.f32_outputs ? DType::kF32 : s.dtype;
   // NaN-filled: an output element an implementation forgets to write is caught.
@@ -99,7 +101,7 @@ harness::Tolerance tolerance(const CaseSpec& s) {
   return {2e-5 + 2.0 * u, 2e-5};
 }
 
-harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass) {
+harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass, Device dev) {
   harness::ParityReport r;
   r.case_name = s.name();
   r.implementation = impl;
@@ -108,7 +110,14 @@ harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, P
   Outputs want = make_outputs(s, d), got = make_outputs(s, d);
   run_one(s, d, "reference", pass, want);
   try {
-    run_one(s, d, impl, pass, got);
+    if (dev.type == DeviceType::kCPU) {
+      run_one(s, d, impl, pass, got);
+    } else {  // inputs and outputs on the device, group sizes on the host; results copied back
+      const CaseData dd{d.lhs.to(dev), d.rhs.to(dev), d.group_sizes, d.dout.to(dev)};
+      Outputs on = to_device(got, dev);
+      run_one(s, dd, impl, pass, on);
+      got = to_device(on, Device{});
+    }
     r.ran = true;
   } catch (const Error& e) {
     r.error = e.what();

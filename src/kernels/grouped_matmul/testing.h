@@ -44,7 +44,10 @@ harness::Tolerance tolerance(const CaseSpec& spec);
 // Runs `implementation` and the reference on the same case for `pass` (forward: out; backward:
 // dlhs, drhs; fused: all three) and compares every output. Never throws for an implementation's
 // failure: it is reported.
-harness::ParityReport check_parity(const CaseSpec& spec, const std::string& implementation, Pass pass);
+// `device`: where the implementation's inputs and outputs live (group sizes stay in host
+// memory); the reference always runs on host copies.
+harness::ParityReport check_parity(const CaseSpec& spec, const std::string& implementation, Pass pass,
+                                   Device device = Device{});
 
 // The built-in grid: even, ragged, empty groups, all empty, one group, rows past the sum,
 // transpose_rhs, many tiny groups, the group offset, every dtype, f32 outputs, tail tiles.

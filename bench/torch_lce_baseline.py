@@ -13,28 +13,12 @@ backward in one step, what Tessera's fused pass computes), the dims B/H/V, media
 """
 import argparse
 import json
-import statistics
 import sys
 
 import torch
+
+from torch_timing import timed  # bench/torch_timing.py, beside this script
 import torch.nn.functional as F
-
-
-def timed(fn, warmup, iters):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def once():
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
-    first = once()
-    for _ in range(warmup):
-        once()
-    runs = sorted(once() for _ in range(iters))
-    return {"first_ms": first, "median_ms": statistics.median(runs), "min_ms": runs[0], "max_ms": runs[-1]}
 
 
 def peer_results(doc):

@@ -51,6 +51,19 @@ const TensorView* CallArgs::tensor(const std::string& name) const {
   return nullptr;
 }
 
+const TensorView& required(const CallArgs& a, const std::string& kernel, const char* name) {
+  const TensorView* t = a.tensor(name);
+  if (!t) throw Error(ErrorCode::kInvalidArgument, kernel + ": " + name + " is required");
+  return *t;
+}
+
+Tensor as_f32(const Tensor& t) {
+  if (t.dtype() == DType::kF32) return t;
+  Tensor o = Tensor::empty(DType::kF32, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) o.data_as<float>()[i] = load_as_f32(t.data(), t.dtype(), i);
+  return o;
+}
+
 std::vector<std::string> pick_implementations(const KernelSpec& k, const std::string& list,
                                               bool include_reference) {
   const dispatch::RegistryView& reg = k.implementations();

@@ -121,6 +121,11 @@ struct OutputDesc {
   Shape strides;  // elements: row-major, or another layout to allocate (a gradient in w's layout)
 };
 
+// The tensor `name` of a call; Error(kInvalidArgument) "<kernel>: <name> is required" when absent.
+const TensorView& required(const CallArgs& a, const std::string& kernel, const char* name);
+// A host f32 copy of a host tensor (the tensor itself when it is f32 already): `run` writes f32 files.
+Tensor as_f32(const Tensor& t);
+
 struct CallSpec {
   std::vector<CallInput> inputs;        // the forward's inputs, in signature order
   // What backward (and fused) take besides the inputs: upstream gradients of the forward's

@@ -73,12 +73,7 @@ Options run_options(const kernels::RunRequest& r) {
   return opt;
 }
 
-Tensor as_f32(const Tensor& t) {
-  if (t.dtype() == DType::kF32) return t;
-  Tensor o = Tensor::empty(DType::kF32, t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) o.data_as<float>()[i] = load_as_f32(t.data(), t.dtype(), i);
-  return o;
-}
+using kernels::as_f32;
 
 Inputs run_inputs(const kernels::RunRequest& r) {
   Inputs in;
@@ -157,11 +152,7 @@ Options call_options(const kernels::CallArgs& a) {
   return opt;
 }
 
-const TensorView& need(const kernels::CallArgs& a, const char* name) {
-  const TensorView* t = a.tensor(name);
-  if (!t) throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": " + name + " is required");
-  return *t;
-}
+const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
 
 Inputs call_inputs(const kernels::CallArgs& a) {
   Inputs in;

@@ -63,6 +63,13 @@ struct Options : ExecOptions {
   // (the view API fills ForwardOutputs::z_loss / ::accuracy when they are given).
   bool return_z_loss = false;
   bool return_token_accuracy = false;
+  // Skip ignored tokens before any GEMM (host inputs, when at least 1/16 of the tokens are
+  // ignored): time scales with the tokens that count, for a copy of the kept rows of x (and a
+  // compact dx in backward). Loss, dx, dw and dbias are unchanged (dx of ignored rows is 0 either
+  // way); lse of ignored rows is unspecified (0 when skipped). Not applied when an argmax output
+  // is asked for (a prediction for every token). false: every row is computed and the lse of
+  // ignored rows is their real logsumexp.
+  bool skip_ignored = true;
 
   // Unset: tuned table -> autotune-on-miss (if enabled) -> backend defaults.
   std::optional<BlockSizes> block_sizes;
@@ -84,8 +91,8 @@ struct Inputs {
 
 // Outputs of the forward pass (caller-allocated, on the inputs' device, contiguous):
 //   loss: f32, shape = labels' shape for kNone, 0-d (shape {}) for kSum / kMean
-//   lse:  f32, shape = labels' shape (0 for ignored rows is NOT written: lse is always the real
-//         logsumexp of the row, also for ignored rows)
+//   lse:  f32, shape = labels' shape: the row's logsumexp; for ignored rows unspecified with
+//         Options::skip_ignored (the default: 0 when they were skipped), real without it
 //   argmax: i64, shape = labels' shape (first maximal index), only when return_argmax.
 //   z_loss: f32, loss's shape: the z-loss part of loss alone, weight_t · z_loss_weight · lse_t²,
 //           reduced like loss (Liger's return_z_loss). Host memory only for now.

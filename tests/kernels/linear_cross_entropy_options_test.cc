@@ -168,8 +168,7 @@ TEST(LceMetrics, TokenAccuracyIsTheShareOfKeptTokensWhoseArgmaxIsTheLabel) {
     o.return_argmax = true;
     const Result am = compute(p.in(false, false), o);
     // Make 4 kept tokens correct by relabelling them to their argmax.
-    Tensor labels = i64_tensor({13}, {});
-    std::memcpy(labels.data(), p.labels.data(), 13 * sizeof(int64_t));
+    Tensor labels = i64_tensor({13}, std::vector<int64_t>(p.labels.data_as<int64_t>(), p.labels.data_as<int64_t>() + 13));
     for (int64_t t : {0, 2, 5, 11}) labels.data_as<int64_t>()[t] = am.argmax.data_as<int64_t>()[t];
     int64_t correct = 0, kept = 0;
     for (int64_t t = 0; t < 13; ++t) {
@@ -206,6 +205,77 @@ TEST(LceMetrics, MetricOutputsAreCheckedLikeEveryOutput) {
   ForwardOutputs out2{loss, lse};
   out2.z_loss = bad_z.view();
   EXPECT_THROW(forward(p.in(false, false), out2, with("reference", Reduction::kMean)), Error);
+}
+
+// Skipping ignored tokens (the default) changes the time, not the numbers: loss, dw and dbias
+// equal those of the full computation (to f32 summation-order noise), dx of ignored rows is 0,
+// kept rows' per-token outputs are the same; lse / argmax of ignored rows are 0 (real without it).
+TEST(LceSkipIgnored, SameLossAndGradientsAsComputingEveryRow) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const Problem13 p(dt);
+    Tensor bias = random_uniform(dt, {11}, 0.5f, 21);
+    for (const std::string& impl : host_implementations()) {
+      for (Reduction r : {Reduction::kNone, Reduction::kSum, Reduction::kMean}) {
+        Options on = with(impl, r), off = with(impl, r);
+        off.skip_ignored = false;
+        Inputs in = p.in(true, true);
+        in.bias = bias.view();
+        const Result a = compute_with_grad(in, on), b = compute_with_grad(in, off);
+        const std::string what = impl + " " + dtype_name(dt) + " reduction " + std::to_string(int(r));
+        const double tol = dt == DType::kF32 ? 1e-5 : 1e-2;
+        for (int64_t i = 0; i < a.loss.numel(); ++i)
+          EXPECT_NEAR(a.loss.data_as<float>()[i], b.loss.data_as<float>()[i], tol * (1 + std::fabs(b.loss.data_as<float>()[i]))) << what;
+        for (auto [x, y] : {std::pair{&a.dw, &b.dw}, {&a.dbias, &b.dbias}, {&a.dx, &b.dx}})
+          for (int64_t i = 0; i < x->numel(); ++i)
+            EXPECT_NEAR(load_as_f32(x->data(), x->dtype(), i), load_as_f32(y->data(), y->dtype(), i), tol) << what << " i=" << i;
+        for (int64_t t = 0; t < 13; ++t) {
+          if (p.label(t) == -100) {
+            EXPECT_EQ(a.lse.data_as<float>()[t], 0.0f) << what;
+            EXPECT_TRUE(std::isfinite(b.lse.data_as<float>()[t]) && b.lse.data_as<float>()[t] != 0.0f) << what;
+            for (int64_t h = 0; h < 8; ++h) EXPECT_EQ(load_as_f32(a.dx.data(), a.dx.dtype(), t * 8 + h), 0.0f) << what;
+          } else {
+            EXPECT_NEAR(a.lse.data_as<float>()[t], b.lse.data_as<float>()[t], 1e-5 * (1 + std::fabs(b.lse.data_as<float>()[t])));
+          }
+        }
+      }
+    }
+  }
+}
+
+// An argmax output is a prediction for every token: asking for it computes every row.
+TEST(LceSkipIgnored, AnArgmaxOutputKeepsEveryRow) {
+  const Problem13 p(DType::kF32);
+  for (const std::string& impl : host_implementations()) {
+    Options o = with(impl, Reduction::kMean), all = o;
+    o.return_argmax = all.return_argmax = true;
+    all.skip_ignored = false;
+    const Result a = compute(p.in(false, false), o), b = compute(p.in(false, false), all);
+    for (int64_t t = 0; t < 13; ++t) {
+      EXPECT_EQ(a.argmax.data_as<int64_t>()[t], b.argmax.data_as<int64_t>()[t]) << impl << " t=" << t;
+      EXPECT_EQ(a.lse.data_as<float>()[t], b.lse.data_as<float>()[t]) << impl << " t=" << t;
+    }
+  }
+}
+
+TEST(LceSkipIgnored, BackwardWithTheSavedLseAndEveryTokenIgnored) {
+  const Problem13 p(DType::kF32);
+  for (const std::string& impl : host_implementations()) {
+    const Options o = with(impl, Reduction::kNone);
+    const Result f = compute(p.in(false, true), o);
+    Tensor ones = f32_tensor({13}, std::vector<float>(13, 1.0f));
+    Tensor dx = Tensor::empty(DType::kF32, {13, 8}), dw = Tensor::empty(DType::kF32, {11, 8});
+    backward(p.in(false, true), ones, f.lse, {dx, dw, std::nullopt}, o);
+    const Result full = compute_with_grad(p.in(false, true), o);
+    for (int64_t i = 0; i < dw.numel(); ++i) EXPECT_NEAR(dw.data_as<float>()[i], full.dw.data_as<float>()[i], 1e-5) << impl;
+    // Every token ignored: loss 0, every gradient 0, lse 0.
+    Tensor ignored = i64_tensor({13}, std::vector<int64_t>(13, -100));
+    Inputs in = p.in(false, false);
+    in.labels = ignored;
+    const Result z = compute_with_grad(in, with(impl, Reduction::kMean));
+    EXPECT_EQ(z.loss.data_as<float>()[0], 0.0f);
+    for (const Tensor* t : {&z.dx, &z.dw, &z.lse})
+      for (int64_t i = 0; i < t->numel(); ++i) EXPECT_EQ(t->data_as<float>()[i], 0.0f) << impl;
+  }
 }
 
 }  // namespace

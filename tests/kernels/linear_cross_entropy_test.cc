@@ -71,7 +71,13 @@ TEST(LceReference, IgnoredRowsAndWeightedMean) {
   r = compute(in, ref_opts(Reduction::kNone));
   EXPECT_NEAR(r.loss.data_as<float>()[0], 2 * std::log(4.0), 1e-6);
   EXPECT_EQ(r.loss.data_as<float>()[1], 0.0f);
-  // lse is the real logsumexp for the ignored row too.
+  // With skip_ignored (the default) the ignored row was skipped: lse 0; without it, its real
+  // logsumexp.
+  EXPECT_EQ(r.lse.data_as<float>()[1], 0.0f);
+  Options all_rows = ref_opts(Reduction::kNone);
+  all_rows.skip_ignored = false;
+  r = compute(in, all_rows);
+  EXPECT_NEAR(r.loss.data_as<float>()[0], 2 * std::log(4.0), 1e-6);
   EXPECT_NEAR(r.lse.data_as<float>()[1], std::log(4.0), 1e-6);
 }
 

@@ -55,6 +55,7 @@ TEST(LceCpuTuning, AutotuneOnMissCachesAndKeepsResultsRight) {
   spec.H = 128;
   spec.V = 8192;  // B*H*V = 2^26: just big enough to autotune; a call takes milliseconds
   spec.opt.implementation = "cpu";
+  spec.opt.skip_ignored = false;  // every row: the work stays just above the autotune threshold
   const testing::CaseData data = make_case(spec);
 
   Result tuned;

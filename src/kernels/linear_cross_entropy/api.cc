@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "dispatch/dispatch.h"
 #include "kernels/linear_cross_entropy/block_sizes.h"
+#include "kernels/linear_cross_entropy/compact.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
@@ -414,19 +415,28 @@ void validate_metadata(const Inputs& in, const Options& opt) {
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
+// Ignored tokens skipped before any GEMM (compact.h) unless the caller asks for every row:
+// skip_ignored off, or an argmax output (a prediction for every token, ignored ones included).
+std::optional<Compaction> compaction_for(const Problem& p, const Options& opt, bool argmax_wanted = false) {
+  return opt.skip_ignored && !argmax_wanted ? Compaction::make(p) : std::nullopt;
+}
+
 void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
   Problem p = normalize(in, opt);
   ForwardOut fo = check_forward_outputs(in, p, out);
   ArgmaxScratch scratch;
   want_argmax_for_accuracy(out, p, fo, scratch);
-  if (p.B == 0) {  // empty batch: zero loss, nothing else to write
+  std::optional<Compaction> c = compaction_for(p, opt, out.argmax.has_value());
+  const Problem& q = c ? c->problem() : p;
+  const ForwardOut qo = c ? c->forward_out(fo) : fo;
+  if (q.B == 0) {  // empty batch (or every token ignored): zero loss, nothing else to compute
     zero_fill(out.loss);
-    write_metrics(p, fo, out);
     t_last_impl = "(empty batch)";
-    return;
+  } else {
+    dispatch_call(q, opt, Pass::kForward,
+                  [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(q, bs, qo); });
   }
-  dispatch_call(p, opt, Pass::kForward,
-                [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
+  if (c) c->scatter_forward(fo);
   write_metrics(p, fo, out);
 }
 
@@ -442,14 +452,19 @@ void backward_impl(const Inputs& in, const TensorView& grad_loss, const std::opt
     check_output(*lse, DType::kF32, Shape(in.x.shape.begin(), in.x.shape.end() - 1), p.device, "lse");
     gi.lse = static_cast<const float*>(lse->data);
   }
-  if (p.B == 0) {
+  std::optional<Compaction> c = compaction_for(p, opt);
+  const Problem& q = c ? c->problem() : p;
+  const GradIn qi = c ? c->grad_in(gi) : gi;
+  const GradOut qo = c ? c->grad_out(go) : go;
+  if (q.B == 0) {
     zero_fill_dw(grads.dw);
     if (grads.dbias) zero_fill(*grads.dbias);
     t_last_impl = "(empty batch)";
-    return;
+  } else {
+    dispatch_call(q, opt, Pass::kBackward,
+                  [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(q, bs, qi, qo); });
   }
-  dispatch_call(p, opt, Pass::kBackward,
-                [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, gi, go); });
+  if (c) c->scatter_backward(go);
 }
 
 }  // namespace
@@ -472,17 +487,25 @@ void forward_backward(const Inputs& in, const TensorView& grad_loss, const Forwa
   GradIn gi;
   gi.grad_loss = check_grad_loss(in, p, grad_loss);
   const GradOut go = check_gradients(in, p, grads);
-  if (p.B == 0) {
+  std::optional<Compaction> c = compaction_for(p, opt, out.argmax.has_value());
+  const Problem& q = c ? c->problem() : p;
+  const ForwardOut qfo = c ? c->forward_out(fo) : fo;
+  const GradIn qi = c ? c->grad_in(gi) : gi;
+  const GradOut qgo = c ? c->grad_out(go) : go;
+  if (q.B == 0) {
     zero_fill(out.loss);
-    write_metrics(p, fo, out);
     zero_fill_dw(grads.dw);
     if (grads.dbias) zero_fill(*grads.dbias);
     t_last_impl = "(empty batch)";
-    return;
+  } else {
+    dispatch_call(q, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
+      impl.forward_backward(q, bs, qi, qfo, qgo);
+    });
   }
-  dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
-    impl.forward_backward(p, bs, gi, fo, go);
-  });
+  if (c) {
+    c->scatter_forward(fo);
+    c->scatter_backward(go);
+  }
   write_metrics(p, fo, out);
 }
 

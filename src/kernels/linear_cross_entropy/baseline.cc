@@ -66,7 +66,9 @@ class MaterializedBaseline final : public Baseline {
 
     const bool forward = pass_ != Pass::kBackward;
     const bool backward = pass_ != Pass::kForward;
-    const float inv_b = 1.f / static_cast<float>(B);
+    int64_t kept = 0;  // ignored rows (label -100) count nowhere, as in the kernel
+    for (int64_t t = 0; t < B; ++t) kept += in_.labels[t] != -100;
+    const float inv_b = 1.f / static_cast<float>(std::max<int64_t>(kept, 1));
     harness::parallel_for(B, in_.threads, [&](int64_t b0, int64_t b1) {
       for (int64_t t = b0; t < b1; ++t) {
         float* z = L + t * V;
@@ -75,6 +77,11 @@ class MaterializedBaseline final : public Baseline {
         if (cap > 0)
           for (int64_t j = 0; j < V; ++j) z[j] = cap * std::tanh(z[j] / cap);
         const int64_t y = in_.labels[t];
+        if (y == -100) {  // the logits were computed (a materialized loss does), nothing else
+          if (forward) lse_[static_cast<size_t>(t)] = 0.f, loss_rows_[static_cast<size_t>(t)] = 0.f;
+          if (backward) std::fill(z, z + V, 0.f);
+          continue;
+        }
         if (forward) {
           float m = -std::numeric_limits<float>::infinity();
           for (int64_t j = 0; j < V; ++j) m = std::max(m, z[j]);
@@ -98,7 +105,7 @@ class MaterializedBaseline final : public Baseline {
     if (forward) {
       double total = 0;
       for (double l : loss_rows_) total += l;
-      loss_ = total / static_cast<double>(B);
+      loss_ = total / static_cast<double>(std::max<int64_t>(kept, 1));
     }
     if (!backward) return;
     // dx[B,H] = dz[B,V]·Wᵀ ; W is [H,V] (kHV: op = transpose) or [V,H] (kVH: no transpose).

@@ -17,6 +17,7 @@ struct Settings {
   WLayout layout = WLayout::kHV;
   bool bias = false;
   double soft_cap = 0.0;
+  double ignored = 0.0;  // fraction of tokens labelled ignore_index, spread evenly
 };
 
 // Inputs, outputs and options of one implementation on one device.
@@ -36,6 +37,10 @@ class LceBench final : public harness::BenchProblem {
     w_ = random_uniform(s.dtype, s.layout == WLayout::kVH ? Shape{s.V, s.H} : Shape{s.H, s.V}, ws, seed * 3 + 2);
     if (s.bias) bias_ = random_uniform(s.dtype, {s.V}, 0.5f, seed * 3 + 3);
     labels_ = random_indices(DType::kI64, {s.B}, s.V, seed * 7919 + 5);
+    // Row t is ignored when floor((t + 1)·f) > floor(t·f): round(f·B) rows, evenly spread.
+    for (int64_t t = 0; t < s.B; ++t)
+      if (static_cast<int64_t>((t + 1) * s.ignored) > static_cast<int64_t>(t * s.ignored))
+        labels_.data_as<int64_t>()[t] = -100;
   }
 
   harness::Row describe() const override {
@@ -43,6 +48,7 @@ class LceBench final : public harness::BenchProblem {
     r["B"] = s_.B, r["H"] = s_.H, r["V"] = s_.V;
     r["dtype"] = dtype_name(s_.dtype);
     r["layout"] = w_layout_name(s_.layout);
+    if (s_.ignored > 0) r["ignored"] = s_.ignored;
     r["bias"] = s_.bias;
     r["soft_cap"] = s_.soft_cap;
     return r;
@@ -139,7 +145,8 @@ std::vector<harness::OptionSpec> bench_options() {
   using K = harness::OptionSpec::Kind;
   return {{"layout", K::kString, "memory layout of w: hv ([H, V]) or vh ([V, H], lm_head.weight)", "hv", {"hv", "vh"}},
           {"bias", K::kFlag, "add a bias [V]", "false", {}},
-          {"soft-cap", K::kFloat, "logit soft cap c (0 disables)", "0", {}}};
+          {"soft-cap", K::kFloat, "logit soft cap c (0 disables)", "0", {}},
+          {"ignored", K::kFloat, "fraction of tokens labelled ignore_index (-100), in [0, 1]", "0", {}}};
 }
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
@@ -151,6 +158,8 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   check(s.layout != WLayout::kAuto, ErrorCode::kInvalidArgument, "--layout must be hv or vh");
   s.bias = o.flag("bias");
   s.soft_cap = o.real("soft-cap");
+  s.ignored = o.real("ignored");
+  check(s.ignored >= 0.0 && s.ignored <= 1.0, ErrorCode::kInvalidArgument, "--ignored must be in [0, 1]");
   return std::make_unique<LceBench>(s, seed);
 }
 

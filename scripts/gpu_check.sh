@@ -8,11 +8,14 @@
 #   env.txt  build.log  tests.{log,json}  tests_cuda.{log,json}  sanitizer_<tool>.log  torch.json
 #   roofline.{json,log}  tessera_bench.{json,csv,log}  report.html  summary.md
 #   gmm_bench_{balanced,skewed}.{json,log}  torch_gmm.{json,log}  torch_gmm_peers.json
+#   attention_bench{,_causal}.{json,csv,log}  attention_report{,_causal}.html
+#   torch_attention{,_causal}.json (+ _peers.json)
 #
 # Needs: an NVIDIA GPU + driver, nvcc, CMake >= 3.25, ninja, python3 with PyTorch (for the
 # baseline; skipped with a note when missing). No network: nlohmann-json, CLI11, fmt and GTest come
 # from the carried .deps/ folder made on the dev machine by scripts/pack_gpu_deps.sh.
-# Env: CUDA_ARCHS (default "90a-real;80-virtual"), BENCH_SHAPES, BENCH_ITERS, JOBS.
+# Env: CUDA_ARCHS (default "90a-real;80-virtual"), BENCH_SHAPES, BENCH_ITERS, JOBS,
+#      ATTN_SHAPES (attention B,S,H,D; default 4,4096,16,128: the issue's H100 row, B·H = 64).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -57,7 +60,7 @@ grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$out/tests_cuda.log" | tai
 
 # compute-sanitizer over the GPU tests at small shapes (the float64-oracle test at a large shape
 # would take hours under the tools).
-san_filter='LceCuda*:GroupedMatmulCuda*:CudaModule*:DeviceHooksCuda*:-*LargeShape*'
+san_filter='LceCuda*:AttentionCuda*:GroupedMatmulCuda*:CudaModule*:DeviceHooksCuda*:-*LargeShape*'
 if command -v compute-sanitizer >/dev/null 2>&1; then
   for tool in memcheck racecheck initcheck; do
     if ! compute-sanitizer --tool "$tool" --error-exitcode 3 build/gpu/tests/tessera_cuda_tests \
@@ -115,6 +118,37 @@ if [ -f "$out/tessera_bench.json" ]; then
   "$tessera" report "$out/tessera_bench.json" "${peers[@]}" -o "$out/report.html" >> "$out/tessera_bench.log" 2>&1 ||
     { note "tessera report FAILED (see tessera_bench.log)"; status=1; }
 fi
+
+# attention: `tessera bench attention --impl cuda` (CUDA events) full and causal at the issue's
+# H100 row, each with PyTorch SDPA (flash / cudnn / efficient / default) timed in the same run as
+# peers. The cuda backend's v1 is a CUDA-core kernel: expect it far below the tensor-core peers.
+attn_shapes=()
+for sh in ${ATTN_SHAPES:-4,4096,16,128}; do attn_shapes+=(--shape "$sh"); done
+for variant in "" "_causal"; do
+  causal_flag=(); [ -n "$variant" ] && causal_flag=(--causal)
+  if ! "$tessera" bench attention --impl cuda "${attn_shapes[@]}" --dtype bf16 --pass forward,fused \
+       "${causal_flag[@]}" --repeats "${BENCH_ITERS:-10}" "${roof_arg[@]}" \
+       --json "$out/attention_bench$variant.json" --csv "$out/attention_bench$variant.csv" \
+       > "$out/attention_bench$variant.log" 2>&1; then
+    note "tessera bench attention$variant FAILED (see attention_bench$variant.log)"; status=1
+  fi
+  tail -8 "$out/attention_bench$variant.log"
+  attn_peers=()
+  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    torch_shapes=$(echo "${ATTN_SHAPES:-4,4096,16,128}" | tr ',' 'x' | tr ' ' ',')
+    if python3 bench/torch_attention_baseline.py --shapes "$torch_shapes" "${causal_flag[@]}" \
+         --iters "${BENCH_ITERS:-10}" --out "$out/torch_attention$variant.json" \
+         --peers-out "$out/torch_attention${variant}_peers.json" 2>> "$out/attention_bench$variant.log"; then
+      attn_peers=(--peers "$out/torch_attention${variant}_peers.json")
+    else
+      note "torch SDPA baseline$variant failed (see attention_bench$variant.log)"
+    fi
+  fi
+  if [ -f "$out/attention_bench$variant.json" ]; then
+    "$tessera" report "$out/attention_bench$variant.json" "${attn_peers[@]}" -o "$out/attention_report$variant.html" \
+      >> "$out/attention_bench$variant.log" 2>&1 || { note "tessera report (attention$variant) FAILED"; status=1; }
+  fi
+done
 
 python3 - "$out" <<'PY'
 import json, os, sys
@@ -193,6 +227,33 @@ if tg:
         l = r.get("cublas_loop", {}).get("median_ms")
         lines.append(f"| M={r['M']},K={r['K']},N={r['N']},G={r['G']} | {r['routing']} | "
                      f"{'-' if g is None else format(g, '.2f')} | {'-' if l is None else format(l, '.2f')} |")
+for variant in ("", "_causal"):
+    ab = load(f"attention_bench{variant}.json")
+    if ab:
+        lines += ["", f"`tessera bench attention --impl cuda` bf16{' causal' if variant else ''} (median ms, CUDA events; "
+                  "target for a tensor-core kernel: >= 330 TFLOP/s forward non-causal):", "",
+                  "| B | S | H | D | mode | median ms | TFLOP/s | % roofline |", "|---|---|---|---|---|---|---|---|"]
+        for r in ab.get("rows", []):
+            if r.get("kind") != "kernel":
+                continue
+            g = r.get("gflops")
+            fr = r.get("roofline_fraction")
+            lines.append(f"| {r.get('B')} | {r.get('S')} | {r.get('H')} | {r.get('D')} | {r['mode']} | "
+                         f"{r.get('median_ms', 0):.3f} | {'-' if g is None else format(g / 1e3, '.1f')} | "
+                         f"{'-' if fr is None else format(fr * 100, '.1f')} |")
+    ta = load(f"torch_attention{variant}.json")
+    if ta:
+        lines += ["", f"PyTorch {ta['torch']} scaled_dot_product_attention{' causal' if variant else ''}, same run:", "",
+                  "| B | S | H | D | backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in ta["results"]:
+            for name, res in r["backends"].items():
+                if "error" in res:
+                    lines.append(f"| {r['B']} | {r['S']} | {r['H']} | {r['D']} | {name} | {res['error']} | | | |")
+                    continue
+                fw, fu = res["forward"], res["fused"]
+                lines.append(f"| {r['B']} | {r['S']} | {r['H']} | {r['D']} | {name} | {fw['median_ms']:.3f} | "
+                             f"{fw['tflops']:.0f} | {fu['median_ms']:.3f} | {fu['tflops']:.0f} |")
 notes = os.path.join(out, "summary.notes")
 if os.path.exists(notes):
     lines += ["", "Notes:", ""] + ["- " + l.strip() for l in open(notes)]

@@ -189,6 +189,12 @@ TEST(AttentionApi, VarlenValidation) {
     varlen(f, in, {0, 3}, {0, 5});
     in.cu_seqlens_k.reset();
   }, I, "cu_seqlens_q and cu_seqlens_k must be given together", 1);
+  // The offsets are host memory whatever q's device (a device backend copies them); a view
+  // labelled as device memory is refused before anything reads it (the pointer is never touched).
+  expect_rejected([&](Fixture& f, Inputs& in) {
+    varlen(f, in, {0, 3}, {0, 5});
+    in.cu_seqlens_k->device = Device{DeviceType::kCUDA, 0};
+  }, I, "cu_seqlens_k must be in host memory (also for device inputs), got cuda:0", 1);
   expect_rejected([&](Fixture& f, Inputs& in) {
     varlen(f, in, {0, 3}, {0, 5});
     in.segment_ids_q = f.seg_q.view();

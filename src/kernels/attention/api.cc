@@ -118,8 +118,11 @@ Problem normalize(const Inputs& in, const Options& opt) {
       const char* what = t == &cq ? "cu_seqlens_q" : "cu_seqlens_k";
       if (t->dtype != DType::kI32) bad(std::string(what) + " must be i32, got " + dtype_name(t->dtype));
       if (t->ndim() != 1 || t->shape[0] < 1) bad(std::string(what) + " must be 1-D [N+1], got " + shape_str(t->shape));
-      require_plain(*t, p.device, what);
-      if (t->device.type != DeviceType::kCPU) bad(std::string(what) + " must be in host memory");
+      // Host memory whatever q's device: the API validates them and a device backend copies them.
+      if (t->device.type != DeviceType::kCPU)
+        bad(std::string(what) + " must be in host memory (also for device inputs), got " + t->device.str());
+      require_contiguous(*t, what);
+      require_data(*t, what);
     }
     if (cq.shape[0] != ck.shape[0])
       bad("cu_seqlens_q " + shape_str(cq.shape) + " and cu_seqlens_k " + shape_str(ck.shape) +
@@ -261,8 +264,11 @@ void dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
 
 // Calls with nothing to compute. No query rows: nothing to write but dk = dv = 0. No keys: every
 // row sees nothing (o = 0, lse = −inf, dq = 0). Both are the contract, not a backend's choice.
+// Device outputs with no keys go to the backend (its rows see nothing, the same outputs): −inf
+// is not a byte pattern the allocator's memset can write into a device lse.
 bool trivial_forward(const Problem& p, const ForwardOutputs& out) {
   if (p.total_q > 0 && p.total_k > 0) return false;
+  if (p.total_q > 0 && out.lse.device.type != DeviceType::kCPU) return false;
   zero_fill(out.o);
   float* lse = static_cast<float*>(out.lse.data);
   if (out.lse.device.type == DeviceType::kCPU)

@@ -23,7 +23,7 @@ struct Problem {
   int64_t N = 0;            // sequences (B in the dense form)
   bool varlen = false;
   int64_t Sq = 0, Sk = 0;   // dense: every sequence's lengths; varlen: the longest
-  const int32_t* cu_q = nullptr;  // varlen: [N+1] row offsets (host memory)
+  const int32_t* cu_q = nullptr;  // varlen: [N+1] row offsets (host memory, also for device inputs)
   const int32_t* cu_k = nullptr;
   int64_t total_q = 0, total_k = 0;  // rows of q (and o), rows of k and v
   int64_t Hq = 1, Hkv = 1, D = 1, Dv = 1;
@@ -133,5 +133,7 @@ const Implementation* find_implementation(const std::string& name);  // nullptr 
 std::unique_ptr<Implementation> make_reference_implementation();  // reference.cc
 // Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on.
 std::unique_ptr<Implementation> make_cpu_implementation();
+// CUDA backend (cuda.cu), in the CUDA module: registered by the module when it is loaded.
+std::unique_ptr<Implementation> make_cuda_implementation();
 
 }  // namespace tessera::attention

@@ -1,5 +1,6 @@
 // attention: the registry of implementations, in default dispatch order.
-// A new backend adds its factory here (and its file to CMakeLists.txt).
+// A new backend adds its factory here (and its file to CMakeLists.txt); a device-module backend
+// is declared here and registers itself from the module.
 #include "kernels/attention/impl.h"
 
 namespace tessera::attention {
@@ -8,6 +9,11 @@ Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry(kKernelName);  // never destroyed: device modules may hold pointers
     // Default order: fastest first. Only implementations of the inputs' device are tried.
+    // cuda.cu lives in the CUDA device module: declared here, registered by the module when a
+    // CUDA device is first used (dispatch/registry.h). Listed as unavailable, with the reason,
+    // where the module cannot be loaded.
+    reg->add_module_implementation("cuda", DeviceType::kCUDA,
+                                   "NVIDIA GPUs (sm_80+), from the CUDA module libtessera_cuda.so");
 #ifdef TESSERA_HAVE_CPU_BACKEND
     reg->add(make_cpu_implementation());
 #endif

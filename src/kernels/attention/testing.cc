@@ -148,6 +148,15 @@ Inputs CaseData::inputs() const {
   return in;
 }
 
+CaseData CaseData::to(Device device) const {
+  auto mv = [&](const Tensor& t) { return t.defined() ? t.to(device) : Tensor(); };
+  CaseData d;
+  d.q = mv(q), d.k = mv(k), d.v = mv(v), d.alibi = mv(alibi), d.seg_q = mv(seg_q), d.seg_k = mv(seg_k);
+  d.grad_o = mv(grad_o);
+  d.cu_q = cu_q, d.cu_k = cu_k;  // host memory, shared
+  return d;
+}
+
 // Tolerances. Every implementation sees the same (already rounded) inputs, so the differences
 // from the double-precision oracle come from (a) f32 arithmetic: dot products of length D, exp
 // in f32, sums of up to Sk probabilities — relative errors ~ sqrt(n)·2^-24 < 1e-5 here; (b) a
@@ -223,15 +232,20 @@ struct Outputs {
   Tensor o, lse, dq, dk, dv;
 };
 
-Outputs make_outputs(const CaseSpec& s, const CaseData& d) {
+Outputs make_outputs(const CaseSpec& s, const CaseData& d, Device dev = Device::cpu()) {
   Outputs o;
-  o.o = Tensor::empty(s.o_f32 ? DType::kF32 : s.dtype, o_shape(s));
-  o.lse = Tensor::empty(DType::kF32, lse_shape(s));
+  o.o = Tensor::empty(s.o_f32 ? DType::kF32 : s.dtype, o_shape(s), dev);
+  o.lse = Tensor::empty(DType::kF32, lse_shape(s), dev);
   const DType g = s.f32_grads ? DType::kF32 : s.dtype;
-  o.dq = Tensor::empty(g, d.q.shape());
-  o.dk = Tensor::empty(g, d.k.shape());
-  o.dv = Tensor::empty(g, d.v.shape());
+  o.dq = Tensor::empty(g, d.q.shape(), dev);
+  o.dk = Tensor::empty(g, d.k.shape(), dev);
+  o.dv = Tensor::empty(g, d.v.shape(), dev);
   return o;
+}
+
+Outputs copy_outputs(const Outputs& o, Device dev) {
+  auto mv = [&](const Tensor& t) { return t.defined() ? t.to(dev) : Tensor(); };
+  return {mv(o.o), mv(o.lse), mv(o.dq), mv(o.dk), mv(o.dv)};
 }
 
 void run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass pass, const Outputs* saved,
@@ -249,7 +263,7 @@ void run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass
 
 }  // namespace
 
-ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass) {
+ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass, Device device) {
   ParityReport r;
   r.case_name = s.name();
   r.implementation = impl;
@@ -262,7 +276,15 @@ ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass)
   if (pass == Pass::kBackward) run_one(ref, d, "reference", Pass::kForward, nullptr, want);
   run_one(ref, d, "reference", pass, &want, want);
   try {
-    run_one(s, d, impl, pass, &want, got);
+    if (device.type == DeviceType::kCPU) {
+      run_one(s, d, impl, pass, &want, got);
+    } else {  // inputs, the saved o / lse and the outputs on the device; results copied back
+      const CaseData dd = d.to(device);
+      const Outputs saved = copy_outputs(want, device);
+      Outputs out = make_outputs(s, dd, device);
+      run_one(s, dd, impl, pass, &saved, out);
+      got = copy_outputs(out, Device::cpu());
+    }
     r.ran = true;
   } catch (const Error& e) {
     r.error = e.what();

@@ -35,6 +35,9 @@ struct CaseData {
   Tensor q, k, v, alibi, seg_q, seg_k, cu_q, cu_k;
   Tensor grad_o;  // o's shape and dtype
   Inputs inputs() const;
+  // Copies every tensor to `device`, except cu_q / cu_k: the varlen offsets are host memory
+  // whatever the inputs' device (the API reads them there).
+  CaseData to(Device device) const;
 };
 CaseData make_case(const CaseSpec& spec);
 
@@ -65,9 +68,11 @@ struct ParityReport {
 };
 
 // Runs `implementation` and the reference on the same case and compares every output. For
-// Pass::kBackward both are given the reference forward's o and lse. Never throws for an
-// implementation's failure: it is reported.
-ParityReport check_parity(const CaseSpec& spec, const std::string& implementation, Pass pass);
+// Pass::kBackward both are given the reference forward's o and lse. The reference runs on host
+// memory; the implementation on copies of the inputs on `device` (outputs copied back to be
+// compared). Never throws for an implementation's failure: it is reported.
+ParityReport check_parity(const CaseSpec& spec, const std::string& implementation, Pass pass,
+                          Device device = Device::cpu());
 
 // lse values as doubles for harness::compare: a −inf that matches becomes 0 on both sides, a
 // −inf on one side only becomes NaN in `got` (counted as non-finite).

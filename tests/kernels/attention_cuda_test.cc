@@ -1,0 +1,239 @@
+// attention: the cuda backend against the reference (host copies) on the built-in check grid,
+// every pass; larger shapes past several tiles; determinism; streams; rows with no key on the
+// device; error paths (head-dim limit, host memory labelled as device memory, block sizes).
+// Compiled only when the CUDA backend is built; every GPU test skips cleanly without a device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/attention/testing.h"
+#include "tessera/attention.h"
+#include "tessera/error.h"
+
+namespace att = tessera::attention;
+namespace at = tessera::attention::testing;
+using tessera::Device;
+using tessera::DType;
+using tessera::Pass;
+using tessera::Tensor;
+
+namespace {
+
+const att::ImplementationInfo* cuda_info() {
+  static const std::vector<att::ImplementationInfo> infos = att::implementations();
+  for (const auto& i : infos)
+    if (i.name == "cuda") return &i;
+  return nullptr;
+}
+
+#define SKIP_WITHOUT_GPU()                                                                        \
+  do {                                                                                            \
+    const auto* info_ = cuda_info();                                                              \
+    ASSERT_NE(info_, nullptr) << "the cuda implementation is not registered";                     \
+    if (!info_->available) GTEST_SKIP() << "no usable CUDA device: " << info_->unavailable_reason; \
+  } while (0)
+
+std::string report_str(const at::ParityReport& r) {
+  std::string s = r.case_name + " [" + tessera::pass_name(r.pass) + "]";
+  if (!r.ran) return s + " did not run: " + r.error;
+  for (const auto& f : r.fields) s += "\n  " + f.field + ": " + f.dev.str();
+  return s;
+}
+
+void expect_parity(const at::CaseSpec& spec, Pass pass) {
+  const at::ParityReport r = at::check_parity(spec, "cuda", pass, Device::cuda());
+  ASSERT_TRUE(r.ran) << report_str(r);
+  EXPECT_TRUE(r.ok()) << report_str(r);
+}
+
+std::vector<unsigned char> bytes_of(const Tensor& t) {
+  const Tensor h = t.to(Device::cpu());
+  const auto* b = static_cast<const unsigned char*>(h.data());
+  return {b, b + h.view().nbytes()};
+}
+
+}  // namespace
+
+// Runs on every machine with the CUDA build: registered, and says why when it cannot run.
+TEST(AttentionCuda, ListedWithAReasonWhenUnavailable) {
+  const auto* info = cuda_info();
+  ASSERT_NE(info, nullptr) << "cuda is not in attention's registry";
+  EXPECT_EQ(info->device, tessera::DeviceType::kCUDA);
+  if (!info->available) EXPECT_FALSE(info->unavailable_reason.empty());
+}
+
+// Host inputs never reach the cuda backend: a named cuda call on host memory is refused
+// (kUnsupported, the parity report's "skipped") with the reason, on any machine.
+TEST(AttentionCuda, HostInputsAreRefused) {
+  at::CaseSpec s;
+  const at::ParityReport r = at::check_parity(s, "cuda", Pass::kForward, Device::cpu());
+  EXPECT_FALSE(r.ran);
+  EXPECT_TRUE(r.skipped) << r.error;
+}
+
+// ---- the built-in check grid, every pass ----
+
+class AttentionCudaGrid : public ::testing::TestWithParam<std::tuple<int, Pass>> {};
+
+TEST_P(AttentionCudaGrid, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  static const std::vector<at::CaseSpec> grid = at::check_grid(false);
+  const auto [i, pass] = GetParam();
+  expect_parity(grid[static_cast<size_t>(i)], pass);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, AttentionCudaGrid,
+    ::testing::Combine(::testing::Range(0, static_cast<int>(at::check_grid(false).size())),
+                       ::testing::Values(Pass::kForward, Pass::kBackward, Pass::kFused)),
+    [](const auto& info) {
+      return "case" + std::to_string(std::get<0>(info.param)) + "_" + tessera::pass_name(std::get<1>(info.param));
+    });
+
+// ---- past many tiles: several q blocks (16 rows) and kv tiles / key blocks (32 keys) ----
+
+TEST(AttentionCuda, ManyTilesEveryHeadDimBucket) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7000;
+  // D buckets of the kernels: <= 32, <= 64, <= 128, <= 256 (dk/dv: 4 or 8 warps).
+  for (const auto [D, Dv] : std::vector<std::pair<int64_t, int64_t>>{{8, 40}, {64, 64}, {96, 128}, {200, 256}}) {
+    at::CaseSpec c;
+    c.dtype = DType::kBF16;
+    c.B = 2, c.Sq = 83, c.Sk = 101, c.Hq = 6, c.Hkv = 2, c.D = D, c.Dv = Dv;
+    c.opt.causal = true;
+    c.opt.window_left = 40;
+    c.alibi = 2;
+    c.seed = seed++;
+    expect_parity(c, Pass::kFused);
+    c.opt.causal = false, c.opt.window_left = -1, c.alibi = 0, c.segments = 3, c.dtype = DType::kF32;
+    c.seed = seed++;
+    expect_parity(c, Pass::kFused);
+  }
+}
+
+TEST(AttentionCuda, VarlenLongSequences) {
+  SKIP_WITHOUT_GPU();
+  at::CaseSpec c;
+  c.dtype = DType::kF16;
+  c.seqlens_q = {130, 0, 47, 200};
+  c.seqlens_k = {130, 33, 61, 150};
+  c.Hq = 4, c.Hkv = 1, c.D = c.Dv = 64;
+  c.opt.causal = true;
+  c.opt.softcap = 4.0;
+  c.seed = 7100;
+  expect_parity(c, Pass::kFused);
+}
+
+// ---- determinism: no atomics, so two runs agree bit for bit ----
+
+TEST(AttentionCuda, BackwardIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  at::CaseSpec c;
+  c.dtype = DType::kBF16;
+  c.B = 1, c.Sq = c.Sk = 300, c.Hq = 8, c.Hkv = 2, c.D = c.Dv = 64;
+  c.opt.causal = true;
+  const at::CaseData d = at::make_case(c).to(Device::cuda());
+  att::Options opt = c.opt;
+  opt.implementation = "cuda";
+  const att::Result a = att::compute_with_grad(d.inputs(), d.grad_o.view(), opt);
+  const att::Result b = att::compute_with_grad(d.inputs(), d.grad_o.view(), opt);
+  EXPECT_EQ(a.implementation, "cuda");
+  EXPECT_EQ(bytes_of(a.o), bytes_of(b.o));
+  EXPECT_EQ(bytes_of(a.lse), bytes_of(b.lse));
+  EXPECT_EQ(bytes_of(a.dq), bytes_of(b.dq));
+  EXPECT_EQ(bytes_of(a.dk), bytes_of(b.dk));
+  EXPECT_EQ(bytes_of(a.dv), bytes_of(b.dv));
+}
+
+// ---- a user stream gives the same results as the default stream ----
+
+TEST(AttentionCuda, RunsOnTheGivenStream) {
+  SKIP_WITHOUT_GPU();
+  at::CaseSpec c;
+  c.B = 1, c.Sq = 50, c.Sk = 70, c.Hq = 2, c.Hkv = 2, c.D = c.Dv = 32;
+  const at::CaseData d = at::make_case(c).to(Device::cuda());
+  att::Options opt;
+  opt.implementation = "cuda";
+  const att::Result want = att::compute(d.inputs(), opt);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  opt.stream = stream;
+  const att::Result got = att::compute(d.inputs(), opt);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(bytes_of(got.o), bytes_of(want.o));
+  EXPECT_EQ(bytes_of(got.lse), bytes_of(want.lse));
+  cudaStreamDestroy(stream);
+}
+
+// ---- no keys at all: the backend answers (device lse cannot be memset to −inf) ----
+
+TEST(AttentionCuda, NoKeysGivesZeroAndMinusInfinity) {
+  SKIP_WITHOUT_GPU();
+  const Device g = Device::cuda();
+  const Tensor q = Tensor::zeros(DType::kBF16, {2, 5, 2, 16}, g);
+  const Tensor k = Tensor::zeros(DType::kBF16, {2, 0, 1, 16}, g);
+  const Tensor v = Tensor::zeros(DType::kBF16, {2, 0, 1, 8}, g);
+  const Tensor d_o = Tensor::zeros(DType::kBF16, {2, 5, 2, 8}, g);
+  att::Options opt;
+  opt.implementation = "cuda";
+  const att::Result r = att::compute_with_grad(att::Inputs{q, k, v}, d_o, opt);
+  const Tensor o = r.o.to(Device::cpu()), lse = r.lse.to(Device::cpu()), dq = r.dq.to(Device::cpu());
+  for (int64_t i = 0; i < o.numel(); ++i) EXPECT_EQ(tessera::load_as_f32(o.data(), o.dtype(), i), 0.0f);
+  for (int64_t i = 0; i < lse.numel(); ++i) EXPECT_EQ(lse.data_as<float>()[i], -INFINITY);
+  for (int64_t i = 0; i < dq.numel(); ++i) EXPECT_EQ(tessera::load_as_f32(dq.data(), dq.dtype(), i), 0.0f);
+}
+
+// ---- errors ----
+
+TEST(AttentionCuda, HeadDimOverTheLimitIsNamed) {
+  SKIP_WITHOUT_GPU();
+  const Device g = Device::cuda();
+  const Tensor q = Tensor::zeros(DType::kF16, {1, 3, 1, 264}, g);
+  const Tensor k = Tensor::zeros(DType::kF16, {1, 4, 1, 264}, g);
+  const Tensor v = Tensor::zeros(DType::kF16, {1, 4, 1, 16}, g);
+  att::Options opt;
+  opt.implementation = "cuda";
+  try {
+    (void)att::compute(att::Inputs{q, k, v}, opt);
+    FAIL() << "D=264 ran on cuda";
+  } catch (const tessera::Error& e) {
+    EXPECT_EQ(e.code(), tessera::ErrorCode::kUnsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("D <= 256 and Dv <= 256, got D=264"), std::string::npos) << e.what();
+  }
+}
+
+TEST(AttentionCuda, HostMemoryLabelledAsDeviceIsRefused) {
+  SKIP_WITHOUT_GPU();
+  const Device g = Device::cuda();
+  const Tensor q = Tensor::zeros(DType::kF32, {1, 3, 1, 8}, g), k = Tensor::zeros(DType::kF32, {1, 4, 1, 8}, g);
+  Tensor host_v = Tensor::zeros(DType::kF32, {1, 4, 1, 8});  // pageable host memory
+  tessera::TensorView v = host_v.view();
+  v.device = g;
+  att::Options opt;
+  opt.implementation = "cuda";
+  try {
+    (void)att::compute(att::Inputs{q, k, v}, opt);
+    FAIL() << "host memory labelled cuda:0 was accepted";
+  } catch (const tessera::Error& e) {
+    EXPECT_EQ(e.code(), tessera::ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("v is labelled cuda:0 but its memory is not accessible"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(AttentionCuda, BlockSizesAreValidated) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_NO_THROW(att::validate_block_sizes("cuda", att::BlockSizes{16, 32}));
+  try {
+    att::validate_block_sizes("cuda", att::BlockSizes{64, 64});
+    FAIL() << "q=64,kv=64 accepted";
+  } catch (const tessera::Error& e) {
+    EXPECT_EQ(e.code(), tessera::ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("fixed tiles q=16"), std::string::npos) << e.what();
+  }
+}

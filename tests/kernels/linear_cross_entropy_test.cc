@@ -139,7 +139,7 @@ TEST(LceReference, BiasAddedExactlyOnceToTheLabelLogit) {
 struct FdCase {
   const char* name;
   Reduction red = Reduction::kMean;
-  bool bias = false, weights = false;
+  bool bias = false, weights = false, class_weights = false;
   WLayout mem = WLayout::kHV;
   bool tview = false;
   double eps = 0, z = 0, cap = 0;
@@ -171,6 +171,8 @@ TEST_P(LceFiniteDifference, ReferenceGradientMatchesCentralDifferences) {
   Inputs in{x, w, std::nullopt, y, std::nullopt};
   if (c.bias) in.bias = b.view();
   if (c.weights) in.token_weights = wt.view();
+  Tensor cw = f32_tensor({V}, {0.5f, 2.0f, 1.0f, 3.0f, 0.0f, 1.25f, 0.75f});  // PyTorch's weight [V]
+  if (c.class_weights) in.class_weights = cw.view();
   Options o = ref_opts(c.red);
   o.label_smoothing = c.eps;
   o.z_loss_weight = c.z;
@@ -250,6 +252,14 @@ std::vector<FdCase> fd_cases() {
     c.cap = 2.0;
     c.z = 0.1;
     c.eps = 0.1;
+    v.push_back(c);
+    c = make_fd("class_weights", r);  // issue #17: PyTorch's weight, mean over Σ w[y]
+    c.class_weights = true;
+    v.push_back(c);
+    c = make_fd("class_weights+token weights+z_loss+soft_cap", r);
+    c.class_weights = c.weights = c.bias = true;
+    c.z = 0.2;
+    c.cap = 2.0;
     v.push_back(c);
   }
   FdCase c = make_fd("vh layout", Reduction::kMean);

@@ -17,28 +17,12 @@ With --peers-out FILE it also writes tessera-peers/1 rows (src/harness/report.h)
 """
 import argparse
 import json
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-
-def timed(fn, warmup, iters):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def once():
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
-    first = once()
-    for _ in range(warmup):
-        once()
-    runs = sorted(once() for _ in range(iters))
-    return {"first_ms": first, "median_ms": statistics.median(runs), "min_ms": runs[0], "max_ms": runs[-1]}
+from torch_timing import timed  # bench/torch_timing.py, beside this script
 
 
 def backends():

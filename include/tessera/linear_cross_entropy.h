@@ -78,8 +78,9 @@ struct Options : ExecOptions {
 // Inputs. x: [..., H] float; w: [H, V] or [V, H] float (same dtype as x); bias: [V] float;
 // labels: [...] i32/i64 matching x's leading axes; token_weights: [...] f32 matching them — a
 // weight per TOKEN (loss_t scaled by it); class_weights: [V] f32, finite and >= 0 — PyTorch's
-// `weight` / Liger's `ce_weight` (loss_t scaled by class_weights[label_t]; host memory only for
-// now, and not combined with label_smoothing > 0: Error(kUnsupported)).
+// `weight` / Liger's `ce_weight`, PyTorch's definition: the nll of token t is scaled by
+// class_weights[label_t] (and the mean divides by their sum), the label-smoothing term by each
+// class's own weight (docs/kernels/linear_cross_entropy.md); host memory only for now.
 struct Inputs {
   TensorView x;
   TensorView w;

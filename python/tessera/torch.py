@@ -125,6 +125,9 @@ def _register_autograd(k: Kernel):
         saved = [output[order.index(n)] for n in k.saved_outputs]
         ctx.save_for_backward(*[named[n] for n in tensor_names], *saved)
         ctx.grad_shapes = [o.shape for o in output[:nf]]
+        # Only forward_outputs take a gradient: the saved-only ones (lse) and the optional ones
+        # (argmax, metrics such as z_loss) do not pretend to.
+        ctx.mark_non_differentiable(*output[nf:])
 
     def backward(ctx, *grads):
         if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
@@ -186,19 +189,21 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
     ``LigerFusedLinearCrossEntropyLoss(...)(lin_weight, _input, target, bias=None)`` becomes
     ``tessera.torch.LinearCrossEntropyLoss(...)(lin_weight, _input, target, bias=None)``:
-    lse_square_scale -> z_loss_weight, softcap (None = off) -> soft_cap. ``ce_weight`` (per-class
-    weights) and ``return_z_loss`` are not supported; ``token_weights`` (per token) is Tessera's.
+    lse_square_scale -> z_loss_weight, softcap (None = off) -> soft_cap, ce_weight -> class_weights
+    (PyTorch's weight=, with label smoothing too). With ``return_z_loss`` or
+    ``return_token_accuracy`` the call returns ``(loss, z_loss, token_accuracy)`` (None for the one
+    not asked for; both metrics carry no gradient), the tuple form Liger's results unpack from;
+    ``token_weights`` (per token) is Tessera's.
     """
 
     def __init__(self, ce_weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
                  lse_square_scale: float = 0.0, label_smoothing: float = 0.0, reduction: str = "mean",
                  softcap: Optional[float] = None, return_z_loss: bool = False,
-                 implementation: Optional[str] = None):
+                 return_token_accuracy: bool = False, implementation: Optional[str] = None):
         super().__init__()
-        if ce_weight is not None:
-            raise NotImplementedError("per-class ce_weight is not supported; tessera takes per-token token_weights")
-        if return_z_loss:
-            raise NotImplementedError("return_z_loss is not supported: the z-loss is included in the loss")
+        self.return_z_loss = return_z_loss
+        self.return_token_accuracy = return_token_accuracy
+        self.ce_weight = ce_weight
         self.ignore_index = ignore_index
         self.lse_square_scale = lse_square_scale
         self.label_smoothing = label_smoothing
@@ -207,11 +212,19 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.implementation = implementation
 
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
-                bias: Optional[torch.Tensor] = None, token_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return linear_cross_entropy(  # noqa: F821 - generated above
-            _input, lin_weight, target, bias=bias, token_weights=token_weights, reduction=self.reduction,
+                bias: Optional[torch.Tensor] = None, token_weights: Optional[torch.Tensor] = None):
+        out = linear_cross_entropy(  # noqa: F821 - generated above
+            _input, lin_weight, target, bias=bias, token_weights=token_weights, class_weights=self.ce_weight,
+            reduction=self.reduction,
             ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
-            z_loss_weight=self.lse_square_scale, soft_cap=self.softcap or 0.0, implementation=self.implementation)
+            z_loss_weight=self.lse_square_scale, soft_cap=self.softcap or 0.0, implementation=self.implementation,
+            return_z_loss=self.return_z_loss, return_token_accuracy=self.return_token_accuracy)
+        if not (self.return_z_loss or self.return_token_accuracy):
+            return out
+        rest = list(out[1:])
+        z_loss = rest.pop(0) if self.return_z_loss else None
+        accuracy = rest.pop(0) if self.return_token_accuracy else None
+        return out[0], z_loss, accuracy
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, lse_square_scale={self.lse_square_scale}, "

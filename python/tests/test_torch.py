@@ -117,8 +117,37 @@ def test_liger_style_module():
     torch.testing.assert_close(v, rv, rtol=2e-5, atol=1e-6)
     for a, r in zip(g, rg):
         torch.testing.assert_close(a, r, rtol=1e-4, atol=2e-6)
-    with pytest.raises(NotImplementedError):
-        tt.LinearCrossEntropyLoss(ce_weight=torch.ones(3))
+    cw = torch.linspace(0.2, 2.0, w.shape[0])
+    loss_fn = tt.LinearCrossEntropyLoss(ce_weight=cw, label_smoothing=0.1)  # Liger's ce_weight
+    torch.testing.assert_close(loss_fn(w, x, y), F.cross_entropy(F.linear(x, w).float(), y, weight=cw,
+                                                                 label_smoothing=0.1), rtol=2e-5, atol=2e-6)
+    loss, z_loss, acc = tt.LinearCrossEntropyLoss(lse_square_scale=1e-3, return_z_loss=True,
+                                                  return_token_accuracy=True)(w, x, y)
+    assert z_loss.shape == () and acc.shape == () and loss.requires_grad
+
+
+def test_z_loss_and_token_accuracy_outputs():
+    """Liger's return_z_loss / return_token_accuracy: the z-loss part alone and the argmax hit rate."""
+    x, w, y = tensors(seed=7)
+    y = y.clone()
+    y[::5] = -100
+    lam = 1e-2
+    loss, z_loss, acc = tt.linear_cross_entropy(x, w, y, z_loss_weight=lam, return_z_loss=True,
+                                                return_token_accuracy=True)
+    logits = F.linear(x, w).detach().double()
+    kept = y != -100
+    lse = torch.logsumexp(logits, dim=-1)[kept]
+    torch.testing.assert_close(z_loss.double(), lam * (lse ** 2).mean(), rtol=1e-5, atol=1e-7)
+    hits = (logits.argmax(dim=-1)[kept] == y[kept]).double().mean()
+    torch.testing.assert_close(acc.double(), hits)
+    plain = tt.linear_cross_entropy(x, w, y, z_loss_weight=lam)
+    torch.testing.assert_close(loss, plain, rtol=0, atol=0)  # the metrics change nothing else
+    gx, = torch.autograd.grad(loss, (x,))
+    px, = torch.autograd.grad(plain, (x,))
+    torch.testing.assert_close(gx, px, rtol=0, atol=0)
+    per_token, z_none = tt.linear_cross_entropy(x, w, y, z_loss_weight=lam, reduction="none", return_z_loss=True)
+    assert z_none.shape == y.shape and float(z_none[~kept].abs().sum()) == 0.0
+    assert per_token.requires_grad and not z_none.requires_grad and not acc.requires_grad  # metrics
 
 
 def test_top_level_function_and_zero_copy():
@@ -155,5 +184,20 @@ def test_class_weights_match_cross_entropy_weight():
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
     torch.testing.assert_close(gx, wx, rtol=2e-4, atol=2e-6)
     torch.testing.assert_close(gw, ww, rtol=2e-4, atol=2e-6)
-    with pytest.raises(NotImplementedError, match="label_smoothing"):
-        tt.linear_cross_entropy(x, w, y, class_weights=cw, label_smoothing=0.1)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_class_weights_with_label_smoothing_match_cross_entropy(reduction):
+    """weight= with label_smoothing=: PyTorch's own definition (the smoothing term weighted per class)."""
+    x, w, y = tensors(seed=6)
+    cw = torch.from_numpy(np.random.default_rng(6).random(w.shape[0]).astype(np.float32))
+    cw[int(y[y != -100][0])] = 0.0  # a token whose class counts for nothing still has a smoothing term
+    got = tt.linear_cross_entropy(x, w, y, class_weights=cw, label_smoothing=0.15, reduction=reduction)
+    want = F.cross_entropy(F.linear(x, w).float(), y, weight=cw, ignore_index=-100,
+                           label_smoothing=0.15, reduction=reduction)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
+    up = torch.rand_like(want) + 0.5
+    gx, gw = torch.autograd.grad(got, (x, w), up)
+    wx, ww = torch.autograd.grad(want, (x, w), up)
+    torch.testing.assert_close(gx, wx, rtol=2e-4, atol=2e-6)
+    torch.testing.assert_close(gw, ww, rtol=2e-4, atol=2e-6)

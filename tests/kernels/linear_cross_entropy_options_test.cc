@@ -126,7 +126,88 @@ TEST(LceClassWeights, BadClassWeightsAreErrorsThatTouchNothing) {
   expect(nan, ref, ErrorCode::kInvalidArgument, "finite and >= 0");
   Options smooth = ref;
   smooth.label_smoothing = 0.1;
-  expect(p.cw, smooth, ErrorCode::kUnsupported, "label_smoothing");
+  expect(neg, smooth, ErrorCode::kInvalidArgument, "finite and >= 0");
+}
+
+// PyTorch's cross_entropy(weight=cw, label_smoothing=ε), written out from its definition in
+// double from the (rounded) inputs: loss_t = tw_t·[(1−ε)·cw[y]·(−log p_y) + ε/V·Σ_c cw[c]·(−log p_c)],
+// mean = Σ loss_t / Σ tw_t·cw[y_t] over kept tokens. (Tessera's token weights tw scale the whole
+// term; PyTorch has none, i.e. tw = 1.)
+std::vector<double> pytorch_smoothed_losses(const Problem13& p, bool tw, double eps) {
+  std::vector<double> out(13, 0.0);
+  const float* cw = p.cw.data_as<float>();
+  for (int64_t t = 0; t < 13; ++t) {
+    if (p.label(t) == -100) continue;
+    std::vector<double> z(11);
+    double m = -INFINITY;
+    for (int64_t c = 0; c < 11; ++c) {
+      for (int64_t h = 0; h < 8; ++h)
+        z[c] += double(load_as_f32(p.x.data(), p.dtype, t * 8 + h)) * load_as_f32(p.w.data(), p.dtype, c * 8 + h);
+      m = std::max(m, z[c]);
+    }
+    double s = 0.0;
+    for (double v : z) s += std::exp(v - m);
+    const double lse = m + std::log(s);
+    double smooth = 0.0;
+    for (int64_t c = 0; c < 11; ++c) smooth += cw[c] * (lse - z[c]);
+    const double nll = cw[p.label(t)] * (lse - z[p.label(t)]);
+    out[t] = (tw ? p.tw.data_as<float>()[t] : 1.0) * ((1.0 - eps) * nll + eps / 11.0 * smooth);
+  }
+  return out;
+}
+
+TEST(LceClassWeights, WithLabelSmoothingTheyArePytorchsDefinition) {
+  const double eps = 0.2;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const Problem13 p(dt);
+    for (const std::string& impl : host_implementations()) {
+      for (bool tw : {false, true}) {
+        const std::vector<double> want = pytorch_smoothed_losses(p, tw, eps);
+        double num = 0.0, den = 0.0;
+        for (int64_t t = 0; t < 13; ++t) {
+          num += want[t];
+          if (p.label(t) != -100) den += p.cw.data_as<float>()[p.label(t)] * (tw ? p.tw.data_as<float>()[t] : 1.0f);
+        }
+        Options o = with(impl, Reduction::kNone);
+        o.label_smoothing = eps;
+        const Result none = compute(p.in(true, tw), o);
+        for (int64_t t = 0; t < 13; ++t)
+          EXPECT_NEAR(none.loss.data_as<float>()[t], want[t], 2e-5 * (1.0 + std::fabs(want[t])))
+              << impl << " " << dtype_name(dt) << " tw=" << tw << " token " << t;
+        EXPECT_GT(none.loss.data_as<float>()[0], 0.0f) << "class 3 has weight 0, its smoothing term does not";
+        o.reduction = Reduction::kMean;
+        EXPECT_NEAR(compute(p.in(true, tw), o).loss.data_as<float>()[0], num / den, 2e-5 * std::fabs(num / den)) << impl;
+        o.reduction = Reduction::kSum;
+        EXPECT_NEAR(compute(p.in(true, tw), o).loss.data_as<float>()[0], num, 2e-5 * std::fabs(num)) << impl;
+      }
+    }
+  }
+}
+
+// With smoothing, class weights are not token weights: every host implementation's gradients
+// match the reference's (which finite differences prove, linear_cross_entropy_test.cc), with
+// the soft cap and z-loss on, including a token whose label has class weight 0.
+TEST(LceClassWeights, WithLabelSmoothingEveryImplementationsGradientsMatchTheReference) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const Problem13 p(dt);
+    Options o = with("reference", Reduction::kMean);
+    o.label_smoothing = 0.3;
+    o.z_loss_weight = 0.05;
+    o.soft_cap = 4.0;
+    const Result want = compute_with_grad(p.in(true, true), o);
+    for (const std::string& impl : host_implementations()) {
+      o.implementation = impl;
+      o.skip_ignored = impl != "cpu";  // both paths of the API
+      const Result got = compute_with_grad(p.in(true, true), o);
+      const double tol = dt == DType::kF32 ? 1e-5 : 1e-2;  // bf16 gradients are stored in bf16
+      EXPECT_NEAR(got.loss.data_as<float>()[0], want.loss.data_as<float>()[0], 1e-5) << impl;
+      for (auto [g, r] : {std::pair{&got.dx, &want.dx}, {&got.dw, &want.dw}})
+        for (int64_t i = 0; i < g->numel(); ++i)
+          ASSERT_NEAR(load_as_f32(g->data(), g->dtype(), i), load_as_f32(r->data(), r->dtype(), i),
+                      tol * (1.0 + std::fabs(load_as_f32(r->data(), r->dtype(), i))))
+              << impl << " " << dtype_name(dt) << " element " << i;
+    }
+  }
 }
 
 // z_loss: the z-loss part alone, weight · λ · lse², reduced like the loss; it is what the loss

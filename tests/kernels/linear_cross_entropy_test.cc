@@ -261,6 +261,16 @@ std::vector<FdCase> fd_cases() {
     c.z = 0.2;
     c.cap = 2.0;
     v.push_back(c);
+    c = make_fd("class_weights+label smoothing", r);  // PyTorch: ε/V·Σ_c w[c]·(−log p_c)
+    c.class_weights = true;
+    c.eps = 0.2;
+    v.push_back(c);
+    c = make_fd("class_weights+smoothing+token weights+z_loss+soft_cap+bias", r);
+    c.class_weights = c.weights = c.bias = true;
+    c.eps = 0.3;
+    c.z = 0.1;
+    c.cap = 2.5;
+    v.push_back(c);
   }
   FdCase c = make_fd("vh layout", Reduction::kMean);
   c.mem = WLayout::kVH;

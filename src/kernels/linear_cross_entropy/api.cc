@@ -85,11 +85,11 @@ WLayout resolve_w_layout(const TensorView& w, int64_t H, WLayout requested, int6
       shape_str(w.strides) + " for shape " + shape_str(w.shape));
 }
 
-// Class weights (PyTorch's `weight`) scale loss_t by class_weights[label_t]; without label
-// smoothing that is exactly a per-token weight, so they are folded into the token weights
-// (every implementation then honours them, and the mean divides by Σ token · class weight, as
-// PyTorch divides by Σ weight[label]). Label smoothing spreads ε over every class with its own
-// weight — a weighted sum over the vocabulary that the backends do not compute yet.
+// Class weights (PyTorch's `weight`) scale loss_t by class_weights[label_t]. They are folded
+// into the token weights (the mean then divides by Σ token · class weight, as PyTorch divides by
+// Σ weight[label]); without label smoothing that is all. With smoothing, PyTorch's term is
+// ε/V · Σ_c weight[c]·(−log p_c), scaled by the token weight alone: the problem then also
+// carries the class weights and the token weights (Problem::class_weights).
 void fold_class_weights(const TensorView& cw, const Options& opt, Problem& p) {
   if (cw.dtype != DType::kF32) bad(std::string("class_weights must be f32, got ") + dtype_name(cw.dtype));
   if (cw.ndim() != 1 || cw.shape[0] != p.V)
@@ -97,19 +97,24 @@ void fold_class_weights(const TensorView& cw, const Options& opt, Problem& p) {
   require_device(cw, p.device, "class_weights");
   require_contiguous(cw, "class_weights");
   require_data(cw, "class_weights");
-  if (opt.label_smoothing > 0.0)
-    throw Error(ErrorCode::kUnsupported, kName + ": class_weights with label_smoothing > 0 are not implemented yet "
-                                                 "(the smoothing term needs a class-weighted sum over the vocabulary)");
   if (p.device.type != DeviceType::kCPU)
     throw Error(ErrorCode::kUnsupported, kName + ": class_weights are supported for host inputs only (for now)");
   const auto* c = static_cast<const float*>(cw.data);
-  for (int64_t v = 0; v < p.V; ++v)
+  double sum = 0.0;
+  for (int64_t v = 0; v < p.V; ++v) {
     if (!(c[v] >= 0.0f) || !std::isfinite(c[v]))
       bad("class_weights must be finite and >= 0, got " + std::to_string(c[v]) + " at class " + std::to_string(v));
+    sum += c[v];
+  }
   auto combined = std::shared_ptr<float[]>(new float[static_cast<size_t>(std::max<int64_t>(p.B, 1))]);
   for (int64_t t = 0; t < p.B; ++t) {
     const int64_t y = p.label(t);
     combined[t] = y == p.ignore_index ? 0.0f : p.weight(t) * c[y];
+  }
+  if (opt.label_smoothing > 0.0) {
+    p.class_weights = c;
+    p.token_weights = p.weights;  // the caller's (or null)
+    p.class_weight_sum = sum;
   }
   p.weights = combined.get();
   p.keep = combined;

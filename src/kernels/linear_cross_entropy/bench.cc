@@ -18,11 +18,13 @@ struct Settings {
   bool bias = false;
   double soft_cap = 0.0;
   double ignored = 0.0;  // fraction of tokens labelled ignore_index, spread evenly
+  double label_smoothing = 0.0;
+  bool class_weights = false;  // random per-class weights in [0.5, 1.5)
 };
 
 // Inputs, outputs and options of one implementation on one device.
 struct Bound {
-  Tensor x, w, bias, labels, loss, lse, dx, dw, dbias, grad_loss;
+  Tensor x, w, bias, labels, class_weights, loss, lse, dx, dw, dbias, grad_loss;
   Inputs in;
   ForwardOutputs fo;
   Gradients gr;
@@ -41,6 +43,10 @@ class LceBench final : public harness::BenchProblem {
     for (int64_t t = 0; t < s.B; ++t)
       if (static_cast<int64_t>((t + 1) * s.ignored) > static_cast<int64_t>(t * s.ignored))
         labels_.data_as<int64_t>()[t] = -100;
+    if (s.class_weights) {
+      class_weights_ = random_uniform(DType::kF32, {s.V}, 0.5f, seed * 3 + 4);
+      for (int64_t v = 0; v < s.V; ++v) class_weights_.data_as<float>()[v] += 1.0f;
+    }
   }
 
   harness::Row describe() const override {
@@ -51,6 +57,8 @@ class LceBench final : public harness::BenchProblem {
     if (s_.ignored > 0) r["ignored"] = s_.ignored;
     r["bias"] = s_.bias;
     r["soft_cap"] = s_.soft_cap;
+    if (s_.label_smoothing > 0) r["label_smoothing"] = s_.label_smoothing;
+    if (s_.class_weights) r["class_weights"] = true;
     return r;
   }
 
@@ -60,6 +68,7 @@ class LceBench final : public harness::BenchProblem {
     CostShape cs;
     cs.B = s_.B, cs.H = s_.H, cs.V = s_.V, cs.dtype = s_.dtype, cs.bias = s_.bias;
     cs.bias_dtype = s_.dtype, cs.soft_cap = s_.soft_cap, cs.grad_dtype = s_.dtype;
+    cs.label_smoothing = s_.label_smoothing;
     return linear_cross_entropy::cost(cs, pass, implementation);
   }
 
@@ -78,6 +87,7 @@ class LceBench final : public harness::BenchProblem {
     static_cast<ExecOptions&>(b->opt) = exec;
     b->opt.implementation = implementation;
     b->opt.soft_cap = s_.soft_cap;
+    b->opt.label_smoothing = s_.label_smoothing;
     b->opt.w_layout = s_.layout;
     harness::BenchCall c;
     switch (pass) {
@@ -94,7 +104,10 @@ class LceBench final : public harness::BenchProblem {
     return c;
   }
 
+  // The materialized baseline computes the plain loss (with the soft cap and ignored rows); with
+  // label smoothing or class weights it would time a different function, so it is left out.
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
+    if (s_.label_smoothing > 0 || s_.class_weights) return {};
     BaselineInputs bin;
     bin.B = s_.B, bin.H = s_.H, bin.V = s_.V, bin.dtype = s_.dtype, bin.layout = s_.layout;
     bin.x = x_.data(), bin.w = w_.data(), bin.bias = s_.bias ? bias_.data() : nullptr;
@@ -126,6 +139,10 @@ class LceBench final : public harness::BenchProblem {
     b.grad_loss = one.to(dev);
     b.in.x = b.x, b.in.w = b.w, b.in.labels = b.labels;
     if (s_.bias) b.in.bias = b.bias.view();
+    if (s_.class_weights) {
+      b.class_weights = class_weights_.to(dev);
+      b.in.class_weights = b.class_weights.view();
+    }
     b.fo = {b.loss, b.lse, std::nullopt};
     if (!grads) return;
     b.dx = Tensor::zeros(s_.dtype, {s_.B, s_.H}, dev);
@@ -136,7 +153,7 @@ class LceBench final : public harness::BenchProblem {
   }
 
   Settings s_;
-  Tensor x_, w_, bias_, labels_;
+  Tensor x_, w_, bias_, labels_, class_weights_;
 };
 
 }  // namespace
@@ -146,7 +163,10 @@ std::vector<harness::OptionSpec> bench_options() {
   return {{"layout", K::kString, "memory layout of w: hv ([H, V]) or vh ([V, H], lm_head.weight)", "hv", {"hv", "vh"}},
           {"bias", K::kFlag, "add a bias [V]", "false", {}},
           {"soft-cap", K::kFloat, "logit soft cap c (0 disables)", "0", {}},
-          {"ignored", K::kFloat, "fraction of tokens labelled ignore_index (-100), in [0, 1]", "0", {}}};
+          {"ignored", K::kFloat, "fraction of tokens labelled ignore_index (-100), in [0, 1]", "0", {}},
+          {"label-smoothing", K::kFloat, "label smoothing ε in [0, 1] (no materialized baseline then)", "0", {}},
+          {"class-weights", K::kFlag, "random per-class weights [V] in [0.5, 1.5) (no materialized baseline then)",
+           "false", {}}};
 }
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
@@ -160,6 +180,10 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   s.soft_cap = o.real("soft-cap");
   s.ignored = o.real("ignored");
   check(s.ignored >= 0.0 && s.ignored <= 1.0, ErrorCode::kInvalidArgument, "--ignored must be in [0, 1]");
+  s.label_smoothing = o.real("label-smoothing");
+  check(s.label_smoothing >= 0.0 && s.label_smoothing <= 1.0, ErrorCode::kInvalidArgument,
+        "--label-smoothing must be in [0, 1]");
+  s.class_weights = o.flag("class-weights");
   return std::make_unique<LceBench>(s, seed);
 }
 

@@ -28,13 +28,19 @@ std::optional<Compaction> Compaction::make(const Problem& p) {
   c.q_.x = c.x_.data();
   c.q_.labels = c.labels_.data();
   c.q_.label_dtype = DType::kI64;
-  if (p.weights) {
-    c.weights_ = Tensor::empty(DType::kF32, {n});
-    for (int64_t i = 0; i < n; ++i) c.weights_.data_as<float>()[i] = p.weights[c.rows_[static_cast<size_t>(i)]];
-    c.q_.weights = c.weights_.data_as<float>();
-  }
+  c.q_.weights = c.gather(p.weights, c.weights_);
+  c.q_.token_weights = c.gather(p.token_weights, c.token_weights_);
   c.per_token_loss_ = p.reduction == Reduction::kNone;
   return c;
+}
+
+// The kept rows of a per-token f32 array into `dst` (null stays null).
+const float* Compaction::gather(const float* src, Tensor& dst) const {
+  if (!src) return nullptr;
+  const int64_t n = kept();
+  dst = Tensor::empty(DType::kF32, {n});
+  for (int64_t i = 0; i < n; ++i) dst.data_as<float>()[i] = src[rows_[static_cast<size_t>(i)]];
+  return dst.data_as<float>();
 }
 
 ForwardOut Compaction::forward_out(const ForwardOut& full) {
@@ -54,13 +60,7 @@ ForwardOut Compaction::forward_out(const ForwardOut& full) {
 }
 
 GradIn Compaction::grad_in(const GradIn& full) {
-  const int64_t n = kept();
   GradIn g = full;
-  auto gather = [&](const float* src, Tensor& dst) {
-    dst = Tensor::empty(DType::kF32, {n});
-    for (int64_t i = 0; i < n; ++i) dst.data_as<float>()[i] = src[rows_[static_cast<size_t>(i)]];
-    return dst.data_as<float>();
-  };
   if (per_token_loss_) g.grad_loss = gather(full.grad_loss, grad_);
   if (full.lse) g.lse = gather(full.lse, lse_in_);
   return g;

@@ -38,7 +38,9 @@ class Compaction {
  private:
   Problem p_, q_;
   std::vector<int64_t> rows_;  // kept row indices of p
-  Tensor x_, labels_, weights_, loss_, lse_, argmax_, grad_, lse_in_, dx_;
+  const float* gather(const float* src, Tensor& dst) const;
+
+  Tensor x_, labels_, weights_, token_weights_, loss_, lse_, argmax_, grad_, lse_in_, dx_;
   bool per_token_loss_ = false;
   DType dx_dtype_ = DType::kF32;
 };

@@ -47,6 +47,7 @@
 
 #include "core/memory.h"
 #include "kernels/cpu_blas.h"
+#include "kernels/linear_cross_entropy/cpu_rows.h"
 #include "kernels/linear_cross_entropy/cpu_simd.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/error.h"
@@ -308,7 +309,7 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
         s.m = tm;
       }
       float se = 0.0f, sz = 0.0f;
-      simd::sum_exp(z, n, s.m, &se, &sz);
+      simd::sum_exp(z, n, s.m, p.class_weights ? p.class_weights + v0 : nullptr, &se, &sz);
       s.s += se;
       s.sumz += sz;
       const int64_t y = p.label(b0 + i);
@@ -319,7 +320,6 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
 
 void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
   const Range rows = split(nb, tid, T, 1);
-  const double eps = p.label_smoothing, lam = p.z_loss_weight;
   const bool write_fwd = mode != Mode::kBackward;
   for (int64_t i = rows.begin; i < rows.end; ++i) {
     const int64_t t = b0 + i;
@@ -349,10 +349,7 @@ void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
         fout->lse[t] = static_cast<float>(lse);
         if (fout->argmax) fout->argmax[t] = amax;
         double loss = 0.0;
-        if (!ign) {
-          const double ce = (1.0 - eps) * (lse - zy) + eps * (lse - sumz / static_cast<double>(p.V));
-          loss = static_cast<double>(p.weight(t)) * (ce + lam * lse * lse);
-        }
+        if (!ign) loss = row_loss_value(p, t, lse, zy, sumz);
         rowloss[i] = loss;
         if (p.reduction == Reduction::kNone) fout->loss[t] = static_cast<float>(loss);
       }
@@ -364,7 +361,7 @@ void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
       if (!ign) {
         up = p.reduction == Reduction::kNone ? gin->grad_loss[t] : gin->grad_loss[0];
         if (p.reduction == Reduction::kMean) up = denom == 0.0 ? 0.0 : up / denom;
-        up *= static_cast<double>(p.weight(t));
+        if (!p.class_weights) up *= static_cast<double>(p.weight(t));  // else in class_weighted_grad
       }
       row_lse[i] = lse;
       row_scale[i] = static_cast<float>(up);
@@ -386,13 +383,15 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
       const float scale = row_scale[i];
       if (scale == 0.0f) {  // ignored row, zero weight or zero upstream gradient
         std::memset(z, 0, static_cast<size_t>(n) * sizeof(float));
+      } else if (p.class_weights) {
+        cpu_rows::class_weighted_grad(p, b0 + i, row_lse[i], scale, v0, n, z);
       } else {
         const double lse = row_lse[i];
         const double coef = 1.0 + 2.0 * lam * lse;
         const int64_t y = p.label(b0 + i);
         const bool has_y = y >= v0 && y < v0 + n;
         const double zy = has_y ? z[y - v0] : 0.0;
-        simd::softmax_grad(z, n, static_cast<float>(lse), static_cast<float>(coef), offset, scale,
+        simd::softmax_grad(z, n, static_cast<float>(lse), static_cast<float>(coef), offset, nullptr, scale,
                            static_cast<float>(cap));
         if (has_y) {
           // Label column, in f64 and cancellation-free: coef·p_y − ε/V − (1−ε)

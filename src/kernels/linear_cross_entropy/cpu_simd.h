@@ -22,11 +22,13 @@ void bias_softcap(float* z, int64_t n, const float* bias, float cap);
 // max_i z[i] (n >= 1).
 float max_value(const float* z, int64_t n);
 
-// *sum_exp = sum_i exp(z[i] - m); *sum_z = sum_i z[i]  (f32 lanes, fixed order).
-void sum_exp(const float* z, int64_t n, float m, float* sum_exp, float* sum_z);
+// *sum_exp = sum_i exp(z[i] - m); *sum_z = sum_i sigma[i] * z[i], sigma = 1 when null (f32
+// lanes, fixed order).
+void sum_exp(const float* z, int64_t n, float m, const float* sigma, float* sum_exp, float* sum_z);
 
-// In place: z[i] := scale * (coef * exp(z[i] - lse) - offset) * (cap > 0 ? 1 - (z[i]/cap)^2 : 1).
-// (The label column's "- (1 - eps)" is applied by the caller, in f32/f64, after this.)
-void softmax_grad(float* z, int64_t n, float lse, float coef, float offset, float scale, float cap);
+// In place: z[i] := scale * (coef * exp(z[i] - lse) - offset * sigma[i]) * (cap > 0 ? 1 - (z[i]/cap)^2 : 1),
+// sigma = 1 when null. (The label column's "- (1 - eps)" is applied by the caller, after this.)
+void softmax_grad(float* z, int64_t n, float lse, float coef, float offset, const float* sigma, float scale,
+                  float cap);
 
 }  // namespace tessera::linear_cross_entropy::cpu_simd

@@ -30,6 +30,13 @@ struct Problem {
   DType label_dtype = DType::kI64;
   const float* weights = nullptr;  // [B] f32 or nullptr (all ones): token × class weights
   std::shared_ptr<const void> keep;  // storage the API made for this problem (combined weights)
+  // Class weights with label smoothing (PyTorch's definition): the smoothing term of token t is
+  //   smooth_weight(t) · ε/V · Σ_c σ_c · (lse_t − z_tc),   σ = class_weights (else 1).
+  // Set only when label_smoothing > 0; without smoothing the API folds class weights into
+  // `weights` and leaves these null. token_weights: the caller's token weights alone (or null).
+  const float* class_weights = nullptr;  // [V] or nullptr
+  const float* token_weights = nullptr;  // [B] or nullptr (ones); read only with class_weights
+  double class_weight_sum = 0.0;         // Σ_c class_weights[c]
 
   Reduction reduction = Reduction::kMean;
   int64_t ignore_index = -100;
@@ -45,7 +52,34 @@ struct Problem {
   int64_t label(int64_t t) const { return load_as_i64(labels, label_dtype, t); }
   float weight(int64_t t) const { return weights ? weights[t] : 1.0f; }
   bool ignored(int64_t t) const { return label(t) == ignore_index; }
+  // The smoothing term's token weight and Σ_c σ_c (see class_weights).
+  float smooth_weight(int64_t t) const {
+    if (!class_weights) return weight(t);
+    return token_weights ? token_weights[t] : 1.0f;
+  }
+  double smooth_total() const { return class_weights ? class_weight_sum : static_cast<double>(V); }
 };
+
+// loss_t of a non-ignored row from its lse, label logit and Σ_c σ_c·z_c (Σ z without class
+// weights): weight·[(1−ε)(lse − z_y) + λ·lse²] + smooth_weight·ε/V·(Σσ·lse − Σ σ·z).
+inline double row_loss_value(const Problem& p, int64_t t, double lse, double zy, double sigma_z) {
+  const double eps = p.label_smoothing;
+  const double main = (1.0 - eps) * (lse - zy) + p.z_loss_weight * lse * lse;
+  const double smooth = eps / static_cast<double>(p.V) * (p.smooth_total() * lse - sigma_z);
+  return static_cast<double>(p.weight(t)) * main + static_cast<double>(p.smooth_weight(t)) * smooth;
+}
+
+// d loss_t / d z_j = coef·p_j − offset·σ_j − label·[j == y]  (before the upstream gradient and
+// the soft cap's factor), for a non-ignored row with log-sum-exp lse.
+struct GradCoefs {
+  double coef = 0.0, offset = 0.0, label = 0.0;
+};
+inline GradCoefs grad_coefs(const Problem& p, int64_t t, double lse) {
+  const double eps = p.label_smoothing, V = static_cast<double>(p.V);
+  const double w = p.weight(t), s = p.smooth_weight(t);
+  return {w * (1.0 - eps + 2.0 * p.z_loss_weight * lse) + s * eps * p.smooth_total() / V, s * eps / V,
+          w * (1.0 - eps)};
+}
 
 // Raw outputs. loss: B floats for kNone, 1 float for kSum / kMean. lse: B floats. argmax: B
 // int64 or nullptr. All on problem.device.

@@ -40,6 +40,10 @@ double logsumexp(const std::vector<double>& z) {
   return m + std::log(s);
 }
 
+double sigma(const Problem& p, int64_t c) {
+  return p.class_weights ? static_cast<double>(p.class_weights[c]) : 1.0;
+}
+
 struct RowLoss {
   double lse = 0.0;
   double loss = 0.0;  // weight_t · (ce + λ·lse²); 0 for ignored rows
@@ -53,13 +57,15 @@ RowLoss row_loss(const Problem& p, int64_t t, const std::vector<double>& z) {
     if (z[static_cast<size_t>(j)] > z[static_cast<size_t>(r.argmax)]) r.argmax = j;
   if (p.ignored(t)) return r;
   const int64_t y = p.label(t);
-  double mean_z = 0.0;
-  for (double v : z) mean_z += v;
-  mean_z /= static_cast<double>(p.V);
   const double nll = r.lse - z[static_cast<size_t>(y)];
   const double eps = p.label_smoothing;
-  const double ce = (1.0 - eps) * nll + eps * (r.lse - mean_z);
-  r.loss = static_cast<double>(p.weight(t)) * (ce + p.z_loss_weight * r.lse * r.lse);
+  // Smoothing: ε/V · Σ_c σ_c·(−log p_c), σ = class weights (1 without), scaled by the token
+  // weight alone when class weights are given (PyTorch), else by the row's weight.
+  double smooth = 0.0;
+  for (int64_t c = 0; c < p.V; ++c) smooth += sigma(p, c) * (r.lse - z[static_cast<size_t>(c)]);
+  smooth *= eps / static_cast<double>(p.V);
+  r.loss = static_cast<double>(p.weight(t)) * ((1.0 - eps) * nll + p.z_loss_weight * r.lse * r.lse) +
+           static_cast<double>(p.smooth_weight(t)) * smooth;
   return r;
 }
 
@@ -120,16 +126,19 @@ class Reference final : public Implementation {
         // Upstream gradient reaching loss_t.
         double up = p.reduction == Reduction::kNone ? g.grad_loss[t] : g.grad_loss[0];
         if (p.reduction == Reduction::kMean) up = denom == 0.0 ? 0.0 : up / denom;
-        const double scale = up * static_cast<double>(p.weight(t));
+        const double wt = p.weight(t), st = p.smooth_weight(t);
         logits_row(p, t, z);
         const double lse = logsumexp(z);
         const int64_t y = p.label(t);
-        // d loss_t / d z_j = w_t·[(1 + 2λ·lse)·p_j − (1−ε)·[j==y] − ε/V]
+        // d loss_t / d z_j = w_t·[(1−ε)·(p_j − [j==y]) + 2λ·lse·p_j] + s_t·ε/V·(Σσ·p_j − σ_j)
+        double sigma_sum = 0.0;
+        for (int64_t c = 0; c < p.V; ++c) sigma_sum += sigma(p, c);
         for (size_t j = 0; j < V; ++j) {
           const double pj = std::exp(z[j] - lse);
-          double d = (1.0 + 2.0 * p.z_loss_weight * lse) * pj - eps / static_cast<double>(p.V);
-          if (static_cast<int64_t>(j) == y) d -= (1.0 - eps);
-          d *= scale;
+          const double onehot = static_cast<int64_t>(j) == y ? 1.0 : 0.0;
+          double d = wt * ((1.0 - eps) * (pj - onehot) + 2.0 * p.z_loss_weight * lse * pj) +
+                     st * eps / static_cast<double>(p.V) * (sigma_sum * pj - sigma(p, static_cast<int64_t>(j)));
+          d *= up;
           // Through the soft cap: z = c·tanh(s/c)  =>  dz/ds = 1 − (z/c)².
           if (p.soft_cap > 0.0) d *= 1.0 - (z[j] / p.soft_cap) * (z[j] / p.soft_cap);
           dz[j] = d;

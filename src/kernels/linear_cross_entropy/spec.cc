@@ -111,6 +111,8 @@ Options call_options(const kernels::CallArgs& a) {
   opt.label_smoothing = o.real("label_smoothing");
   opt.ignore_index = o.integer("ignore_index");
   opt.return_argmax = o.flag("return_argmax");
+  opt.return_z_loss = o.flag("return_z_loss");
+  opt.return_token_accuracy = o.flag("return_token_accuracy");
   return opt;
 }
 
@@ -137,6 +139,8 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
     add("loss", DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{});
     add("lse", DType::kF32, lead);
     if (opt.return_argmax) add("argmax", DType::kI64, lead);
+    if (opt.return_z_loss) add("z_loss", DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{});
+    if (opt.return_token_accuracy) add("accuracy", DType::kF32, Shape{});
   }
   if (a.pass != Pass::kForward) {
     add("dx", in.x.dtype, in.x.shape);
@@ -159,7 +163,11 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
     return std::nullopt;
   };
   ForwardOutputs fo;
-  if (a.pass != Pass::kBackward) fo = {*find("loss"), *find("lse"), find("argmax")};
+  if (a.pass != Pass::kBackward) {
+    fo = {*find("loss"), *find("lse"), find("argmax")};
+    fo.z_loss = find("z_loss");
+    fo.accuracy = find("accuracy");
+  }
   Gradients g;
   if (a.pass != Pass::kForward) g = {*find("dx"), *find("dw"), find("dbias")};
   switch (a.pass) {
@@ -195,7 +203,12 @@ kernels::CallSpec call_spec() {
       {"soft_cap", K::kFloat, "logit soft cap c (z = c·tanh(z/c)); 0 disables", "0", {}},
       {"w_layout", K::kString, "auto (from the shape; an error when H == V), vh ([V, H]) or hv ([H, V])", "auto",
        {"auto", "vh", "hv"}},
-      {"return_argmax", K::kFlag, "also return the argmax of the logits per token (i64)", "false", {}}};
+      {"return_argmax", K::kFlag, "also return the argmax of the logits per token (i64)", "false", {}},
+      {"return_z_loss", K::kFlag,
+       "also return the z-loss part alone (f32, the loss's shape; a metric: no gradient, the loss contains it)",
+       "false", {}},
+      {"return_token_accuracy", K::kFlag,
+       "also return the share of non-ignored tokens whose argmax is the label (f32, 0-d; a metric)", "false", {}}};
   s.forward_outputs = {"loss"};
   s.saved_outputs = {"lse"};
   s.outputs = call_outputs;

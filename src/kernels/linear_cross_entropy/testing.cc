@@ -35,6 +35,7 @@ std::string CaseSpec::name() const {
      << reduction_name(opt.reduction);
   if (bias) os << " bias:" << dtype_name(bias_dtype);
   if (weights) os << " weights";
+  if (class_weights) os << " class_weights";
   if (label_dtype != DType::kI64) os << " labels:" << dtype_name(label_dtype);
   if (opt.ignore_index != -100) os << " ignore=" << opt.ignore_index;
   if (ignore_fraction > 0) os << " ign=" << ignore_fraction;
@@ -76,6 +77,11 @@ CaseData make_case(const CaseSpec& s) {
     d.weights = Tensor::empty(DType::kF32, s.lead);
     fill_uniform(d.weights, 0.25, 2.0, seed + 6);
   }
+  if (s.class_weights) {
+    d.class_weights = Tensor::empty(DType::kF32, {s.V});
+    fill_uniform(d.class_weights, 0.0, 3.0, seed + 8);
+    d.class_weights.data_as<float>()[s.V / 2] = 0.0f;  // a class that counts for nothing
+  }
   if (s.opt.reduction == Reduction::kNone) {
     d.grad_loss = Tensor::empty(DType::kF32, s.lead);
     fill_uniform(d.grad_loss, -1.0, 2.0, seed + 7);  // distinct per token: catches "first only" bugs
@@ -93,6 +99,7 @@ Inputs CaseData::inputs() const {
   if (bias.defined()) in.bias = bias.view();
   in.labels = labels.view();
   if (weights.defined()) in.token_weights = weights.view();
+  if (class_weights.defined()) in.class_weights = class_weights.view();
   return in;
 }
 
@@ -104,6 +111,7 @@ CaseData CaseData::to(Device device) const {
   d.bias = mv(bias);
   d.labels = mv(labels);
   d.weights = mv(weights);
+  d.class_weights = mv(class_weights);
   d.grad_loss = mv(grad_loss);
   d.w_view_owner = w_view_owner.view().is_contiguous() ? d.w : d.w.as_strided(w_view_owner.shape(), w_view_owner.view().strides);
   return d;
@@ -273,6 +281,25 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.logit_scale = 6.0;
       add(c);
     }
+    // Class weights (PyTorch's weight): with token weights (mean over Σ w[y]); and with label
+    // smoothing, soft cap, z-loss and bias, per token (issue #17).
+    {
+      CaseSpec c = base;
+      c.lead = {14};
+      c.H = 19;
+      c.V = 45;
+      c.weights = true;
+      c.class_weights = true;
+      add(c);
+      c.weights = false;
+      c.bias = true;
+      c.memory_layout = WLayout::kVH;
+      c.opt.reduction = Reduction::kNone;
+      c.opt.label_smoothing = 0.2;
+      c.opt.soft_cap = 6.0;
+      c.opt.z_loss_weight = 1e-2;
+      add(c);
+    }
     // Transposed views (PyTorch lm_head.weight.T), both memory layouts.
     for (WLayout l : {WLayout::kHV, WLayout::kVH}) {
       CaseSpec c = base;
@@ -343,6 +370,17 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.bias = true;
       c.f32_grads = true;
       c.opt.soft_cap = 15.0;
+      add(c);
+    }
+    // Class weights with smoothing over more than a vocab block (odd tail), mean.
+    {
+      CaseSpec c = base;
+      c.lead = {7};
+      c.H = 10;
+      c.V = 2048 + 53;
+      c.weights = true;
+      c.class_weights = true;
+      c.opt.label_smoothing = 0.1;
       add(c);
     }
     // More tokens than a default token block.

@@ -22,6 +22,7 @@ struct CaseSpec {
   bool bias = false;
   DType bias_dtype = DType::kF32;
   bool weights = false;
+  bool class_weights = false;         // per-class weights [V] (PyTorch's weight), one of them 0
   DType label_dtype = DType::kI64;
   double ignore_fraction = 0.15;      // share of rows labelled ignore_index
   bool f32_grads = false;             // dx/dw/dbias stored as f32 (else in the inputs' dtypes)
@@ -34,7 +35,7 @@ struct CaseSpec {
 // Inputs made from a CaseSpec (host memory). Values are rounded to the case's dtype when
 // generated, so every implementation sees the very same numbers.
 struct CaseData {
-  Tensor x, w, bias, labels, weights;
+  Tensor x, w, bias, labels, weights, class_weights;
   Tensor w_view_owner;  // w or its transposed view (shares storage)
   Tensor grad_loss;     // upstream gradient: random per token for kNone, a scalar otherwise
   Inputs inputs() const;

@@ -1,0 +1,27 @@
+#include "kernels/linear_cross_entropy/cpu_rows.h"
+
+#include <cmath>
+
+#include "kernels/linear_cross_entropy/cpu_simd.h"
+
+namespace tessera::linear_cross_entropy::cpu_rows {
+
+void class_weighted_grad(const Problem& p, int64_t t, double lse, float up, int64_t v0, int64_t n, float* z) {
+  const GradCoefs g = grad_coefs(p, t, lse);
+  const double cap = p.soft_cap;
+  const int64_t y = p.label(t);
+  const bool has_y = y >= v0 && y < v0 + n;
+  const double zy = has_y ? z[y - v0] : 0.0;
+  cpu_simd::softmax_grad(z, n, static_cast<float>(lse), static_cast<float>(g.coef), static_cast<float>(g.offset),
+                         p.class_weights + v0, up, static_cast<float>(cap));
+  if (!has_y) return;
+  // coef·p_y − offset·σ_y − label, with the label part w(1−ε)·(p_y − 1) kept exact:
+  //   coef·p_y − label = w(1−ε)·(p_y − 1) + (coef − w(1−ε))·p_y.
+  const double py_m1 = std::expm1(zy - lse), py = py_m1 + 1.0;
+  double d = g.label * py_m1 + (g.coef - g.label) * py - g.offset * static_cast<double>(p.class_weights[y]);
+  d *= static_cast<double>(up);
+  if (cap > 0.0) d *= 1.0 - (zy / cap) * (zy / cap);
+  z[y - v0] = static_cast<float>(d);
+}
+
+}  // namespace tessera::linear_cross_entropy::cpu_rows

@@ -68,12 +68,14 @@ float MaxValue(const float* z, int64_t n) {
   return m;
 }
 
-void SumExp(const float* z, int64_t n, float m, const float* sigma, float* sum_exp, float* sum_z) {
+// kSigma: a compile-time switch, so that the plain path (no class weights) is the loop it was.
+template <bool kSigma>
+HWY_INLINE void SumExpT(const float* z, int64_t n, float m, const float* sigma, float* sum_exp, float* sum_z) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const auto vm = hn::Set(df, m);
   const auto one = hn::Set(df, 1.0f);
-  auto sig = [&](int64_t i) { return sigma ? hn::LoadU(df, sigma + i) : one; };
+  auto sig = [&](int64_t i) { return kSigma ? hn::LoadU(df, sigma + i) : one; };
   auto s0 = hn::Zero(df), s1 = hn::Zero(df), t0 = hn::Zero(df), t1 = hn::Zero(df);
   int64_t i = 0;
   for (; i + 2 * N <= n; i += 2 * N) {
@@ -81,39 +83,47 @@ void SumExp(const float* z, int64_t n, float m, const float* sigma, float* sum_e
     const auto b = hn::LoadU(df, z + i + N);
     s0 = hn::Add(s0, hn::Exp(df, hn::Sub(a, vm)));
     s1 = hn::Add(s1, hn::Exp(df, hn::Sub(b, vm)));
-    t0 = sigma ? hn::MulAdd(sig(i), a, t0) : hn::Add(t0, a);
-    t1 = sigma ? hn::MulAdd(sig(i + N), b, t1) : hn::Add(t1, b);
+    t0 = kSigma ? hn::MulAdd(sig(i), a, t0) : hn::Add(t0, a);
+    t1 = kSigma ? hn::MulAdd(sig(i + N), b, t1) : hn::Add(t1, b);
   }
   for (; i + N <= n; i += N) {
     const auto a = hn::LoadU(df, z + i);
     s0 = hn::Add(s0, hn::Exp(df, hn::Sub(a, vm)));
-    t0 = sigma ? hn::MulAdd(sig(i), a, t0) : hn::Add(t0, a);
+    t0 = kSigma ? hn::MulAdd(sig(i), a, t0) : hn::Add(t0, a);
   }
   if (i < n) {
     HWY_ALIGN float buf[hn::MaxLanes(df)] = {};
     HWY_ALIGN float sbuf[hn::MaxLanes(df)] = {};
     for (int64_t k = 0; k < n - i; ++k) {
       buf[k] = z[i + k];
-      sbuf[k] = sigma ? sigma[i + k] : 1.0f;
+      sbuf[k] = kSigma ? sigma[i + k] : 1.0f;
     }
     const auto mask = hn::FirstN(df, static_cast<size_t>(n - i));
     const auto a = hn::Load(df, buf);
     s1 = hn::Add(s1, hn::IfThenElseZero(mask, hn::Exp(df, hn::Sub(a, vm))));
-    t1 = sigma ? hn::MulAdd(hn::Load(df, sbuf), a, t1) : hn::Add(t1, a);  // padding is 0
+    t1 = kSigma ? hn::MulAdd(hn::Load(df, sbuf), a, t1) : hn::Add(t1, a);  // padding is 0
   }
   *sum_exp = hn::GetLane(hn::SumOfLanes(df, hn::Add(s0, s1)));
   *sum_z = hn::GetLane(hn::SumOfLanes(df, hn::Add(t0, t1)));
 }
 
-void SoftmaxGrad(float* z, int64_t n, float lse, float coef, float offset, const float* sigma, float scale,
-                 float cap) {
+void SumExp(const float* z, int64_t n, float m, const float* sigma, float* sum_exp, float* sum_z) {
+  if (sigma)
+    SumExpT<true>(z, n, m, sigma, sum_exp, sum_z);
+  else
+    SumExpT<false>(z, n, m, sigma, sum_exp, sum_z);
+}
+
+template <bool kSigma>
+HWY_INLINE void SoftmaxGradT(float* z, int64_t n, float lse, float coef, float offset, const float* sigma,
+                             float scale, float cap) {
   const DF df;
   const auto vl = hn::Set(df, lse);
   const auto vc = hn::Set(df, coef);
   const auto vo = hn::Set(df, offset);
   const auto vs = hn::Set(df, scale);
   // sigma rides in for_each_vec's aux lane (zero when null, so the offset is selected instead).
-  auto off = [&](auto s) { return sigma ? hn::Mul(vo, s) : vo; };
+  auto off = [&](auto s) { return kSigma ? hn::Mul(vo, s) : vo; };
   if (cap > 0.0f) {
     const auto inv_c = hn::Set(df, 1.0f / cap);
     const auto one = hn::Set(df, 1.0f);
@@ -127,6 +137,14 @@ void SoftmaxGrad(float* z, int64_t n, float lse, float coef, float offset, const
       return hn::Mul(vs, hn::MulSub(vc, hn::Exp(df, hn::Sub(v, vl)), off(s)));
     });
   }
+}
+
+void SoftmaxGrad(float* z, int64_t n, float lse, float coef, float offset, const float* sigma, float scale,
+                 float cap) {
+  if (sigma)
+    SoftmaxGradT<true>(z, n, lse, coef, offset, sigma, scale, cap);
+  else
+    SoftmaxGradT<false>(z, n, lse, coef, offset, sigma, scale, cap);
 }
 
 }  // namespace HWY_NAMESPACE

@@ -4,18 +4,23 @@
 // reference run on those rows alone, the last rows included (their flat logit index t·V + v is
 // past 2^31), and whole columns of dw recomputed in double from the inputs and the checked lse.
 // About 25 MiB of memory; label `large` (tens of seconds on 2 cores).
+//
+// And an attention forward whose q and o pass 2^31 elements (B·Sq·Hq·D = 2 147 493 120, bf16:
+// 4 GiB each, about 8.2 GiB in all), checked row by row against the reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "tessera/attention.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera {
 namespace {
 
 namespace lce = linear_cross_entropy;
+namespace att = attention;
 
 TEST(LceLarge, LogitCountPast2To31OnCpuMatchesReferenceSamples) {
   bool have_cpu = false;
@@ -83,6 +88,68 @@ TEST(LceLarge, LogitCountPast2To31OnCpuMatchesReferenceSamples) {
     for (int64_t h = 0; h < H; ++h)
       EXPECT_NEAR(r.dw.data_as<float>()[h * V + v], col[h], 1e-4 * (1 + std::fabs(col[h]))) << "dw[" << h << ", " << v << "]";
   }
+}
+
+// q [1, Sq, Hq=4, D=64] bf16 with Sq·4·64 > 2^31, GQA onto 2 kv heads of Sk = 9 keys (a tail
+// tile), non-causal: every row sees every key, so a reference run on a few sampled rows alone
+// gives their exact expected output. The last rows of the last head sit past element 2^31 of q
+// and o; an index computed in 32 bits anywhere would land elsewhere. Forward only: the backward
+// of this size needs dO and dq too (16 GiB), more than CI can spare beside the other tests.
+TEST(AttentionLarge, QueryElementsPast2To31OnCpuMatchReferenceRows) {
+  bool have_cpu = false;
+  for (const auto& info : att::implementations()) have_cpu |= info.name == "cpu" && info.available;
+  if (!have_cpu) GTEST_SKIP() << "no cpu backend in this build";
+  const int64_t Hq = 4, Hkv = 2, D = 64, Sk = 9, Sq = (int64_t{1} << 31) / (Hq * D) + 37;
+  ASSERT_GT(Sq * Hq * D, int64_t{1} << 31);
+  // Values k/128, |k| <= 127: exact in bf16 (8 significant bits), so every backend reads them alike.
+  auto bf16_bits = [](uint64_t r) {
+    const float f = static_cast<float>(static_cast<int>(r % 255) - 127) / 128.0f;
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return static_cast<uint16_t>(u >> 16);
+  };
+  auto fill = [&](Tensor& t, uint64_t seed) {
+    uint16_t* d = static_cast<uint16_t*>(t.data());
+    uint64_t s = seed;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      d[i] = bf16_bits(s >> 33);
+    }
+  };
+  Tensor q = Tensor::empty(DType::kBF16, {1, Sq, Hq, D});
+  Tensor k = Tensor::empty(DType::kBF16, {1, Sk, Hkv, D}), v = Tensor::empty(DType::kBF16, {1, Sk, Hkv, D});
+  fill(q, 1), fill(k, 2), fill(v, 3);
+  att::Options opt;
+  opt.implementation = "cpu";
+  Tensor o = Tensor::empty(DType::kBF16, {1, Sq, Hq, D}), lse = Tensor::empty(DType::kF32, {1, Hq, Sq});
+  auto inputs = [&](const Tensor& qq) {
+    return att::Inputs{qq.view(), k.view(), v.view(), std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+  };
+  att::forward(inputs(q), {o.view(), lse.view()}, opt);
+  ASSERT_EQ(att::last_implementation(), "cpu");
+
+  std::vector<int64_t> rows = {0, 1, 4097, Sq / 2};
+  for (int64_t i = Sq - 5; i < Sq; ++i) rows.push_back(i);
+  ASSERT_GT(((rows.back() * Hq) + Hq - 1) * D, int64_t{1} << 31);
+  const int64_t S = static_cast<int64_t>(rows.size());
+  Tensor qs = Tensor::empty(DType::kBF16, {1, S, Hq, D});
+  for (int64_t r = 0; r < S; ++r)
+    std::memcpy(static_cast<uint16_t*>(qs.data()) + r * Hq * D, static_cast<const uint16_t*>(q.data()) + rows[r] * Hq * D,
+                static_cast<size_t>(Hq * D) * sizeof(uint16_t));
+  att::Options ref_opt;
+  ref_opt.implementation = "reference";
+  const att::Result ref = att::compute(inputs(qs), ref_opt);
+  for (int64_t r = 0; r < S; ++r)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t i = rows[r];
+      EXPECT_NEAR(lse.data_as<float>()[h * Sq + i], ref.lse.data_as<float>()[h * S + r], 1e-4) << "row " << i << " head " << h;
+      for (int64_t d = 0; d < D; ++d) {
+        const float got = load_as_f32(o.data(), DType::kBF16, (i * Hq + h) * D + d);
+        const float want = load_as_f32(ref.o.data(), ref.o.dtype(), (r * Hq + h) * D + d);
+        // Both are o rounded to bf16 from f32/f64 accumulations: one bf16 unit (<= 2^-7 relative) apart at most.
+        ASSERT_NEAR(got, want, std::ldexp(1.0, -7) * (std::fabs(want) + 1e-2)) << "row " << i << " head " << h << " d " << d;
+      }
+    }
 }
 
 }  // namespace

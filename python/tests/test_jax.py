@@ -149,3 +149,22 @@ def test_bad_inputs_raise():
         jax.jit(lambda x: tj.linear_cross_entropy(x, w, y[:23]))(x)
     with pytest.raises(ValueError, match="reduction must be one of"):
         tj.linear_cross_entropy(x, w, y, reduction="avg")
+
+
+def test_metric_outputs_under_jit_and_grad():
+    """return_z_loss / return_token_accuracy under jit; grad of the loss is unchanged by them."""
+    x, w, y = arrays()
+    lam = 1e-2
+
+    def with_metrics(x, w):
+        return tj.linear_cross_entropy(x, w, y, z_loss_weight=lam, return_z_loss=True, return_token_accuracy=True)
+
+    loss, z_loss, acc = jax.jit(with_metrics)(x, w)
+    z = x @ w.T
+    lse = jax.nn.logsumexp(z, axis=-1)
+    kept = y != -100
+    np.testing.assert_allclose(z_loss, lam * float((jnp.where(kept, lse**2, 0.0)).sum() / kept.sum()), rtol=1e-5)
+    np.testing.assert_allclose(acc, float(jnp.where(kept, z.argmax(-1) == y, False).sum() / kept.sum()), rtol=1e-6)
+    g = jax.grad(lambda x, w: with_metrics(x, w)[0])(x, w)
+    g_plain = jax.grad(lambda x, w: tj.linear_cross_entropy(x, w, y, z_loss_weight=lam))(x, w)
+    np.testing.assert_allclose(g, g_plain, rtol=1e-6, atol=1e-8)

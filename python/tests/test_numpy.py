@@ -152,3 +152,19 @@ def test_gil_is_released_while_a_kernel_runs():
     t.join()
     # With the GIL held for the whole call, this thread could not have run meanwhile.
     assert ticks > 1000
+
+
+def test_metric_outputs_follow_the_loss():
+    """return_argmax, return_z_loss, return_token_accuracy: (loss, argmax, z_loss, accuracy), in that order."""
+    x, w, y = ref.problem()
+    lam = 1e-2
+    loss, am, z_loss, acc = tessera.linear_cross_entropy(x, w, y, z_loss_weight=lam, return_argmax=True,
+                                                         return_z_loss=True, return_token_accuracy=True)
+    z = x.astype(np.float64) @ w.T.astype(np.float64)
+    m = z.max(-1)
+    lse = m + np.log(np.exp(z - m[:, None]).sum(-1))
+    kept = y != -100
+    np.testing.assert_allclose(z_loss, lam * (lse[kept] ** 2).mean(), rtol=1e-5)
+    np.testing.assert_array_equal(am, z.argmax(-1))
+    assert acc == pytest.approx((z.argmax(-1)[kept] == y[kept]).mean())
+    np.testing.assert_allclose(loss, ref.loss(x, w, y, z_loss_weight=lam), rtol=2e-5)

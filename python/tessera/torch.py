@@ -190,7 +190,9 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     ``LigerFusedLinearCrossEntropyLoss(...)(lin_weight, _input, target, bias=None)`` becomes
     ``tessera.torch.LinearCrossEntropyLoss(...)(lin_weight, _input, target, bias=None)``:
     lse_square_scale -> z_loss_weight, softcap (None = off) -> soft_cap, ce_weight -> class_weights
-    (PyTorch's weight=, with label smoothing too). With ``return_z_loss`` or
+    (PyTorch's weight=, with label smoothing too; a buffer, so ``.to()`` and ``state_dict`` carry
+    it). ``ce_weight`` with ``lse_square_scale > 0`` is refused: Liger leaves its z-loss unweighted
+    and averages it over tokens, Tessera weights it like the loss. With ``return_z_loss`` or
     ``return_token_accuracy`` the call returns ``(loss, z_loss, token_accuracy)`` (None for the one
     not asked for; both metrics carry no gradient), the tuple form Liger's results unpack from;
     ``token_weights`` (per token) is Tessera's.
@@ -203,7 +205,12 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         super().__init__()
         self.return_z_loss = return_z_loss
         self.return_token_accuracy = return_token_accuracy
-        self.ce_weight = ce_weight
+        if ce_weight is not None and lse_square_scale > 0:
+            raise NotImplementedError(
+                "ce_weight with lse_square_scale > 0: Liger's z-loss is not class-weighted, tessera's is "
+                "(z_loss_weight scales weight[label]·lse²); use tessera.torch.linear_cross_entropy with "
+                "class_weights= and z_loss_weight= for tessera's definition")
+        self.register_buffer("ce_weight", None if ce_weight is None else ce_weight.detach().float())
         self.ignore_index = ignore_index
         self.lse_square_scale = lse_square_scale
         self.label_smoothing = label_smoothing

@@ -121,6 +121,9 @@ def test_liger_style_module():
     loss_fn = tt.LinearCrossEntropyLoss(ce_weight=cw, label_smoothing=0.1)  # Liger's ce_weight
     torch.testing.assert_close(loss_fn(w, x, y), F.cross_entropy(F.linear(x, w).float(), y, weight=cw,
                                                                  label_smoothing=0.1), rtol=2e-5, atol=2e-6)
+    with pytest.raises(NotImplementedError, match="Liger's z-loss is not class-weighted"):
+        tt.LinearCrossEntropyLoss(ce_weight=cw, lse_square_scale=1e-3)
+    assert "ce_weight" in dict(loss_fn.named_buffers())
     loss, z_loss, acc = tt.LinearCrossEntropyLoss(lse_square_scale=1e-3, return_z_loss=True,
                                                   return_token_accuracy=True)(w, x, y)
     assert z_loss.shape == () and acc.shape == () and loss.requires_grad

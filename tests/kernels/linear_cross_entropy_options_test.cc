@@ -11,6 +11,7 @@
 
 #include "core/random.h"
 #include "kernels/lce_test_util.h"
+#include "kernels/linear_cross_entropy/impl.h"  // validate_metadata
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
 
@@ -127,6 +128,16 @@ TEST(LceClassWeights, BadClassWeightsAreErrorsThatTouchNothing) {
   Options smooth = ref;
   smooth.label_smoothing = 0.1;
   expect(neg, smooth, ErrorCode::kInvalidArgument, "finite and >= 0");
+  // From metadata alone (torch fake tensors, JAX tracing): shape and dtype are checked too.
+  Inputs in = p.in(false, false);
+  const Tensor short_cw = Tensor::zeros(DType::kF32, {12});
+  in.class_weights = short_cw.view();
+  try {
+    validate_metadata(in, ref);
+    ADD_FAILURE() << "validate_metadata accepted class_weights [12] for V = 11";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("class_weights must be [V=11]"), std::string::npos) << e.what();
+  }
 }
 
 // PyTorch's cross_entropy(weight=cw, label_smoothing=ε), written out from its definition in
@@ -201,7 +212,11 @@ TEST(LceClassWeights, WithLabelSmoothingEveryImplementationsGradientsMatchTheRef
       const Result got = compute_with_grad(p.in(true, true), o);
       const double tol = dt == DType::kF32 ? 1e-5 : 1e-2;  // bf16 gradients are stored in bf16
       EXPECT_NEAR(got.loss.data_as<float>()[0], want.loss.data_as<float>()[0], 1e-5) << impl;
-      for (auto [g, r] : {std::pair{&got.dx, &want.dx}, {&got.dw, &want.dw}})
+      // And the backward alone, given the forward's lse (no statistics pass).
+      Tensor dx = Tensor::empty(dt, p.x.shape()), dw = Tensor::empty(dt, p.w.shape());
+      Tensor g = f32_tensor({}, {1.0f});
+      backward(p.in(true, true), g.view(), got.lse.view(), {dx.view(), dw.view(), std::nullopt}, o);
+      for (auto [g, r] : {std::pair{&got.dx, &want.dx}, {&got.dw, &want.dw}, {&dx, &want.dx}, {&dw, &want.dw}})
         for (int64_t i = 0; i < g->numel(); ++i)
           ASSERT_NEAR(load_as_f32(g->data(), g->dtype(), i), load_as_f32(r->data(), r->dtype(), i),
                       tol * (1.0 + std::fabs(load_as_f32(r->data(), r->dtype(), i))))

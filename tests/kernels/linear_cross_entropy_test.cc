@@ -171,7 +171,8 @@ TEST_P(LceFiniteDifference, ReferenceGradientMatchesCentralDifferences) {
   Inputs in{x, w, std::nullopt, y, std::nullopt};
   if (c.bias) in.bias = b.view();
   if (c.weights) in.token_weights = wt.view();
-  Tensor cw = f32_tensor({V}, {0.5f, 2.0f, 1.0f, 3.0f, 0.0f, 1.25f, 0.75f});  // PyTorch's weight [V]
+  // PyTorch's weight [V]; label 3 weighs 0: that token keeps only its smoothing term.
+  Tensor cw = f32_tensor({V}, {0.5f, 2.0f, 1.0f, 0.0f, 3.0f, 1.25f, 0.75f});
   if (c.class_weights) in.class_weights = cw.view();
   Options o = ref_opts(c.red);
   o.label_smoothing = c.eps;

@@ -90,15 +90,20 @@ WLayout resolve_w_layout(const TensorView& w, int64_t H, WLayout requested, int6
 // Σ weight[label]); without label smoothing that is all. With smoothing, PyTorch's term is
 // ε/V · Σ_c weight[c]·(−log p_c), scaled by the token weight alone: the problem then also
 // carries the class weights and the token weights (Problem::class_weights).
-void fold_class_weights(const TensorView& cw, const Options& opt, Problem& p) {
+// What can be checked of class weights from metadata alone (validate_metadata uses it too).
+void check_class_weights_meta(const TensorView& cw, int64_t V) {
   if (cw.dtype != DType::kF32) bad(std::string("class_weights must be f32, got ") + dtype_name(cw.dtype));
-  if (cw.ndim() != 1 || cw.shape[0] != p.V)
-    bad("class_weights must be [V=" + std::to_string(p.V) + "], got " + shape_str(cw.shape));
-  require_device(cw, p.device, "class_weights");
+  if (cw.ndim() != 1 || cw.shape[0] != V)
+    bad("class_weights must be [V=" + std::to_string(V) + "], got " + shape_str(cw.shape));
   require_contiguous(cw, "class_weights");
-  require_data(cw, "class_weights");
-  if (p.device.type != DeviceType::kCPU)
+}
+
+void fold_class_weights(const TensorView& cw, const Options& opt, Problem& p) {
+  check_class_weights_meta(cw, p.V);
+  if (p.device.type != DeviceType::kCPU)  // before the device match: the limit is the real reason
     throw Error(ErrorCode::kUnsupported, kName + ": class_weights are supported for host inputs only (for now)");
+  require_device(cw, p.device, "class_weights");
+  require_data(cw, "class_weights");
   const auto* c = static_cast<const float*>(cw.data);
   double sum = 0.0;
   for (int64_t v = 0; v < p.V; ++v) {
@@ -415,7 +420,8 @@ void validate_metadata(const Inputs& in, const Options& opt) {
   if (in.token_weights) m.token_weights = meta(*in.token_weights);
   Options o = opt;
   o.check_finite = false;
-  (void)normalize(m, o);
+  const Problem p = normalize(m, o);
+  if (in.class_weights) check_class_weights_meta(*in.class_weights, p.V);
 }
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }

@@ -117,8 +117,7 @@ def _make(k: Kernel):
 
     fn.__name__ = fn.__qualname__ = k.name
     fn.__signature__ = k.signature()
-    fn.__doc__ = k.doc("NumPy / CuPy; PyTorch tensors go to tessera.torch, JAX arrays to tessera.jax") + (
-        "\n\nReturns the forward's outputs but the saved ones (lse): loss, or (loss, argmax).")
+    fn.__doc__ = k.doc("NumPy / CuPy; PyTorch tensors go to tessera.torch, JAX arrays to tessera.jax") + k.returns_doc()
     return fn
 
 

@@ -107,10 +107,6 @@ class Kernel:
         """The leading outputs of a forward pass, in order: forward_outputs, then saved_only."""
         return self.forward_outputs + self.saved_only
 
-    @property
-    def option_names(self) -> Tuple[str, ...]:
-        return tuple(o.name for o in self.options)
-
     def signature(self, extra: Sequence[inspect.Parameter] = ()) -> inspect.Signature:
         """Required inputs positional, optional inputs and options keyword-only."""
         P = inspect.Parameter
@@ -137,6 +133,13 @@ class Kernel:
     def option_texts(self, options: Dict[str, Any]) -> Dict[str, str]:
         by_name = {o.name: o for o in self.options}
         return {k: by_name[k].to_text(v) for k, v in options.items()}
+
+    def returns_doc(self) -> str:
+        """What the generated function returns, from the signature (forward and saved outputs)."""
+        hidden = f" (the saved {', '.join(self.saved_only)} stays internal)" if self.saved_only else ""
+        extra = [o.name for o in self.options if o.kind == "flag" and o.name.startswith("return_")]
+        more = f"; {', '.join(extra)} add their outputs after it, as a tuple" if extra else ""
+        return f"\n\nReturns {', '.join(self.forward_outputs)}{hidden}{more}."
 
     def doc(self, front_end: str) -> str:
         lines = [f"{self.description}.", "", f"Tessera kernel `{self.name}` ({front_end}).", "", "Inputs:"]

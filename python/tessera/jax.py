@@ -89,8 +89,7 @@ def _make(k: Kernel):
 
     fn.__name__ = fn.__qualname__ = k.name
     fn.__signature__ = k.signature()
-    fn.__doc__ = k.doc("JAX: XLA FFI + custom_vjp; works under jit and grad (vmap runs it per element)") + (
-        "\n\nReturns the forward's outputs but the saved ones (lse): loss, or (loss, argmax).")
+    fn.__doc__ = k.doc("JAX: XLA FFI + custom_vjp; works under jit and grad (vmap runs it per element)") + k.returns_doc()
     return fn
 
 

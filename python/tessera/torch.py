@@ -170,8 +170,7 @@ def _make(k: Kernel):
     scope = {"_op": getattr(torch.ops.tessera, k.name)}
     exec(src, scope)  # noqa: S102 - source built from the registry's names only
     fn = scope[k.name]
-    fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + (
-        "\n\nReturns the forward's outputs but the saved ones (lse): loss, or (loss, argmax).")
+    fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + k.returns_doc()
     fn.__module__ = __name__
     return fn
 

@@ -39,12 +39,6 @@ const KernelSpec& get(const std::string& name) {
   throw Error(ErrorCode::kNotFound, "unknown kernel '" + name + "' (kernels: " + names() + ")");
 }
 
-const Tensor* RunRequest::tensor(const std::string& name) const {
-  for (const auto& [n, t] : tensors)
-    if (n == name) return &t;
-  return nullptr;
-}
-
 const TensorView* CallArgs::tensor(const std::string& name) const {
   for (const auto& [n, t] : tensors)
     if (n == name) return &t;

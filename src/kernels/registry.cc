@@ -51,6 +51,11 @@ const TensorView& required(const CallArgs& a, const std::string& kernel, const c
   return *t;
 }
 
+harness::OptionSpec block_sizes_option_spec(const std::string& example) {
+  return {"block_sizes", harness::OptionSpec::Kind::kString,
+          "block sizes, e.g. " + example + " (every field; empty: tuned table, autotune on a miss or defaults)", "", {}};
+}
+
 Tensor as_f32(const Tensor& t) {
   if (t.dtype() == DType::kF32) return t;
   Tensor o = Tensor::empty(DType::kF32, t.shape());

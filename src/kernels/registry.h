@@ -22,6 +22,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,7 +34,9 @@
 #include "harness/parity.h"
 #include "tessera/exec.h"
 #include "tessera/tensor.h"
+#include "tessera/error.h"
 #include "tune/bucket.h"
+#include "tune/params.h"
 #include "tune/sweep.h"
 #include "tune/table.h"
 
@@ -107,6 +110,24 @@ struct OutputDesc {
 
 // The tensor `name` of a call; Error(kInvalidArgument) "<kernel>: <name> is required" when absent.
 const TensorView& required(const CallArgs& a, const std::string& kernel, const char* name);
+// The "block_sizes" option every kernel's call declares (block_sizes_option_spec): "m=256,n=512",
+// empty for the implementation's choice (tuned table, autotune, defaults). Every field of the
+// kernel's BlockSizes must be given and no other; the implementation that runs validates the
+// values (Error(kInvalidArgument) naming the broken constraint).
+harness::OptionSpec block_sizes_option_spec(const std::string& example);
+template <class Sizes>
+std::optional<Sizes> block_sizes_option(const CallArgs& a, const std::string& kernel,
+                                        Sizes (*from)(const tune::Params&), tune::Params (*to)(const Sizes&)) {
+  if (!a.options.has("block_sizes")) return std::nullopt;
+  const tune::Params given = tune::parse_params(a.options.str("block_sizes"), kernel + ": block_sizes");
+  const Sizes sizes = from(given);
+  const tune::Params fields = to(sizes);
+  for (const auto& [name, value] : given)
+    check(tune::param(fields, name).has_value(), ErrorCode::kInvalidArgument,
+          kernel + ": block_sizes has no field '" + name + "' (fields: " + tune::params_str(fields) + ")");
+  return sizes;
+}
+
 // A host f32 copy of a host tensor (the tensor itself when it is f32 already): `run` writes f32 files.
 Tensor as_f32(const Tensor& t);
 

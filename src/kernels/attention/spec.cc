@@ -47,6 +47,7 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
 Options call_options(const kernels::CallArgs& a) {
   Options opt;
   static_cast<ExecOptions&>(opt) = a.exec;
+  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
   const harness::OptionValues& o = a.options;
   if (o.real("scale") != 0.0) opt.scale = o.real("scale");
   opt.softcap = o.real("softcap");
@@ -140,7 +141,8 @@ kernels::CallSpec call_spec() {
                {"softcap", K::kFloat, "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables", "0", {}},
                {"causal", K::kFlag, "causal mask, bottom-right aligned when Sq != Sk", "false", {}},
                {"window_left", K::kInt, "sliding window: keys left of i + Sk - Sq; -1 unbounded", "-1", {}},
-               {"window_right", K::kInt, "sliding window: keys right of i + Sk - Sq; -1 unbounded", "-1", {}}};
+               {"window_right", K::kInt, "sliding window: keys right of i + Sk - Sq; -1 unbounded", "-1", {}},
+      kernels::block_sizes_option_spec("q=64,kv=128")};
   s.compound_flags = {{"window", {"window_left", "window_right"}, "sliding window LEFT,RIGHT around i + Sk - Sq (-1 = unbounded)"}};
   s.forward_outputs = {"o"};
   s.saved_outputs = {"o", "lse"};  // o is returned and kept for backward

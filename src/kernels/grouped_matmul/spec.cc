@@ -35,6 +35,7 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
 Options call_options(const kernels::CallArgs& a) {
   Options opt;
   static_cast<ExecOptions&>(opt) = a.exec;
+  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
   opt.transpose_rhs = a.options.flag("transpose_rhs");
   const int64_t off = a.options.integer("group_offset");
   check(off >= -1, ErrorCode::kInvalidArgument,
@@ -106,7 +107,8 @@ kernels::CallSpec call_spec() {
   s.grad_inputs = {{"grad_out", "upstream gradient of out [M, N] (f32 or lhs's dtype)", true, false, {"dout"}}};
   s.options = {{"transpose_rhs", K::kFlag, "rhs (and drhs) are [G, N, K]", "false", {}},
                {"group_offset", K::kInt, "expert parallelism: rhs holds groups [offset, offset + G) of group_sizes; -1: unset",
-                "-1", {}}};
+                "-1", {}},
+      kernels::block_sizes_option_spec("m=512,n=512")};
   s.forward_outputs = {"out"};
   s.outputs = call_outputs;
   s.call = call;

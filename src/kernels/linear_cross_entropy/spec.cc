@@ -30,6 +30,7 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
 Options call_options(const kernels::CallArgs& a) {
   Options opt;
   static_cast<ExecOptions&>(opt) = a.exec;
+  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
   const harness::OptionValues& o = a.options;
   opt.reduction = parse_reduction(o.str("reduction"));
   opt.w_layout = parse_w_layout(o.str("w_layout"));
@@ -136,7 +137,8 @@ kernels::CallSpec call_spec() {
        "false", {}},
       {"return_token_accuracy", K::kFlag,
        "also return the share of non-ignored tokens whose argmax is the label (f32, 0-d; a metric)", "false", {},
-       {"token-accuracy"}}};
+       {"token-accuracy"}},
+      kernels::block_sizes_option_spec("b=256,h=512,v=2048")};
   s.forward_outputs = {"loss"};
   s.saved_outputs = {"lse"};
   s.outputs = call_outputs;

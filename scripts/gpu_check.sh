@@ -113,9 +113,9 @@ summarize() { python3 "$root/scripts/gpu_check_summary.py" "$out" > /dev/null 2>
 # stage's budget; records "stage step status seconds log" in steps.tsv and refreshes summary.md.
 step() {
   local name=$1 limit=$2 log=$3; shift 3
+  if [ "$plan" = 1 ]; then echo "[$stage] $name (timeout ${limit}s): $*"; return 0; fi
   local left=$((budget - (SECONDS - started) - 5))
   [ "$limit" -gt "$left" ] && limit=$left
-  if [ "$plan" = 1 ]; then echo "[$stage] $name (timeout ${2}s): $*"; return 0; fi
   if [ "$limit" -lt 10 ]; then
     printf '%s\t%s\t%s\t%s\t%s\n' "$stage" "$name" "SKIPPED (stage budget of ${budget}s spent)" 0 "" >> "$out/steps.tsv"
     note "$name skipped: the stage's ${budget}s are spent"; status=1; summarize; return 1
@@ -186,6 +186,9 @@ stage_test() {
   mkdir -p "$out/tests"
   step "tests (CPU suite)" 240 tests/cpu.log "$build/tests/tessera_tests" --gtest_output="json:$out/tests/cpu.json"
   local s
+  if [ "$plan" = 1 ] && [ ! -x "$build/tests/tessera_cuda_tests" ]; then
+    echo "[$stage] tests SUITE (timeout 240s): one process per suite that tessera_cuda_tests --gtest_list_tests lists"
+  fi
   for s in $(cuda_suites); do
     step "tests $s" 240 "tests/${s//\//_}.log" "$build/tests/tessera_cuda_tests" --gtest_filter="$s.*" \
       --gtest_output="json:$out/tests/${s//\//_}.json"
@@ -211,12 +214,25 @@ stage_sanitize() {
   done
 }
 
-# "kernel impl,impl" for every kernel with GPU implementations (`tessera list`).
+# "kernel impl available|unavailable reason..." for every GPU implementation (`tessera list`).
 gpu_implementations() {
   "$tessera" list 2>/dev/null | awk -v re="$GPU_IMPL_RE" '
-    /^[^ ]/ { if (k != "" && impls != "") print k, impls; k = $1; impls = ""; next }
-    /^  [^ ]/ { if ($1 ~ re) impls = impls (impls == "" ? "" : ",") $1 }
-    END { if (k != "" && impls != "") print k, impls }'
+    /^[^ ]/ { k = $1; next }
+    /^  [^ ]/ { if (k != "" && $1 ~ re) print k, $0 }' | awk '{k = $1; $1 = ""; sub(/^ +/, ""); print k, $0}'
+}
+
+# "kernel impl,impl" for every kernel with GPU implementations that can run here (all of them
+# with --plan); the others are noted with their reason.
+gpu_kernels() {
+  local k i a rest kernels=() line
+  declare -A of
+  while read -r k i a rest; do
+    [ -n "$k" ] || continue
+    if [ "$a" != available ] && [ "$plan" = 0 ]; then note "$k $i cannot run here: $rest" >&2; continue; fi
+    [ -n "${of[$k]:-}" ] || kernels+=("$k")
+    of[$k]="${of[$k]:+${of[$k]},}$i"
+  done < <(gpu_implementations)
+  for k in "${kernels[@]}"; do echo "$k ${of[$k]}"; done
 }
 
 bench_runs_of() {  # kernel -> "variant|args" lines
@@ -234,7 +250,7 @@ stage_bench() {
   mkdir -p "$out/bench"
   step roofline 120 bench/roofline.log "$tessera" roofline --out "$out/bench/roofline.json"
   [ -f "$out/bench/roofline.json" ] && roof=(--roofline "$out/bench/roofline.json")
-  local listing; listing=$(gpu_implementations)
+  local listing; listing=$(gpu_kernels)
   [ -n "$listing" ] || { note "tessera list shows no GPU implementation (GPU_IMPL_RE=$GPU_IMPL_RE)"; status=1; }
   while read -r k impls; do
     [ -n "$k" ] || continue

@@ -1,7 +1,8 @@
 // The CUDA device module's entry point (libtessera_cuda.so; core/device_module.h loads it on
 // first use of a CUDA device). Registers the DeviceAllocator for DeviceType::kCUDA, the
 // harness's DeviceHooks, the tuner's device kind of a GPU (tune/device_kind.h), and what every
-// .cu file of the module added with TESSERA_CUDA_MODULE_REGISTRATION (each kernel's cuda implementations).
+// .cu file of the module added with TESSERA_CUDA_MODULE_REGISTRATION (each kernel's cuda
+// implementations).
 #include "core/cuda_module.h"
 
 #include <cstring>

@@ -69,7 +69,7 @@ BENCH_RUNS=(
 # (MiB deltas, pool reservations), the 4096^3 / 8192^3 cuBLAS ceilings and the large-shape oracle.
 SANITIZE_EXCLUDE='*LargeShape*:LceCuda.NonDefaultStreamIsTheOnlyStreamUsed:LceCuda.ExtraDeviceMemoryStaysWithinTheBudget'
 SANITIZE_EXCLUDE+=':LceCuda.ScratchStaysMappedBetweenCalls:LceCuda.ScratchBeyondTheKeepIsReturnedAtSynchronization'
-SANITIZE_EXCLUDE+=':DeviceHooksCuda.OnADeviceTheHooksMeasure'
+SANITIZE_EXCLUDE+=':DeviceHooksCuda.OnADeviceTheHooksMeasure:CudaSyncCheck.*'  # the last faults on purpose
 # ------------------------------------------------------------------------------------------
 
 usage() {

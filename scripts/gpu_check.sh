@@ -30,8 +30,9 @@
 # What is checked is discovered: kernels and their implementations come from `tessera list`, the
 # GPU ones being those whose name matches GPU_IMPL_RE below (new kernels and new cuda / cudnn
 # versions are checked without editing this script); GPU test suites from the test binary's
-# --gtest_list_tests. The one list to edit is below (bench shapes per kernel, tests kept out of the
-# sanitizer).
+# --gtest_list_tests. The one list to edit is below (bench and tuning shapes per kernel, tests
+# kept out of the sanitizer). A step cut by its timeout (the first build, say) resumes where it
+# stopped when the stage is run again.
 #
 # Needs: an NVIDIA GPU + driver, nvcc, CMake >= 3.25, ninja, python3 with PyTorch (peers; skipped
 # with a note when missing). No network: nlohmann-json, CLI11, fmt and GTest come from the carried
@@ -64,6 +65,12 @@ BENCH_RUNS=(
   "grouped_matmul|skewed|--grid gpu --routing skewed --pass forward,fused"
   "attention||$attn_shapes --dtype bf16 --pass forward,fused"
   "attention|causal|$attn_shapes --dtype bf16 --pass forward,fused --causal"
+)
+# Tuning runs of tunable GPU implementations, "kernel|name|arguments" (each writes its own table
+# file); a kernel without a line here is tuned at its buckets' representative shapes.
+TUNE_RUNS=(
+  "linear_cross_entropy|llama3|--buckets llama3-ish --shape 8192,4096,128256"
+  "linear_cross_entropy|gemma|--buckets gemma-ish --shape 8192,2304,256000"
 )
 # Tests kept out of compute-sanitizer: timing bounds (a 5 s limit), device-memory accounting
 # (MiB deltas, pool reservations), the 4096^3 / 8192^3 cuBLAS ceilings and the large-shape oracle.
@@ -245,6 +252,14 @@ bench_runs_of() {  # kernel -> "variant|args" lines
   fi
 }
 
+tune_runs_of() {  # kernel -> "name|args" lines
+  local k=$1 line found=0
+  for line in "${TUNE_RUNS[@]}"; do
+    [ "${line%%|*}" = "$k" ] && { echo "${line#*|}"; found=1; }
+  done
+  [ $found = 1 ] || echo "|"
+}
+
 stage_bench() {
   local iters=${BENCH_ITERS:-10} roof=() k impls run variant args name
   mkdir -p "$out/bench"
@@ -265,10 +280,18 @@ stage_bench() {
     # (review, then copy into src/kernels/<kernel>/tuned_table.cc). Untunable ones are skipped.
     local impl
     for impl in ${impls//,/ }; do
-      if "$tessera" tune "$k" --impl "$impl" --list > /dev/null 2>&1; then
-        step "tune $k $impl" 240 "bench/tune_${k}_$impl.log" "$tessera" tune "$k" --impl "$impl" --dtype bf16 \
-          --out "$out/bench/tune" --emit-table --table "$out/bench/tuned_table_${k}.cc"
+      local when=""
+      if ! "$tessera" tune "$k" --impl "$impl" --list > /dev/null 2>&1; then
+        [ "$plan" = 1 ] || continue
+        when=" (only if tunable and available there)"
       fi
+      while IFS= read -r run; do
+        variant=${run%%|*}; args=${run#*|}
+        name=${k}_$impl${variant:+_$variant}
+        # shellcheck disable=SC2086
+        step "tune $name$when" 120 "bench/tune_$name.log" "$tessera" tune "$k" --impl "$impl" --dtype bf16 $args \
+          --out "$out/bench/tune" --emit-table --table "$out/bench/tuned_table_$name.cc"
+      done < <(tune_runs_of "$k")
     done
   done <<< "$listing"
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null || [ "$plan" = 1 ]; then

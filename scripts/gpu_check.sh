@@ -43,7 +43,8 @@
 #      ATTN_SHAPES (attention B,S,H,D list separated by spaces; default "4,4096,16,128"),
 #      STAGE_BUDGET_S (default 530: a step that would start past it is skipped and said so),
 #      SANITIZE_TOOLS (default "memcheck initcheck racecheck synccheck"),
-#      GPU_CHECK_NO_GPU=1 (act as if no GPU were present: the script's own test).
+#      GPU_CHECK_NO_GPU=1 (act as if no GPU were present), GPU_CHECK_BUILD_DIR, GPU_CHECK_DEPS_DIR
+#      (the script's own test, tests/scripts/gpu_check_test.sh).
 set -uo pipefail
 
 # ---------------------------------------------------------------- the one list to edit ----
@@ -107,7 +108,8 @@ root=$PWD
 out=${out:-build/gpu-check}
 mkdir -p "$out" || { echo "gpu_check: cannot create $out" >&2; exit 2; }
 out=$(cd "$out" && pwd)
-build=$root/build/gpu
+build=${GPU_CHECK_BUILD_DIR:-$root/build/gpu}  # the preset's folder (overridden by the script's test only)
+deps=${GPU_CHECK_DEPS_DIR:-$root/.deps}         # likewise
 tessera=${TESSERA_BIN:-$build/bin/tessera}
 budget=${STAGE_BUDGET_S:-530}
 status=0
@@ -153,11 +155,11 @@ if [ "$plan" = 0 ] && ! gpu_present; then
   summarize
   exit 3
 fi
-if [ "$plan" = 0 ] && [ ! -d "$root/.deps/usr" ]; then
-  echo "gpu_check: $root/.deps/usr is missing: run scripts/pack_gpu_deps.sh on the dev machine and carry .deps" >&2
+if [ "$plan" = 0 ] && [ ! -d "$deps/usr" ]; then
+  echo "gpu_check: $deps/usr is missing: run scripts/pack_gpu_deps.sh on the dev machine and carry .deps" >&2
   exit 2
 fi
-export LD_LIBRARY_PATH="$root/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if ! command -v nvcc > /dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 # The peers' wheels (Liger-Kernel, cut-cross-entropy), installed once per machine beside the tree.
 if [ "$plan" = 0 ] && ls "$root"/.whl/*.whl > /dev/null 2>&1; then
@@ -177,7 +179,7 @@ stage_build() {
     command -v compute-sanitizer > /dev/null && compute-sanitizer --version 2>&1 | tail -1
   } > "$out/env.txt" 2>&1
   if [ ! -f "$build/build.ninja" ]; then
-    step configure 180 configure.log cmake --preset gpu -DCMAKE_PREFIX_PATH="$root/.deps/usr" \
+    step configure 180 configure.log cmake --preset gpu -DCMAKE_PREFIX_PATH="$deps/usr" \
       "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" || return 1
   fi
   step build 510 build.log cmake --build --preset gpu -j "${JOBS:-$(nproc)}"

@@ -10,7 +10,9 @@
 // an owned pinned staging buffer; a varlen call on a stream being captured is refused.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -147,11 +149,12 @@ cuda::DeviceBuffer copy_offsets(const Problem& p, cudaStream_t stream, int dev) 
   if (!p.varlen) return {};
   if (const std::string why = cuda::capture_refusal(stream, kVarlenCopy); !why.empty())
     fail(ErrorCode::kUnsupported, why);
-  const size_t n = static_cast<size_t>(p.N + 1), bytes = n * sizeof(int32_t);
-  cuda::DeviceBuffer buf(2 * bytes, stream, dev);
-  auto* d = static_cast<int32_t*>(buf.get());
-  cuda::copy_host_to_device(d, p.cu_q, bytes, stream, dev, "attention (cuda): copy of cu_seqlens_q");
-  cuda::copy_host_to_device(d + n, p.cu_k, bytes, stream, dev, "attention (cuda): copy of cu_seqlens_k");
+  const size_t n = static_cast<size_t>(p.N + 1);
+  std::vector<int32_t> both(2 * n);  // one staged copy instead of two
+  std::copy(p.cu_q, p.cu_q + n, both.begin());
+  std::copy(p.cu_k, p.cu_k + n, both.begin() + static_cast<std::ptrdiff_t>(n));
+  cuda::DeviceBuffer buf(both.size() * sizeof(int32_t), stream, dev);
+  cuda::copy_host_to_device(buf.get(), both.data(), buf.bytes(), stream, dev, "attention (cuda): copy of cu_seqlens");
   return buf;
 }
 

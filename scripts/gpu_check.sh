@@ -3,7 +3,7 @@
 # command of the GPU machine (under 9 minutes on an H100, each step with its own timeout):
 #
 #   scripts/gpu_check.sh --stage build     configure + build (preset gpu) into build/gpu
-#   scripts/gpu_check.sh --stage test      the CPU suite in one process, then every GPU test suite
+#   scripts/gpu_check.sh --stage test      the CPU and CLI suites, then every GPU test suite
 #                                          in a process of its own (a sticky CUDA error stays in
 #                                          its suite), TESSERA_CUDA_SYNC_CHECK=1 naming a faulting
 #                                          kernel, autotune off (as under ctest)
@@ -194,6 +194,9 @@ stage_test() {
   export TESSERA_AUTOTUNE=0 TESSERA_CUDA_SYNC_CHECK=1
   mkdir -p "$out/tests"
   step "tests (CPU suite)" 240 tests/cpu.log "$build/tests/tessera_tests" --gtest_output="json:$out/tests/cpu.json"
+  if [ -x "$build/tests/tessera_cli_tests" ] || [ "$plan" = 1 ]; then  # the CLI as a user runs it, on the GPU
+    step "tests (CLI)" 180 tests/cli.log "$build/tests/tessera_cli_tests" --gtest_output="json:$out/tests/cli.json"
+  fi
   local s
   if [ "$plan" = 1 ] && [ ! -x "$build/tests/tessera_cuda_tests" ]; then
     echo "[$stage] tests SUITE (timeout 240s): one process per suite that tessera_cuda_tests --gtest_list_tests lists"

@@ -22,6 +22,8 @@
 #include "kernels/cuda_test_util.h"
 #include "kernels/linear_cross_entropy/cuda_plan.h"
 #include "kernels/linear_cross_entropy/testing.h"
+#include "kernels/linear_cross_entropy/tuning.h"
+#include "tune/adapter.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
 
@@ -1101,6 +1103,28 @@ TEST(LceCuda, ScratchBeyondTheKeepIsReturnedAtSynchronization) {
   ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), cudaSuccess);
   EXPECT_LE(reserved, keep) << "the pool kept more than its threshold after a synchronization";
   ASSERT_EQ(cudaStreamDestroy(st), cudaSuccess);
+}
+
+// Issue #30, 8: cuda is tunable. The tuner's timed run works on the device for every candidate
+// (synchronize() waits for the stream, so the times cover the device work), and the device kind
+// is the GPU's name and SM count.
+TEST(LceCuda, TunerTimesEveryCandidateOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  const lce::Implementation* impl = lce::find_implementation("cuda");
+  ASSERT_NE(impl, nullptr);
+  const lce::OwnedProblem o = lce::make_random_problem(4096, 256, 32000, DType::kBF16, Device::cuda(), 1);
+  const auto cands = tessera::tune::candidates_for<lce::Tuning>(*impl, o.problem);
+  ASSERT_GE(cands.size(), 2u) << "default plus smaller chunks";
+  const tessera::tune::RunFn run = lce::make_timed_run(*impl, o.problem, Pass::kFused);
+  for (const lce::BlockSizes& c : cands) {
+    const double s = run(lce::to_params(c));
+    EXPECT_GT(s, 1e-6) << c.str();
+    EXPECT_LT(s, 10.0) << c.str();
+  }
+  const std::string kind = impl->device_kind(o.problem);
+  EXPECT_EQ(kind, tessera::cuda::device_kind(0));
+  EXPECT_EQ(kind.rfind("cuda:", 0), 0u) << kind;
+  EXPECT_NE(kind, "cuda:unknown");
 }
 
 // ---- one large shape against a float64 oracle on a subset of rows (and columns of dw) ----

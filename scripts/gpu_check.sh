@@ -3,9 +3,9 @@
 # command of the GPU machine (under 9 minutes on an H100, each step with its own timeout):
 #
 #   scripts/gpu_check.sh --stage build     configure + build (preset gpu) into build/gpu
-#   scripts/gpu_check.sh --stage test      the CPU and CLI suites, then every GPU test suite
-#                                          in a process of its own (a sticky CUDA error stays in
-#                                          its suite), TESSERA_CUDA_SYNC_CHECK=1 naming a faulting
+#   scripts/gpu_check.sh --stage test      every GPU test suite in a process of its own (a sticky
+#                                          CUDA error stays in its suite), then the CPU and CLI
+#                                          suites; TESSERA_CUDA_SYNC_CHECK=1 naming a faulting
 #                                          kernel, autotune off (as under ctest)
 #   scripts/gpu_check.sh --stage sanitize  compute-sanitizer memcheck, initcheck, racecheck and
 #                                          synccheck over the GPU suites, restricted to Tessera's
@@ -193,10 +193,7 @@ cuda_suites() {
 stage_test() {
   export TESSERA_AUTOTUNE=0 TESSERA_CUDA_SYNC_CHECK=1
   mkdir -p "$out/tests"
-  step "tests (CPU suite)" 240 tests/cpu.log "$build/tests/tessera_tests" --gtest_output="json:$out/tests/cpu.json"
-  if [ -x "$build/tests/tessera_cli_tests" ] || [ "$plan" = 1 ]; then  # the CLI as a user runs it, on the GPU
-    step "tests (CLI)" 180 tests/cli.log "$build/tests/tessera_cli_tests" --gtest_output="json:$out/tests/cli.json"
-  fi
+  # The GPU suites first (what only this machine can run), then the CPU and CLI suites.
   local s
   if [ "$plan" = 1 ] && [ ! -x "$build/tests/tessera_cuda_tests" ]; then
     echo "[$stage] tests SUITE (timeout 240s): one process per suite that tessera_cuda_tests --gtest_list_tests lists"
@@ -205,6 +202,10 @@ stage_test() {
     step "tests $s" 240 "tests/${s//\//_}.log" "$build/tests/tessera_cuda_tests" --gtest_filter="$s.*" \
       --gtest_output="json:$out/tests/${s//\//_}.json"
   done
+  step "tests (CPU suite)" 240 tests/cpu.log "$build/tests/tessera_tests" --gtest_output="json:$out/tests/cpu.json"
+  if [ -x "$build/tests/tessera_cli_tests" ] || [ "$plan" = 1 ]; then  # the CLI as a user runs it, on the GPU
+    step "tests (CLI)" 180 tests/cli.log "$build/tests/tessera_cli_tests" --gtest_output="json:$out/tests/cli.json"
+  fi
 }
 
 stage_sanitize() {

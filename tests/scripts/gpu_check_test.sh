@@ -76,6 +76,7 @@ if [ "$1" = --gtest_list_tests ]; then printf 'FakeA.\n  one\nGrid/FakeB.\n  p/0
 suite=${1#--gtest_filter=}; suite=${suite%.\*}; json=${2#--gtest_output=json:}
 [ "$TESSERA_CUDA_SYNC_CHECK" = 1 ] && [ "$TESSERA_AUTOTUNE" = 0 ] || { echo "env not set"; exit 5; }
 if [ "$suite" = Grid/FakeB ]; then
+  sleep "${FAKE_GPU_SLEEP:-0}"
   echo '{"testsuites":[{"name":"Grid/FakeB","testsuite":[{"name":"p/0","result":"COMPLETED","failures":[{"failure":"boom at x.cc:1"}]}]}]}' > "$json"
   exit 1
 fi
@@ -95,11 +96,12 @@ for want in "| test | build | ok |" "| test | tests FakeA | ok |" "| test | test
   grep -qF -- "$want" "$sum" || fail "fake GPU: summary.md lacks '$want'"
 done
 tar -tzf "$tmp/fake1.tgz" | grep -q "fake1/summary.md" || fail "fake GPU: the archive lacks summary.md"
-out=$(run_fake "$tmp/fake2" FAKE_CPU_SLEEP=30 STAGE_BUDGET_S=22); rc=$?
+out=$(run_fake "$tmp/fake2" FAKE_GPU_SLEEP=30 STAGE_BUDGET_S=22); rc=$?
 expect_rc 1 $rc "fake GPU, a step past its timeout"
-grep -qE "\| test \| tests \(CPU suite\) \| TIMEOUT \(1[0-7]s\) \|" "$tmp/fake2/summary.md" || fail "no TIMEOUT row: $(cat "$tmp/fake2/summary.md")"
-grep -q "| test | tests FakeA | SKIPPED (stage budget of 22s spent) |" "$tmp/fake2/summary.md" ||
+grep -qE "\| test \| tests Grid/FakeB \| TIMEOUT \(1[0-7]s\) \|" "$tmp/fake2/summary.md" || fail "no TIMEOUT row: $(cat "$tmp/fake2/summary.md")"
+grep -q "| test | tests (CPU suite) | SKIPPED (stage budget of 22s spent) |" "$tmp/fake2/summary.md" ||
   fail "no skipped row after the budget: $(grep '| test |' "$tmp/fake2/summary.md")"
+grep -q "| test | tests FakeA | ok |" "$tmp/fake2/summary.md" || fail "the GPU suites did not run first"
 
 [ $fails = 0 ] && echo "gpu_check_test: all passed"
 exit $((fails > 0))

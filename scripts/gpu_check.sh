@@ -130,7 +130,7 @@ step() {
     note "$name skipped: the stage's ${budget}s are spent"; status=1; summarize; return 1
   fi
   local t0=$SECONDS rc
-  timeout -k 10 "$limit" "$@" > "$out/$log" 2>&1
+  timeout -k 10 "$limit" "$@" < /dev/null > "$out/$log" 2>&1
   rc=$?
   local st=ok
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then st="TIMEOUT (${limit}s)"; elif [ $rc -ne 0 ]; then st="FAILED (exit $rc)"; fi
@@ -282,23 +282,6 @@ stage_bench() {
       step "bench $name ($impls)" 240 "bench/$name.log" "$tessera" bench "$k" --impl "$impls" $args \
         --repeats "$iters" "${roof[@]}" --json "$out/bench/$name.json" --csv "$out/bench/$name.csv"
     done < <(bench_runs_of "$k")
-    # Tunable GPU implementations: their tuned-table rows for this GPU, written beside the results
-    # (review, then copy into src/kernels/<kernel>/tuned_table.cc). Untunable ones are skipped.
-    local impl
-    for impl in ${impls//,/ }; do
-      local when=""
-      if ! "$tessera" tune "$k" --impl "$impl" --list > /dev/null 2>&1; then
-        [ "$plan" = 1 ] || continue
-        when=" (only if tunable and available there)"
-      fi
-      while IFS= read -r run; do
-        variant=${run%%|*}; args=${run#*|}
-        name=${k}_$impl${variant:+_$variant}
-        # shellcheck disable=SC2086
-        step "tune $name$when" 120 "bench/tune_$name.log" "$tessera" tune "$k" --impl "$impl" --dtype bf16 $args \
-          --out "$out/bench/tune" --emit-table --table "$out/bench/tuned_table_$name.cc"
-      done < <(tune_runs_of "$k")
-    done
   done <<< "$listing"
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null || [ "$plan" = 1 ]; then
     local lce_torch=${BENCH_SHAPES:-8192x4096x128256,8192x2304x256000}
@@ -332,6 +315,30 @@ stage_bench() {
     esac
     step "report $name" 60 "bench/report_$name.log" "$tessera" report "$j" "${peers[@]}" -o "$out/bench/report_$name.html"
   done
+  bench_tune "$listing"  # last: the least urgent
+}
+
+# Tunable GPU implementations: their tuned-table rows for this GPU, written beside the results
+# (review, then copy into src/kernels/<kernel>/tuned_table.cc). Untunable ones are skipped.
+bench_tune() {
+  local listing=$1 k impls impl run variant args name when
+  while read -r k impls; do
+    [ -n "$k" ] || continue
+    for impl in ${impls//,/ }; do
+      when=""
+      if ! "$tessera" tune "$k" --impl "$impl" --list > /dev/null 2>&1; then
+        [ "$plan" = 1 ] || continue
+        when=" (only if tunable and available there)"
+      fi
+      while IFS= read -r run; do
+        variant=${run%%|*}; args=${run#*|}
+        name=${k}_$impl${variant:+_$variant}
+        # shellcheck disable=SC2086  # args is a word list by design
+        step "tune $name$when" 120 "bench/tune_$name.log" "$tessera" tune "$k" --impl "$impl" --dtype bf16 $args \
+          --out "$out/bench/tune" --emit-table --table "$out/bench/tuned_table_$name.cc"
+      done < <(tune_runs_of "$k")
+    done
+  done <<< "$listing"
 }
 
 run_stage() {

@@ -83,12 +83,13 @@ struct Gradients {
   TensorView dq, dk, dv;
 };
 
-void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt = {});
-void backward(const Inputs& in, const BackwardInputs& saved, const Gradients& grads,
-              const Options& opt = {});
+// Each returns the name of the implementation that ran ("(empty)" when nothing had to).
+std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& opt = {});
+std::string backward(const Inputs& in, const BackwardInputs& saved, const Gradients& grads,
+                     const Options& opt = {});
 // Forward, then backward with its own o and lse (training).
-void forward_backward(const Inputs& in, const TensorView& grad_o, const ForwardOutputs& out,
-                      const Gradients& grads, const Options& opt = {});
+std::string forward_backward(const Inputs& in, const TensorView& grad_o, const ForwardOutputs& out,
+                             const Gradients& grads, const Options& opt = {});
 
 // Convenience wrappers that allocate outputs (o in q's dtype, gradients in the inputs' dtypes)
 // on the inputs' device.
@@ -103,7 +104,7 @@ Result compute_with_grad(const Inputs& in, const TensorView& grad_o, const Optio
 // ---- introspection ----
 using tessera::ImplementationInfo;  // tessera/exec.h
 std::vector<ImplementationInfo> implementations();
-// The implementation that the last call on this thread ran ("" if none).
+// Deprecated: the calls return the implementation that ran. The last one on this thread ("" if none).
 const std::string& last_implementation();
 
 // Throws Error(kInvalidArgument) naming the broken constraint (kNotFound for an unknown name).

@@ -56,17 +56,18 @@ struct Inputs {
 
 // out [M, N] (input dtype or f32). Throws Error(kInvalidArgument) before touching out when a
 // shape, dtype, device or group size is wrong.
-void gmm(const Inputs& in, const TensorView& out, const Options& opt = {});
+// Each returns the name of the implementation that ran.
+std::string gmm(const Inputs& in, const TensorView& out, const Options& opt = {});
 // drhs [G_local, K, N] (or [G_local, N, K] with transpose_rhs) from lhs and dout [M, N];
 // in.rhs is not read (it may be an empty view) except for its shape when given.
-void tgmm(const TensorView& lhs, const TensorView& dout, const TensorView& group_sizes,
-          const TensorView& drhs, const Options& opt = {});
+std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView& group_sizes,
+                 const TensorView& drhs, const Options& opt = {});
 // Both gradients of gmm: dlhs [M, K] (rows outside the local groups are zero), drhs like rhs.
-void backward(const Inputs& in, const TensorView& dout, const TensorView& dlhs,
-              const TensorView& drhs, const Options& opt = {});
+std::string backward(const Inputs& in, const TensorView& dout, const TensorView& dlhs,
+                     const TensorView& drhs, const Options& opt = {});
 // gmm, then its backward (training).
-void forward_backward(const Inputs& in, const TensorView& dout, const TensorView& out,
-                      const TensorView& dlhs, const TensorView& drhs, const Options& opt = {});
+std::string forward_backward(const Inputs& in, const TensorView& dout, const TensorView& out,
+                             const TensorView& dlhs, const TensorView& drhs, const Options& opt = {});
 
 // Allocating wrappers: outputs in the inputs' dtype on their device.
 struct Result {
@@ -80,7 +81,7 @@ Result compute_with_grad(const Inputs& in, const TensorView& dout, const Options
 // ---- introspection ----
 using tessera::ImplementationInfo;  // tessera/exec.h
 std::vector<ImplementationInfo> implementations();
-// The implementation that the last call on this thread ran ("" if none).
+// Deprecated: the calls return the implementation that ran. The last one on this thread ("" if none).
 const std::string& last_implementation();
 // Throws Error(kInvalidArgument) naming the broken constraint (kNotFound for an unknown name).
 void validate_block_sizes(const std::string& implementation, const BlockSizes& bs);

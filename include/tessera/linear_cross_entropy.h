@@ -120,14 +120,15 @@ struct Gradients {
 // Argument order everywhere: inputs, then outputs, then options.
 // grad_loss: upstream gradient of `loss`. f32; 0-d for kSum / kMean, labels' shape for kNone.
 // lse: the forward's lse (an input of backward that saves recomputing it), when you have it.
-void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt = {});
-void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads,
-              const Options& opt = {});
-void backward(const Inputs& in, const TensorView& grad_loss, const TensorView& lse,
-              const Gradients& grads, const Options& opt = {});
+// Each returns the name of the implementation that ran ("(empty batch)" when nothing had to).
+std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& opt = {});
+std::string backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads,
+                     const Options& opt = {});
+std::string backward(const Inputs& in, const TensorView& grad_loss, const TensorView& lse,
+                     const Gradients& grads, const Options& opt = {});
 // Loss and gradients in one pass (training). grad_loss as in backward.
-void forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
-                      const Gradients& grads, const Options& opt = {});
+std::string forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
+                             const Gradients& grads, const Options& opt = {});
 
 // Convenience wrappers that allocate outputs on the inputs' device.
 struct Result {
@@ -144,7 +145,7 @@ Result compute_with_grad(const Inputs& in, const Options& opt = {});
 // ---- introspection ----
 using tessera::ImplementationInfo;
 std::vector<ImplementationInfo> implementations();
-// The implementation that the last call on this thread ran ("" if none).
+// Deprecated: the calls return the implementation that ran. The last one on this thread ("" if none).
 const std::string& last_implementation();
 
 // Validates block sizes for a named implementation; throws Error(kInvalidArgument) naming the

@@ -252,8 +252,8 @@ BackwardIn check_saved(const Inputs& in, const Problem& p, const BackwardInputs&
 
 // Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
-void dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
-  t_last_impl = registry().dispatch(
+std::string dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
+  return t_last_impl = registry().dispatch(
       opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
       [&](const Implementation& impl) {
         const BlockSizeChoice bs = choose_block_sizes(impl, p, opt, op);
@@ -291,33 +291,33 @@ const std::string& last_implementation() { return t_last_impl; }
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
-void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
+std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
   const Problem p = normalize(in, opt);
   const ForwardOut fo = check_forward_outputs(in, p, out);
-  if (trivial_forward(p, out)) return;
-  dispatch_call(p, opt, Pass::kForward, [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
+  if (trivial_forward(p, out)) return t_last_impl;
+  return dispatch_call(p, opt, Pass::kForward, [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
 }
 
-void backward(const Inputs& in, const BackwardInputs& saved, const Gradients& grads, const Options& opt) {
+std::string backward(const Inputs& in, const BackwardInputs& saved, const Gradients& grads, const Options& opt) {
   const Problem p = normalize(in, opt);
   const BackwardIn bi = check_saved(in, p, saved, opt);
   const GradOut go = check_gradients(in, p, grads);
-  if (trivial_backward(p, grads)) return;
-  dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, bi, go); });
+  if (trivial_backward(p, grads)) return t_last_impl;
+  return dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, bi, go); });
 }
 
-void forward_backward(const Inputs& in, const TensorView& grad_o, const ForwardOutputs& out,
-                      const Gradients& grads, const Options& opt) {
+std::string forward_backward(const Inputs& in, const TensorView& grad_o, const ForwardOutputs& out,
+                             const Gradients& grads, const Options& opt) {
   const Problem p = normalize(in, opt);
   const ForwardOut fo = check_forward_outputs(in, p, out);
   check_grad_o(in, p, grad_o, opt);
   const GradOut go = check_gradients(in, p, grads);
   if (trivial_forward(p, out)) {
     trivial_backward(p, grads);
-    return;
+    return t_last_impl;
   }
   const BackwardIn bi{out.o.data, out.o.dtype, fo.lse, grad_o.data, grad_o.dtype};
-  dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
+  return dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.forward(p, bs, fo);
     impl.backward(p, bs, bi, go);
   });
@@ -352,15 +352,13 @@ Result make_outputs(const Inputs& in, bool with_grad) {
 
 Result compute(const Inputs& in, const Options& opt) {
   Result r = make_outputs(in, false);
-  forward(in, {r.o.view(), r.lse.view()}, opt);
-  r.implementation = t_last_impl;
+  r.implementation = forward(in, {r.o.view(), r.lse.view()}, opt);
   return r;
 }
 
 Result compute_with_grad(const Inputs& in, const TensorView& grad_o, const Options& opt) {
   Result r = make_outputs(in, true);
-  forward_backward(in, grad_o, {r.o.view(), r.lse.view()}, {r.dq.view(), r.dk.view(), r.dv.view()}, opt);
-  r.implementation = t_last_impl;
+  r.implementation = forward_backward(in, grad_o, {r.o.view(), r.lse.view()}, {r.dq.view(), r.dk.view(), r.dv.view()}, opt);
   return r;
 }
 

@@ -136,8 +136,8 @@ void check_dout(const TensorView& dout, const Problem& p, const Options& opt) {
 
 // Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
-void dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
-  t_last_impl = registry().dispatch(
+std::string dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
+  return t_last_impl = registry().dispatch(
       opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
       [&](const Implementation& impl) {
         const BlockSizeChoice bs = choose_block_sizes(impl, p, opt, op);
@@ -167,44 +167,44 @@ const std::string& last_implementation() { return t_last_impl; }
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
-void gmm(const Inputs& in, const TensorView& out, const Options& opt) {
+std::string gmm(const Inputs& in, const TensorView& out, const Options& opt) {
   const Problem p = normalize(in, opt);
   check_out(out, p, {p.M, p.N}, "out");
-  dispatch_call(p, opt, Pass::kForward, [&](const Implementation& impl, const BlockSizes& bs) {
+  return dispatch_call(p, opt, Pass::kForward, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
   });
 }
 
-void tgmm(const TensorView& lhs, const TensorView& dout, const TensorView& group_sizes, const TensorView& drhs,
-          const Options& opt) {
+std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView& group_sizes, const TensorView& drhs,
+                 const Options& opt) {
   const auto [K, N] = k_n_of(drhs, opt.transpose_rhs, "drhs");
   const Problem p = make_problem(lhs, drhs.shape[0], K, N, group_sizes, opt);
   check_dout(dout, p, opt);
   check_out(drhs, p, rhs_shape(p.G, K, N, p.transpose_rhs), "drhs");
-  dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) {
+  return dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.tgmm(p, bs, {lhs.data, dout.data, drhs.data, drhs.dtype});
   });
 }
 
-void backward(const Inputs& in, const TensorView& dout, const TensorView& dlhs, const TensorView& drhs,
-              const Options& opt) {
+std::string backward(const Inputs& in, const TensorView& dout, const TensorView& dlhs, const TensorView& drhs,
+                     const Options& opt) {
   const Problem p = normalize(in, opt);
   check_dout(dout, p, opt);
   check_out(dlhs, p, {p.M, p.K}, "dlhs");
   check_out(drhs, p, in.rhs.shape, "drhs");
-  dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) {
+  return dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) {
     run_backward(impl, bs, p, in, dout, dlhs, drhs);
   });
 }
 
-void forward_backward(const Inputs& in, const TensorView& dout, const TensorView& out, const TensorView& dlhs,
-                      const TensorView& drhs, const Options& opt) {
+std::string forward_backward(const Inputs& in, const TensorView& dout, const TensorView& out, const TensorView& dlhs,
+                             const TensorView& drhs, const Options& opt) {
   const Problem p = normalize(in, opt);
   check_out(out, p, {p.M, p.N}, "out");
   check_dout(dout, p, opt);
   check_out(dlhs, p, {p.M, p.K}, "dlhs");
   check_out(drhs, p, in.rhs.shape, "drhs");
-  dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
+  return dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
     run_backward(impl, bs, p, in, dout, dlhs, drhs);
   });
@@ -230,15 +230,13 @@ Result make_outputs(const Inputs& in, const Options& opt, bool with_grad) {
 
 Result compute(const Inputs& in, const Options& opt) {
   Result r = make_outputs(in, opt, false);
-  gmm(in, r.out.view(), opt);
-  r.implementation = t_last_impl;
+  r.implementation = gmm(in, r.out.view(), opt);
   return r;
 }
 
 Result compute_with_grad(const Inputs& in, const TensorView& dout, const Options& opt) {
   Result r = make_outputs(in, opt, true);
-  forward_backward(in, dout, r.out.view(), r.dlhs.view(), r.drhs.view(), opt);
-  r.implementation = t_last_impl;
+  r.implementation = forward_backward(in, dout, r.out.view(), r.dlhs.view(), r.drhs.view(), opt);
   return r;
 }
 

@@ -91,11 +91,11 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
     }
   }
   switch (a.pass) {
-    case Pass::kForward: gmm(in, out[0], opt); break;
-    case Pass::kBackward: backward(in, dout, out[0], out[1], opt); break;
-    case Pass::kFused: forward_backward(in, dout, out[0], out[1], out[2], opt); break;
+    case Pass::kForward: return gmm(in, out[0], opt);
+    case Pass::kBackward: return backward(in, dout, out[0], out[1], opt);
+    case Pass::kFused: return forward_backward(in, dout, out[0], out[1], out[2], opt);
   }
-  return last_implementation();
+  throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
 
 kernels::CallSpec call_spec() {
@@ -146,6 +146,7 @@ struct Settings {
 struct Bound {
   Tensor lhs, rhs, sizes, dout, out, dlhs, drhs;
   Options opt;
+  std::string ran;  // the implementation the last timed call ran
 };
 
 class GmmBench final : public harness::BenchProblem {
@@ -210,11 +211,13 @@ class GmmBench final : public harness::BenchProblem {
     auto in = [b] { return Inputs{b->lhs.view(), b->rhs.view(), b->sizes.view()}; };
     harness::BenchCall c;
     switch (pass) {
-      case Pass::kForward: c.run = [b, in] { gmm(in(), b->out, b->opt); }; break;
-      case Pass::kBackward: c.run = [b, in] { backward(in(), b->dout, b->dlhs, b->drhs, b->opt); }; break;
-      case Pass::kFused: c.run = [b, in] { forward_backward(in(), b->dout, b->out, b->dlhs, b->drhs, b->opt); }; break;
+      case Pass::kForward: c.run = [b, in] { b->ran = gmm(in(), b->out, b->opt); }; break;
+      case Pass::kBackward: c.run = [b, in] { b->ran = backward(in(), b->dout, b->dlhs, b->drhs, b->opt); }; break;
+      case Pass::kFused:
+        c.run = [b, in] { b->ran = forward_backward(in(), b->dout, b->out, b->dlhs, b->drhs, b->opt); };
+        break;
     }
-    c.ran = [] { return last_implementation(); };
+    c.ran = [b] { return b->ran; };
     return c;
   }
 

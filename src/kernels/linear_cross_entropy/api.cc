@@ -359,8 +359,8 @@ void zero_fill_dw(const TensorView& dw) {
 
 // Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
-void dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
-  t_last_impl = registry().dispatch(
+std::string dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
+  return t_last_impl = registry().dispatch(
       opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
       [&](const Implementation& impl) {
         const BlockSizeChoice bs = choose_block_sizes(impl, p, opt, op);
@@ -432,7 +432,8 @@ std::optional<Compaction> compaction_for(const Problem& p, const Options& opt, b
   return opt.skip_ignored && !argmax_wanted ? Compaction::make(p) : std::nullopt;
 }
 
-void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
+std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
+  std::string ran;
   Problem p = normalize(in, opt);
   ForwardOut fo = check_forward_outputs(in, p, out);
   ArgmaxScratch scratch;
@@ -442,19 +443,21 @@ void forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
   const ForwardOut qo = c ? c->forward_out(fo) : fo;
   if (q.B == 0) {  // empty batch (or every token ignored): zero loss, nothing else to compute
     zero_fill(out.loss);
-    t_last_impl = "(empty batch)";
+    ran = t_last_impl = "(empty batch)";
   } else {
-    dispatch_call(q, opt, Pass::kForward,
+    ran = dispatch_call(q, opt, Pass::kForward,
                   [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(q, bs, qo); });
   }
   if (c) c->scatter_forward(fo);
   write_metrics(p, fo, out);
+  return ran;
 }
 
 namespace {
 
-void backward_impl(const Inputs& in, const TensorView& grad_loss, const std::optional<TensorView>& lse,
-                   const Gradients& grads, const Options& opt) {
+std::string backward_impl(const Inputs& in, const TensorView& grad_loss, const std::optional<TensorView>& lse,
+                          const Gradients& grads, const Options& opt) {
+  std::string ran;
   const Problem p = normalize(in, opt);
   GradIn gi;
   gi.grad_loss = check_grad_loss(in, p, grad_loss);
@@ -470,27 +473,29 @@ void backward_impl(const Inputs& in, const TensorView& grad_loss, const std::opt
   if (q.B == 0) {
     zero_fill_dw(grads.dw);
     if (grads.dbias) zero_fill(*grads.dbias);
-    t_last_impl = "(empty batch)";
+    ran = t_last_impl = "(empty batch)";
   } else {
-    dispatch_call(q, opt, Pass::kBackward,
+    ran = dispatch_call(q, opt, Pass::kBackward,
                   [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(q, bs, qi, qo); });
   }
   if (c) c->scatter_backward(go);
+  return ran;
 }
 
 }  // namespace
 
-void backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads, const Options& opt) {
-  backward_impl(in, grad_loss, std::nullopt, grads, opt);
+std::string backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads, const Options& opt) {
+  return backward_impl(in, grad_loss, std::nullopt, grads, opt);
 }
 
-void backward(const Inputs& in, const TensorView& grad_loss, const TensorView& lse, const Gradients& grads,
-              const Options& opt) {
-  backward_impl(in, grad_loss, lse, grads, opt);
+std::string backward(const Inputs& in, const TensorView& grad_loss, const TensorView& lse, const Gradients& grads,
+                     const Options& opt) {
+  return backward_impl(in, grad_loss, lse, grads, opt);
 }
 
-void forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
-                      const Gradients& grads, const Options& opt) {
+std::string forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
+                             const Gradients& grads, const Options& opt) {
+  std::string ran;
   Problem p = normalize(in, opt);
   ForwardOut fo = check_forward_outputs(in, p, out);
   ArgmaxScratch scratch;
@@ -507,9 +512,9 @@ void forward_backward(const Inputs& in, const TensorView& grad_loss, const Forwa
     zero_fill(out.loss);
     zero_fill_dw(grads.dw);
     if (grads.dbias) zero_fill(*grads.dbias);
-    t_last_impl = "(empty batch)";
+    ran = t_last_impl = "(empty batch)";
   } else {
-    dispatch_call(q, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
+    ran = dispatch_call(q, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
       impl.forward_backward(q, bs, qi, qfo, qgo);
     });
   }
@@ -518,6 +523,7 @@ void forward_backward(const Inputs& in, const TensorView& grad_loss, const Forwa
     c->scatter_backward(go);
   }
   write_metrics(p, fo, out);
+  return ran;
 }
 
 namespace {
@@ -552,8 +558,7 @@ ForwardOutputs views_of(const Result& r) {
 
 Result compute(const Inputs& in, const Options& opt) {
   Result r = make_outputs(in, opt, false);
-  forward(in, views_of(r), opt);
-  r.implementation = t_last_impl;
+  r.implementation = forward(in, views_of(r), opt);
   return r;
 }
 
@@ -566,8 +571,7 @@ Result compute_with_grad(const Inputs& in, const Options& opt) {
   if (in.x.device.type != DeviceType::kCPU) g = g.to(in.x.device);
   Gradients grads{r.dx.view(), r.dw.view(), std::nullopt};
   if (r.dbias.defined()) grads.dbias = r.dbias.view();
-  forward_backward(in, g.view(), views_of(r), grads, opt);
-  r.implementation = t_last_impl;
+  r.implementation = forward_backward(in, g.view(), views_of(r), grads, opt);
   return r;
 }
 

@@ -99,17 +99,14 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   Gradients g;
   if (a.pass != Pass::kForward) g = {*find("dx"), *find("dw"), find("dbias")};
   switch (a.pass) {
-    case Pass::kForward: forward(in, fo, opt); break;
+    case Pass::kForward: return forward(in, fo, opt);
     case Pass::kBackward: {
-      if (const TensorView* l = a.tensor("lse"))
-        backward(in, need(a, "grad_loss"), *l, g, opt);
-      else
-        backward(in, need(a, "grad_loss"), g, opt);
-      break;
+      if (const TensorView* l = a.tensor("lse")) return backward(in, need(a, "grad_loss"), *l, g, opt);
+      return backward(in, need(a, "grad_loss"), g, opt);
     }
-    case Pass::kFused: forward_backward(in, need(a, "grad_loss"), fo, g, opt); break;
+    case Pass::kFused: return forward_backward(in, need(a, "grad_loss"), fo, g, opt);
   }
-  return last_implementation();
+  throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
 
 kernels::CallSpec call_spec() {

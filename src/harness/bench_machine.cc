@@ -19,7 +19,7 @@ std::map<std::string, std::string> tessera_env() {
   for (char** e = environ; e && *e; ++e) {
     if (std::strncmp(*e, "TESSERA_", 8) != 0) continue;
     const char* eq = std::strchr(*e, '=');
-    if (eq) out.emplace(std::string(*e, eq), std::string(eq + 1));
+    if (eq) out.emplace(std::string(*e, static_cast<size_t>(eq - *e)), std::string(eq + 1));
   }
   return out;
 }

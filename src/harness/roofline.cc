@@ -268,6 +268,8 @@ void measure_cpu_peaks(DeviceCeilings& c, int threads, bool quick, Progress& pro
     if (auto g = measure_cpu_peak_gflops(line, threads, quick ? 0.05 : 0.15, &method)) c.peak_gflops_by_line[line] = *g;
     c.peak_method[line] = method;
   }
+  if (cpu_features().find("amx_bf16") != std::string::npos)
+    c.peak_method["bf16_amx"] = "not measured: this CPU has AMX (amx_bf16) but no AMX tile loop is written yet";
 }
 
 // The practical compute line: the BLAS GEMM per dtype, the best over `sizes`.

@@ -32,6 +32,15 @@ namespace {
 #define TESSERA_REP12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define TESSERA_REP16(X) TESSERA_REP12(X) X(12) X(13) X(14) X(15)
 
+// Horizontal sum (not _mm512_reduce_add_ps: GCC 12 warns inside it, -Wuninitialized).
+__attribute__((target("avx512f"))) inline float sum512(__m512 v) {
+  alignas(64) float out[16];
+  _mm512_store_ps(out, v);
+  float t = 0;
+  for (float x : out) t += x;
+  return t;
+}
+
 // 16 zmm accumulators, 16 FMAs (256 flops) per iteration: acc = acc * a + b converges to
 // b / (1 - a), so values stay normal and finite however long it runs.
 __attribute__((target("avx512f"), noinline)) float loop_fma_avx512(int64_t iters) {
@@ -48,7 +57,7 @@ __attribute__((target("avx512f"), noinline)) float loop_fma_avx512(int64_t iters
 #define SUM(i) s = _mm512_add_ps(s, c##i);
   TESSERA_REP16(SUM)
 #undef SUM
-  return _mm512_reduce_add_ps(s);
+  return sum512(s);
 }
 
 // 12 ymm accumulators (16 registers: 12 + a + b), 12 FMAs (192 flops) per iteration.
@@ -90,7 +99,7 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) float loop_dot_bf16(int6
 #define SUM(i) s = _mm512_add_ps(s, c##i);
   TESSERA_REP16(SUM)
 #undef SUM
-  return _mm512_reduce_add_ps(s);
+  return sum512(s);
 }
 
 // Streaming read: eight 256-bit loads per iteration into four integer accumulators (integer
@@ -137,7 +146,7 @@ bool cpu_has(const char* feature) {
   return false;
 }
 
-struct PeakLine {
+struct PeakLoop {
   const char* name;      // the line's name in the roofline file
   const char* requires_;  // cpu_has() feature
   double flops_per_iter;
@@ -145,8 +154,8 @@ struct PeakLine {
   const char* what;
 };
 
-std::vector<PeakLine> peak_lines() {
-  std::vector<PeakLine> out;
+std::vector<PeakLoop> peak_loops() {
+  std::vector<PeakLoop> out;
 #if defined(__x86_64__)
   out.push_back({"f32_fma_avx512", "avx512f", 16 * 16 * 2, loop_fma_avx512,
                  "vfmadd231ps zmm, 16 independent accumulators"});
@@ -174,14 +183,14 @@ std::atomic<uint64_t> g_sink{0};  // keeps every loop's result observable
 
 std::vector<std::string> cpu_peak_line_names() {
   std::vector<std::string> out;
-  for (const PeakLine& l : peak_lines()) out.push_back(l.name);
+  for (const PeakLoop& l : peak_loops()) out.push_back(l.name);
   return out;
 }
 
 std::optional<double> measure_cpu_peak_gflops(const std::string& line, int threads, double seconds,
                                               std::string* method) {
   if (threads <= 0) threads = hardware_threads();
-  for (const PeakLine& l : peak_lines()) {
+  for (const PeakLoop& l : peak_loops()) {
     if (line != l.name) continue;
     if (!cpu_has(l.requires_)) {
       if (method) *method = std::string("not measured: this CPU does not report ") + l.requires_;

@@ -167,7 +167,9 @@ void rows_section(std::ostringstream& h, const json& doc) {
   h << "</table></div>\n<ol class=\"notes\">\n";
   for (size_t k = 0; k < notes.size(); ++k) h << "<li id=\"note-" << k + 1 << "\">" << esc(notes[k]) << "</li>\n";
   h << "</ol>\n<p class=\"small\">GFLOP/s counts useful flops (recomputation excluded); GB/s and flop/B use the "
-       "minimum bytes (inputs read once, outputs written once). × GEMM = median / the GEMM floor (useful GEMM count × "
+       "minimum bytes (inputs read once, outputs written once). % roof = GFLOP/s over the physical roofline (the "
+       "measured FMA peak for f32/f16, the bf16 dot-product peak for bf16 where the CPU has one, the streaming-read "
+       "bandwidth; a cell's tooltip names the line and gives the % of the practical BLAS GEMM line). × GEMM = median / the GEMM floor (useful GEMM count × "
        "one BLAS GEMM of the shape); × mat. = median / the materialized BLAS baseline; × version = a version's "
        "median / its base version's (cpu_v2 / cpu) in this run; below 1 is faster. Grey rows are "
        "baselines, blue rows peers (their rates come from this run's cost model for the shape).</p>\n";

@@ -59,14 +59,17 @@ struct Plot {
 struct ComputeLine {
   std::string cls, key, label;  // css class, data attribute ("data-line=.." / "data-dtype=.."), label
 };
+// Of the physical peaks, only the roofs (peak_line of f32 and of bf16); sorted by rate.
 std::vector<std::pair<double, ComputeLine>> compute_lines(const DeviceCeilings& d) {
   std::vector<std::pair<double, ComputeLine>> out;
   for (const auto& [line, peak] : d.peak_gflops_by_line)
-    out.push_back({peak, {"ceiling ceiling-peak", "data-line=\"" + esc(line) + "\"",
-                          d.device + " " + line + " peak " + num(peak) + " GFLOP/s"}});
+    if (line == d.peak_line("f32").line || line == d.peak_line("bf16").line)
+      out.push_back({peak, {"ceiling ceiling-peak", "data-line=\"" + esc(line) + "\"",
+                            d.device + " " + line + " peak " + num(peak) + " GFLOP/s"}});
   for (const auto& [dt, peak] : d.gemm_gflops)
     out.push_back({peak, {"ceiling ceiling-compute", "data-dtype=\"" + esc(dt) + "\"",
                           d.device + " " + dt + " GEMM (BLAS) " + num(peak) + " GFLOP/s"}});
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return out;
 }
 
@@ -139,7 +142,7 @@ void draw_device_ceilings(std::ostringstream& s, const Plot& p, const DeviceCeil
         << ")\" x=\"24\" y=\"-6\" fill=\"#444\">" << esc(d.device) << " " << num(d.bandwidth_gbs) << " GB/s</text>\n";
     }
   }
-  int k = 0;
+  double last_ty = 1e300;  // labels stack upwards from the lowest line, each above its own line
   for (const auto& [peak, line] : lines) {
     if (peak <= 0) continue;
     const bool practical = line.cls == "ceiling ceiling-compute";  // the GEMM line: lighter, dotted
@@ -151,7 +154,8 @@ void draw_device_ceilings(std::ostringstream& s, const Plot& p, const DeviceCeil
     const std::string& label = line.label;
     // Above the line, just right of the ridge: only stale points live above a ceiling.
     const double tx = std::min(p.X(std::max(ridge, xl)) + 6, p.ml + p.pw - 6.5 * static_cast<double>(label.size()) - 4);
-    const double ty = p.Y(peak) - 6 - 14 * k++, tw = 6.5 * static_cast<double>(label.size());
+    const double ty = std::min(p.Y(peak) - 6, last_ty - 14), tw = 6.5 * static_cast<double>(label.size());
+    last_ty = ty;
     taken.push_back({tx, ty - 11, tx + tw, ty + 2});
     s << "<text class=\"ceiling-label\" x=\"" << tx << "\" y=\"" << ty << "\" fill=\"" << (practical ? "#777" : "#444")
       << "\">" << esc(label) << "</text>\n";

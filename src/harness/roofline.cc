@@ -53,8 +53,9 @@ PeakLine DeviceCeilings::peak_line(const std::string& dtype) const {
     return best;
   }
   PeakLine g = gemm_line(dtype);
-  const std::string why = "no physical peak measured on " + device + " (re-measure with `tessera roofline`); the " +
-                          (g.line.empty() ? std::string("GEMM") : g.line) + " line is used";
+  const std::string why = "no physical peak measured on " + device +
+                          (device == "cpu" ? " (a roofline file of schema /1: re-measure with `tessera roofline`)" : "") +
+                          "; the " + (g.line.empty() ? std::string("GEMM") : g.line) + " line is used";
   g.note = g.gflops > 0 ? (g.note.empty() ? why : why + "; " + g.note) : g.note;
   return g;
 }

@@ -213,7 +213,9 @@ std::vector<std::string> cpu_peak_line_names() {
 
 std::optional<double> measure_cpu_peak_gflops(const std::string& line, int threads, double seconds,
                                               std::string* method) {
-  if (threads <= 0) threads = hardware_threads();
+  // More threads than hardware threads would take turns on a core, each counting the core's
+  // whole rate over its CPU time.
+  threads = threads <= 0 ? hardware_threads() : std::min(threads, hardware_threads());
   for (const PeakLoop& l : peak_loops()) {
     if (line != l.name) continue;
     if (!cpu_has(l.requires_)) {

@@ -33,8 +33,9 @@ void print_roofline(const harness::Roofline& r) {
       if (roof.gflops <= 0) continue;
       fmt::print("  {:<4} roof: {} {:.1f} GFLOP/s", dt, roof.line, roof.gflops);
       if (d.bandwidth_gbs > 0) fmt::print(", ridge {:.1f} flop/byte", roof.gflops / d.bandwidth_gbs);
-      if (gemm.gflops > 0) fmt::print("; BLAS {} = {:.0f} % of it", gemm.line, 100 * gemm.gflops / roof.gflops);
-      fmt::print("\n");
+      if (gemm.gflops > 0 && gemm.line != roof.line)
+        fmt::print("; BLAS {} = {:.0f} % of it", gemm.line, 100 * gemm.gflops / roof.gflops);
+      fmt::print("{}\n", roof.note.empty() ? "" : " (" + roof.note + ")");
     }
     for (const auto& n : d.notes) fmt::print("  note: {}\n", n);
   }

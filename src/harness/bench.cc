@@ -29,7 +29,7 @@ Row base_row(const BenchProblem& p, const std::string& kind, const std::string& 
   r["mode"] = mode;
   r["shape"] = bc.shape_name;
   r["threads"] = threads;
-  r["device_kind"] = device == "cpu" ? tune::cpu_device_kind() : device;
+  if (device == "cpu") r["device_kind"] = tune::cpu_device_kind();  // a GPU's is its backend's
   r["blas_core"] = blas::core_name();
   r["tessera_env"] = tessera_env_line();
   return r;

@@ -11,6 +11,8 @@
 #include "harness/device_hooks.h"
 #include "harness/process.h"
 #include "tessera/error.h"
+#include "tune/choose.h"
+#include "tune/device_kind.h"
 
 namespace tessera::harness {
 namespace {
@@ -27,7 +29,25 @@ Row base_row(const BenchProblem& p, const std::string& kind, const std::string& 
   r["mode"] = mode;
   r["shape"] = bc.shape_name;
   r["threads"] = threads;
+  if (device == "cpu") r["device_kind"] = tune::cpu_device_kind();  // a GPU's is its backend's
+  r["blas_core"] = blas::core_name();
+  r["tessera_env"] = tessera_env_line();
   return r;
+}
+
+// The block sizes the first call chose, and where they came from ("tuned table", "autotune",
+// "options" = the caller's, ...); several when the call chose more than once (a pipeline, a
+// fallback to another implementation).
+void fill_block_sizes(Row& r, const std::vector<tune::ChoiceRecord>& records) {
+  if (records.empty()) return;
+  std::string sizes, sources;
+  for (const auto& c : records) {
+    const std::string who = records.size() > 1 ? c.implementation + " " : "";
+    sizes += (sizes.empty() ? "" : "; ") + who + tune::params_str(c.params);
+    sources += (sources.empty() ? "" : "; ") + who + c.source;
+  }
+  r["block_sizes"] = sizes;
+  r["block_sizes_source"] = sources;
 }
 
 // Memory around the first call: tracked host / device scratch and RSS growth.
@@ -254,16 +274,26 @@ class Driver {
     BenchCall call = p.bind(name, dev, pass, exec);
     std::function<void()> sync;
     if (hooks) sync = [hooks, dev] { hooks->synchronize(dev.index); };
+    // The choices of the first call (prepare's included): later calls repeat them from a table
+    // or cache, so their source would hide an autotune.
+    auto recorder = std::make_unique<tune::ChoiceRecorder>();
+    std::vector<tune::ChoiceRecord> choices;
     if (call.prepare) call.prepare();
     if (sync) sync();
     MemoryProbe mem;
     TimingOptions topt = cfg_.timing;
     topt.before_first = [&] { mem.before(); };
-    topt.after_first = [&] { mem.after(); };
+    topt.after_first = [&] {
+      mem.after();
+      choices = recorder->records();
+      recorder.reset();
+    };
     if (hooks && hooks->time_call)
       topt.time_one = [hooks, dev](const std::function<void()>& fn) { return hooks->time_call(dev.index, fn); };
     const Timing t = measure(call.run, topt, sync);
+    if (recorder) choices = recorder->records(), recorder.reset();
     Row r = base_row(p, "kernel", name, dev.str(), pass_name(pass), bc, threads_);
+    fill_block_sizes(r, choices);
     const Cost c = p.cost(pass, name);
     fill_rates(r, t, c, dev.str(), r.value("dtype", "f32"), cfg_.roofline);
     r["timer"] = topt.time_one ? "device events" : hooks ? "host clock after sync" : "host clock";
@@ -344,13 +374,20 @@ void fill_rates(Row& row, const Timing& t, const Cost& c, const std::string& dev
   if (!roofline) return;
   const auto* d = roofline->find(device);
   if (!d) return;
-  std::string note;
-  const double peak = d->peak_gflops(dtype, &note);
-  const double bound = d->attainable_gflops(c.arithmetic_intensity(), dtype);
+  const PeakLine line = d->peak_line(dtype);
+  std::string note = line.note;
+  const double ai = c.arithmetic_intensity();
+  const double bound = d->attainable_gflops(ai, dtype);
+  const double gflops = row["gflops"].get<double>();
+  if (!line.line.empty()) row["roofline_line"] = line.line;
+  if (const double g = d->attainable_gemm_gflops(ai, dtype); g > 0) {
+    row["gemm_line_gflops"] = g;
+    row["gemm_line_fraction"] = gflops / g;
+  }
   if (bound > 0) {
-    const double fraction = row["gflops"].get<double>() / bound;
+    const double fraction = gflops / bound;
     row["roofline_gflops"] = bound;
-    row["bound"] = bound < peak ? "memory" : "compute";
+    row["bound"] = line.gflops > 0 && bound >= line.gflops ? "compute" : "memory";
     if (fraction > 1.0) {
       // Faster than the ceiling: the ceilings are stale (measured on a busy machine or another
       // one), not the kernel superhuman. Say so instead of printing it as a result.
@@ -372,9 +409,10 @@ std::vector<std::string> bench_columns(const std::vector<std::string>& dims) {
   for (const char* c : {"dtype", "threads", "timer", "first_call_ms", "median_ms", "min_ms", "max_ms",
                         "q1_ms", "q3_ms", "samples", "gflop_useful", "gflop_issued", "mbytes_min",
                         "transcendentals", "ai", "gflops", "gflops_issued", "gbs", "roofline_gflops",
-                        "roofline_fraction", "bound", "roofline_stale", "extra_host_bytes",
+                        "roofline_fraction", "roofline_line", "bound", "roofline_stale", "gemm_line_gflops",
+                        "gemm_line_fraction", "block_sizes", "block_sizes_source", "extra_host_bytes",
                         "extra_device_bytes", "rss_growth_bytes", "gemm_ms", "gemm_count", "vs_gemm",
-                        "baseline_ms", "vs_baseline", "version_base", "vs_version", "loss", "roofline_note", "note"})
+                        "baseline_ms", "vs_baseline", "version_base", "vs_version", "loss", "roofline_note", "note", "device_kind", "blas_core", "tessera_env"})
     cols.push_back(c);
   return cols;
 }

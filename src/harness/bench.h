@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -111,8 +112,20 @@ BenchResult run_bench(const BenchConfig& cfg);
 // Column order for tables and CSV: the generic leading fields, `dims`, then the rest.
 std::vector<std::string> bench_columns(const std::vector<std::string>& dims);
 
-// Fills the rate and roofline fields of `row` for a timing with cost `c`. A fraction above 1
-// marks the row "stale ceilings" (roofline_note says how to re-measure) instead of reporting it.
+// How results were made (bench_machine.cc): the CPU (vendor, family / model / stepping, the
+// microarchitecture and device kind of the tuned tables, ISA level, Highway's dispatched
+// target), the BLAS (version string and core type) and every TESSERA_* variable in effect.
+// Rows carry the short forms: device_kind, blas_core, tessera_env and, per row, the block sizes
+// the call chose and where they came from (tune::ChoiceRecorder).
+nlohmann::json machine_json();
+std::map<std::string, std::string> tessera_env();
+std::string tessera_env_line();  // "TESSERA_A=1 TESSERA_B=x", sorted; "" when none
+
+// Fills the rate and roofline fields of `row` for a timing with cost `c`. The roof is physical
+// (DeviceCeilings::peak_line: the FMA peak for f32/f16, the bf16 dot-product peak for bf16
+// where measured; roofline_line names it); gemm_line_gflops / gemm_line_fraction are the same
+// against the BLAS GEMM line (the practical one). A fraction above 1 marks the row "stale
+// ceilings" (roofline_note says how to re-measure) instead of reporting it.
 void fill_rates(Row& row, const Timing& t, const Cost& c, const std::string& device,
                 const std::string& dtype, const Roofline* roofline);
 

@@ -11,6 +11,7 @@
 
 extern "C" {
 char* openblas_get_config(void) __attribute__((weak));
+char* openblas_get_corename(void) __attribute__((weak));
 int openblas_get_num_threads(void) __attribute__((weak));
 void openblas_set_num_threads(int) __attribute__((weak));
 }
@@ -38,6 +39,12 @@ std::string name() {
     return s.rfind("OpenBLAS", 0) == 0 ? s : "OpenBLAS " + s;
   }
   return "unknown CBLAS";
+}
+
+std::string core_name() {
+  if (!openblas_get_corename) return {};
+  const char* s = openblas_get_corename();
+  return s ? std::string(s) : std::string();
 }
 
 int threads() { return openblas_get_num_threads ? openblas_get_num_threads() : 1; }

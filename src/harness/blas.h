@@ -14,6 +14,9 @@ bool available();
 std::string unavailable_reason();
 // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64" or "unknown BLAS".
 std::string name();
+// The kernel set the BLAS dispatched to on this CPU (OpenBLAS openblas_get_corename(), e.g.
+// "Zen", "SkylakeX", "Haswell"); "" when the library cannot tell.
+std::string core_name();
 // Threads the BLAS uses now (1 if it cannot tell); set_threads(n) where it can (n >= 1).
 int threads();
 void set_threads(int n);

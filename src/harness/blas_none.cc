@@ -14,6 +14,7 @@ const char* kWhy =
 bool available() { return false; }
 std::string unavailable_reason() { return kWhy; }
 std::string name() { return "none"; }
+std::string core_name() { return {}; }
 int threads() { return 1; }
 void set_threads(int) {}
 void sgemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,

@@ -87,17 +87,22 @@ void ceilings_section(std::ostringstream& h, const json& doc) {
     return;
   }
   const std::string blas = blas_of(doc);
-  h << "<div class=\"wrap\"><table><tr><th class=\"t\">device</th><th class=\"t\">name</th><th>GEMM peak GFLOP/s</th>"
-       "<th>bandwidth GB/s</th><th class=\"t\">how</th></tr>\n";
+  h << "<div class=\"wrap\"><table><tr><th class=\"t\">device</th><th class=\"t\">name</th>"
+       "<th>peak GFLOP/s (the roof)</th><th>BLAS GEMM GFLOP/s</th><th>bandwidth GB/s</th><th class=\"t\">how</th></tr>\n";
   for (const auto& d : ceilings) {
-    std::string peaks, how;
-    for (const auto& [dt, p] : d.gemm_gflops) peaks += (peaks.empty() ? "" : ", ") + dt + " " + num(p);
+    std::string peaks, gemms, how;
+    for (const auto& [line, p] : d.peak_gflops_by_line) peaks += (peaks.empty() ? "" : ", ") + line + " " + num(p);
+    for (const auto& [dt, p] : d.gemm_gflops) gemms += (gemms.empty() ? "" : ", ") + dt + " " + num(p);
+    for (const auto& [line, m] : d.peak_method) how += esc(line + ": " + m) + "<br>";
     for (const auto& [dt, m] : d.gemm_method) how += esc(dt + ": " + short_note(m, blas)) + "<br>";
     how += "bandwidth: " + esc(d.bandwidth_method);
+    std::string bw = num(d.bandwidth_gbs);
+    if (d.copy_gbs > 0) bw += " (copy " + num(d.copy_gbs) + ")", how += "<br>copy: " + esc(d.copy_method);
     for (const auto& n : d.notes)
       if (n != "BLAS: " + blas) how += "<br>" + esc(short_note(n, blas));  // the BLAS is in the header
-    h << "<tr><td class=\"t\">" << esc(d.device) << "</td><td class=\"t\">" << esc(d.name) << "</td><td>" << esc(peaks)
-      << "</td><td>" << num(d.bandwidth_gbs) << "</td><td class=\"t small\">" << how << "</td></tr>\n";
+    h << "<tr><td class=\"t\">" << esc(d.device) << "</td><td class=\"t\">" << esc(d.name) << "</td><td>"
+      << (peaks.empty() ? std::string("– (GEMM line used)") : esc(peaks)) << "</td><td>" << esc(gemms) << "</td><td>"
+      << esc(bw) << "</td><td class=\"t small\">" << how << "</td></tr>\n";
   }
   h << "</table></div>\n";
   if (doc.contains("roofline_source")) h << "<p class=\"small\">" << esc(gets(doc, "roofline_source")) << "</p>\n";
@@ -107,8 +112,11 @@ std::string roofline_cell(const json& r) {
   if (is_stale(r))
     return "<td class=\"stale\" title=\"" + esc(gets(r, "roofline_note")) + "\">stale (" + num(100 * stale_fraction(r)) +
            "%)</td>";
-  const double frac = getd(r, "roofline_fraction");
-  return "<td>" + (std::isfinite(frac) ? num(100 * frac) : std::string("–")) + "</td>";
+  const double frac = getd(r, "roofline_fraction"), gemm = getd(r, "gemm_line_fraction");
+  std::string title = gets(r, "roofline_line").empty() ? "" : "against " + gets(r, "roofline_line");
+  if (std::isfinite(gemm)) title += (title.empty() ? "" : "; ") + num(100 * gemm) + "% of the BLAS GEMM line";
+  return "<td" + (title.empty() ? std::string() : " title=\"" + esc(title) + "\"") + ">" +
+         (std::isfinite(frac) ? num(100 * frac) : std::string("–")) + "</td>";
 }
 
 // Footnote number of a note (1-based), adding it the first time; 0 for no note.
@@ -159,7 +167,9 @@ void rows_section(std::ostringstream& h, const json& doc) {
   h << "</table></div>\n<ol class=\"notes\">\n";
   for (size_t k = 0; k < notes.size(); ++k) h << "<li id=\"note-" << k + 1 << "\">" << esc(notes[k]) << "</li>\n";
   h << "</ol>\n<p class=\"small\">GFLOP/s counts useful flops (recomputation excluded); GB/s and flop/B use the "
-       "minimum bytes (inputs read once, outputs written once). × GEMM = median / the GEMM floor (useful GEMM count × "
+       "minimum bytes (inputs read once, outputs written once). % roof = GFLOP/s over the physical roofline (the "
+       "measured FMA peak for f32/f16, the bf16 dot-product peak for bf16 where the CPU has one, the streaming-read "
+       "bandwidth; a cell's tooltip names the line and gives the % of the practical BLAS GEMM line). × GEMM = median / the GEMM floor (useful GEMM count × "
        "one BLAS GEMM of the shape); × mat. = median / the materialized BLAS baseline; × version = a version's "
        "median / its base version's (cpu_v2 / cpu) in this run; below 1 is faster. Grey rows are "
        "baselines, blue rows peers (their rates come from this run's cost model for the shape).</p>\n";

@@ -54,6 +54,25 @@ struct Plot {
   double clampy(double y) const { return std::clamp(y, mt, mt + ph); }
 };
 
+// A device's horizontal lines: the physical peaks (the roof) and the BLAS GEMM rates (the
+// practical line), as (GFLOP/s, what).
+struct ComputeLine {
+  std::string cls, key, label;  // css class, data attribute ("data-line=.." / "data-dtype=.."), label
+};
+// Of the physical peaks, only the roofs (peak_line of f32 and of bf16); sorted by rate.
+std::vector<std::pair<double, ComputeLine>> compute_lines(const DeviceCeilings& d) {
+  std::vector<std::pair<double, ComputeLine>> out;
+  for (const auto& [line, peak] : d.peak_gflops_by_line)
+    if (line == d.peak_line("f32").line || line == d.peak_line("bf16").line)
+      out.push_back({peak, {"ceiling ceiling-peak", "data-line=\"" + esc(line) + "\"",
+                            d.device + " " + line + " peak " + num(peak) + " GFLOP/s"}});
+  for (const auto& [dt, peak] : d.gemm_gflops)
+    out.push_back({peak, {"ceiling ceiling-compute", "data-dtype=\"" + esc(dt) + "\"",
+                          d.device + " " + dt + " GEMM (BLAS) " + num(peak) + " GFLOP/s"}});
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
 // Domains padded to whole decades around the points, the peaks and the ridge points.
 Plot plot_domain(const std::vector<Pt>& pts, const std::vector<DeviceCeilings>& ceilings) {
   double xmin = 1e300, xmax = 0, ymin = 1e300, ymax = 0;
@@ -62,7 +81,7 @@ Plot plot_domain(const std::vector<Pt>& pts, const std::vector<DeviceCeilings>& 
     ymin = std::min(ymin, p.gf), ymax = std::max(ymax, p.gf);
   }
   for (const auto& d : ceilings)
-    for (const auto& [dt, peak] : d.gemm_gflops) {
+    for (const auto& [peak, line] : compute_lines(d)) {
       if (!usable(peak)) continue;
       ymax = std::max(ymax, peak), ymin = std::min(ymin, peak);
       const double ridge = d.bandwidth_gbs > 0 ? peak / d.bandwidth_gbs : 0;  // may overflow: 1e300 / 1e-320
@@ -108,7 +127,8 @@ void draw_device_ceilings(std::ostringstream& s, const Plot& p, const DeviceCeil
                           std::vector<Box>& taken) {
   const double xl = std::pow(10.0, p.lx0), xr = std::pow(10.0, p.lx1);
   double top = 0;
-  for (const auto& [dt, peak] : d.gemm_gflops) top = std::max(top, peak);
+  const auto lines = compute_lines(d);
+  for (const auto& [peak, line] : lines) top = std::max(top, peak);
   if (d.bandwidth_gbs > 0) {
     const double xe = top > 0 ? top / d.bandwidth_gbs : xr;
     const double xs = std::max(xl, std::pow(10.0, p.ly0) / d.bandwidth_gbs);
@@ -122,19 +142,23 @@ void draw_device_ceilings(std::ostringstream& s, const Plot& p, const DeviceCeil
         << ")\" x=\"24\" y=\"-6\" fill=\"#444\">" << esc(d.device) << " " << num(d.bandwidth_gbs) << " GB/s</text>\n";
     }
   }
-  int k = 0;
-  for (const auto& [dt, peak] : d.gemm_gflops) {
+  double last_ty = 1e300;  // labels stack upwards from the lowest line, each above its own line
+  for (const auto& [peak, line] : lines) {
     if (peak <= 0) continue;
+    const bool practical = line.cls == "ceiling ceiling-compute";  // the GEMM line: lighter, dotted
     const double ridge = d.bandwidth_gbs > 0 ? peak / d.bandwidth_gbs : xl;
-    s << "<line class=\"ceiling ceiling-compute\" data-device=\"" << esc(d.device) << "\" data-dtype=\"" << esc(dt)
-      << "\" x1=\"" << p.X(std::max(ridge, xl)) << "\" y1=\"" << p.Y(peak) << "\" x2=\"" << p.X(xr) << "\" y2=\""
-      << p.Y(peak) << "\" stroke=\"#444\" stroke-width=\"2\"" << dash << "/>\n";
-    const std::string label = d.device + " " + dt + " GEMM peak " + num(peak) + " GFLOP/s";
+    s << "<line class=\"" << line.cls << "\" data-device=\"" << esc(d.device) << "\" " << line.key
+      << " x1=\"" << p.X(std::max(ridge, xl)) << "\" y1=\"" << p.Y(peak) << "\" x2=\"" << p.X(xr) << "\" y2=\""
+      << p.Y(peak) << "\" stroke=\"" << (practical ? "#999" : "#444") << "\" stroke-width=\"2\""
+      << (practical && !*dash ? " stroke-dasharray=\"2 3\"" : dash) << "/>\n";
+    const std::string& label = line.label;
     // Above the line, just right of the ridge: only stale points live above a ceiling.
     const double tx = std::min(p.X(std::max(ridge, xl)) + 6, p.ml + p.pw - 6.5 * static_cast<double>(label.size()) - 4);
-    const double ty = p.Y(peak) - 6 - 14 * k++, tw = 6.5 * static_cast<double>(label.size());
+    const double ty = std::min(p.Y(peak) - 6, last_ty - 14), tw = 6.5 * static_cast<double>(label.size());
+    last_ty = ty;
     taken.push_back({tx, ty - 11, tx + tw, ty + 2});
-    s << "<text class=\"ceiling-label\" x=\"" << tx << "\" y=\"" << ty << "\" fill=\"#444\">" << esc(label) << "</text>\n";
+    s << "<text class=\"ceiling-label\" x=\"" << tx << "\" y=\"" << ty << "\" fill=\"" << (practical ? "#777" : "#444")
+      << "\">" << esc(label) << "</text>\n";
   }
 }
 

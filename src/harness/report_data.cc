@@ -61,6 +61,8 @@ std::vector<DeviceCeilings> ceilings_of(const json& doc) {
   for (auto& d : out) {
     if (!usable(d.bandwidth_gbs)) d.bandwidth_gbs = 0;
     std::erase_if(d.gemm_gflops, [](const auto& kv) { return !usable(kv.second); });
+    std::erase_if(d.peak_gflops_by_line, [](const auto& kv) { return !usable(kv.second); });
+    if (!usable(d.copy_gbs)) d.copy_gbs = 0;
   }
   return out;
 }

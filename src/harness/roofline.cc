@@ -28,24 +28,59 @@ namespace tessera::harness {
 
 // ---- DeviceCeilings / Roofline ----
 
-double DeviceCeilings::peak_gflops(const std::string& dtype, std::string* note) const {
+PeakLine DeviceCeilings::gemm_line(const std::string& dtype) const {
   auto it = gemm_gflops.find(dtype);
-  if (it != gemm_gflops.end() && it->second > 0) return it->second;
+  if (it != gemm_gflops.end() && it->second > 0) return {it->second, "gemm " + dtype, ""};
   auto f32 = gemm_gflops.find("f32");
-  if (f32 != gemm_gflops.end() && f32->second > 0) {
-    if (note && dtype != "f32") *note = dtype + " has no measured GEMM ceiling on " + device + "; f32's is used";
-    return f32->second;
-  }
-  if (note) *note = "no GEMM ceiling measured on " + device;
-  return 0.0;
+  if (f32 != gemm_gflops.end() && f32->second > 0)
+    return {f32->second, "gemm f32",
+            dtype == "f32" ? "" : dtype + " has no measured GEMM ceiling on " + device + "; f32's is used"};
+  return {0.0, "", "no GEMM ceiling measured on " + device};
 }
 
-double DeviceCeilings::attainable_gflops(double ai, const std::string& dtype) const {
-  const double peak = peak_gflops(dtype);
-  const double mem = ai * bandwidth_gbs;
+PeakLine DeviceCeilings::peak_line(const std::string& dtype) const {
+  auto usable = [&](const std::string& line) {
+    auto it = peak_gflops_by_line.find(line);
+    return it != peak_gflops_by_line.end() && it->second > 0 ? it->second : 0.0;
+  };
+  if (dtype == "bf16")
+    if (const double p = usable("bf16_dot_avx512"); p > 0) return {p, "bf16_dot_avx512", ""};
+  PeakLine best;
+  for (const auto& [line, gflops] : peak_gflops_by_line)
+    if (line.rfind("f32_", 0) == 0 && gflops > best.gflops) best = {gflops, line, ""};
+  if (best.gflops > 0) {
+    if (dtype == "bf16") best.note = "no bf16 dot-product peak on " + device + "; the f32 FMA peak is used";
+    return best;
+  }
+  PeakLine g = gemm_line(dtype);
+  const std::string why = "no physical peak measured on " + device +
+                          (device == "cpu" ? " (a roofline file of schema /1: re-measure with `tessera roofline`)" : "") +
+                          "; the " + (g.line.empty() ? std::string("GEMM") : g.line) + " line is used";
+  g.note = g.gflops > 0 ? (g.note.empty() ? why : why + "; " + g.note) : g.note;
+  return g;
+}
+
+double DeviceCeilings::peak_gflops(const std::string& dtype, std::string* note) const {
+  PeakLine l = peak_line(dtype);
+  if (note) *note = l.note;
+  return l.gflops;
+}
+
+namespace {
+double bound(double peak, double ai, double bw) {
+  const double mem = ai * bw;
   if (peak <= 0) return mem;
-  if (bandwidth_gbs <= 0) return peak;
+  if (bw <= 0) return peak;
   return std::min(peak, mem);
+}
+}  // namespace
+
+double DeviceCeilings::attainable_gflops(double ai, const std::string& dtype) const {
+  return bound(peak_gflops(dtype), ai, bandwidth_gbs);
+}
+
+double DeviceCeilings::attainable_gemm_gflops(double ai, const std::string& dtype) const {
+  return bound(gemm_line(dtype).gflops, ai, copy_gbs > 0 ? copy_gbs : bandwidth_gbs);
 }
 
 const DeviceCeilings* Roofline::find(const std::string& device) const {
@@ -57,10 +92,14 @@ const DeviceCeilings* Roofline::find(const std::string& device) const {
 void to_json(nlohmann::json& j, const DeviceCeilings& d) {
   j = nlohmann::json{{"device", d.device},
                      {"name", d.name},
+                     {"peak_gflops", d.peak_gflops_by_line},
+                     {"peak_method", d.peak_method},
                      {"gemm_gflops", d.gemm_gflops},
                      {"gemm_method", d.gemm_method},
                      {"bandwidth_gbs", d.bandwidth_gbs},
                      {"bandwidth_method", d.bandwidth_method},
+                     {"copy_gbs", d.copy_gbs},
+                     {"copy_method", d.copy_method},
                      {"notes", d.notes}};
 }
 
@@ -71,11 +110,20 @@ void from_json(const nlohmann::json& j, DeviceCeilings& d) {
   d.gemm_method = j.value("gemm_method", std::map<std::string, std::string>{});
   d.bandwidth_gbs = j.value("bandwidth_gbs", 0.0);
   d.bandwidth_method = j.value("bandwidth_method", "");
+  d.peak_gflops_by_line = j.value("peak_gflops", std::map<std::string, double>{});
+  d.peak_method = j.value("peak_method", std::map<std::string, std::string>{});
+  d.copy_gbs = j.value("copy_gbs", 0.0);
+  d.copy_method = j.value("copy_method", "");
   d.notes = j.value("notes", std::vector<std::string>{});
 }
 
+namespace {
+constexpr const char* kSchema = "tessera-roofline/2";
+constexpr const char* kSchemaV1 = "tessera-roofline/1";  // GEMM lines + copy bandwidth only
+}  // namespace
+
 void to_json(nlohmann::json& j, const Roofline& r) {
-  j = nlohmann::json{{"schema", "tessera-roofline/1"},
+  j = nlohmann::json{{"schema", kSchema},
                      {"measured_at", r.measured_at},
                      {"tessera_version", r.tessera_version},
                      {"quick", r.quick},
@@ -84,12 +132,14 @@ void to_json(nlohmann::json& j, const Roofline& r) {
 
 void from_json(const nlohmann::json& j, Roofline& r) {
   const std::string schema = j.value("schema", "");
-  check(schema == "tessera-roofline/1", ErrorCode::kIo,
-        "not a tessera roofline file (schema '" + schema + "', want 'tessera-roofline/1')");
+  check(schema == kSchema || schema == kSchemaV1, ErrorCode::kIo,
+        "not a tessera roofline file (schema '" + schema + "', want '" + kSchema + "' or '" + kSchemaV1 + "')");
   r.measured_at = j.value("measured_at", "");
   r.tessera_version = j.value("tessera_version", "");
   r.quick = j.value("quick", false);
   r.devices = j.at("devices").get<std::vector<DeviceCeilings>>();
+  if (schema == kSchemaV1)  // it had no physical lines: whatever such keys hold is not ours
+    for (DeviceCeilings& d : r.devices) d.peak_gflops_by_line.clear(), d.copy_gbs = 0;
 }
 
 std::string default_roofline_path() {
@@ -209,6 +259,64 @@ std::optional<double> measure_cpu_gemm_gflops(const std::string& dtype, int64_t 
   return best;
 }
 
+namespace {
+
+// The physical peaks: every line this build has a loop for (a note for those the CPU lacks).
+void measure_cpu_peaks(DeviceCeilings& c, int threads, bool quick, Progress& progress, int& step) {
+  for (const std::string& line : cpu_peak_line_names()) {
+    progress.update(++step, "CPU peak " + line);
+    std::string method;
+    if (auto g = measure_cpu_peak_gflops(line, threads, quick ? 0.05 : 0.15, &method)) c.peak_gflops_by_line[line] = *g;
+    c.peak_method[line] = method;
+  }
+  if (cpu_features().find("amx_bf16") != std::string::npos)
+    c.peak_method["bf16_amx"] = "not measured: this CPU has AMX (amx_bf16) but no AMX tile loop is written yet";
+}
+
+// The practical compute line: the BLAS GEMM per dtype, the best over `sizes`.
+void measure_cpu_gemms(DeviceCeilings& c, const std::vector<int64_t>& sizes, int repeats, Progress& progress,
+                       int& step) {
+  for (const std::string dtype : {"f32", "bf16"}) {
+    double best = 0;
+    std::string method;
+    for (int64_t n : sizes) {
+      progress.update(++step, "CPU " + dtype + " GEMM " + std::to_string(n) + "^3");
+      std::string m;
+      auto g = measure_cpu_gemm_gflops(dtype, n, repeats, &m);
+      if (!g) {
+        method = m;
+        step += static_cast<int>(sizes.size()) - 1;
+        break;
+      }
+      if (*g > best) best = *g, method = m;
+    }
+    if (best > 0) c.gemm_gflops[dtype] = best;
+    c.gemm_method[dtype] = method;
+  }
+  c.gemm_method["f16"] = "no BLAS ceiling: no f16 GEMM in a CBLAS; f32's is used";
+}
+
+void measure_cpu_bandwidths(DeviceCeilings& c, const RooflineOptions& opt, int threads, Progress& progress,
+                            int& step) {
+  const size_t llc = last_level_cache_bytes();
+  const size_t read_bytes =
+      opt.read_bytes ? opt.read_bytes : std::max<size_t>(opt.quick ? (64u << 20) : (256u << 20), (opt.quick ? 4 : 8) * llc);
+  const size_t copy_bytes = opt.copy_bytes ? opt.copy_bytes : (opt.quick ? (64u << 20) : (256u << 20));
+  const int repeats = opt.quick ? 3 : 5;
+  progress.update(++step, "CPU read bandwidth (" + std::to_string(read_bytes >> 20) + " MiB)");
+  c.bandwidth_gbs = measure_cpu_read_gbs(read_bytes, threads, repeats);
+  c.bandwidth_method = "streaming read (256-bit loads summed) of " + std::to_string(read_bytes >> 20) + " MiB" +
+                       (llc ? " (last-level cache " + std::to_string(llc >> 20) + " MiB)" : std::string()) +
+                       " on " + std::to_string(threads) + " threads, read bytes counted, best of " +
+                       std::to_string(repeats);
+  progress.update(++step, "CPU copy bandwidth (" + std::to_string(copy_bytes >> 20) + " MiB)");
+  c.copy_gbs = measure_cpu_copy_gbs(copy_bytes, threads, repeats);
+  c.copy_method = "memcpy of " + std::to_string(copy_bytes >> 20) + " MiB on " + std::to_string(threads) +
+                  " threads, read + write bytes counted, best of " + std::to_string(repeats);
+}
+
+}  // namespace
+
 Roofline measure_roofline(const RooflineOptions& opt) {
   Roofline r;
   r.measured_at = utc_timestamp();
@@ -219,12 +327,11 @@ Roofline measure_roofline(const RooflineOptions& opt) {
   const std::vector<int64_t> sizes = opt.quick ? std::vector<int64_t>{1024}
                                                : std::vector<int64_t>{1024, 2048, 3072};
   const int gemm_repeats = opt.quick ? 2 : 3;
-  const size_t copy_bytes = opt.copy_bytes ? opt.copy_bytes : (opt.quick ? (64u << 20) : (256u << 20));
-  const int copy_repeats = opt.quick ? 3 : 5;
 
   const DeviceHooks* gpu = opt.gpu ? device_hooks(DeviceType::kCUDA) : nullptr;
   const int gpus = gpu && gpu->measure_ceilings ? (gpu->device_count ? gpu->device_count() : 1) : 0;
-  const int steps = (opt.cpu ? static_cast<int>(sizes.size()) * 2 + 1 : 0) + gpus;
+  const int cpu_steps = static_cast<int>(cpu_peak_line_names().size() + sizes.size() * 2) + 2;
+  const int steps = (opt.cpu ? cpu_steps : 0) + gpus;
   Progress progress("roofline", std::max(1, steps), opt.progress);
   int step = 0;
 
@@ -235,31 +342,12 @@ Roofline measure_roofline(const RooflineOptions& opt) {
     std::string model = cpu_model();
     c.name = (model.empty() ? std::string("unknown CPU") : model) + " (" + std::to_string(threads) +
              " threads; " + cpu_features() + ")";
+    measure_cpu_peaks(c, threads, opt.quick, progress, step);
     if (blas::available()) blas::set_threads(threads);
-    for (const std::string dtype : {"f32", "bf16"}) {
-      double best = 0;
-      std::string method;
-      for (int64_t n : sizes) {
-        progress.update(++step, "CPU " + dtype + " GEMM " + std::to_string(n) + "^3");
-        std::string m;
-        auto g = measure_cpu_gemm_gflops(dtype, n, gemm_repeats, &m);
-        if (!g) {
-          method = m;
-          step += static_cast<int>(sizes.size()) - 1;
-          break;
-        }
-        if (*g > best) best = *g, method = m;
-      }
-      if (best > 0) c.gemm_gflops[dtype] = best;
-      c.gemm_method[dtype] = method;
-    }
-    c.gemm_method["f16"] = "no BLAS ceiling: no f16 GEMM in a CBLAS; f32's is used";
-    progress.update(++step, "CPU copy bandwidth (" + std::to_string(copy_bytes >> 20) + " MiB)");
-    c.bandwidth_gbs = measure_cpu_copy_gbs(copy_bytes, threads, copy_repeats);
-    c.bandwidth_method = "memcpy of " + std::to_string(copy_bytes >> 20) + " MiB on " +
-                         std::to_string(threads) + " threads, read + write bytes counted, best of " +
-                         std::to_string(copy_repeats);
-    if (blas::available()) c.notes.push_back("BLAS: " + blas::name());
+    measure_cpu_gemms(c, sizes, gemm_repeats, progress, step);
+    measure_cpu_bandwidths(c, opt, threads, progress, step);
+    if (blas::available())
+      c.notes.push_back("BLAS: " + blas::name() + (blas::core_name().empty() ? "" : " (core " + blas::core_name() + ")"));
     r.devices.push_back(std::move(c));
   }
   for (int i = 0; i < gpus; ++i) {

@@ -5,6 +5,7 @@
 #include "tessera/error.h"
 #include "tune/autotune.h"
 #include "tune/cache.h"
+#include "tune/device_kind.h"
 
 namespace tessera::tune {
 namespace {
@@ -29,11 +30,17 @@ std::optional<Params> fit(const ChoiceRequest& r, const Params& tuned) {
 
 std::optional<Choice> from_table(const ChoiceRequest& r) {
   if (!r.bucket || !r.table || !env::flag("TESSERA_TUNED_TABLE", true)) return std::nullopt;
-  const TableEntry* row = lookup(*r.table, r.implementation, r.device_kind, r.dtype, r.bucket->name);
+  std::string kind = r.device_kind, source = "tuned table";
+  const TableEntry* row = lookup(*r.table, r.implementation, kind, r.dtype, r.bucket->name);
+  if (!row)
+    if (auto legacy = legacy_cpu_device_kind(r.device_kind)) {
+      row = lookup(*r.table, r.implementation, *legacy, r.dtype, r.bucket->name);
+      kind = *legacy, source = "tuned table (legacy key)";
+    }
   if (!row) return std::nullopt;
   if (auto p = fit(r, row->params)) {
-    log::debug(r.what + ": tuned table hit (" + r.device_kind + ", bucket " + r.bucket->name + "): " + params_str(*p));
-    return Choice{*p, "tuned table"};
+    log::debug(r.what + ": " + source + " hit (" + kind + ", bucket " + r.bucket->name + "): " + params_str(*p));
+    return Choice{*p, source};
   }
   log::warn_once(r.kernel + ": tuned table row " + params_str(row->params) + " for " + r.implementation + " / " +
                  r.device_kind + " / " + r.bucket->name + " is not valid for the backend; ignoring it");
@@ -84,7 +91,10 @@ double autotune_budget_seconds() {
   return ms > 0 ? ms / 1000.0 : 2.0;
 }
 
-Choice choose(const ChoiceRequest& r) {
+namespace {
+thread_local ChoiceRecorder* t_recorder = nullptr;
+
+Choice choose_impl(const ChoiceRequest& r) {
   if (r.explicit_sizes) {
     r.validate(*r.explicit_sizes);
     return {*r.explicit_sizes, "options"};
@@ -100,6 +110,23 @@ Choice choose(const ChoiceRequest& r) {
   }
   log::debug(r.what + ": default block sizes " + params_str(r.defaults));
   return {r.defaults, "default"};
+}
+}  // namespace
+
+ChoiceRecorder::ChoiceRecorder() : outer_(t_recorder) { t_recorder = this; }
+ChoiceRecorder::~ChoiceRecorder() { t_recorder = outer_; }
+void ChoiceRecorder::add(ChoiceRecord r) {
+  for (const ChoiceRecord& have : records_)
+    if (have == r) return;
+  records_.push_back(std::move(r));
+}
+
+Choice choose(const ChoiceRequest& r) {
+  Choice c = choose_impl(r);
+  if (t_recorder)
+    t_recorder->add({r.kernel, r.implementation, r.device_kind, r.dtype, r.bucket ? r.bucket->name : "",
+                     c.params, c.source});
+  return c;
 }
 
 }  // namespace tessera::tune

@@ -3,7 +3,8 @@
 // In order:
 //  1. explicit sizes from the caller's options: validated, used as given (never changed);
 //  2. (tunable implementations) the tuned table row for (implementation, device kind, dtype,
-//     bucket), fitted to the shape and validated (unless TESSERA_TUNED_TABLE=0);
+//     bucket), fitted to the shape and validated (unless TESSERA_TUNED_TABLE=0); a row under the
+//     pre-microarch CPU key only where legacy_cpu_device_kind (device_kind.h) allows it;
 //  3. autotune-on-miss (enabled, problem big enough): the disk cache, else a timed sweep that
 //     is then cached. If every candidate fails, throws Error(kUnsupported) so that dispatch
 //     falls back to the next implementation;
@@ -50,10 +51,35 @@ struct ChoiceRequest {
 
 struct Choice {
   Params params;
-  std::string source;  // "options", "tuned table", "autotune cache", "autotune", "default"
+  // "options" (the caller's), "tuned table", "tuned table (legacy key)", "autotune cache",
+  // "autotune", "default"
+  std::string source;
 };
 
 Choice choose(const ChoiceRequest& req);
+
+// Provenance for results (the bench records which block sizes a call used and why): while a
+// ChoiceRecorder is alive, every choose() on the same thread appends what it chose (distinct
+// records only). Recorders nest; the innermost one records. Costs nothing when none is alive.
+struct ChoiceRecord {
+  std::string kernel, implementation, device_kind, dtype, bucket;
+  Params params;
+  std::string source;
+  bool operator==(const ChoiceRecord&) const = default;
+};
+class ChoiceRecorder {
+ public:
+  ChoiceRecorder();
+  ~ChoiceRecorder();
+  ChoiceRecorder(const ChoiceRecorder&) = delete;
+  ChoiceRecorder& operator=(const ChoiceRecorder&) = delete;
+  const std::vector<ChoiceRecord>& records() const { return records_; }
+  void add(ChoiceRecord r);
+
+ private:
+  std::vector<ChoiceRecord> records_;
+  ChoiceRecorder* outer_ = nullptr;
+};
 
 // The on-miss time budget: TESSERA_AUTOTUNE_BUDGET_MS (default 2000 ms) of measured run time.
 double autotune_budget_seconds();

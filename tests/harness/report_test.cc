@@ -78,6 +78,36 @@ json attention_doc() {
   return {{"schema", "tessera-bench/2"}, {"kernel", "attention"}, {"dims", {"B", "S", "H", "D"}}, {"rows", rows}};
 }
 
+// Ceilings of schema /2: the physical peaks are the roof (solid lines), the BLAS GEMM rates the
+// practical line (its own class, lighter); the ceilings table shows both and the copy bandwidth.
+TEST(Report, DrawsPhysicalPeaksAndTheGemmLine) {
+  json doc = fixture();
+  auto& dev = doc["roofline"]["devices"][0];
+  dev["peak_gflops"] = {{"f32_fma_avx512", 232.8}, {"f32_fma_avx2", 230.0}, {"bf16_dot_avx512", 467.9}};
+  dev["peak_method"] = {{"f32_fma_avx512", "vfmadd231ps zmm"}, {"bf16_dot_avx512", "vdpbf16ps zmm"}};
+  dev["copy_gbs"] = 22.8;
+  dev["copy_method"] = "memcpy of 256 MiB";
+  const std::string svg = render_roofline_svg(doc);
+  EXPECT_EQ(count(svg, "class=\"ceiling ceiling-peak\""), 2u);  // the roofs only: avx2's 230 is not one
+  EXPECT_EQ(svg.find("f32_fma_avx2 peak"), std::string::npos);
+  // Ceiling labels stack: no two closer than a line of text.
+  std::vector<double> ys;
+  const std::regex label("class=\"ceiling-label\" x=\"[^\"]*\" y=\"([^\"]*)\"");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), label); it != std::sregex_iterator(); ++it)
+    ys.push_back(std::stod((*it)[1]));
+  ASSERT_EQ(ys.size(), 2u + dev["gemm_gflops"].size());
+  std::sort(ys.begin(), ys.end());
+  for (size_t i = 1; i < ys.size(); ++i) EXPECT_GE(ys[i] - ys[i - 1], 13.9) << i;
+  EXPECT_EQ(count(svg, "class=\"ceiling ceiling-compute\""), dev["gemm_gflops"].size());
+  EXPECT_NE(svg.find("cpu bf16_dot_avx512 peak 468 GFLOP/s"), std::string::npos);
+  EXPECT_NE(svg.find("data-line=\"f32_fma_avx512\""), std::string::npos);
+  const std::string html = render_report_html(doc);
+  EXPECT_NE(html.find("peak GFLOP/s (the roof)"), std::string::npos);
+  EXPECT_NE(html.find("bf16_dot_avx512 468, f32_fma_avx2 230, f32_fma_avx512 233"), std::string::npos);  // the table lists every line
+  EXPECT_NE(html.find("(copy 22.8)"), std::string::npos);
+  EXPECT_NE(html.find("vdpbf16ps zmm"), std::string::npos);
+}
+
 TEST(Report, RendersOldSchemaFixture) {
   const json doc = fixture();
   ASSERT_EQ(doc["schema"], "tessera-bench/1");
@@ -87,7 +117,7 @@ TEST(Report, RendersOldSchemaFixture) {
   EXPECT_EQ(count(svg, "class=\"ceiling ceiling-memory\""), 1u);
   EXPECT_EQ(count(svg, "class=\"ceiling ceiling-compute\""), doc["roofline"]["devices"][0]["gemm_gflops"].size());
   char peak_txt[64];
-  std::snprintf(peak_txt, sizeof peak_txt, "GEMM peak %.1f GFLOP/s",
+  std::snprintf(peak_txt, sizeof peak_txt, "f32 GEMM (BLAS) %.1f GFLOP/s",
                 doc["roofline"]["devices"][0]["gemm_gflops"]["f32"].get<double>());
   EXPECT_NE(svg.find(peak_txt), std::string::npos) << peak_txt;
   EXPECT_EQ(count(svg, "<g class=\"point\" ") + count(svg, "<g class=\"point stale\" "), nrows);  // one per row

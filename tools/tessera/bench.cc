@@ -192,10 +192,7 @@ void write_json(const kernels::KernelSpec& k, const BenchArgs& a, const harness:
   doc["created_at"] = harness::utc_timestamp();
   doc["tessera_version"] = TESSERA_VERSION;
   doc["command"] = harness::command_line();
-  doc["machine"] = {{"cpu", harness::cpu_model()},
-                    {"hardware_threads", harness::hardware_threads()},
-                    {"cpu_features", harness::cpu_features()},
-                    {"blas", harness::blas::available() ? harness::blas::name() : "none"}};
+  doc["machine"] = harness::machine_json();  // CPU family/model/ISA, BLAS and core, TESSERA_* env
   if (roof) doc["roofline"] = *roof;
   doc["roofline_source"] = roof_source.empty() ? "no ceilings (--no-roofline)" : roof_source;
   nlohmann::json settings = {{"grid", grid_desc}, {"repeats", a.repeats}, {"max_seconds", a.max_seconds},

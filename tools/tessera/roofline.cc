@@ -1,5 +1,6 @@
-// tessera roofline: measure this machine's ceilings (peak GEMM per dtype through the linked
-// BLAS, copy bandwidth; a GPU's through its backend's hooks) and store them for `tessera bench`.
+// tessera roofline: measure this machine's ceilings (physical FMA / bf16 dot-product peaks and a
+// streaming-read bandwidth; beside them the GEMM rate per dtype through the linked BLAS and a
+// copy bandwidth; a GPU's through its backend's hooks) and store them for `tessera bench`.
 #include <fmt/core.h>
 
 #include "harness/roofline.h"
@@ -11,24 +12,38 @@ namespace {
 void print_roofline(const harness::Roofline& r) {
   for (const auto& d : r.devices) {
     fmt::print("{}: {}\n", d.device, d.name);
+    for (const auto& [line, m] : d.peak_method) {
+      auto it = d.peak_gflops_by_line.find(line);
+      if (it != d.peak_gflops_by_line.end())
+        fmt::print("  peak {:<16} {:>9.1f} GFLOP/s   ({})\n", line, it->second, m);
+      else
+        fmt::print("  peak {:<16} {:>9}           ({})\n", line, "-", m);
+    }
     for (const auto& [dt, m] : d.gemm_method) {
       auto it = d.gemm_gflops.find(dt);
       if (it != d.gemm_gflops.end())
-        fmt::print("  GEMM {:<5} {:>9.1f} GFLOP/s   ({})\n", dt, it->second, m);
+        fmt::print("  GEMM {:<16} {:>9.1f} GFLOP/s   ({})\n", dt, it->second, m);
       else
-        fmt::print("  GEMM {:<5} {:>9}           ({})\n", dt, "-", m);
+        fmt::print("  GEMM {:<16} {:>9}           ({})\n", dt, "-", m);
     }
-    fmt::print("  bandwidth  {:>9.1f} GB/s      ({})\n", d.bandwidth_gbs, d.bandwidth_method);
-    for (const auto& [dt, peak] : d.gemm_gflops)
-      if (d.bandwidth_gbs > 0)
-        fmt::print("  ridge point {:<5} {:.1f} flop/byte\n", dt, peak / d.bandwidth_gbs);
+    fmt::print("  bandwidth             {:>9.1f} GB/s      ({})\n", d.bandwidth_gbs, d.bandwidth_method);
+    if (d.copy_gbs > 0) fmt::print("  copy bandwidth        {:>9.1f} GB/s      ({})\n", d.copy_gbs, d.copy_method);
+    for (const char* dt : {"f32", "bf16"}) {
+      const harness::PeakLine roof = d.peak_line(dt), gemm = d.gemm_line(dt);
+      if (roof.gflops <= 0) continue;
+      fmt::print("  {:<4} roof: {} {:.1f} GFLOP/s", dt, roof.line, roof.gflops);
+      if (d.bandwidth_gbs > 0) fmt::print(", ridge {:.1f} flop/byte", roof.gflops / d.bandwidth_gbs);
+      if (gemm.gflops > 0 && gemm.line != roof.line)
+        fmt::print("; BLAS {} = {:.0f} % of it", gemm.line, 100 * gemm.gflops / roof.gflops);
+      fmt::print("{}\n", roof.note.empty() ? "" : " (" + roof.note + ")");
+    }
     for (const auto& n : d.notes) fmt::print("  note: {}\n", n);
   }
 }
 }  // namespace
 
 void register_roofline(CLI::App& app) {
-  auto* cmd = app.add_subcommand("roofline", "Measure and store this machine's ceilings (peak GEMM, bandwidth)");
+  auto* cmd = app.add_subcommand("roofline", "Measure and store this machine's ceilings (FMA / dot-product peaks, bandwidth, BLAS GEMM)");
   struct Args {
     std::string out;
     bool quick = false, no_gpu = false, show = false;

@@ -11,40 +11,40 @@ namespace tessera::attention {
 
 const std::vector<tune::TableEntry>& tuned_table() {
   static const std::vector<tune::TableEntry> rows = {
-      // cpu:AMD EPYC:2c:avx512 | fused B=1,S=1024,H=4,D=128: 20.678 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "bf16", "d128",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=1,S=1024,H=4,D=128: 20.678 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "d128",
        {{"q", 256}, {"kv", 256}},
        "B=1,S=1024,H=4,D=128", "fused", 20.678, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=1,S=1024,H=4,D=256: 40.552 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "bf16", "d256",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=1,S=1024,H=4,D=256: 40.552 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "d256",
        {{"q", 256}, {"kv", 256}},
        "B=1,S=1024,H=4,D=256", "fused", 40.552, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=1,S=1024,H=4,D=64: 10.727 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "bf16", "d64",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=1,S=1024,H=4,D=64: 10.727 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "d64",
        {{"q", 256}, {"kv", 512}},
        "B=1,S=1024,H=4,D=64", "fused", 10.727, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=1,S=1024,H=4,D=128: 21.662 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f16", "d128",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=1,S=1024,H=4,D=128: 21.662 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f16", "d128",
        {{"q", 64}, {"kv", 256}},
        "B=1,S=1024,H=4,D=128", "fused", 21.662, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=1,S=1024,H=4,D=256: 44.287 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f16", "d256",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=1,S=1024,H=4,D=256: 44.287 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f16", "d256",
        {{"q", 64}, {"kv", 256}},
        "B=1,S=1024,H=4,D=256", "fused", 44.287, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=1,S=1024,H=4,D=64: 11.024 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f16", "d64",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=1,S=1024,H=4,D=64: 11.024 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f16", "d64",
        {{"q", 128}, {"kv", 256}},
        "B=1,S=1024,H=4,D=64", "fused", 11.024, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=1,S=1024,H=4,D=128: 19.246 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f32", "d128",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=1,S=1024,H=4,D=128: 19.246 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "d128",
        {{"q", 256}, {"kv", 256}},
        "B=1,S=1024,H=4,D=128", "fused", 19.246, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=1,S=1024,H=4,D=256: 38.322 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f32", "d256",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=1,S=1024,H=4,D=256: 38.322 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "d256",
        {{"q", 256}, {"kv", 256}},
        "B=1,S=1024,H=4,D=256", "fused", 38.322, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=1,S=1024,H=4,D=64: 10.029 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f32", "d64",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=1,S=1024,H=4,D=64: 10.029 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "d64",
        {{"q", 256}, {"kv", 256}},
        "B=1,S=1024,H=4,D=64", "fused", 10.029, "2026-11-22"},
   };

@@ -11,28 +11,28 @@ namespace tessera::grouped_matmul {
 
 const std::vector<tune::TableEntry>& tuned_table() {
   static const std::vector<tune::TableEntry> rows = {
-      // cpu:AMD EPYC:2c:avx512 | fused M=2048,K=512,N=1024,G=64: 48.238 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "bf16", "g64",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused M=2048,K=512,N=1024,G=64: 48.238 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "g64",
        {{"m", 1024}, {"n", 1024}},
        "M=2048,K=512,N=1024,G=64", "fused", 48.238, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused M=2048,K=512,N=1024,G=8: 38.327 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "bf16", "g8",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused M=2048,K=512,N=1024,G=8: 38.327 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "g8",
        {{"m", 128}, {"n", 2048}},
        "M=2048,K=512,N=1024,G=8", "fused", 38.327, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused M=2048,K=512,N=1024,G=64: 42.640 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f16", "g64",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused M=2048,K=512,N=1024,G=64: 42.640 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f16", "g64",
        {{"m", 1024}, {"n", 2048}},
        "M=2048,K=512,N=1024,G=64", "fused", 42.640, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused M=2048,K=512,N=1024,G=8: 35.420 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f16", "g8",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused M=2048,K=512,N=1024,G=8: 35.420 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f16", "g8",
        {{"m", 1024}, {"n", 1024}},
        "M=2048,K=512,N=1024,G=8", "fused", 35.420, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused M=2048,K=512,N=1024,G=64: 47.289 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f32", "g64",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused M=2048,K=512,N=1024,G=64: 47.289 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "g64",
        {{"m", 1024}, {"n", 1024}},
        "M=2048,K=512,N=1024,G=64", "fused", 47.289, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused M=2048,K=512,N=1024,G=8: 35.881 ms median, measured 2026-11-22
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f32", "g8",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused M=2048,K=512,N=1024,G=8: 35.881 ms median, measured 2026-11-22
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "g8",
        {{"m", 128}, {"n", 2048}},
        "M=2048,K=512,N=1024,G=8", "fused", 35.881, "2026-11-22"},
   };

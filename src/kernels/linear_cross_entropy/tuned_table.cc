@@ -43,68 +43,68 @@ const std::vector<tune::TableEntry>& tuned_table() {
       {"cpu", "cpu:AMD EPYC:2c:avx2", "f32", "small",
        {{"b", 256}, {"h", 512}, {"v", 1024}},
        "B=512,H=256,V=8192", "forward_backward", 40.453, "2026-11-22"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=64,H=512,V=256000: 659.267 ms median, measured 2026-11-24
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "bf16", "gemma-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=64,H=512,V=256000: 659.267 ms median, measured 2026-11-24
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "gemma-ish",
        {{"b", 64}, {"h", 512}, {"v", 1024}},
        "B=64,H=512,V=256000", "fused", 659.267, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=256,H=512,V=32000: 169.450 ms median, measured 2026-11-24
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "bf16", "llama2-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=256,H=512,V=32000: 169.450 ms median, measured 2026-11-24
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "llama2-ish",
        {{"b", 256}, {"h", 256}, {"v", 2048}},
        "B=256,H=512,V=32000", "fused", 169.450, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=128,H=512,V=128256: 466.348 ms median, measured 2026-11-24
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "bf16", "llama3-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=128,H=512,V=128256: 466.348 ms median, measured 2026-11-24
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "llama3-ish",
        {{"b", 64}, {"h", 512}, {"v", 1024}},
        "B=128,H=512,V=128256", "fused", 466.348, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=512,H=256,V=8192: 39.230 ms median, measured 2026-11-24
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "bf16", "small",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=512,H=256,V=8192: 39.230 ms median, measured 2026-11-24
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "small",
        {{"b", 256}, {"h", 512}, {"v", 1024}},
        "B=512,H=256,V=8192", "fused", 39.230, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=64,H=512,V=256000: 374.673 ms median, measured 2026-11-24
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f32", "gemma-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=64,H=512,V=256000: 374.673 ms median, measured 2026-11-24
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "gemma-ish",
        {{"b", 64}, {"h", 512}, {"v", 2048}},
        "B=64,H=512,V=256000", "fused", 374.673, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=256,H=512,V=32000: 135.366 ms median, measured 2026-11-24
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f32", "llama2-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=256,H=512,V=32000: 135.366 ms median, measured 2026-11-24
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "llama2-ish",
        {{"b", 256}, {"h", 512}, {"v", 4096}},
        "B=256,H=512,V=32000", "fused", 135.366, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=128,H=512,V=128256: 311.866 ms median, measured 2026-11-24
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f32", "llama3-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=128,H=512,V=128256: 311.866 ms median, measured 2026-11-24
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "llama3-ish",
        {{"b", 128}, {"h", 512}, {"v", 4096}},
        "B=128,H=512,V=128256", "fused", 311.866, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=512,H=256,V=8192: 43.029 ms median, measured 2026-11-24
-      {"cpu", "cpu:AMD EPYC:2c:avx512", "f32", "small",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=512,H=256,V=8192: 43.029 ms median, measured 2026-11-24
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "small",
        {{"b", 256}, {"h", 512}, {"v", 1024}},
        "B=512,H=256,V=8192", "fused", 43.029, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=64,H=512,V=256000: 669.029 ms median, measured 2026-11-24
-      {"cpu_v2", "cpu:AMD EPYC:2c:avx512", "bf16", "gemma-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=64,H=512,V=256000: 669.029 ms median, measured 2026-11-24
+      {"cpu_v2", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "gemma-ish",
        {{"b", 64}, {"h", 512}, {"v", 4096}},
        "B=64,H=512,V=256000", "fused", 669.029, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=256,H=512,V=32000: 178.432 ms median, measured 2026-11-24
-      {"cpu_v2", "cpu:AMD EPYC:2c:avx512", "bf16", "llama2-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=256,H=512,V=32000: 178.432 ms median, measured 2026-11-24
+      {"cpu_v2", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "llama2-ish",
        {{"b", 256}, {"h", 512}, {"v", 2048}},
        "B=256,H=512,V=32000", "fused", 178.432, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=128,H=512,V=128256: 445.533 ms median, measured 2026-11-24
-      {"cpu_v2", "cpu:AMD EPYC:2c:avx512", "bf16", "llama3-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=128,H=512,V=128256: 445.533 ms median, measured 2026-11-24
+      {"cpu_v2", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "llama3-ish",
        {{"b", 128}, {"h", 512}, {"v", 1024}},
        "B=128,H=512,V=128256", "fused", 445.533, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=512,H=256,V=8192: 38.153 ms median, measured 2026-11-24
-      {"cpu_v2", "cpu:AMD EPYC:2c:avx512", "bf16", "small",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=512,H=256,V=8192: 38.153 ms median, measured 2026-11-24
+      {"cpu_v2", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "small",
        {{"b", 256}, {"h", 256}, {"v", 2048}},
        "B=512,H=256,V=8192", "fused", 38.153, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=64,H=512,V=256000: 375.492 ms median, measured 2026-11-24
-      {"cpu_v2", "cpu:AMD EPYC:2c:avx512", "f32", "gemma-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=64,H=512,V=256000: 375.492 ms median, measured 2026-11-24
+      {"cpu_v2", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "gemma-ish",
        {{"b", 64}, {"h", 512}, {"v", 2048}},
        "B=64,H=512,V=256000", "fused", 375.492, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=256,H=512,V=32000: 134.402 ms median, measured 2026-11-24
-      {"cpu_v2", "cpu:AMD EPYC:2c:avx512", "f32", "llama2-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=256,H=512,V=32000: 134.402 ms median, measured 2026-11-24
+      {"cpu_v2", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "llama2-ish",
        {{"b", 256}, {"h", 512}, {"v", 4096}},
        "B=256,H=512,V=32000", "fused", 134.402, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=128,H=512,V=128256: 320.568 ms median, measured 2026-11-24
-      {"cpu_v2", "cpu:AMD EPYC:2c:avx512", "f32", "llama3-ish",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=128,H=512,V=128256: 320.568 ms median, measured 2026-11-24
+      {"cpu_v2", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "llama3-ish",
        {{"b", 128}, {"h", 512}, {"v", 1024}},
        "B=128,H=512,V=128256", "fused", 320.568, "2026-11-24"},
-      // cpu:AMD EPYC:2c:avx512 | fused B=512,H=256,V=8192: 48.476 ms median, measured 2026-11-24
-      {"cpu_v2", "cpu:AMD EPYC:2c:avx512", "f32", "small",
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=512,H=256,V=8192: 48.476 ms median, measured 2026-11-24
+      {"cpu_v2", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "small",
        {{"b", 256}, {"h", 512}, {"v", 4096}},
        "B=512,H=256,V=8192", "fused", 48.476, "2026-11-24"},
   };

@@ -48,12 +48,12 @@ void write_outputs(const kernels::RunOutput& out, const std::string& dir) {
 void run_kernel(const kernels::KernelSpec& k, const RunArgs& a, const harness::OptionValues& options) {
   kernels::RunRequest req = load_request(k.run, a);
   req.options = options;
-  std::error_code ec;
-  std::filesystem::create_directories(a.out, ec);
-  if (ec) throw Error(ErrorCode::kIo, a.out + ": cannot create output directory: " + ec.message());
   const auto t0 = std::chrono::steady_clock::now();
   const kernels::RunOutput out = k.run.run(req);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::error_code ec;  // only now: a call that fails creates no directory
+  std::filesystem::create_directories(a.out, ec);
+  if (ec) throw Error(ErrorCode::kIo, a.out + ": cannot create output directory: " + ec.message());
   fmt::print("{}: implementation={} {}{} time={:.3f} ms\n", k.name, out.implementation, out.summary,
              a.grad ? " (with gradients)" : "", ms);
   write_outputs(out, a.out);

@@ -105,6 +105,7 @@ AutotuneResult lookup_or_autotune(const DiskCache& cache, const AutotuneRequest&
   for (const Measurement& m : s.measurements)  // a kernel bug: say so, and never use it
     if (m.status == Measurement::Status::kWrong)
       log::warn_once("autotune: " + req.prefix + " " + params_str(m.candidate) + " is not used: " + m.failure);
+  if (!s.unchecked.empty()) log::warn_once("autotune: " + req.prefix + ": " + s.unchecked);
   AutotuneResult r;
   r.path = path;
   r.source = "autotune";

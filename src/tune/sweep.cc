@@ -87,12 +87,22 @@ SweepResult sweep(const std::vector<Params>& candidates, const Runner& runner,
     if (on_start) on_start(i, phase);
     Measurement& m = r.measurements[i];
     bool ok = true;
+    // A failure of the check itself (no memory for the copies, say) is not the candidate's:
+    // the sweep goes on unchecked and says why.
+    auto guarded = [&](const auto& f) {
+      try {
+        if (check.enabled()) f();
+      } catch (const std::exception& e) {
+        r.unchecked = std::string("the output check stopped: ") + e.what();
+        check.stop();
+      }
+    };
     try {
-      if (checked) check.prepare();
+      if (checked) guarded([&] { check.prepare(); });
       *seconds = run(m.candidate);
       r.spent_s += *seconds;
       if (timed) times[i].push_back(*seconds);
-      if (checked) ok = check_outputs(check, r, i);
+      if (checked) guarded([&] { ok = check_outputs(check, r, i); });
     } catch (const std::exception& e) {
       ok = false;
       m.failure = e.what();

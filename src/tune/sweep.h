@@ -79,6 +79,7 @@ struct SweepResult {
   int best = -1;                          // index of the fastest ok candidate, -1 if none
   int reference = -1;                     // whose outputs the others were checked against: the
                                           // default (0), else the first that ran; -1: unchecked
+  std::string unchecked;                  // why the output check stopped part-way ("" if it did not)
   double spent_s = 0;                     // measured run time used
   bool budget_exhausted = false;          // some candidates were skipped for the budget
 };

@@ -52,6 +52,11 @@ class OutputCheck {
  public:
   explicit OutputCheck(OutputsFn outputs) : outputs_(std::move(outputs)) {}
   bool enabled() const { return static_cast<bool>(outputs_); }
+  // Gives up checking (the check itself failed): enabled() is false from now on.
+  void stop() {
+    outputs_ = {};
+    ref_.clear();
+  }
   bool has_reference() const { return !ref_.empty(); }
   // Zero-fills the outputs before a checked call, so that stale results of the previous
   // candidate cannot pass for this one's.

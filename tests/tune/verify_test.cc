@@ -125,6 +125,24 @@ TEST(TuneVerify, WithoutOutputsNothingIsChecked) {
   for (const auto& m : r.measurements) EXPECT_FALSE(m.checked());
 }
 
+// The check's own failure (here: its outputs cannot be read after two calls, as when the copy of
+// a huge output cannot be allocated) fails no candidate: the sweep goes on unchecked, saying why.
+TEST(TuneVerify, AFailingCheckFailsNoCandidate) {
+  Fake f;
+  Runner r = f.runner();
+  auto calls = std::make_shared<int>(0);
+  const OutputsFn real = r.outputs;
+  r.outputs = [real, calls] {
+    if (++*calls > 2) throw std::runtime_error("planted: no memory for the copy");
+    return real();
+  };
+  const SweepResult s = sweep(cands({1, 2, 4}), r, quick());
+  EXPECT_NE(s.unchecked.find("the output check stopped: planted: no memory for the copy"), std::string::npos)
+      << s.unchecked;
+  for (const auto& m : s.measurements) EXPECT_NE(m.status, Measurement::Status::kFailed) << m.failure;
+  EXPECT_EQ(s.best, 2) << "unchecked after the failure: b=4 is not caught, but nothing is failed";
+}
+
 // Non-finite values the reference has too are the data's (a fully masked row's -inf lse), not
 // the candidate's; any other non-finite value is a deviation.
 TEST(TuneVerify, NonFiniteValuesMatchOnlyThemselves) {

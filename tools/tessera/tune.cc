@@ -184,6 +184,7 @@ void report_sweep(const tune::SweepResult& r, bool supported, Progress& progress
     if (m.status == tune::Measurement::Status::kWrong)  // a kernel bug: never a winner
       progress.note(label + " " + tune::params_str(m.candidate) + ": WRONG: " + m.failure);
   }
+  if (!r.unchecked.empty()) progress.note(label + ": " + r.unchecked);
   if (r.best < 0) return;
   const auto& w = r.measurements[static_cast<size_t>(r.best)];
   const auto& d = r.measurements[0];

@@ -1,264 +1,367 @@
 #!/usr/bin/env bash
-# GPU machine check of every CUDA implementation, in one go: configure + build (preset gpu), run
-# the test suites (every GPU test), the GPU tests again under compute-sanitizer (memcheck,
-# racecheck, initcheck; the large-shape test excluded), the measured GPU ceilings, `tessera bench`
-# of every cuda implementation of every kernel (timed with CUDA events through the device hooks)
-# with the PyTorch eager baseline as peers, and write the results to docs/gpu_results/<stamp>/
-# (or the directory given as $1):
-#   env.txt  build.log  tests.{log,json}  tests_cuda.{log,json}  sanitizer_<tool>.log  torch.json
-#   roofline.{json,log}  tessera_bench.{json,csv,log}  report.html  summary.md
-#   gmm_bench_{balanced,skewed}.{json,log}  torch_gmm.{json,log}  torch_gmm_peers.json
-#   attention_bench{,_causal}.{json,csv,log}  attention_report{,_causal}.html
-#   torch_attention{,_causal}.json (+ _peers.json)
+# GPU machine check of every GPU implementation of every kernel, in stages that each fit one
+# command of the GPU machine (under 9 minutes on an H100, each step with its own timeout):
 #
-# Needs: an NVIDIA GPU + driver, nvcc, CMake >= 3.25, ninja, python3 with PyTorch (for the
-# baseline; skipped with a note when missing). No network: nlohmann-json, CLI11, fmt and GTest come
-# from the carried .deps/ folder made on the dev machine by scripts/pack_gpu_deps.sh.
-# Env: CUDA_ARCHS (default "90a-real;80-virtual"), BENCH_SHAPES, BENCH_ITERS, JOBS,
-#      ATTN_SHAPES (attention B,S,H,D; default 4,4096,16,128: the issue's H100 row, B·H = 64).
+#   scripts/gpu_check.sh --stage build     configure + build (preset gpu) into build/gpu
+#   scripts/gpu_check.sh --stage test      every GPU test suite in a process of its own (a sticky
+#                                          CUDA error stays in its suite), then the CPU and CLI
+#                                          suites; TESSERA_CUDA_SYNC_CHECK=1 naming a faulting
+#                                          kernel, autotune off (as under ctest)
+#   scripts/gpu_check.sh --stage sanitize  compute-sanitizer memcheck, initcheck, racecheck and
+#                                          synccheck over the GPU suites, restricted to Tessera's
+#                                          kernels, timing / memory-accounting / huge-GEMM tests left out
+#   scripts/gpu_check.sh --stage bench     measured ceilings (`tessera roofline`), `tessera bench` of
+#                                          every GPU implementation of every kernel, the peers
+#                                          (torch eager, Liger-Kernel, cut-cross-entropy, torch SDPA
+#                                          incl. cuDNN, torch._grouped_mm), reports, and the tuned-table
+#                                          rows of every tunable GPU implementation (not checked in)
+#   scripts/gpu_check.sh --stage all       the four in a row (longer than one command: use stages)
+#
+# Run the stages in this order on one machine, with the same --out: each stage writes its files
+# and an updated summary.md as it goes (steps.tsv: one line per step with its status and time), and
+# a later stage reuses the build of an earlier one (it runs the build step, a no-op once built).
+#
+# Options: --out DIR (default build/gpu-check: kept between calls on the GPU machine)
+#          --archive FILE (after the stage, a .tar.gz of DIR, e.g. $OUT/gpu_check.tar.gz)
+#          --plan (print what the stage would run, without running it; needs no GPU)
+# Exit: 0 every step passed; 1 a step failed or timed out; 2 usage or set-up error (.deps missing);
+#       3 no NVIDIA GPU is present (nothing is built or run).
+#
+# What is checked is discovered: kernels and their implementations come from `tessera list`, the
+# GPU ones being those whose name matches GPU_IMPL_RE below (new kernels and new cuda / cudnn
+# versions are checked without editing this script); GPU test suites from the test binary's
+# --gtest_list_tests. The one list to edit is below (bench and tuning shapes per kernel, tests
+# kept out of the sanitizer). A step cut by its timeout (the first build, say) resumes where it
+# stopped when the stage is run again.
+#
+# Needs: an NVIDIA GPU + driver, nvcc, CMake >= 3.25, ninja, python3 with PyTorch (peers; skipped
+# with a note when missing). No network: nlohmann-json, CLI11, fmt and GTest come from the carried
+# .deps/ folder and the peers' wheels from the carried .whl/ folder, both made on the dev machine
+# by scripts/pack_gpu_deps.sh (carry both: `carry: [".deps", ".whl"]`).
+# Env: CUDA_ARCHS (default "90a-real;80-virtual"), JOBS, BENCH_ITERS (default 10),
+#      BENCH_SHAPES (linear_cross_entropy B x H x V list, e.g. "8192x4096x128256,8192x2304x256000"),
+#      ATTN_SHAPES (attention B,S,H,D list separated by spaces; default "4,4096,16,128"),
+#      STAGE_BUDGET_S (default 530: a step that would start past it is skipped and said so),
+#      SANITIZE_TOOLS (default "memcheck initcheck racecheck synccheck"),
+#      GPU_CHECK_NO_GPU=1 (act as if no GPU were present), GPU_CHECK_BUILD_DIR, GPU_CHECK_DEPS_DIR
+#      (the script's own test, tests/scripts/gpu_check_test.sh).
 set -uo pipefail
+
+# ---------------------------------------------------------------- the one list to edit ----
+# Implementation names that run on the GPU (`tessera list`), as an extended regex.
+GPU_IMPL_RE=${GPU_IMPL_RE:-'^(cuda|cudnn|cublas)'}
+# Bench runs, "kernel|variant|arguments". A discovered kernel without a line here gets one run on
+# its `gpu` grid (bench/<kernel>.json), else on its default grid.
+lce_shapes="--shape 8192,4096,128256 --shape 8192,2304,256000"
+if [ -n "${BENCH_SHAPES:-}" ]; then  # "BxHxV,BxHxV": split on ',' first, then x -> ','
+  lce_shapes=""
+  IFS=, read -ra _shape_list <<< "$BENCH_SHAPES"
+  for sh in "${_shape_list[@]}"; do [ -n "$sh" ] && lce_shapes+=" --shape ${sh//x/,}"; done
+fi
+attn_shapes=""
+for sh in ${ATTN_SHAPES:-4,4096,16,128}; do attn_shapes+=" --shape $sh"; done
+BENCH_RUNS=(
+  "linear_cross_entropy||$lce_shapes --dtype bf16 --pass forward,fused"
+  "grouped_matmul|balanced|--grid gpu --routing balanced --pass forward,fused"
+  "grouped_matmul|skewed|--grid gpu --routing skewed --pass forward,fused"
+  "attention||$attn_shapes --dtype bf16 --pass forward,fused"
+  "attention|causal|$attn_shapes --dtype bf16 --pass forward,fused --causal"
+)
+# Tuning runs of tunable GPU implementations, "kernel|name|arguments" (each writes its own table
+# file); a kernel without a line here is tuned at its buckets' representative shapes.
+TUNE_RUNS=(
+  "linear_cross_entropy|llama3|--buckets llama3-ish --shape 8192,4096,128256"
+  "linear_cross_entropy|gemma|--buckets gemma-ish --shape 8192,2304,256000"
+)
+# Tests kept out of compute-sanitizer: timing bounds (a 5 s limit), device-memory accounting
+# (MiB deltas, pool reservations), the 4096^3 / 8192^3 cuBLAS ceilings and the large-shape oracle.
+SANITIZE_EXCLUDE='*LargeShape*:LceCuda.NonDefaultStreamIsTheOnlyStreamUsed:LceCuda.ExtraDeviceMemoryStaysWithinTheBudget'
+SANITIZE_EXCLUDE+=':LceCuda.ScratchStaysMappedBetweenCalls:LceCuda.ScratchBeyondTheKeepIsReturnedAtSynchronization'
+SANITIZE_EXCLUDE+=':DeviceHooksCuda.OnADeviceTheHooksMeasure:CudaSyncCheck.*'  # the last faults on purpose
+# ------------------------------------------------------------------------------------------
+
+usage() {
+  sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+}
+
+stage="" out="" archive="" plan=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --stage) stage=${2:-}; shift 2 || { echo "gpu_check: --stage needs a value" >&2; exit 2; } ;;
+    --stage=*) stage=${1#--stage=}; shift ;;
+    --out) out=${2:-}; shift 2 || { echo "gpu_check: --out needs a value" >&2; exit 2; } ;;
+    --out=*) out=${1#--out=}; shift ;;
+    --archive) archive=${2:-}; shift 2 || { echo "gpu_check: --archive needs a value" >&2; exit 2; } ;;
+    --plan) plan=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$stage" in
+  build|test|sanitize|bench|all) ;;
+  "") echo "gpu_check: --stage build|test|sanitize|bench|all is required (see --help)" >&2; exit 2 ;;
+  *) echo "gpu_check: unknown stage '$stage': build, test, sanitize, bench or all (see --help)" >&2; exit 2 ;;
+esac
+
 cd "$(dirname "$0")/.."
 root=$PWD
-stamp=$(date -u +%Y%m%dT%H%M%SZ)
-out=${1:-docs/gpu_results/$stamp}
-mkdir -p "$out"
+out=${out:-build/gpu-check}
+mkdir -p "$out" || { echo "gpu_check: cannot create $out" >&2; exit 2; }
 out=$(cd "$out" && pwd)
+build=${GPU_CHECK_BUILD_DIR:-$root/build/gpu}  # the preset's folder (overridden by the script's test only)
+deps=${GPU_CHECK_DEPS_DIR:-$root/.deps}         # likewise
+tessera=${TESSERA_BIN:-$build/bin/tessera}
+budget=${STAGE_BUDGET_S:-530}
 status=0
-note() { echo "gpu_check: $*" | tee -a "$out/summary.notes"; }
+started=$SECONDS
 
-if [ ! -d "$root/.deps/usr" ]; then
-  echo "gpu_check: $root/.deps/usr is missing: run scripts/pack_gpu_deps.sh on the dev machine and carry .deps" >&2
+note() { echo "gpu_check: $*" | tee -a "$out/summary.notes"; }
+summarize() { python3 "$root/scripts/gpu_check_summary.py" "$out" > /dev/null 2>> "$out/summary.err" || true; }
+
+# step NAME TIMEOUT_S LOG CMD...: runs CMD with its own timeout, cut to what is left of the
+# stage's budget; records "stage step status seconds log" in steps.tsv and refreshes summary.md.
+step() {
+  local name=$1 limit=$2 log=$3; shift 3
+  if [ "$plan" = 1 ]; then echo "[$stage] $name (timeout ${limit}s): $*"; return 0; fi
+  local left=$((budget - (SECONDS - started) - 5))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 10 ]; then
+    printf '%s\t%s\t%s\t%s\t%s\n' "$stage" "$name" "SKIPPED (stage budget of ${budget}s spent)" 0 "" >> "$out/steps.tsv"
+    note "$name skipped: the stage's ${budget}s are spent"; status=1; summarize; return 1
+  fi
+  local t0=$SECONDS rc
+  timeout -k 10 "$limit" "$@" < /dev/null > "$out/$log" 2>&1
+  rc=$?
+  local st=ok
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then st="TIMEOUT (${limit}s)"; elif [ $rc -ne 0 ]; then st="FAILED (exit $rc)"; fi
+  printf '%s\t%s\t%s\t%s\t%s\n' "$stage" "$name" "$st" $((SECONDS - t0)) "$log" >> "$out/steps.tsv"
+  echo "gpu_check: [$stage] $name: $st in $((SECONDS - t0)) s (log: $log)"
+  if [ "$st" != ok ]; then status=1; tail -15 "$out/$log"; fi
+  summarize
+  [ "$st" = ok ]
+}
+
+# ---- preflight: a GPU, the carried dependencies ----
+gpu_why=""
+gpu_present() {
+  if [ "${GPU_CHECK_NO_GPU:-0}" = 1 ]; then gpu_why="GPU_CHECK_NO_GPU=1"; return 1; fi
+  if ! command -v nvidia-smi > /dev/null 2>&1; then gpu_why="nvidia-smi not found"; return 1; fi
+  local l; l=$(nvidia-smi -L 2>&1) || { gpu_why="nvidia-smi -L: $(echo "$l" | head -1)"; return 1; }
+  echo "$l" | grep -q '^GPU ' || { gpu_why="nvidia-smi lists no GPU"; return 1; }
+}
+if [ "$plan" = 0 ] && ! gpu_present; then
+  printf '%s\t%s\t%s\t%s\t%s\n' "$stage" preflight "NO GPU ($gpu_why)" 0 "" >> "$out/steps.tsv"
+  note "no NVIDIA GPU is present ($gpu_why): stage '$stage' needs one; nothing was built or run (run it on the GPU machine)"
+  summarize
+  exit 3
+fi
+if [ "$plan" = 0 ] && [ ! -d "$deps/usr" ]; then
+  echo "gpu_check: $deps/usr is missing: run scripts/pack_gpu_deps.sh on the dev machine and carry .deps" >&2
   exit 2
 fi
-export LD_LIBRARY_PATH="$root/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
-
-{
-  echo "date: $(date -u)"; echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
-  nvcc --version 2>&1 | tail -2; cmake --version | head -1; ninja --version 2>&1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
-} > "$out/env.txt"
-
-jobs=${JOBS:-$(nproc)}
-archs=${CUDA_ARCHS:-90a-real;80-virtual}
-if ! { cmake --preset gpu -DCMAKE_PREFIX_PATH="$root/.deps/usr" "-DCMAKE_CUDA_ARCHITECTURES=$archs" &&
-       cmake --build --preset gpu -j "$jobs"; } > "$out/build.log" 2>&1; then
-  note "BUILD FAILED (see build.log)"; tail -30 "$out/build.log"; exit 1
+export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ! command -v nvcc > /dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+# The peers' wheels (Liger-Kernel, cut-cross-entropy), installed once per machine beside the tree.
+if [ "$plan" = 0 ] && ls "$root"/.whl/*.whl > /dev/null 2>&1; then
+  site=$root/build/gpu-site
+  [ -d "$site" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    "$root"/.whl/*.whl > "$out/wheels.log" 2>&1 || note "installing the carried wheels failed (see wheels.log)"
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-# Each suite in one process (faster than ctest's one process per test). The CUDA module and the
-# GPU tests (LceCuda*, DeviceHooksCuda*, CudaModule*) are in tessera_cuda_tests.
-if ! build/gpu/tests/tessera_tests --gtest_output="json:$out/tests.json" > "$out/tests.log" 2>&1; then
-  note "TESTS FAILED (see tests.log)"; status=1
-fi
-grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$out/tests.log" | tail -20
-if ! build/gpu/tests/tessera_cuda_tests --gtest_output="json:$out/tests_cuda.json" > "$out/tests_cuda.log" 2>&1; then
-  note "CUDA TESTS FAILED (see tests_cuda.log)"; status=1
-fi
-grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$out/tests_cuda.log" | tail -20
+# ---- stages ----
+stage_build() {
+  [ "$plan" = 1 ] || {
+    echo "date: $(date -u)"; echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+    nvcc --version 2>&1 | tail -2; cmake --version | head -1; echo "ninja $(ninja --version 2>&1)"
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+    command -v compute-sanitizer > /dev/null && compute-sanitizer --version 2>&1 | tail -1
+  } > "$out/env.txt" 2>&1
+  if [ ! -f "$build/build.ninja" ]; then
+    step configure 180 configure.log cmake --preset gpu -DCMAKE_PREFIX_PATH="$deps/usr" \
+      "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" || return 1
+  fi
+  step build 510 build.log cmake --build --preset gpu -j "${JOBS:-$(nproc)}"
+}
 
-# compute-sanitizer over the GPU tests at small shapes (the float64-oracle test at a large shape
-# would take hours under the tools).
-san_filter='LceCuda*:AttentionCuda*:GroupedMatmulCuda*:CudaModule*:DeviceHooksCuda*:-*LargeShape*'
-if command -v compute-sanitizer >/dev/null 2>&1; then
-  for tool in memcheck racecheck initcheck; do
-    if ! compute-sanitizer --tool "$tool" --error-exitcode 3 build/gpu/tests/tessera_cuda_tests \
-         --gtest_filter="$san_filter" > "$out/sanitizer_$tool.log" 2>&1; then
-      note "compute-sanitizer $tool FAILED (see sanitizer_$tool.log)"; status=1
-    fi
-    tail -3 "$out/sanitizer_$tool.log"
+# GPU test suites of the CUDA test binary ("Suite" or "Prefix/Suite"), one per line.
+cuda_suites() {
+  "$build/tests/tessera_cuda_tests" --gtest_list_tests 2>/dev/null | grep -E '^[A-Za-z0-9_/]+\.' | sed 's/\..*//' | sort -u
+}
+
+stage_test() {
+  export TESSERA_AUTOTUNE=0 TESSERA_CUDA_SYNC_CHECK=1
+  mkdir -p "$out/tests"
+  # The GPU suites first (what only this machine can run), then the CPU and CLI suites.
+  local s
+  if [ "$plan" = 1 ] && [ ! -x "$build/tests/tessera_cuda_tests" ]; then
+    echo "[$stage] tests SUITE (timeout 240s): one process per suite that tessera_cuda_tests --gtest_list_tests lists"
+  fi
+  for s in $(cuda_suites); do
+    step "tests $s" 240 "tests/${s//\//_}.log" "$build/tests/tessera_cuda_tests" --gtest_filter="$s.*" \
+      --gtest_output="json:$out/tests/${s//\//_}.json"
   done
+  step "tests (CPU suite)" 240 tests/cpu.log "$build/tests/tessera_tests" --gtest_output="json:$out/tests/cpu.json"
+  if [ -x "$build/tests/tessera_cli_tests" ] || [ "$plan" = 1 ]; then  # the CLI as a user runs it, on the GPU
+    step "tests (CLI)" 180 tests/cli.log "$build/tests/tessera_cli_tests" --gtest_output="json:$out/tests/cli.json"
+  fi
+}
+
+stage_sanitize() {
+  export TESSERA_AUTOTUNE=0
+  if ! command -v compute-sanitizer > /dev/null 2>&1; then note "compute-sanitizer not found: no sanitizer runs"; status=1; return; fi
+  # Tessera's kernels only (cuBLAS's are not ours to check, and cost most of the time).
+  local only=()
+  if compute-sanitizer --help 2>&1 | grep -q -- '--kernel-name'; then only=(--kernel-name kns=tessera)
+  elif compute-sanitizer --help 2>&1 | grep -q -- '--filter'; then only=(--filter kns=tessera)
+  else note "this compute-sanitizer has no kernel filter: every kernel is checked"; fi
+  # Each tool gets an equal share of what is left; one that times out can be run alone
+  # (SANITIZE_TOOLS=racecheck scripts/gpu_check.sh --stage sanitize --out SAME_DIR).
+  local tools=(${SANITIZE_TOOLS:-memcheck initcheck racecheck synccheck}) tool
+  local share=$(((budget - (SECONDS - started) - 10) / ${#tools[@]}))
+  mkdir -p "$out/sanitize"
+  for tool in "${tools[@]}"; do
+    step "compute-sanitizer $tool" "$share" "sanitize/$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      "${only[@]}" "$build/tests/tessera_cuda_tests" --gtest_filter="-$SANITIZE_EXCLUDE" --gtest_brief=1
+  done
+}
+
+# "kernel impl available|unavailable reason..." for every GPU implementation (`tessera list`).
+gpu_implementations() {
+  "$tessera" list 2>/dev/null | awk -v re="$GPU_IMPL_RE" '
+    /^[^ ]/ { k = $1; next }
+    /^  [^ ]/ { if (k != "" && $1 ~ re) print k, $0 }' | awk '{k = $1; $1 = ""; sub(/^ +/, ""); print k, $0}'
+}
+
+# "kernel impl,impl" for every kernel with GPU implementations that can run here (all of them
+# with --plan); the others are noted with their reason.
+gpu_kernels() {
+  local k i a rest kernels=() line
+  declare -A of
+  while read -r k i a rest; do
+    [ -n "$k" ] || continue
+    if [ "$a" != available ] && [ "$plan" = 0 ]; then note "$k $i cannot run here: $rest" >&2; continue; fi
+    [ -n "${of[$k]:-}" ] || kernels+=("$k")
+    of[$k]="${of[$k]:+${of[$k]},}$i"
+  done < <(gpu_implementations)
+  for k in "${kernels[@]}"; do echo "$k ${of[$k]}"; done
+}
+
+bench_runs_of() {  # kernel -> "variant|args" lines
+  local k=$1 line found=0
+  for line in "${BENCH_RUNS[@]}"; do
+    [ "${line%%|*}" = "$k" ] && { echo "${line#*|}"; found=1; }
+  done
+  if [ $found = 0 ]; then
+    if grep -q '"gpu"' "$root/bench/$k.json" 2>/dev/null; then echo "|--grid gpu"; else echo "|"; fi
+  fi
+}
+
+tune_runs_of() {  # kernel -> "name|args" lines
+  local k=$1 line found=0
+  for line in "${TUNE_RUNS[@]}"; do
+    [ "${line%%|*}" = "$k" ] && { echo "${line#*|}"; found=1; }
+  done
+  [ $found = 1 ] || echo "|"
+}
+
+stage_bench() {
+  local iters=${BENCH_ITERS:-10} roof=() k impls run variant args name
+  mkdir -p "$out/bench"
+  step roofline 120 bench/roofline.log "$tessera" roofline --out "$out/bench/roofline.json"
+  [ -f "$out/bench/roofline.json" ] && roof=(--roofline "$out/bench/roofline.json")
+  local listing; listing=$(gpu_kernels)
+  [ -n "$listing" ] || { note "tessera list shows no GPU implementation (GPU_IMPL_RE=$GPU_IMPL_RE)"; status=1; }
+  while read -r k impls; do
+    [ -n "$k" ] || continue
+    while IFS= read -r run; do
+      variant=${run%%|*}; args=${run#*|}
+      name=$k${variant:+_$variant}
+      # shellcheck disable=SC2086  # args is a word list by design
+      step "bench $name ($impls)" 240 "bench/$name.log" "$tessera" bench "$k" --impl "$impls" $args \
+        --repeats "$iters" "${roof[@]}" --json "$out/bench/$name.json" --csv "$out/bench/$name.csv"
+    done < <(bench_runs_of "$k")
+  done <<< "$listing"
+  if python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null || [ "$plan" = 1 ]; then
+    local lce_torch=${BENCH_SHAPES:-8192x4096x128256,8192x2304x256000}
+    step "peers linear_cross_entropy (torch eager)" 200 bench/peers_lce_torch.log python3 bench/torch_lce_baseline.py \
+      --shapes "$lce_torch" --iters "$iters" --out "$out/bench/peers_lce_torch_raw.json" --peers-out "$out/bench/peers_lce_torch.json"
+    step "peers linear_cross_entropy (Liger, cut-cross-entropy)" 200 bench/peers_lce_fused.log python3 bench/torch_lce_peers.py \
+      --shapes "$lce_torch" --iters "$iters" --out "$out/bench/peers_lce_fused.json"
+    step "peers grouped_matmul (torch._grouped_mm, mm loop)" 200 bench/peers_gmm.log python3 bench/torch_gmm_baseline.py \
+      --out "$out/bench/peers_gmm_raw.json" --peers-out "$out/bench/peers_gmm.json"
+    local torch_shapes; torch_shapes=$(echo "${ATTN_SHAPES:-4,4096,16,128}" | tr ',' 'x' | tr ' ' ',')
+    step "peers attention (torch SDPA: flash, cuDNN, efficient)" 200 bench/peers_attention.log python3 bench/torch_attention_baseline.py \
+      --shapes "$torch_shapes" --iters "$iters" --out "$out/bench/peers_attention_raw.json" --peers-out "$out/bench/peers_attention.json"
+    step "peers attention causal" 200 bench/peers_attention_causal.log python3 bench/torch_attention_baseline.py \
+      --shapes "$torch_shapes" --causal --iters "$iters" --out "$out/bench/peers_attention_causal_raw.json" \
+      --peers-out "$out/bench/peers_attention_causal.json"
+  else
+    note "PyTorch with CUDA not available: no peers"
+  fi
+  # One HTML report per bench run, with the kernel's peers beside it.
+  local j peers
+  for j in "$out"/bench/*.json; do
+    [ -f "$j" ] || continue
+    name=$(basename "$j" .json)
+    case "$name" in peers_*|roofline) continue ;; esac
+    peers=()
+    case "$name" in
+      linear_cross_entropy*) for p in peers_lce_torch peers_lce_fused; do [ -f "$out/bench/$p.json" ] && peers+=(--peers "$out/bench/$p.json"); done ;;
+      grouped_matmul*) [ -f "$out/bench/peers_gmm.json" ] && peers+=(--peers "$out/bench/peers_gmm.json") ;;
+      attention_causal) [ -f "$out/bench/peers_attention_causal.json" ] && peers+=(--peers "$out/bench/peers_attention_causal.json") ;;
+      attention) [ -f "$out/bench/peers_attention.json" ] && peers+=(--peers "$out/bench/peers_attention.json") ;;
+    esac
+    step "report $name" 60 "bench/report_$name.log" "$tessera" report "$j" "${peers[@]}" -o "$out/bench/report_$name.html"
+  done
+  bench_tune "$listing"  # last: the least urgent
+}
+
+# Tunable GPU implementations: their tuned-table rows for this GPU, written beside the results
+# (review, then copy into src/kernels/<kernel>/tuned_table.cc). Untunable ones are skipped.
+bench_tune() {
+  local listing=$1 k impls impl run variant args name when
+  while read -r k impls; do
+    [ -n "$k" ] || continue
+    for impl in ${impls//,/ }; do
+      when=""
+      if ! "$tessera" tune "$k" --impl "$impl" --list > /dev/null 2>&1; then
+        [ "$plan" = 1 ] || continue
+        when=" (only if tunable and available there)"
+      fi
+      while IFS= read -r run; do
+        variant=${run%%|*}; args=${run#*|}
+        name=${k}_$impl${variant:+_$variant}
+        # shellcheck disable=SC2086  # args is a word list by design
+        step "tune $name$when" 120 "bench/tune_$name.log" "$tessera" tune "$k" --impl "$impl" --dtype bf16 $args \
+          --out "$out/bench/tune" --emit-table --table "$out/bench/tuned_table_$name.cc"
+      done < <(tune_runs_of "$k")
+    done
+  done <<< "$listing"
+}
+
+run_stage() {
+  case "$1" in
+    build) stage_build ;;
+    test) stage_build && stage_test ;;
+    sanitize) stage_build && stage_sanitize ;;
+    bench) stage_build && stage_bench ;;
+  esac
+}
+
+if [ "$stage" = all ]; then
+  budget=$((budget * 4))
+  for s in build test sanitize bench; do stage=$s; run_stage "$s" || true; done
+  stage=all
 else
-  note "compute-sanitizer not found: no sanitizer runs"
+  run_stage "$stage" || true
 fi
-
-if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  python3 bench/torch_lce_baseline.py --shapes "${BENCH_SHAPES:-8192x4096x128256,8192x2304x256000}" \
-    --iters "${BENCH_ITERS:-10}" --out "$out/torch.json" --peers-out "$out/torch_peers.json" \
-    2>> "$out/bench.log" || note "torch baseline failed (see bench.log)"
-else
-  note "PyTorch with CUDA not available: no eager baseline"
+[ "$plan" = 1 ] && exit 0
+summarize
+[ -f "$out/summary.md" ] && tail -40 "$out/summary.md"
+if [ -n "$archive" ]; then
+  tar -czf "$archive" -C "$(dirname "$out")" "$(basename "$out")" && echo "gpu_check: archive $archive"
 fi
-
-# The tessera CLI on the GPU: measured ceilings (cuBLAS GEMM peaks, device copy bandwidth), the
-# bench of the cuda implementation over the llm grid against them, and the HTML report.
-tessera=build/gpu/bin/tessera
-if ! "$tessera" roofline --out "$out/roofline.json" > "$out/roofline.log" 2>&1; then
-  note "tessera roofline FAILED (see roofline.log)"; status=1
-fi
-cat "$out/roofline.log"
-roof_arg=(--roofline "$out/roofline.json")
-[ -f "$out/roofline.json" ] || roof_arg=()
-# Every cuda implementation of every kernel (kernels without one are skipped), at the shapes of
-# the issue (Llama-3 and Gemma-2 heads for linear_cross_entropy), device rows timed with events.
-shapes=(--shape 8192,4096,128256 --shape 8192,2304,256000)
-[ -n "${BENCH_SHAPES:-}" ] && { shapes=(); for sh in ${BENCH_SHAPES//x/,}; do shapes+=(--shape "$sh"); done; }
-if ! "$tessera" bench linear_cross_entropy --impl cuda "${shapes[@]}" --dtype bf16 --pass forward,fused \
-     --repeats "${BENCH_ITERS:-10}" "${roof_arg[@]}" \
-     --json "$out/tessera_bench.json" --csv "$out/tessera_bench.csv" > "$out/tessera_bench.log" 2>&1; then
-  note "tessera bench FAILED (see tessera_bench.log)"; status=1
-fi
-tail -20 "$out/tessera_bench.log"
-# grouped_matmul's cuda implementation at the issue's H100 shape (Qwen-style MoE, bf16), balanced
-# and skewed, beside torch._grouped_mm and a torch.mm loop timed in the same call.
-for routing in balanced skewed; do
-  "$tessera" bench grouped_matmul --impl cuda --grid gpu --routing "$routing" --pass forward,fused \
-    --repeats "${BENCH_ITERS:-10}" "${roof_arg[@]}" --json "$out/gmm_bench_$routing.json" \
-    > "$out/gmm_bench_$routing.log" 2>&1 || { note "grouped_matmul bench ($routing) FAILED (see gmm_bench_$routing.log)"; status=1; }
-  tail -6 "$out/gmm_bench_$routing.log"
-done
-if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  python3 bench/torch_gmm_baseline.py --out "$out/torch_gmm.json" --peers-out "$out/torch_gmm_peers.json" \
-    > "$out/torch_gmm.log" 2>&1 || note "torch grouped-mm baseline failed (see torch_gmm.log)"
-fi
-if [ -f "$out/tessera_bench.json" ]; then
-  peers=()
-  [ -f "$out/torch_peers.json" ] && peers=(--peers "$out/torch_peers.json")
-  "$tessera" report "$out/tessera_bench.json" "${peers[@]}" -o "$out/report.html" >> "$out/tessera_bench.log" 2>&1 ||
-    { note "tessera report FAILED (see tessera_bench.log)"; status=1; }
-fi
-
-# attention: `tessera bench attention --impl cuda` (CUDA events) full and causal at the issue's
-# H100 row, each with PyTorch SDPA (flash / cudnn / efficient / default) timed in the same run as
-# peers. The cuda backend's v1 is a CUDA-core kernel: expect it far below the tensor-core peers.
-attn_shapes=()
-for sh in ${ATTN_SHAPES:-4,4096,16,128}; do attn_shapes+=(--shape "$sh"); done
-for variant in "" "_causal"; do
-  causal_flag=(); [ -n "$variant" ] && causal_flag=(--causal)
-  if ! "$tessera" bench attention --impl cuda "${attn_shapes[@]}" --dtype bf16 --pass forward,fused \
-       "${causal_flag[@]}" --repeats "${BENCH_ITERS:-10}" "${roof_arg[@]}" \
-       --json "$out/attention_bench$variant.json" --csv "$out/attention_bench$variant.csv" \
-       > "$out/attention_bench$variant.log" 2>&1; then
-    note "tessera bench attention$variant FAILED (see attention_bench$variant.log)"; status=1
-  fi
-  tail -8 "$out/attention_bench$variant.log"
-  attn_peers=()
-  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    torch_shapes=$(echo "${ATTN_SHAPES:-4,4096,16,128}" | tr ',' 'x' | tr ' ' ',')
-    if python3 bench/torch_attention_baseline.py --shapes "$torch_shapes" "${causal_flag[@]}" \
-         --iters "${BENCH_ITERS:-10}" --out "$out/torch_attention$variant.json" \
-         --peers-out "$out/torch_attention${variant}_peers.json" 2>> "$out/attention_bench$variant.log"; then
-      attn_peers=(--peers "$out/torch_attention${variant}_peers.json")
-    else
-      note "torch SDPA baseline$variant failed (see attention_bench$variant.log)"
-    fi
-  fi
-  if [ -f "$out/attention_bench$variant.json" ]; then
-    "$tessera" report "$out/attention_bench$variant.json" "${attn_peers[@]}" -o "$out/attention_report$variant.html" \
-      >> "$out/attention_bench$variant.log" 2>&1 || { note "tessera report (attention$variant) FAILED"; status=1; }
-  fi
-done
-
-python3 - "$out" <<'PY'
-import json, os, sys
-out = sys.argv[1]
-def load(name):
-    p = os.path.join(out, name)
-    return json.load(open(p)) if os.path.exists(p) else None
-lines = ["# cuda backend: GPU check", ""]
-env = open(os.path.join(out, "env.txt")).read().strip()
-lines += ["```", env, "```", ""]
-for tname, t in (("Tests", load("tests.json")), ("CUDA tests", load("tests_cuda.json"))):
-    if not t:
-        continue
-    lines.append(f"{tname}: {t.get('tests', 0)} run, {t.get('failures', 0)} failed, {t.get('disabled', 0)} disabled.")
-    for suite in t.get("testsuites", []):
-        for case in suite.get("testsuite", []):
-            if case.get("failures"):
-                lines.append(f"- FAILED {suite['name']}.{case['name']}: " + case["failures"][0]["failure"].splitlines()[0])
-    lines.append("")
-pt = load("torch.json")
-if pt:
-    lines += ["PyTorch eager (materialized) on the same GPU, `bench/torch_lce_baseline.py` (median ms):", "",
-              "| B | H | V | fwd+bwd | peak extra MiB |", "|---|---|---|---|---|"]
-    for r in pt.get("results", []):
-        fb = r.get("forward_backward", {}).get("median_ms")
-        mem = r.get("peak_extra_bytes_forward_backward")
-        lines.append(f"| {r['B']} | {r['H']} | {r['V']} | {fb if fb is None else format(fb, '.2f')} | "
-                     f"{'-' if mem is None else format(mem / 2**20, '.0f')} |")
-    lines.append("")
-roof = load("roofline.json")
-if roof:
-    for d in roof.get("devices", []):
-        if not d["device"].startswith("cuda"):
-            continue
-        lines += ["", f"Ceilings of {d['device']} ({d['name']}), `tessera roofline`:", ""]
-        for dt, m in sorted(d.get("gemm_method", {}).items()):
-            g = d.get("gemm_gflops", {}).get(dt)
-            lines.append(f"- GEMM {dt}: " + (f"{g / 1e3:.0f} TFLOP/s" if g else "-") + f" ({m})")
-        lines.append(f"- bandwidth: {d.get('bandwidth_gbs', 0):.0f} GB/s ({d.get('bandwidth_method', '')})")
-        lines += [f"- note: {n}" for n in d.get("notes", [])]
-tb = load("tessera_bench.json")
-if tb:
-    lines += ["", "`tessera bench linear_cross_entropy --impl cuda` bf16 (median ms, CUDA events; targets: fused <= 1.3x three GEMMs, <= 1 GiB extra):", "",
-              "| shape | mode | median ms | first ms | TFLOP/s | % roofline | x GEMM | extra device MiB | loss |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    def f(r, k, fmt, scale=1.0):
-        v = r.get(k)
-        return format(v * scale, fmt) if isinstance(v, (int, float)) else "-"
-    for r in tb.get("rows", []):
-        if r.get("kind") != "kernel":
-            continue
-        lines.append(f"| {r.get('shape', '')} ({r['B']},{r['H']},{r['V']}) | {r['mode']} | {f(r, 'median_ms', '.2f')} | {f(r, 'first_call_ms', '.1f')} | "
-                     f"{f(r, 'gflops', '.0f', 1e-3)} | {f(r, 'roofline_fraction', '.1f', 100.0)} | {f(r, 'vs_gemm', '.3f')} | "
-                     f"{f(r, 'extra_device_bytes', '.0f', 1 / 2**20)} | {f(r, 'loss', '.4f')} |")
-    lines += [f"- {m}" for m in tb.get("messages", [])]
-def f(r, k, fmt, scale=1.0):
-    v = r.get(k)
-    return format(v * scale, fmt) if isinstance(v, (int, float)) else "-"
-for routing in ("balanced", "skewed"):
-    gb = load(f"gmm_bench_{routing}.json")
-    if not gb:
-        continue
-    lines += ["", f"`tessera bench grouped_matmul --impl cuda --grid gpu --routing {routing}` (median ms, CUDA events):", "",
-              "| shape | mode | median ms | TFLOP/s | x GEMM |", "|---|---|---|---|---|"]
-    for r in gb.get("rows", []):
-        if r.get("kind") != "kernel":
-            continue
-        lines.append(f"| M={r.get('M')},K={r.get('K')},N={r.get('N')},G={r.get('G')} | {r['mode']} | {f(r, 'median_ms', '.2f')} | "
-                     f"{f(r, 'gflops', '.1f', 1e-3)} | {f(r, 'vs_gemm', '.3f')} |")
-tg = load("torch_gmm.json")
-if tg:
-    lines += ["", "PyTorch on the same GPU, `bench/torch_gmm_baseline.py` (forward, median ms):", "",
-              "| shape | routing | torch._grouped_mm | torch.mm loop |", "|---|---|---|---|"]
-    for r in tg.get("results", []):
-        g = r.get("torch_grouped_mm", {}).get("median_ms")
-        l = r.get("cublas_loop", {}).get("median_ms")
-        lines.append(f"| M={r['M']},K={r['K']},N={r['N']},G={r['G']} | {r['routing']} | "
-                     f"{'-' if g is None else format(g, '.2f')} | {'-' if l is None else format(l, '.2f')} |")
-for variant in ("", "_causal"):
-    ab = load(f"attention_bench{variant}.json")
-    if ab:
-        lines += ["", f"`tessera bench attention --impl cuda` bf16{' causal' if variant else ''} (median ms, CUDA events; "
-                  "target for a tensor-core kernel: >= 330 TFLOP/s forward non-causal):", "",
-                  "| B | S | H | D | mode | median ms | TFLOP/s | % roofline |", "|---|---|---|---|---|---|---|---|"]
-        for r in ab.get("rows", []):
-            if r.get("kind") != "kernel":
-                continue
-            g = r.get("gflops")
-            fr = r.get("roofline_fraction")
-            lines.append(f"| {r.get('B')} | {r.get('S')} | {r.get('H')} | {r.get('D')} | {r['mode']} | "
-                         f"{r.get('median_ms', 0):.3f} | {'-' if g is None else format(g / 1e3, '.1f')} | "
-                         f"{'-' if fr is None else format(fr * 100, '.1f')} |")
-    ta = load(f"torch_attention{variant}.json")
-    if ta:
-        lines += ["", f"PyTorch {ta['torch']} scaled_dot_product_attention{' causal' if variant else ''}, same run:", "",
-                  "| B | S | H | D | backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for r in ta["results"]:
-            for name, res in r["backends"].items():
-                if "error" in res:
-                    lines.append(f"| {r['B']} | {r['S']} | {r['H']} | {r['D']} | {name} | {res['error']} | | | |")
-                    continue
-                fw, fu = res["forward"], res["fused"]
-                lines.append(f"| {r['B']} | {r['S']} | {r['H']} | {r['D']} | {name} | {fw['median_ms']:.3f} | "
-                             f"{fw['tflops']:.0f} | {fu['median_ms']:.3f} | {fu['tflops']:.0f} |")
-notes = os.path.join(out, "summary.notes")
-if os.path.exists(notes):
-    lines += ["", "Notes:", ""] + ["- " + l.strip() for l in open(notes)]
-open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
-echo "gpu_check: results in $out"
+echo "gpu_check: stage $stage done in $((SECONDS - started)) s; results in $out"
 exit $status

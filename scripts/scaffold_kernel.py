@@ -196,10 +196,17 @@ const kernels::KernelSpec& spec() {{
         -> std::unique_ptr<harness::BenchProblem> {{
       throw Error(ErrorCode::kUnsupported, std::string(kKernelName) + ": no benchmark problem yet (bench.cc)");
     }};
-    k.run.has_grad = false;
-    k.run.outputs_help = "y.npy";
-    k.run.run = [](const kernels::RunRequest&) -> kernels::RunOutput {{
-      throw Error(ErrorCode::kUnsupported, std::string(kKernelName) + ": `tessera run` is not wired yet (spec.cc)");
+    // The signature: `tessera run`, the Python functions and their help are derived from it.
+    k.call.inputs = {{{{"x", "input [N, D] (f32)", true, false}}}};
+    k.call.outputs = [](const kernels::CallArgs& a) {{
+      const TensorView& x = kernels::required(a, kKernelName, "x");
+      return std::vector<kernels::OutputDesc>{{{{"y", DType::kF32, x.shape, contiguous_strides(x.shape)}}}};
+    }};
+    k.call.call = [](const kernels::CallArgs& a, const std::vector<TensorView>& out) -> std::string {{
+      Options opt;
+      static_cast<ExecOptions&>(opt) = a.exec;
+      forward(kernels::required(a, kKernelName, "x"), out.at(0), opt);
+      return "reference";  // TODO: the implementation that ran, once there are several
     }};
     return k;
   }}();

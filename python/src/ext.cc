@@ -36,8 +36,6 @@ using namespace nb::literals;
 
 namespace tessera::python {
 
-Pass pass_of(const std::string& s) { return parse_pass(s); }
-
 harness::OptionValues option_values(const kernels::CallSpec& spec, const std::string& kernel,
                                     const std::map<std::string, std::string>& given) {
   harness::OptionValues v = harness::defaults_of(spec.options);
@@ -175,7 +173,7 @@ OutList outputs(const std::string& kernel, const std::string& pass, const std::m
                 const std::map<std::string, std::string>& options) {
   const kernels::KernelSpec& k = kernels::get(kernel);
   kernels::CallArgs args;
-  args.pass = pass_of(pass);
+  args.pass = parse_pass(pass);
   for (const auto& [name, m] : metas) args.tensors.push_back({name, view_of(m)});
   args.options = option_values(k.call, kernel, options);
   OutList out;
@@ -189,7 +187,7 @@ std::string call(const std::string& kernel, const std::string& pass, const std::
                  const std::string& implementation, int num_threads, uintptr_t stream) {
   const kernels::KernelSpec& k = kernels::get(kernel);
   kernels::CallArgs args;
-  args.pass = pass_of(pass);
+  args.pass = parse_pass(pass);
   for (const auto& [name, a] : tensors) args.tensors.push_back({name, view_of(a, name)});
   args.options = option_values(k.call, kernel, options);
   args.exec.implementation = implementation;

@@ -103,7 +103,7 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
 
 def _make(k: Kernel):
     def fn(*args, **kwargs):
-        tensors, options, implementation, _ = k.bind(args, kwargs)
+        tensors, options, implementation, extras = k.bind(args, kwargs)
         fw = _framework(tensors)
         if fw == "torch":
             from . import torch as tt
@@ -112,13 +112,12 @@ def _make(k: Kernel):
             from . import jax as tj
             return getattr(tj, k.name)(*args, **kwargs)
         out = call(k.name, "forward", tensors, implementation=implementation, **options)
-        public = public_outputs(k, list(out))
+        public = public_outputs(k, list(out)) + list(k.wanted_saved(extras))
         return out[public[0]] if len(public) == 1 else tuple(out[n] for n in public)
 
     fn.__name__ = fn.__qualname__ = k.name
     fn.__signature__ = k.signature()
-    fn.__doc__ = k.doc("NumPy / CuPy; PyTorch tensors go to tessera.torch, JAX arrays to tessera.jax") + (
-        "\n\nReturns the forward's outputs but the saved ones (lse): loss, or (loss, argmax).")
+    fn.__doc__ = k.doc("NumPy / CuPy; PyTorch tensors go to tessera.torch, JAX arrays to tessera.jax") + k.returns_doc()
     return fn
 
 

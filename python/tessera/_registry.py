@@ -108,15 +108,21 @@ class Kernel:
         return self.forward_outputs + self.saved_only
 
     @property
-    def option_names(self) -> Tuple[str, ...]:
-        return tuple(o.name for o in self.options)
+    def saved_flags(self) -> Tuple[str, ...]:
+        """``return_<name>`` for each saved-only output (``return_lse``): asks for it after the others."""
+        return tuple("return_" + n for n in self.saved_only)
+
+    def wanted_saved(self, extras: Dict[str, Any]) -> Tuple[str, ...]:
+        """The saved-only outputs that ``return_<name>=True`` asked for, in order."""
+        return tuple(n for n in self.saved_only if extras.get("return_" + n))
 
     def signature(self, extra: Sequence[inspect.Parameter] = ()) -> inspect.Signature:
-        """Required inputs positional, optional inputs and options keyword-only."""
+        """Required inputs positional; optional inputs, options and return_<saved> keyword-only."""
         P = inspect.Parameter
         params = [P(i.name, P.POSITIONAL_OR_KEYWORD) for i in self.inputs if i.required]
         params += [P(i.name, P.KEYWORD_ONLY, default=None) for i in self.inputs if not i.required]
         params += [P(o.name, P.KEYWORD_ONLY, default=o.default) for o in self.options]
+        params += [P(f, P.KEYWORD_ONLY, default=False) for f in self.saved_flags]
         params += [P("implementation", P.KEYWORD_ONLY, default=None)]
         params += list(extra)
         return inspect.Signature(params)
@@ -132,11 +138,20 @@ class Kernel:
                 raise ValueError(f"{self.name}: {i.name} is required")
         options = {o.name: a[o.name] for o in self.options}
         extras = {p.name: a[p.name] for p in extra}
+        extras.update({f: bool(a[f]) for f in self.saved_flags})
         return tensors, options, a["implementation"] or "", extras
 
     def option_texts(self, options: Dict[str, Any]) -> Dict[str, str]:
         by_name = {o.name: o for o in self.options}
         return {k: by_name[k].to_text(v) for k, v in options.items()}
+
+    def returns_doc(self) -> str:
+        """What the generated function returns, from the signature (forward and saved outputs)."""
+        hidden = f" (the saved {', '.join(self.saved_only)} stays internal)" if self.saved_only else ""
+        extra = [o.name for o in self.options if o.kind == "flag" and o.name.startswith("return_")]
+        more = f"; {', '.join(extra)} add their outputs after it, as a tuple" if extra else ""
+        saved = "".join(f"; return_{n}=True appends {n}" for n in self.saved_only)
+        return f"\n\nReturns {', '.join(self.forward_outputs)}{hidden}{more}{saved}."
 
     def doc(self, front_end: str) -> str:
         lines = [f"{self.description}.", "", f"Tessera kernel `{self.name}` ({front_end}).", "", "Inputs:"]
@@ -146,6 +161,8 @@ class Kernel:
         for o in self.options:
             choices = f" [{', '.join(o.choices)}]" if o.choices else ""
             lines.append(f"  {o.name}={o.default!r}{choices}: {o.help}")
+        for n in self.saved_only:
+            lines.append(f"  return_{n}=False: also return the forward's {n} (last; no gradient flows through it)")
         lines.append("  implementation=None: an implementation name or a comma list "
                      "(default: the dispatch order; TESSERA_IMPLEMENTATION overrides it)")
         return "\n".join(lines)

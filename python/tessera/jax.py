@@ -46,13 +46,15 @@ def _ffi(k: Kernel, pass_: str, tensors: Dict[str, Any], options: Tuple[Tuple[st
 
 
 @functools.lru_cache(maxsize=None)
-def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[str, str], ...], implementation: str):
-    """A custom_vjp function of the present inputs (positional, in `present` order)."""
+def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[str, str], ...], implementation: str,
+                    saved_wanted: Tuple[str, ...] = ()):
+    """A custom_vjp function of the present inputs (positional, in `present` order); the saved
+    outputs in `saved_wanted` (lse) come last."""
     k = KERNELS[kname]
     diff = {i.name for i in k.inputs if i.differentiable}
 
     def primal_out(out):
-        public = public_outputs(k, list(out))
+        public = public_outputs(k, list(out)) + list(saved_wanted)
         return out[public[0]] if len(public) == 1 else tuple(out[n] for n in public)
 
     @jax.custom_vjp
@@ -81,16 +83,21 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
 
 def _make(k: Kernel):
     def fn(*args, **kwargs):
-        tensors, options, implementation, _ = k.bind(args, kwargs)
+        tensors, options, implementation, extras = k.bind(args, kwargs)
         present = tuple(n for n, t in tensors.items() if t is not None)
         arrays = [jnp.asarray(tensors[n]) for n in present]
         opts = tuple(sorted(k.option_texts(options).items()))
-        return _differentiable(k.name, present, opts, implementation)(*arrays)
+        wanted = k.wanted_saved(extras)
+        out = _differentiable(k.name, present, opts, implementation, wanted)(*arrays)
+        if not wanted:
+            return out
+        # No gradient flows through a saved output (the VJP ignores its cotangent): say so to JAX.
+        n = len(wanted)
+        return tuple(out[:-n]) + tuple(jax.lax.stop_gradient(o) for o in out[-n:])
 
     fn.__name__ = fn.__qualname__ = k.name
     fn.__signature__ = k.signature()
-    fn.__doc__ = k.doc("JAX: XLA FFI + custom_vjp; works under jit and grad (vmap runs it per element)") + (
-        "\n\nReturns the forward's outputs but the saved ones (lse): loss, or (loss, argmax).")
+    fn.__doc__ = k.doc("JAX: XLA FFI + custom_vjp; works under jit and grad (vmap runs it per element)") + k.returns_doc()
     return fn
 
 

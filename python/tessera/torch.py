@@ -159,19 +159,20 @@ def _make(k: Kernel):
     """The user-facing function, generated as Python source so that torch.compile traces it."""
     req = [t.name for t in k.inputs if t.required]
     opt = [t.name for t in k.inputs if not t.required]
-    params = req + ["*"] + [f"{n}=None" for n in opt] + [f"{o.name}={o.default!r}" for o in k.options] + ["implementation=None"]
+    params = req + ["*"] + [f"{n}=None" for n in opt] + [f"{o.name}={o.default!r}" for o in k.options]
+    params += [f"{f}=False" for f in k.saved_flags] + ["implementation=None"]
     call_args = req + opt + [f"float({o.name} or 0.0)" if o.kind == "float" else o.name for o in k.options]
     call_args.append('implementation or ""')
     nf, ns = len(k.forward_outputs), len(k.saved_only)
     src = (f"def {k.name}({', '.join(params)}):\n"
            f"    outs = _op({', '.join(call_args)})\n"
            f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"
+           + "".join(f"    if {f}:\n        public.append(outs[{nf + i}])\n" for i, f in enumerate(k.saved_flags)) +
            f"    return public[0] if len(public) == 1 else tuple(public)\n")
     scope = {"_op": getattr(torch.ops.tessera, k.name)}
     exec(src, scope)  # noqa: S102 - source built from the registry's names only
     fn = scope[k.name]
-    fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + (
-        "\n\nReturns the forward's outputs but the saved ones (lse): loss, or (loss, argmax).")
+    fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + k.returns_doc()
     fn.__module__ = __name__
     return fn
 

@@ -102,7 +102,7 @@ void fill(void* p, DType t, size_t n, uint64_t seed, cudaStream_t s) {
     case DType::kF16: fill_kernel<<<blocks, 256, 0, s>>>(static_cast<__half*>(p), n, seed, 1.0f); break;
     default: throw Error(ErrorCode::kInternal, std::string("no fill for ") + dtype_name(t));
   }
-  check(cudaGetLastError(), "fill_kernel launch");
+  check_launch("harness fill_kernel", s);
 }
 
 // Device seconds of `reps` runs of `fn` on `s` (each between two events), after `warmup`

@@ -1,7 +1,8 @@
 // The CUDA device module's entry point (libtessera_cuda.so; core/device_module.h loads it on
 // first use of a CUDA device). Registers the DeviceAllocator for DeviceType::kCUDA, the
-// harness's DeviceHooks, and what every .cu file of the module added with
-// TESSERA_CUDA_MODULE_REGISTRATION (each kernel's cuda implementations).
+// harness's DeviceHooks, the tuner's device kind of a GPU (tune/device_kind.h), and what every
+// .cu file of the module added with TESSERA_CUDA_MODULE_REGISTRATION (each kernel's cuda
+// implementations).
 #include "core/cuda_module.h"
 
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "core/cuda_util.h"
 #include "core/device_module.h"
+#include "tune/device_kind.h"
 
 namespace tessera::cuda_module {
 namespace {
@@ -42,6 +44,7 @@ extern "C" __attribute__((visibility("default"))) const char* tessera_cuda_modul
     try {
       cuda::register_allocator();
       cuda::register_device_hooks();
+      tune::register_device_kind(DeviceType::kCUDA, cuda::device_kind);
       for (auto fn : cuda_module::registrations()) fn();
     } catch (const std::exception& e) {
       error = e.what();

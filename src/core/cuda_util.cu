@@ -3,15 +3,21 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
 
 #include "core/env.h"
+#include "core/log.h"
 #include "tessera/error.h"
 #include "tessera/tensor.h"
+#include "tune/device_kind.h"
 
 namespace tessera::cuda {
 
@@ -20,6 +26,61 @@ void throw_error(cudaError_t e, const std::string& what) {
   const std::string msg = "CUDA error in " + what + ": " + cudaGetErrorName(e) + " (" +
                           cudaGetErrorString(e) + ")";
   throw Error(e == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory : ErrorCode::kInternal, msg);
+}
+
+// ---- launch checks ----
+
+bool sync_check_enabled() {
+  static const bool on = env::flag("TESSERA_CUDA_SYNC_CHECK", false);
+  return on;
+}
+
+std::string launch_error_message(const std::string& kernel, const std::string& error_name,
+                                 const std::string& error_string, bool after_sync) {
+  return "CUDA error in " + kernel +
+         (after_sync ? " (found by TESSERA_CUDA_SYNC_CHECK=1 when its stream was synchronized right after the launch)"
+                     : " (launch)") +
+         ": " + error_name + " (" + error_string + ")";
+}
+
+namespace {
+
+[[noreturn]] void throw_launch_error(cudaError_t e, const char* kernel, bool after_sync) {
+  (void)cudaGetLastError();
+  throw Error(e == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
+              launch_error_message(kernel, cudaGetErrorName(e), cudaGetErrorString(e), after_sync));
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;  // cannot tell: do nothing that would break a capture
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+void check_launch(const char* kernel, cudaStream_t stream) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw_launch_error(e, kernel, false);
+  if (!sync_check_enabled() || capturing(stream)) return;  // a capture cannot be synchronized
+  const cudaError_t s = cudaStreamSynchronize(stream);
+  if (s != cudaSuccess) throw_launch_error(s, kernel, true);
+}
+
+std::string capture_refusal(cudaStream_t stream, const std::string& because) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(stream, &st);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("cannot tell whether the stream is being captured into a CUDA graph (cudaStreamIsCapturing: ") +
+           cudaGetErrorString(e) + "; the legacy stream while another stream captures?)";
+  }
+  if (st == cudaStreamCaptureStatusNone) return "";
+  return "the stream is being captured into a CUDA graph, and " + because +
+         ", which a capture cannot record: call it outside the capture";
 }
 
 int device_count(std::string* why) {
@@ -32,6 +93,17 @@ int device_count(std::string* why) {
   }
   if (n == 0 && why) *why = "no CUDA device (cudaGetDeviceCount returned 0)";
   return n;
+}
+
+std::string device_kind(int index) {
+  static std::mutex mu;
+  static std::map<int, std::string> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = cache.find(index);
+  if (it != cache.end()) return it->second;
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, index), "cudaGetDeviceProperties (device kind)");
+  return cache[index] = tune::gpu_device_kind("cuda", prop.name, prop.multiProcessorCount);
 }
 
 DeviceGuard::DeviceGuard(int device) {
@@ -66,12 +138,6 @@ bool pools_supported(int d) {
   return cache[static_cast<size_t>(d)] == 1;
 }
 
-// Bytes the scratch pool keeps mapped across synchronizations (its release threshold).
-uint64_t pool_keep_bytes() {
-  const int mib = env::integer("TESSERA_CUDA_POOL_KEEP_MIB", -1);
-  return mib < 0 ? UINT64_MAX : static_cast<uint64_t>(mib) << 20;
-}
-
 cudaMemPool_t create_pool(int d) {
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
@@ -88,6 +154,19 @@ cudaMemPool_t create_pool(int d) {
 
 }  // namespace
 
+uint64_t pool_keep_bytes(int env_mib) { return env_mib < 0 ? kDefaultPoolKeep : static_cast<uint64_t>(env_mib) << 20; }
+
+uint64_t pool_keep_bytes() {
+  static const uint64_t keep = pool_keep_bytes(env::integer("TESSERA_CUDA_POOL_KEEP_MIB", -1));
+  return keep;
+}
+
+void trim_scratch(int device, uint64_t keep) {
+  if (!pools_supported(device)) return;
+  if (cudaMemPoolTrimTo(scratch_pool(device), static_cast<size_t>(std::min<uint64_t>(keep, SIZE_MAX))) != cudaSuccess)
+    (void)cudaGetLastError();
+}
+
 cudaMemPool_t scratch_pool(int device) {
   if (!pools_supported(device)) return nullptr;
   static std::mutex mu;
@@ -103,7 +182,21 @@ DeviceBuffer::DeviceBuffer(size_t bytes, cudaStream_t stream, int device) : stre
   if (bytes == 0) return;
   cudaMemPool_t pool = scratch_pool(device);
   async_ = pool != nullptr;
-  cudaError_t e = async_ ? cudaMallocFromPoolAsync(&ptr_, bytes, pool, stream) : cudaMalloc(&ptr_, bytes);
+  auto attempt = [&] {
+    return async_ ? cudaMallocFromPoolAsync(&ptr_, bytes, pool, stream) : cudaMalloc(&ptr_, bytes);
+  };
+  // On out-of-memory: let frees queued on other streams land and give back what the pool keeps,
+  // then try once more (not while the stream is captured: a capture cannot be synchronized).
+  auto recover = [&] {
+    (void)cudaGetLastError();
+    if (capturing(stream)) return;
+    log::warn_once("CUDA scratch allocation of " + std::to_string(bytes) +
+                   " bytes ran out of memory; synchronizing the device, trimming the scratch pool and retrying once");
+    (void)cudaDeviceSynchronize();
+    if (pool) (void)cudaMemPoolTrimTo(pool, 0);
+    (void)cudaGetLastError();
+  };
+  const cudaError_t e = allocate_with_retry(attempt, recover);
   if (e != cudaSuccess) {
     ptr_ = nullptr;
     throw_error(e, "allocating " + std::to_string(bytes) + " bytes of device scratch");
@@ -140,6 +233,84 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
     async_ = o.async_;
   }
   return *this;
+}
+
+// ---- host-to-device copies through owned pinned staging buffers ----
+
+namespace {
+
+struct Staging {
+  int device = 0;
+  void* host = nullptr;       // pinned (cudaHostAlloc), never freed (teardown order)
+  size_t capacity = 0;
+  cudaEvent_t done = nullptr; // recorded behind the last copy out of `host`
+  bool busy = false;          // being filled by a caller right now
+};
+
+struct StagingPool {
+  std::mutex mu;
+  std::vector<Staging*> slots;  // never destroyed
+};
+
+StagingPool& staging_pool() {
+  static StagingPool* p = new StagingPool;
+  return *p;
+}
+
+// True when the slot's last copy has completed (or it never had one).
+bool slot_idle(const Staging& s) {
+  const cudaError_t e = cudaEventQuery(s.done);
+  if (e == cudaSuccess) return true;
+  if (e != cudaErrorNotReady) (void)cudaGetLastError();
+  return false;
+}
+
+// A free slot of `device` holding at least `bytes`, marked busy; a new one when none is free.
+Staging* acquire_staging(int device, size_t bytes) {
+  StagingPool& pool = staging_pool();
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    for (Staging* s : pool.slots)
+      if (s->device == device && !s->busy && s->capacity >= bytes && slot_idle(*s)) {
+        s->busy = true;
+        return s;
+      }
+  }
+  auto s = std::make_unique<Staging>();
+  s->device = device;
+  s->capacity = std::max<size_t>(bytes, 4096);
+  check(cudaHostAlloc(&s->host, s->capacity, cudaHostAllocPortable), "cudaHostAlloc (staging buffer)");
+  const cudaError_t e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    (void)cudaFreeHost(s->host);
+    throw_error(e, "cudaEventCreateWithFlags (staging buffer)");
+  }
+  s->busy = true;
+  std::lock_guard<std::mutex> lock(pool.mu);
+  pool.slots.push_back(s.get());
+  return s.release();
+}
+
+void release_staging(Staging* s) {
+  std::lock_guard<std::mutex> lock(staging_pool().mu);
+  s->busy = false;
+}
+
+}  // namespace
+
+void copy_host_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream, int device, const char* what) {
+  if (bytes == 0) return;
+  const std::string refusal =
+      capture_refusal(stream, std::string(what) + " copies host memory through a staging buffer");
+  if (!refusal.empty()) throw Error(ErrorCode::kUnsupported, std::string(what) + ": " + refusal);
+  Staging* s = acquire_staging(device, bytes);
+  struct Release {
+    Staging* s;
+    ~Release() { release_staging(s); }
+  } release{s};
+  std::memcpy(s->host, src, bytes);
+  check(cudaMemcpyAsync(dst, s->host, bytes, cudaMemcpyHostToDevice, stream), what);
+  check(cudaEventRecord(s->done, stream), "cudaEventRecord (staging buffer)");
 }
 
 bool is_device_accessible(const void* ptr, int device) {

@@ -28,6 +28,10 @@ void register_allocator();
 // cuda_device_hooks.cu). Idempotent, touches no CUDA API; called like register_allocator().
 void register_device_hooks();
 
+// The tuner's device kind of cuda:`index` (tune/device_kind.h): "cuda:<name>:<SMs>sm", cached
+// per device; throws Error when the device cannot be queried. Registered by the module's entry.
+std::string device_kind(int index);
+
 // Number of usable CUDA devices; 0 with `why` filled when there is none or no driver.
 int device_count(std::string* why = nullptr);
 
@@ -49,13 +53,53 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
+// ---- launch checks (TESSERA_CUDA_SYNC_CHECK) ----
+
+// Whether TESSERA_CUDA_SYNC_CHECK=1 (read once per process): then check_launch synchronizes the
+// launch's stream and checks it, so that a kernel's fault is reported by the call that launched
+// it, naming the kernel, instead of by a later unrelated CUDA call (debugging; slow).
+bool sync_check_enabled();
+// After a kernel launch on `stream`: throws Error naming `kernel` when the launch failed
+// (cudaGetLastError); with sync_check_enabled() also synchronizes `stream` and throws naming
+// `kernel` when the kernel faulted.
+void check_launch(const char* kernel, cudaStream_t stream);
+// The one-line message of a launch failure (host logic; `after_sync`: found by the sync check).
+std::string launch_error_message(const std::string& kernel, const std::string& error_name,
+                                 const std::string& error_string, bool after_sync);
+
+// ---- device scratch ----
+
+// Bytes of freed scratch the pool keeps mapped across synchronizations (its release threshold):
+// $TESSERA_CUDA_POOL_KEEP_MIB MiB when set (0 = give everything back at each synchronization),
+// else kDefaultPoolKeep, the backends' default memory budget. A call's scratch beyond it (the
+// f32 dw accumulator of linear_cross_entropy: 2.1 GB at H=4096, V=128256) is returned to the
+// driver at the next synchronization instead of being kept for the life of the process.
+inline constexpr uint64_t kDefaultPoolKeep = uint64_t{1} << 30;
+uint64_t pool_keep_bytes(int env_mib);  // env_mib < 0: unset
+uint64_t pool_keep_bytes();             // from the environment
+
 // The stream-ordered pool that DeviceBuffer allocates from on `device` (created on first use,
 // kept for the life of the process), or nullptr where the device has no memory-pool support.
-// Its release threshold keeps freed scratch mapped for the next call instead of returning it to
-// the driver at every synchronization (the default pool's threshold is 0, which unmaps and
-// remaps ~1 GiB per training step): all of it by default, at most $TESSERA_CUDA_POOL_KEEP_MIB
-// MiB when that is set (0 = give everything back, the old behaviour).
+// Its release threshold is pool_keep_bytes(): freed scratch up to that stays mapped for the
+// next call instead of being returned to the driver at every synchronization (the default
+// pool's threshold is 0, which unmaps and remaps ~1 GiB per training step).
 cudaMemPool_t scratch_pool(int device);
+
+// Returns unused memory of the scratch pool of `device` to the driver until at most `keep`
+// bytes stay reserved (cudaMemPoolTrimTo; memory still in use or not yet freed in stream order
+// stays). No-op without a pool. Never throws.
+void trim_scratch(int device, uint64_t keep);
+
+// One allocation attempt, then, when it failed with cudaErrorMemoryAllocation only, `recover()`
+// (synchronize the device and trim the pool: memory freed in stream order on other streams, and
+// memory the pool keeps, become available) and one more attempt. Host logic, tested with fakes.
+template <class Try, class Recover>
+cudaError_t allocate_with_retry(Try try_alloc, Recover recover) {
+  const cudaError_t e = try_alloc();
+  if (e != cudaErrorMemoryAllocation) return e;
+  recover();
+  return try_alloc();
+}
 
 // Stream-ordered device scratch: allocated from scratch_pool(device) on `stream`
 // (cudaMallocFromPoolAsync / cudaFreeAsync, no synchronization) where the device supports memory
@@ -81,6 +125,19 @@ class DeviceBuffer {
   cudaStream_t stream_ = nullptr;
   bool async_ = false;
 };
+
+// Copies `bytes` of host memory at `src` (pageable or pinned) to device memory `dst` on
+// `stream` through a pinned staging buffer that Tessera owns; returns once `src` may be changed
+// or freed (its bytes are in the staging buffer), the copy itself stream-ordered. A staging
+// buffer is reused only once the event recorded behind its copy has completed, so neither the
+// caller's memory nor a staging buffer is read after it changed. A stream being captured into a
+// CUDA graph is refused (Error kUnsupported naming `what`): the graph would replay a copy of
+// whatever the staging buffer then holds.
+void copy_host_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream, int device, const char* what);
+
+// "" when `stream` is not being captured into a CUDA graph, else why a call that must not be
+// captured is refused (`because`: what the call does that a capture cannot record).
+std::string capture_refusal(cudaStream_t stream, const std::string& because);
 
 // True when `ptr` can be dereferenced by kernels on `device` (device or managed memory, or
 // host memory registered / allocated with cudaHostAlloc). Pageable host memory gives false.

@@ -58,3 +58,13 @@ OptionValues defaults_of(const std::vector<OptionSpec>& specs) {
 }
 
 }  // namespace tessera::harness
+
+namespace tessera::harness {
+
+std::string kebab_case(std::string name) {
+  for (char& c : name)
+    if (c == '_') c = '-';
+  return name;
+}
+
+}  // namespace tessera::harness

@@ -20,7 +20,11 @@ struct OptionSpec {
   std::string help;
   std::string default_value;  // as text ("" for none; flags default to "false")
   std::vector<std::string> choices;  // allowed values of a kString option (empty: any)
+  std::vector<std::string> aliases = {};  // older CLI spellings (kebab case, no dashes)
 };
+
+// The CLI spelling of a declared name: snake_case -> kebab-case ("z_loss_weight" -> "z-loss-weight").
+std::string kebab_case(std::string name);
 
 class OptionValues {
  public:

@@ -39,12 +39,6 @@ const KernelSpec& get(const std::string& name) {
   throw Error(ErrorCode::kNotFound, "unknown kernel '" + name + "' (kernels: " + names() + ")");
 }
 
-const Tensor* RunRequest::tensor(const std::string& name) const {
-  for (const auto& [n, t] : tensors)
-    if (n == name) return &t;
-  return nullptr;
-}
-
 const TensorView* CallArgs::tensor(const std::string& name) const {
   for (const auto& [n, t] : tensors)
     if (n == name) return &t;
@@ -55,6 +49,11 @@ const TensorView& required(const CallArgs& a, const std::string& kernel, const c
   const TensorView* t = a.tensor(name);
   if (!t) throw Error(ErrorCode::kInvalidArgument, kernel + ": " + name + " is required");
   return *t;
+}
+
+harness::OptionSpec block_sizes_option_spec(const std::string& example) {
+  return {"block_sizes", harness::OptionSpec::Kind::kString,
+          "block sizes, e.g. " + example + " (every field; empty: tuned table, autotune on a miss or defaults)", "", {}};
 }
 
 Tensor as_f32(const Tensor& t) {

@@ -10,13 +10,19 @@
 //   bench             how to build a benchmark problem from a grid shape (harness/bench.h):
 //                     inputs, cost model, GEMM floor, baselines; its extra bench flags
 //   tune              its shape buckets, tuned table and how to time one candidate
-//   run               its `run` signature: named .npy inputs, options, outputs
-//   call              one pass on the caller's own views, no copy, outputs preallocated by the
-//                     caller (the Python bindings: NumPy, PyTorch custom ops, JAX FFI)
+//   call              its signature and one pass on the caller's own views, no copy, outputs
+//                     preallocated by the caller. Written once, it serves every front end: the
+//                     Python bindings (NumPy, PyTorch custom ops, JAX FFI) and `tessera run`
+//                     (tools/tessera/run.cc derives the flags, .npy loading and outputs from it).
+//
+// One vocabulary: an input or option has one snake_case name (the C++ Options field, the Python
+// keyword); its CLI flag is the same name in kebab case (z_loss_weight -> --z-loss-weight).
+// Older CLI spellings stay as `aliases`. An upstream gradient is named grad_<output>.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,7 +34,9 @@
 #include "harness/parity.h"
 #include "tessera/exec.h"
 #include "tessera/tensor.h"
+#include "tessera/error.h"
 #include "tune/bucket.h"
+#include "tune/params.h"
 #include "tune/sweep.h"
 #include "tune/table.h"
 
@@ -64,45 +72,24 @@ struct TuneSpec {
   std::string table_path;    // the checked-in table, relative to the repository root
 };
 
-// ---- run ----
-struct TensorArg {
-  std::string name;  // --NAME FILE.npy
-  std::string help;
-  bool required = true;
-};
-
-struct RunRequest {
-  std::vector<std::pair<std::string, Tensor>> tensors;  // the inputs given, by name
-  harness::OptionValues options;                        // every declared option
-  ExecOptions exec;
-  bool grad = false;
-  const Tensor* tensor(const std::string& name) const;  // nullptr when not given
-};
-
-struct RunOutput {
-  std::vector<std::pair<std::string, Tensor>> outputs;  // written as NAME.npy, in order
-  std::string implementation;                           // which one ran
-  std::string summary;                                  // one line: shapes, options, result
-};
-
-struct RunSpec {
-  std::vector<TensorArg> inputs;
-  std::vector<TensorArg> grad_inputs;  // upstream gradients, used with --grad (default ones)
-  std::vector<harness::OptionSpec> options;
-  bool has_grad = true;                // --grad is offered
-  std::string outputs_help;            // "o.npy, lse.npy; with --grad dq.npy, dk.npy, dv.npy"
-  std::function<RunOutput(const RunRequest&)> run;
-};
-
 // ---- call ----
 // A pass on views the caller owns (NumPy / PyTorch / JAX buffers taken zero-copy). The caller
 // asks `outputs` what to allocate, allocates it with its own framework and hands the views to
 // `call`, which validates everything (an error touches no output) and runs the pass.
 struct CallInput {
-  std::string name;        // Python keyword: "x", "bias", "grad_loss"
+  std::string name;        // Python keyword: "x", "bias", "grad_loss"; CLI flag --x, --grad-loss
   std::string help;
   bool required = true;
   bool differentiable = false;  // has a gradient output named "d" + name (backward, fused)
+  std::vector<std::string> aliases = {};  // older CLI spellings, kebab case without dashes ("do")
+};
+
+// A CLI flag that sets several options at once from "A,B" (attention's --window LEFT,RIGHT sets
+// window_left and window_right): kept for the spellings scripts already use.
+struct CompoundFlag {
+  std::string flag;                  // kebab case without dashes
+  std::vector<std::string> options;  // the options it sets, in order
+  std::string help;
 };
 
 struct CallArgs {
@@ -123,6 +110,24 @@ struct OutputDesc {
 
 // The tensor `name` of a call; Error(kInvalidArgument) "<kernel>: <name> is required" when absent.
 const TensorView& required(const CallArgs& a, const std::string& kernel, const char* name);
+// The "block_sizes" option every kernel's call declares (block_sizes_option_spec): "m=256,n=512",
+// empty for the implementation's choice (tuned table, autotune, defaults). Every field of the
+// kernel's BlockSizes must be given and no other; the implementation that runs validates the
+// values (Error(kInvalidArgument) naming the broken constraint).
+harness::OptionSpec block_sizes_option_spec(const std::string& example);
+template <class Sizes>
+std::optional<Sizes> block_sizes_option(const CallArgs& a, const std::string& kernel,
+                                        Sizes (*from)(const tune::Params&), tune::Params (*to)(const Sizes&)) {
+  if (!a.options.has("block_sizes")) return std::nullopt;
+  const tune::Params given = tune::parse_params(a.options.str("block_sizes"), kernel + ": block_sizes");
+  const Sizes sizes = from(given);
+  const tune::Params fields = to(sizes);
+  for (const auto& [name, value] : given)
+    check(tune::param(fields, name).has_value(), ErrorCode::kInvalidArgument,
+          kernel + ": block_sizes has no field '" + name + "' (fields: " + tune::params_str(fields) + ")");
+  return sizes;
+}
+
 // A host f32 copy of a host tensor (the tensor itself when it is f32 already): `run` writes f32 files.
 Tensor as_f32(const Tensor& t);
 
@@ -132,6 +137,7 @@ struct CallSpec {
   // outputs (required) and saved forward outputs (optional, they spare a recomputation).
   std::vector<CallInput> grad_inputs;
   std::vector<harness::OptionSpec> options;  // names as the C++ Options fields
+  std::vector<CompoundFlag> compound_flags;  // CLI only
   std::vector<std::string> forward_outputs;  // the forward's outputs that take an upstream gradient
   std::vector<std::string> saved_outputs;    // forward outputs that backward may take back
   // The outputs of `pass` for these inputs (only dtype, shape and strides of args.tensors are
@@ -162,7 +168,6 @@ struct KernelSpec {
   std::function<std::vector<CheckCase>(bool quick)> check_grid;
   BenchSpec bench;
   TuneSpec tune;
-  RunSpec run;
   CallSpec call;
 };
 

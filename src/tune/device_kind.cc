@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <thread>
+
+#include "core/device_module.h"
 
 namespace tessera::tune {
 namespace {
@@ -57,8 +61,56 @@ std::string clean_device_name(const std::string& s) {
   return out;
 }
 
-std::string default_device_kind(DeviceType type) {
-  return type == DeviceType::kCPU ? cpu_device_kind() : "cuda:unknown";
+namespace {
+
+std::mutex& namers_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<DeviceType, DeviceKindFn>& namers() {
+  static std::map<DeviceType, DeviceKindFn> m;
+  return m;
+}
+
+DeviceKindFn namer_of(DeviceType type) {
+  std::lock_guard<std::mutex> lock(namers_mu());
+  const auto it = namers().find(type);
+  return it == namers().end() ? nullptr : it->second;
+}
+
+}  // namespace
+
+DeviceKindFn register_device_kind(DeviceType type, DeviceKindFn fn) {
+  std::lock_guard<std::mutex> lock(namers_mu());
+  const auto it = namers().find(type);
+  const DeviceKindFn before = it == namers().end() ? nullptr : it->second;
+  if (fn)
+    namers()[type] = fn;
+  else
+    namers().erase(type);
+  return before;
+}
+
+std::string gpu_device_kind(const std::string& prefix, const std::string& name, int multiprocessors) {
+  std::string n = clean_device_name(name);
+  for (char& c : n)
+    if (c == ':') c = '_';  // ':' separates the fields
+  return prefix + ":" + (n.empty() ? "unknown" : n) + ":" + std::to_string(multiprocessors) + "sm";
+}
+
+std::string default_device_kind(DeviceType type, int index) {
+  if (type == DeviceType::kCPU) return cpu_device_kind();
+  const std::string dev = Device{type, 0}.str();  // "cuda:0"
+  const std::string unknown = dev.substr(0, dev.find(':')) + ":unknown";
+  DeviceKindFn fn = namer_of(type);
+  if (!fn && device_module::load(type).loaded) fn = namer_of(type);
+  if (!fn) return unknown;
+  try {
+    const std::string k = fn(index);
+    return k.empty() ? unknown : k;
+  } catch (...) {
+    return unknown;
+  }
 }
 
 std::string cpu_device_kind() {

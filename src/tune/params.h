@@ -22,6 +22,10 @@ std::string params_str(const Params& p);
 // Value of `name`, or nullopt.
 std::optional<int64_t> param(const Params& p, const std::string& name);
 
+// Parses "b=256,h=512,v=2048" (the text params_str writes; spaces around items allowed): every
+// item NAME=INTEGER, names unique. Throws Error(kInvalidArgument) "<what>: ..." naming the bad item.
+Params parse_params(const std::string& text, const std::string& what);
+
 // {"b": 256, "h": 512, "v": 2048}. Kernels read Params by name, so the order of a JSON
 // object (sorted by key) does not matter.
 nlohmann::json params_to_json(const Params& p);

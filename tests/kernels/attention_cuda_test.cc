@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/attention/testing.h"
+#include "kernels/cuda_test_util.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
 
@@ -45,8 +46,11 @@ std::string report_str(const at::ParityReport& r) {
   return s;
 }
 
+// The cuda backend declares no case of these tests unsupported (head dims <= 256, any mask,
+// varlen outside a graph capture): a refusal is a failure, printed with its reason.
 void expect_parity(const at::CaseSpec& spec, Pass pass) {
   const at::ParityReport r = at::check_parity(spec, "cuda", pass, Device::cuda());
+  TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, report_str(r));
   ASSERT_TRUE(r.ran) << report_str(r);
   EXPECT_TRUE(r.ok()) << report_str(r);
 }
@@ -167,6 +171,96 @@ TEST(AttentionCuda, RunsOnTheGivenStream) {
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(bytes_of(got.o), bytes_of(want.o));
   EXPECT_EQ(bytes_of(got.lse), bytes_of(want.lse));
+  cudaStreamDestroy(stream);
+}
+
+// ---- varlen offsets are host memory (issue #30, 6) ----
+
+namespace {
+
+at::CaseSpec small_varlen() {
+  at::CaseSpec c;
+  c.dtype = DType::kBF16;
+  c.seqlens_q = {5, 40, 9};
+  c.seqlens_k = {7, 33, 3};
+  c.Hq = 2, c.Hkv = 1, c.D = c.Dv = 32;
+  c.seed = 7200;
+  return c;
+}
+
+}  // namespace
+
+// Under a capture the graph would replay a copy of stale offsets: refused before anything is
+// queued on the stream, with the reason, and the capture stays valid.
+TEST(AttentionCuda, VarlenOnACapturingStreamIsRefused) {
+  SKIP_WITHOUT_GPU();
+  const at::CaseSpec c = small_varlen();
+  const at::CaseData d = at::make_case(c).to(Device::cuda());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  att::Options opt = c.opt;
+  opt.implementation = "cuda";
+  opt.stream = stream;
+  (void)att::compute(d.inputs(), opt);  // outside the capture: runs
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  std::string what;
+  tessera::ErrorCode code = tessera::ErrorCode::kInternal;
+  try {
+    (void)att::compute(d.inputs(), opt);
+  } catch (const tessera::Error& e) {
+    what = e.what();
+    code = e.code();
+  }
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the call invalidated the capture";
+  size_t nodes = 0;
+  if (graph) {
+    EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+    cudaGraphDestroy(graph);
+  }
+  EXPECT_EQ(code, tessera::ErrorCode::kUnsupported) << what;
+  EXPECT_NE(what.find("CUDA graph"), std::string::npos) << what;
+  EXPECT_NE(what.find("cu_seqlens"), std::string::npos) << what;
+  EXPECT_EQ(nodes, 0u) << "work was queued before the refusal";
+  cudaStreamDestroy(stream);
+}
+
+// Offsets in the caller's pinned memory may be overwritten as soon as the call returns, while
+// the stream is still busy with earlier work: the backend copied them into its own staging
+// buffer first (a cudaMemcpyAsync straight from pinned memory would read the new values).
+TEST(AttentionCuda, VarlenOffsetsMayChangeOnceTheCallReturns) {
+  SKIP_WITHOUT_GPU();
+  const at::CaseSpec c = small_varlen();
+  const at::CaseData d = at::make_case(c).to(Device::cuda());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  att::Options opt = c.opt;
+  opt.implementation = "cuda";
+  opt.stream = stream;
+  const att::Result want = att::compute(d.inputs(), opt);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+
+  const int64_t n = d.cu_q.numel();
+  int32_t* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 2 * n * sizeof(int32_t), cudaHostAllocDefault), cudaSuccess);
+  std::memcpy(pinned, d.cu_q.data(), n * sizeof(int32_t));
+  std::memcpy(pinned + n, d.cu_k.data(), n * sizeof(int32_t));
+  att::Inputs in = d.inputs();
+  in.cu_seqlens_q = tessera::TensorView(pinned, DType::kI32, {n});
+  in.cu_seqlens_k = tessera::TensorView(pinned + n, DType::kI32, {n});
+  // Keep the stream busy (~a few ms of device copies) so that the call's own copy is queued
+  // behind them when the host overwrites the offsets.
+  const Tensor a = Tensor::zeros(DType::kF32, {int64_t{64} << 20}, Device::cuda());
+  const Tensor b = Tensor::zeros(DType::kF32, {int64_t{64} << 20}, Device::cuda());
+  for (int i = 0; i < 8; ++i)
+    ASSERT_EQ(cudaMemcpyAsync(b.data(), a.data(), a.view().nbytes(), cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+  const att::Result got = att::compute(in, opt);
+  for (int64_t i = 0; i < 2 * n; ++i) pinned[i] = 0;  // the caller reuses its buffer
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(bytes_of(got.o), bytes_of(want.o));
+  EXPECT_EQ(bytes_of(got.lse), bytes_of(want.lse));
+  cudaFreeHost(pinned);
   cudaStreamDestroy(stream);
 }
 

@@ -19,8 +19,11 @@
 #include "core/cuda_util.h"
 #include "core/memory.h"
 #include "harness/parity.h"
+#include "kernels/cuda_test_util.h"
 #include "kernels/linear_cross_entropy/cuda_plan.h"
 #include "kernels/linear_cross_entropy/testing.h"
+#include "kernels/linear_cross_entropy/tuning.h"
+#include "tune/adapter.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
 
@@ -54,8 +57,13 @@ std::string report_str(const lt::ParityReport& r) {
   return s;
 }
 
+// What the cuda backend declares unsupported (docs/kernels/linear_cross_entropy.md): class
+// weights on device inputs (the API refuses them with kUnsupported before dispatch).
+bool declared_unsupported(const lt::CaseSpec& spec) { return spec.class_weights; }
+
 void expect_parity(const lt::CaseSpec& spec, Pass pass) {
   const lt::ParityReport r = lt::check_parity(spec, "cuda", pass, Device::cuda());
+  TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, declared_unsupported(spec), report_str(r));
   ASSERT_TRUE(r.ran) << report_str(r);
   EXPECT_TRUE(r.ok()) << report_str(r);
 }
@@ -315,8 +323,30 @@ TEST_P(LceCudaBackwardWithLse, MatchesReference) {
   const lt::CaseSpec& s = cases[static_cast<size_t>(GetParam())];
   const lt::CaseData host = lt::make_case(s);
   const HostRun want = run_case(host, s, "reference", Device::cpu());
-  const HostRun got = run_case(host, s, "cuda", Device::cuda(), /*backward_with_lse=*/true);
+  HostRun got;
+  try {
+    got = run_case(host, s, "cuda", Device::cuda(), /*backward_with_lse=*/true);
+  } catch (const tessera::Error& e) {
+    TESSERA_SKIP_DECLARED_UNSUPPORTED(e.code() == tessera::ErrorCode::kUnsupported, declared_unsupported(s), e.what());
+    throw;
+  }
   expect_close(got, want, s);
+}
+
+// The skips above stay the declared ones: most grid cases are not declared unsupported (runs
+// everywhere), and on a GPU the API does refuse class weights on device inputs with kUnsupported.
+TEST(LceCuda, ClassWeightsOnTheDeviceAreDeclaredUnsupported) {
+  int plain = 0, declared = 0;
+  for (const lt::CaseSpec& c : lt::check_grid(false)) (declared_unsupported(c) ? declared : plain) += 1;
+  EXPECT_GT(declared, 0) << "the grid has no class-weighted case any more: drop the declaration";
+  EXPECT_GT(plain, 2 * declared) << "most of the grid would be skipped on the GPU";
+  SKIP_WITHOUT_GPU();
+  lt::CaseSpec s;
+  s.class_weights = true;
+  const lt::ParityReport r = lt::check_parity(s, "cuda", Pass::kFused, Device::cuda());
+  EXPECT_FALSE(r.ran);
+  EXPECT_TRUE(r.skipped) << r.error;
+  EXPECT_NE(r.error.find("class_weights"), std::string::npos) << r.error;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LceCudaBackwardWithLse, ::testing::Range(0, static_cast<int>(lse_cases().size())),
@@ -536,6 +566,14 @@ TEST(LceCudaPlan, LogitsRowStrideIsPaddedToEightFloats) {
     EXPECT_EQ(ld * 4 % 32, 0) << "f32 rows of V = " << V;
     EXPECT_EQ(2 * ld * 2 % 32, 0) << "16-bit rows of V = " << V;
   }
+}
+
+TEST(LceCudaPlan, ChunkCandidatesAreDistinctAndBelowTheDefault) {
+  EXPECT_EQ(cp::chunk_candidates(8192, 2000), (std::vector<int64_t>{512, 1024}));
+  EXPECT_EQ(cp::chunk_candidates(3000, 1 << 20), (std::vector<int64_t>{512, 1024, 2048}));
+  EXPECT_EQ(cp::chunk_candidates(1 << 20, 1 << 20).back(), 32768);
+  EXPECT_TRUE(cp::chunk_candidates(512, 1 << 20).empty());  // the default (512 rows) is all there is
+  EXPECT_TRUE(cp::chunk_candidates(100, 0).empty());
 }
 
 TEST(LceCudaPlan, ChunkRowsClampAndRound) {
@@ -1041,6 +1079,52 @@ TEST(LceCuda, ScratchStaysMappedBetweenCalls) {
   call();
   ASSERT_EQ(cudaMemGetInfo(&free2, &total), cudaSuccess);
   EXPECT_GE(free2 + (size_t{2} << 20), free1) << "the second call mapped new memory";
+}
+
+// Issue #30, 5: the pool kept every byte ever freed (release threshold UINT64_MAX), so one call
+// with a bf16 dw at 4096 x 128256 held its 2.1 GB f32 accumulator for the life of the process.
+// Now it keeps at most pool_keep_bytes() (the default budget, 1 GiB) across a synchronization.
+TEST(LceCuda, ScratchBeyondTheKeepIsReturnedAtSynchronization) {
+  SKIP_WITHOUT_GPU();
+  const int dev = Device::cuda().index;
+  cudaMemPool_t pool = tessera::cuda::scratch_pool(dev);
+  if (!pool) GTEST_SKIP() << "the device has no memory-pool support (scratch uses cudaMalloc)";
+  const uint64_t keep = tessera::cuda::pool_keep_bytes();
+  if (!std::getenv("TESSERA_CUDA_POOL_KEEP_MIB")) EXPECT_EQ(keep, uint64_t{1} << 30);
+  size_t free_b = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total), cudaSuccess);
+  const size_t bytes = static_cast<size_t>(keep) + (size_t{256} << 20);
+  if (bytes > free_b / 2) GTEST_SKIP() << "not enough free device memory for " << bytes << " bytes";
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  { const tessera::cuda::DeviceBuffer big(bytes, st, dev); }  // freed in stream order
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  uint64_t reserved = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), cudaSuccess);
+  EXPECT_LE(reserved, keep) << "the pool kept more than its threshold after a synchronization";
+  ASSERT_EQ(cudaStreamDestroy(st), cudaSuccess);
+}
+
+// Issue #30, 8: cuda is tunable. The tuner's timed run works on the device for every candidate
+// (synchronize() waits for the stream, so the times cover the device work), and the device kind
+// is the GPU's name and SM count.
+TEST(LceCuda, TunerTimesEveryCandidateOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  const lce::Implementation* impl = lce::find_implementation("cuda");
+  ASSERT_NE(impl, nullptr);
+  const lce::OwnedProblem o = lce::make_random_problem(4096, 256, 32000, DType::kBF16, Device::cuda(), 1);
+  const auto cands = tessera::tune::candidates_for<lce::Tuning>(*impl, o.problem);
+  ASSERT_GE(cands.size(), 2u) << "default plus smaller chunks";
+  const tessera::tune::RunFn run = lce::make_timed_run(*impl, o.problem, Pass::kFused);
+  for (const lce::BlockSizes& c : cands) {
+    const double s = run(lce::to_params(c));
+    EXPECT_GT(s, 1e-6) << c.str();
+    EXPECT_LT(s, 10.0) << c.str();
+  }
+  const std::string kind = impl->device_kind(o.problem);
+  EXPECT_EQ(kind, tessera::cuda::device_kind(0));
+  EXPECT_EQ(kind.rfind("cuda:", 0), 0u) << kind;
+  EXPECT_NE(kind, "cuda:unknown");
 }
 
 // ---- one large shape against a float64 oracle on a subset of rows (and columns of dw) ----

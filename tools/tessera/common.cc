@@ -56,7 +56,8 @@ std::function<harness::OptionValues()> add_kernel_options(CLI::App* cmd,
   auto values = std::make_shared<std::map<std::string, std::string>>();
   auto flags = std::make_shared<std::map<std::string, bool>>();
   for (const auto& s : specs) {
-    const std::string flag = "--" + s.name;
+    std::string flag = "--" + harness::kebab_case(s.name);
+    for (const std::string& alias : s.aliases) flag += ",--" + alias;
     if (s.kind == K::kFlag) {
       cmd->add_flag(flag, (*flags)[s.name], s.help);
       continue;

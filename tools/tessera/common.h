@@ -1,5 +1,5 @@
 // tessera CLI: what the subcommands share. Each subcommand lives in its own file and registers
-// itself with the app (app.cc); a subcommand's callback sets the process exit code with
+// itself with the app (build_app in common.cc); a subcommand's callback sets the process exit code with
 // set_exit_code (0 ok, 1 a check or benchmark target failed or nothing was done, 2 bad
 // arguments / input files). Nothing here names a kernel: kernels come from the registry.
 #pragma once
@@ -42,8 +42,9 @@ void require_kernel(CLI::App* parent);
 // The same for `check`, whose kernel is optional (none: every kernel).
 void optional_kernel(CLI::App* parent);
 
-// Adds a kernel's declared options as flags of `cmd`; the returned getter gives their values
-// (defaults where a flag was not given) once CLI11 has parsed.
+// Adds a kernel's declared options as flags of `cmd` (--kebab-case of the declared name, plus its
+// aliases); the returned getter gives their values by declared name (defaults where a flag was
+// not given) once CLI11 has parsed.
 std::function<harness::OptionValues()> add_kernel_options(CLI::App* cmd,
                                                           const std::vector<harness::OptionSpec>& specs);
 

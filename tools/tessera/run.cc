@@ -1,9 +1,15 @@
-// tessera run KERNEL: a kernel on the user's own .npy arrays. Inputs, options and outputs come
-// from the kernel's RunSpec; `tessera run KERNEL --help` lists them. Users' files are checked for
-// NaN/Inf before anything runs (ExecOptions::check_finite).
+// tessera run KERNEL: a kernel on the user's own .npy arrays, derived from the kernel's declared
+// call signature (CallSpec, kernels/registry.h) — the same one the Python bindings use. Flags:
+// every input (--kebab-name, plus older spellings), every option, --grad with an upstream
+// gradient --grad-<output> per differentiable output (default ones). The forward (or, with
+// --grad, the fused pass) runs on host tensors; outputs are written as NAME.npy (floats as f32).
+// Users' files are checked for NaN/Inf before anything runs (ExecOptions::check_finite), and
+// nothing is written unless the whole call succeeded.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 
 #include "common.h"
@@ -15,62 +21,190 @@ namespace {
 
 struct RunArgs {
   std::map<std::string, std::string> files;  // input name -> path
+  std::map<std::string, std::string> compounds;  // compound flag -> "A,B"
   std::string out, impl;
   bool grad = false;
   int threads = 0;
 };
 
-kernels::RunRequest load_request(const kernels::RunSpec& spec, const RunArgs& a) {
-  kernels::RunRequest req;
-  auto load = [&](const kernels::TensorArg& arg) {
-    auto it = a.files.find(arg.name);
-    if (it != a.files.end() && !it->second.empty()) req.tensors.push_back({arg.name, npy::load(it->second)});
-  };
-  for (const auto& arg : spec.inputs) load(arg);
-  if (a.grad)
-    for (const auto& arg : spec.grad_inputs) load(arg);
-  req.exec.implementation = a.impl;
-  req.exec.num_threads = a.threads;
-  req.exec.check_finite = true;  // users' files: reject NaN/Inf before computing
-  req.grad = a.grad;
-  return req;
+std::string flag_names(const std::string& name, const std::vector<std::string>& aliases) {
+  std::string f = "--" + harness::kebab_case(name);
+  for (const std::string& a : aliases) f += ",--" + a;
+  return f;
 }
 
-void write_outputs(const kernels::RunOutput& out, const std::string& dir) {
+bool has_grad(const kernels::KernelSpec& k) {
+  return !k.call.forward_outputs.empty() &&
+         std::find(k.passes.begin(), k.passes.end(), Pass::kFused) != k.passes.end();
+}
+
+// Upstream gradients offered with --grad: grad_<output> for each differentiable forward output.
+std::vector<kernels::CallInput> grad_inputs(const kernels::KernelSpec& k) {
+  std::vector<kernels::CallInput> out;
+  for (const std::string& f : k.call.forward_outputs)
+    for (const kernels::CallInput& g : k.call.grad_inputs)
+      if (g.name == "grad_" + f) out.push_back(g);
+  return out;
+}
+
+std::string outputs_help(const kernels::KernelSpec& k) {
+  std::string s = "NAME.npy per output (floats as f32)";
+  if (has_grad(k)) s += "; with --grad also the gradients d<input>.npy, for upstream gradients of ones by default";
+  return s;
+}
+
+// Splits "A,B" over the options of a compound flag (--window 3,-1 -> window_left, window_right).
+void apply_compound(const kernels::CompoundFlag& c, const std::string& text, harness::OptionValues& o) {
+  std::vector<std::string> parts(1);
+  for (char ch : text) {
+    if (ch == ',')
+      parts.emplace_back();
+    else
+      parts.back().push_back(ch);
+  }
+  check(parts.size() == c.options.size(), ErrorCode::kInvalidArgument,
+        "--" + c.flag + " wants " + std::to_string(c.options.size()) + " comma-separated values, got '" + text + "'");
+  for (size_t i = 0; i < parts.size(); ++i) o.set(c.options[i], parts[i]);
+}
+
+Tensor ones_f32(const Shape& shape) {
+  Tensor t = Tensor::empty(DType::kF32, shape);
+  std::fill_n(t.data_as<float>(), t.numel(), 1.0f);
+  return t;
+}
+
+// The forward output `name`'s shape, as the kernel describes it for these inputs and options.
+Shape forward_output_shape(const kernels::KernelSpec& k, kernels::CallArgs args, const std::string& name) {
+  args.pass = Pass::kForward;
+  for (const kernels::OutputDesc& d : k.call.outputs(args))
+    if (d.name == name) return d.shape;
+  throw Error(ErrorCode::kInternal, k.name + ": no forward output '" + name + "'");
+}
+
+Tensor allocate(const kernels::OutputDesc& d) {
+  if (d.strides.empty() || d.strides == contiguous_strides(d.shape)) return Tensor::empty(d.dtype, d.shape);
+  int64_t n = 1;
+  for (int64_t s : d.shape) n *= s;
+  return Tensor::empty(d.dtype, {n}).as_strided(d.shape, d.strides);
+}
+
+// Element i (row-major order) of a strided view, as an offset in elements.
+int64_t offset_of(const TensorView& v, int64_t i) {
+  int64_t off = 0;
+  for (int64_t d = v.ndim() - 1; d >= 0; --d) {
+    off += (i % v.shape[d]) * v.strides[d];
+    i /= v.shape[d];
+  }
+  return off;
+}
+
+// A contiguous host copy in f32 (floats) or the tensor's own dtype (integers): what NAME.npy holds.
+Tensor for_file(const Tensor& t) {
+  const TensorView& v = t.view();
+  const DType dt = is_float(v.dtype) ? DType::kF32 : v.dtype;
+  if (dt == v.dtype && v.is_contiguous()) return t;
+  Tensor o = Tensor::empty(dt, v.shape);
+  const size_t esz = dtype_size(v.dtype);
+  for (int64_t i = 0; i < o.numel(); ++i) {
+    const int64_t off = offset_of(v, i);
+    if (dt == DType::kF32)
+      o.data_as<float>()[i] = load_as_f32(v.data, v.dtype, off);
+    else
+      std::memcpy(static_cast<char*>(o.data()) + i * esz, static_cast<const char*>(v.data) + off * esz, esz);
+  }
+  return o;
+}
+
+struct Loaded {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  kernels::CallArgs args;
+};
+
+Loaded load(const kernels::KernelSpec& k, const RunArgs& a, const harness::OptionValues& options) {
+  Loaded l;
+  auto take = [&](const std::string& name) {
+    auto it = a.files.find(name);
+    if (it != a.files.end() && !it->second.empty()) l.tensors.push_back({name, npy::load(it->second)});
+  };
+  for (const auto& in : k.call.inputs) take(in.name);
+  if (a.grad)
+    for (const auto& g : grad_inputs(k)) take(g.name);
+  l.args.pass = a.grad ? Pass::kFused : Pass::kForward;
+  l.args.options = options;
+  l.args.exec.implementation = a.impl;
+  l.args.exec.num_threads = a.threads;
+  l.args.exec.check_finite = true;  // users' files: reject NaN/Inf before computing
+  for (const auto& [name, t] : l.tensors) l.args.tensors.push_back({name, t.view()});
+  if (!a.grad) return l;
+  for (const std::string& f : k.call.forward_outputs) {
+    if (l.args.tensor("grad_" + f)) continue;
+    l.tensors.push_back({"grad_" + f, ones_f32(forward_output_shape(k, l.args, f))});
+    l.args.tensors.push_back({"grad_" + f, l.tensors.back().second.view()});
+  }
+  return l;
+}
+
+// One line: the inputs' shapes and dtypes, the options that differ from their defaults and the
+// value of every scalar f32 output (a loss).
+std::string summary(const kernels::KernelSpec& k, const Loaded& l,
+                    const std::vector<std::pair<std::string, Tensor>>& outs) {
+  std::string s;
+  for (const auto& [name, t] : l.tensors) s += fmt::format(" {}={}:{}", name, shape_str(t.shape()), dtype_name(t.dtype()));
+  const harness::OptionValues defaults = harness::defaults_of(k.call.options);
+  for (const auto& [name, v] : l.args.options.all())
+    if (defaults.all().count(name) && defaults.str(name) != v) s += " " + name + "=" + v;
+  for (const auto& [name, t] : outs)
+    if (t.numel() == 1 && t.shape().empty() && t.dtype() == DType::kF32) s += fmt::format(" {}={}", name, t.data_as<float>()[0]);
+  return s;
+}
+
+void write_outputs(const std::vector<std::pair<std::string, Tensor>>& outs, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(ErrorCode::kIo, dir + ": cannot create output directory: " + ec.message());
   std::string names;
-  for (const auto& [name, t] : out.outputs) {
+  for (const auto& [name, t] : outs) {
     npy::save((std::filesystem::path(dir) / (name + ".npy")).string(), t);
     names += (names.empty() ? "" : ",") + name;
   }
   fmt::print("wrote {}/{{{}}}.npy\n", dir, names);
 }
 
-void run_kernel(const kernels::KernelSpec& k, const RunArgs& a, const harness::OptionValues& options) {
-  kernels::RunRequest req = load_request(k.run, a);
-  req.options = options;
+void run_kernel(const kernels::KernelSpec& k, const RunArgs& a, harness::OptionValues options) {
+  for (const kernels::CompoundFlag& c : k.call.compound_flags) {
+    auto it = a.compounds.find(c.flag);
+    if (it != a.compounds.end() && !it->second.empty()) apply_compound(c, it->second, options);
+  }
+  Loaded l = load(k, a, options);
+  std::vector<std::pair<std::string, Tensor>> outs;
+  std::vector<TensorView> views;
+  for (const kernels::OutputDesc& d : k.call.outputs(l.args)) {
+    outs.push_back({d.name, allocate(d)});
+    views.push_back(outs.back().second.view());
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  const kernels::RunOutput out = k.run.run(req);
+  const std::string impl = k.call.call(l.args, views);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::error_code ec;  // only now: a call that fails creates no directory
-  std::filesystem::create_directories(a.out, ec);
-  if (ec) throw Error(ErrorCode::kIo, a.out + ": cannot create output directory: " + ec.message());
-  fmt::print("{}: implementation={} {}{} time={:.3f} ms\n", k.name, out.implementation, out.summary,
+  for (auto& [name, t] : outs) t = for_file(t);
+  fmt::print("{}: implementation={}{}{} time={:.3f} ms\n", k.name, impl, summary(k, l, outs),
              a.grad ? " (with gradients)" : "", ms);
-  write_outputs(out, a.out);
+  write_outputs(outs, a.out);
 }
 
 void add_kernel(CLI::App* run, const kernels::KernelSpec& k) {
-  auto* cmd = run->add_subcommand(k.name, k.description + ". Writes " + k.run.outputs_help);
+  auto* cmd = run->add_subcommand(k.name, k.description + ". Writes " + outputs_help(k));
   auto a = std::make_shared<RunArgs>();
-  for (const auto& arg : k.run.inputs) {
-    auto* o = cmd->add_option("--" + arg.name, a->files[arg.name], arg.help);
-    if (arg.required) o->required();
+  for (const auto& in : k.call.inputs) {
+    auto* o = cmd->add_option(flag_names(in.name, in.aliases), a->files[in.name], in.help);
+    if (in.required) o->required();
   }
-  for (const auto& arg : k.run.grad_inputs)
-    cmd->add_option("--" + arg.name, a->files[arg.name], arg.help + " (with --grad; default ones)")
-        ;
-  auto options = add_kernel_options(cmd, k.run.options);
-  if (k.run.has_grad) cmd->add_flag("--grad", a->grad, "also write the gradients (as f32)");
+  auto options = add_kernel_options(cmd, k.call.options);
+  for (const auto& c : k.call.compound_flags) cmd->add_option("--" + c.flag, a->compounds[c.flag], c.help);
+  if (has_grad(k)) {
+    cmd->add_flag("--grad", a->grad, "also write the gradients (as f32)");
+    for (const auto& g : grad_inputs(k))
+      cmd->add_option(flag_names(g.name, g.aliases), a->files[g.name], g.help + " (with --grad; default ones)");
+  }
   cmd->add_option("--impl", a->impl, "implementation name or comma list (default: the dispatch order)");
   cmd->add_option("--threads", a->threads, "CPU threads (default: all cores)");
   cmd->add_option("--out", a->out, "output directory")->required();

@@ -64,8 +64,8 @@
 #include "core/memory.h"
 #include "kernels/attention/cpu_simd.h"
 #include "kernels/attention/impl.h"
-#include "kernels/cpu_blas.h"
-#include "kernels/cpu_threads.h"
+#include "primitives/cpu_blas.h"
+#include "primitives/cpu_threads.h"
 #include "tessera/error.h"
 
 namespace tessera::attention {
@@ -88,7 +88,7 @@ T* alloc(std::vector<memory::HostBuffer>& keep, size_t count) {
   return memory::as<T>(keep.back());
 }
 
-// Runs body(tid) for tid in [0, T) on T threads (the caller is thread 0): kernels/cpu_threads.h.
+// Runs body(tid) for tid in [0, T) on T threads (the caller is thread 0): primitives/cpu_threads.h.
 template <class F>
 void run_threads(int T, bool blas, F&& body) {
   cpu_threads::run_threads(T, blas, std::string(kKernelName) + " cpu", std::forward<F>(body));

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "kernels/cpu_convert.h"
+#include "primitives/cpu_convert.h"
 
 namespace tessera::attention::cpu_simd {
 

@@ -6,10 +6,13 @@
 //   2. dq_kernel      per query block: recompute P from lse, dS = P·(dP − Δ), dq = dS·K
 //   3. dkdv_kernel    per key block: dv = Pᵀ·dO, dk = dSᵀ·Q over every query head of the group
 // Everything is stream-ordered on Problem::stream; the only host-to-device traffic is the copy of
-// the varlen offsets (cu_seqlens are host memory in Problem) into stream-ordered scratch.
+// the varlen offsets (cu_seqlens are host memory in Problem) into stream-ordered scratch, through
+// an owned pinned staging buffer; a varlen call on a stream being captured is refused.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -135,14 +138,23 @@ ck::Params params_of(const Problem& p, const int32_t* cu) {
   return k;
 }
 
+// What a varlen call does that a CUDA graph capture cannot record.
+constexpr const char* kVarlenCopy = "a varlen call copies cu_seqlens from host memory to the device";
+
 // Device copies of the varlen offsets (cu_q then cu_k, N+1 each), or an empty buffer (dense).
+// cu_seqlens are host memory (pageable or pinned) that the caller may change once the call
+// returns: they go through Tessera's own pinned staging buffer (cuda::copy_host_to_device), and
+// a stream being captured is refused there (the graph would replay stale offsets).
 cuda::DeviceBuffer copy_offsets(const Problem& p, cudaStream_t stream, int dev) {
   if (!p.varlen) return {};
-  const size_t n = static_cast<size_t>(p.N + 1), bytes = n * sizeof(int32_t);
-  cuda::DeviceBuffer buf(2 * bytes, stream, dev);
-  auto* d = static_cast<int32_t*>(buf.get());
-  cuda::check(cudaMemcpyAsync(d, p.cu_q, bytes, cudaMemcpyHostToDevice, stream), "copy of cu_seqlens_q");
-  cuda::check(cudaMemcpyAsync(d + n, p.cu_k, bytes, cudaMemcpyHostToDevice, stream), "copy of cu_seqlens_k");
+  if (const std::string why = cuda::capture_refusal(stream, kVarlenCopy); !why.empty())
+    fail(ErrorCode::kUnsupported, why);
+  const size_t n = static_cast<size_t>(p.N + 1);
+  std::vector<int32_t> both(2 * n);  // one staged copy instead of two
+  std::copy(p.cu_q, p.cu_q + n, both.begin());
+  std::copy(p.cu_k, p.cu_k + n, both.begin() + static_cast<std::ptrdiff_t>(n));
+  cuda::DeviceBuffer buf(both.size() * sizeof(int32_t), stream, dev);
+  cuda::copy_host_to_device(buf.get(), both.data(), buf.bytes(), stream, dev, "attention (cuda): copy of cu_seqlens");
   return buf;
 }
 
@@ -174,7 +186,7 @@ void launch_forward_c(const ck::Params& k, const Problem& p, cudaStream_t stream
   allow_smem(ck::forward_kernel<C>, smem, "cudaFuncSetAttribute (attention forward_kernel)");
   const dim3 grid(static_cast<unsigned>(p.N) * static_cast<unsigned>(q_blocks(p)), static_cast<unsigned>(p.Hq));
   ck::forward_kernel<C><<<grid, ck::kRowWarps * ck::kWarp, smem, stream>>>(k, q_blocks(p));
-  cuda::check(cudaGetLastError(), "attention forward_kernel launch");
+  cuda::check_launch("attention forward_kernel", stream);
 }
 
 void launch_forward(const ck::Params& k, const Problem& p, cudaStream_t stream) {
@@ -191,7 +203,7 @@ void launch_delta(const ck::Params& k, const Problem& p, cudaStream_t stream) {
   if (warps == 0) return;
   const auto blocks = static_cast<unsigned>((warps + ck::kDeltaWarps - 1) / ck::kDeltaWarps);
   ck::delta_kernel<<<blocks, ck::kDeltaWarps * ck::kWarp, 0, stream>>>(k);
-  cuda::check(cudaGetLastError(), "attention delta_kernel launch");
+  cuda::check_launch("attention delta_kernel", stream);
 }
 
 template <int C>
@@ -200,7 +212,7 @@ void launch_dq_c(const ck::Params& k, const Problem& p, cudaStream_t stream) {
   allow_smem(ck::dq_kernel<C>, smem, "cudaFuncSetAttribute (attention dq_kernel)");
   const dim3 grid(static_cast<unsigned>(p.N) * static_cast<unsigned>(q_blocks(p)), static_cast<unsigned>(p.Hq));
   ck::dq_kernel<C><<<grid, ck::kRowWarps * ck::kWarp, smem, stream>>>(k, q_blocks(p));
-  cuda::check(cudaGetLastError(), "attention dq_kernel launch");
+  cuda::check_launch("attention dq_kernel", stream);
 }
 
 void launch_dq(const ck::Params& k, const Problem& p, cudaStream_t stream) {
@@ -218,7 +230,7 @@ void launch_dkdv_gc(const ck::Params& k, const Problem& p, cudaStream_t stream) 
   allow_smem(ck::dkdv_kernel<G, C>, smem, "cudaFuncSetAttribute (attention dkdv_kernel)");
   const dim3 grid(static_cast<unsigned>(p.N) * static_cast<unsigned>(k_blocks(p)), static_cast<unsigned>(p.Hkv));
   ck::dkdv_kernel<G, C><<<grid, G * ck::kWarp, smem, stream>>>(k, k_blocks(p));
-  cuda::check(cudaGetLastError(), "attention dkdv_kernel launch");
+  cuda::check_launch("attention dkdv_kernel", stream);
 }
 
 void launch_dkdv(const ck::Params& k, const Problem& p, cudaStream_t stream) {
@@ -254,6 +266,9 @@ class Cuda final : public Implementation {
       return Availability::no("inputs are on " + p.device.str() + "; the cuda backend needs CUDA device memory");
     const DeviceFacts f = device_facts(p.device.index);
     if (!f.ok) return Availability::no(f.why);
+    if (p.varlen)
+      if (const std::string why = cuda::capture_refusal(static_cast<cudaStream_t>(p.stream), kVarlenCopy); !why.empty())
+        return Availability::no(why);
     if (p.D > ck::kMaxHeadDim || p.Dv > ck::kMaxHeadDim)
       return Availability::no("the cuda backend supports head dims D <= " + std::to_string(ck::kMaxHeadDim) +
                               " and Dv <= " + std::to_string(ck::kMaxHeadDim) + ", got D=" + std::to_string(p.D) +

@@ -26,6 +26,8 @@
 
 #include <cstdint>
 
+#include "primitives/cuda_reduce.cuh"
+
 namespace tessera::attention::cuda_kernels {
 
 constexpr int kWarp = 32;
@@ -97,14 +99,8 @@ __device__ __forceinline__ void store(void* p, int t, int64_t i, float x) {
   }
 }
 
-__device__ __forceinline__ float warp_max(float x) {
-  for (int o = kWarp / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int o = kWarp / 2; o > 0; o /= 2) x += __shfl_xor_sync(kFull, x, o);
-  return x;
-}
+using primitives::cuda::warp_max;  // primitives/cuda_reduce.cuh
+using primitives::cuda::warp_sum;
 
 // ---- geometry and masks (the rules of impl.h's Problem, on the device) ----
 

@@ -1,7 +1,6 @@
 // attention: its registration with the kernel registry (src/kernels/registry.h) — the only
 // place the generic tools (CLI, parity suite, bench, tune) learn about this kernel.
 #include <cmath>
-#include <sstream>
 
 #include "core/random.h"
 #include "dispatch/dispatch.h"
@@ -43,100 +42,12 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
   return out;
 }
 
-// ---- run ----
-void parse_window(const std::string& s, Options& opt) {
-  if (s.empty()) return;
-  const auto parts = dispatch::split_names(s);
-  check(parts.size() == 2, ErrorCode::kInvalidArgument, "--window wants LEFT,RIGHT (-1 = unbounded), got '" + s + "'");
-  try {
-    opt.window_left = std::stoll(parts[0]);
-    opt.window_right = std::stoll(parts[1]);
-  } catch (...) {
-    throw Error(ErrorCode::kInvalidArgument, "--window wants two integers LEFT,RIGHT, got '" + s + "'");
-  }
-}
-
-Options run_options(const kernels::RunRequest& r) {
-  Options opt;
-  static_cast<ExecOptions&>(opt) = r.exec;
-  const harness::OptionValues& o = r.options;
-  opt.causal = o.flag("causal");
-  opt.softcap = o.real("softcap");
-  if (o.has("scale")) opt.scale = o.real("scale");
-  parse_window(o.str("window"), opt);
-  return opt;
-}
-
-using kernels::as_f32;
-
-Inputs run_inputs(const kernels::RunRequest& r) {
-  Inputs in;
-  in.q = r.tensor("q")->view(), in.k = r.tensor("k")->view(), in.v = r.tensor("v")->view();
-  auto opt_view = [&](const char* name, std::optional<TensorView>& dst) {
-    if (const Tensor* t = r.tensor(name)) dst = t->view();
-  };
-  opt_view("alibi-slopes", in.alibi_slopes);
-  opt_view("q-segment-ids", in.segment_ids_q);
-  opt_view("kv-segment-ids", in.segment_ids_k);
-  opt_view("cu-seqlens-q", in.cu_seqlens_q);
-  opt_view("cu-seqlens-k", in.cu_seqlens_k);
-  return in;
-}
-
-kernels::RunOutput run(const kernels::RunRequest& r) {
-  const Options opt = run_options(r);
-  const Inputs in = run_inputs(r);
-  Result res;
-  if (r.grad) {
-    Tensor d_o;
-    if (const Tensor* t = r.tensor("do")) {
-      d_o = *t;
-    } else {  // dO defaults to ones, in o's shape and q's dtype
-      Shape os = in.q.shape;
-      os.back() = in.v.shape.back();  // [..., Hq, Dv] in the dense and the varlen form
-      d_o = Tensor::empty(in.q.dtype, os);
-      for (int64_t i = 0; i < d_o.numel(); ++i) store_from_f32(d_o.data(), d_o.dtype(), i, 1.0f);
-    }
-    res = compute_with_grad(in, d_o.view(), opt);
-  } else {
-    res = compute(in, opt);
-  }
-  kernels::RunOutput out;
-  out.implementation = res.implementation;
-  out.outputs = {{"o", as_f32(res.o)}, {"lse", res.lse}};
-  if (r.grad) out.outputs.insert(out.outputs.end(), {{"dq", as_f32(res.dq)}, {"dk", as_f32(res.dk)}, {"dv", as_f32(res.dv)}});
-  std::ostringstream s;
-  s << "q=" << shape_str(in.q.shape) << " k=" << shape_str(in.k.shape) << " v=" << shape_str(in.v.shape)
-    << " dtype=" << dtype_name(in.q.dtype) << (opt.causal ? " causal" : "");
-  out.summary = s.str();
-  return out;
-}
-
-kernels::RunSpec run_spec() {
-  kernels::RunSpec s;
-  s.inputs = {{"q", "queries [B, Sq, Hq, D] (or [T, Hq, D] with --cu-seqlens-q); f32, bf16 (<V2) or f16", true},
-              {"k", "keys [B, Sk, Hkv, D] (or [T, Hkv, D]); Hq a multiple of Hkv", true},
-              {"v", "values [B, Sk, Hkv, Dv] (or [T, Hkv, Dv])", true},
-              {"alibi-slopes", "ALiBi slopes [Hq] or [B, Hq] (f32)", false},
-              {"q-segment-ids", "segment ids of the queries [B, Sq] (i32)", false},
-              {"kv-segment-ids", "segment ids of the keys [B, Sk] (i32)", false},
-              {"cu-seqlens-q", "varlen: cumulative query lengths [N + 1] (i32)", false},
-              {"cu-seqlens-k", "varlen: cumulative key lengths [N + 1] (i32)", false}};
-  s.grad_inputs = {{"do", "upstream gradient dO, o's shape", false}};
-  s.options = {{"causal", K::kFlag, "causal mask, bottom-right aligned when Sq != Sk", "false", {}},
-               {"window", K::kString, "sliding window LEFT,RIGHT around i + Sk - Sq (-1 = unbounded)", "", {}},
-               {"softcap", K::kFloat, "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables", "0", {}},
-               {"scale", K::kString, "softmax scale (default 1/sqrt(D))", "", {}}};
-  s.outputs_help = "o.npy, lse.npy; with --grad dq.npy, dk.npy, dv.npy (all f32; dO defaults to ones)";
-  s.run = run;
-  return s;
-}
-
 // ---- call (Python bindings) ----
 // Option names are the C++ Options fields; scale 0 means the default 1/sqrt(D).
 Options call_options(const kernels::CallArgs& a) {
   Options opt;
   static_cast<ExecOptions&>(opt) = a.exec;
+  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
   const harness::OptionValues& o = a.options;
   if (o.real("scale") != 0.0) opt.scale = o.real("scale");
   opt.softcap = o.real("softcap");
@@ -219,18 +130,20 @@ kernels::CallSpec call_spec() {
               {"k", "keys [B, Sk, Hkv, D] (or [T, Hkv, D]); Hq a multiple of Hkv", true, true},
               {"v", "values [B, Sk, Hkv, Dv] (or [T, Hkv, Dv])", true, true},
               {"alibi_slopes", "ALiBi slopes [Hq] or [B, Hq] (f32); no gradient", false, false},
-              {"segment_ids_q", "segment ids of the queries [B, Sq] (i32); with segment_ids_k", false, false},
-              {"segment_ids_k", "segment ids of the keys [B, Sk] (i32)", false, false},
+              {"segment_ids_q", "segment ids of the queries [B, Sq] (i32); with segment_ids_k", false, false, {"q-segment-ids"}},
+              {"segment_ids_k", "segment ids of the keys [B, Sk] (i32)", false, false, {"kv-segment-ids"}},
               {"cu_seqlens_q", "varlen: cumulative query lengths [N + 1] (i32, host)", false, false},
               {"cu_seqlens_k", "varlen: cumulative key lengths [N + 1] (i32, host)", false, false}};
-  s.grad_inputs = {{"grad_o", "upstream gradient of o (o's shape; f32 or q's dtype)", true, false},
+  s.grad_inputs = {{"grad_o", "upstream gradient of o (o's shape; f32 or q's dtype)", true, false, {"do"}},
                    {"o", "the forward's o; spares recomputing the forward", false, false},
                    {"lse", "the forward's lse (f32)", false, false}};
   s.options = {{"scale", K::kFloat, "softmax scale; 0: 1/sqrt(D)", "0", {}},
                {"softcap", K::kFloat, "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables", "0", {}},
                {"causal", K::kFlag, "causal mask, bottom-right aligned when Sq != Sk", "false", {}},
                {"window_left", K::kInt, "sliding window: keys left of i + Sk - Sq; -1 unbounded", "-1", {}},
-               {"window_right", K::kInt, "sliding window: keys right of i + Sk - Sq; -1 unbounded", "-1", {}}};
+               {"window_right", K::kInt, "sliding window: keys right of i + Sk - Sq; -1 unbounded", "-1", {}},
+      kernels::block_sizes_option_spec("q=64,kv=128")};
+  s.compound_flags = {{"window", {"window_left", "window_right"}, "sliding window LEFT,RIGHT around i + Sk - Sq (-1 = unbounded)"}};
   s.forward_outputs = {"o"};
   s.saved_outputs = {"o", "lse"};  // o is returned and kept for backward
   s.outputs = call_outputs;
@@ -377,7 +290,6 @@ kernels::KernelSpec make_spec() {
                      {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}};
   k.bench.make_problem = make_bench_problem;
   k.tune = kernels::make_tune_spec<Tuning>();
-  k.run = run_spec();
   k.call = call_spec();
   return k;
 }

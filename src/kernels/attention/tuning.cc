@@ -13,7 +13,9 @@
 
 namespace tessera::attention {
 
-std::string Implementation::device_kind(const Problem&) const { return tune::default_device_kind(device_type()); }
+std::string Implementation::device_kind(const Problem& p) const {
+  return tune::default_device_kind(device_type(), p.device.index);
+}
 
 // The buckets: dimension order (B, S, H, D); first match wins. The head dim is what changes the
 // best tiles most (it sets the width of every tile product and the bytes per kv row a tile

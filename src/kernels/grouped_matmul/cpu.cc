@@ -9,7 +9,7 @@
 // rows for bf16/f16, accumulating in f32. An empty group's matrix is zeroed.
 //
 // Threads: std::thread, items handed out by an atomic counter, heaviest first; OpenBLAS at one
-// thread meanwhile (kernels/cpu_threads.h). Determinism: every output element is computed by
+// thread meanwhile (primitives/cpu_threads.h). Determinism: every output element is computed by
 // exactly one item, whose arithmetic does not depend on the thread that runs it, so results are
 // bitwise identical for any thread count.
 // Memory: per thread, for bf16/f16, m·K + K·n + m·n floats (gmm) or (kRowBlock + m)·… floats
@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "kernels/cpu_blas.h"
-#include "kernels/cpu_convert.h"
-#include "kernels/cpu_threads.h"
+#include "primitives/cpu_blas.h"
+#include "primitives/cpu_convert.h"
+#include "primitives/cpu_threads.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "tessera/error.h"
 

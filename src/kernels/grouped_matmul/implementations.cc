@@ -5,7 +5,9 @@
 
 namespace tessera::grouped_matmul {
 
-std::string Implementation::device_kind(const Problem&) const { return tune::default_device_kind(device_type()); }
+std::string Implementation::device_kind(const Problem& p) const {
+  return tune::default_device_kind(device_type(), p.device.index);
+}
 
 Registry& registry() {
   static Registry* r = [] {

@@ -1,6 +1,5 @@
 // grouped_matmul: its registration with the kernel registry (src/kernels/registry.h) — the only
 // place the generic tools (CLI, parity suite, bench) learn about this kernel.
-#include <sstream>
 
 #include "core/random.h"
 #include "harness/blas.h"
@@ -31,78 +30,12 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
   return out;
 }
 
-// ---- run ----
-using kernels::as_f32;
-
-Options run_options(const kernels::RunRequest& r) {
-  Options opt;
-  static_cast<ExecOptions&>(opt) = r.exec;
-  opt.transpose_rhs = r.options.flag("transpose-rhs");
-  const std::string off = r.options.str("group-offset");
-  if (!off.empty()) {
-    size_t used = 0;
-    int64_t v = -1;
-    try {
-      v = std::stoll(off, &used);
-    } catch (...) {
-      used = 0;
-    }
-    check(used == off.size() && v >= 0, ErrorCode::kInvalidArgument,
-          "--group-offset wants a non-negative integer, got '" + off + "'");
-    opt.group_offset = v;
-  }
-  return opt;
-}
-
-kernels::RunOutput run(const kernels::RunRequest& r) {
-  const Options opt = run_options(r);
-  const Inputs in{r.tensor("lhs")->view(), r.tensor("rhs")->view(), r.tensor("group-sizes")->view()};
-  Result res;
-  if (r.grad) {
-    Tensor dout;
-    if (const Tensor* t = r.tensor("dout")) {
-      dout = *t;
-    } else {  // dout defaults to ones, [M, N] in lhs's dtype
-      check(in.lhs.ndim() == 2 && in.rhs.ndim() == 3, ErrorCode::kInvalidArgument,
-            "grouped_matmul: lhs must be [M, K] and rhs [G, K, N] (or [G, N, K])");
-      dout = Tensor::empty(in.lhs.dtype, {in.lhs.shape[0], in.rhs.shape[opt.transpose_rhs ? 1 : 2]});
-      for (int64_t i = 0; i < dout.numel(); ++i) store_from_f32(dout.data(), dout.dtype(), i, 1.0f);
-    }
-    res = compute_with_grad(in, dout.view(), opt);
-  } else {
-    res = compute(in, opt);
-  }
-  kernels::RunOutput out;
-  out.implementation = res.implementation;
-  out.outputs = {{"out", as_f32(res.out)}};
-  if (r.grad) out.outputs.insert(out.outputs.end(), {{"dlhs", as_f32(res.dlhs)}, {"drhs", as_f32(res.drhs)}});
-  std::ostringstream s;
-  s << "lhs=" << shape_str(in.lhs.shape) << " rhs=" << shape_str(in.rhs.shape)
-    << " groups=" << shape_str(in.group_sizes.shape) << " dtype=" << dtype_name(in.lhs.dtype)
-    << (opt.transpose_rhs ? " transpose_rhs" : "");
-  if (opt.group_offset) s << " group_offset=" << *opt.group_offset;
-  out.summary = s.str();
-  return out;
-}
-
-kernels::RunSpec run_spec() {
-  kernels::RunSpec s;
-  s.inputs = {{"lhs", "tokens sorted by group [M, K]; f32, bf16 or f16", true},
-              {"rhs", "one matrix per local group [G, K, N] (or [G, N, K] with --transpose-rhs)", true},
-              {"group-sizes", "rows per group [G_total] (int32 or int64); rows past the sum are zero", true}};
-  s.grad_inputs = {{"dout", "upstream gradient [M, N]", false}};
-  s.options = {{"transpose-rhs", K::kFlag, "rhs (and drhs) are [G, N, K]", "false", {}},
-               {"group-offset", K::kString, "expert parallelism: rhs holds groups [N, N + G) of group-sizes", "", {}}};
-  s.outputs_help = "out.npy; with --grad dlhs.npy and drhs.npy (drhs in rhs's layout; all f32; dout defaults to ones)";
-  s.run = run;
-  return s;
-}
-
 // ---- call (Python bindings) ----
 // Option names are the C++ Options fields; group_offset -1 means unset.
 Options call_options(const kernels::CallArgs& a) {
   Options opt;
   static_cast<ExecOptions&>(opt) = a.exec;
+  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
   opt.transpose_rhs = a.options.flag("transpose_rhs");
   const int64_t off = a.options.integer("group_offset");
   check(off >= -1, ErrorCode::kInvalidArgument,
@@ -171,10 +104,11 @@ kernels::CallSpec call_spec() {
               {"rhs", "one matrix per local group [G, K, N] ([G, N, K] with transpose_rhs), lhs's dtype", true, true},
               {"group_sizes", "rows per group [G_total] (int32 or int64, host memory); rows past the sum are zero",
                true, false}};
-  s.grad_inputs = {{"grad_out", "upstream gradient of out [M, N] (f32 or lhs's dtype)", true, false}};
+  s.grad_inputs = {{"grad_out", "upstream gradient of out [M, N] (f32 or lhs's dtype)", true, false, {"dout"}}};
   s.options = {{"transpose_rhs", K::kFlag, "rhs (and drhs) are [G, N, K]", "false", {}},
                {"group_offset", K::kInt, "expert parallelism: rhs holds groups [offset, offset + G) of group_sizes; -1: unset",
-                "-1", {}}};
+                "-1", {}},
+      kernels::block_sizes_option_spec("m=512,n=512")};
   s.forward_outputs = {"out"};
   s.outputs = call_outputs;
   s.call = call;
@@ -350,7 +284,6 @@ kernels::KernelSpec make_spec() {
                       "balanced", {}}};
   k.bench.make_problem = make_bench_problem;
   k.tune = kernels::make_tune_spec<Tuning>();
-  k.run = run_spec();
   k.call = call_spec();
   return k;
 }

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kernels/cpu_convert.h"
+#include "primitives/cpu_convert.h"
 
 namespace tessera::linear_cross_entropy::cpu_simd {
 

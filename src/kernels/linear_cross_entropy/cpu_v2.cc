@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "kernels/cpu_blas.h"
+#include "primitives/cpu_blas.h"
 #include "kernels/linear_cross_entropy/cpu_rows.h"
 #include "kernels/linear_cross_entropy/cpu_simd.h"
 #include "kernels/linear_cross_entropy/impl.h"

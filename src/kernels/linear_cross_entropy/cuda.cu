@@ -190,6 +190,13 @@ int bias_type(const Problem& p) {
   }
 }
 
+// Between calls the scratch pool keeps at most this call's memory budget (or the pool's own
+// release threshold, whichever is larger): what is already freed in stream order beyond it (the
+// f32 dw accumulator) goes back to the driver now; the rest at the next synchronization.
+void keep_at_most_budget(const Problem& p) {
+  cuda::trim_scratch(p.device.index, std::max<uint64_t>(budget_of(p), cuda::pool_keep_bytes()));
+}
+
 class Cuda final : public Implementation {
  public:
   std::string name() const override { return "cuda"; }
@@ -231,6 +238,21 @@ class Cuda final : public Implementation {
     return bs;
   }
 
+  // The chunk size b (tokens per chunk) is tunable: bigger chunks make bigger GEMMs, smaller
+  // ones keep the logits chunk in L2 longer; memory_budget caps it either way (chunk_rows).
+  bool tunable() const override { return true; }
+  std::vector<BlockSizes> candidate_block_sizes(const Problem& p) const override {
+    std::vector<BlockSizes> out;
+    for (const int64_t b : plan::chunk_candidates(p.B, plan::budget_rows(worst_needs(p), budget_of(p))))
+      out.push_back({b, p.H, p.V});
+    return out;
+  }
+  void synchronize(const Problem& p) const override {
+    cuda::DeviceGuard g(p.device.index);
+    cuda::check(cudaStreamSynchronize(static_cast<cudaStream_t>(p.stream)),
+                "linear_cross_entropy cuda: cudaStreamSynchronize");
+  }
+
   void validate_block_sizes(const BlockSizes& bs) const override {
     if (bs.b < 1)
       throw Error(ErrorCode::kInvalidArgument,
@@ -241,13 +263,16 @@ class Cuda final : public Implementation {
 
   void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const override {
     run(p, bs, &out, nullptr, nullptr);
+    keep_at_most_budget(p);
   }
   void backward(const Problem& p, const BlockSizes& bs, const GradIn& g, const GradOut& out) const override {
     run(p, bs, nullptr, &g, &out);
+    keep_at_most_budget(p);
   }
   void forward_backward(const Problem& p, const BlockSizes& bs, const GradIn& g, const ForwardOut& fout,
                         const GradOut& gout) const override {
     run(p, bs, &fout, &g, &gout);
+    keep_at_most_budget(p);
   }
 
  private:
@@ -334,7 +359,7 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   ck::prologue_kernel<<<1, ck::kReduceThreads, 0, stream>>>(
       p.labels, p.label_dtype == DType::kI32, p.weights, B, V, p.ignore_index,
       grad && !per_row_upstream ? gi->grad_loss : nullptr, per_row_upstream ? gi->grad_loss : nullptr, scalars_dev);
-  cuda::check(cudaGetLastError(), "prologue_kernel launch");
+  cuda::check_launch("linear_cross_entropy prologue_kernel", stream);
   ck::Scalars sc{};
   cuda::check(cudaMemcpyAsync(&sc, scalars_dev, sizeof(sc), cudaMemcpyDeviceToHost, stream), "copy of the prologue");
   cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the prologue");
@@ -432,7 +457,7 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
       case DType::kBF16: launch_rows<__nv_bfloat16>(rp, n, stream); break;
       default: launch_rows<__half>(rp, n, stream); break;
     }
-    cuda::check(cudaGetLastError(), "row_kernel launch");
+    cuda::check_launch("linear_cross_entropy row_kernel", stream);
     if (!grad) continue;
 
     // 3. dbias += α · Σ_rows g.
@@ -442,7 +467,7 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
         case DType::kBF16: launch_colsum<__nv_bfloat16>(logits, ldg, n, V, alpha, dbias_target, stream); break;
         default: launch_colsum<__half>(logits, ldg, n, V, alpha, dbias_target, stream); break;
       }
-      cuda::check(cudaGetLastError(), "colsum_kernel launch");
+      cuda::check_launch("linear_cross_entropy colsum_kernel", stream);
     }
 
     // 4. dx_c[n, H] = α · g[n, V] · Wᵀ; column-major: dx_cᵀ[H, n] = op(W)[H, V] · gᵀ[V, n].
@@ -465,15 +490,15 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   if (need_row_loss) {
     ck::reduce_loss_kernel<<<1, ck::kReduceThreads, 0, stream>>>(row_loss, B, scalars_dev,
                                                                  p.reduction == Reduction::kMean, fo->loss);
-    cuda::check(cudaGetLastError(), "reduce_loss_kernel launch");
+    cuda::check_launch("linear_cross_entropy reduce_loss_kernel", stream);
   }
   if (dw_acc_needed) {
     launch_convert(dw_target, go->dw, go->dw_dtype, H * V, stream);
-    cuda::check(cudaGetLastError(), "convert_kernel launch (dw)");
+    cuda::check_launch("linear_cross_entropy convert_kernel (dw)", stream);
   }
   if (dbias_acc_needed) {
     launch_convert(dbias_acc, go->dbias, go->dbias_dtype, V, stream);
-    cuda::check(cudaGetLastError(), "convert_kernel launch (dbias)");
+    cuda::check_launch("linear_cross_entropy convert_kernel (dbias)", stream);
   }
   // Scratch is released stream-ordered (cudaFreeAsync) when ws / dw_acc_buf go out of scope.
 }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #if defined(__CUDACC__)
 #define TESSERA_HD __host__ __device__
@@ -104,6 +105,18 @@ inline int64_t chunk_rows(int64_t budget_rows, int64_t B, int64_t b) {
   if (rows <= 0) return 0;
   if (rows < B && rows >= 256) rows = rows / 128 * 128;
   return rows;
+}
+
+// The tuner's candidates for the chunk size b besides the default (every row the budget holds,
+// at most B, as chunk_rows rounds it): the powers of two from 512 to 32768 that are smaller than
+// that chunk, so each one gives a different chunk (larger values would all clamp to it). Fewer rows per
+// chunk mean smaller GEMMs but a logits chunk that stays in L2 between the GEMM and the
+// row-wise pass.
+inline std::vector<int64_t> chunk_candidates(int64_t B, int64_t budget_rows) {
+  const int64_t most = chunk_rows(budget_rows, B, B);  // the default's chunk
+  std::vector<int64_t> out;
+  for (int64_t b = 512; b <= 32768 && b < most; b *= 2) out.push_back(b);
+  return out;
 }
 
 // The power of two S that the f16 logit gradient is stored multiplied by (divided out again

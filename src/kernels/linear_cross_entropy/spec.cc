@@ -1,7 +1,5 @@
 // linear_cross_entropy: its registration with the kernel registry (src/kernels/registry.h) —
 // the only place the generic tools (CLI, parity suite, bench, tune) learn about this kernel.
-#include <filesystem>
-
 #include "kernels/linear_cross_entropy/bench.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
@@ -27,82 +25,12 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
   return out;
 }
 
-// ---- run ----
-// Gradients are written as f32 whatever the inputs' dtype (no second rounding for the user).
-using kernels::as_f32;
-
-Options run_options(const kernels::RunRequest& r) {
-  Options opt;
-  static_cast<ExecOptions&>(opt) = r.exec;
-  const harness::OptionValues& o = r.options;
-  opt.reduction = parse_reduction(o.str("reduction"));
-  opt.w_layout = parse_w_layout(o.str("w-layout"));
-  opt.z_loss_weight = o.real("z-loss");
-  opt.soft_cap = o.real("soft-cap");
-  opt.label_smoothing = o.real("label-smoothing");
-  opt.ignore_index = o.integer("ignore-index");
-  opt.return_argmax = o.flag("argmax");
-  opt.return_z_loss = o.flag("return-z-loss");
-  opt.return_token_accuracy = o.flag("token-accuracy");
-  return opt;
-}
-
-kernels::RunOutput run(const kernels::RunRequest& r) {
-  const Options opt = run_options(r);
-  Inputs in{r.tensor("x")->view(), r.tensor("w")->view(), std::nullopt, r.tensor("labels")->view(), std::nullopt};
-  if (const Tensor* b = r.tensor("bias")) in.bias = b->view();
-  if (const Tensor* t = r.tensor("token-weights")) in.token_weights = t->view();
-  if (const Tensor* c = r.tensor("class-weights")) in.class_weights = c->view();
-  Result res = r.grad ? compute_with_grad(in, opt) : compute(in, opt);
-  kernels::RunOutput out;
-  out.implementation = res.implementation;
-  out.outputs = {{"loss", res.loss}, {"lse", res.lse}};
-  if (res.argmax.defined()) out.outputs.push_back({"argmax", res.argmax});
-  if (res.z_loss.defined()) out.outputs.push_back({"z_loss", res.z_loss});
-  if (res.accuracy.defined()) out.outputs.push_back({"accuracy", res.accuracy});
-  if (r.grad) {
-    out.outputs.push_back({"dx", as_f32(res.dx)});
-    out.outputs.push_back({"dw", as_f32(res.dw)});  // w's shape, as the user gave it
-    if (res.dbias.defined()) out.outputs.push_back({"dbias", as_f32(res.dbias)});
-  }
-  const int64_t H = in.x.shape.empty() ? 0 : in.x.shape.back();
-  out.summary = "B=" + std::to_string(H ? in.x.numel() / H : 0) + " H=" + std::to_string(H) +
-                " dtype=" + dtype_name(in.x.dtype) + " reduction=" + reduction_name(opt.reduction);
-  if (res.loss.numel() == 1 && res.loss.shape().empty())
-    out.summary += " loss=" + std::to_string(res.loss.data_as<float>()[0]);
-  return out;
-}
-
-kernels::RunSpec run_spec() {
-  kernels::RunSpec s;
-  s.inputs = {{"x", "hidden states [..., H] (.npy: f32, f16 or bf16 as <V2)", true},
-              {"w", "classifier [H, V] or [V, H] (.npy, same dtype as x)", true},
-              {"labels", "labels [...] (.npy: i32 or i64)", true},
-              {"bias", "bias [V] (.npy, float)", false},
-              {"token-weights", "per-token loss weights [...] (.npy, f32)", false},
-              {"class-weights", "per-class loss weights [V] (.npy, f32, >= 0): PyTorch's weight, Liger's ce_weight", false}};
-  s.options = {
-      {"w-layout", K::kString, "hv, vh or auto (from the shape; an error when H == V)", "auto", {"hv", "vh", "auto"}},
-      {"reduction", K::kString, "none, sum or mean", "mean", {"none", "sum", "mean"}},
-      {"z-loss", K::kFloat, "z-loss weight λ (adds λ·lse² per token)", "0", {}},
-      {"soft-cap", K::kFloat, "logit soft cap c (z = c·tanh(z/c)); 0 disables", "0", {}},
-      {"label-smoothing", K::kFloat, "label smoothing ε in [0, 1]", "0", {}},
-      {"ignore-index", K::kInt, "label value whose rows are ignored", "-100", {}},
-      {"argmax", K::kFlag, "also write argmax.npy (i64)", "false", {}},
-      {"return-z-loss", K::kFlag, "also write z_loss.npy: the z-loss part of the loss alone, reduced like it", "false", {}},
-      {"token-accuracy", K::kFlag, "also write accuracy.npy: fraction of non-ignored tokens whose argmax is the label", "false", {}}};
-  s.outputs_help = "loss.npy, lse.npy (f32), argmax.npy (i64) with --argmax, z_loss.npy with --return-z-loss, "
-                   "accuracy.npy with --token-accuracy; with --grad dx.npy, dw.npy (w's shape) and dbias.npy, as f32, "
-                   "for an upstream gradient of 1 (ones per token for none)";
-  s.run = run;
-  return s;
-}
-
 // ---- call (Python bindings) ----
 // Option names are the C++ Options fields, so Python keywords read like the C++ API.
 Options call_options(const kernels::CallArgs& a) {
   Options opt;
   static_cast<ExecOptions&>(opt) = a.exec;
+  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
   const harness::OptionValues& o = a.options;
   opt.reduction = parse_reduction(o.str("reduction"));
   opt.w_layout = parse_w_layout(o.str("w_layout"));
@@ -199,16 +127,18 @@ kernels::CallSpec call_spec() {
       {"reduction", K::kString, "none, sum or mean", "mean", {"none", "sum", "mean"}},
       {"ignore_index", K::kInt, "label value whose rows are ignored", "-100", {}},
       {"label_smoothing", K::kFloat, "label smoothing ε in [0, 1]", "0", {}},
-      {"z_loss_weight", K::kFloat, "z-loss weight λ (adds λ·lse² per token)", "0", {}},
+      {"z_loss_weight", K::kFloat, "z-loss weight λ (adds λ·lse² per token)", "0", {}, {"z-loss"}},
       {"soft_cap", K::kFloat, "logit soft cap c (z = c·tanh(z/c)); 0 disables", "0", {}},
       {"w_layout", K::kString, "auto (from the shape; an error when H == V), vh ([V, H]) or hv ([H, V])", "auto",
        {"auto", "vh", "hv"}},
-      {"return_argmax", K::kFlag, "also return the argmax of the logits per token (i64)", "false", {}},
+      {"return_argmax", K::kFlag, "also return the argmax of the logits per token (i64)", "false", {}, {"argmax"}},
       {"return_z_loss", K::kFlag,
        "also return the z-loss part alone (f32, the loss's shape; a metric: no gradient, the loss contains it)",
        "false", {}},
       {"return_token_accuracy", K::kFlag,
-       "also return the share of non-ignored tokens whose argmax is the label (f32, 0-d; a metric)", "false", {}}};
+       "also return the share of non-ignored tokens whose argmax is the label (f32, 0-d; a metric)", "false", {},
+       {"token-accuracy"}},
+      kernels::block_sizes_option_spec("b=256,h=512,v=2048")};
   s.forward_outputs = {"loss"};
   s.saved_outputs = {"lse"};
   s.outputs = call_outputs;
@@ -228,7 +158,6 @@ kernels::KernelSpec make_spec() {
   k.bench.options = bench_options();
   k.bench.make_problem = make_bench_problem;
   k.tune = kernels::make_tune_spec<Tuning>();
-  k.run = run_spec();
   k.call = call_spec();
   return k;
 }

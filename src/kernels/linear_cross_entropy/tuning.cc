@@ -13,7 +13,9 @@
 
 namespace tessera::linear_cross_entropy {
 
-std::string Implementation::device_kind(const Problem&) const { return tune::default_device_kind(device_type()); }
+std::string Implementation::device_kind(const Problem& p) const {
+  return tune::default_device_kind(device_type(), p.device.index);
+}
 
 
 // The buckets: dimension order (B, H, V); first match wins. Vocabulary size is what separates

@@ -1,11 +1,11 @@
 // Tessera CPU backends: dtype conversion (Highway, run-time dispatch). See cpu_convert.h.
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/cpu_convert.cc"
+#define HWY_TARGET_INCLUDE "primitives/cpu_convert.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "hwy/highway.h"
-#include "kernels/cpu_convert.h"
+#include "primitives/cpu_convert.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::cpu_convert {

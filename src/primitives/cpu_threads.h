@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cpu_blas.h"
+#include "primitives/cpu_blas.h"
 #include "tessera/error.h"
 
 namespace tessera::cpu_threads {

@@ -1,4 +1,4 @@
-#include "kernels/cpu_blas.h"
+#include "primitives/cpu_blas.h"
 
 #include <cblas.h>
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cpu_convert.h"
+#include "primitives/cpu_convert.h"
 #include "tessera/dtype.h"
 
 namespace tessera {

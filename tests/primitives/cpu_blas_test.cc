@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "kernels/cpu_blas.h"
+#include "primitives/cpu_blas.h"
 
 namespace tessera::cpu_blas {
 namespace {

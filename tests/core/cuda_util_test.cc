@@ -1,0 +1,102 @@
+// The CUDA glue's host logic (core/cuda_util.h), on any machine with the CUDA build: launch-error
+// messages of TESSERA_CUDA_SYNC_CHECK, the scratch pool's keep threshold, the retry-once rule of
+// scratch allocation (with fakes), the GPU's device kind, and the tunable linear_cross_entropy
+// cuda implementation (candidates, no GPU needed).
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/cuda_util.h"
+#include "kernels/linear_cross_entropy/impl.h"
+#include "tune/device_kind.h"
+
+namespace tessera::cuda {
+namespace {
+
+TEST(CudaUtil, LaunchErrorMessageNamesTheKernelAndHowItWasFound) {
+  const std::string launch = launch_error_message("attention dq_kernel", "cudaErrorInvalidConfiguration",
+                                                  "invalid configuration argument", false);
+  EXPECT_EQ(launch,
+            "CUDA error in attention dq_kernel (launch): cudaErrorInvalidConfiguration (invalid configuration argument)");
+  const std::string synced =
+      launch_error_message("linear_cross_entropy row_kernel", "cudaErrorIllegalAddress", "an illegal memory access", true);
+  EXPECT_NE(synced.find("linear_cross_entropy row_kernel"), std::string::npos) << synced;
+  EXPECT_NE(synced.find("TESSERA_CUDA_SYNC_CHECK=1"), std::string::npos) << synced;
+  EXPECT_NE(synced.find("cudaErrorIllegalAddress"), std::string::npos) << synced;
+  EXPECT_EQ(synced.find('\n'), std::string::npos) << "one line";
+}
+
+TEST(CudaUtil, PoolKeepsTheDefaultBudgetUnlessTold) {
+  EXPECT_EQ(pool_keep_bytes(-1), uint64_t{1} << 30);  // unset: the default memory budget, not everything
+  EXPECT_EQ(pool_keep_bytes(0), 0u);                  // give everything back
+  EXPECT_EQ(pool_keep_bytes(3000), uint64_t{3000} << 20);
+}
+
+// A fake allocator: the results of successive attempts, and how often recovery ran.
+struct Fake {
+  std::vector<cudaError_t> results;
+  size_t attempts = 0;
+  int recoveries = 0;
+  cudaError_t run() {
+    return allocate_with_retry([&] { return results.at(attempts++); }, [&] { ++recoveries; });
+  }
+};
+
+TEST(CudaUtil, AllocationRetriesOnceAfterRecoveringFromOutOfMemory) {
+  Fake ok{{cudaSuccess}};
+  EXPECT_EQ(ok.run(), cudaSuccess);
+  EXPECT_EQ(ok.attempts, 1u);
+  EXPECT_EQ(ok.recoveries, 0);
+
+  Fake second{{cudaErrorMemoryAllocation, cudaSuccess}};
+  EXPECT_EQ(second.run(), cudaSuccess);
+  EXPECT_EQ(second.attempts, 2u);
+  EXPECT_EQ(second.recoveries, 1);
+
+  Fake never{{cudaErrorMemoryAllocation, cudaErrorMemoryAllocation, cudaSuccess}};
+  EXPECT_EQ(never.run(), cudaErrorMemoryAllocation);  // once only
+  EXPECT_EQ(never.attempts, 2u);
+  EXPECT_EQ(never.recoveries, 1);
+
+  Fake other{{cudaErrorInvalidValue, cudaSuccess}};  // not a memory shortage: no retry
+  EXPECT_EQ(other.run(), cudaErrorInvalidValue);
+  EXPECT_EQ(other.attempts, 1u);
+  EXPECT_EQ(other.recoveries, 0);
+}
+
+TEST(CudaUtil, TheModuleNamesGpusForTheTuner) {
+  // The module's entry point registered cuda::device_kind (tests/cuda/force_module.cc loads it).
+  const std::string k = tune::default_device_kind(DeviceType::kCUDA, 0);
+  std::string why;
+  if (device_count(&why) == 0) {
+    EXPECT_EQ(k, "cuda:unknown") << why;
+  } else {
+    EXPECT_EQ(k.rfind("cuda:", 0), 0u) << k;
+    EXPECT_EQ(k.substr(k.size() - 2), "sm") << k;
+    EXPECT_EQ(k, device_kind(0));
+  }
+}
+
+TEST(LceCudaTuning, CudaIsTunableOverChunkSizesBelowTheDefault) {
+  const linear_cross_entropy::Implementation* impl = linear_cross_entropy::find_implementation("cuda");
+  ASSERT_NE(impl, nullptr);
+  EXPECT_TRUE(impl->tunable());
+  linear_cross_entropy::Problem p;
+  p.B = 8192, p.H = 4096, p.V = 128256;
+  p.dtype = DType::kBF16;
+  p.device = Device::cuda();
+  const auto def = impl->default_block_sizes(p);
+  const auto cands = impl->candidate_block_sizes(p);
+  ASSERT_FALSE(cands.empty());
+  std::set<int64_t> seen{def.b};
+  for (const auto& c : cands) {
+    EXPECT_NO_THROW(impl->validate_block_sizes(c)) << c.str();
+    EXPECT_LT(c.b, def.b) << c.str();  // a larger b would clamp to the default's chunk
+    EXPECT_TRUE(seen.insert(c.b).second) << "duplicate " << c.str();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::cuda

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh on a machine without a GPU (or told to act so: GPU_CHECK_NO_GPU=1, so the
+# test means the same on the GPU machine): usage errors exit 2, every stage stops at the preflight
+# with "no NVIDIA GPU is present", exit 3 and a summary.md saying so, --help tells the stage
+# sequence, --plan shows the bench runs discovered from `tessera list` with BENCH_SHAPES split
+# into one --shape per B x H x V (the old ${BENCH_SHAPES//x/,} made one six-dim shape), and on a
+# fake GPU machine the test stage's steps, timeouts, per-suite processes and summary.
+#   gpu_check_test.sh SOURCE_DIR TESSERA_CLI
+set -uo pipefail
+src=$1 cli=$2
+script=$src/scripts/gpu_check.sh
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+expect_rc() {  # expected actual what
+  [ "$1" = "$2" ] || fail "$3: exit $2, expected $1"
+}
+
+out=$(bash "$script" --help 2>&1); rc=$?
+expect_rc 0 $rc "--help"
+echo "$out" | grep -q -- "--stage build" || fail "--help does not show --stage build"
+order=$(echo "$out" | grep -oE -- "--stage (build|test|sanitize|bench|all)" | awk '!seen[$0]++' | tr '\n' ' ')
+[ "$order" = "--stage build --stage test --stage sanitize --stage bench --stage all " ] ||
+  fail "--help tells the stages in the order '$order'"
+
+out=$(bash "$script" 2>&1); expect_rc 2 $? "no --stage"
+echo "$out" | grep -q "stage build|test|sanitize|bench|all is required" || fail "no --stage: message '$out'"
+out=$(bash "$script" --stage nope 2>&1); expect_rc 2 $? "--stage nope"
+echo "$out" | grep -q "unknown stage 'nope'" || fail "--stage nope: message '$out'"
+out=$(bash "$script" --stage build --bogus 2>&1); expect_rc 2 $? "--bogus"
+
+for stage in build test sanitize bench all; do
+  d=$tmp/$stage
+  out=$(GPU_CHECK_NO_GPU=1 bash "$script" --stage "$stage" --out "$d" 2>&1); rc=$?
+  expect_rc 3 $rc "--stage $stage without a GPU"
+  echo "$out" | grep -q "no NVIDIA GPU is present (GPU_CHECK_NO_GPU=1): stage '$stage' needs one" ||
+    fail "--stage $stage: message '$out'"
+  [ -f "$d/summary.md" ] || { fail "--stage $stage: no summary.md"; continue; }
+  grep -q "| $stage | preflight | NO GPU" "$d/summary.md" || fail "--stage $stage: summary.md lacks the preflight row"
+  grep -q "no NVIDIA GPU is present" "$d/summary.md" || fail "--stage $stage: summary.md lacks the note"
+  [ ! -e "$d/build.log" ] || fail "--stage $stage: something was built"
+done
+
+# --plan: the bench stage's runs, discovered (needs no GPU and no GPU build).
+if "$cli" list 2>/dev/null | grep -qE '^  cuda '; then
+  out=$(TESSERA_BIN=$cli BENCH_SHAPES=64x32x1000,128x16x2000 bash "$script" --stage bench --plan --out "$tmp/plan" 2>&1)
+  expect_rc 0 $? "--plan"
+  echo "$out" | grep -q -- "bench linear_cross_entropy --impl cuda[, ].*--shape 64,32,1000 --shape 128,16,2000 " ||
+    fail "--plan: BENCH_SHAPES not split into two shapes: $(echo "$out" | grep 'bench linear')"
+  for k in $("$cli" list 2>/dev/null | awk '/^[^ ]/ {k = $1} /^  (cuda|cudnn)/ {print k}' | sort -u); do
+    echo "$out" | grep -q -- "bench $k --impl " || fail "--plan: kernel $k with a GPU implementation is not benched"
+  done
+  echo "$out" | grep -q -- "bench attention --impl .*--causal" || fail "--plan: no causal attention run"
+else
+  echo "note: $cli lists no cuda implementation (CPU-only build): --plan not checked"
+fi
+
+# A fake GPU machine (fake nvidia-smi, cmake and test binaries): the test stage runs each GPU
+# suite in its own process, records every step, counts the suites' JSON in summary.md, fails on a
+# failing suite, and packs the archive; then a step past its timeout is recorded as such and the
+# steps after the stage's budget as skipped.
+fake=$tmp/fake
+mkdir -p "$fake/bin" "$fake/build/tests" "$fake/deps/usr"
+touch "$fake/build/build.ninja"
+printf '#!/bin/bash\necho "GPU 0: Fake GPU (UUID: GPU-0)"\n' > "$fake/bin/nvidia-smi"
+printf '#!/bin/bash\necho "fake cmake $*"\n' > "$fake/bin/cmake"
+cat > "$fake/build/tests/tessera_tests" <<'FAKE'
+#!/bin/bash
+sleep "${FAKE_CPU_SLEEP:-0}"
+echo '{"tests":1,"failures":0,"testsuites":[{"name":"Cpu","testsuite":[{"name":"t","result":"COMPLETED"}]}]}' > "${1#--gtest_output=json:}"
+FAKE
+cat > "$fake/build/tests/tessera_cuda_tests" <<'FAKE'
+#!/bin/bash
+if [ "$1" = --gtest_list_tests ]; then printf 'FakeA.\n  one\nGrid/FakeB.\n  p/0  # GetParam() = 0\n'; exit 0; fi
+suite=${1#--gtest_filter=}; suite=${suite%.\*}; json=${2#--gtest_output=json:}
+[ "$TESSERA_CUDA_SYNC_CHECK" = 1 ] && [ "$TESSERA_AUTOTUNE" = 0 ] || { echo "env not set"; exit 5; }
+if [ "$suite" = Grid/FakeB ]; then
+  sleep "${FAKE_GPU_SLEEP:-0}"
+  echo '{"testsuites":[{"name":"Grid/FakeB","testsuite":[{"name":"p/0","result":"COMPLETED","failures":[{"failure":"boom at x.cc:1"}]}]}]}' > "$json"
+  exit 1
+fi
+echo '{"testsuites":[{"name":"FakeA","testsuite":[{"name":"one","result":"SKIPPED"}]}]}' > "$json"
+FAKE
+chmod +x "$fake"/bin/* "$fake"/build/tests/*
+run_fake() {  # out-dir extra-env...
+  local d=$1; shift
+  env PATH="$fake/bin:$PATH" GPU_CHECK_BUILD_DIR="$fake/build" GPU_CHECK_DEPS_DIR="$fake/deps" "$@" \
+    bash "$script" --stage test --out "$d" --archive "$d.tgz" 2>&1
+}
+out=$(run_fake "$tmp/fake1"); rc=$?
+expect_rc 1 $rc "fake GPU, one failing suite"
+sum=$tmp/fake1/summary.md
+for want in "| test | build | ok |" "| test | tests FakeA | ok |" "| test | tests Grid/FakeB | FAILED (exit 1) |" \
+            "| FakeA | 1 | 0 | 1 |" "| Grid_FakeB | 1 | 1 | 0 |" "| cpu | 1 | 0 | 0 |" "- FAILED Grid/FakeB.p/0: boom at x.cc:1"; do
+  grep -qF -- "$want" "$sum" || fail "fake GPU: summary.md lacks '$want'"
+done
+tar -tzf "$tmp/fake1.tgz" | grep -q "fake1/summary.md" || fail "fake GPU: the archive lacks summary.md"
+out=$(run_fake "$tmp/fake2" FAKE_GPU_SLEEP=30 STAGE_BUDGET_S=22); rc=$?
+expect_rc 1 $rc "fake GPU, a step past its timeout"
+grep -qE "\| test \| tests Grid/FakeB \| TIMEOUT \(1[0-7]s\) \|" "$tmp/fake2/summary.md" || fail "no TIMEOUT row: $(cat "$tmp/fake2/summary.md")"
+grep -q "| test | tests (CPU suite) | SKIPPED (stage budget of 22s spent) |" "$tmp/fake2/summary.md" ||
+  fail "no skipped row after the budget: $(grep '| test |' "$tmp/fake2/summary.md")"
+grep -q "| test | tests FakeA | ok |" "$tmp/fake2/summary.md" || fail "the GPU suites did not run first"
+
+[ $fails = 0 ] && echo "gpu_check_test: all passed"
+exit $((fails > 0))

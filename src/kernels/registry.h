@@ -56,7 +56,7 @@ struct TuneJob {
   std::string device_kind;                 // keys the tuned table (tune/device_kind.h)
   std::vector<tune::Params> candidates;    // the default first
   dispatch::Availability support;          // can the implementation run this shape at all
-  std::function<tune::RunFn()> make_run;   // allocates the inputs; times one call
+  std::function<tune::Runner()> make_run;  // allocates the inputs; times one call (and its outputs)
 };
 
 struct TuneSpec {

@@ -33,7 +33,7 @@ TuneJob tune_job_for(const std::string& name, const std::vector<int64_t>& shape,
   job.device_kind = impl->device_kind(p);
   for (const auto& c : tune::candidates_for<K>(*impl, p)) job.candidates.push_back(K::to_params(c));
   job.support = impl->supports(p);
-  job.make_run = [owned, impl, pass]() -> tune::RunFn {
+  job.make_run = [owned, impl, pass]() -> tune::Runner {
     check(owned != nullptr, ErrorCode::kInternal, "tune job built without data");
     return K::timed_run(*impl, owned->problem, pass);
   };

@@ -11,7 +11,8 @@
 //   static const Bucket* bucket(const Problem&);    nullptr when no bucket matches
 //   static bool worth(const Problem&, int64_t min_work);
 //   static std::string key(const Impl&, const Problem&, Pass, const std::string& device_kind);
-//   static RunFn timed_run(const Impl&, const Problem&, Pass);  times one call on scratch outputs
+//   static Runner timed_run(const Impl&, const Problem&, Pass);  times one call on scratch outputs,
+//                                                                 and hands them back (verify.h)
 //   static std::string describe(const Impl&, const Problem&, Pass);  for logs
 // Impl provides default_block_sizes, candidate_block_sizes, validate_block_sizes, tunable and
 // device_kind (every kernel's implementation base does).
@@ -75,7 +76,7 @@ Choice choose_for(const typename K::Impl& impl, const typename K::Problem& p,
     for (const auto& s : candidates_for<K>(impl, p)) c.push_back(K::to_params(s));
     return c;
   };
-  r.make_run = [&]() -> RunFn { return hooks.run ? hooks.run : K::timed_run(impl, p, op); };
+  r.make_run = [&]() -> Runner { return hooks.run ? Runner(hooks.run) : K::timed_run(impl, p, op); };
   return choose(r);
 }
 

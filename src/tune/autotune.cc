@@ -7,6 +7,7 @@
 
 #include "core/time.h"
 #include "core/log.h"
+#include "tune/records.h"
 
 namespace tessera::tune {
 namespace {
@@ -75,6 +76,7 @@ nlohmann::json measurements_to_json(const std::vector<Measurement>& ms) {
     } else {
       j["failure"] = m.failure;
     }
+    add_deviation(j, m);
     a.push_back(j);
   }
   return a;
@@ -98,8 +100,12 @@ AutotuneResult lookup_or_autotune(const DiskCache& cache, const AutotuneRequest&
     return r;
   }
 
-  const RunFn run = req.make_run();
+  const Runner run = req.make_run();
   const SweepResult s = sweep(req.candidates, run, req.policy);
+  for (const Measurement& m : s.measurements)  // a kernel bug: say so, and never use it
+    if (m.status == Measurement::Status::kWrong)
+      log::warn_once("autotune: " + req.prefix + " " + params_str(m.candidate) + " is not used: " + m.failure);
+  if (!s.unchecked.empty()) log::warn_once("autotune: " + req.prefix + ": " + s.unchecked);
   AutotuneResult r;
   r.path = path;
   r.source = "autotune";

@@ -22,9 +22,10 @@ struct AutotuneRequest {
   std::string prefix;  // cache file name prefix, e.g. "linear_cross_entropy.cpu"
   std::string key;     // the full key (see cache.h)
   std::vector<Params> candidates;
-  // Builds the RunFn (allocating its scratch) only when a sweep is needed. An exception from
+  // Builds the Runner (allocating its scratch) only when a sweep is needed. An exception from
   // it propagates (it is not a candidate's failure); one from the RunFn fails that candidate.
-  std::function<RunFn()> make_run;
+  // With outputs, a candidate whose results differ from the default's is never chosen.
+  std::function<Runner()> make_run;
   SweepPolicy policy;
 };
 

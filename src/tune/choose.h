@@ -46,7 +46,7 @@ struct ChoiceRequest {
   std::string cache_key;
   std::string cache_dir;            // "" = default_cache_dir()
   std::function<std::vector<Params>()> candidates;  // the default first
-  std::function<RunFn()> make_run;  // allocates scratch; times one call
+  std::function<Runner()> make_run;  // allocates scratch; times one call (and its outputs)
 };
 
 struct Choice {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <fstream>
@@ -28,16 +29,35 @@ std::string num(double x) {
   return buf;
 }
 
+// A deviation: "" when not checked, "inf" for a non-finite mismatch, else %.3g.
+std::string dev_num(double x) {
+  if (std::isnan(x)) return "";
+  if (std::isinf(x)) return "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
+}
+
+// JSON has no inf: a non-finite mismatch is the string "inf".
+nlohmann::json dev_json(double x) { return std::isinf(x) ? nlohmann::json("inf") : nlohmann::json(x); }
+
 // Atomic: a temp file beside `path`, renamed over it once complete, so an interrupted
 // `tessera tune` never leaves a partial CSV or JSON (at most a *.tmp.* file).
 void save(const std::string& path, const std::string& text) { files::write_atomically(path, text); }
 
 }  // namespace
 
+void add_deviation(nlohmann::json& o, const Measurement& m) {
+  if (!m.checked()) return;
+  o["max_abs_dev"] = dev_json(m.max_abs_dev);
+  o["tolerance"] = m.tolerance;
+  if (!m.dev_output.empty()) o["dev_output"] = m.dev_output;
+}
+
 void write_csv(const std::string& path, const std::vector<Record>& rows) {
   std::string t =
       "kernel,implementation,device_kind,dtype,bucket,op,shape,candidate,status,median_ms,min_ms,"
-      "first_call_ms,runs,failure\n";
+      "first_call_ms,runs,max_abs_dev,tolerance,dev_output,failure\n";
   for (const Record& r : rows) {
     const bool ok = r.m.ok();
     for (const std::string& f : {r.kernel, r.implementation, r.device_kind, r.dtype, r.bucket, r.op,
@@ -46,6 +66,7 @@ void write_csv(const std::string& path, const std::vector<Record>& rows) {
       t += csv_field(f) + ",";
     t += (ok ? num(r.m.median_ms) : "") + "," + (ok ? num(r.m.min_ms) : "") + "," +
          (ok ? num(r.m.first_call_ms) : "") + "," + (ok ? std::to_string(r.m.runs) : "") + "," +
+         dev_num(r.m.max_abs_dev) + "," + dev_num(r.m.tolerance) + "," + csv_field(r.m.dev_output) + "," +
          csv_field(r.m.failure) + "\n";
   }
   save(path, t);
@@ -74,6 +95,7 @@ void write_json(const std::string& path, const std::vector<Record>& rows, const 
     } else {
       o["failure"] = r.m.failure;
     }
+    add_deviation(o, r.m);
     j["records"].push_back(o);
   }
   save(path, j.dump(2) + "\n");

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <exception>
 
+#include "tune/verify.h"
+
 namespace tessera::tune {
 
 const char* status_name(Measurement::Status s) noexcept {
@@ -10,6 +12,7 @@ const char* status_name(Measurement::Status s) noexcept {
     case Measurement::Status::kOk: return "ok";
     case Measurement::Status::kFailed: return "failed";
     case Measurement::Status::kSkipped: return "skipped";
+    case Measurement::Status::kWrong: return "wrong";
   }
   return "?";
 }
@@ -21,10 +24,37 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-SweepResult sweep(const std::vector<Params>& candidates, const RunFn& run,
+namespace {
+
+// After candidate i's first call: the reference, or checked against it (false: wrong).
+bool check_outputs(OutputCheck& check, SweepResult& r, size_t i) {
+  Measurement& m = r.measurements[i];
+  if (!check.has_reference()) {
+    check.take_reference();
+    r.reference = static_cast<int>(i);
+    m.max_abs_dev = m.tolerance = 0;
+    return true;
+  }
+  const OutputDeviation d = check.compare();
+  m.max_abs_dev = d.max_abs;
+  m.tolerance = d.tolerance;
+  m.dev_output = d.output;
+  if (d.ok()) return true;
+  const Measurement& ref = r.measurements[static_cast<size_t>(r.reference)];
+  m.status = Measurement::Status::kWrong;
+  m.failure = "outputs differ from " + std::string(r.reference == 0 ? "the default's" : "the reference's") + " (" +
+              params_str(ref.candidate) + "): " + d.str();
+  return false;
+}
+
+}  // namespace
+
+SweepResult sweep(const std::vector<Params>& candidates, const Runner& runner,
                   const SweepPolicy& policy, const SweepStart& on_start,
                   const SweepObserver& on_tick) {
   SweepResult r;
+  const RunFn& run = runner.run;
+  OutputCheck check(runner.outputs);
   const size_t n = candidates.size();
   const int warmup = std::max(0, policy.warmup), repeats = std::max(0, policy.repeats);
   const int min_repeats = std::clamp(policy.min_repeats, 0, repeats);
@@ -51,15 +81,28 @@ SweepResult sweep(const std::vector<Params>& candidates, const RunFn& run,
     }
     tick.best = r.best;
   };
-  // One run of candidate i; false if it failed (then it is dropped).
-  auto once = [&](size_t i, const char* phase, double* seconds, bool timed) {
+  // One run of candidate i; false if it failed or was wrong (then it is dropped). The first
+  // call (checked) is the one whose outputs are compared.
+  auto once = [&](size_t i, const char* phase, double* seconds, bool timed, bool checked = false) {
     if (on_start) on_start(i, phase);
     Measurement& m = r.measurements[i];
     bool ok = true;
+    // A failure of the check itself (no memory for the copies, say) is not the candidate's:
+    // the sweep goes on unchecked and says why.
+    auto guarded = [&](const auto& f) {
+      try {
+        if (check.enabled()) f();
+      } catch (const std::exception& e) {
+        r.unchecked = std::string("the output check stopped: ") + e.what();
+        check.stop();
+      }
+    };
     try {
+      if (checked) guarded([&] { check.prepare(); });
       *seconds = run(m.candidate);
       r.spent_s += *seconds;
       if (timed) times[i].push_back(*seconds);
+      if (checked) guarded([&] { ok = check_outputs(check, r, i); });
     } catch (const std::exception& e) {
       ok = false;
       m.failure = e.what();
@@ -70,7 +113,7 @@ SweepResult sweep(const std::vector<Params>& candidates, const RunFn& run,
     ++runs_done[i];
     ++tick.done;
     if (!ok) {
-      m.status = Measurement::Status::kFailed;
+      if (m.status != Measurement::Status::kWrong) m.status = Measurement::Status::kFailed;
       tick.done += per_candidate - runs_done[i];  // the runs it will not do
     }
     tick.index = i;
@@ -96,7 +139,8 @@ SweepResult sweep(const std::vector<Params>& candidates, const RunFn& run,
       continue;
     }
     double t = 0;
-    if (once(i, "first call", &t, false)) m.first_call_ms = t * 1e3;
+    const bool ok = once(i, "first call", &t, false, check.enabled());
+    if (ok || m.status == Measurement::Status::kWrong) m.first_call_ms = t * 1e3;
   }
   // 2. Warm-up rounds.
   for (int w = 0; w < warmup; ++w)

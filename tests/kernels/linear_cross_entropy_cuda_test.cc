@@ -1115,12 +1115,23 @@ TEST(LceCuda, TunerTimesEveryCandidateOnTheDevice) {
   const lce::OwnedProblem o = lce::make_random_problem(4096, 256, 32000, DType::kBF16, Device::cuda(), 1);
   const auto cands = tessera::tune::candidates_for<lce::Tuning>(*impl, o.problem);
   ASSERT_GE(cands.size(), 2u) << "default plus smaller chunks";
-  const tessera::tune::RunFn run = lce::make_timed_run(*impl, o.problem, Pass::kFused);
+  const tessera::tune::Runner runner = lce::make_timed_run(*impl, o.problem, Pass::kFused);
   for (const lce::BlockSizes& c : cands) {
-    const double s = run(lce::to_params(c));
+    const double s = runner.run(lce::to_params(c));
     EXPECT_GT(s, 1e-6) << c.str();
     EXPECT_LT(s, 10.0) << c.str();
   }
+  // The sweep checks every candidate's device outputs against the default's (tune/verify.h).
+  std::vector<tessera::tune::Params> params;
+  for (const lce::BlockSizes& c : cands) params.push_back(lce::to_params(c));
+  tessera::tune::SweepPolicy once;
+  once.warmup = 0;
+  once.repeats = 1;
+  const tessera::tune::SweepResult r = tessera::tune::sweep(params, runner, once);
+  EXPECT_EQ(r.reference, 0);
+  EXPECT_EQ(r.unchecked, "");
+  for (const auto& m : r.measurements)
+    EXPECT_TRUE(m.ok() && m.checked()) << tessera::tune::params_str(m.candidate) << ": " << m.failure;
   const std::string kind = impl->device_kind(o.problem);
   EXPECT_EQ(kind, tessera::cuda::device_kind(0));
   EXPECT_EQ(kind.rfind("cuda:", 0), 0u) << kind;

@@ -67,12 +67,21 @@ TEST_F(TuneCli, WritesRawResultsAndAGeneratedTable) {
                         out.string() + " --emit-table --table " + table.string());
   ASSERT_EQ(c.code, 0) << c.out;
   size_t csv = 0, json = 0;
+  fs::path csv_path;
   for (const auto& e : fs::directory_iterator(out)) {
     csv += e.path().extension() == ".csv";
     json += e.path().extension() == ".json";
+    if (e.path().extension() == ".csv") csv_path = e.path();
   }
   EXPECT_EQ(csv, 1u);
   EXPECT_EQ(json, 1u);
+  // Every candidate was checked against the default's outputs, and none is wrong.
+  std::ifstream rows(csv_path);
+  std::string header, row;
+  std::getline(rows, header);
+  EXPECT_NE(header.find(",status,"), std::string::npos) << header;
+  EXPECT_NE(header.find(",max_abs_dev,tolerance,dev_output,failure"), std::string::npos) << header;
+  while (std::getline(rows, row)) EXPECT_EQ(row.find(",wrong,"), std::string::npos) << row;
   std::ifstream in(table);
   const std::string text((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(text.find("GENERATED FILE"), std::string::npos);

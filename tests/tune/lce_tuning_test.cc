@@ -320,8 +320,15 @@ TEST(LceTimedRun, TimesIntoScratchNotTheCallersBuffers) {
   OwnedProblem o = make_random_problem(4, 8, 16, DType::kF32, Device::cpu());
   const std::vector<float> x_before(o.x.data_as<float>(), o.x.data_as<float>() + 32);
   for (Pass op : {Pass::kForward, Pass::kBackward, Pass::kFused}) {
-    const tune::RunFn run = make_timed_run(*ref, o.problem, op);
-    EXPECT_GT(run(to_params(ref->default_block_sizes(o.problem))), 0.0) << pass_name(op);
+    const tune::Runner run = make_timed_run(*ref, o.problem, op);
+    EXPECT_GT(run.run(to_params(ref->default_block_sizes(o.problem))), 0.0) << pass_name(op);
+    // The outputs handed back for the check are what the op computes, in the scratch.
+    std::string names;
+    for (const tune::Output& out : run.outputs()) {
+      names += (names.empty() ? "" : ",") + out.name;
+      EXPECT_NE(out.tensor.data(), o.x.data());
+    }
+    EXPECT_EQ(names, op == Pass::kForward ? "loss,lse" : op == Pass::kBackward ? "dx,dw" : "loss,lse,dx,dw");
   }
   EXPECT_EQ(std::vector<float>(o.x.data_as<float>(), o.x.data_as<float>() + 32), x_before);
 }

@@ -237,7 +237,7 @@ void add_kernel(CLI::App* bench, const kernels::KernelSpec& k) {
   cmd->add_option("--impl", a->impl, "Implementations, comma separated (default: every available one)");
   cmd->add_option("--grid", a->grid, "Named grid from bench/" + k.name + ".json (default: smoke)");
   cmd->add_option("--grid-file", a->grid_file, "Grid file (default: next to the tool, $TESSERA_BENCH_DIR, or the source tree)");
-  cmd->add_option("--shape", a->shapes, dims + " (repeatable; instead of --grid)");
+  cmd->add_option("--shape", a->shapes, dims + " (repeatable; instead of --grid)")->allow_extra_args(false);
   cmd->add_option("--dtype", a->dtype, "Comma-separated dtypes (default: the grid's, else f32)");
   add_pass_option(cmd, a->passes);
   cmd->add_option("--json", a->json, "Write the results (rows + ceilings + settings) as JSON");

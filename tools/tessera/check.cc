@@ -140,6 +140,7 @@ void register_check(CLI::App& app) {
     add_pass_option(cmd, a->passes);
   };
   add_flags(check);
+  optional_kernel(check);
   for (const kernels::KernelSpec* k : kernels::all()) {
     auto* cmd = check->add_subcommand(k->name, "Parity of " + k->name + " implementations");
     add_flags(cmd);

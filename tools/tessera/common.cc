@@ -7,8 +7,29 @@
 
 namespace tessera::cli {
 namespace {
+
 int g_exit = 0;
+
+// Runs once `parent` has parsed its words, before any subcommand's callback: a word it did not
+// take is refused here (nothing has run, nothing is written). No allow_extras anywhere: a kernel
+// subcommand refuses its own unknown words through CLI11 (ExtrasError).
+void kernel_words(CLI::App* parent, bool required) {
+  parent->require_subcommand(0, 1);
+  parent->parse_complete_callback([parent, required] {
+    const auto extras = parent->remaining(false);
+    const bool named = !parent->get_subcommands().empty();
+    if (!named && !extras.empty() && extras.front().rfind("-", 0) != 0)
+      throw Error(ErrorCode::kNotFound,
+                  parent->get_name() + ": unknown kernel '" + extras.front() + "' (kernels: " + kernels::names() + ")");
+    if (!extras.empty()) throw CLI::ExtrasError(parent->get_name(), extras);
+    if (!named && required)
+      throw Error(ErrorCode::kInvalidArgument,
+                  parent->get_name() + " needs a kernel: one of " + kernels::names() + " (tessera " +
+                      parent->get_name() + " KERNEL --help)");
+  });
 }
+
+}  // namespace
 
 void set_exit_code(int code) { g_exit = std::max(g_exit, code); }
 int exit_code() { return g_exit; }
@@ -26,20 +47,8 @@ void build_app(CLI::App& app) {
   register_new_version(app);
 }
 
-void require_kernel(CLI::App* parent) {
-  parent->require_subcommand(0, 1);
-  parent->allow_extras();
-  parent->callback([parent] {
-    if (!parent->get_subcommands().empty()) return;
-    const auto extras = parent->remaining();
-    if (!extras.empty() && extras.front().rfind("-", 0) != 0)
-      throw Error(ErrorCode::kNotFound,
-                  parent->get_name() + ": unknown kernel '" + extras.front() + "' (kernels: " + kernels::names() + ")");
-    throw Error(ErrorCode::kInvalidArgument,
-                parent->get_name() + " needs a kernel: one of " + kernels::names() + " (tessera " +
-                    parent->get_name() + " KERNEL --help)");
-  });
-}
+void require_kernel(CLI::App* parent) { kernel_words(parent, true); }
+void optional_kernel(CLI::App* parent) { kernel_words(parent, false); }
 
 std::function<harness::OptionValues()> add_kernel_options(CLI::App* cmd,
                                                           const std::vector<harness::OptionSpec>& specs) {
@@ -72,6 +81,7 @@ std::function<harness::OptionValues()> add_kernel_options(CLI::App* cmd,
 void add_pass_option(CLI::App* cmd, std::vector<std::string>& storage) {
   cmd->add_option("--pass", storage, "forward, backward, fused (comma-separated; default: all the kernel has)")
       ->delimiter(',')
+      ->allow_extra_args(false)  // one value per --pass: a stray word after it is refused, not eaten
       ->check(CLI::IsMember({"forward", "backward", "fused", "fwd", "bwd", "all"}));
 }
 

@@ -35,7 +35,12 @@ void register_new_version(CLI::App& app);
 
 // Makes `parent` (bench, run, tune) take exactly one kernel subcommand: a word that names no
 // kernel is Error(kNotFound) "unknown kernel 'X' (kernels: ...)", none at all says which exist.
+// Any other word `parent` does not know is a CLI::ExtrasError. Both are raised once `parent` has
+// parsed, before any callback runs: a refused command line runs nothing and writes nothing.
+// Every subcommand refuses unknown options and stray words (CLI11's default; never allow_extras).
 void require_kernel(CLI::App* parent);
+// The same for `check`, whose kernel is optional (none: every kernel).
+void optional_kernel(CLI::App* parent);
 
 // Adds a kernel's declared options as flags of `cmd` (--kebab-case of the declared name, plus its
 // aliases); the returned getter gives their values by declared name (defaults where a flag was

@@ -159,7 +159,7 @@ tune::SweepResult sweep_one(const kernels::TuneJob& job, const tune::SweepPolicy
     progress.note(label + ": skipped, cannot run it: " + job.support.reason);
     return r;
   }
-  const tune::RunFn run = job.make_run();
+  const tune::Runner run = job.make_run();
   const auto& params = job.candidates;
   size_t done = 0;
   std::string best_s;
@@ -178,9 +178,13 @@ tune::SweepResult sweep_one(const kernels::TuneJob& job, const tune::SweepPolicy
 }
 
 void report_sweep(const tune::SweepResult& r, bool supported, Progress& progress, const std::string& label) {
-  for (const auto& m : r.measurements)
+  for (const auto& m : r.measurements) {
     if (m.status == tune::Measurement::Status::kFailed && supported)
       progress.note(label + " " + tune::params_str(m.candidate) + ": failed: " + m.failure);
+    if (m.status == tune::Measurement::Status::kWrong)  // a kernel bug: never a winner
+      progress.note(label + " " + tune::params_str(m.candidate) + ": WRONG: " + m.failure);
+  }
+  if (!r.unchecked.empty()) progress.note(label + ": " + r.unchecked);
   if (r.best < 0) return;
   const auto& w = r.measurements[static_cast<size_t>(r.best)];
   const auto& d = r.measurements[0];

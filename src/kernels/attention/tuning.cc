@@ -127,11 +127,17 @@ void run_op(const Implementation& impl, const Problem& p, const BlockSizes& bs, 
 
 }  // namespace
 
-tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op) {
+tune::Runner make_timed_run(const Implementation& impl, const Problem& p, Pass op) {
   auto s = make_scratch(p, op);
   const Implementation* ip = &impl;
   const Problem prob = p;
-  return [s, ip, prob, op](const tune::Params& params) -> double {
+  tune::OutputsFn outputs = [s, op] {  // backward's o and lse are its inputs, computed once
+    std::vector<tune::Output> o;
+    if (op != Pass::kBackward) o.insert(o.end(), {{"o", s->o}, {"lse", s->lse}});
+    if (op != Pass::kForward) o.insert(o.end(), {{"dq", s->dq}, {"dk", s->dk}, {"dv", s->dv}});
+    return o;
+  };
+  tune::RunFn run = [s, ip, prob, op](const tune::Params& params) -> double {
     const BlockSizes bs = from_params(params);
     ip->validate_block_sizes(bs);
     if (op == Pass::kBackward && !s->saved) {  // backward is timed on a forward's o and lse
@@ -143,6 +149,7 @@ tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op
     ip->synchronize(prob);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+  return {std::move(run), std::move(outputs)};
 }
 
 Problem shape_only_problem(int64_t B, int64_t S, int64_t H, int64_t D, DType dtype, Device device) {

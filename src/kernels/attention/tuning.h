@@ -44,8 +44,9 @@ bool worth_autotuning(const Problem& p, int64_t min_work = kMinAutotuneWork);
 // library version.
 std::string autotune_key(const Implementation& impl, const Problem& p, Pass op, const std::string& device_kind);
 // A RunFn that validates a candidate and times one `op` of `impl` on `p` (read only) into
-// scratch outputs allocated here, synchronizing the implementation before stopping the clock.
-tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op);
+// scratch outputs allocated here, synchronizing the implementation before stopping the clock;
+// with the outputs `op` computes (o, lse; dq, dk, dv), which the sweep checks (tune/verify.h).
+tune::Runner make_timed_run(const Implementation& impl, const Problem& p, Pass op);
 
 // A dense problem (B sequences of S rows, H query heads, MHA, head dim D = Dv, no mask) with
 // deterministic random inputs, owning its memory (for `tessera tune` and tests).
@@ -79,7 +80,7 @@ struct Tuning {
   static std::string key(const Impl& i, const Problem& p, Pass op, const std::string& kind) {
     return autotune_key(i, p, op, kind);
   }
-  static tune::RunFn timed_run(const Impl& i, const Problem& p, Pass op) { return make_timed_run(i, p, op); }
+  static tune::Runner timed_run(const Impl& i, const Problem& p, Pass op) { return make_timed_run(i, p, op); }
   static std::string describe(const Impl& impl, const Problem& p, Pass op);
   static const Impl* find(const std::string& name) { return find_implementation(name); }
   // shape: the bucket dims (B, S, H, D); MHA, no mask, D = Dv.

@@ -98,7 +98,7 @@ void run_op(const Implementation& impl, const Problem& p, const BlockSizes& bs, 
 
 }  // namespace
 
-tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op) {
+tune::Runner make_timed_run(const Implementation& impl, const Problem& p, Pass op) {
   auto s = std::make_shared<Scratch>();
   s->out = Tensor::empty(p.dtype, {p.M, p.N}, p.device);
   if (op != Pass::kForward) {
@@ -108,7 +108,15 @@ tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op
   }
   const Implementation* ip = &impl;
   const Problem prob = p;
-  return [s, ip, prob, op](const tune::Params& params) -> double {
+  const bool has_rhs = p.rhs != nullptr;
+  tune::OutputsFn outputs = [s, op, has_rhs] {  // as run_op writes them
+    std::vector<tune::Output> o;
+    if (op != Pass::kBackward && has_rhs) o.push_back({"out", s->out});
+    if (op != Pass::kForward && has_rhs) o.push_back({"dlhs", s->dlhs});
+    if (op != Pass::kForward) o.push_back({"drhs", s->drhs});
+    return o;
+  };
+  tune::RunFn run = [s, ip, prob, op](const tune::Params& params) -> double {
     const BlockSizes bs = from_params(params);
     ip->validate_block_sizes(bs);
     const auto t0 = std::chrono::steady_clock::now();
@@ -116,6 +124,7 @@ tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op
     ip->synchronize(prob);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+  return {std::move(run), std::move(outputs)};
 }
 
 Problem shape_only_problem(int64_t M, int64_t K, int64_t N, int64_t G, DType dtype, Device device) {

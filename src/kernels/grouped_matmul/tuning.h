@@ -31,8 +31,9 @@ bool worth_autotuning(const Problem& p, int64_t min_work = kMinAutotuneWork);
 // implementation, device kind, dtype, M by power-of-two class, K, N, G exact, the largest group
 // by power-of-two class (skew), transpose_rhs, op, threads, library version.
 std::string autotune_key(const Implementation& impl, const Problem& p, Pass op, const std::string& device_kind);
-// Times one `op` of `impl` on `p` (read only) into scratch outputs allocated here.
-tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op);
+// Times one `op` of `impl` on `p` (read only) into scratch outputs allocated here, and hands
+// back the outputs `op` computes (out; dlhs, drhs), which the sweep checks (tune/verify.h).
+tune::Runner make_timed_run(const Implementation& impl, const Problem& p, Pass op);
 
 // A problem with balanced groups and deterministic random inputs, owning its memory.
 struct OwnedProblem {
@@ -64,7 +65,7 @@ struct Tuning {
   static std::string key(const Impl& i, const Problem& p, Pass op, const std::string& kind) {
     return autotune_key(i, p, op, kind);
   }
-  static tune::RunFn timed_run(const Impl& i, const Problem& p, Pass op) { return make_timed_run(i, p, op); }
+  static tune::Runner timed_run(const Impl& i, const Problem& p, Pass op) { return make_timed_run(i, p, op); }
   static std::string describe(const Impl& impl, const Problem& p, Pass op);
   static const Impl* find(const std::string& name) { return find_implementation(name); }
   // shape: the bucket dims (M, K, N, G), balanced groups.

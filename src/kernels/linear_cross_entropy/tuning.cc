@@ -97,7 +97,7 @@ std::string autotune_key(const Implementation& impl, const Problem& p, Pass op,
   return k;
 }
 
-tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op) {
+tune::Runner make_timed_run(const Implementation& impl, const Problem& p, Pass op) {
   // Scratch outputs, shared by every timed call, freed with the RunFn.
   struct Scratch {
     Tensor loss, lse, argmax, grad_loss, dx, dw, dbias;
@@ -119,7 +119,14 @@ tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op
   }
   const Implementation* ip = &impl;
   const Problem prob = p;
-  return [s, ip, prob, op](const tune::Params& params) -> double {
+  tune::OutputsFn outputs = [s, op] {  // backward's lse is its input, computed once
+    std::vector<tune::Output> o;
+    if (op != Pass::kBackward) o.insert(o.end(), {{"loss", s->loss}, {"lse", s->lse}});
+    if (op != Pass::kForward) o.insert(o.end(), {{"dx", s->dx}, {"dw", s->dw}});
+    if (op != Pass::kForward && s->dbias.defined()) o.push_back({"dbias", s->dbias});
+    return o;
+  };
+  tune::RunFn run = [s, ip, prob, op](const tune::Params& params) -> double {
     const BlockSizes bs = from_params(params);
     ip->validate_block_sizes(bs);
     ForwardOut fo{s->loss.data_as<float>(), s->lse.data_as<float>(),
@@ -145,6 +152,7 @@ tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op
     ip->synchronize(prob);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+  return {std::move(run), std::move(outputs)};
 }
 
 std::string Tuning::describe(const Implementation& impl, const Problem& p, Pass op) {

@@ -48,8 +48,10 @@ std::string autotune_key(const Implementation& impl, const Problem& p, Pass op,
 // A RunFn that validates a candidate and times one call of `op` of `impl` on `p` (the caller's
 // inputs, read only) into scratch outputs allocated here (never the caller's outputs),
 // synchronizing the implementation before stopping the clock. Throws Error(kOutOfMemory) if
-// the scratch cannot be allocated.
-tune::RunFn make_timed_run(const Implementation& impl, const Problem& p, Pass op);
+// the scratch cannot be allocated. Hands back the outputs `op` computes (loss, lse; dx, dw,
+// dbias), which the sweep checks (tune/verify.h); argmax is left out (a near-tie may flip
+// with the summation order).
+tune::Runner make_timed_run(const Implementation& impl, const Problem& p, Pass op);
 
 // A problem with deterministic random inputs of a given shape, owning its memory (for
 // `tessera tune` and tests). Labels avoid ignore_index; no bias, no weights, mean reduction.
@@ -81,7 +83,7 @@ struct Tuning {
   static std::string key(const Impl& i, const Problem& p, Pass op, const std::string& kind) {
     return autotune_key(i, p, op, kind);
   }
-  static tune::RunFn timed_run(const Impl& i, const Problem& p, Pass op) { return make_timed_run(i, p, op); }
+  static tune::Runner timed_run(const Impl& i, const Problem& p, Pass op) { return make_timed_run(i, p, op); }
   static std::string describe(const Impl& impl, const Problem& p, Pass op);
   static const Impl* find(const std::string& name) { return find_implementation(name); }
   // shape: the bucket dims (B, H, V); labels avoid ignore_index, no bias, mean reduction.

@@ -177,12 +177,16 @@ struct Plan {
   std::string error;
   int64_t workspace = 0;
   bool deterministic = false;
+  // Executions of one graph are serialized: the frontend's execute() is const but keeps per-graph
+  // state (its variant-pack template); enqueueing is host work of microseconds.
+  mutable std::mutex exec_mu;
 };
 
-Plan make_plan(const cp::PlanKey& k) {
+std::shared_ptr<const Plan> make_plan(const cp::PlanKey& k) {
   cuda::DeviceGuard guard(k.device);
   HandleLease h(k.device, nullptr);
-  Plan plan;
+  auto made = std::make_shared<Plan>();
+  Plan& plan = *made;
   try {
     if (k.pass == cp::Pass::kForward) {
       plan.graph = forward_graph(k);
@@ -204,7 +208,7 @@ Plan make_plan(const cp::PlanKey& k) {
              (plan.error.empty() ? " built, workspace " + std::to_string(plan.workspace) + " bytes" +
                                        (k.pass == cp::Pass::kBackward && !plan.deterministic ? " (non-deterministic)" : "")
                                  : " unavailable: " + plan.error));
-  return plan;
+  return made;
 }
 
 // Plans by key, built once (under the lock: concurrent first calls of one shape build it once).
@@ -214,7 +218,7 @@ std::shared_ptr<const Plan> plan_for(const cp::PlanKey& k) {
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(k); it != cache.end()) return it->second;
   if (cache.size() >= cp::kMaxCachedPlans) cache.clear();
-  auto plan = std::make_shared<const Plan>(make_plan(k));
+  auto plan = make_plan(k);
   cache.emplace(k, plan);
   return plan;
 }
@@ -224,7 +228,11 @@ void execute(const Plan& plan, const Problem& p, std::unordered_map<int64_t, voi
   const int dev = p.device.index;
   HandleLease h(dev, stream);
   const cuda::DeviceBuffer ws(static_cast<size_t>(plan.workspace), stream, dev);
-  fe::error_t e = plan.graph->execute(h.get(), pack, ws.get());
+  fe::error_t e;
+  {
+    std::lock_guard<std::mutex> lock(plan.exec_mu);
+    e = plan.graph->execute(h.get(), pack, ws.get());
+  }
   if (e.is_bad()) fail(ErrorCode::kInternal, "cuDNN execute failed: " + e.get_message());
 }
 

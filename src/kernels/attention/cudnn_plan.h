@@ -17,11 +17,10 @@
 
 namespace tessera::attention::cudnn_plan {
 
-// Head dims: multiples of 8 (16-byte rows of f16 / bf16); at most 256 when D == Dv, else at most
-// 128 each (cuDNN 9's Hopper support surface; the frontend's validation says the same).
+// Head dims: multiples of 8 (16-byte rows of f16 / bf16), at most 256 each (the frontend's
+// validation of the backward on Hopper with cuDNN 9.10+; the forward leaves it to the engines).
 constexpr int64_t kHeadDimMultiple = 8;
-constexpr int64_t kMaxHeadDimEqual = 256;
-constexpr int64_t kMaxHeadDimUnequal = 128;
+constexpr int64_t kMaxHeadDim = 256;
 constexpr size_t kPointerAlign = 16;
 
 // cuDNN's dims / strides of one tensor, in its [B, H, S, D] order.
@@ -73,10 +72,8 @@ inline std::string unsupported_reason(const Problem& p) {
            "masks; not wired";
   if (p.D % kHeadDimMultiple != 0 || p.Dv % kHeadDimMultiple != 0)
     return "cuDNN needs head dims that are multiples of 8, got D=" + n(p.D) + ", Dv=" + n(p.Dv);
-  const int64_t cap = p.D == p.Dv ? kMaxHeadDimEqual : kMaxHeadDimUnequal;
-  if (p.D > cap || p.Dv > cap)
-    return "cuDNN takes head dims up to " + n(cap) + (p.D == p.Dv ? "" : " when D != Dv") + ", got D=" + n(p.D) +
-           ", Dv=" + n(p.Dv);
+  if (p.D > kMaxHeadDim || p.Dv > kMaxHeadDim)
+    return "cuDNN takes head dims up to " + n(kMaxHeadDim) + ", got D=" + n(p.D) + ", Dv=" + n(p.Dv);
   if (p.Sq >= INT32_MAX || p.Sk >= INT32_MAX) return "cuDNN's mask bounds are 32-bit: Sq and Sk must be < 2^31";
   const Band b = band_of(p);
   if ((b.left || b.right) && p.Sq > p.Sk)

@@ -107,17 +107,18 @@ struct Plan {
   std::string error;
   int64_t workspace = 0;
   bool deterministic = false;
+  bool transient = false;  // failed for a reason other than cuDNN's support (not cached)
   // Executions of one graph are serialized: the frontend's execute() is const but keeps per-graph
   // state (its variant-pack template); enqueueing is host work of microseconds.
   mutable std::mutex exec_mu;
 };
 
 std::shared_ptr<const Plan> make_plan(const cp::PlanKey& k) {
-  cuda::DeviceGuard guard(k.device);
-  HandleLease h(k.device, nullptr);
   auto made = std::make_shared<Plan>();
   Plan& plan = *made;
   try {
+    cuda::DeviceGuard guard(k.device);
+    HandleLease h(k.device, nullptr);
     if (k.pass == cp::Pass::kForward) {
       plan.graph = forward_graph(k);
       plan.error = build(*plan.graph, h.get(), &plan.workspace);
@@ -130,8 +131,9 @@ std::shared_ptr<const Plan> make_plan(const cp::PlanKey& k) {
         if (plan.error.empty()) break;
       }
     }
-  } catch (const std::exception& e) {  // the frontend throws on some misuse (and bad_alloc)
+  } catch (const std::exception& e) {  // no handle, out of memory, the frontend's own throws
     plan.error = e.what();
+    plan.transient = true;
   }
   if (!plan.error.empty()) plan.graph.reset();
   log::debug(std::string(kKernelName) + " (cudnn): plan " + k.str() +
@@ -141,7 +143,9 @@ std::shared_ptr<const Plan> make_plan(const cp::PlanKey& k) {
   return made;
 }
 
-// Plans by key, built once (under the lock: concurrent first calls of one shape build it once).
+// Plans by key, built once (under the lock: concurrent first calls of one shape build it once;
+// other shapes wait for that build). cuDNN's refusals are cached like plans; transient failures
+// are not.
 std::shared_ptr<const Plan> plan_for(const cp::PlanKey& k) {
   static std::mutex mu;
   static std::unordered_map<cp::PlanKey, std::shared_ptr<const Plan>, cp::PlanKeyHash> cache;
@@ -149,7 +153,7 @@ std::shared_ptr<const Plan> plan_for(const cp::PlanKey& k) {
   if (auto it = cache.find(k); it != cache.end()) return it->second;
   if (cache.size() >= cp::kMaxCachedPlans) cache.clear();
   auto plan = make_plan(k);
-  cache.emplace(k, plan);
+  if (!plan->transient) cache.emplace(k, plan);
   return plan;
 }
 

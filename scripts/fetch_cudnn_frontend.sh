@@ -16,7 +16,7 @@ if [[ -f $dest/include/cudnn_frontend.h && "$(cat "$dest/VERSION" 2>/dev/null)" 
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: \
+python3 -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: --timeout 20 --retries 2 \
   -d "$tmp" "nvidia-cudnn-frontend==$version"
 wheel=$(ls "$tmp"/nvidia_cudnn_frontend-*.whl)
 python3 - "$wheel" "$tmp/x" <<'PY'

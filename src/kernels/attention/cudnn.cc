@@ -244,9 +244,10 @@ class Cudnn final : public Implementation {
     check_inputs(p);
     check_accessible(out.o, dev, "o");
     check_accessible(out.lse, dev, "lse");
+    if (std::string why = cp::unsupported_outputs(p.dtype, {out.o_dtype}); !why.empty())
+      return fallback(p, why).forward(p, fallback_bs(p), out);
     const auto plan = plan_for(cp::plan_key(p, cp::Pass::kForward));
-    if (std::string why = cp::unsupported_outputs(p.dtype, {out.o_dtype}); !why.empty() || !plan->graph)
-      return fallback(p, why.empty() ? plan->error : why).forward(p, fallback_bs(p), out);
+    if (!plan->graph) return fallback(p, plan->error).forward(p, fallback_bs(p), out);
     std::unordered_map<int64_t, void*> pack{{kQ, mut(p.q)}, {kK, mut(p.k)}, {kV, mut(p.v)},
                                             {kO, out.o},    {kStats, out.lse}};
     execute(*plan, p, pack);
@@ -263,11 +264,11 @@ class Cudnn final : public Implementation {
     check_accessible(out.dq, dev, "dq");
     check_accessible(out.dk, dev, "dk");
     check_accessible(out.dv, dev, "dv");
-    const auto plan = plan_for(cp::plan_key(p, cp::Pass::kBackward));
     const std::string why =
         cp::unsupported_outputs(p.dtype, {in.o_dtype, in.grad_o_dtype, out.dq_dtype, out.dk_dtype, out.dv_dtype});
-    if (!why.empty() || !plan->graph)
-      return fallback(p, why.empty() ? plan->error : why).backward(p, fallback_bs(p), in, out);
+    if (!why.empty()) return fallback(p, why).backward(p, fallback_bs(p), in, out);
+    const auto plan = plan_for(cp::plan_key(p, cp::Pass::kBackward));
+    if (!plan->graph) return fallback(p, plan->error).backward(p, fallback_bs(p), in, out);
     std::unordered_map<int64_t, void*> pack{{kQ, mut(p.q)},         {kK, mut(p.k)},   {kV, mut(p.v)},
                                             {kO, mut(in.o)},        {kDO, mut(in.grad_o)},
                                             {kStats, mut(in.lse)},  {kDQ, out.dq},    {kDK, out.dk},

@@ -1,5 +1,7 @@
-// grouped_matmul: the cuda backend against the reference (host copies) over the whole check grid,
-// forward / backward / fused; dispatch of device inputs; device group sizes refused clearly.
+// grouped_matmul: the cuda backends (cuda_v2: one grouped cuBLAS call; cuda: one GEMM per group)
+// against the reference (host copies) over the whole check grid, forward / backward / fused, and
+// past one chunk of cuda_v2's setup kernel; dispatch of device inputs (cuda_v2 first); device
+// group sizes refused clearly; host memory labelled as device memory refused.
 // Compiled only when the CUDA backend is built; every GPU test skips cleanly without a device.
 #include <gtest/gtest.h>
 
@@ -28,17 +30,47 @@ const ImplementationInfo* cuda_info() {
     if (!info_->available) GTEST_SKIP() << "no usable CUDA device: " << info_->unavailable_reason; \
   } while (0)
 
+void expect_parity(const testing::CaseSpec& s, const std::string& impl) {
+  for (Pass pass : {Pass::kForward, Pass::kBackward, Pass::kFused}) {
+    const harness::ParityReport r = testing::check_parity(s, impl, pass, Device::cuda());
+    // The cuda backends declare no grid case unsupported (host group sizes, int-sized dims).
+    TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, s.name() + " " + pass_name(pass) + ": " + r.error);
+    ASSERT_TRUE(r.ran) << impl << " " << s.name() << " " << pass_name(pass) << ": " << r.error;
+    for (const auto& f : r.fields)
+      EXPECT_TRUE(f.dev.ok()) << impl << " " << s.name() << " " << pass_name(pass) << " " << f.field << ": "
+                              << f.dev.str();
+  }
+}
+
 TEST(GroupedMatmulCuda, CheckGridMatchesTheReference) {
   SKIP_WITHOUT_GPU();
-  for (const testing::CaseSpec& s : testing::check_grid(false))
-    for (Pass pass : {Pass::kForward, Pass::kBackward, Pass::kFused}) {
-      const harness::ParityReport r = testing::check_parity(s, "cuda", pass, Device::cuda());
-      // The cuda backend declares no grid case unsupported (host group sizes, int-sized dims).
-      TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, s.name() + " " + pass_name(pass) + ": " + r.error);
-      ASSERT_TRUE(r.ran) << s.name() << " " << pass_name(pass) << ": " << r.error;
-      for (const auto& f : r.fields)
-        EXPECT_TRUE(f.dev.ok()) << s.name() << " " << pass_name(pass) << " " << f.field << ": " << f.dev.str();
-    }
+  for (const testing::CaseSpec& s : testing::check_grid(false)) expect_parity(s, "cuda");
+}
+
+TEST(GroupedMatmulCuda, V2CheckGridMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  for (const testing::CaseSpec& s : testing::check_grid(false)) expect_parity(s, "cuda_v2");
+}
+
+// More groups than one setup kernel / grouped call takes (1024): two chunks, with empty groups
+// (runs of them, cleared by one memset each in tgmm) and skewed sizes, both rhs layouts, bf16.
+TEST(GroupedMatmulCuda, V2ManyGroupsPastOneChunk) {
+  SKIP_WITHOUT_GPU();
+  testing::CaseSpec s;
+  s.dtype = DType::kBF16;
+  s.K = 24, s.N = 16;
+  s.sizes.assign(1500, 0);
+  int64_t rows = 0;
+  for (size_t g = 0; g < s.sizes.size(); ++g) {
+    s.sizes[g] = (g % 7 == 3) ? 0 : (g % 97 == 0 ? 40 : static_cast<int64_t>(g % 3));
+    rows += s.sizes[g];
+  }
+  s.M = rows + 5;  // rows past the groups are zero
+  for (bool t : {false, true}) {
+    s.transpose_rhs = t;
+    s.seed = t ? 12 : 11;
+    expect_parity(s, "cuda_v2");
+  }
 }
 
 TEST(GroupedMatmulCuda, DeviceInputsDispatchToCudaAndDeviceGroupSizesAreRefused) {
@@ -47,7 +79,7 @@ TEST(GroupedMatmulCuda, DeviceInputsDispatchToCudaAndDeviceGroupSizesAreRefused)
   const testing::CaseData d = testing::make_case(s);
   const Tensor lhs = d.lhs.to(Device::cuda()), rhs = d.rhs.to(Device::cuda());
   const Result r = compute({lhs.view(), rhs.view(), d.group_sizes.view()}, testing::options_of(s));
-  EXPECT_EQ(r.implementation, "cuda");
+  EXPECT_EQ(r.implementation, "cuda_v2");
   EXPECT_EQ(r.out.device().type, DeviceType::kCUDA);
   const Tensor gs_dev = d.group_sizes.to(Device::cuda());
   try {
@@ -55,6 +87,29 @@ TEST(GroupedMatmulCuda, DeviceInputsDispatchToCudaAndDeviceGroupSizesAreRefused)
     ADD_FAILURE() << "device group sizes were accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("group_sizes must be in host memory"), std::string::npos) << e.what();
+  }
+}
+
+// A pointer labelled cuda:0 that is pageable host memory: both backends refuse it with
+// kInvalidArgument before touching anything.
+TEST(GroupedMatmulCuda, HostMemoryLabelledAsDeviceIsRefused) {
+  SKIP_WITHOUT_GPU();
+  testing::CaseSpec s;
+  const testing::CaseData d = testing::make_case(s);
+  const Tensor rhs = d.rhs.to(Device::cuda());
+  const Tensor keep = d.lhs.to(Device::cuda());
+  TensorView lhs = keep.view();
+  lhs.data = d.lhs.view().data;  // host memory, labelled cuda:0
+  for (const char* impl : {"cuda_v2", "cuda"}) {
+    Options opt = testing::options_of(s);
+    opt.implementation = impl;
+    try {
+      compute({lhs, rhs.view(), d.group_sizes.view()}, opt);
+      ADD_FAILURE() << impl << ": host memory was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("not accessible"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -512,7 +512,29 @@ TEST(LceCudaPlan, DefaultBudgetChunksMatchTheDocs) {
     EXPECT_EQ(default_chunk_rows(cp::worst_case_needs(8192, 128256, true, dbias_acc)), 2048);
     EXPECT_EQ(default_chunk_rows(cp::worst_case_needs(8192, 256000, true, dbias_acc)), 1024);
   }
-  EXPECT_EQ(cp::blas_workspace_bytes(cp::kDefaultBudget), size_t{4} << 20);
+  EXPECT_EQ(cp::blas_workspace_bytes(cp::kDefaultBudget, 8), size_t{4} << 20);
+  // Hopper: 16 MiB at the default budget, and the same chunks (2,048 rows at V = 128,256).
+  EXPECT_EQ(cp::blas_workspace_bytes(cp::kDefaultBudget, 9), size_t{16} << 20);
+  for (bool dbias_acc : {false, true}) {
+    cp::ScratchNeeds n = cp::worst_case_needs(8192, 128256, true, dbias_acc);
+    n.cc_major = 9;
+    EXPECT_EQ(default_chunk_rows(n), 2048);
+  }
+}
+
+// The cuBLAS workspace: budget / 64, between 16 KiB and cuBLAS's own default (32 MiB on
+// compute capability 9+, NVIDIA's recommendation for Hopper; 4 MiB before), 256-byte multiples.
+TEST(LceCudaPlan, BlasWorkspaceIs32MiBOnHopper) {
+  const size_t MiB = size_t{1} << 20;
+  EXPECT_EQ(cp::blas_workspace_bytes(size_t{4} << 30, 9), 32 * MiB);
+  EXPECT_EQ(cp::blas_workspace_bytes(size_t{2} << 30, 10), 32 * MiB);
+  EXPECT_EQ(cp::blas_workspace_bytes(size_t{4} << 30, 8), 4 * MiB);
+  EXPECT_EQ(cp::blas_workspace_bytes(size_t{4} << 30, 0), 4 * MiB);  // unknown device: the old cap
+  EXPECT_EQ(cp::blas_workspace_bytes(size_t{64} << 10, 9), size_t{16} << 10);
+  EXPECT_EQ(cp::blas_workspace_bytes(size_t{100} << 20, 9) % cp::kAlign, 0u);
+  cp::ScratchNeeds n = cp::worst_case_needs(64, 1000, true, false);
+  n.cc_major = 9;
+  EXPECT_EQ(cp::scratch_layout(n, size_t{4} << 30, 1).workspace_bytes, 32 * MiB);
 }
 
 // Every region of the scratch is 256-byte aligned, the regions do not overlap, and the whole

@@ -7,12 +7,15 @@
 // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ, so every call below swaps the operands:
 //   gmm   rows of group g:  C[r, N] = A[r, K]·B[K, N]    → gemm(op_b, N, N=n, m=rows, k=K)
 //   tgmm  group g:          C[K, N] = A[r, K]ᵀ·D[r, N]   → col-major C'[N, K] = D'[N, r]·A'[K, r]ᵀ
+// Since cuda_v2 (one grouped cuBLAS call) it is the per-group baseline for side-by-side timing
+// and cuda_v2's fallback where cuBLAS has no grouped kernel for the dtypes.
 // Compiled in CI; NOT run on a GPU yet (docs/kernels/grouped_matmul.md says what is verified).
 #include <climits>
 #include <string>
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
+#include "kernels/grouped_matmul/cuda_checks.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "tessera/error.h"
 
@@ -46,6 +49,7 @@ class Cuda final : public Implementation {
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA)
       return Availability::no("inputs are on " + p.device.str() + "; the cuda backend needs CUDA device memory");
+    if (std::string why = cuda_checks::device_problem(p.device.index); !why.empty()) return Availability::no(why);
     if (p.M > INT_MAX || p.K > INT_MAX || p.N > INT_MAX)
       return Availability::no("M, K and N must each fit cuBLAS's int (<= 2^31 - 1)");
     return Availability::yes();
@@ -59,6 +63,7 @@ class Cuda final : public Implementation {
 
   void gmm(const Problem& p, const BlockSizes&, const GmmArgs& x) const override {
     cuda::DeviceGuard guard(p.device.index);
+    cuda_checks::check_args(p, x.a, x.b, x.c, "cuda", "rhs");
     clear(x.c, x.c_dtype, 0, p.row_lo() * p.N, p, "grouped_matmul cuda: clearing rows before the groups");
     clear(x.c, x.c_dtype, p.row_hi() * p.N, (p.M - p.row_hi()) * p.N, p, "grouped_matmul cuda: clearing rows past them");
     if (p.N == 0) return;
@@ -86,6 +91,7 @@ class Cuda final : public Implementation {
 
   void tgmm(const Problem& p, const BlockSizes&, const TgmmArgs& x) const override {
     cuda::DeviceGuard guard(p.device.index);
+    cuda_checks::check_args(p, x.a, x.d, x.c, "cuda", "dout");
     if (p.K == 0 || p.N == 0) return;
     cuda::BlasHandle h(p.device.index, stream_of(p));
     const cudaDataType in = cuda::blas_type(p.dtype), out = cuda::blas_type(x.c_dtype);

@@ -103,9 +103,13 @@ DeviceFacts device_facts(int device) {
   return f;
 }
 
+int cc_major(int device) { return device_facts(device).major; }
+
 // ---- planning (the arithmetic is in cuda_plan.h, tested on the host) ----
 
 size_t budget_of(const Problem& p) { return p.memory_budget ? p.memory_budget : plan::kDefaultBudget; }
+
+int cc_major(int device);  // below: the device's compute capability (0 if unknown)
 
 // What this call needs besides the logits chunk.
 plan::ScratchNeeds needs_of(const Problem& p, bool fwd, bool grad, const GradOut* go) {
@@ -114,12 +118,15 @@ plan::ScratchNeeds needs_of(const Problem& p, bool fwd, bool grad, const GradOut
   n.V = p.V;
   n.row_losses = fwd && p.reduction != Reduction::kNone;
   n.dbias_acc = grad && p.bias && go->dbias_dtype != DType::kF32;
+  n.cc_major = cc_major(p.device.index);
   return n;
 }
 
 // The most any call on `p` can need (supports() and the default block sizes).
 plan::ScratchNeeds worst_needs(const Problem& p) {
-  return plan::worst_case_needs(p.B, p.V, p.reduction != Reduction::kNone, p.bias != nullptr);
+  plan::ScratchNeeds n = plan::worst_case_needs(p.B, p.V, p.reduction != Reduction::kNone, p.bias != nullptr);
+  n.cc_major = cc_major(p.device.index);
+  return n;
 }
 
 int64_t chunk_rows(const Problem& p, const BlockSizes& bs, const plan::ScratchNeeds& n) {

@@ -35,10 +35,13 @@ inline int64_t logits_row_stride(int64_t V) { return (V + 7) / 8 * 8; }
 
 // Bytes of cuBLAS workspace carved out of the budget and handed to cuBLAS (cublasSetWorkspace),
 // so that the GEMMs' workspace is counted like every other byte of scratch: budget / 64, at
-// least 16 KiB (below that cuBLAS may fail with ALLOC_FAILED), at most 4 MiB (the size of
-// cuBLAS's own default workspace pool), a multiple of 256.
-inline size_t blas_workspace_bytes(size_t budget) {
-  const size_t lo = size_t{16} << 10, hi = size_t{4} << 20;
+// least 16 KiB (below that cuBLAS may fail with ALLOC_FAILED), a multiple of 256, and at most
+// what cuBLAS itself uses by default: 32 MiB on Hopper and newer (compute capability >= 9,
+// NVIDIA's recommendation; split-K and stream-K kernels need it), 4 MiB before. At the default
+// 1 GiB budget that is 16 MiB on Hopper (32 MiB from a 2 GiB budget), which keeps the chunk
+// sizes the docs quote.
+inline size_t blas_workspace_bytes(size_t budget, int cc_major) {
+  const size_t lo = size_t{16} << 10, hi = (cc_major >= 9 ? size_t{32} : size_t{4}) << 20;
   return std::clamp(budget / 64, lo, hi) / kAlign * kAlign;
 }
 
@@ -47,6 +50,7 @@ struct ScratchNeeds {
   int64_t B = 0, V = 0;
   bool row_losses = false;  // forward with reduction sum / mean: B floats of per-row losses
   bool dbias_acc = false;   // gradients with a bf16/f16 dbias: an f32 accumulator of V floats
+  int cc_major = 0;         // the device's compute capability (sizes the cuBLAS workspace)
 };
 
 // The most any call on a problem can need, for checks that know neither the pass nor the
@@ -80,7 +84,7 @@ inline ScratchLayout scratch_layout(const ScratchNeeds& n, size_t budget, int64_
   l.dbias = off;
   if (n.dbias_acc) off += align_up(static_cast<size_t>(n.V) * sizeof(float));
   l.workspace = off;
-  l.workspace_bytes = blas_workspace_bytes(budget);
+  l.workspace_bytes = blas_workspace_bytes(budget, n.cc_major);
   off += l.workspace_bytes;
   l.logits = off;
   off += static_cast<size_t>(rows) * static_cast<size_t>(logits_row_stride(n.V)) * sizeof(float);

@@ -13,6 +13,7 @@
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
+#include "core/trace_nvtx.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "tessera/error.h"
 
@@ -58,6 +59,7 @@ class Cuda final : public Implementation {
   }
 
   void gmm(const Problem& p, const BlockSizes&, const GmmArgs& x) const override {
+    TESSERA_NVTX_RANGE("gmm.cuda.gmm");
     cuda::DeviceGuard guard(p.device.index);
     clear(x.c, x.c_dtype, 0, p.row_lo() * p.N, p, "grouped_matmul cuda: clearing rows before the groups");
     clear(x.c, x.c_dtype, p.row_hi() * p.N, (p.M - p.row_hi()) * p.N, p, "grouped_matmul cuda: clearing rows past them");
@@ -85,6 +87,7 @@ class Cuda final : public Implementation {
   }
 
   void tgmm(const Problem& p, const BlockSizes&, const TgmmArgs& x) const override {
+    TESSERA_NVTX_RANGE("gmm.cuda.tgmm");
     cuda::DeviceGuard guard(p.device.index);
     if (p.K == 0 || p.N == 0) return;
     cuda::BlasHandle h(p.device.index, stream_of(p));

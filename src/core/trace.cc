@@ -154,6 +154,13 @@ const char* intern(const std::string& name) {
 }
 
 void Scope::begin(const char* name, int64_t arg) noexcept {
+  // The thread takes its buffer (its track) now, not at the first end(): a track is then never
+  // handed to another thread while one of this thread's scopes is open on it.
+  try {
+    my_buffer();
+  } catch (...) {  // out of memory: this scope is not recorded
+    return;
+  }
   name_ = name;
   arg_ = arg;
   t0_ns_ = now_ns();

@@ -7,7 +7,9 @@
 
 #include <barrier>
 #include <chrono>
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -38,6 +40,22 @@ void spin_us(int us) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
   while (std::chrono::steady_clock::now() < until) {
   }
+}
+
+// Chrome's rule for "X" events: on one track (pid, tid) they nest, never partly overlap.
+bool nests_per_track(const std::vector<json>& events) {
+  std::map<int, std::vector<std::pair<double, double>>> tracks;
+  for (const json& e : events) tracks[e.at("tid").get<int>()].push_back({e.at("ts"), e.at("ts").get<double>() + e.at("dur").get<double>()});
+  for (auto& [tid, spans] : tracks) {
+    std::sort(spans.begin(), spans.end(), [](auto& a, auto& b) { return a.first < b.first || (a.first == b.first && a.second > b.second); });
+    std::vector<double> open;  // ends of the enclosing spans
+    for (const auto& [begin, end] : spans) {
+      while (!open.empty() && open.back() <= begin) open.pop_back();
+      if (!open.empty() && end > open.back() + 2e-3) return false;  // ts, dur are rounded to ns
+      open.push_back(end);
+    }
+  }
+  return true;
 }
 
 class Trace : public ::testing::Test {
@@ -126,6 +144,7 @@ TEST_F(Trace, ThreadsRecordOnTheirOwnTracksAndReuseThem) {
   EXPECT_EQ(workers, 2 * kThreads);
   EXPECT_EQ(tids1.size(), static_cast<size_t>(kThreads));
   EXPECT_EQ(tids2, tids1) << "the second round's threads reuse the first round's tracks";
+  EXPECT_TRUE(nests_per_track(ev)) << "two threads' open scopes shared a track";
   // "test.main" is still open, so not in the document yet.
   EXPECT_EQ(ev.size(), static_cast<size_t>(2 * kThreads * (kScopes + 1)));
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "tools/cli_test_util.h"
 
@@ -56,6 +58,25 @@ std::multiset<std::string> scope_names(const json& doc) {
   return names;
 }
 
+// Chrome's rule for "X" events: on one track (tid) they nest, never partly overlap.
+bool nests_per_track(const json& doc) {
+  std::map<int, std::vector<std::pair<double, double>>> tracks;
+  for (const json& e : doc.at("traceEvents"))
+    if (e.at("ph") == "X")
+      tracks[e.at("tid").get<int>()].push_back({e.at("ts"), e.at("ts").get<double>() + e.at("dur").get<double>()});
+  for (auto& [tid, spans] : tracks) {
+    std::sort(spans.begin(), spans.end(),
+              [](auto& a, auto& b) { return a.first < b.first || (a.first == b.first && a.second > b.second); });
+    std::vector<double> open;  // ends of the enclosing spans
+    for (const auto& [begin, end] : spans) {
+      while (!open.empty() && open.back() <= begin) open.pop_back();
+      if (!open.empty() && end > open.back() + 2e-3) return false;  // ts, dur are rounded to ns
+      open.push_back(end);
+    }
+  }
+  return true;
+}
+
 #if defined(TESSERA_HAVE_CPU_BACKEND)
 TEST_F(BenchTrace, EachKernelsTraceHoldsItsNamedPhases) {
   const std::map<std::string, std::pair<std::string, std::set<std::string>>> want = {
@@ -81,6 +102,7 @@ TEST_F(BenchTrace, EachKernelsTraceHoldsItsNamedPhases) {
     EXPECT_GT(names.count("cpu forward small f32"), 0u) << kernel;
     EXPECT_GT(names.count("cpu fused tiny bf16"), 0u) << kernel;
     EXPECT_EQ(doc.at("otherData").at("dropped"), 0) << kernel;
+    EXPECT_TRUE(nests_per_track(doc)) << kernel << ": scopes partly overlap on a track";
     EXPECT_EQ(doc.at("otherData").at("events").get<size_t>(), names.size()) << kernel;
   }
 }

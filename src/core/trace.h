@@ -78,6 +78,6 @@ class Scope {
 #define TESSERA_TRACE_CONCAT2(a, b) a##b
 #define TESSERA_TRACE_CONCAT(a, b) TESSERA_TRACE_CONCAT2(a, b)
 #define TESSERA_TRACE_SCOPE(name) \
-  ::tessera::trace::Scope TESSERA_TRACE_CONCAT(tessera_trace_scope_, __LINE__)(name)
+  ::tessera::trace::Scope TESSERA_TRACE_CONCAT(tessera_trace_scope_, __COUNTER__)(name)
 #define TESSERA_TRACE_SCOPE_I(name, i) \
-  ::tessera::trace::Scope TESSERA_TRACE_CONCAT(tessera_trace_scope_, __LINE__)(name, static_cast<int64_t>(i))
+  ::tessera::trace::Scope TESSERA_TRACE_CONCAT(tessera_trace_scope_, __COUNTER__)(name, static_cast<int64_t>(i))

@@ -37,4 +37,4 @@ class Range {
 
 #define TESSERA_NVTX_CONCAT2(a, b) a##b
 #define TESSERA_NVTX_CONCAT(a, b) TESSERA_NVTX_CONCAT2(a, b)
-#define TESSERA_NVTX_RANGE(name) ::tessera::nvtx::Range TESSERA_NVTX_CONCAT(tessera_nvtx_range_, __LINE__)(name)
+#define TESSERA_NVTX_RANGE(name) ::tessera::nvtx::Range TESSERA_NVTX_CONCAT(tessera_nvtx_range_, __COUNTER__)(name)

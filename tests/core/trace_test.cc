@@ -149,6 +149,13 @@ TEST_F(Trace, ThreadsRecordOnTheirOwnTracksAndReuseThem) {
   EXPECT_EQ(ev.size(), static_cast<size_t>(2 * kThreads * (kScopes + 1)));
 }
 
+TEST_F(Trace, TwoScopesOnOneLineAreTwoEvents) {
+  trace::start();
+  { TESSERA_TRACE_SCOPE("test.a"); TESSERA_TRACE_SCOPE_I("test.b", 1); }  // distinct names (__COUNTER__)
+  trace::stop();
+  EXPECT_EQ(complete_events(json::parse(trace::document())).size(), 2u);
+}
+
 TEST_F(Trace, CapsTheEventCountAndCountsTheRest) {
   trace::start(5);
   for (int i = 0; i < 12; ++i) TESSERA_TRACE_SCOPE_I("test.capped", i);

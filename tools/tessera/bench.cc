@@ -342,7 +342,8 @@ void add_kernel(CLI::App* bench, const kernels::KernelSpec& k) {
   cmd->add_flag("--no-roofline", a->no_roofline, "No ceilings: skip the fraction-of-roofline column");
   cmd->add_flag("--check-finite", a->check_finite, "Keep ExecOptions::check_finite on (off by default)");
   cmd->add_flag("-q,--quiet", a->quiet, "No progress lines");
-  cmd->add_option("--trace", a->trace, "Write a Chrome / Perfetto trace of the run (the kernels' named phases per thread)");
+  cmd->add_option("--trace", a->trace, "Write a Chrome / Perfetto trace of the run (the kernels' named phases per thread)")
+      ->type_name("FILE");
   cmd->add_option("--trace-max-events", a->trace_max_events, "Events kept in the --trace file (later ones are counted as dropped)")
       ->capture_default_str();
   cmd->add_flag("--predict", a->predict, "Print each row's roofline prediction from the cost model and the stored "

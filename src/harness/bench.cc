@@ -7,6 +7,7 @@
 #include "core/memory.h"
 #include "core/progress.h"
 #include "core/random.h"
+#include "core/trace.h"
 #include "harness/blas.h"
 #include "harness/device_hooks.h"
 #include "harness/process.h"
@@ -269,6 +270,7 @@ class Driver {
 
   void time_pass(BenchProblem& p, const BenchCase& bc, const std::string& name, const Device& dev,
                  const DeviceHooks* hooks, Pass pass) {
+    const trace::Scope row(trace::enabled() ? trace::intern(name + " " + pass_name(pass) + " " + bc.label) : nullptr);
     ExecOptions exec = cfg_.exec;
     exec.implementation = name;
     BenchCall call = p.bind(name, dev, pass, exec);

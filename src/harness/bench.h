@@ -80,6 +80,9 @@ struct BenchCase {
   std::string shape_name;  // from the grid ("" for --shape)
   std::string label;       // "B=2048,H=1024,V=32768 f32"
   std::function<std::unique_ptr<BenchProblem>()> make;  // generates the inputs
+  // Optional: the same problem without inputs, for predictions (harness/predict.h): describe,
+  // work, cost and gemm_floor only (bind and baselines are never called on it). Unset: make.
+  std::function<std::unique_ptr<BenchProblem>()> make_cost_model = nullptr;
 };
 
 struct BenchConfig {

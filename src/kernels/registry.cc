@@ -131,6 +131,8 @@ harness::BenchConfig bench_config(const KernelSpec& k, const std::string& implem
       cfg.cases.push_back({shape.name, label, [&k, shape, dt, options, seed] {
                              return k.bench.make_problem(shape, dt, options, seed);
                            }});
+      if (k.bench.make_cost_model)
+        cfg.cases.back().make_cost_model = [&k, shape, dt, options] { return k.bench.make_cost_model(shape, dt, options); };
     }
   cfg.passes = k.passes;
   return cfg;

@@ -156,6 +156,11 @@ struct BenchSpec {
                                                        const harness::OptionValues& options,
                                                        uint64_t seed)>
       make_problem;
+  // Optional (`tessera bench --predict`): the same problem without generating or allocating its
+  // inputs; only describe, work, cost and gemm_floor are called on it. Unset: make_problem.
+  std::function<std::unique_ptr<harness::BenchProblem>(const harness::GridShape& shape, DType dtype,
+                                                       const harness::OptionValues& options)>
+      make_cost_model = nullptr;
 };
 
 struct KernelSpec {

@@ -6,11 +6,13 @@
 #include <algorithm>
 
 #include "common.h"
+#include "core/trace.h"
 #include "dispatch/dispatch.h"
 #include "harness/blas.h"
 #include "harness/compiler_report.h"
 #include "harness/device_hooks.h"
 #include "harness/grid.h"
+#include "harness/predict.h"
 #include "harness/process.h"
 #include "harness/roofline.h"
 #include "harness/table.h"
@@ -27,6 +29,9 @@ struct BenchArgs {
   bool compare = false, no_gemm = false, include_reference = false, no_roofline = false, quiet = false,
        check_finite = false;
   uint64_t seed = 1;
+  std::string trace;                                 // --trace FILE.json
+  size_t trace_max_events = trace::kDefaultMaxEvents;
+  bool predict = false;
 };
 
 std::string cell(const nlohmann::json& r, const char* k, const char* fmtspec = "{:.3g}") {
@@ -206,7 +211,83 @@ void write_json(const kernels::KernelSpec& k, const BenchArgs& a, const harness:
   fmt::print("wrote {}\n", a.json);
 }
 
+// ---- --predict: the cost model against the stored ceilings, nothing run ----
+
+void print_predictions(const std::vector<harness::Row>& rows, const std::vector<std::string>& dims) {
+  fmt::print("{:>3} {:<18} {:<8} {:<24} {:<4} {:>10} {:>10} {:>8} {:>9} {:>8} {:>8} {:>12}\n", "#", "implementation",
+             "pass", "shape", "dt", "GFLOP", "MB", "AI", "peak GF/s", "GB/s", "bound", "predicted ms");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    fmt::print("{:>3} {:<18} {:<8} {:<24} {:<4} {:>10} {:>10} {:>8} {:>9} {:>8} {:>8} {:>12}\n", i + 1,
+               r.value("implementation", ""), r.value("mode", ""), dims_label(r, dims), r.value("dtype", ""),
+               cell(r, "gflop_issued", "{:.4g}"), cell(r, "mbytes_min", "{:.4g}"), cell(r, "ai", "{:.3g}"),
+               cell(r, "peak_gflops", "{:.4g}"), cell(r, "bandwidth_gbs", "{:.3g}"), r.value("bound", "-"),
+               cell(r, "predicted_ms", "{:.4g}"));
+  }
+}
+
+// Stored ceilings only: a prediction never measures anything (nullopt when none are stored).
+std::optional<harness::Roofline> stored_ceilings(const BenchArgs& a, std::string* source) {
+  if (a.no_roofline) return std::nullopt;
+  const std::string path = a.roofline.empty() ? harness::default_roofline_path() : a.roofline;
+  auto roof = path.empty() ? std::nullopt : harness::load_roofline(path);
+  *source = roof ? "ceilings stored at " + path + " (measured " + roof->measured_at + (roof->quick ? ", quick" : "") + ")"
+                 : "no ceilings stored at " + path + ": run `tessera roofline` to predict times";
+  return roof;
+}
+
+void run_predict(const kernels::KernelSpec& k, const BenchArgs& a, const harness::OptionValues& options) {
+  std::vector<std::string> messages;
+  const harness::BenchConfig cfg = make_config(k, a, options, messages);
+  std::string roof_source;
+  const auto roof = stored_ceilings(a, &roof_source);
+  std::vector<std::string> skipped;
+  const std::vector<harness::Row> rows = harness::predict(cfg, roof ? &*roof : nullptr, &skipped);
+  for (const auto& m : skipped) fmt::print(stderr, "bench: {}\n", m);
+  print_predictions(rows, k.dims);
+  fmt::print("predicted ms = max(issued FLOPs / peak GEMM rate, minimum bytes / bandwidth): a roofline lower "
+             "bound, nothing was run\n{}\n", roof_source.empty() ? "no ceilings (--no-roofline)" : roof_source);
+  if (!a.json.empty()) {
+    nlohmann::json doc = {{"schema", "tessera-predict/1"}, {"kernel", k.name}, {"dims", k.dims},
+                          {"created_at", harness::utc_timestamp()}, {"tessera_version", TESSERA_VERSION},
+                          {"command", harness::command_line()}, {"roofline_source", roof_source}, {"rows", rows}};
+    messages.insert(messages.end(), skipped.begin(), skipped.end());
+    doc["messages"] = messages;
+    if (roof) doc["roofline"] = *roof;
+    harness::write_json_file(a.json, doc);
+    fmt::print("wrote {}\n", a.json);
+  }
+  if (!a.csv.empty()) {
+    std::vector<std::string> cols = {"kind", "implementation", "device", "mode", "shape"};
+    cols.insert(cols.end(), k.dims.begin(), k.dims.end());
+    for (const char* c : {"dtype", "gflop_useful", "gflop_issued", "mbytes_min", "transcendentals", "ai", "peak_gflops",
+                          "bandwidth_gbs", "compute_ms", "memory_ms", "predicted_ms", "bound", "roofline_note", "note"})
+      cols.push_back(c);
+    harness::write_csv_file(a.csv, rows, cols);
+    fmt::print("wrote {}\n", a.csv);
+  }
+  if (rows.empty()) {
+    fmt::print(stderr, "bench: nothing was predicted\n");
+    set_exit_code(1);
+  }
+}
+
+// ---- --trace: the named scopes of the run as a Chrome / Perfetto trace ----
+
+void write_trace(const kernels::KernelSpec& k, const BenchArgs& a) {
+  trace::stop();
+  trace::write(a.trace, "tessera bench " + k.name);
+  fmt::print("wrote {} ({} events{})\n", a.trace, trace::event_count(),
+             trace::dropped() ? fmt::format(", {} dropped past --trace-max-events {}", trace::dropped(),
+                                            a.trace_max_events)
+                              : std::string());
+}
+
 void run_bench(const kernels::KernelSpec& k, const BenchArgs& a, const harness::OptionValues& options) {
+  if (a.predict) {
+    check(a.trace.empty(), ErrorCode::kInvalidArgument, "--trace records a run; --predict runs nothing");
+    return run_predict(k, a, options);
+  }
   std::vector<std::string> messages;
   harness::BenchConfig cfg = make_config(k, a, options, messages);
   bool gpu_rows = false;
@@ -214,7 +295,12 @@ void run_bench(const kernels::KernelSpec& k, const BenchArgs& a, const harness::
   std::string roof_source;
   const auto roof = load_ceilings(a, gpu_rows, &roof_source);
   cfg.roofline = roof ? &*roof : nullptr;
+  if (!a.trace.empty()) {
+    check(a.trace_max_events >= 1, ErrorCode::kInvalidArgument, "--trace-max-events must be >= 1");
+    trace::start(a.trace_max_events);
+  }
   harness::BenchResult res = harness::run_bench(cfg);
+  if (!a.trace.empty()) write_trace(k, a);
   res.messages.insert(res.messages.begin(), messages.begin(), messages.end());
   print_table(res.rows, k.dims);
   if (!roof_source.empty()) fmt::print("{}\n", roof_source);
@@ -253,6 +339,12 @@ void add_kernel(CLI::App* bench, const kernels::KernelSpec& k) {
   cmd->add_flag("--no-roofline", a->no_roofline, "No ceilings: skip the fraction-of-roofline column");
   cmd->add_flag("--check-finite", a->check_finite, "Keep ExecOptions::check_finite on (off by default)");
   cmd->add_flag("-q,--quiet", a->quiet, "No progress lines");
+  cmd->add_option("--trace", a->trace, "Write a Chrome / Perfetto trace of the run (the kernels' named phases per thread)")
+      ->type_name("FILE");
+  cmd->add_option("--trace-max-events", a->trace_max_events, "Events kept in the --trace file (later ones are counted as dropped)")
+      ->capture_default_str();
+  cmd->add_flag("--predict", a->predict, "Print each row's roofline prediction from the cost model and the stored "
+                                         "ceilings; runs nothing, allocates no inputs");
   auto options = add_kernel_options(cmd, k.bench.options);
   cmd->callback([a, options, &k] { run_bench(k, *a, options()); });
 }

@@ -62,6 +62,7 @@
 
 #include "core/env.h"
 #include "core/memory.h"
+#include "core/trace.h"
 #include "kernels/attention/cpu_simd.h"
 #include "kernels/attention/impl.h"
 #include "primitives/cpu_blas.h"
@@ -199,6 +200,7 @@ class Forward : Common {
   Forward(const Problem& prob, const BlockSizes& bs, const ForwardOut& out) : Common(prob, bs), out_(out) {}
 
   void run() {
+    TESSERA_TRACE_SCOPE("attn.fwd");
     // Super-blocks of R consecutive q blocks of one (sequence, head): each kv tile is converted
     // and packed once for all of them. R is as large as keeps >= 4 items per thread (load
     // balance) and R·q <= kMaxSuperRows (the f32 O accumulators stay small).
@@ -270,6 +272,7 @@ class Forward : Common {
   }
 
   void item(Scratch& s, const Item& it) const {
+    TESSERA_TRACE_SCOPE_I("attn.fwd.item", it.h);  // tiles: pack, QKᵀ, online softmax, PV
     const int64_t n = it.n, h = it.h, kvh = h / p.group();
     const int64_t sq = p.q_len(n), qbeg = p.q_begin(n), kbeg = p.k_begin(n);
     const int64_t nb = it.qb1 - it.qb0;
@@ -314,6 +317,7 @@ class Forward : Common {
         mm(s.S, ld, false, s.vv, mq, p.Dv, nk, O, p.Dv, 1.0f, true);
       }
     }
+    TESSERA_TRACE_SCOPE("attn.fwd.store");  // O / l and lse, to the end of the item
     for (int64_t r = 0; r < rows; ++r) {
       const bool seen = s.l[r] > 0.0f;
       const float inv = seen ? 1.0f / s.l[r] : 0.0f;
@@ -344,6 +348,7 @@ class Backward : Common {
       : Common(prob, bs), in_(in), out_(out) {}
 
   void run() {
+    TESSERA_TRACE_SCOPE("attn.bwd");
     const int64_t G = p.group();
     const int want = std::clamp(p.num_threads, 1, kMaxThreads);
     const int64_t pairs = p.N * p.Hkv;
@@ -448,6 +453,7 @@ class Backward : Common {
 
   // dq = Σ over chunks (in chunk order) of the partials.
   void reduce_dq() {
+    TESSERA_TRACE_SCOPE("attn.bwd.reduce_dq");
     for (size_t i = 0; i < items_.size(); i += static_cast<size_t>(chunks_)) {
       const Item& first = items_[i];
       const size_t count = static_cast<size_t>(p.q_len(first.n) * p.group() * p.D);
@@ -461,6 +467,7 @@ class Backward : Common {
 
   // dk, dv = Σ over chunks (in chunk order) of the partials.
   void reduce_dkv() {
+    TESSERA_TRACE_SCOPE("attn.bwd.reduce_dkv");
     for (size_t i = 0; i < items_.size(); i += static_cast<size_t>(chunks_)) {
       const Item& first = items_[i];
       const int64_t sk = p.k_len(first.n);
@@ -485,6 +492,7 @@ class Backward : Common {
   }
 
   void item(Scratch& s, const Item& it) const {
+    TESSERA_TRACE_SCOPE_I("attn.bwd.item", it.kvh);  // self time: Δ, prepacking Q and dO
     const int64_t n = it.n, kvh = it.kvh, G = p.group();
     const int64_t sq = p.q_len(n), sk = p.k_len(n), qbeg = p.q_begin(n), kbeg = p.k_begin(n);
     // This item's query heads of the group: all, or its share under the head split.
@@ -530,6 +538,7 @@ class Backward : Common {
     const float scale = static_cast<float>(p.scale);
     const float inv_c = p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.0f;
     for (int64_t kb = kb0; kb < kb1; ++kb) {
+      TESSERA_TRACE_SCOPE_I("attn.bwd.kv_block", kb);  // pack K, V; five products per q tile; store dK, dV
       const int64_t j0 = kb * bk, nk = std::min(bk, sk - j0);
       int64_t ldk = 0, ldv = 0;
       const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);

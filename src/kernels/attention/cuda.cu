@@ -19,6 +19,7 @@
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
+#include "core/trace_nvtx.h"
 #include "kernels/attention/cuda_kernels.cuh"
 #include "kernels/attention/impl.h"
 #include "tessera/error.h"
@@ -190,6 +191,7 @@ void launch_forward_c(const ck::Params& k, const Problem& p, cudaStream_t stream
 }
 
 void launch_forward(const ck::Params& k, const Problem& p, cudaStream_t stream) {
+  TESSERA_NVTX_RANGE("attn.cuda.forward_kernel");
   if (p.N == 0 || p.Sq == 0) return;
   switch (row_chunks(p)) {
     case 2: launch_forward_c<2>(k, p, stream); break;
@@ -199,6 +201,7 @@ void launch_forward(const ck::Params& k, const Problem& p, cudaStream_t stream) 
 }
 
 void launch_delta(const ck::Params& k, const Problem& p, cudaStream_t stream) {
+  TESSERA_NVTX_RANGE("attn.cuda.delta");
   const int64_t warps = p.total_q * p.Hq;
   if (warps == 0) return;
   const auto blocks = static_cast<unsigned>((warps + ck::kDeltaWarps - 1) / ck::kDeltaWarps);
@@ -216,6 +219,7 @@ void launch_dq_c(const ck::Params& k, const Problem& p, cudaStream_t stream) {
 }
 
 void launch_dq(const ck::Params& k, const Problem& p, cudaStream_t stream) {
+  TESSERA_NVTX_RANGE("attn.cuda.dq");
   if (p.N == 0 || p.Sq == 0) return;
   switch (row_chunks(p)) {
     case 2: launch_dq_c<2>(k, p, stream); break;
@@ -234,6 +238,7 @@ void launch_dkdv_gc(const ck::Params& k, const Problem& p, cudaStream_t stream) 
 }
 
 void launch_dkdv(const ck::Params& k, const Problem& p, cudaStream_t stream) {
+  TESSERA_NVTX_RANGE("attn.cuda.dkdv");
   if (p.N == 0 || p.Sk == 0) return;
   const KeyShape ks = key_shape(p);
   if (ks.G == 8) return launch_dkdv_gc<8, 32>(k, p, stream);
@@ -300,6 +305,7 @@ class Cuda final : public Implementation {
   }
 
   void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const override {
+    TESSERA_NVTX_RANGE("attn.cuda.fwd");
     validate_block_sizes(bs);
     cuda::DeviceGuard guard(p.device.index);
     check_inputs_accessible(p);
@@ -313,6 +319,7 @@ class Cuda final : public Implementation {
   }
 
   void backward(const Problem& p, const BlockSizes& bs, const BackwardIn& in, const GradOut& out) const override {
+    TESSERA_NVTX_RANGE("attn.cuda.bwd");
     validate_block_sizes(bs);
     const int dev = p.device.index;
     cuda::DeviceGuard guard(dev);

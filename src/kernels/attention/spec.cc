@@ -163,7 +163,8 @@ struct Bound {
 
 class AttentionBench final : public harness::BenchProblem {
  public:
-  AttentionBench(const Settings& s, uint64_t seed) : s_(s) {
+  AttentionBench(const Settings& s, uint64_t seed, bool with_data = true) : s_(s) {
+    if (!with_data) return;  // cost model only (`tessera bench --predict`)
     q_ = random_uniform(s.dtype, {s.B, s.S, s.H, s.D}, 1.0f, seed * 5 + 1);
     k_ = random_uniform(s.dtype, {s.B, s.S, s.Hkv, s.D}, 1.0f, seed * 5 + 2);
     v_ = random_uniform(s.dtype, {s.B, s.S, s.Hkv, s.D}, 1.0f, seed * 5 + 3);
@@ -263,7 +264,8 @@ class AttentionBench final : public harness::BenchProblem {
 };
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
-                                                          const harness::OptionValues& o, uint64_t seed) {
+                                                          const harness::OptionValues& o, uint64_t seed,
+                                                          bool with_data = true) {
   Settings s;
   s.B = shape.dim("B"), s.S = shape.dim("S"), s.H = shape.dim("H"), s.D = shape.dim("D");
   const int64_t groups = o.integer("gqa");
@@ -272,7 +274,7 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   s.Hkv = s.H / groups;
   s.dtype = dtype;
   s.causal = o.flag("causal");
-  return std::make_unique<AttentionBench>(s, seed);
+  return std::make_unique<AttentionBench>(s, seed, with_data);
 }
 
 kernels::KernelSpec make_spec() {
@@ -286,7 +288,12 @@ kernels::KernelSpec make_spec() {
   k.check_grid = check_cases;
   k.bench.options = {{"causal", K::kFlag, "causal mask", "false", {}},
                      {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}};
-  k.bench.make_problem = make_bench_problem;
+  k.bench.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) {
+    return make_bench_problem(shape, dt, o, seed);
+  };
+  k.bench.make_cost_model = [](const auto& shape, DType dt, const auto& o) {
+    return make_bench_problem(shape, dt, o, 0, false);
+  };
   k.tune = kernels::make_tune_spec<Tuning>();
   k.call = call_spec();
   return k;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "core/trace.h"
 #include "primitives/cpu_blas.h"
 #include "primitives/cpu_convert.h"
 #include "primitives/cpu_threads.h"
@@ -149,6 +150,7 @@ class Cpu final : public Implementation {
   }
 
   void gmm(const Problem& p, const BlockSizes& bs, const GmmArgs& x) const override {
+    TESSERA_TRACE_SCOPE("gmm.gmm");
     zero_block(x.c, x.c_dtype, 0, p.N, p.row_lo(), p.N);
     zero_block(x.c, x.c_dtype, p.row_hi() * p.N, p.N, p.M - p.row_hi(), p.N);
     std::vector<Item> items;
@@ -169,6 +171,7 @@ class Cpu final : public Implementation {
   }
 
   void tgmm(const Problem& p, const BlockSizes& bs, const TgmmArgs& x) const override {
+    TESSERA_TRACE_SCOPE("gmm.tgmm");
     std::vector<Item> items;
     for (int64_t g = 0; g < p.G; ++g)
       for (auto [k0, k1] : split(p.K, bs.m))
@@ -187,6 +190,7 @@ class Cpu final : public Implementation {
  private:
   // c[r0:r1, c0:c1] = a[r0:r1, :] · b[g][:, c0:c1].
   static void gmm_item(const Problem& p, const GmmArgs& x, const Item& it, float* abuf, float* bbuf, float* cbuf) {
+    TESSERA_TRACE_SCOPE_I("gmm.gmm.item", it.g);
     const int64_t rows = it.r1 - it.r0, cols = it.c1 - it.c0, K = p.K, N = p.N;
     const bool trans = p.transpose_rhs;
     const float* A = nullptr;
@@ -196,6 +200,7 @@ class Cpu final : public Implementation {
       A = static_cast<const float*>(x.a) + it.r0 * K;
       B = static_cast<const float*>(x.b) + (trans ? it.g * N * K + it.c0 * K : it.g * K * N + it.c0);
     } else {
+      TESSERA_TRACE_SCOPE("gmm.pack");  // bf16/f16 rows and columns to f32
       to_f32(x.a, p.dtype, it.r0 * K, K, rows, K, abuf);
       if (trans) {
         to_f32(x.b, p.dtype, it.g * N * K + it.c0 * K, K, cols, K, bbuf);  // [cols, K]
@@ -205,6 +210,7 @@ class Cpu final : public Implementation {
       }
       A = abuf, B = bbuf;
     }
+    TESSERA_TRACE_SCOPE("gmm.gemm");  // and the store of a bf16/f16 output
     if (x.c_dtype == DType::kF32) {
       cpu_blas::sgemm(false, trans, rows, cols, K, 1.0f, A, lda, B, ldb, 0.0f,
                       static_cast<float*>(x.c) + it.r0 * N + it.c0, N);
@@ -217,6 +223,7 @@ class Cpu final : public Implementation {
   // drhs[g][k0:k1, c0:c1] = a[rows of g, k0:k1]ᵀ · d[rows of g, c0:c1] (stored transposed with
   // transpose_rhs: drhs[g][c0:c1, k0:k1]).
   static void tgmm_item(const Problem& p, const TgmmArgs& x, const Item& it, float* abuf, float* dbuf, float* cbuf) {
+    TESSERA_TRACE_SCOPE_I("gmm.tgmm.item", it.g);
     const int64_t kc = it.r1 - it.r0, nc = it.c1 - it.c0, K = p.K, N = p.N, R = p.rows(it.g);
     const bool trans = p.transpose_rhs;
     // The item's block of drhs[g]: [kc, nc] at (k0, c0) with stride N, or [nc, kc] at (c0, k0)
@@ -241,11 +248,13 @@ class Cpu final : public Implementation {
         A = static_cast<const float*>(x.a) + (row0 + r) * K + it.r0;
         D = static_cast<const float*>(x.d) + (row0 + r) * N + it.c0;
       } else {
+        TESSERA_TRACE_SCOPE("gmm.pack");
         to_f32(x.a, p.dtype, (row0 + r) * K + it.r0, K, rb, kc, abuf);
         to_f32(x.d, p.dtype, (row0 + r) * N + it.c0, N, rb, nc, dbuf);
         A = abuf, D = dbuf, lda = kc, ldd = nc;
       }
       const float beta = r == 0 ? 0.0f : 1.0f;
+      TESSERA_TRACE_SCOPE("gmm.gemm");
       if (trans)
         cpu_blas::sgemm(true, false, nc, kc, rb, 1.0f, D, ldd, A, lda, beta, C, ldC);
       else

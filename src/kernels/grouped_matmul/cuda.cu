@@ -15,6 +15,7 @@
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
+#include "core/trace_nvtx.h"
 #include "kernels/grouped_matmul/cuda_checks.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "tessera/error.h"
@@ -62,6 +63,7 @@ class Cuda final : public Implementation {
   }
 
   void gmm(const Problem& p, const BlockSizes&, const GmmArgs& x) const override {
+    TESSERA_NVTX_RANGE("gmm.cuda.gmm");
     cuda::DeviceGuard guard(p.device.index);
     cuda_checks::check_args(p, x.a, x.b, x.c, "cuda", "rhs");
     clear(x.c, x.c_dtype, 0, p.row_lo() * p.N, p, "grouped_matmul cuda: clearing rows before the groups");
@@ -90,6 +92,7 @@ class Cuda final : public Implementation {
   }
 
   void tgmm(const Problem& p, const BlockSizes&, const TgmmArgs& x) const override {
+    TESSERA_NVTX_RANGE("gmm.cuda.tgmm");
     cuda::DeviceGuard guard(p.device.index);
     cuda_checks::check_args(p, x.a, x.d, x.c, "cuda", "dout");
     if (p.K == 0 || p.N == 0) return;

@@ -16,6 +16,7 @@
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
+#include "core/trace_nvtx.h"
 #include "core/log.h"
 #include "kernels/grouped_matmul/cuda_checks.h"
 #include "kernels/grouped_matmul/impl.h"
@@ -158,6 +159,7 @@ class CudaV2 final : public Implementation {
   }
 
   void gmm(const Problem& p, const BlockSizes& bs, const GmmArgs& x) const override {
+    TESSERA_NVTX_RANGE("gmm.cuda_v2.gmm");
     cuda::DeviceGuard guard(p.device.index);
     cc::check_args(p, x.a, x.b, x.c, kImpl, "rhs");
     clear(x.c, x.c_dtype, 0, p.row_lo() * p.N, p, "grouped_matmul cuda_v2: clearing rows before the groups");
@@ -183,6 +185,7 @@ class CudaV2 final : public Implementation {
   }
 
   void tgmm(const Problem& p, const BlockSizes& bs, const TgmmArgs& x) const override {
+    TESSERA_NVTX_RANGE("gmm.cuda_v2.tgmm");
     cuda::DeviceGuard guard(p.device.index);
     cc::check_args(p, x.a, x.d, x.c, kImpl, "dout");
     if (p.K == 0 || p.N == 0) return;

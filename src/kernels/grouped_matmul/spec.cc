@@ -151,7 +151,8 @@ struct Bound {
 
 class GmmBench final : public harness::BenchProblem {
  public:
-  GmmBench(Settings s, uint64_t seed) : s_(std::move(s)) {
+  GmmBench(Settings s, uint64_t seed, bool with_data = true) : s_(std::move(s)) {
+    if (!with_data) return;  // cost model only (`tessera bench --predict`)
     lhs_ = random_uniform(s_.dtype, {s_.M, s_.K}, 1.0f, seed * 4 + 1);
     rhs_ = random_uniform(s_.dtype, {s_.G, s_.K, s_.N}, 1.0f, seed * 4 + 2);
     dout_ = random_uniform(s_.dtype, {s_.M, s_.N}, 1.0f, seed * 4 + 3);
@@ -263,14 +264,15 @@ class GmmBench final : public harness::BenchProblem {
 };
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
-                                                          const harness::OptionValues& o, uint64_t seed) {
+                                                          const harness::OptionValues& o, uint64_t seed,
+                                                          bool with_data = true) {
   Settings s;
   s.M = shape.dim("M"), s.K = shape.dim("K"), s.N = shape.dim("N"), s.G = shape.dim("G");
   check(s.G >= 1, ErrorCode::kInvalidArgument, "grouped_matmul bench: G must be >= 1");
   s.dtype = dtype;
   s.routing = o.str("routing");
   s.sizes = route(s.M, s.G, s.routing);
-  return std::make_unique<GmmBench>(std::move(s), seed);
+  return std::make_unique<GmmBench>(std::move(s), seed, with_data);
 }
 
 kernels::KernelSpec make_spec() {
@@ -285,7 +287,12 @@ kernels::KernelSpec make_spec() {
   k.bench.options = {{"routing", K::kString,
                       "group sizes: balanced (M/G each) or skewed (one group 70 % of the rows, two empty)",
                       "balanced", {}}};
-  k.bench.make_problem = make_bench_problem;
+  k.bench.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) {
+    return make_bench_problem(shape, dt, o, seed);
+  };
+  k.bench.make_cost_model = [](const auto& shape, DType dt, const auto& o) {
+    return make_bench_problem(shape, dt, o, 0, false);
+  };
   k.tune = kernels::make_tune_spec<Tuning>();
   k.call = call_spec();
   return k;

@@ -34,7 +34,8 @@ struct Bound {
 
 class LceBench final : public harness::BenchProblem {
  public:
-  LceBench(const Settings& s, uint64_t seed) : s_(s) {
+  LceBench(const Settings& s, uint64_t seed, bool with_data) : s_(s) {
+    if (!with_data) return;  // cost model only
     x_ = random_uniform(s.dtype, {s.B, s.H}, 1.0f, seed * 3 + 1);
     const float ws = 3.0f / std::sqrt(static_cast<float>(s.H));
     w_ = random_uniform(s.dtype, s.layout == WLayout::kVH ? Shape{s.V, s.H} : Shape{s.H, s.V}, ws, seed * 3 + 2);
@@ -171,7 +172,8 @@ std::vector<harness::OptionSpec> bench_options() {
 }
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
-                                                          const harness::OptionValues& o, uint64_t seed) {
+                                                          const harness::OptionValues& o, uint64_t seed,
+                                                          bool with_data) {
   Settings s;
   s.B = shape.dim("B"), s.H = shape.dim("H"), s.V = shape.dim("V");
   s.dtype = dtype;
@@ -185,7 +187,12 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   check(s.label_smoothing >= 0.0 && s.label_smoothing <= 1.0, ErrorCode::kInvalidArgument,
         "--label-smoothing must be in [0, 1]");
   s.class_weights = o.flag("class-weights");
-  return std::make_unique<LceBench>(s, seed);
+  return std::make_unique<LceBench>(s, seed, with_data);
+}
+
+std::unique_ptr<harness::BenchProblem> make_bench_cost_model(const harness::GridShape& shape, DType dtype,
+                                                             const harness::OptionValues& options) {
+  return make_bench_problem(shape, dtype, options, 0, false);
 }
 
 }  // namespace tessera::linear_cross_entropy

@@ -21,6 +21,9 @@ namespace tessera::linear_cross_entropy {
 std::vector<harness::OptionSpec> bench_options();
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
                                                           const harness::OptionValues& options,
-                                                          uint64_t seed);
+                                                          uint64_t seed, bool with_data = true);
+// The same problem without inputs (cost model only: `tessera bench --predict`).
+std::unique_ptr<harness::BenchProblem> make_bench_cost_model(const harness::GridShape& shape, DType dtype,
+                                                             const harness::OptionValues& options);
 
 }  // namespace tessera::linear_cross_entropy

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "core/trace.h"
 #include "primitives/cpu_blas.h"
 #include "kernels/linear_cross_entropy/cpu_rows.h"
 #include "kernels/linear_cross_entropy/cpu_simd.h"
@@ -256,6 +257,7 @@ const float* Call::w_block(int tid, int64_t h0, int64_t hc, int64_t v0, int64_t 
     *ld = hv ? p.V : p.H;
     return hv ? w + h0 * p.V + v0 : w + v0 * p.H + h0;
   }
+  TESSERA_TRACE_SCOPE("lce.pack_w");
   const auto* w = static_cast<const uint16_t*>(p.w);
   const bool bf16 = p.dtype == DType::kBF16;
   float* dst = wconv + static_cast<int64_t>(tid) * hb * vb;
@@ -272,6 +274,7 @@ const float* Call::w_block(int tid, int64_t h0, int64_t hc, int64_t v0, int64_t 
 // Z[nb × n] (row stride ldz) = x_blk · w[:, v0 : v0+n]  (no bias).
 void Call::logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z,
                        int64_t ldz) const {
+  TESSERA_TRACE_SCOPE("lce.gemm.logits");
   const bool hv = p.layout == WLayout::kHV;
   const int64_t hstep = wchunks ? hb : p.H;  // f32 w: one GEMM with K = H
   for (int64_t h0 = 0; h0 < p.H; h0 += hstep) {
@@ -283,6 +286,7 @@ void Call::logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t
 }
 
 void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
+  TESSERA_TRACE_SCOPE_I("lce.phase_a", b0);
   const Range r = split(p.V, tid, T, 16);
   RowPartial* P = part + static_cast<int64_t>(tid) * bb;
   for (int64_t i = 0; i < nb; ++i)
@@ -301,6 +305,7 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
       ldz = vb;
     }
     logits_tile(tid, xb, nb, v0, n, Z, ldz);
+    TESSERA_TRACE_SCOPE("lce.softmax");  // the rows of this tile, to the end of the iteration
     for (int64_t i = 0; i < nb; ++i) {
       float* z = Z + i * ldz;
       simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, cap);
@@ -327,6 +332,7 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
 }
 
 void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
+  TESSERA_TRACE_SCOPE_I("lce.merge", b0);
   const Range rows = split(nb, tid, T, 1);
   const bool write_fwd = mode != Mode::kBackward;
   for (int64_t i = rows.begin; i < rows.end; ++i) {
@@ -378,6 +384,7 @@ void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
 }
 
 void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first_block) {
+  TESSERA_TRACE_SCOPE_I("lce.phase_b1", b0);  // softmax gradient (self time) + dw GEMM
   const Range r = split(p.V, tid, T, 16);
   const bool hv = p.layout == WLayout::kHV;
   const double eps = p.label_smoothing, lam = p.z_loss_weight, cap = p.soft_cap;
@@ -420,6 +427,7 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
       }
     }
     const float beta = first_block ? 0.0f : 1.0f;
+    TESSERA_TRACE_SCOPE("lce.gemm.dw");
     if (hv)  // dw[:, v0:v0+n] (H × n) += x_blkᵀ · D
       gemm(true, false, p.H, n, nb, xb, p.H, D, p.V, beta, dw32 + v0, p.V);
     else     // dw[v0:v0+n, :] (n × H) += Dᵀ · x_blk
@@ -428,6 +436,7 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
 }
 
 void Call::phase_b2(int tid, int64_t b0, int64_t nb) {
+  TESSERA_TRACE_SCOPE_I("lce.phase_b2", b0);  // dx GEMM
   const Range r = split(p.H, tid, T, 16);
   if (r.size() == 0) return;
   const bool hv = p.layout == WLayout::kHV;
@@ -471,6 +480,7 @@ void store_rounded(void* dst, DType dt, int64_t begin, const float* src, int64_t
 // Stores the f32 accumulators of dw (when not f32) and dbias.
 void Call::finish(int tid) {
   if (!grads) return;
+  TESSERA_TRACE_SCOPE("lce.finish");
   if (dw32 != gout->dw) {
     const Range r = split(p.H * p.V, tid, T, 64);
     store_rounded(gout->dw, gout->dw_dtype, r.begin, dw32 + r.begin, r.size());
@@ -494,6 +504,7 @@ bool Call::use_w_copy() const {
 }
 
 void Call::convert_w(int tid) {
+  TESSERA_TRACE_SCOPE("lce.convert_w");
   const Range r = split(p.H * p.V, tid, T, 64);
   simd::half_to_f32(static_cast<const uint16_t*>(p.w) + r.begin, p.dtype == DType::kBF16, w32 + r.begin, r.size());
 }
@@ -531,6 +542,7 @@ void Call::worker(int tid, Barrier& bar) {
 }
 
 void Call::run() {
+  TESSERA_TRACE_SCOPE("lce.call");
   {
     BlasSingleThreaded blas_guard;
     if (T == 1) {

@@ -29,6 +29,7 @@
 #include "core/cuda_util.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/trace_nvtx.h"
 #include "kernels/linear_cross_entropy/cuda_kernels.cuh"
 #include "kernels/linear_cross_entropy/cuda_plan.h"
 #include "kernels/linear_cross_entropy/impl.h"
@@ -57,6 +58,7 @@ struct Gemm {
   void operator()(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
                   cuda::GemmOperand a, cuda::GemmOperand b, float beta, void* c, cudaDataType ct, int64_t ldc,
                   const char* what) const {
+    TESSERA_NVTX_RANGE(what);
     cuda::gemm_ex(h, compute, ta, tb, m, n, k, alpha, a, b, beta, c, ct, ldc, what);
   }
 };
@@ -165,18 +167,21 @@ std::string capture_problem(void* stream) {
 
 template <class OutT>
 void launch_rows(const ck::RowParams& rp, int64_t n, cudaStream_t stream) {
+  TESSERA_NVTX_RANGE("lce.cuda.rows");
   const dim3 grid(static_cast<unsigned>(n));
   ck::row_kernel<OutT><<<grid, ck::kRowThreads, 0, stream>>>(rp);
 }
 
 template <class OutT>
 void launch_colsum(const void* g, int64_t ld, int64_t rows, int64_t V, float alpha, float* acc, cudaStream_t s) {
+  TESSERA_NVTX_RANGE("lce.cuda.dbias");
   const int threads = 256;
   const unsigned blocks = static_cast<unsigned>((V + threads - 1) / threads);
   ck::colsum_kernel<OutT><<<blocks, threads, 0, s>>>(static_cast<const OutT*>(g), ld, rows, V, alpha, acc);
 }
 
 void launch_convert(const float* src, void* dst, DType t, int64_t n, cudaStream_t s) {
+  TESSERA_NVTX_RANGE("lce.cuda.convert");
   const int threads = 256;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65535));
   switch (t) {
@@ -289,6 +294,7 @@ class Cuda final : public Implementation {
 
 void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, const GradIn* gi,
                const GradOut* go) const {
+  TESSERA_NVTX_RANGE("lce.cuda");
   if (const std::string why = capture_problem(p.stream); !why.empty()) fail(ErrorCode::kUnsupported, why);
   const int dev = p.device.index;
   cuda::DeviceGuard guard(dev);
@@ -449,6 +455,7 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   }
 
   for (int64_t c0 = 0; c0 < B; c0 += rows) {
+    TESSERA_NVTX_RANGE("lce.cuda.chunk");
     const int64_t n = std::min(rows, B - c0);
     const void* xc = static_cast<const char*>(p.x) + static_cast<size_t>(c0) * static_cast<size_t>(H) * esize;
 

@@ -153,7 +153,10 @@ kernels::KernelSpec make_spec() {
   k.implementations = []() -> dispatch::RegistryView& { return registry(); };
   k.check_grid = check_cases;
   k.bench.options = bench_options();
-  k.bench.make_problem = make_bench_problem;
+  k.bench.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) {
+    return make_bench_problem(shape, dt, o, seed);
+  };
+  k.bench.make_cost_model = make_bench_cost_model;
   k.tune = kernels::make_tune_spec<Tuning>();
   k.call = call_spec();
   return k;

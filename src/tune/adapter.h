@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "tessera/error.h"
 #include "tessera/exec.h"
 #include "tune/choose.h"
 
@@ -78,6 +79,30 @@ Choice choose_for(const typename K::Impl& impl, const typename K::Problem& p,
   };
   r.make_run = [&]() -> Runner { return hooks.run ? Runner(hooks.run) : K::timed_run(impl, p, op); };
   return choose(r);
+}
+
+// The block sizes of one call and where they came from ("options", "tuned table", "autotune
+// cache", "autotune", "default"): choose_for with the caller's options, converted back to Sizes.
+template <class Sizes>
+struct SizesChoice {
+  Sizes sizes;
+  std::string source;
+};
+template <class K, class Options>
+SizesChoice<typename K::Sizes> choose_sizes(const typename K::Impl& impl, const typename K::Problem& p,
+                                            const Options& opt, Pass op, const Hooks& hooks) {
+  const Choice c = choose_for<K>(impl, p, opt.block_sizes, opt.autotune_on_miss, op, hooks);
+  return {K::from_params(c.params), c.source};
+}
+
+// A kernel's public validate_block_sizes(implementation, sizes): Error(kNotFound) for an unknown
+// name, else the implementation's own check (Error(kInvalidArgument) naming the constraint).
+template <class K>
+void validate_named(const std::string& implementation, const typename K::Sizes& sizes) {
+  const typename K::Impl* impl = K::find(implementation);
+  check(impl != nullptr, ErrorCode::kNotFound,
+        std::string(K::kKernel) + ": unknown implementation '" + implementation + "'");
+  impl->validate_block_sizes(sizes);
 }
 
 }  // namespace tessera::tune

@@ -75,7 +75,7 @@ std::string emit_table_cc(const TableSource& src, const std::vector<TableEntry>&
      << "// Last generated " << generated_on << ". Each row: implementation, device kind, dtype,\n"
      << "// shape bucket (see tuning.cc), winning parameters; the comment above it says where and\n"
      << "// when it was measured and the winner's median time on the bucket's representative\n"
-     << "// shape. Lookup: src/tune/table.h; sanitizing for the actual shape: block_sizes.cc.\n";
+     << "// shape. Lookup: src/tune/table.h; sanitizing for the actual shape: the kernel's fit (tuning.cc).\n";
   if (rows.empty()) os << "//\n// " << src.empty_note << "\n";
   os << "#include \"" << src.include << "\"\n\n"
      << "namespace " << src.cpp_namespace << " {\n\n"

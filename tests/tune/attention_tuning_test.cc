@@ -5,7 +5,7 @@
 
 #include <map>
 
-#include "kernels/attention/block_sizes.h"
+#include "kernels/attention/tuning.h"
 #include "kernels/attention/testing.h"
 #include "kernels/attention/tuning.h"
 #include "tessera/error.h"

@@ -2,7 +2,7 @@
 // the real backends (tuned table, autotune on miss on the real kernel, tgmm alone included).
 #include <gtest/gtest.h>
 
-#include "kernels/grouped_matmul/block_sizes.h"
+#include "kernels/grouped_matmul/tuning.h"
 #include "kernels/grouped_matmul/testing.h"
 #include "kernels/grouped_matmul/tuning.h"
 #include "tessera/error.h"

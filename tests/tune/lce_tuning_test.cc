@@ -7,7 +7,7 @@
 #include <map>
 
 #include "dispatch/dispatch.h"
-#include "kernels/linear_cross_entropy/block_sizes.h"
+#include "kernels/linear_cross_entropy/tuning.h"
 #include "kernels/linear_cross_entropy/tuning.h"
 #include "tessera/error.h"
 #include "tune/autotune.h"

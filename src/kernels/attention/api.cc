@@ -6,7 +6,7 @@
 
 #include "core/log.h"
 #include "dispatch/dispatch.h"
-#include "kernels/attention/block_sizes.h"
+#include "kernels/attention/tuning.h"
 #include "kernels/attention/impl.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"

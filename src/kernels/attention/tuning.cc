@@ -181,4 +181,10 @@ std::string Tuning::describe(const Implementation& impl, const Problem& p, Pass 
          ",Hq=" + std::to_string(p.Hq) + ",D=" + std::to_string(p.D);
 }
 
+std::string BlockSizes::str() const { return tune::params_str(to_params(*this)); }
+
+void validate_block_sizes(const std::string& implementation, const BlockSizes& bs) {
+  tune::validate_named<Tuning>(implementation, bs);
+}
+
 }  // namespace tessera::attention

@@ -6,7 +6,7 @@
 
 #include "core/log.h"
 #include "dispatch/dispatch.h"
-#include "kernels/grouped_matmul/block_sizes.h"
+#include "kernels/grouped_matmul/tuning.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "tessera/error.h"
 #include "tessera/grouped_matmul.h"

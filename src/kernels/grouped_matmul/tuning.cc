@@ -154,4 +154,10 @@ std::string Tuning::describe(const Implementation& impl, const Problem& p, Pass 
          ",G=" + std::to_string(p.G);
 }
 
+std::string BlockSizes::str() const { return tune::params_str(to_params(*this)); }
+
+void validate_block_sizes(const std::string& implementation, const BlockSizes& bs) {
+  tune::validate_named<Tuning>(implementation, bs);
+}
+
 }  // namespace tessera::grouped_matmul

@@ -11,6 +11,7 @@
 
 #include "kernels/grouped_matmul/impl.h"
 #include "tessera/tensor.h"
+#include "tune/adapter.h"
 #include "tune/bucket.h"
 #include "tune/sweep.h"
 #include "tune/table.h"
@@ -76,5 +77,14 @@ struct Tuning {
     return shape_only_problem(s.at(0), s.at(1), s.at(2), s.at(3), dtype, dev);
   }
 };
+
+// The block sizes of a call (options -> tuned table -> autotune on a miss -> defaults) and their
+// source; hooks are the test seams (table, cache dir, device kind, timing).
+using BlockSizeChoice = tune::SizesChoice<BlockSizes>;
+using TuningHooks = tune::Hooks;
+inline BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p, const Options& opt,
+                                          Pass op = Pass::kFused, const TuningHooks& hooks = {}) {
+  return tune::choose_sizes<Tuning>(impl, p, opt, op, hooks);
+}
 
 }  // namespace tessera::grouped_matmul

@@ -9,7 +9,7 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "dispatch/dispatch.h"
-#include "kernels/linear_cross_entropy/block_sizes.h"
+#include "kernels/linear_cross_entropy/tuning.h"
 #include "kernels/linear_cross_entropy/compact.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/error.h"

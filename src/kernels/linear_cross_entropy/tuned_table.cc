@@ -4,7 +4,7 @@
 // Last generated 2026-11-24. Each row: implementation, device kind, dtype,
 // shape bucket (see tuning.cc), winning parameters; the comment above it says where and
 // when it was measured and the winner's median time on the bucket's representative
-// shape. Lookup: src/tune/table.h; sanitizing for the actual shape: block_sizes.cc.
+// shape. Lookup: src/tune/table.h; sanitizing for the actual shape: the kernel's fit (tuning.cc).
 #include "kernels/linear_cross_entropy/tuning.h"
 
 namespace tessera::linear_cross_entropy {

@@ -186,4 +186,10 @@ OwnedProblem make_random_problem(int64_t B, int64_t H, int64_t V, DType dtype, D
   return o;
 }
 
+std::string BlockSizes::str() const { return tune::params_str(to_params(*this)); }
+
+void validate_block_sizes(const std::string& implementation, const BlockSizes& bs) {
+  tune::validate_named<Tuning>(implementation, bs);
+}
+
 }  // namespace tessera::linear_cross_entropy

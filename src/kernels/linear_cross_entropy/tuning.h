@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/linear_cross_entropy/impl.h"
+#include "tune/adapter.h"
 #include "tune/bucket.h"
 #include "tune/sweep.h"
 #include "tune/table.h"
@@ -92,5 +93,14 @@ struct Tuning {
   }
   static Problem shape_only(const std::vector<int64_t>& s, DType dtype, Device dev);
 };
+
+// The block sizes of a call (options -> tuned table -> autotune on a miss -> defaults) and their
+// source; hooks are the test seams (table, cache dir, device kind, timing).
+using BlockSizeChoice = tune::SizesChoice<BlockSizes>;
+using TuningHooks = tune::Hooks;
+inline BlockSizeChoice choose_block_sizes(const Implementation& impl, const Problem& p, const Options& opt,
+                                          Pass op = Pass::kFused, const TuningHooks& hooks = {}) {
+  return tune::choose_sizes<Tuning>(impl, p, opt, op, hooks);
+}
 
 }  // namespace tessera::linear_cross_entropy

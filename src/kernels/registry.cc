@@ -4,6 +4,8 @@
 #include "dispatch/dispatch.h"
 #include "tessera/error.h"
 
+#include <cstdio>
+
 namespace tessera {
 namespace linear_cross_entropy {
 const kernels::KernelSpec& spec();
@@ -49,6 +51,81 @@ const TensorView& required(const CallArgs& a, const std::string& kernel, const c
   const TensorView* t = a.tensor(name);
   if (!t) throw Error(ErrorCode::kInvalidArgument, kernel + ": " + name + " is required");
   return *t;
+}
+
+Tensor allocate_output(const OutputDesc& d, Device device) {
+  if (d.strides.empty() || d.strides == contiguous_strides(d.shape)) return Tensor::zeros(d.dtype, d.shape, device);
+  int64_t n = 1;
+  for (int64_t v : d.shape) n *= v;
+  return Tensor::zeros(d.dtype, {n}, device).as_strided(d.shape, d.strides);
+}
+
+namespace {
+
+// One pass through a call, its inputs and outputs kept alive by the BenchCall's closures.
+struct BoundPass {
+  CallArgs args;
+  std::vector<Tensor> outputs;
+  std::vector<TensorView> views;
+  std::vector<OutputDesc> descs;
+  void allocate(const CallSpec& call, Device device) {
+    descs = call.outputs(args);
+    for (const OutputDesc& d : descs) outputs.push_back(allocate_output(d, device));
+    for (const Tensor& t : outputs) views.push_back(t.view());
+  }
+};
+
+struct BoundCall {
+  std::vector<std::pair<std::string, Tensor>> held;  // the inputs on the device
+  BoundPass forward, pass;                          // forward: a backward pass's saved outputs
+  std::string ran;
+};
+
+bool host_only(const CallSpec& call, const std::string& name) {
+  for (const CallInput& in : call.inputs)
+    if (in.name == name) return in.host_only;
+  return false;
+}
+
+}  // namespace
+
+harness::BenchCall bind_call(const CallSpec& call, const std::vector<std::pair<std::string, Tensor>>& inputs,
+                             const harness::OptionValues& options, const std::string& implementation, Device device,
+                             Pass pass, const ExecOptions& exec) {
+  auto b = std::make_shared<BoundCall>();
+  for (const auto& [name, t] : inputs) b->held.push_back({name, host_only(call, name) ? t : t.to(device)});
+  CallArgs base;
+  base.options = harness::defaults_of(call.options);
+  for (const auto& [name, value] : options.all()) base.options.set(name, value);
+  base.exec = exec;
+  base.exec.implementation = implementation;
+  for (const auto& [name, t] : b->held) base.tensors.push_back({name, t.view()});
+  b->pass.args = base;
+  b->pass.args.pass = pass;
+  harness::BenchCall c;
+  if (pass == Pass::kBackward && !call.saved_outputs.empty()) {
+    b->forward.args = base;
+    b->forward.args.pass = Pass::kForward;
+    b->forward.allocate(call, device);
+    for (size_t i = 0; i < b->forward.descs.size(); ++i)
+      for (const std::string& saved : call.saved_outputs)
+        if (b->forward.descs[i].name == saved) b->pass.args.tensors.push_back({saved, b->forward.views[i]});
+    c.prepare = [b, &call] { call.call(b->forward.args, b->forward.views); };
+  }
+  b->pass.allocate(call, device);
+  c.run = [b, &call] { b->ran = call.call(b->pass.args, b->pass.views); };
+  c.ran = [b] { return b->ran; };
+  const bool has_loss = pass != Pass::kBackward && !b->pass.descs.empty() && b->pass.descs[0].shape.empty() &&
+                        b->pass.descs[0].dtype == DType::kF32;
+  if (has_loss)
+    c.loss = [b]() -> std::optional<double> { return b->pass.outputs[0].to(Device::cpu()).data_as<float>()[0]; };
+  return c;
+}
+
+std::string option_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
 }
 
 harness::OptionSpec block_sizes_option_spec(const std::string& example) {

@@ -82,6 +82,7 @@ struct CallInput {
   bool required = true;
   bool differentiable = false;  // has a gradient output named "d" + name (backward, fused)
   std::vector<std::string> aliases = {};  // older CLI spellings, kebab case without dashes ("do")
+  bool host_only = false;                  // read on the host whatever the device (group sizes)
 };
 
 // A CLI flag that sets several options at once from "A,B" (attention's --window LEFT,RIGHT sets
@@ -131,6 +132,10 @@ std::optional<Sizes> block_sizes_option(const CallArgs& a, const std::string& ke
 // A host f32 copy of a host tensor (the tensor itself when it is f32 already): `run` writes f32 files.
 Tensor as_f32(const Tensor& t);
 
+// The tensor a caller allocates for `d` on `device` (zeros; d.strides honoured: a gradient in a
+// transposed weight's layout gets that layout).
+Tensor allocate_output(const OutputDesc& d, Device device);
+
 struct CallSpec {
   std::vector<CallInput> inputs;        // the forward's inputs, in signature order
   // What backward (and fused) take besides the inputs: upstream gradients of the forward's
@@ -147,6 +152,18 @@ struct CallSpec {
   // name of the implementation that ran.
   std::function<std::string(const CallArgs& args, const std::vector<TensorView>& out)> call;
 };
+
+// A benchmark call derived from the signature (every kernel's BenchProblem::bind): `inputs`
+// (host tensors by call-input name, upstream gradients grad_<output> included) are copied to
+// `device` except host_only ones; the outputs of `pass` are allocated there; a backward pass gets
+// the forward's saved outputs (lse) from a forward call run in `prepare`. `options` by declared
+// name (defaults for the others). `loss` reads a 0-d f32 first output (a loss) back. `call` must
+// outlive the BenchCall (a registered kernel's spec does).
+// `v` as option text that parses back to the same double.
+std::string option_text(double v);
+harness::BenchCall bind_call(const CallSpec& call, const std::vector<std::pair<std::string, Tensor>>& inputs,
+                             const harness::OptionValues& options, const std::string& implementation,
+                             Device device, Pass pass, const ExecOptions& exec);
 
 // ---- bench ----
 struct BenchSpec {

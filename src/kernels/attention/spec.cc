@@ -14,6 +14,9 @@
 #include "tessera/error.h"
 
 namespace tessera::attention {
+
+const kernels::KernelSpec& spec();
+
 namespace {
 
 using harness::OptionSpec;
@@ -129,8 +132,8 @@ kernels::CallSpec call_spec() {
               {"alibi_slopes", "ALiBi slopes [Hq] or [B, Hq] (f32); no gradient", false, false},
               {"segment_ids_q", "segment ids of the queries [B, Sq] (i32); with segment_ids_k", false, false, {"q-segment-ids"}},
               {"segment_ids_k", "segment ids of the keys [B, Sk] (i32)", false, false, {"kv-segment-ids"}},
-              {"cu_seqlens_q", "varlen: cumulative query lengths [N + 1] (i32, host)", false, false},
-              {"cu_seqlens_k", "varlen: cumulative key lengths [N + 1] (i32, host)", false, false}};
+              {"cu_seqlens_q", "varlen: cumulative query lengths [N + 1] (i32, host)", false, false, {}, true},
+              {"cu_seqlens_k", "varlen: cumulative key lengths [N + 1] (i32, host)", false, false, {}, true}};
   s.grad_inputs = {{"grad_o", "upstream gradient of o (o's shape; f32 or q's dtype)", true, false, {"do"}},
                    {"o", "the forward's o; spares recomputing the forward", false, false},
                    {"lse", "the forward's lse (f32)", false, false}};
@@ -153,12 +156,6 @@ struct Settings {
   int64_t B = 0, S = 0, H = 0, D = 0, Hkv = 0;
   DType dtype = DType::kF32;
   bool causal = false;
-};
-
-struct Bound {
-  Tensor q, k, v, o, lse, d_o, dq, dk, dv;
-  Options opt;
-  std::string ran;  // the implementation the last timed call ran
 };
 
 class AttentionBench final : public harness::BenchProblem {
@@ -220,32 +217,10 @@ class AttentionBench final : public harness::BenchProblem {
 
   harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass,
                           const ExecOptions& exec) override {
-    auto b = std::make_shared<Bound>();
-    b->q = q_.to(dev), b->k = k_.to(dev), b->v = v_.to(dev), b->d_o = do_.to(dev);
-    b->o = Tensor::zeros(s_.dtype, q_.shape(), dev);
-    b->lse = Tensor::zeros(DType::kF32, {s_.B, s_.H, s_.S}, dev);
-    if (pass != Pass::kForward) {
-      b->dq = Tensor::zeros(s_.dtype, q_.shape(), dev);
-      b->dk = Tensor::zeros(s_.dtype, k_.shape(), dev);
-      b->dv = Tensor::zeros(s_.dtype, v_.shape(), dev);
-    }
-    static_cast<ExecOptions&>(b->opt) = exec;
-    b->opt.implementation = implementation;
-    b->opt.causal = s_.causal;
-    auto in = [b] { Inputs i; i.q = b->q, i.k = b->k, i.v = b->v; return i; };
-    harness::BenchCall c;
-    switch (pass) {
-      case Pass::kForward: c.run = [b, in] { b->ran = forward(in(), {b->o, b->lse}, b->opt); }; break;
-      case Pass::kBackward:
-        c.prepare = [b, in] { forward(in(), {b->o, b->lse}, b->opt); };
-        c.run = [b, in] { b->ran = backward(in(), {b->o, b->lse, b->d_o}, {b->dq, b->dk, b->dv}, b->opt); };
-        break;
-      case Pass::kFused:
-        c.run = [b, in] { b->ran = forward_backward(in(), b->d_o, {b->o, b->lse}, {b->dq, b->dk, b->dv}, b->opt); };
-        break;
-    }
-    c.ran = [b] { return b->ran; };
-    return c;
+    harness::OptionValues o;
+    o.set("causal", s_.causal ? "true" : "false");
+    return kernels::bind_call(spec().call, {{"q", q_}, {"k", k_}, {"v", v_}, {"grad_o", do_}}, o, implementation, dev,
+                              pass, exec);
   }
 
   // The floor: the two products of a forward as plain GEMMs over all heads (B·H of

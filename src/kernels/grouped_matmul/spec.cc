@@ -103,7 +103,7 @@ kernels::CallSpec call_spec() {
   s.inputs = {{"lhs", "tokens sorted by group [M, K] (f32, bf16 or f16)", true, true},
               {"rhs", "one matrix per local group [G, K, N] ([G, N, K] with transpose_rhs), lhs's dtype", true, true},
               {"group_sizes", "rows per group [G_total] (int32 or int64, host memory); rows past the sum are zero",
-               true, false}};
+               true, false, {}, true}};
   s.grad_inputs = {{"grad_out", "upstream gradient of out [M, N] (f32 or lhs's dtype)", true, false, {"dout"}}};
   s.options = {{"transpose_rhs", K::kFlag, "rhs (and drhs) are [G, N, K]", "false", {}},
                {"group_offset", K::kInt, "expert parallelism: rhs holds groups [offset, offset + G) of group_sizes; -1: unset",
@@ -141,12 +141,6 @@ struct Settings {
   DType dtype = DType::kF32;
   std::string routing = "balanced";
   std::vector<int64_t> sizes;
-};
-
-struct Bound {
-  Tensor lhs, rhs, sizes, dout, out, dlhs, drhs;
-  Options opt;
-  std::string ran;  // the implementation the last timed call ran
 };
 
 class GmmBench final : public harness::BenchProblem {
@@ -200,26 +194,8 @@ class GmmBench final : public harness::BenchProblem {
   }
 
   harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
-    auto b = std::make_shared<Bound>();
-    b->lhs = lhs_.to(dev), b->rhs = rhs_.to(dev), b->sizes = sizes_, b->dout = dout_.to(dev);
-    b->out = Tensor::zeros(s_.dtype, {s_.M, s_.N}, dev);
-    if (pass != Pass::kForward) {
-      b->dlhs = Tensor::zeros(s_.dtype, lhs_.shape(), dev);
-      b->drhs = Tensor::zeros(s_.dtype, rhs_.shape(), dev);
-    }
-    static_cast<ExecOptions&>(b->opt) = exec;
-    b->opt.implementation = implementation;
-    auto in = [b] { return Inputs{b->lhs.view(), b->rhs.view(), b->sizes.view()}; };
-    harness::BenchCall c;
-    switch (pass) {
-      case Pass::kForward: c.run = [b, in] { b->ran = gmm(in(), b->out, b->opt); }; break;
-      case Pass::kBackward: c.run = [b, in] { b->ran = backward(in(), b->dout, b->dlhs, b->drhs, b->opt); }; break;
-      case Pass::kFused:
-        c.run = [b, in] { b->ran = forward_backward(in(), b->dout, b->out, b->dlhs, b->drhs, b->opt); };
-        break;
-    }
-    c.ran = [b] { return b->ran; };
-    return c;
+    return kernels::bind_call(spec().call, {{"lhs", lhs_}, {"rhs", rhs_}, {"group_sizes", sizes_}, {"grad_out", dout_}},
+                              {}, implementation, dev, pass, exec);
   }
 
   // The floor: one dense [M, K]·[K, N] GEMM (every row against one matrix), once per product.

@@ -5,10 +5,14 @@
 #include "core/random.h"
 #include "kernels/linear_cross_entropy/baseline.h"
 #include "kernels/linear_cross_entropy/cost.h"
+#include "kernels/registry.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera::linear_cross_entropy {
+
+const kernels::KernelSpec& spec();
+
 namespace {
 
 struct Settings {
@@ -20,16 +24,6 @@ struct Settings {
   double ignored = 0.0;  // fraction of tokens labelled ignore_index, spread evenly
   double label_smoothing = 0.0;
   bool class_weights = false;  // random per-class weights in [0.5, 1.5)
-};
-
-// Inputs, outputs and options of one implementation on one device.
-struct Bound {
-  Tensor x, w, bias, labels, class_weights, loss, lse, dx, dw, dbias, grad_loss;
-  Inputs in;
-  ForwardOutputs fo;
-  Gradients gr;
-  Options opt;
-  std::string ran;  // the implementation the last timed call ran
 };
 
 class LceBench final : public harness::BenchProblem {
@@ -84,26 +78,16 @@ class LceBench final : public harness::BenchProblem {
 
   harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass,
                           const ExecOptions& exec) override {
-    auto b = std::make_shared<Bound>();
-    place(*b, dev, pass != Pass::kForward);
-    static_cast<ExecOptions&>(b->opt) = exec;
-    b->opt.implementation = implementation;
-    b->opt.soft_cap = s_.soft_cap;
-    b->opt.label_smoothing = s_.label_smoothing;
-    b->opt.w_layout = s_.layout;
-    harness::BenchCall c;
-    switch (pass) {
-      case Pass::kForward: c.run = [b] { b->ran = forward(b->in, b->fo, b->opt); }; break;
-      case Pass::kBackward:
-        c.prepare = [b] { forward(b->in, b->fo, b->opt); };  // backward takes the forward's lse
-        c.run = [b] { b->ran = backward(b->in, b->grad_loss, b->lse.view(), b->gr, b->opt); };
-        break;
-      case Pass::kFused: c.run = [b] { b->ran = forward_backward(b->in, b->grad_loss, b->fo, b->gr, b->opt); }; break;
-    }
-    if (pass != Pass::kBackward)
-      c.loss = [b]() -> std::optional<double> { return b->loss.to(Device::cpu()).data_as<float>()[0]; };
-    c.ran = [b] { return b->ran; };
-    return c;
+    Tensor one = Tensor::empty(DType::kF32, {});
+    one.data_as<float>()[0] = 1.0f;
+    std::vector<std::pair<std::string, Tensor>> in = {{"x", x_}, {"w", w_}, {"labels", labels_}, {"grad_loss", one}};
+    if (s_.bias) in.push_back({"bias", bias_});
+    if (s_.class_weights) in.push_back({"class_weights", class_weights_});
+    harness::OptionValues o;
+    o.set("w_layout", w_layout_name(s_.layout));
+    o.set("soft_cap", kernels::option_text(s_.soft_cap));
+    o.set("label_smoothing", kernels::option_text(s_.label_smoothing));
+    return kernels::bind_call(spec().call, in, o, implementation, dev, pass, exec);
   }
 
   // The materialized baseline computes the plain loss (with the soft cap and ignored rows); with
@@ -131,29 +115,6 @@ class LceBench final : public harness::BenchProblem {
   }
 
  private:
-  void place(Bound& b, const Device& dev, bool grads) const {
-    b.x = x_.to(dev), b.w = w_.to(dev), b.labels = labels_.to(dev);
-    if (s_.bias) b.bias = bias_.to(dev);
-    b.loss = Tensor::zeros(DType::kF32, {}, dev);
-    b.lse = Tensor::zeros(DType::kF32, {s_.B}, dev);
-    Tensor one = Tensor::empty(DType::kF32, {});
-    one.data_as<float>()[0] = 1.0f;
-    b.grad_loss = one.to(dev);
-    b.in.x = b.x, b.in.w = b.w, b.in.labels = b.labels;
-    if (s_.bias) b.in.bias = b.bias.view();
-    if (s_.class_weights) {
-      b.class_weights = class_weights_.to(dev);
-      b.in.class_weights = b.class_weights.view();
-    }
-    b.fo = {b.loss, b.lse, std::nullopt};
-    if (!grads) return;
-    b.dx = Tensor::zeros(s_.dtype, {s_.B, s_.H}, dev);
-    b.dw = Tensor::zeros(s_.dtype, b.w.shape(), dev);
-    if (s_.bias) b.dbias = Tensor::zeros(s_.dtype, {s_.V}, dev);
-    b.gr.dx = b.dx, b.gr.dw = b.dw;
-    if (s_.bias) b.gr.dbias = b.dbias.view();
-  }
-
   Settings s_;
   Tensor x_, w_, bias_, labels_, class_weights_;
 };

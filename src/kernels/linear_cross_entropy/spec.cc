@@ -117,7 +117,7 @@ kernels::CallSpec call_spec() {
               {"bias", "bias [V] (float)", false, true},
               {"token_weights", "per-token loss weights [...] (f32); no gradient", false, false},
               {"class_weights", "per-class loss weights [V] (f32, >= 0, host): PyTorch's weight, Liger's ce_weight; "
-                                "no gradient", false, false}};
+                                "no gradient", false, false, {}, true}};
   s.grad_inputs = {{"grad_loss", "upstream gradient of loss (f32; 0-d for sum/mean, per token for none)", true, false},
                    {"lse", "the forward's lse (f32 [...]); spares recomputing it", false, false}};
   s.options = {

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu_check.sh needs on the GPU machine (no network, no Debian -dev packages
-# there) beside the tree, both gitignored, both carried with the run (`carry: [".deps", ".whl"]`):
+# there) beside the tree, all gitignored, all carried with the run
+# (`carry: [".deps", ".whl", "third_party"]`):
 #   .deps/  headers, libraries and CMake config files of nlohmann-json, CLI11, fmt and GoogleTest,
 #           as installed on this machine (the shared pack-deps tool);
 #   .whl/   the peers of the bench stage as wheels for CPython 3.12 (the GPU image's python3, which
 #           already holds torch and triton, their only needs): Liger-Kernel and cut-cross-entropy,
-#           pinned below; gpu_check.sh installs them with pip --no-index into build/gpu-site.
+#           pinned below; gpu_check.sh installs them with pip --no-index into build/gpu-site;
+#   third_party/cudnn_frontend/  the header-only cuDNN frontend of attention's `cudnn`
+#           implementation (scripts/fetch_cudnn_frontend.sh; CMake cannot fetch it there).
 #   scripts/pack_gpu_deps.sh [--no-wheels]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +26,7 @@ fi
 rm -rf .deps
 "$pack_deps" .deps nlohmann-json3-dev libcli11-dev libfmt-dev libfmt9 libgtest-dev
 echo "pack_gpu_deps: configure with -DCMAKE_PREFIX_PATH=$PWD/.deps/usr (scripts/gpu_check.sh does)"
+bash scripts/fetch_cudnn_frontend.sh || echo "pack_gpu_deps: no cuDNN frontend: attention cudnn will be unavailable there" >&2
 if [ $wheels = 1 ]; then
   rm -rf .whl
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -48,8 +48,13 @@ std::vector<kernels::CallInput> grad_inputs(const kernels::KernelSpec& k) {
 }
 
 std::string outputs_help(const kernels::KernelSpec& k) {
-  std::string s = "NAME.npy per output (floats as f32)";
-  if (has_grad(k)) s += "; with --grad also the gradients d<input>.npy, for upstream gradients of ones by default";
+  std::vector<std::string> names = k.call.forward_outputs;
+  for (const std::string& n : k.call.saved_outputs)
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n + ".npy";
+  s += " and the outputs its options ask for (floats as f32)";
+  if (has_grad(k)) s += "; with --grad the gradients d<input>.npy, for upstream gradients of ones by default";
   return s;
 }
 

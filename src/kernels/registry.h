@@ -121,12 +121,15 @@ std::optional<Sizes> block_sizes_option(const CallArgs& a, const std::string& ke
                                         Sizes (*from)(const tune::Params&), tune::Params (*to)(const Sizes&)) {
   if (!a.options.has("block_sizes")) return std::nullopt;
   const tune::Params given = tune::parse_params(a.options.str("block_sizes"), kernel + ": block_sizes");
-  const Sizes sizes = from(given);
-  const tune::Params fields = to(sizes);
+  std::string names;  // the fields, from a default-constructed Sizes
+  for (const auto& [name, value] : to(Sizes{})) names += (names.empty() ? "" : ", ") + name;
+  for (const auto& [name, value] : to(Sizes{}))
+    check(tune::param(given, name).has_value(), ErrorCode::kInvalidArgument,
+          kernel + ": block_sizes lacks " + name + " (fields: " + names + ")");
   for (const auto& [name, value] : given)
-    check(tune::param(fields, name).has_value(), ErrorCode::kInvalidArgument,
-          kernel + ": block_sizes has no field '" + name + "' (fields: " + tune::params_str(fields) + ")");
-  return sizes;
+    check(tune::param(to(Sizes{}), name).has_value(), ErrorCode::kInvalidArgument,
+          kernel + ": block_sizes has no field '" + name + "' (fields: " + names + ")");
+  return from(given);
 }
 
 // A host f32 copy of a host tensor (the tensor itself when it is f32 already): `run` writes f32 files.

@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "tessera/error.h"
 #include "tune/bucket.h"
 #include "tune/params.h"
 #include "tune/sweep.h"
@@ -209,3 +210,34 @@ TEST(TuneTable, EmitsReadableSource) {
 
 }  // namespace
 }  // namespace tessera::tune
+
+namespace tessera {
+namespace {
+
+// tune::parse_params: the text params_str writes, and every malformed item refused by name.
+TEST(ParseParams, ReadsWhatParamsStrWrites) {
+  const tune::Params p = {{"b", 256}, {"h", 512}, {"v", -3}};
+  EXPECT_EQ(tune::parse_params(tune::params_str(p), "x"), p);
+  EXPECT_EQ(tune::parse_params(" m = 8 , n=16 ", "x"), (tune::Params{{"m", 8}, {"n", 16}}));
+}
+
+TEST(ParseParams, RefusesMalformedItemsNamingThem) {
+  for (const char* bad : {"", "m", "m=", "=3", "m=3,", "m=3x", "m=3,,n=4", "m=1e3", "m=99999999999999999999"}) {
+    try {
+      (void)tune::parse_params(bad, "k: block_sizes");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << bad;
+      EXPECT_NE(std::string(e.what()).find("k: block_sizes: "), std::string::npos) << e.what();
+    }
+  }
+  try {
+    (void)tune::parse_params("m=1,m=2", "k");
+    ADD_FAILURE() << "accepted a repeated name";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("m is given twice"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera

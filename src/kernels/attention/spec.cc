@@ -142,7 +142,7 @@ kernels::CallSpec call_spec() {
                {"causal", K::kFlag, "causal mask, bottom-right aligned when Sq != Sk", "false", {}},
                {"window_left", K::kInt, "sliding window: keys left of i + Sk - Sq; -1 unbounded", "-1", {}},
                {"window_right", K::kInt, "sliding window: keys right of i + Sk - Sq; -1 unbounded", "-1", {}},
-      kernels::block_sizes_option_spec("q=64,kv=128")};
+      kernels::block_sizes_option_spec("q=128,kv=256")};
   s.compound_flags = {{"window", {"window_left", "window_right"}, "sliding window LEFT,RIGHT around i + Sk - Sq (-1 = unbounded)"}};
   s.forward_outputs = {"o"};
   s.saved_outputs = {"o", "lse"};  // o is returned and kept for backward

@@ -135,7 +135,7 @@ kernels::CallSpec call_spec() {
       {"return_token_accuracy", K::kFlag,
        "also return the share of non-ignored tokens whose argmax is the label (f32, 0-d; a metric)", "false", {},
        {"token-accuracy"}},
-      kernels::block_sizes_option_spec("b=256,h=512,v=2048")};
+      kernels::block_sizes_option_spec("b=1024,h=512,v=2048")};
   s.forward_outputs = {"loss"};
   s.saved_outputs = {"lse"};
   s.outputs = call_outputs;

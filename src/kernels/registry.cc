@@ -133,13 +133,6 @@ harness::OptionSpec block_sizes_option_spec(const std::string& example) {
           "block sizes, e.g. " + example + " (every field; empty: tuned table, autotune on a miss or defaults)", "", {}};
 }
 
-Tensor as_f32(const Tensor& t) {
-  if (t.dtype() == DType::kF32) return t;
-  Tensor o = Tensor::empty(DType::kF32, t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) o.data_as<float>()[i] = load_as_f32(t.data(), t.dtype(), i);
-  return o;
-}
-
 std::vector<std::string> pick_implementations(const KernelSpec& k, const std::string& list,
                                               bool include_reference) {
   const dispatch::RegistryView& reg = k.implementations();

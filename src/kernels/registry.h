@@ -132,8 +132,6 @@ std::optional<Sizes> block_sizes_option(const CallArgs& a, const std::string& ke
   return from(given);
 }
 
-// A host f32 copy of a host tensor (the tensor itself when it is f32 already): `run` writes f32 files.
-Tensor as_f32(const Tensor& t);
 
 // The tensor a caller allocates for `d` on `device` (zeros; d.strides honoured: a gradient in a
 // transposed weight's layout gets that layout).

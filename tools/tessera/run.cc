@@ -86,13 +86,6 @@ Shape forward_output_shape(const kernels::KernelSpec& k, kernels::CallArgs args,
   throw Error(ErrorCode::kInternal, k.name + ": no forward output '" + name + "'");
 }
 
-Tensor allocate(const kernels::OutputDesc& d) {
-  if (d.strides.empty() || d.strides == contiguous_strides(d.shape)) return Tensor::empty(d.dtype, d.shape);
-  int64_t n = 1;
-  for (int64_t s : d.shape) n *= s;
-  return Tensor::empty(d.dtype, {n}).as_strided(d.shape, d.strides);
-}
-
 // Element i (row-major order) of a strided view, as an offset in elements.
 int64_t offset_of(const TensorView& v, int64_t i) {
   int64_t off = 0;
@@ -184,7 +177,7 @@ void run_kernel(const kernels::KernelSpec& k, const RunArgs& a, harness::OptionV
   std::vector<std::pair<std::string, Tensor>> outs;
   std::vector<TensorView> views;
   for (const kernels::OutputDesc& d : k.call.outputs(l.args)) {
-    outs.push_back({d.name, allocate(d)});
+    outs.push_back({d.name, kernels::allocate_output(d, Device::cpu())});
     views.push_back(outs.back().second.view());
   }
   const auto t0 = std::chrono::steady_clock::now();

@@ -328,6 +328,13 @@ bool is_device_accessible(const void* ptr, int device) {
   }
 }
 
+void require_accessible(const void* ptr, int device, const std::string& who, const std::string& what) {
+  if (!is_device_accessible(ptr, device))
+    throw Error(ErrorCode::kInvalidArgument, who + ": " + what + " is labelled cuda:" + std::to_string(device) +
+                                                 " but its memory is not accessible from that device "
+                                                 "(pageable host memory or another device?)");
+}
+
 // ---- cuBLAS ----
 
 void blas_check(cublasStatus_t s, const char* what) {

@@ -142,6 +142,9 @@ std::string capture_refusal(cudaStream_t stream, const std::string& because);
 // True when `ptr` can be dereferenced by kernels on `device` (device or managed memory, or
 // host memory registered / allocated with cudaHostAlloc). Pageable host memory gives false.
 bool is_device_accessible(const void* ptr, int device);
+// Throws Error(kInvalidArgument) "<who>: <what> is labelled cuda:N but its memory is not
+// accessible from that device (...)" unless is_device_accessible(ptr, device).
+void require_accessible(const void* ptr, int device, const std::string& who, const std::string& what);
 
 // ---- cuBLAS ----
 

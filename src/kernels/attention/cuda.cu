@@ -19,7 +19,9 @@
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
+#include "primitives/cuda_available.h"
 #include "core/trace_nvtx.h"
+#include "kernels/attention/cuda_access.h"
 #include "kernels/attention/cuda_kernels.cuh"
 #include "kernels/attention/impl.h"
 #include "tessera/error.h"
@@ -159,22 +161,7 @@ cuda::DeviceBuffer copy_offsets(const Problem& p, cudaStream_t stream, int dev) 
   return buf;
 }
 
-void check_accessible(const void* ptr, int device, const char* what) {
-  if (!cuda::is_device_accessible(ptr, device))
-    fail(ErrorCode::kInvalidArgument, std::string(what) + " is labelled cuda:" + std::to_string(device) +
-                                          " but its memory is not accessible from that device "
-                                          "(pageable host memory or another device?)");
-}
-
-void check_inputs_accessible(const Problem& p) {
-  const int dev = p.device.index;
-  check_accessible(p.q, dev, "q");
-  check_accessible(p.k, dev, "k");
-  check_accessible(p.v, dev, "v");
-  check_accessible(p.alibi, dev, "alibi_slopes");
-  check_accessible(p.seg_q, dev, "segment_ids_q");
-  check_accessible(p.seg_k, dev, "segment_ids_k");
-}
+const std::string kWho = std::string(kKernelName) + " (cuda)";  // prefixes the pointer checks' errors
 
 int q_blocks(const Problem& p) { return as_int((p.Sq + ck::kRowsPerBlock - 1) / ck::kRowsPerBlock); }
 int k_blocks(const Problem& p) { return as_int((p.Sk + ck::kBwdKeys - 1) / ck::kBwdKeys); }
@@ -260,11 +247,7 @@ class Cuda final : public Implementation {
   }
   DeviceType device_type() const override { return DeviceType::kCUDA; }
 
-  Availability available() const override {
-    std::string why;
-    if (cuda::device_count(&why) == 0) return Availability::no(why);
-    return Availability::yes();
-  }
+  Availability available() const override { return primitives::cuda_available(); }
 
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA)
@@ -308,9 +291,7 @@ class Cuda final : public Implementation {
     TESSERA_NVTX_RANGE("attn.cuda.fwd");
     validate_block_sizes(bs);
     cuda::DeviceGuard guard(p.device.index);
-    check_inputs_accessible(p);
-    check_accessible(out.o, p.device.index, "o");
-    check_accessible(out.lse, p.device.index, "lse");
+    cuda_access::forward(p, out, kWho);
     const auto stream = static_cast<cudaStream_t>(p.stream);
     const cuda::DeviceBuffer cu = copy_offsets(p, stream, p.device.index);
     ck::Params k = params_of(p, static_cast<const int32_t*>(cu.get()));
@@ -323,13 +304,7 @@ class Cuda final : public Implementation {
     validate_block_sizes(bs);
     const int dev = p.device.index;
     cuda::DeviceGuard guard(dev);
-    check_inputs_accessible(p);
-    check_accessible(in.o, dev, "o (backward input)");
-    check_accessible(in.lse, dev, "lse (backward input)");
-    check_accessible(in.grad_o, dev, "grad_o");
-    check_accessible(out.dq, dev, "dq");
-    check_accessible(out.dk, dev, "dk");
-    check_accessible(out.dv, dev, "dv");
+    cuda_access::backward(p, in, out, kWho);
     const auto stream = static_cast<cudaStream_t>(p.stream);
     const cuda::DeviceBuffer cu = copy_offsets(p, stream, dev);
     const cuda::DeviceBuffer delta(static_cast<size_t>(std::max<int64_t>(1, p.Hq * p.total_q)) * sizeof(float), stream,

@@ -19,7 +19,9 @@
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
+#include "primitives/cuda_available.h"
 #include "core/log.h"
+#include "kernels/attention/cuda_access.h"
 #include "kernels/attention/cudnn_graphs.h"
 #include "kernels/attention/cudnn_plan.h"
 #include "kernels/attention/impl.h"
@@ -188,11 +190,7 @@ std::string device_problem(int device) {
   return {};
 }
 
-void check_accessible(const void* ptr, int device, const char* what) {
-  if (!cuda::is_device_accessible(ptr, device))
-    fail(ErrorCode::kInvalidArgument, std::string(what) + " is labelled cuda:" + std::to_string(device) +
-                                          " but its memory is not accessible from that device");
-}
+const std::string kWho = std::string(kKernelName) + " (cudnn)";  // prefixes the pointer checks' errors
 
 void* mut(const void* p) { return const_cast<void*>(p); }  // cuDNN's variant pack takes void*
 
@@ -209,8 +207,7 @@ class Cudnn final : public Implementation {
   DeviceType device_type() const override { return DeviceType::kCUDA; }
 
   Availability available() const override {
-    std::string why;
-    if (cuda::device_count(&why) == 0) return Availability::no(why);
+    if (Availability a = primitives::cuda_available(); !a.ok) return a;
     if (cudnnGetVersion() / 10000 != CUDNN_MAJOR)
       return Availability::no("libcudnn is version " + std::to_string(cudnnGetVersion()) + ", built against " +
                               std::to_string(CUDNN_VERSION));
@@ -241,9 +238,7 @@ class Cudnn final : public Implementation {
     validate_block_sizes(bs);
     const int dev = p.device.index;
     cuda::DeviceGuard guard(dev);
-    check_inputs(p);
-    check_accessible(out.o, dev, "o");
-    check_accessible(out.lse, dev, "lse");
+    cuda_access::forward(p, out, kWho);
     if (std::string why = cp::unsupported_outputs(p.dtype, {out.o_dtype}); !why.empty())
       return fallback(p, why).forward(p, fallback_bs(p), out);
     const auto plan = plan_for(cp::plan_key(p, cp::Pass::kForward));
@@ -257,13 +252,7 @@ class Cudnn final : public Implementation {
     validate_block_sizes(bs);
     const int dev = p.device.index;
     cuda::DeviceGuard guard(dev);
-    check_inputs(p);
-    check_accessible(in.o, dev, "o (backward input)");
-    check_accessible(in.lse, dev, "lse (backward input)");
-    check_accessible(in.grad_o, dev, "grad_o");
-    check_accessible(out.dq, dev, "dq");
-    check_accessible(out.dk, dev, "dk");
-    check_accessible(out.dv, dev, "dv");
+    cuda_access::backward(p, in, out, kWho);
     const std::string why =
         cp::unsupported_outputs(p.dtype, {in.o_dtype, in.grad_o_dtype, out.dq_dtype, out.dk_dtype, out.dv_dtype});
     if (!why.empty()) return fallback(p, why).backward(p, fallback_bs(p), in, out);
@@ -277,12 +266,6 @@ class Cudnn final : public Implementation {
   }
 
  private:
-  static void check_inputs(const Problem& p) {
-    check_accessible(p.q, p.device.index, "q");
-    check_accessible(p.k, p.device.index, "k");
-    check_accessible(p.v, p.device.index, "v");
-  }
-
   // The `cuda` implementation, for what cuDNN cannot do in a call supports() let through.
   static const Implementation& fallback(const Problem& p, const std::string& why) {
     const Implementation* c = find_implementation("cuda");

@@ -36,11 +36,7 @@ inline std::string device_problem(int device) {
 }
 
 inline void check_accessible(const void* ptr, int device, const char* impl, const char* what) {
-  if (!cuda::is_device_accessible(ptr, device))
-    throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + " (" + impl + "): " + what +
-                                                 " is labelled cuda:" + std::to_string(device) +
-                                                 " but its memory is not accessible from that device "
-                                                 "(pageable host memory or another device?)");
+  cuda::require_accessible(ptr, device, std::string(kKernelName) + " (" + impl + ")", what);
 }
 
 // The operands of a call: a and (b or d) read, c written (null only for empty arrays, which

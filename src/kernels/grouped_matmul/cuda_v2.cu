@@ -16,6 +16,7 @@
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
+#include "primitives/cuda_available.h"
 #include "core/trace_nvtx.h"
 #include "core/log.h"
 #include "kernels/grouped_matmul/cuda_checks.h"
@@ -137,11 +138,7 @@ class CudaV2 final : public Implementation {
   }
   DeviceType device_type() const override { return DeviceType::kCUDA; }
 
-  Availability available() const override {
-    std::string why;
-    if (cuda::device_count(&why) == 0) return Availability::no(why);
-    return Availability::yes();
-  }
+  Availability available() const override { return primitives::cuda_available(); }
 
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA)

@@ -27,6 +27,7 @@
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
+#include "primitives/cuda_available.h"
 #include "core/log.h"
 #include "core/memory.h"
 #include "core/trace_nvtx.h"
@@ -143,10 +144,7 @@ int64_t chunk_rows(const Problem& p, const BlockSizes& bs, const plan::ScratchNe
 }
 
 void check_accessible(const void* ptr, int device, const char* what) {
-  if (!cuda::is_device_accessible(ptr, device))
-    fail(ErrorCode::kInvalidArgument, std::string(what) + " is labelled cuda:" + std::to_string(device) +
-                                          " but its memory is not accessible from that device "
-                                          "(pageable host memory or another device?)");
+  cuda::require_accessible(ptr, device, std::string(kKernelName) + " (cuda)", what);
 }
 
 // Why a call on `stream` cannot run now ("" when it can): a call synchronizes the host once (the
@@ -218,11 +216,7 @@ class Cuda final : public Implementation {
   }
   DeviceType device_type() const override { return DeviceType::kCUDA; }
 
-  Availability available() const override {
-    std::string why;
-    if (cuda::device_count(&why) == 0) return Availability::no(why);
-    return Availability::yes();
-  }
+  Availability available() const override { return primitives::cuda_available(); }
 
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA)

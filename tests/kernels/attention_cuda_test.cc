@@ -25,34 +25,20 @@ using tessera::Tensor;
 
 namespace {
 
-const att::ImplementationInfo* cuda_info() {
-  static const std::vector<att::ImplementationInfo> infos = att::implementations();
-  for (const auto& i : infos)
-    if (i.name == "cuda") return &i;
-  return nullptr;
+const std::vector<att::ImplementationInfo>& infos() {
+  static const std::vector<att::ImplementationInfo> all = att::implementations();
+  return all;
 }
 
-#define SKIP_WITHOUT_GPU()                                                                        \
-  do {                                                                                            \
-    const auto* info_ = cuda_info();                                                              \
-    ASSERT_NE(info_, nullptr) << "the cuda implementation is not registered";                     \
-    if (!info_->available) GTEST_SKIP() << "no usable CUDA device: " << info_->unavailable_reason; \
-  } while (0)
-
-std::string report_str(const at::ParityReport& r) {
-  std::string s = r.case_name + " [" + tessera::pass_name(r.pass) + "]";
-  if (!r.ran) return s + " did not run: " + r.error;
-  for (const auto& f : r.fields) s += "\n  " + f.field + ": " + f.dev.str();
-  return s;
-}
+#define SKIP_WITHOUT_GPU() TESSERA_SKIP_UNLESS_AVAILABLE(infos(), "cuda")
 
 // The cuda backend declares no case of these tests unsupported (head dims <= 256, any mask,
 // varlen outside a graph capture): a refusal is a failure, printed with its reason.
 void expect_parity(const at::CaseSpec& spec, Pass pass) {
   const at::ParityReport r = at::check_parity(spec, "cuda", pass, Device::cuda());
-  TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, report_str(r));
-  ASSERT_TRUE(r.ran) << report_str(r);
-  EXPECT_TRUE(r.ok()) << report_str(r);
+  TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, r.str());
+  ASSERT_TRUE(r.ran) << r.str();
+  EXPECT_TRUE(r.ok()) << r.str();
 }
 
 std::vector<unsigned char> bytes_of(const Tensor& t) {
@@ -65,7 +51,7 @@ std::vector<unsigned char> bytes_of(const Tensor& t) {
 
 // Runs on every machine with the CUDA build: registered, and says why when it cannot run.
 TEST(AttentionCuda, ListedWithAReasonWhenUnavailable) {
-  const auto* info = cuda_info();
+  const auto* info = find_info(infos(), "cuda");
   ASSERT_NE(info, nullptr) << "cuda is not in attention's registry";
   EXPECT_EQ(info->device, tessera::DeviceType::kCUDA);
   if (!info->available) EXPECT_FALSE(info->unavailable_reason.empty());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/attention/testing.h"
+#include "kernels/cuda_test_util.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
 
@@ -24,31 +25,17 @@ using tessera::Tensor;
 
 namespace {
 
-const att::ImplementationInfo* info_of(const std::string& name) {
-  static const std::vector<att::ImplementationInfo> infos = att::implementations();
-  for (const auto& i : infos)
-    if (i.name == name) return &i;
-  return nullptr;
+const std::vector<att::ImplementationInfo>& infos() {
+  static const std::vector<att::ImplementationInfo> all = att::implementations();
+  return all;
 }
 
-#define SKIP_WITHOUT_CUDNN()                                                                          \
-  do {                                                                                                \
-    const auto* info_ = info_of("cudnn");                                                             \
-    ASSERT_NE(info_, nullptr) << "the cudnn implementation is not registered";                        \
-    if (!info_->available) GTEST_SKIP() << "cudnn is unavailable: " << info_->unavailable_reason;     \
-  } while (0)
-
-std::string report_str(const at::ParityReport& r) {
-  std::string s = r.case_name + " [" + tessera::pass_name(r.pass) + "]";
-  if (!r.ran) return s + " did not run: " + r.error;
-  for (const auto& f : r.fields) s += "\n  " + f.field + ": " + f.dev.str();
-  return s;
-}
+#define SKIP_WITHOUT_CUDNN() TESSERA_SKIP_UNLESS_AVAILABLE(infos(), "cudnn")
 
 void expect_parity(const at::CaseSpec& spec, Pass pass) {
   const at::ParityReport r = at::check_parity(spec, "cudnn", pass, Device::cuda());
-  ASSERT_TRUE(r.ran) << report_str(r);
-  EXPECT_TRUE(r.ok()) << report_str(r);
+  ASSERT_TRUE(r.ran) << r.str();
+  EXPECT_TRUE(r.ok()) << r.str();
 }
 
 at::CaseSpec base(DType dtype, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv) {
@@ -106,7 +93,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Runs on every machine with the CUDA build: listed, and says why when it cannot run.
 TEST(AttentionCudnn, ListedWithAReasonWhenUnavailable) {
-  const auto* info = info_of("cudnn");
+  const auto* info = find_info(infos(), "cudnn");
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(info->device, tessera::DeviceType::kCUDA);
   if (!info->available) EXPECT_FALSE(info->unavailable_reason.empty());

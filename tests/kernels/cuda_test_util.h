@@ -3,6 +3,26 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
+// Implementation `name` of a kernel's implementations() list, or nullptr when not registered.
+template <class Info>
+const Info* find_info(const std::vector<Info>& infos, const std::string& name) {
+  for (const auto& i : infos)
+    if (i.name == name) return &i;
+  return nullptr;
+}
+
+// Skips the calling test, with the reason, when implementation `name` of `infos` is unavailable
+// here (no device, no cuDNN); fails when it is not registered at all.
+#define TESSERA_SKIP_UNLESS_AVAILABLE(infos, name)                                                 \
+  do {                                                                                            \
+    const auto* info_ = find_info(infos, name);                                                   \
+    ASSERT_NE(info_, nullptr) << "the " << (name) << " implementation is not registered";         \
+    if (!info_->available) GTEST_SKIP() << (name) << " is unavailable: " << info_->unavailable_reason; \
+  } while (0)
+
 // A case that a device implementation refuses as unsupported (Error kUnsupported: the parity
 // report's `skipped`) is skipped, with the reason printed, when the suite declares that refusal
 // (`declared`: a documented limitation, e.g. linear_cross_entropy's class weights on the device);

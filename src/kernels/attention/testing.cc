@@ -198,6 +198,13 @@ bool ParityReport::ok() const {
   return true;
 }
 
+std::string ParityReport::str() const {
+  std::string s = case_name + " [" + pass_name(pass) + "]";
+  if (!ran) return s + " did not run: " + error;
+  for (const auto& f : fields) s += "\n  " + f.field + ": " + f.dev.str();
+  return s;
+}
+
 void lse_for_compare(std::vector<double>& got, std::vector<double>& want) {
   for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
     const bool gi = got[i] == -INFINITY, wi = want[i] == -INFINITY;

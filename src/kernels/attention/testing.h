@@ -65,6 +65,7 @@ struct ParityReport {
   std::string error;
   std::vector<FieldReport> fields;
   bool ok() const;
+  std::string str() const;  // "case [pass]" and each field's deviation, or why it did not run
 };
 
 // Runs `implementation` and the reference on the same case and compares every output. For

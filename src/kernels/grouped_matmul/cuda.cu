@@ -44,14 +44,7 @@ class Cuda final : public Implementation {
 
   Availability available() const override { return primitives::cuda_available(); }
 
-  Availability supports(const Problem& p) const override {
-    if (p.device.type != DeviceType::kCUDA)
-      return Availability::no("inputs are on " + p.device.str() + "; the cuda backend needs CUDA device memory");
-    if (std::string why = cuda_checks::device_problem(p.device.index); !why.empty()) return Availability::no(why);
-    if (p.M > INT_MAX || p.K > INT_MAX || p.N > INT_MAX)
-      return Availability::no("M, K and N must each fit cuBLAS's int (<= 2^31 - 1)");
-    return Availability::yes();
-  }
+  Availability supports(const Problem& p) const override { return cuda_checks::device_support(p, "cuda", false); }
   BlockSizes default_block_sizes(const Problem&) const override { return {}; }
   void validate_block_sizes(const BlockSizes&) const override {}  // cuBLAS chooses its own tiles
   void synchronize(const Problem& p) const override {

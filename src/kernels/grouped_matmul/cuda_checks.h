@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <climits>
 #include <string>
 
 #include "core/cuda_util.h"
@@ -33,6 +34,20 @@ inline std::string device_problem(int device) {
     return "cuda:" + std::to_string(device) + " has compute capability " + std::to_string(major) + "." +
            std::to_string(minor) + "; the grouped_matmul cuda backends need 8.0 or newer";
   return {};
+}
+
+// What both CUDA versions require of a call (their supports()): CUDA device memory, a usable
+// device of compute capability 8.0+, and M, K, N — and G for a grouped call (`g_is_int`), whose
+// group count is an int too — within cuBLAS's int.
+inline Availability device_support(const Problem& p, const char* impl, bool g_is_int) {
+  if (p.device.type != DeviceType::kCUDA)
+    return Availability::no("inputs are on " + p.device.str() + "; grouped_matmul " + impl +
+                            " needs CUDA device memory");
+  if (std::string why = device_problem(p.device.index); !why.empty()) return Availability::no(why);
+  if (p.M > INT_MAX || p.K > INT_MAX || p.N > INT_MAX || (g_is_int && p.G > INT_MAX))
+    return Availability::no(std::string(g_is_int ? "M, K, N and G" : "M, K and N") +
+                            " must each fit cuBLAS's int (<= 2^31 - 1)");
+  return Availability::yes();
 }
 
 inline void check_accessible(const void* ptr, int device, const char* impl, const char* what) {

@@ -42,7 +42,37 @@ def _ffi(k: Kernel, pass_: str, tensors: Dict[str, Any], options: Tuple[Tuple[st
     outs = jax.ffi.ffi_call(_TARGET, result, vmap_method="sequential")(
         *args, kernel=k.name, pass_=pass_, names=",".join(names),
         options=";".join(f"{n}={v}" for n, v in options), implementation=implementation)
-    return {name: o for (name, _, _, _), o in zip(descs, outs)}
+    # Inside shard_map the results vary over every mesh axis an input varies over (typed as
+    # invariant, a result used beside varying values gets an implicit pvary, whose transpose sums
+    # the cotangent over the devices: wrong gradients).
+    axes = frozenset().union(*(_varying_axes(a) for a in args)) if args else frozenset()
+    return {name: _mark_varying(o, axes) for (name, _, _, _), o in zip(descs, outs)}
+
+
+def _varying_axes(x) -> frozenset:
+    """The mesh axes x varies over inside shard_map (JAX >= 0.10: manual_axis_type; before: vma)."""
+    t = jax.typeof(x)
+    m = getattr(t, "manual_axis_type", None)
+    return frozenset(m.varying) if m is not None else frozenset(getattr(t, "vma", ()))
+
+
+def _mark_varying(x, axes: frozenset):
+    """x typed as varying over `axes` too (a no-op on the values)."""
+    missing = tuple(sorted(axes - _varying_axes(x)))
+    if not missing:
+        return x
+    pcast = getattr(jax.lax, "pcast", None)
+    return pcast(x, missing, to="varying") if pcast is not None else jax.lax.pvary(x, missing)
+
+
+def _varying_like(g, primal):
+    """Inside shard_map a cotangent must vary over exactly the mesh axes of its primal (check_vma):
+    summed over the axes the primal is the same on (a replicated weight used with sharded data:
+    the transpose of the implicit broadcast), marked varying over the others."""
+    extra = tuple(sorted(_varying_axes(g) - _varying_axes(primal)))
+    if extra:
+        g = jax.lax.psum(g, extra)
+    return _mark_varying(g, _varying_axes(primal))
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,7 +105,7 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
             tensors["grad_" + name] = jnp.asarray(gi, jnp.float32)
         tensors.update(saved)
         grads = _ffi(k, "backward", tensors, options, implementation)
-        return tuple(grads["d" + n] if n in diff else None for n in present)
+        return tuple(_varying_like(grads["d" + n], a) if n in diff else None for n, a in zip(present, args))
 
     f.defvjp(fwd, bwd)
     return f

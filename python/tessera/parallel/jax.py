@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from .. import jax as tj
 
-__all__ = ["expert_parallel_grouped_matmul"]
+__all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention"]
 
 
 def expert_parallel_grouped_matmul(x, expert_ids, w_local, *, num_experts: int, axis_name: str,
@@ -50,3 +50,33 @@ def expert_parallel_grouped_matmul(x, expert_ids, w_local, *, num_experts: int, 
     y = jnp.roll(y, row0, axis=0)
     y_tokens = jnp.zeros_like(y).at[order].set(y)  # rows back in token order; others' experts are 0
     return jax.lax.psum_scatter(y_tokens, axis_name, scatter_dimension=0, tiled=True)
+
+
+def context_parallel_attention(q, k, v, *, axis_name: str, causal: bool = False, window_left: int = -1,
+                               scale: float = 0.0, softcap: float = 0.0, implementation: Optional[str] = None):
+    """Attention over a sequence sharded contiguously along the mesh axis ``axis_name``.
+
+    Per device: q [B, S_d, Hq, D], k [B, S_d, Hkv, D], v [B, S_d, Hkv, Dv], the positions
+    [i·S_d, (i+1)·S_d) on the device of axis index i. Keys and values are all-gathered. Shapes are
+    static, so with ``causal`` the gathered keys are rolled right by S − (i+1)·S_d: the device's
+    last position lands at the end, where ``attention``'s bottom-right alignment puts its last
+    query, and the keys after it (rolled to the front) are masked out with segment ids. The causal
+    mask and a left window are then exactly the single-device ones. The gradients of k and v are
+    summed over the devices (the transpose of the all-gather). Returns this device's o
+    [B, S_d, Hq, Dv]; works under jit and grad.
+    """
+    if not causal and window_left >= 0:
+        raise ValueError("context_parallel_attention: a window needs causal=True here")
+    k_all = jax.lax.all_gather(k, axis_name, axis=1, tiled=True)
+    v_all = jax.lax.all_gather(v, axis_name, axis=1, tiled=True)
+    opts = dict(scale=scale, softcap=softcap, implementation=implementation)
+    if not causal:
+        return tj.attention(q, k_all, v_all, **opts)
+    b, s_local = q.shape[0], q.shape[1]
+    s = k_all.shape[1]
+    shift = s - (jax.lax.axis_index(axis_name) + 1) * s_local
+    k_all, v_all = jnp.roll(k_all, shift, axis=1), jnp.roll(v_all, shift, axis=1)
+    seg_k = jnp.broadcast_to((jnp.arange(s) >= shift).astype(jnp.int32), (b, s))
+    seg_q = jnp.ones((b, s_local), jnp.int32)
+    return tj.attention(q, k_all, v_all, segment_ids_q=seg_q, segment_ids_k=seg_k, causal=True,
+                        window_left=window_left, **opts)

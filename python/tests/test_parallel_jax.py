@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("jax")
 
 
-def test_expert_parallel_grouped_matmul_on_2_and_4_devices():
+def test_expert_and_context_parallel_on_2_and_4_devices():
     script = os.path.join(os.path.dirname(__file__), "parallel_jax_check.py")
     done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -6,7 +6,7 @@ single-device ones.
 
 - ``tessera.parallel.torch``: expert-parallel grouped matmul (all-to-all token dispatch) and
   context-parallel attention (all-gather of keys and values), forward and backward.
-- ``tessera.parallel.jax``: expert-parallel grouped matmul inside ``shard_map``.
+- ``tessera.parallel.jax``: the same two inside ``jax.shard_map``.
 
 Every function checks its inputs on every rank and agrees on the outcome before the first
 collective that carries data: a bad input on one rank makes every rank raise the same message

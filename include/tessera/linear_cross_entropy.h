@@ -70,6 +70,16 @@ struct Options : ExecOptions {
   // is asked for (a prediction for every token). false: every row is computed and the lse of
   // ignored rows is their real logsumexp.
   bool skip_ignored = true;
+  // Vocab-parallel partial form (docs/DISTRIBUTED.md): 0 = off. Else w (and bias) hold a slice of
+  // V of the vocab_total classes and labels are RELATIVE to it: a label in [0, V) is a class of
+  // the slice, one in (−vocab_total, 0) or [V, vocab_total) a class held elsewhere; ignore_index
+  // must lie outside (−vocab_total, vocab_total). class_weights are all vocab_total weights,
+  // rotated so that entry c is class c of the slice (the label's weight is entry label mod
+  // vocab_total). forward_partial() writes the slice's per-token statistics; backward() takes
+  // the GLOBAL lse and writes this slice's dw, dbias and its share of dx (the caller sums dx over
+  // the slices). ε/V of label smoothing uses vocab_total. Not with forward_backward, z_loss or
+  // accuracy outputs (the caller forms them from the combined statistics).
+  int64_t vocab_total = 0;
 
   // Unset: tuned table -> autotune-on-miss (if enabled) -> backend defaults.
   std::optional<BlockSizes> block_sizes;
@@ -108,6 +118,22 @@ struct ForwardOutputs {
   std::optional<TensorView> accuracy = std::nullopt;
 };
 
+// Outputs of the partial form's forward (Options::vocab_total > 0), f32 of labels' shape, over
+// the slice's classes c (z after bias and soft cap, σ = class weights or 1):
+//   lse:         log Σ_c exp(z_c)
+//   label_logit: z_label when the label is a class of the slice, else 0 (ignored rows: 0)
+//   logit_sum:   Σ_c σ_c·z_c
+//   argmax, max_logit (both or neither; with return_argmax): the slice's first maximal class and its z
+// Combined over the slices: lse = logsumexp of the lse's, z_y and Σσz = sums; then
+// loss_t = weight_t·[(1−ε)(lse − z_y) + λ·lse²] + token_weight_t·ε/vocab_total·(Σσ·lse − Σσz).
+struct PartialOutputs {
+  TensorView lse;
+  TensorView label_logit;
+  TensorView logit_sum;
+  std::optional<TensorView> argmax = std::nullopt;
+  std::optional<TensorView> max_logit = std::nullopt;
+};
+
 // Gradients (caller-allocated, contiguous, on the inputs' device). dx like x (dtype f32 or x's
 // dtype), dw in w's layout (dtype f32 or w's dtype), dbias [V] (f32 or bias's dtype) and
 // required exactly when bias is given. Accumulation is f32 whatever the storage dtype.
@@ -126,6 +152,8 @@ std::string backward(const Inputs& in, const TensorView& grad_loss, const Gradie
                      const Options& opt = {});
 std::string backward(const Inputs& in, const TensorView& grad_loss, const TensorView& lse,
                      const Gradients& grads, const Options& opt = {});
+// The partial form's forward (Options::vocab_total > 0 required).
+std::string forward_partial(const Inputs& in, const PartialOutputs& out, const Options& opt);
 // Loss and gradients in one pass (training). grad_loss as in backward.
 std::string forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
                              const Gradients& grads, const Options& opt = {});

@@ -98,15 +98,25 @@ void check_class_weights_meta(const TensorView& cw, int64_t V) {
   require_contiguous(cw, "class_weights");
 }
 
+// The class weights' length: every class (the partial form's slice holds only some).
+int64_t class_count(const Problem& p) { return p.partial() ? p.V_total : p.V; }
+
+// A (relative) label's entry in the class weights: in the partial form they are rotated so that
+// entry c is class c of the slice, and a label held elsewhere wraps around.
+int64_t class_entry(const Problem& p, int64_t y) {
+  if (!p.partial()) return y;
+  return ((y % p.V_total) + p.V_total) % p.V_total;
+}
+
 void fold_class_weights(const TensorView& cw, const Options& opt, Problem& p) {
-  check_class_weights_meta(cw, p.V);
+  check_class_weights_meta(cw, class_count(p));
   if (p.device.type != DeviceType::kCPU)  // before the device match: the limit is the real reason
     throw Error(ErrorCode::kUnsupported, kName + ": class_weights are supported for host inputs only (for now)");
   require_device(cw, p.device, "class_weights");
   require_data(cw, "class_weights");
   const auto* c = static_cast<const float*>(cw.data);
   double sum = 0.0;
-  for (int64_t v = 0; v < p.V; ++v) {
+  for (int64_t v = 0; v < class_count(p); ++v) {
     if (!(c[v] >= 0.0f) || !std::isfinite(c[v]))
       bad("class_weights must be finite and >= 0, got " + std::to_string(c[v]) + " at class " + std::to_string(v));
     sum += c[v];
@@ -114,7 +124,7 @@ void fold_class_weights(const TensorView& cw, const Options& opt, Problem& p) {
   auto combined = std::shared_ptr<float[]>(new float[static_cast<size_t>(std::max<int64_t>(p.B, 1))]);
   for (int64_t t = 0; t < p.B; ++t) {
     const int64_t y = p.label(t);
-    combined[t] = y == p.ignore_index ? 0.0f : p.weight(t) * c[y];
+    combined[t] = y == p.ignore_index ? 0.0f : p.weight(t) * c[class_entry(p, y)];
   }
   if (opt.label_smoothing > 0.0) {
     p.class_weights = c;
@@ -123,6 +133,28 @@ void fold_class_weights(const TensorView& cw, const Options& opt, Problem& p) {
   }
   p.weights = combined.get();
   p.keep = combined;
+}
+
+// The vocab-parallel partial form (Options::vocab_total): the slice and the ignore label.
+void set_partial(const Options& opt, Problem& p) {
+  if (opt.vocab_total < p.V)
+    bad("vocab_total (" + std::to_string(opt.vocab_total) + ") must be 0 (off) or at least the slice's V=" +
+        std::to_string(p.V));
+  if (opt.ignore_index > -opt.vocab_total && opt.ignore_index < opt.vocab_total)
+    bad("ignore_index (" + std::to_string(opt.ignore_index) + ") must lie outside (-vocab_total, vocab_total) = (" +
+        std::to_string(-opt.vocab_total) + ", " + std::to_string(opt.vocab_total) +
+        ") in the partial form, where labels are relative to the slice");
+  p.V_total = opt.vocab_total;
+}
+
+void check_relative_labels(const Problem& p) {
+  for (int64_t t = 0; t < p.B; ++t) {
+    const int64_t y = p.label(t);
+    if (y != p.ignore_index && (y <= -p.V_total || y >= p.V_total))
+      bad("label " + std::to_string(y) + " at token " + std::to_string(t) + " is outside (-vocab_total, vocab_total) = (" +
+          std::to_string(-p.V_total) + ", " + std::to_string(p.V_total) + ") and is not ignore_index (" +
+          std::to_string(p.ignore_index) + ")");
+  }
 }
 
 Problem normalize(const Inputs& in, const Options& opt) {
@@ -198,8 +230,11 @@ Problem normalize(const Inputs& in, const Options& opt) {
   p.memory_budget = opt.memory_budget;
   p.num_threads = resolve_num_threads(opt.num_threads);
 
+  if (opt.vocab_total != 0) set_partial(opt, p);
   // Label range (host labels; a device backend checks device labels itself).
-  if (p.device.type == DeviceType::kCPU) {
+  if (p.device.type == DeviceType::kCPU && p.partial()) {
+    check_relative_labels(p);
+  } else if (p.device.type == DeviceType::kCPU) {
     for (int64_t t = 0; t < p.B; ++t) {
       const int64_t y = p.label(t);
       if (y != p.ignore_index && (y < 0 || y >= p.V))
@@ -421,7 +456,7 @@ void validate_metadata(const Inputs& in, const Options& opt) {
   Options o = opt;
   o.check_finite = false;
   const Problem p = normalize(m, o);
-  if (in.class_weights) check_class_weights_meta(*in.class_weights, p.V);
+  if (in.class_weights) check_class_weights_meta(*in.class_weights, class_count(p));
 }
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
@@ -429,10 +464,17 @@ std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 // Ignored tokens skipped before any GEMM (compact.h) unless the caller asks for every row:
 // skip_ignored off, or an argmax output (a prediction for every token, ignored ones included).
 std::optional<Compaction> compaction_for(const Problem& p, const Options& opt, bool argmax_wanted = false) {
-  return opt.skip_ignored && !argmax_wanted ? Compaction::make(p) : std::nullopt;
+  return opt.skip_ignored && !argmax_wanted && !p.partial() ? Compaction::make(p) : std::nullopt;
+}
+
+void refuse_partial(const Options& opt, const char* what) {
+  if (opt.vocab_total != 0)
+    bad(std::string(what) + " is not defined in the partial form (vocab_total > 0): use forward_partial, then "
+                            "backward with the combined lse");
 }
 
 std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
+  refuse_partial(opt, "forward");
   std::string ran;
   Problem p = normalize(in, opt);
   ForwardOut fo = check_forward_outputs(in, p, out);
@@ -455,10 +497,46 @@ std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& 
 
 namespace {
 
+ForwardOut check_partial_outputs(const Inputs& in, const Problem& p, const PartialOutputs& out) {
+  const Shape lead(in.x.shape.begin(), in.x.shape.end() - 1);
+  ForwardOut f;
+  auto f32 = [&](const TensorView& t, const char* what) {
+    check_output(t, DType::kF32, lead, p.device, what);
+    return static_cast<float*>(t.data);
+  };
+  f.lse = f32(out.lse, "lse");
+  f.label_logit = f32(out.label_logit, "label_logit");
+  f.logit_sum = f32(out.logit_sum, "logit_sum");
+  if (out.argmax.has_value() != p.want_argmax || out.max_logit.has_value() != p.want_argmax)
+    bad("the argmax and max_logit outputs are given exactly when return_argmax is set");
+  if (p.want_argmax) {
+    check_output(*out.argmax, DType::kI64, lead, p.device, "argmax");
+    f.argmax = static_cast<int64_t*>(out.argmax->data);
+    f.max_logit = f32(*out.max_logit, "max_logit");
+  }
+  return f;
+}
+
+}  // namespace
+
+std::string forward_partial(const Inputs& in, const PartialOutputs& out, const Options& opt) {
+  if (opt.vocab_total == 0) bad("forward_partial needs vocab_total > 0 (the partial form)");
+  if (opt.return_z_loss || opt.return_token_accuracy)
+    bad("the partial form has no z_loss or accuracy outputs: form them from the combined statistics");
+  const Problem p = normalize(in, opt);
+  const ForwardOut fo = check_partial_outputs(in, p, out);
+  if (p.B == 0) return t_last_impl = "(empty batch)";
+  return dispatch_call(p, opt, Pass::kForward,
+                       [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
+}
+
+namespace {
+
 std::string backward_impl(const Inputs& in, const TensorView& grad_loss, const std::optional<TensorView>& lse,
                           const Gradients& grads, const Options& opt) {
   std::string ran;
   const Problem p = normalize(in, opt);
+  if (p.partial() && !lse) bad("the partial form's backward needs the combined (global) lse");
   GradIn gi;
   gi.grad_loss = check_grad_loss(in, p, grad_loss);
   const GradOut go = check_gradients(in, p, grads);
@@ -495,6 +573,7 @@ std::string backward(const Inputs& in, const TensorView& grad_loss, const Tensor
 
 std::string forward_backward(const Inputs& in, const TensorView& grad_loss, const ForwardOutputs& out,
                              const Gradients& grads, const Options& opt) {
+  refuse_partial(opt, "forward_backward");
   std::string ran;
   Problem p = normalize(in, opt);
   ForwardOut fo = check_forward_outputs(in, p, out);

@@ -351,7 +351,16 @@ void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
         if (y >= r.begin && y < r.end) zy = q.zy;
       }
       lse = m + std::log(s);
-      if (write_fwd) {
+      if (write_fwd && p.partial()) {  // the slice's statistics; the caller forms the loss
+        fout->lse[t] = static_cast<float>(lse);
+        fout->label_logit[t] = ign ? 0.0f : static_cast<float>(zy);
+        fout->logit_sum[t] = static_cast<float>(sumz);
+        if (fout->argmax) {
+          fout->argmax[t] = amax;
+          fout->max_logit[t] = static_cast<float>(m);
+        }
+        rowloss[i] = 0.0;
+      } else if (write_fwd) {
         fout->lse[t] = static_cast<float>(lse);
         if (fout->argmax) fout->argmax[t] = amax;
         double loss = 0.0;
@@ -380,7 +389,7 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
   const Range r = split(p.V, tid, T, 16);
   const bool hv = p.layout == WLayout::kHV;
   const double eps = p.label_smoothing, lam = p.z_loss_weight, cap = p.soft_cap;
-  const float offset = static_cast<float>(eps / static_cast<double>(p.V));
+  const float offset = static_cast<float>(eps / p.vocab());
   const int64_t step = slab_step(r);
   for (int64_t v0 = r.begin; v0 < r.end; v0 += step) {
     const int64_t n = std::min(step, r.end - v0);
@@ -405,7 +414,7 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
           //   = (p_y − 1) + 2λ·lse·p_y + ε·(1 − 1/V),  with p_y − 1 = expm1(z_y − lse).
           const double py_m1 = std::expm1(zy - lse);
           double d = static_cast<double>(scale) *
-                     (py_m1 + 2.0 * lam * lse * (py_m1 + 1.0) + eps * (1.0 - 1.0 / static_cast<double>(p.V)));
+                     (py_m1 + 2.0 * lam * lse * (py_m1 + 1.0) + eps * (1.0 - 1.0 / p.vocab()));
           if (cap > 0.0) d *= 1.0 - (zy / cap) * (zy / cap);
           z[y - v0] = static_cast<float>(d);
         }
@@ -527,7 +536,7 @@ void Call::run() {
       for (auto& t : threads) t.join();
     }
   }
-  if (mode != Mode::kBackward) {
+  if (mode != Mode::kBackward && !p.partial()) {
     if (p.reduction == Reduction::kSum) fout->loss[0] = static_cast<float>(total);
     if (p.reduction == Reduction::kMean)
       fout->loss[0] = denom == 0.0 ? 0.0f : static_cast<float>(total / denom);

@@ -591,6 +591,7 @@ class Cpu final : public Implementation {
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCPU)
       return Availability::no("inputs are on " + p.device.str() + ", the cpu backend runs on host memory");
+    if (p.partial()) return Availability::no("the vocab-parallel partial form is implemented by cpu, not cpu_v2");
     if (p.H > INT_MAX || p.V > INT_MAX)
       return Availability::no("H and V must be < 2^31 (BLAS uses 32-bit dimensions), got H=" +
                               std::to_string(p.H) + ", V=" + std::to_string(p.V));

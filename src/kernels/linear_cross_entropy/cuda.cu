@@ -226,6 +226,7 @@ class Cuda final : public Implementation {
     if (const std::string why = capture_problem(p.stream); !why.empty()) return Availability::no(why);
     if (!is_float(p.dtype)) return Availability::no(std::string("dtype ") + dtype_name(p.dtype) + " is not supported");
     if (p.class_weights) return Availability::no("class weights with label smoothing are not implemented on the device");
+    if (p.partial()) return Availability::no("the vocab-parallel partial form is not implemented on the device yet");
     if (2 * plan::logits_row_stride(p.V) > INT_MAX || p.H > INT_MAX)
       return Availability::no("V=" + std::to_string(p.V) + ", H=" + std::to_string(p.H) +
                               " exceed the cuBLAS int range (V < 2^30, H < 2^31)");

@@ -45,6 +45,10 @@ struct Problem {
   double soft_cap = 0.0;
   bool want_argmax = false;
 
+  // Vocab-parallel partial form (Options::vocab_total): 0 = off. Labels are then relative to
+  // the slice (a label outside [0, V) is a class held elsewhere: no label term here).
+  int64_t V_total = 0;
+
   int num_threads = 0;  // resolved by the API: >= 1 for CPU backends
   void* stream = nullptr;
   size_t memory_budget = 0;
@@ -57,7 +61,10 @@ struct Problem {
     if (!class_weights) return weight(t);
     return token_weights ? token_weights[t] : 1.0f;
   }
-  double smooth_total() const { return class_weights ? class_weight_sum : static_cast<double>(V); }
+  double smooth_total() const { return class_weights ? class_weight_sum : vocab(); }
+  bool partial() const { return V_total > 0; }
+  // The V of ε/V: every class, not only the slice's.
+  double vocab() const { return static_cast<double>(partial() ? V_total : V); }
 };
 
 // loss_t of a non-ignored row from its lse, label logit and Σ_c σ_c·z_c (Σ z without class
@@ -65,7 +72,7 @@ struct Problem {
 inline double row_loss_value(const Problem& p, int64_t t, double lse, double zy, double sigma_z) {
   const double eps = p.label_smoothing;
   const double main = (1.0 - eps) * (lse - zy) + p.z_loss_weight * lse * lse;
-  const double smooth = eps / static_cast<double>(p.V) * (p.smooth_total() * lse - sigma_z);
+  const double smooth = eps / p.vocab() * (p.smooth_total() * lse - sigma_z);
   return static_cast<double>(p.weight(t)) * main + static_cast<double>(p.smooth_weight(t)) * smooth;
 }
 
@@ -75,7 +82,7 @@ struct GradCoefs {
   double coef = 0.0, offset = 0.0, label = 0.0;
 };
 inline GradCoefs grad_coefs(const Problem& p, int64_t t, double lse) {
-  const double eps = p.label_smoothing, V = static_cast<double>(p.V);
+  const double eps = p.label_smoothing, V = p.vocab();
   const double w = p.weight(t), s = p.smooth_weight(t);
   return {w * (1.0 - eps + 2.0 * p.z_loss_weight * lse) + s * eps * p.smooth_total() / V, s * eps / V,
           w * (1.0 - eps)};
@@ -84,9 +91,13 @@ inline GradCoefs grad_coefs(const Problem& p, int64_t t, double lse) {
 // Raw outputs. loss: B floats for kNone, 1 float for kSum / kMean. lse: B floats. argmax: B
 // int64 or nullptr. All on problem.device.
 struct ForwardOut {
-  float* loss = nullptr;
+  float* loss = nullptr;  // nullptr in the partial form
   float* lse = nullptr;
   int64_t* argmax = nullptr;
+  // Partial form only (Problem::partial()), else nullptr: PartialOutputs in the public header.
+  float* label_logit = nullptr;
+  float* logit_sum = nullptr;
+  float* max_logit = nullptr;  // exactly when argmax
 };
 
 struct GradIn {

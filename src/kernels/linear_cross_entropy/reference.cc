@@ -55,7 +55,7 @@ RowLoss row_loss(const Problem& p, int64_t t, const std::vector<double>& z) {
   r.lse = logsumexp(z);
   for (int64_t j = 1; j < p.V; ++j)
     if (z[static_cast<size_t>(j)] > z[static_cast<size_t>(r.argmax)]) r.argmax = j;
-  if (p.ignored(t)) return r;
+  if (p.ignored(t) || p.partial()) return r;
   const int64_t y = p.label(t);
   const double nll = r.lse - z[static_cast<size_t>(y)];
   const double eps = p.label_smoothing;
@@ -92,7 +92,28 @@ class Reference final : public Implementation {
   BlockSizes default_block_sizes(const Problem&) const override { return {}; }
   void validate_block_sizes(const BlockSizes&) const override {}  // unblocked: ignores them
 
+  // The partial form: the slice's statistics per token (ForwardOut's partial fields).
+  static void forward_partial(const Problem& p, const ForwardOut& out) {
+    std::vector<double> z(static_cast<size_t>(p.V));
+    for (int64_t t = 0; t < p.B; ++t) {
+      logits_row(p, t, z);
+      const RowLoss r = row_loss(p, t, z);  // lse and argmax only: row_loss skips the loss then
+      const int64_t y = p.label(t);
+      const bool mine = !p.ignored(t) && y >= 0 && y < p.V;
+      double sz = 0.0;
+      for (int64_t c = 0; c < p.V; ++c) sz += sigma(p, c) * z[static_cast<size_t>(c)];
+      out.lse[t] = static_cast<float>(r.lse);
+      out.label_logit[t] = mine ? static_cast<float>(z[static_cast<size_t>(y)]) : 0.0f;
+      out.logit_sum[t] = static_cast<float>(sz);
+      if (out.argmax) {
+        out.argmax[t] = r.argmax;
+        out.max_logit[t] = static_cast<float>(z[static_cast<size_t>(r.argmax)]);
+      }
+    }
+  }
+
   void forward(const Problem& p, const BlockSizes&, const ForwardOut& out) const override {
+    if (p.partial()) return forward_partial(p, out);
     std::vector<double> z(static_cast<size_t>(p.V));
     double total = 0.0;
     for (int64_t t = 0; t < p.B; ++t) {
@@ -128,16 +149,17 @@ class Reference final : public Implementation {
         if (p.reduction == Reduction::kMean) up = denom == 0.0 ? 0.0 : up / denom;
         const double wt = p.weight(t), st = p.smooth_weight(t);
         logits_row(p, t, z);
-        const double lse = logsumexp(z);
+        // The partial form: the global lse comes from the caller (the slice's is not it).
+        const double lse = p.partial() ? static_cast<double>(g.lse[t]) : logsumexp(z);
         const int64_t y = p.label(t);
         // d loss_t / d z_j = w_t·[(1−ε)·(p_j − [j==y]) + 2λ·lse·p_j] + s_t·ε/V·(Σσ·p_j − σ_j)
-        double sigma_sum = 0.0;
-        for (int64_t c = 0; c < p.V; ++c) sigma_sum += sigma(p, c);
+        // Σ_c σ_c over every class (the partial form's slice holds only some of them).
+        const double sigma_sum = p.class_weights ? p.class_weight_sum : p.vocab();
         for (size_t j = 0; j < V; ++j) {
           const double pj = std::exp(z[j] - lse);
           const double onehot = static_cast<int64_t>(j) == y ? 1.0 : 0.0;
           double d = wt * ((1.0 - eps) * (pj - onehot) + 2.0 * p.z_loss_weight * lse * pj) +
-                     st * eps / static_cast<double>(p.V) * (sigma_sum * pj - sigma(p, static_cast<int64_t>(j)));
+                     st * eps / p.vocab() * (sigma_sum * pj - sigma(p, static_cast<int64_t>(j)));
           d *= up;
           // Through the soft cap: z = c·tanh(s/c)  =>  dz/ds = 1 − (z/c)².
           if (p.soft_cap > 0.0) d *= 1.0 - (z[j] / p.soft_cap) * (z[j] / p.soft_cap);

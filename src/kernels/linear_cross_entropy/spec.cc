@@ -41,6 +41,7 @@ Options call_options(const kernels::CallArgs& a) {
   opt.return_argmax = o.flag("return_argmax");
   opt.return_z_loss = o.flag("return_z_loss");
   opt.return_token_accuracy = o.flag("return_token_accuracy");
+  opt.vocab_total = o.integer("vocab_total");
   return opt;
 }
 
@@ -63,6 +64,14 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   auto add = [&](const char* name, DType dt, const Shape& shape) {
     out.push_back({name, dt, shape, contiguous_strides(shape)});
   };
+  if (a.pass == Pass::kForward && opt.vocab_total > 0) {  // the partial form's statistics
+    for (const char* name : {"lse", "label_logit", "logit_sum"}) add(name, DType::kF32, lead);
+    if (opt.return_argmax) {
+      add("argmax", DType::kI64, lead);
+      add("max_logit", DType::kF32, lead);
+    }
+    return out;
+  }
   if (a.pass != Pass::kBackward) {
     add("loss", DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{});
     add("lse", DType::kF32, lead);
@@ -90,6 +99,10 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
       if (want[i].name == name) return out[i];
     return std::nullopt;
   };
+  if (a.pass == Pass::kForward && opt.vocab_total > 0) {
+    PartialOutputs po{*find("lse"), *find("label_logit"), *find("logit_sum"), find("argmax"), find("max_logit")};
+    return forward_partial(in, po, opt);
+  }
   ForwardOutputs fo;
   if (a.pass != Pass::kBackward) {
     fo = {*find("loss"), *find("lse"), find("argmax")};
@@ -135,6 +148,10 @@ kernels::CallSpec call_spec() {
       {"return_token_accuracy", K::kFlag,
        "also return the share of non-ignored tokens whose argmax is the label (f32, 0-d; a metric)", "false", {},
        {"token-accuracy"}},
+      {"vocab_total", K::kInt,
+       "vocab-parallel partial form: the number of classes of all slices (w holds V of them, labels are relative "
+       "to the slice; forward returns the slice's statistics, backward takes the combined lse); 0 = off",
+       "0", {}},
       kernels::block_sizes_option_spec("b=1024,h=512,v=2048")};
   s.forward_outputs = {"loss"};
   s.saved_outputs = {"lse"};

@@ -112,6 +112,9 @@ def _make(k: Kernel):
             from . import jax as tj
             return getattr(tj, k.name)(*args, **kwargs)
         out = call(k.name, "forward", tensors, implementation=implementation, **options)
+        if not all(n in out for n in k.forward_outputs):  # e.g. linear_cross_entropy's vocab_total
+            raise ValueError(f"{k.name}: these options select a partial form (outputs {', '.join(out)}), not "
+                             f"{', '.join(k.forward_outputs)}: run it with tessera.call, or use tessera.parallel")
         public = public_outputs(k, list(out)) + list(k.wanted_saved(extras))
         return out[public[0]] if len(public) == 1 else tuple(out[n] for n in public)
 

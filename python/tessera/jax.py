@@ -140,3 +140,27 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: st
 for _name, _k in KERNELS.items():
     globals()[_name] = _make(_k)
 del _name, _k
+
+
+_single_device_linear_cross_entropy = linear_cross_entropy  # noqa: F821 - generated above
+
+
+def linear_cross_entropy(x, w, labels, *, vocab_start=None, axis_name=None, **kwargs):
+    if kwargs.get("vocab_total"):
+        raise ValueError("linear_cross_entropy: pass vocab_start= and axis_name= for a vocab-parallel loss; "
+                         "vocab_total is the kernel's partial form, which tessera.parallel.jax drives")
+    if axis_name is None:
+        if vocab_start is not None:
+            raise ValueError("linear_cross_entropy: vocab_start needs axis_name (the mesh axis the classifier is split over)")
+        return _single_device_linear_cross_entropy(x, w, labels, **kwargs)
+    from .parallel.jax import vocab_parallel_linear_cross_entropy
+    return vocab_parallel_linear_cross_entropy(x, w, labels, vocab_start=0 if vocab_start is None else vocab_start,
+                                               axis_name=axis_name, **kwargs)
+
+
+linear_cross_entropy.__doc__ = (_single_device_linear_cross_entropy.__doc__ or "") + """
+
+Vocab-parallel (docs/DISTRIBUTED.md), inside shard_map: with ``vocab_start=s, axis_name="tp"`` w
+holds classes [s, s + V_d) on this device (``s`` may be traced, e.g. ``lax.axis_index("tp") *
+V_d``); the loss and gradients equal one device's."""
+

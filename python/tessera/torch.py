@@ -185,6 +185,26 @@ for _k in KERNELS.values():
 del _k
 
 
+_single_device_linear_cross_entropy = linear_cross_entropy  # noqa: F821 - generated above
+
+
+def linear_cross_entropy(x, w, labels, *, vocab_start=None, process_group=None, **kwargs):
+    if kwargs.get("vocab_total"):
+        raise ValueError("linear_cross_entropy: pass vocab_start= and process_group= for a vocab-parallel loss; "
+                         "vocab_total is the kernel's partial form, which tessera.parallel.torch drives")
+    if vocab_start is None and process_group is None:
+        return _single_device_linear_cross_entropy(x, w, labels, **kwargs)
+    from .parallel.torch import vocab_parallel_linear_cross_entropy
+    return vocab_parallel_linear_cross_entropy(x, w, labels, vocab_start=vocab_start or 0, group=process_group, **kwargs)
+
+
+linear_cross_entropy.__doc__ = (_single_device_linear_cross_entropy.__doc__ or "") + """
+
+Vocab-parallel (docs/DISTRIBUTED.md): with ``vocab_start=s, process_group=pg`` w holds classes
+[s, s + V_local) of the classifier on this rank (bias and class_weights the matching slices; x,
+labels, token_weights the same on every rank); the loss and gradients equal one device's."""
+
+
 class LinearCrossEntropyLoss(torch.nn.Module):
     """Fused linear + cross-entropy loss with Liger-Kernel's call signature.
 

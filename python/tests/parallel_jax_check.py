@@ -82,10 +82,67 @@ def check_context_parallel(devices: int, causal: bool, window_left: int) -> None
         np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-5, atol=2e-5)
 
 
+LCE_CASES = [
+    dict(reduction="mean"),
+    dict(reduction="none", label_smoothing=0.1, z_loss_weight=1e-2, soft_cap=3.0, bias=True),
+    dict(reduction="sum", class_weights=True, token_weights=True, label_smoothing=0.2, return_argmax=True,
+         return_z_loss=True, return_token_accuracy=True, return_lse=True),
+]
+
+
+def check_vocab_parallel(devices: int, case: dict) -> None:
+    """The classifier's 12 classes split over the devices (vocab_start traced from axis_index):
+    loss, extras and the gradients of x, w, bias against one device."""
+    case = dict(case)
+    g = np.random.default_rng(9)
+    B, H, V = 10, 5, 12
+    x = g.standard_normal((B, H)).astype(np.float32)
+    w = g.standard_normal((V, H)).astype(np.float32)
+    labels = np.array([3, 0, 11, -100, 5, 4, 7, 9, 1, 11], np.int32)
+    bias = g.standard_normal(V).astype(np.float32) if case.pop("bias", False) else None
+    cw = (g.random(V) + 0.25).astype(np.float32) if case.pop("class_weights", False) else None
+    tw = (g.random(B) + 0.5).astype(np.float32) if case.pop("token_weights", False) else None
+    vd = V // devices
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("tp",))
+    b0 = np.zeros(V, np.float32) if bias is None else bias
+
+    def sharded(xx, ww, bb, cc):
+        def local(xl, wl, bl, cl):
+            s = jax.lax.axis_index("tp") * vd
+            return tj.linear_cross_entropy(xl, wl, labels, vocab_start=s, axis_name="tp",
+                                           bias=None if bias is None else bl, token_weights=tw,
+                                           class_weights=None if cw is None else cl, **case)
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("tp"), P("tp"), P("tp")), out_specs=P())(xx, ww, bb, cc)
+
+    def whole(xx, ww, bb, cc):
+        return tj.linear_cross_entropy(xx, ww, labels, bias=None if bias is None else bb, token_weights=tw,
+                                       class_weights=None if cw is None else cc, **case)
+
+    c0 = np.ones(V, np.float32) if cw is None else cw
+    got, want = jax.jit(sharded)(x, w, b0, c0), whole(x, w, b0, c0)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+    def scalar(f):
+        def s(xx, ww, bb):
+            out = f(xx, ww, bb, c0)
+            loss = out[0] if isinstance(out, tuple) else out
+            return jnp.sum(loss * jnp.linspace(0.5, 1.5, loss.size).reshape(loss.shape))
+        return s
+
+    gs = jax.jit(jax.grad(scalar(sharded), argnums=(0, 1, 2)))(x, w, b0)
+    gw = jax.grad(scalar(whole), argnums=(0, 1, 2))(x, w, b0)
+    for a, b in zip(gs, gw):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 if __name__ == "__main__":
     for d in (int(a) for a in sys.argv[1:]) if len(sys.argv) > 1 else (2, 4):
         check(d)
         check_replicated_weights(d)
         for causal, window in ((False, -1), (True, -1), (True, 3)):
             check_context_parallel(d, causal, window)
+        for case in LCE_CASES:
+            print("vocab-parallel", d, case, file=sys.stderr)
+            check_vocab_parallel(d, case)
     print("ok", file=sys.stderr)

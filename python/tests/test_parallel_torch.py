@@ -1,6 +1,6 @@
 """tessera.parallel.torch on torch.distributed (gloo, CPU): 2 and 4 processes on localhost, each
 result and gradient against the single-process computation of the same global problem, with
-ragged shards (experts and sequence positions not divisible by the ranks, a rank with no experts,
+ragged shards (vocabulary, experts and sequence positions not divisible by the ranks, a rank with no experts,
 an expert with no tokens, a rank with no positions), and a bad input on one rank making every
 rank raise. Every collective is bounded: the process group's timeout and the join deadline."""
 import datetime
@@ -100,6 +100,71 @@ def _check_errors_reach_every_rank(rank, world):
         tpt.context_parallel_attention(q, q, q, window_left=2)
 
 
+VOCAB_SPLITS = {2: [5, 6], 4: [3, 3, 2, 3]}  # V = 11 classes, ragged
+LCE_CASES = [
+    dict(reduction="mean"),
+    dict(reduction="none", label_smoothing=0.1, z_loss_weight=1e-2, soft_cap=3.0, bias=True),
+    dict(reduction="sum", class_weights=True, token_weights=True, label_smoothing=0.2, w_layout="hv",
+         return_argmax=True, return_z_loss=True, return_token_accuracy=True, return_lse=True),
+    dict(reduction="mean", class_weights=True, z_loss_weight=1e-3, return_token_accuracy=True),
+]
+
+
+def _check_vocab_parallel(rank, world, case):
+    import tessera.torch as tt
+    case = dict(case)
+    g = torch.Generator().manual_seed(21)
+    B, H, V = 10, 7, 11
+    x = torch.randn(B, H, generator=g)
+    w = torch.randn(V, H, generator=g)
+    labels = torch.tensor([3, 0, 10, -100, 5, 4, 7, 9, 1, 10])
+    bias = torch.randn(V, generator=g) if case.pop("bias", False) else None
+    cw = torch.rand(V, generator=g) + 0.25 if case.pop("class_weights", False) else None
+    tw = torch.rand(B, generator=g) + 0.5 if case.pop("token_weights", False) else None
+    hv = case.get("w_layout") == "hv"
+    sizes = VOCAB_SPLITS[world]
+    a = sum(sizes[:rank])
+    sl = slice(a, a + sizes[rank])
+
+    def run(weight, b, c, **extra):
+        W = (weight.t().contiguous() if hv else weight).clone().requires_grad_()
+        Bb = None if b is None else b.clone().requires_grad_()
+        X = x.clone().requires_grad_()
+        out = tt.linear_cross_entropy(X, W, labels, bias=Bb, token_weights=tw, class_weights=c, **case, **extra)
+        loss = out[0] if isinstance(out, tuple) else out
+        up = torch.linspace(0.5, 1.5, loss.numel()).reshape(loss.shape)
+        (loss * up).sum().backward()
+        return out, X.grad, W.grad, None if Bb is None else Bb.grad
+
+    whole = run(w, bias, cw)
+    part = run(w[sl], None if bias is None else bias[sl], None if cw is None else cw[sl], vocab_start=a,
+               process_group=dist.group.WORLD)
+    outs_w = whole[0] if isinstance(whole[0], tuple) else (whole[0],)
+    outs_p = part[0] if isinstance(part[0], tuple) else (part[0],)
+    assert len(outs_w) == len(outs_p)
+    for got, want in zip(outs_p, outs_w):
+        if want.dtype == torch.int64:
+            assert torch.equal(got, want), (got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(part[1], whole[1], rtol=1e-5, atol=1e-6)
+    dw_slice = whole[2][:, sl] if hv else whole[2][sl]
+    torch.testing.assert_close(part[2], dw_slice, rtol=1e-5, atol=1e-6)
+    if bias is not None:
+        torch.testing.assert_close(part[3], whole[3][sl], rtol=1e-5, atol=1e-6)
+
+
+def _check_vocab_errors(rank, world):
+    import tessera.torch as tt
+    labels = torch.tensor([3, 0, 1])
+    if rank == 1:
+        labels = torch.tensor([3, 0, 11])
+    sizes = VOCAB_SPLITS[world]
+    with pytest.raises(ValueError, match=r"rank 1: labels must lie in \[0, V=11\)"):
+        tt.linear_cross_entropy(torch.zeros(3, 4), torch.zeros(sizes[rank], 4), labels, vocab_start=sum(sizes[:rank]),
+                                process_group=dist.group.WORLD)
+
+
 def _worker(rank, world, port, failures):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
@@ -108,10 +173,16 @@ def _worker(rank, world, port, failures):
         for causal, window in ((False, -1), (True, -1), (True, 3)):
             _check_context_parallel(rank, world, causal, window)
         _check_errors_reach_every_rank(rank, world)
+        for case in LCE_CASES:
+            _check_vocab_parallel(rank, world, case)
+        _check_vocab_errors(rank, world)
     except BaseException:
         failures.put(f"rank {rank}/{world}:\n{traceback.format_exc()}")
     finally:
-        dist.barrier()
+        try:  # a rank that failed may leave the others in different collectives: do not mask its report
+            dist.barrier()
+        except RuntimeError:
+            pass
         dist.destroy_process_group()
 
 
@@ -122,12 +193,16 @@ def test_parallel_torch_matches_one_process(world):
     procs = mp.start_processes(_worker, args=(world, _free_port(), failures), nprocs=world, join=False,
                                start_method="spawn")
     deadline = datetime.datetime.now() + datetime.timedelta(seconds=DEADLINE_S)
-    while not procs.join(timeout=1):
-        if datetime.datetime.now() > deadline:
-            for p in procs.processes:
-                p.kill()
-            pytest.fail(f"{world} ranks did not finish within {DEADLINE_S} s (a collective hung)")
     errors = []
+    try:
+        while not procs.join(timeout=1):
+            if datetime.datetime.now() > deadline:
+                for p in procs.processes:
+                    p.kill()
+                errors.append(f"{world} ranks did not finish within {DEADLINE_S} s (a collective hung)")
+                break
+    except mp.ProcessRaisedException as e:
+        errors.append(str(e))
     while not failures.empty():
         errors.append(failures.get())
     assert not errors, "\n".join(errors)

@@ -13,10 +13,12 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import jax as tj
+from . import _vocab
 
-__all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention"]
+__all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "vocab_parallel_linear_cross_entropy"]
 
 
 def expert_parallel_grouped_matmul(x, expert_ids, w_local, *, num_experts: int, axis_name: str,
@@ -80,3 +82,119 @@ def context_parallel_attention(q, k, v, *, axis_name: str, causal: bool = False,
     seg_q = jnp.ones((b, s_local), jnp.int32)
     return tj.attention(q, k_all, v_all, segment_ids_q=seg_q, segment_ids_k=seg_k, causal=True,
                         window_left=window_left, **opts)
+
+
+# ---- vocab-parallel linear cross-entropy ----
+
+_REL_IGNORE = -(2 ** 31) + 1  # relative labels' ignore value (int32: JAX's default integers)
+
+
+def _local_vocab(x, w, layout: str) -> int:
+    h = x.shape[-1]
+    if layout == "vh" or (layout == "auto" and w.shape[1] == h and w.shape[0] != h):
+        return w.shape[0]
+    if layout == "hv" or (layout == "auto" and w.shape[0] == h):
+        return w.shape[1]
+    raise ValueError(f"w_local {w.shape} does not match H={h} in layout {layout!r}")
+
+
+def _zero_cotangent(a):
+    """A zero cotangent for a non-differentiable argument (float0 for integers and booleans)."""
+    if jnp.issubdtype(a.dtype, jnp.inexact):
+        return jnp.zeros_like(a)
+    return np.zeros(a.shape, dtype=jax.dtypes.float0)
+
+
+def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis_name: str, bias=None,
+                                        token_weights=None, class_weights=None, reduction: str = "mean",
+                                        ignore_index: int = -100, label_smoothing: float = 0.0,
+                                        z_loss_weight: float = 0.0, soft_cap: float = 0.0, w_layout: str = "auto",
+                                        return_argmax: bool = False, return_z_loss: bool = False,
+                                        return_token_accuracy: bool = False, return_lse: bool = False,
+                                        implementation: Optional[str] = None):
+    """``tessera.jax.linear_cross_entropy`` with the classifier split along the mesh axis
+    ``axis_name`` (inside ``shard_map``): w_local holds classes [vocab_start, vocab_start + V_d) of
+    V = V_d × axis size (``vocab_start`` may be traced, e.g. ``lax.axis_index("tp") * V_d``); bias
+    and class_weights are the matching slices, x / labels / token_weights the same on every
+    device. The partial form on each slice, a pmax and a psum of three floats per token, and a
+    psum of dx in the VJP. jit and grad; same results and return order as one device."""
+    vt = _local_vocab(x, w_local, w_layout) * jax.lax.axis_size(axis_name)
+    valid = labels != ignore_index
+    rel = jnp.where(valid, labels.astype(jnp.int32) - vocab_start, _REL_IGNORE)
+    cw_full = None
+    if class_weights is not None:  # every slice's weights, the same on every device (a psum: typed invariant)
+        placed = jax.lax.dynamic_update_slice(jnp.zeros(vt, jnp.float32), class_weights.astype(jnp.float32),
+                                              (vocab_start,))
+        cw_full = jax.lax.psum(placed, axis_name)
+    cw_rot = None if cw_full is None else jnp.roll(cw_full, -vocab_start)
+    want_argmax = return_argmax or return_token_accuracy
+    opts = dict(reduction=reduction, ignore_index=_REL_IGNORE, label_smoothing=label_smoothing,
+                z_loss_weight=z_loss_weight, soft_cap=soft_cap, w_layout=w_layout, vocab_total=vt)
+    tw = jnp.ones(labels.shape, jnp.float32) if token_weights is None else token_weights.astype(jnp.float32)
+    sigma_y = 1.0 if cw_full is None else cw_full[jnp.where(valid, labels, 0)]
+    weight = jnp.where(valid, tw * sigma_y, 0.0)
+    sigma_sum = float(vt) if cw_full is None else cw_full.sum()
+    # Everything traced goes through the arguments: a custom_vjp must not close over tracers.
+    aux = dict(labels=rel, token_weights=token_weights, class_weights=cw_rot, valid=valid, weight=weight, tw=tw,
+               sigma_sum=jnp.asarray(sigma_sum, jnp.float32), start=jnp.asarray(vocab_start, jnp.int32))
+    impl = implementation or ""
+
+    def stats(xx, ww, bb, a):
+        t = dict(x=xx, w=ww, bias=bb, labels=a["labels"], token_weights=a["token_weights"],
+                 class_weights=a["class_weights"])
+        out = tj.call("linear_cross_entropy", "forward", t, implementation=impl, return_argmax=want_argmax, **opts)
+        m = jax.lax.pmax(out["lse"], axis_name)
+        sums = jax.lax.psum(jnp.stack([jnp.exp(out["lse"] - m), out["label_logit"], out["logit_sum"]]), axis_name)
+        return m + jnp.log(sums[0]), sums[1], sums[2], out
+
+    def loss_of(lse, zy, sz, a):
+        per_token, z_part = _vocab.token_losses(jnp.where, lse, zy, sz, a["valid"], a["weight"], a["tw"],
+                                                smoothing=label_smoothing, z_loss=z_loss_weight, vocab=vt,
+                                                sigma_sum=a["sigma_sum"])
+        return _vocab.reduce(jnp.where, per_token, a["weight"], reduction), z_part
+
+    def outputs(xx, ww, bb, a):
+        lse, zy, sz, out = stats(xx, ww, bb, a)
+        loss = loss_of(lse, zy, sz, a)[0]
+        if want_argmax:
+            return loss, lse, zy, sz, out["argmax"], out["max_logit"]
+        return loss, lse, zy, sz
+
+    @jax.custom_vjp
+    def loss_fn(xx, ww, bb, a):
+        return outputs(xx, ww, bb, a)
+
+    def fwd(xx, ww, bb, a):
+        outs = outputs(xx, ww, bb, a)
+        return outs, (xx, ww, bb, a, outs[1])
+
+    def bwd(res, gs):  # only the loss carries a gradient: the statistics' cotangents are dropped
+        xx, ww, bb, a, lse = res
+        t = dict(x=xx, w=ww, bias=bb, labels=a["labels"], token_weights=a["token_weights"],
+                 class_weights=a["class_weights"], grad_loss=jnp.asarray(gs[0], jnp.float32), lse=lse)
+        grads = tj.call("linear_cross_entropy", "backward", t, implementation=impl, **opts)
+        zeros = jax.tree_util.tree_map(_zero_cotangent, a)
+        return jax.lax.psum(grads["dx"], axis_name), grads["dw"], grads.get("dbias"), zeros
+
+    loss_fn.defvjp(fwd, bwd)
+    outs = loss_fn(x, w_local, bias, aux)
+    loss = outs[0]
+    if not (return_argmax or return_z_loss or return_token_accuracy or return_lse):
+        return loss
+    lse, zy, sz = (jax.lax.stop_gradient(o) for o in outs[1:4])
+    raw = {"argmax": outs[4], "max_logit": jax.lax.stop_gradient(outs[5])} if want_argmax else {}
+    extras = []
+    if want_argmax:
+        best = jax.lax.pmax(raw["max_logit"], axis_name)
+        cand = raw["argmax"] + vocab_start
+        idx = jax.lax.pmin(jnp.where(raw["max_logit"] == best, cand, jnp.iinfo(cand.dtype).max), axis_name)
+        if return_argmax:
+            extras.append(idx)
+    if return_z_loss:
+        extras.append(_vocab.reduce(jnp.where, loss_of(lse, zy, sz, aux)[1], weight, reduction))
+    if return_token_accuracy:
+        kept = valid.sum()
+        extras.append(jnp.where(kept == 0, 0.0, ((idx == labels) & valid).sum() / jnp.maximum(kept, 1)).astype(jnp.float32))
+    if return_lse:
+        extras.append(lse)
+    return (loss, *extras)

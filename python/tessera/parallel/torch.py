@@ -13,9 +13,12 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from .. import _ext
 from .. import torch as tt
+from .._registry import KERNELS, dtype_name
+from . import _vocab
 
-__all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "agree"]
+__all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "vocab_parallel_linear_cross_entropy", "agree"]
 
 
 def agree(error: Optional[str], group=None, device: Optional[torch.device] = None) -> None:
@@ -198,3 +201,169 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         k_all, v_all = k_all[:, :end].contiguous(), v_all[:, :end].contiguous()
     return tt.attention(q, k_all, v_all, causal=causal, window_left=window_left, scale=scale, softcap=softcap,
                         return_lse=return_lse, implementation=implementation)
+
+
+# ---- vocab-parallel linear cross-entropy ----
+
+_REL_IGNORE = -(2 ** 62)  # the relative labels' ignore value: outside (−V, V) for any V
+
+
+def _check_vocab_slices(slices: torch.Tensor) -> int:
+    """slices [world, 2] = (vocab_start, V_local): must tile [0, V) in rank order; returns V."""
+    nxt = 0
+    for r, (start, count) in enumerate(slices.tolist()):
+        if start != nxt:
+            raise ValueError(f"the classifier must be split in rank order: rank {r} starts at class {start}, expected {nxt}")
+        nxt = start + count
+    return nxt
+
+
+def _gather_ragged(t: torch.Tensor, lengths: List[int], group) -> torch.Tensor:
+    """Concatenates every rank's 1-D tensor (lengths may differ)."""
+    padded = t.new_zeros(max(lengths))
+    padded[:t.shape[0]] = t
+    parts = [torch.empty_like(padded) for _ in lengths]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:n] for p, n in zip(parts, lengths)])
+
+
+def _lce_options(o: dict, vocab_total: int, argmax: bool) -> dict:
+    return dict(reduction=o["reduction"], ignore_index=_REL_IGNORE, label_smoothing=float(o["label_smoothing"]),
+                z_loss_weight=float(o["z_loss_weight"]), soft_cap=float(o["soft_cap"]), w_layout=o["w_layout"],
+                return_argmax=argmax, vocab_total=vocab_total, implementation=o["implementation"] or "")
+
+
+class _VocabParallelLCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias, labels, token_weights, class_weights, o):
+        group, start, vt = o["group"], o["vocab_start"], o["vocab_total"]
+        valid = labels != o["ignore_index"]
+        rel = torch.where(valid, labels.to(torch.int64) - start, torch.full_like(labels, _REL_IGNORE, dtype=torch.int64))
+        cw_full = o["class_weights_full"]
+        cw_rot = None if cw_full is None else torch.roll(cw_full, -start)
+        want_argmax = o["return_argmax"] or o["return_token_accuracy"]
+        raw = torch.ops.tessera.linear_cross_entropy(x=x, w=w, labels=rel, bias=bias, token_weights=token_weights,
+                                                     class_weights=cw_rot, **_lce_options(o, vt, want_argmax))
+        lse_l, zy, sz = raw[0], raw[1], raw[2]
+        m = lse_l.clone()
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        sums = torch.stack([torch.exp(lse_l - m), zy, sz])  # three floats per token, one all-reduce
+        dist.all_reduce(sums, group=group)
+        lse = m + torch.log(sums[0])
+        tw = torch.ones_like(lse) if token_weights is None else token_weights.to(torch.float32)
+        sigma_y = torch.ones_like(lse) if cw_full is None else cw_full[torch.where(valid, labels, 0).long()]
+        weight = torch.where(valid, tw * sigma_y, torch.zeros_like(lse))
+        sigma_sum = float(vt) if cw_full is None else cw_full.sum()
+        per_token, z_part = _vocab.token_losses(torch.where, lse, sums[1], sums[2], valid, weight, tw,
+                                                smoothing=o["label_smoothing"], z_loss=o["z_loss_weight"],
+                                                vocab=vt, sigma_sum=sigma_sum)
+        loss = _vocab.reduce(torch.where, per_token, weight, o["reduction"])
+        extras = []
+        if want_argmax:
+            best = raw[4].clone()
+            dist.all_reduce(best, op=dist.ReduceOp.MAX, group=group)
+            big = torch.iinfo(torch.int64).max
+            idx = torch.where(raw[4] == best, raw[3] + start, torch.full_like(raw[3], big))
+            dist.all_reduce(idx, op=dist.ReduceOp.MIN, group=group)
+            if o["return_argmax"]:
+                extras.append(idx)
+        if o["return_z_loss"]:
+            extras.append(_vocab.reduce(torch.where, z_part, weight, o["reduction"]))
+        if o["return_token_accuracy"]:
+            kept = valid.sum()
+            hits = (valid & (idx == labels)).sum()
+            extras.append(torch.where(kept == 0, torch.zeros((), dtype=torch.float32), hits / kept.clamp(min=1)).float())
+        if o["return_lse"]:
+            extras.append(lse)
+        ctx.save_for_backward(x, w, bias, rel, token_weights, cw_rot, lse)
+        ctx.o = o
+        ctx.mark_non_differentiable(*extras)
+        return (loss, *extras)
+
+    @staticmethod
+    def backward(ctx, g, *unused):
+        x, w, bias, rel, tw, cw_rot, lse = ctx.saved_tensors
+        o = ctx.o
+        grads = torch.ops.tessera.linear_cross_entropy_backward(
+            x=x, w=w, labels=rel, grad_loss=g.to(torch.float32).contiguous(), bias=bias, token_weights=tw,
+            class_weights=cw_rot, lse=lse, **_lce_options(o, o["vocab_total"], False))
+        dx = grads[0].contiguous()
+        dist.all_reduce(dx, group=o["group"])
+        dbias = grads[2] if bias is not None else None
+        return dx, grads[1], dbias, None, None, None, None
+
+
+def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int, group=None, bias=None,
+                                        token_weights=None, class_weights=None, reduction: str = "mean",
+                                        ignore_index: int = -100, label_smoothing: float = 0.0,
+                                        z_loss_weight: float = 0.0, soft_cap: float = 0.0, w_layout: str = "auto",
+                                        return_argmax: bool = False, return_z_loss: bool = False,
+                                        return_token_accuracy: bool = False, return_lse: bool = False,
+                                        implementation: Optional[str] = None):
+    """``tessera.torch.linear_cross_entropy`` with the classifier split over the ranks of ``group``.
+
+    w_local holds classes [vocab_start, vocab_start + V_local) (either layout, as ``w_layout``);
+    bias and class_weights are the matching slices; x, labels and token_weights are the same on
+    every rank (labels global). The slices must tile [0, V) in rank order (V_local may differ).
+    Each rank runs the kernel's partial form on its slice; one max and one sum all-reduce of three
+    floats per token combine the statistics; the backward all-reduces dx. Same results as one
+    device (every option), same return order as the single-device function.
+    """
+    dev = x.device
+    lead = tuple(x.shape[:-1])
+
+    v_box: List[int] = []
+
+    def check():
+        if tuple(labels.shape) != lead:
+            raise ValueError(f"labels shape {tuple(labels.shape)} does not match x's leading axes {lead}")
+        if labels.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"labels must be int32 or int64, got {labels.dtype}")
+        v_box.append(_local_vocab(x, w_local, w_layout))
+    _checked(check, group, dev)
+    slices = _gather_ints([vocab_start, v_box[0]], group, dev)
+    opts = dict(reduction=reduction, label_smoothing=label_smoothing, z_loss_weight=z_loss_weight, soft_cap=soft_cap,
+                w_layout=w_layout, implementation=implementation)
+    vt_box: List[int] = []
+
+    def check_all():  # the slices, the labels and everything the kernel would refuse, before data moves
+        vt_box.append(_check_vocab_slices(slices))
+        _check_labels(labels[labels != ignore_index], vt_box[0])
+        _check_kernel(x, w_local, labels, bias, token_weights, class_weights, opts, vt_box[0], return_argmax)
+    _checked(check_all, group, dev)
+    vt = vt_box[0]
+    cw_full = None
+    if class_weights is not None:
+        cw_full = _gather_ragged(class_weights.to(torch.float32).contiguous(), [int(n) for _, n in slices.tolist()], group)
+    o = dict(group=group, vocab_start=int(vocab_start), vocab_total=vt, class_weights_full=cw_full, reduction=reduction,
+             ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss_weight=z_loss_weight, soft_cap=soft_cap,
+             w_layout=w_layout, return_argmax=return_argmax, return_z_loss=return_z_loss,
+             return_token_accuracy=return_token_accuracy, return_lse=return_lse, implementation=implementation)
+    out = _VocabParallelLCE.apply(x, w_local, bias, labels, token_weights, None, o)
+    return out[0] if len(out) == 1 else out
+
+
+def _check_kernel(x, w, labels, bias, token_weights, class_weights, opts: dict, vt: int, argmax: bool) -> None:
+    """The kernel's own validation of the partial-form call, from metadata (no data is read)."""
+    k = KERNELS["linear_cross_entropy"]
+    tensors = dict(x=x, w=w, labels=labels.to(torch.int64), bias=bias, token_weights=token_weights,
+                   class_weights=None if class_weights is None else torch.empty(vt, dtype=torch.float32))
+    metas = {n: (dtype_name(t.dtype), list(t.shape), list(t.stride())) for n, t in tensors.items() if t is not None}
+    options = {n: v for n, v in _lce_options(dict(opts), vt, argmax).items() if n != "implementation"}
+    _ext.outputs(k.name, "forward", metas, k.option_texts(options))
+
+
+def _local_vocab(x, w, layout: str) -> int:
+    h = x.shape[-1]
+    if w.dim() != 2:
+        raise ValueError(f"w_local must be 2-D, got {tuple(w.shape)}")
+    if layout == "vh" or (layout == "auto" and w.shape[1] == h and w.shape[0] != h):
+        return int(w.shape[0])
+    if layout == "hv" or (layout == "auto" and w.shape[0] == h):
+        return int(w.shape[1])
+    raise ValueError(f"w_local {tuple(w.shape)} does not match H={h} in layout {layout!r}")
+
+
+def _check_labels(kept, vt: int) -> None:
+    if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= vt):
+        raise ValueError(f"labels must lie in [0, V={vt}) or equal ignore_index, got [{int(kept.min())}, {int(kept.max())}]")

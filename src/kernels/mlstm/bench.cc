@@ -58,14 +58,15 @@ class MlstmBench final : public harness::BenchProblem {
     const double exps = chunks() * L * L;
     if (pass != Pass::kBackward) c.add({"forward: Q̂Kᵀ, P·V, Q̂·C, state update per chunk", work(), in_bytes + h_bytes, exps, false});
     if (pass != Pass::kForward) {
-      c.add({"backward: forward sweep + per-chunk recomputation", 2.0 * work(), 0.0, 2.0 * exps, true});
+      c.add({"backward: state sweep (Kᵀdiag(A)V) + per-chunk recomputation of the forward",
+             work() + chunks() * 2 * L * DK * DV, 0.0, 2.0 * exps, true});
       c.add({"backward: dP, dV, dQ, dK (L×L) and the four state products per chunk",
              chunks() * (4 * L * L * (DK + DV) + 8 * L * DK * DV), in_bytes + 2 * h_bytes + tok * (2.0 * DK + DV) * esz, 0.0,
              false});
     }
     c.assumptions.push_back("chunkwise form at chunk " + std::to_string(kDefaultChunk) +
-                            ": FLOPs of the full L×L and L×D products the cpu backend issues; the backward recomputes "
-                            "the forward twice (a state sweep and per chunk), counted as issued, not useful");
+                            ": FLOPs of the full L×L and L×D products the cpu backend issues; the backward's state sweep "
+                            "and per-chunk recomputation of the forward are counted as issued, not useful");
     return c;
   }
 

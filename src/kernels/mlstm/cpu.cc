@@ -51,8 +51,10 @@ struct Head {
 
 double logsigmoid(double x) { return std::min(x, 0.0) - std::log1p(std::exp(-std::fabs(x))); }
 
-// The chunk [start, start + L) from the state (C, n, m_prev): fills c; h written when `h`.
-void chunk_forward(const Head& hd, int64_t start, int64_t L, const float* C, const float* n, double m_prev, Chunk& c) {
+// The chunk [start, start + L) from the state (C, n, m_prev): fills c. Without `full`, only what
+// chunk_state needs (m, w, the decay matrix E): the backward's state sweep.
+void chunk_forward(const Head& hd, int64_t start, int64_t L, const float* C, const float* n, double m_prev, Chunk& c,
+                   bool full = true) {
   const Problem& p = hd.p;
   const int64_t DK = p.DK, DV = p.DV;
   c.L = L, c.start = start;
@@ -76,6 +78,7 @@ void chunk_forward(const Head& hd, int64_t start, int64_t L, const float* C, con
     c.w[t] = has_state ? float(std::exp(c.g[t] - m)) : 0.f;
     for (int64_t s = seg; s <= t; ++s) c.E[t * L + s] = float(std::exp(acc - c.cum[s] + hd.gi(start + s) - m));
   }
+  if (!full) return;
   sgemm(false, true, L, L, DK, 1.f, c.qs.data(), DK, hd.k(start), DK, 0.f, c.Sm.data(), L);
   for (int64_t j = 0; j < L * L; ++j) c.P[j] = c.Sm[j] * c.E[j];
   sgemm(false, false, L, DV, L, 1.f, c.P.data(), L, hd.v(start), DV, 0.f, c.num.data(), DV);
@@ -245,7 +248,7 @@ void head_backward(const Head& hd, const BackwardArgs& a) {
     std::copy(n.begin(), n.end(), ns.begin() + j * DK);
     ms[j] = m;
     if (j + 1 == NC) break;
-    chunk_forward(hd, j * Lc, Lc, C.data(), n.data(), m, c);
+    chunk_forward(hd, j * Lc, Lc, C.data(), n.data(), m, c, /*full=*/false);
     chunk_state(hd, c, C.data(), n.data(), m, ka);
   }
   std::vector<float> dC(DK * DV, 0.f), dn(DK, 0.f);

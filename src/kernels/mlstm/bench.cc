@@ -38,9 +38,10 @@ class MlstmBench final : public harness::BenchProblem {
     r["B"] = d_.B, r["NH"] = d_.NH, r["S"] = d_.S, r["DHQK"] = d_.DK, r["DHV"] = d_.DV;
     r["dtype"] = dtype_name(d_.dtype);
     r["chunk"] = kDefaultChunk;
-    // Extra memory of the cpu backward: one chunk-start state per chunk and head (f32).
-    r["cpu_extra_bytes"] = double(d_.B * d_.NH) * double((d_.S + kDefaultChunk - 1) / kDefaultChunk) *
-                           double(d_.DK * d_.DV + d_.DK + 1) * 4.0;
+    // Extra memory of the cpu backward: one chunk-start state per chunk (f32) for each head being
+    // processed (one per worker thread at a time; freed when the head is done).
+    r["cpu_extra_bytes_per_head"] = double((d_.S + kDefaultChunk - 1) / kDefaultChunk) *
+                                    double(d_.DK * d_.DV + d_.DK + 1) * 4.0;
     return r;
   }
 

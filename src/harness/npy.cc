@@ -25,7 +25,7 @@ DType parse_descr(const std::string& path, const std::string& d) {
   if (d == "<V2" || d == "|V2" || d == "bfloat16" || d == "<bfloat16") return DType::kBF16;
   if (d == "<f8") bad(path, "dtype float64 is not supported: save as float32 (x.astype(np.float32))");
   if (!d.empty() && d[0] == '>') bad(path, "big-endian dtype '" + d + "' is not supported");
-  bad(path, "unsupported dtype '" + d + "' (expected <f4, <f2, bf16 as <V2, <i4 or <i8)");
+  bad(path, "unsupported dtype '" + d + "' (expected <f4, <f2, bf16 as <V2, <i4, <i8, or |b1 |u1 |i1 widened to i32)");
 }
 
 // The value text after 'key': in the header dict (a Python literal), or "" if absent.
@@ -85,7 +85,9 @@ Tensor read(std::istream& f, const std::string& path) {
 
   const std::string descr = dict_value(header, "descr");
   if (descr.empty()) bad(path, "header has no descr");
-  const DType dtype = parse_descr(path, descr);
+  // One-byte masks (bool, uint8, int8) are widened to i32 on load: Tensor has no byte dtype.
+  const bool bytes1 = descr == "|b1" || descr == "|u1" || descr == "|i1";
+  const DType dtype = bytes1 ? DType::kI32 : parse_descr(path, descr);
   const std::string order = dict_value(header, "fortran_order");
   if (order == "True") bad(path, "Fortran-order arrays are not supported: save a C-order array (np.ascontiguousarray)");
   if (order != "False") bad(path, "header has no fortran_order");
@@ -112,7 +114,7 @@ Tensor read(std::istream& f, const std::string& path) {
   }
   // The declared size, checked for overflow and against what the file holds, before allocating.
   // Zero dims count as 1 in the overflow check: an empty (0, 2^62, 2^62) still has strides.
-  uint64_t bytes = dtype_size(dtype), span = dtype_size(dtype);
+  uint64_t bytes = bytes1 ? 1 : dtype_size(dtype), span = bytes;
   for (int64_t d : shape)
     if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) ||
         __builtin_mul_overflow(span, static_cast<uint64_t>(std::max<int64_t>(d, 1)), &span) ||
@@ -131,6 +133,14 @@ Tensor read(std::istream& f, const std::string& path) {
     }
   }
   Tensor t = Tensor::empty(dtype, shape);
+  if (bytes1) {
+    std::vector<char> raw(bytes);
+    if (bytes && !f.read(raw.data(), static_cast<std::streamsize>(bytes)))
+      bad(path, "truncated data: expected " + std::to_string(bytes) + " bytes for " + descr + shape_str(shape));
+    for (uint64_t j = 0; j < bytes; ++j)
+      t.data_as<int32_t>()[j] = descr == "|i1" ? int32_t(static_cast<signed char>(raw[j])) : int32_t(static_cast<unsigned char>(raw[j]));
+    return t;
+  }
   if (bytes && !f.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(bytes)))
     bad(path, "truncated data: expected " + std::to_string(bytes) + " bytes for " + dtype_name(dtype) +
                   shape_str(shape));

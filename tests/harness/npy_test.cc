@@ -65,6 +65,27 @@ TEST(Npy, ReadsVersion2HeadersAndBf16Void) {
   std::remove(p.c_str());
 }
 
+void expect_load_error(const std::string& p, const std::string& needle);
+
+TEST(Npy, WidensByteMasksToI32) {
+  const std::string p = tmp("mask.npy");
+  for (const char* descr : {"|b1", "|u1", "|i1"}) {
+    write_raw(p, std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2, 2), }",
+              std::string("\x00\x01\xff\x02", 4));
+    Tensor t = load(p);
+    EXPECT_EQ(t.dtype(), DType::kI32) << descr;
+    EXPECT_EQ(t.shape(), (Shape{2, 2}));
+    const int32_t third = std::string(descr) == "|i1" ? -1 : 255;
+    EXPECT_EQ(t.data_as<int32_t>()[0], 0);
+    EXPECT_EQ(t.data_as<int32_t>()[1], 1);
+    EXPECT_EQ(t.data_as<int32_t>()[2], third) << descr;
+    EXPECT_EQ(t.data_as<int32_t>()[3], 2);
+  }
+  write_raw(p, "{'descr': '|b1', 'fortran_order': False, 'shape': (5,), }", std::string("\x01", 1));
+  expect_load_error(p, "truncated data");
+  std::remove(p.c_str());
+}
+
 void expect_load_error(const std::string& p, const std::string& needle) {
   try {
     load(p);

@@ -14,6 +14,7 @@
 #include "tessera/attention.h"
 #include "tessera/grouped_matmul.h"
 #include "tessera/linear_cross_entropy.h"
+#include "tessera/mlstm.h"
 
 namespace tessera {
 namespace {
@@ -303,6 +304,98 @@ TEST_F(Cli, RunWritesClassWeightedLossZLossAndAccuracy) {
     EXPECT_EQ(got.data_as<float>()[0], want->data_as<float>()[0]) << name;
   }
   EXPECT_GT(r.z_loss.data_as<float>()[0], 0.0f);
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+Tensor mlstm_input(Shape s, float phase) {
+  Tensor t = Tensor::empty(DType::kF32, std::move(s));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = std::sin(0.37f * static_cast<float>(i) + phase);
+  return t;
+}
+
+// A bool .npy mask (|b1), as numpy writes `resets.astype(bool)`.
+void save_bool_mask(const std::string& path, const std::vector<uint8_t>& v, int64_t rows, int64_t cols) {
+  std::string h = "{'descr': '|b1', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " +
+                  std::to_string(cols) + "), }";
+  h.append((64 - (10 + h.size() + 1) % 64) % 64, ' ');
+  h += '\n';
+  std::ofstream f(path, std::ios::binary);
+  f.write("\x93NUMPY\x01\x00", 8);
+  f.put(static_cast<char>(h.size() & 0xff)), f.put(static_cast<char>(h.size() >> 8));
+  f << h;
+  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size()));
+}
+
+void expect_file_equals(const std::string& path, const Tensor& want, const char* name) {
+  const Tensor got = npy::load(path);
+  ASSERT_EQ(got.dtype(), DType::kF32) << name;
+  ASSERT_EQ(got.shape(), want.shape()) << name;
+  for (int64_t i = 0; i < got.numel(); ++i) EXPECT_EQ(got.data_as<float>()[i], want.data_as<float>()[i]) << name << i;
+}
+
+// Issue #25's command line, flag for flag: h, the last states, the gradients (dc0, dn0 with an
+// initial state) from --dh, equal to the API's results on the same inputs; dh defaults to ones.
+TEST_F(Cli, RunsMlstmAsTheIssueSpellsIt) {
+  const int64_t B = 2, NH = 1, S = 5, DK = 3, DV = 2;
+  Tensor q = mlstm_input({B, NH, S, DK}, 0.1f), k = mlstm_input({B, NH, S, DK}, 0.7f), v = mlstm_input({B, NH, S, DV}, 1.3f);
+  Tensor i = mlstm_input({B, NH, S}, 2.0f), f = mlstm_input({B, NH, S}, 2.9f), dh = mlstm_input({B, NH, S, DV}, 0.5f);
+  Tensor c0 = mlstm_input({B, NH, DK, DV}, 3.3f), n0 = mlstm_input({B, NH, DK}, 4.1f), m0 = mlstm_input({B, NH}, 0.2f);
+  const std::vector<uint8_t> mask{0, 0, 1, 0, 0, 1, 0, 0, 1, 1};
+  Tensor resets = Tensor::empty(DType::kI32, {B, S});
+  for (int64_t j = 0; j < B * S; ++j) resets.data_as<int32_t>()[j] = mask[static_cast<size_t>(j)];
+  for (auto [name, t] : {std::pair{"Q", &q}, {"K", &k}, {"V", &v}, {"I", &i}, {"F", &f}, {"DH", &dh}, {"C", &c0},
+                         {"N", &n0}, {"M", &m0}})
+    npy::save(p(std::string(name) + ".npy"), *t);
+  save_bool_mask(p("R.npy"), mask, B, S);
+  const std::string ins = "run mlstm --q " + p("Q.npy") + " --k " + p("K.npy") + " --v " + p("V.npy") + " --i " +
+                          p("I.npy") + " --f " + p("F.npy") + " --resets " + p("R.npy");
+  const std::string state = " --c0 " + p("C.npy") + " --n0 " + p("N.npy") + " --m0 " + p("M.npy");
+  Cmd c = sh(ins + state + " --eps 1e-5 --chunk-size 2 --return-last-states --grad --dh " + p("DH.npy") +
+             " --impl cpu --out " + p("ml"));
+  ASSERT_EQ(c.code, 0) << c.out;
+
+  mlstm::Options opt;
+  opt.implementation = "cpu", opt.eps = 1e-5, opt.chunk_size = 2;
+  const mlstm::Inputs in{q.view(), k.view(), v.view(), i.view(), f.view(), resets.view(), c0.view(), n0.view(), m0.view()};
+  Tensor h = Tensor::zeros(DType::kF32, v.shape()), cl = Tensor::zeros(DType::kF32, c0.shape()),
+         nl = Tensor::zeros(DType::kF32, n0.shape()), ml = Tensor::zeros(DType::kF32, m0.shape());
+  mlstm::forward(in, h.view(), {cl.view(), nl.view(), ml.view()}, opt);
+  Tensor dq = Tensor::zeros(DType::kF32, q.shape()), dk = Tensor::zeros(DType::kF32, k.shape()),
+         dv = Tensor::zeros(DType::kF32, v.shape()), di = Tensor::zeros(DType::kF32, i.shape()),
+         df = Tensor::zeros(DType::kF32, f.shape()), dc0 = Tensor::zeros(DType::kF32, c0.shape()),
+         dn0 = Tensor::zeros(DType::kF32, n0.shape());
+  mlstm::backward(in, dh.view(), {dq.view(), dk.view(), dv.view(), di.view(), df.view(), dc0.view(), dn0.view()}, opt);
+  for (auto [name, want] : {std::pair{"h", &h}, {"c_last", &cl}, {"n_last", &nl}, {"m_last", &ml}, {"dq", &dq},
+                            {"dk", &dk}, {"dv", &dv}, {"di", &di}, {"df", &df}, {"dc0", &dc0}, {"dn0", &dn0}})
+    expect_file_equals(p(std::string("ml/") + name + ".npy"), *want, name);
+
+  // Without an initial state or --dh: no dc0/dn0, upstream gradient of ones; without
+  // --return-last-states no last states.
+  c = sh(ins + " --grad --out " + p("ml2"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_FALSE(fs::exists(p("ml2/dc0.npy")));
+  EXPECT_FALSE(fs::exists(p("ml2/c_last.npy")));
+  for (const char* name : {"h", "dq", "dk", "dv", "di", "df"}) EXPECT_TRUE(fs::exists(p(std::string("ml2/") + name + ".npy"))) << name;
+  Tensor ones = Tensor::empty(DType::kF32, v.shape());
+  std::fill_n(ones.data_as<float>(), ones.numel(), 1.0f);
+  mlstm::Options dflt;
+  const mlstm::Inputs plain{q.view(), k.view(), v.view(), i.view(), f.view(), resets.view()};
+  mlstm::backward(plain, ones.view(), {dq.view(), dk.view(), dv.view(), di.view(), df.view()}, dflt);
+  expect_file_equals(p("ml2/dv.npy"), dv, "dv (dh = ones)");
+
+  // Errors: nothing written, exit 2.
+  c = sh(ins + " --c0 " + p("C.npy") + " --out " + p("ml3"));
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_NE(c.out.find("c0, n0 and m0 go together"), std::string::npos) << c.out;
+  EXPECT_FALSE(fs::exists(p("ml3/h.npy")));
+  c = sh(ins + " --chunk-size -1 --out " + p("ml4"));
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_FALSE(fs::exists(p("ml4/h.npy")));
 }
 
 }  // namespace

@@ -1,0 +1,225 @@
+// mlstm: validation, conversion to the f32 Problem, dispatch. Every check runs before any output
+// is touched.
+#include <cmath>
+#include <vector>
+
+#include "kernels/mlstm/impl.h"
+#include "tessera/error.h"
+
+namespace tessera::mlstm {
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": " + msg);
+}
+
+bool given(const TensorView& t) { return t.data != nullptr || !t.shape.empty(); }
+
+void need_shape(const char* name, const TensorView& t, const Shape& want) {
+  if (t.shape != want) fail(std::string(name) + " must be " + shape_str(want) + ", got " + t.str());
+  if (t.device.type != DeviceType::kCPU) fail(std::string(name) + " must be in host memory, got " + t.str());
+  if (!t.is_contiguous()) fail(std::string(name) + " must be contiguous, got " + t.str());
+  if (t.numel() > 0 && t.data == nullptr) fail(std::string(name) + " has no data");
+}
+
+void need_float(const char* name, const TensorView& t) {
+  if (!is_float(t.dtype)) fail(std::string(name) + " must be f32, bf16 or f16, got " + t.str());
+}
+void need_f32(const char* name, const TensorView& t) {
+  if (t.dtype != DType::kF32) fail(std::string(name) + " must be f32, got " + t.str());
+}
+void need_dtype_or_f32(const char* name, const TensorView& t, DType like) {
+  if (t.dtype != like && t.dtype != DType::kF32)
+    fail(std::string(name) + " must be " + dtype_name(like) + " or f32, got " + t.str());
+}
+
+bool finite(const TensorView& t) {
+  for (int64_t j = 0; j < t.numel(); ++j)
+    if (!std::isfinite(load_as_f32(t.data, t.dtype, j))) return false;
+  return true;
+}
+
+// An input as f32: the caller's buffer when it is f32 already, else a converted copy.
+struct F32In {
+  Tensor copy;
+  const float* ptr = nullptr;
+};
+F32In as_f32(const TensorView& t) {
+  F32In r;
+  if (!given(t)) return r;
+  if (t.dtype == DType::kF32) {
+    r.ptr = t.data_as<const float>();
+    return r;
+  }
+  r.copy = Tensor::empty(DType::kF32, t.shape);
+  for (int64_t j = 0; j < t.numel(); ++j) r.copy.data_as<float>()[j] = load_as_f32(t.data, t.dtype, j);
+  r.ptr = r.copy.data_as<const float>();
+  return r;
+}
+
+// An output as f32: the caller's buffer when it is f32, else a scratch array stored back by finish().
+struct F32Out {
+  TensorView user;
+  Tensor scratch;
+  float* ptr = nullptr;
+  void finish() const {
+    if (!scratch.defined()) return;
+    for (int64_t j = 0; j < user.numel(); ++j) store_from_f32(user.data, user.dtype, j, scratch.data_as<float>()[j]);
+  }
+};
+F32Out as_f32_out(const TensorView& t) {
+  F32Out r;
+  r.user = t;
+  if (!given(t)) return r;
+  if (t.dtype == DType::kF32) {
+    r.ptr = t.data_as<float>();
+    return r;
+  }
+  r.scratch = Tensor::zeros(DType::kF32, t.shape);
+  r.ptr = r.scratch.data_as<float>();
+  return r;
+}
+
+// The validated inputs in f32, with the Problem pointing into them.
+struct Prepared {
+  Problem p;
+  F32In q, k, v, i, f, c0, n0, m0;
+  std::vector<uint8_t> resets;
+  DType qkv = DType::kF32, gates = DType::kF32;
+};
+
+void prepare(const Inputs& in, const Options& opt, Prepared& r) {
+  const TensorView& q = in.q;
+  if (q.ndim() != 4) fail("q must be [B, NH, S, DHQK], got " + q.str());
+  const int64_t B = q.shape[0], NH = q.shape[1], S = q.shape[2], DK = q.shape[3];
+  if (S == 0) fail("S must be >= 1 (q is " + q.str() + ")");
+  if (B == 0 || NH == 0 || DK == 0) fail("B, NH and DHQK must be >= 1, got q " + q.str());
+  if (in.v.ndim() != 4) fail("v must be [B, NH, S, DHV], got " + in.v.str());
+  const int64_t DV = in.v.shape[3];
+  if (DV == 0) fail("DHV must be >= 1, got v " + in.v.str());
+  need_float("q", q);
+  need_shape("q", q, q.shape);
+  need_shape("k", in.k, q.shape);
+  need_shape("v", in.v, {B, NH, S, DV});
+  if (in.k.dtype != q.dtype || in.v.dtype != q.dtype)
+    fail("q, k and v must share one dtype, got " + q.str() + ", " + in.k.str() + ", " + in.v.str());
+  need_shape("i", in.i, {B, NH, S});
+  need_shape("f", in.f, {B, NH, S});
+  need_float("i", in.i);
+  need_float("f", in.f);
+  if (in.i.dtype != in.f.dtype) fail("i and f must share one dtype, got " + in.i.str() + ", " + in.f.str());
+  if (given(in.resets)) {
+    need_shape("resets", in.resets, {B, S});
+    if (in.resets.dtype != DType::kI32 && in.resets.dtype != DType::kI64)
+      fail("resets must be i32 or i64 (nonzero = reset), got " + in.resets.str());
+  }
+  const int states = int(given(in.c0)) + int(given(in.n0)) + int(given(in.m0));
+  if (states != 0 && states != 3) fail("c0, n0 and m0 go together: give all three or none");
+  if (states == 3) {
+    need_shape("c0", in.c0, {B, NH, DK, DV});
+    need_shape("n0", in.n0, {B, NH, DK});
+    need_shape("m0", in.m0, {B, NH});
+    need_f32("c0", in.c0), need_f32("n0", in.n0), need_f32("m0", in.m0);
+  }
+  if (!(opt.eps >= 0.0) || !std::isfinite(opt.eps)) fail("eps must be finite and >= 0, got " + std::to_string(opt.eps));
+  if (opt.chunk_size < 0) fail("chunk_size must be >= 1 (0: the backend's default), got " + std::to_string(opt.chunk_size));
+  if (opt.check_finite) {
+    const std::pair<const char*, const TensorView*> all[] = {{"q", &q},         {"k", &in.k},   {"v", &in.v},
+                                                             {"i", &in.i},      {"f", &in.f},   {"c0", &in.c0},
+                                                             {"n0", &in.n0},    {"m0", &in.m0}};
+    for (const auto& [name, t] : all)
+      if (given(*t) && !finite(*t)) fail(std::string(name) + " contains NaN or Inf");
+  }
+  r.qkv = q.dtype, r.gates = in.i.dtype;
+  Problem& p = r.p;
+  p.B = B, p.NH = NH, p.S = S, p.DK = DK, p.DV = DV;
+  p.device = q.device;
+  p.eps = opt.eps;
+  p.chunk = opt.chunk_size;
+  p.num_threads = resolve_num_threads(opt.num_threads);
+}
+
+// Conversion after every check (prepare) passed.
+void convert(const Inputs& in, Prepared& r) {
+  r.q = as_f32(in.q), r.k = as_f32(in.k), r.v = as_f32(in.v), r.i = as_f32(in.i), r.f = as_f32(in.f);
+  r.c0 = as_f32(in.c0), r.n0 = as_f32(in.n0), r.m0 = as_f32(in.m0);
+  Problem& p = r.p;
+  p.q = r.q.ptr, p.k = r.k.ptr, p.v = r.v.ptr, p.i = r.i.ptr, p.f = r.f.ptr;
+  p.c0 = r.c0.ptr, p.n0 = r.n0.ptr, p.m0 = r.m0.ptr;
+  if (given(in.resets)) {
+    r.resets.resize(static_cast<size_t>(p.B * p.S));
+    for (int64_t j = 0; j < p.B * p.S; ++j) r.resets[static_cast<size_t>(j)] = load_as_i64(in.resets.data, in.resets.dtype, j) != 0;
+    p.resets = r.resets.data();
+  }
+}
+
+std::string run(const Problem& p, const std::string& requested,
+                const std::function<void(const Implementation&)>& body) {
+  return registry().dispatch(
+      requested, p.device.type, [&](const Implementation& impl) { return impl.supports(p); }, body);
+}
+
+}  // namespace
+
+std::vector<ImplementationInfo> implementations() { return registry().infos(); }
+
+std::string forward(const Inputs& in, const TensorView& h, const LastStates& last, const Options& opt) {
+  Prepared r;
+  prepare(in, opt, r);
+  const Problem& p = r.p;
+  need_shape("h", h, {p.B, p.NH, p.S, p.DV});
+  need_dtype_or_f32("h", h, r.qkv);
+  const int outs = int(given(last.c)) + int(given(last.n)) + int(given(last.m));
+  if (outs != 0 && outs != 3) fail("the last states c, n and m go together: give all three or none");
+  if (outs == 3) {
+    need_shape("c_last", last.c, {p.B, p.NH, p.DK, p.DV});
+    need_shape("n_last", last.n, {p.B, p.NH, p.DK});
+    need_shape("m_last", last.m, {p.B, p.NH});
+    need_f32("c_last", last.c), need_f32("n_last", last.n), need_f32("m_last", last.m);
+  }
+  convert(in, r);
+  const F32Out ho = as_f32_out(h);
+  ForwardOut out;
+  out.h = ho.ptr;
+  if (outs == 3) out.c_last = last.c.data_as<float>(), out.n_last = last.n.data_as<float>(), out.m_last = last.m.data_as<float>();
+  const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) { impl.forward(p, out); });
+  ho.finish();
+  return ran;
+}
+
+std::string backward(const Inputs& in, const TensorView& dh, const Grads& g, const Options& opt,
+                     const TensorView& dc_last, const TensorView& dn_last) {
+  Prepared r;
+  prepare(in, opt, r);
+  const Problem& p = r.p;
+  need_shape("dh", dh, {p.B, p.NH, p.S, p.DV});
+  need_dtype_or_f32("dh", dh, r.qkv);
+  if (given(dc_last)) need_shape("dc_last", dc_last, {p.B, p.NH, p.DK, p.DV}), need_f32("dc_last", dc_last);
+  if (given(dn_last)) need_shape("dn_last", dn_last, {p.B, p.NH, p.DK}), need_f32("dn_last", dn_last);
+  need_shape("dq", g.dq, in.q.shape), need_dtype_or_f32("dq", g.dq, r.qkv);
+  need_shape("dk", g.dk, in.k.shape), need_dtype_or_f32("dk", g.dk, r.qkv);
+  need_shape("dv", g.dv, in.v.shape), need_dtype_or_f32("dv", g.dv, r.qkv);
+  need_shape("di", g.di, in.i.shape), need_dtype_or_f32("di", g.di, r.gates);
+  need_shape("df", g.df, in.f.shape), need_dtype_or_f32("df", g.df, r.gates);
+  const bool state = given(in.c0);
+  if (state != given(g.dc0) || state != given(g.dn0))
+    fail(state ? "dc0 and dn0 are required with an initial state" : "dc0 and dn0 are written only with an initial state");
+  if (state) {
+    need_shape("dc0", g.dc0, in.c0.shape), need_f32("dc0", g.dc0);
+    need_shape("dn0", g.dn0, in.n0.shape), need_f32("dn0", g.dn0);
+  }
+  if (opt.check_finite && !finite(dh)) fail("dh contains NaN or Inf");
+  convert(in, r);
+  const F32In dh32 = as_f32(dh), dcl = as_f32(dc_last), dnl = as_f32(dn_last);
+  const F32Out dq = as_f32_out(g.dq), dk = as_f32_out(g.dk), dv = as_f32_out(g.dv), di = as_f32_out(g.di),
+               df = as_f32_out(g.df);
+  BackwardArgs a;
+  a.dh = dh32.ptr, a.dc_last = dcl.ptr, a.dn_last = dnl.ptr;
+  a.dq = dq.ptr, a.dk = dk.ptr, a.dv = dv.ptr, a.di = di.ptr, a.df = df.ptr;
+  if (state) a.dc0 = g.dc0.data_as<float>(), a.dn0 = g.dn0.data_as<float>();
+  const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) { impl.backward(p, a); });
+  for (const F32Out* o : {&dq, &dk, &dv, &di, &df}) o->finish();
+  return ran;
+}
+
+}  // namespace tessera::mlstm

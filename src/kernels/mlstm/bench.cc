@@ -1,0 +1,148 @@
+// mlstm: the benchmark problem (inputs by name, the chunkwise form's cost) for `tessera bench`.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/random.h"
+#include "harness/blas.h"
+#include "kernels/mlstm/impl.h"
+#include "kernels/registry.h"
+#include "tessera/error.h"
+
+namespace tessera::mlstm {
+
+const kernels::KernelSpec& spec();
+
+namespace {
+
+struct Dims {
+  int64_t B = 0, NH = 0, S = 0, DK = 0, DV = 0;
+  DType dtype = DType::kF32;
+};
+
+class MlstmBench final : public harness::BenchProblem {
+ public:
+  MlstmBench(const Dims& d, uint64_t seed, bool with_data) : d_(d) {
+    if (!with_data) return;  // cost model only (`tessera bench --predict`)
+    q_ = random_uniform(d.dtype, {d.B, d.NH, d.S, d.DK}, 1.0f, seed * 8 + 1);
+    k_ = random_uniform(d.dtype, {d.B, d.NH, d.S, d.DK}, 1.0f, seed * 8 + 2);
+    v_ = random_uniform(d.dtype, {d.B, d.NH, d.S, d.DV}, 1.0f, seed * 8 + 3);
+    i_ = random_uniform(DType::kF32, {d.B, d.NH, d.S}, 3.0f, seed * 8 + 4);
+    f_ = random_uniform(DType::kF32, {d.B, d.NH, d.S}, 3.0f, seed * 8 + 5);
+    for (int64_t j = 0; j < f_.numel(); ++j) f_.data_as<float>()[j] += 3.0f;
+    dh_ = random_uniform(DType::kF32, {d.B, d.NH, d.S, d.DV}, 1.0f, seed * 8 + 6);
+  }
+
+  harness::Row describe() const override {
+    harness::Row r = harness::Row::object();
+    r["B"] = d_.B, r["NH"] = d_.NH, r["S"] = d_.S, r["DHQK"] = d_.DK, r["DHV"] = d_.DV;
+    r["dtype"] = dtype_name(d_.dtype);
+    r["chunk"] = kDefaultChunk;
+    // Extra memory of the cpu backward: one chunk-start state per chunk (f32) for each head being
+    // processed (one per worker thread at a time; freed when the head is done).
+    r["cpu_extra_bytes_per_head"] = double((d_.S + kDefaultChunk - 1) / kDefaultChunk) *
+                                    double(d_.DK * d_.DV + d_.DK + 1) * 4.0;
+    return r;
+  }
+
+  // Per head and chunk of L steps (chunk_forward + chunk_state in cpu.cc): Q̂Kᵀ 2L²DK, P·V 2L²DV,
+  // Q̂·C 2L·DK·DV, Kᵀdiag(A)V 2L·DK·DV — the full L×L products, as run (half of each is masked).
+  double chunk_forward_flops() const {
+    const double L = double(kDefaultChunk), DK = double(d_.DK), DV = double(d_.DV);
+    return 2 * L * L * (DK + DV) + 4 * L * DK * DV;
+  }
+  double chunks() const { return double(d_.B * d_.NH) * std::ceil(double(d_.S) / double(kDefaultChunk)); }
+  double work() const override { return chunks() * chunk_forward_flops(); }
+
+  harness::Cost cost(Pass pass, const std::string&) const override {
+    harness::Cost c;
+    const double esz = double(dtype_size(d_.dtype)), tok = double(d_.B * d_.NH * d_.S);
+    const double in_bytes = tok * (2.0 * d_.DK + d_.DV) * esz + tok * 8.0, h_bytes = tok * d_.DV * esz;
+    const double L = double(kDefaultChunk), DK = double(d_.DK), DV = double(d_.DV);
+    const double exps = chunks() * L * L;
+    if (pass != Pass::kBackward) c.add({"forward: Q̂Kᵀ, P·V, Q̂·C, state update per chunk", work(), in_bytes + h_bytes, exps, false});
+    if (pass != Pass::kForward) {
+      c.add({"backward: state sweep (Kᵀdiag(A)V) + per-chunk recomputation of the forward",
+             work() + chunks() * 2 * L * DK * DV, 0.0, 2.0 * exps, true});
+      c.add({"backward: dP, dV, dQ, dK (L×L) and the four state products per chunk",
+             chunks() * (4 * L * L * (DK + DV) + 8 * L * DK * DV), in_bytes + 2 * h_bytes + tok * (2.0 * DK + DV) * esz, 0.0,
+             false});
+    }
+    c.assumptions.push_back("chunkwise form at chunk " + std::to_string(kDefaultChunk) +
+                            ": FLOPs of the full L×L and L×D products the cpu backend issues; the backward's state sweep "
+                            "and per-chunk recomputation of the forward are counted as issued, not useful");
+    return c;
+  }
+
+  // The parallel quadratic form through the BLAS, per head: D [S, S] = cum_t − cum_s + i_s (s ≤ t),
+  // m_t = max(cum_t, max_s D_ts) (the zero initial state's m = 0 decayed), P = (Q̂Kᵀ) ∘ e^{D − m},
+  // h = P·V / (max(|rowsum P|, e^{−m}) + eps): two S×S sgemms, S² floats of memory per head.
+  std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int) override {
+    std::vector<harness::BaselineCall> out;
+    if (d_.dtype != DType::kF32 || !harness::blas::available()) return out;
+    for (Pass pass : passes) {
+      if (pass != Pass::kForward) continue;
+      harness::BaselineCall c;
+      c.name = "blas-quadratic";
+      c.pass = pass;
+      c.description = "parallel (quadratic) form: S×S decay matrix, Q̂Kᵀ and P·V through the BLAS, per head";
+      const double S = double(d_.S);
+      c.cost.add({"Q̂Kᵀ and P·V, S×S", 2 * S * S * double(d_.DK + d_.DV) * double(d_.B * d_.NH), 0.0, S * S, false});
+      c.run = [this] { quadratic(); };
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
+    return kernels::bind_call(spec().call, {{"q", q_}, {"k", k_}, {"v", v_}, {"i", i_}, {"f", f_}, {"grad_h", dh_}}, {},
+                              implementation, dev, pass, exec);
+  }
+
+ private:
+  void quadratic() {
+    const int64_t S = d_.S, DK = d_.DK, DV = d_.DV;
+    std::vector<float> P(size_t(S * S)), qs(size_t(S * DK)), h(size_t(S * DV));
+    std::vector<double> cum(static_cast<size_t>(S)), m(static_cast<size_t>(S));
+    for (int64_t bh = 0; bh < d_.B * d_.NH; ++bh) {
+      const float *q = q_.data_as<float>() + bh * S * DK, *k = k_.data_as<float>() + bh * S * DK;
+      const float *v = v_.data_as<float>() + bh * S * DV, *ig = i_.data_as<float>() + bh * S, *fg = f_.data_as<float>() + bh * S;
+      double acc = 0.0;
+      for (int64_t t = 0; t < S; ++t) {
+        acc += std::min(double(fg[t]), 0.0) - std::log1p(std::exp(-std::fabs(double(fg[t]))));
+        cum[size_t(t)] = acc;
+      }
+      for (int64_t j = 0; j < S * DK; ++j) qs[size_t(j)] = q[j] / std::sqrt(float(DK));
+      harness::blas::sgemm(false, true, S, S, DK, 1.f, qs.data(), DK, k, DK, 0.f, P.data(), S);
+      for (int64_t t = 0; t < S; ++t) {
+        double mt = cum[size_t(t)];
+        for (int64_t s = 0; s <= t; ++s) mt = std::max(mt, cum[size_t(t)] - cum[size_t(s)] + ig[s]);
+        m[size_t(t)] = mt;
+        for (int64_t s = 0; s < S; ++s)
+          P[size_t(t * S + s)] *= s <= t ? float(std::exp(cum[size_t(t)] - cum[size_t(s)] + ig[s] - mt)) : 0.f;
+      }
+      harness::blas::sgemm(false, false, S, DV, S, 1.f, P.data(), S, v, DV, 0.f, h.data(), DV);
+      for (int64_t t = 0; t < S; ++t) {
+        float den = 0.f;
+        for (int64_t s = 0; s <= t; ++s) den += P[size_t(t * S + s)];
+        den = std::max(std::fabs(den), float(std::exp(-m[size_t(t)]))) + 1e-6f;
+        for (int64_t y = 0; y < DV; ++y) h[size_t(t * DV + y)] /= den;
+      }
+    }
+  }
+
+  Dims d_;
+  Tensor q_, k_, v_, i_, f_, dh_;
+};
+
+}  // namespace
+
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype, uint64_t seed,
+                                                          bool with_data) {
+  Dims d;
+  d.B = shape.dim("B"), d.NH = shape.dim("NH"), d.S = shape.dim("S"), d.DK = shape.dim("DHQK"), d.DV = shape.dim("DHV");
+  d.dtype = dtype;
+  return std::make_unique<MlstmBench>(d, seed, with_data);
+}
+
+}  // namespace tessera::mlstm

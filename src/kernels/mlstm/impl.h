@@ -1,0 +1,60 @@
+// Tessera internal: the contract between the mlstm API and its implementations.
+//
+// api.cc validates the user's views and hands implementations one Problem over f32 host arrays
+// (inputs in other dtypes are converted once, outputs converted back), contiguous, row-major:
+// q, k [B, NH, S, DK], v [B, NH, S, DV], i, f [B, NH, S], resets [B, S] as 0/1 bytes,
+// c0 [B, NH, DK, DV], n0 [B, NH, DK], m0 [B, NH]. Absent optional arrays are nullptr.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dispatch/registry.h"
+#include "tessera/mlstm.h"
+
+namespace tessera::mlstm {
+
+inline constexpr const char* kKernelName = "mlstm";
+inline constexpr int64_t kDefaultChunk = 64;
+using dispatch::Availability;
+
+struct Problem {
+  int64_t B = 0, NH = 0, S = 0, DK = 0, DV = 0;
+  Device device;
+  double eps = 1e-6;
+  int64_t chunk = 0;  // Options::chunk_size (0: the backend's default)
+  int num_threads = 1;
+  const float *q = nullptr, *k = nullptr, *v = nullptr, *i = nullptr, *f = nullptr;
+  const uint8_t* resets = nullptr;  // [B, S]
+  const float *c0 = nullptr, *n0 = nullptr, *m0 = nullptr;
+  bool reset_at(int64_t b, int64_t t) const { return resets && t > 0 && resets[b * S + t] != 0; }
+};
+
+struct ForwardOut {
+  float* h = nullptr;                                        // [B, NH, S, DV]
+  float *c_last = nullptr, *n_last = nullptr, *m_last = nullptr;  // optional
+};
+
+struct BackwardArgs {
+  const float* dh = nullptr;                                 // [B, NH, S, DV]
+  const float *dc_last = nullptr, *dn_last = nullptr;        // optional
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr, *di = nullptr, *df = nullptr;
+  float *dc0 = nullptr, *dn0 = nullptr;                      // with an initial state
+};
+
+class Implementation : public dispatch::ImplementationBase {
+ public:
+  virtual Availability supports(const Problem& p) const = 0;
+  virtual void forward(const Problem& p, const ForwardOut& out) const = 0;
+  // Recomputes what it needs of the forward.
+  virtual void backward(const Problem& p, const BackwardArgs& args) const = 0;
+};
+
+using Registry = dispatch::Registry<Implementation>;
+Registry& registry();
+
+std::unique_ptr<Implementation> make_reference_implementation();  // reference.cc
+std::unique_ptr<Implementation> make_cpu_implementation();        // cpu.cc (TESSERA_CPU_BACKEND)
+
+}  // namespace tessera::mlstm

@@ -1,0 +1,144 @@
+// mlstm: its registration with the kernel registry — the only place the CLI, the parity suite,
+// the bench and the Python bindings learn about this kernel (docs/ADDING_A_KERNEL.md).
+#include "kernels/mlstm/impl.h"
+#include "kernels/mlstm/testing.h"
+#include "kernels/registry.h"
+#include "tessera/error.h"
+
+namespace tessera::mlstm {
+
+const kernels::KernelSpec& spec();
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype, uint64_t seed,
+                                                          bool with_data);  // bench.cc
+
+namespace {
+
+using harness::OptionSpec;
+using K = OptionSpec::Kind;
+
+std::vector<kernels::CheckCase> check_cases(bool quick) {
+  std::vector<kernels::CheckCase> out;
+  for (const testing::CaseSpec& c : testing::check_grid(quick))
+    out.push_back({c.name(), [c](const std::string& impl, Pass pass, Device) { return testing::check_parity(c, impl, pass); }});
+  return out;
+}
+
+Options call_options(const kernels::CallArgs& a) {
+  Options opt;
+  static_cast<ExecOptions&>(opt) = a.exec;
+  opt.eps = a.options.real("eps");
+  opt.chunk_size = a.options.integer("chunk_size");
+  return opt;
+}
+
+TensorView opt_tensor(const kernels::CallArgs& a, const char* name) {
+  const TensorView* t = a.tensor(name);
+  return t ? *t : TensorView{};
+}
+
+Inputs call_inputs(const kernels::CallArgs& a) {
+  auto need = [&](const char* n) { return kernels::required(a, kKernelName, n); };
+  return {need("q"), need("k"), need("v"), need("i"), need("f"), opt_tensor(a, "resets"),
+          opt_tensor(a, "c0"), opt_tensor(a, "n0"), opt_tensor(a, "m0")};
+}
+
+// Shapes only (data may be absent under jit and fake tensors); the call validates everything.
+std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
+  const Inputs in = call_inputs(a);
+  check(in.q.ndim() == 4 && in.v.ndim() == 4 && in.i.ndim() == 3 && in.f.ndim() == 3, ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": q, k must be [B, NH, S, DHQK], v [B, NH, S, DHV], i and f [B, NH, S], got " +
+            in.q.str() + ", " + in.v.str() + ", " + in.i.str());
+  const int64_t B = in.q.shape[0], NH = in.q.shape[1], S = in.q.shape[2], DK = in.q.shape[3], DV = in.v.shape[3];
+  std::vector<kernels::OutputDesc> out;
+  auto add = [&](const char* name, DType dt, const Shape& shape) { out.push_back({name, dt, shape, contiguous_strides(shape)}); };
+  const DType qd = is_float(in.q.dtype) ? in.q.dtype : DType::kF32, gd = is_float(in.i.dtype) ? in.i.dtype : DType::kF32;
+  if (a.pass != Pass::kBackward) {
+    add("h", qd, {B, NH, S, DV});
+    if (a.options.flag("return_last_states")) {
+      add("c_last", DType::kF32, {B, NH, DK, DV});
+      add("n_last", DType::kF32, {B, NH, DK});
+      add("m_last", DType::kF32, {B, NH});
+    }
+  }
+  if (a.pass != Pass::kForward) {
+    add("dq", qd, in.q.shape), add("dk", qd, in.k.shape), add("dv", qd, in.v.shape);
+    add("di", gd, in.i.shape), add("df", gd, in.f.shape);
+    if (in.c0.data || !in.c0.shape.empty()) add("dc0", DType::kF32, in.c0.shape), add("dn0", DType::kF32, in.n0.shape);
+  }
+  return out;
+}
+
+std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
+  const Options opt = call_options(a);
+  const Inputs in = call_inputs(a);
+  const std::vector<kernels::OutputDesc> want = call_outputs(a);
+  check(out.size() == want.size(), ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": " + pass_name(a.pass) + " writes " + std::to_string(want.size()) +
+            " outputs, got " + std::to_string(out.size()));
+  size_t j = 0;
+  std::string ran;
+  if (a.pass != Pass::kBackward) {
+    const TensorView h = out[j++];
+    LastStates last;
+    if (a.options.flag("return_last_states")) last = {out[j], out[j + 1], out[j + 2]}, j += 3;
+    ran = forward(in, h, last, opt);
+  }
+  if (a.pass != Pass::kForward) {
+    Grads g{out[j], out[j + 1], out[j + 2], out[j + 3], out[j + 4]};
+    if (j + 7 == out.size()) g.dc0 = out[j + 5], g.dn0 = out[j + 6];
+    ran = backward(in, kernels::required(a, kKernelName, "grad_h"), g, opt, opt_tensor(a, "grad_c_last"),
+                   opt_tensor(a, "grad_n_last"));
+  }
+  return ran;
+}
+
+kernels::CallSpec call_spec() {
+  kernels::CallSpec s;
+  s.inputs = {{"q", "queries [B, NH, S, DHQK] (f32, bf16 or f16)", true, true},
+              {"k", "keys [B, NH, S, DHQK], q's dtype", true, true},
+              {"v", "values [B, NH, S, DHV], q's dtype", true, true},
+              {"i", "input gate pre-activations [B, NH, S] (float)", true, true},
+              {"f", "forget gate pre-activations [B, NH, S], i's dtype", true, true},
+              {"resets", "reset mask [B, S] (integer; bool/uint8 .npy files load as integers): nonzero starts step t from the zero state", false, false},
+              {"c0", "initial matrix memory [B, NH, DHQK, DHV] (f32), with n0 and m0", false, true},
+              {"n0", "initial normalizer [B, NH, DHQK] (f32)", false, true},
+              {"m0", "initial stabilizer [B, NH] (f32); no gradient", false, false}};
+  s.grad_inputs = {{"grad_h", "upstream gradient of h [B, NH, S, DHV] (f32 or q's dtype)", true, false, {"dh"}},
+                   {"grad_c_last", "upstream gradient of the last C [B, NH, DHQK, DHV] (f32)", false, false},
+                   {"grad_n_last", "upstream gradient of the last n [B, NH, DHQK] (f32)", false, false}};
+  s.options = {{"eps", K::kFloat, "added to the denominator max(|nᵀq̂|, e^{-m})", "1e-06", {}},
+               {"chunk_size", K::kInt, "chunk length of the chunkwise backends; 0: the backend's default (64)", "0", {}},
+               {"return_last_states", K::kFlag, "also return the last state c_last, n_last, m_last (f32)", "false", {}}};
+  s.forward_outputs = {"h"};
+  s.outputs = call_outputs;
+  s.call = call;
+  return s;
+}
+
+kernels::KernelSpec make_spec() {
+  kernels::KernelSpec k;
+  k.name = kKernelName;
+  k.description = "mLSTM (xLSTM matrix-memory cell): chunkwise forward and backward with resets";
+  k.dims = {"B", "NH", "S", "DHQK", "DHV"};
+  k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
+  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
+  k.check_grid = check_cases;
+  k.bench.make_problem = [](const harness::GridShape& shape, DType dt, const harness::OptionValues&, uint64_t seed) {
+    return make_bench_problem(shape, dt, seed, true);
+  };
+  k.bench.make_cost_model = [](const harness::GridShape& shape, DType dt, const harness::OptionValues&) {
+    return make_bench_problem(shape, dt, 0, false);
+  };
+  k.call = call_spec();
+  return k;
+}
+
+}  // namespace
+
+const kernels::KernelSpec& spec() {
+  static const kernels::KernelSpec s = make_spec();
+  return s;
+}
+
+}  // namespace tessera::mlstm

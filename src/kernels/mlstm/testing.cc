@@ -1,0 +1,178 @@
+// mlstm: the check grid and parity against the reference.
+#include "kernels/mlstm/testing.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/random.h"
+#include "tessera/error.h"
+
+namespace tessera::mlstm::testing {
+namespace {
+
+TensorView view_or_empty(const Tensor& t) { return t.defined() ? t.view() : TensorView{}; }
+
+std::vector<double> to_doubles(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t j = 0; j < t.numel(); ++j) v[static_cast<size_t>(j)] = load_as_f32(t.data(), t.dtype(), j);
+  return v;
+}
+
+Tensor nan_filled(DType dt, const Shape& shape) {
+  Tensor x = Tensor::empty(dt, shape);
+  for (int64_t j = 0; j < x.numel(); ++j) store_from_f32(x.data(), dt, j, NAN);
+  return x;
+}
+
+struct Outputs {
+  Tensor h, c, n, m, dq, dk, dv, di, df, dc0, dn0;
+};
+
+Outputs make_outputs(const CaseSpec& s, const CaseData& d) {
+  Outputs o;
+  o.h = nan_filled(s.dtype, {s.B, s.NH, s.S, s.DV});
+  o.c = nan_filled(DType::kF32, {s.B, s.NH, s.DK, s.DV});
+  o.n = nan_filled(DType::kF32, {s.B, s.NH, s.DK});
+  o.m = nan_filled(DType::kF32, {s.B, s.NH});
+  o.dq = nan_filled(s.dtype, d.q.shape()), o.dk = nan_filled(s.dtype, d.k.shape()), o.dv = nan_filled(s.dtype, d.v.shape());
+  o.di = nan_filled(DType::kF32, d.i.shape()), o.df = nan_filled(DType::kF32, d.f.shape());
+  if (s.initial_state) o.dc0 = nan_filled(DType::kF32, d.c0.shape()), o.dn0 = nan_filled(DType::kF32, d.n0.shape());
+  return o;
+}
+
+void run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass pass, Outputs& o) {
+  Options opt = s.opt;
+  opt.implementation = impl;
+  if (pass != Pass::kBackward) forward(d.inputs(), o.h.view(), {o.c.view(), o.n.view(), o.m.view()}, opt);
+  if (pass != Pass::kForward)
+    backward(d.inputs(), d.dh.view(), {o.dq.view(), o.dk.view(), o.dv.view(), o.di.view(), o.df.view(),
+                                       view_or_empty(o.dc0), view_or_empty(o.dn0)},
+             opt, d.dc_last.view(), d.dn_last.view());
+}
+
+}  // namespace
+
+std::string CaseSpec::name() const {
+  std::ostringstream o;
+  o << label << "_B" << B << "NH" << NH << "S" << S << "DK" << DK << "DV" << DV << "_" << dtype_name(dtype) << "_r"
+    << resets << (initial_state ? "_init" : "") << "_c" << opt.chunk_size;
+  return o.str();
+}
+
+Inputs CaseData::inputs() const {
+  return {q.view(), k.view(), v.view(), i.view(), f.view(), view_or_empty(resets), view_or_empty(c0),
+          view_or_empty(n0), view_or_empty(m0)};
+}
+
+CaseData make_case(const CaseSpec& s) {
+  CaseData d;
+  const uint64_t r = s.seed * 16;
+  d.q = random_uniform(s.dtype, {s.B, s.NH, s.S, s.DK}, 1.0f, r + 1);
+  d.k = random_uniform(s.dtype, {s.B, s.NH, s.S, s.DK}, 1.0f, r + 2);
+  d.v = random_uniform(s.dtype, {s.B, s.NH, s.S, s.DV}, 1.0f, r + 3);
+  d.i = random_uniform(DType::kF32, {s.B, s.NH, s.S}, s.gate_scale, r + 4);
+  d.f = random_uniform(DType::kF32, {s.B, s.NH, s.S}, s.gate_scale, r + 5);
+  for (int64_t j = 0; j < d.f.numel(); ++j) d.f.data_as<float>()[j] += 2.0f;
+  d.dh = random_uniform(DType::kF32, {s.B, s.NH, s.S, s.DV}, 1.0f, r + 6);
+  d.dc_last = random_uniform(DType::kF32, {s.B, s.NH, s.DK, s.DV}, 1.0f, r + 7);
+  d.dn_last = random_uniform(DType::kF32, {s.B, s.NH, s.DK}, 1.0f, r + 8);
+  if (s.initial_state) {
+    d.c0 = random_uniform(DType::kF32, {s.B, s.NH, s.DK, s.DV}, 1.0f, r + 9);
+    d.n0 = random_uniform(DType::kF32, {s.B, s.NH, s.DK}, 1.0f, r + 10);
+    d.m0 = random_uniform(DType::kF32, {s.B, s.NH}, 1.0f, r + 11);
+  }
+  if (s.resets == "none") return d;
+  d.resets = Tensor::zeros(DType::kI32, {s.B, s.S});
+  const int64_t chunk = s.opt.chunk_size > 0 ? s.opt.chunk_size : 64;
+  Tensor u = random_uniform(DType::kF32, {s.B, s.S}, 1.0f, r + 12);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t t = 0; t < s.S; ++t) {
+      int32_t& x = d.resets.data_as<int32_t>()[b * s.S + t];
+      if (s.resets == "chunk") x = t % chunk == 0;
+      else if (s.resets == "inside") x = t % chunk == chunk / 2 + b % 3;
+      else if (s.resets == "every") x = 1;
+      else if (s.resets == "pair") x = t % 11 == 3 || t % 11 == 4;  // two in a row
+      else if (s.resets == "random") x = u.data_as<float>()[b * s.S + t] > 0.8f;
+      else throw Error(ErrorCode::kInvalidArgument, "mlstm testing: unknown reset pattern " + s.resets);
+    }
+  return d;
+}
+
+// f32: the chunkwise form sums the same terms in another order, in f32 (exp(D − m) ≤ 1, so no
+// cancellation beyond the dot products'): 2e-4 relative plus 1e-4 of the largest value covers
+// S up to ~1000 with margin. bf16 / f16 outputs add their rounding (2 units of 2^-8 / 2^-11).
+harness::Tolerance tolerance(const CaseSpec& s) {
+  const double u = s.dtype == DType::kBF16 ? std::ldexp(1.0, -8) : s.dtype == DType::kF16 ? std::ldexp(1.0, -11) : 0.0;
+  return {2e-4 + 2.0 * u, 1e-4 + 2.0 * u};
+}
+
+harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass) {
+  harness::ParityReport r;
+  r.case_name = s.name();
+  r.implementation = impl;
+  r.pass = pass_name(pass);
+  const CaseData d = make_case(s);
+  Outputs want = make_outputs(s, d), got = make_outputs(s, d);
+  run_one(s, d, "reference", pass, want);
+  try {
+    run_one(s, d, impl, pass, got);
+    r.ran = true;
+  } catch (const Error& e) {
+    r.error = e.what();
+    r.skipped = e.code() == ErrorCode::kUnsupported;
+    return r;
+  }
+  const harness::Tolerance tol = tolerance(s);
+  auto add = [&](const char* name, const Tensor& g, const Tensor& w) {
+    r.fields.push_back({name, harness::compare(to_doubles(g), to_doubles(w), tol)});
+  };
+  if (pass != Pass::kBackward) add("h", got.h, want.h), add("c_last", got.c, want.c), add("n_last", got.n, want.n), add("m_last", got.m, want.m);
+  if (pass != Pass::kForward) {
+    add("dq", got.dq, want.dq), add("dk", got.dk, want.dk), add("dv", got.dv, want.dv);
+    add("di", got.di, want.di), add("df", got.df, want.df);
+    if (s.initial_state) add("dc0", got.dc0, want.dc0), add("dn0", got.dn0, want.dn0);
+  }
+  return r;
+}
+
+std::vector<CaseSpec> check_grid(bool quick) {
+  std::vector<CaseSpec> grid;
+  uint64_t seed = 100;
+  auto add = [&](CaseSpec c) {
+    c.seed = seed++;
+    grid.push_back(c);
+  };
+  auto mk = [](const char* label, int64_t B, int64_t S, int64_t DK, int64_t DV, int64_t chunk, const char* resets) {
+    CaseSpec c;
+    c.label = label, c.B = B, c.S = S, c.DK = DK, c.DV = DV, c.resets = resets;
+    c.opt.chunk_size = chunk;
+    return c;
+  };
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    CaseSpec c = mk("dtype", 2, 29, 8, 12, 8, "random");
+    c.dtype = dt, c.initial_state = true;
+    add(c);
+  }
+  add(mk("s1", 1, 1, 8, 8, 4, "none"));
+  add(mk("s7", 1, 7, 16, 8, 4, "none"));               // chunk does not divide S
+  add(mk("s64", 1, 64, 8, 16, 16, "chunk"));           // resets at chunk boundaries
+  add(mk("s129", 2, 129, 12, 8, 32, "inside"));        // resets inside chunks, tail chunk of 1
+  add(mk("every", 1, 20, 8, 8, 8, "every"));
+  add(mk("pair", 1, 40, 8, 8, 16, "pair"));             // two resets in a row, across a chunk boundary
+  add(mk("default_chunk", 1, 130, 8, 8, 0, "random"));
+  CaseSpec init = mk("init", 2, 33, 8, 16, 8, "none");
+  init.initial_state = true;
+  add(init);
+  CaseSpec big = mk("gates_large", 1, 50, 8, 8, 16, "random");
+  big.gate_scale = 40.0f;  // ±40: m far from 0 both ways
+  big.initial_state = true;
+  add(big);
+  add(mk("batch17", 17, 9, 4, 6, 4, "random"));
+  if (!quick) {
+    add(mk("batch33", 33, 5, 4, 4, 2, "random"));
+    add(mk("s1000", 1, 1000, 16, 16, 64, "random"));
+  }
+  return grid;
+}
+
+}  // namespace tessera::mlstm::testing

@@ -1,0 +1,37 @@
+// mlstm: deterministic cases, the check grid and parity against the reference — shared by the
+// GoogleTest suites and `tessera check`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/parity.h"
+#include "tessera/mlstm.h"
+
+namespace tessera::mlstm::testing {
+
+struct CaseSpec {
+  std::string label = "case";
+  int64_t B = 1, NH = 2, S = 7, DK = 8, DV = 8;
+  DType dtype = DType::kF32;    // q, k, v (gates f32)
+  std::string resets = "none";  // none | chunk (at chunk boundaries) | inside | every | pair | random
+  bool initial_state = false;
+  float gate_scale = 3.0f;      // i, f uniform in ±gate_scale (+2 on f: mostly remembering)
+  Options opt;                  // chunk_size, eps, threads
+  uint64_t seed = 1;
+  std::string name() const;
+};
+
+struct CaseData {
+  Tensor q, k, v, i, f, resets, c0, n0, m0;  // resets / states undefined when absent
+  Tensor dh, dc_last, dn_last;
+  Inputs inputs() const;
+};
+CaseData make_case(const CaseSpec& s);
+
+harness::Tolerance tolerance(const CaseSpec& s);
+harness::ParityReport check_parity(const CaseSpec& s, const std::string& implementation, Pass pass);
+std::vector<CaseSpec> check_grid(bool quick);
+
+}  // namespace tessera::mlstm::testing

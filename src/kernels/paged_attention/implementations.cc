@@ -1,0 +1,19 @@
+// paged_attention: the registry of implementations, in default dispatch order (fastest first).
+// A new backend adds its factory here and its file to tessera_add_kernel(paged_attention ...).
+#include "kernels/paged_attention/impl.h"
+
+namespace tessera::paged_attention {
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry(kKernelName);  // never destroyed: device modules hold pointers
+#ifdef TESSERA_HAVE_CPU_BACKEND
+    reg->add(make_cpu_implementation());
+#endif
+    reg->add(make_reference_implementation());
+    return reg;
+  }();
+  return *r;
+}
+
+}  // namespace tessera::paged_attention

@@ -27,10 +27,13 @@ void require_index(const TensorView& t, const Shape& shape, const char* what) {
   require_plain(t, t.device, what);
 }
 
-bool all_finite(const TensorView& t) {
+// True when no element is NaN or ±Inf (−inf allowed with allow_neg_inf: a sink that takes nothing).
+bool all_finite(const TensorView& t, bool allow_neg_inf = false) {
   if (t.device.type != DeviceType::kCPU) return true;  // device data is not inspected here
-  for (int64_t i = 0; i < t.numel(); ++i)
-    if (!std::isfinite(load_as_f32(t.data, t.dtype, i))) return false;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float x = load_as_f32(t.data, t.dtype, i);
+    if (!std::isfinite(x) && !(allow_neg_inf && x == -std::numeric_limits<float>::infinity())) return false;
+  }
   return true;
 }
 
@@ -122,7 +125,7 @@ Problem normalize(const Inputs& in, const Options& opt) {
   p.stream = opt.stream;
   if (opt.check_finite) {
     if (!all_finite(in.q)) bad("q contains NaN or Inf");
-    if (in.sinks && !all_finite(*in.sinks)) bad("sinks contain NaN or Inf");
+    if (in.sinks && !all_finite(*in.sinks, /*allow_neg_inf=*/true)) bad("sinks contain NaN or +Inf");
     // The caches are not scanned: their unused slots may hold anything (the contract).
   }
   return p;

@@ -1,11 +1,12 @@
 // paged_attention: the CPU backend.
 //
-// Work is cut into tasks (sequence s, kv head g, query rows [i0, i0 + rows), key positions
+// Work is cut into tasks (sequence s, kv heads [g0, g1), query rows [i0, i0 + rows), key positions
 // [k0, k1)). A task packs the rows × Hq/Hkv query heads of its kv head into one f32 tile (GQA
 // packing: the keys and values of a page are read once for every query head of the group) and
 // streams its keys page by page in blocks of at most kKeyBlock slots: scores (f32 FMA),
-// soft cap and masks, the online softmax, P·V (cpu_simd.h). Decode rows (q_len 1) make tasks of
-// one row; prefill rows make flash-style tiles of up to kTileVectors query vectors.
+// soft cap and masks, the online softmax, P·V (cpu_simd.h). Decode rows (q_len 1) make one task
+// per sequence over all its kv heads (each page block is then read whole, in memory order);
+// prefill rows make flash-style tiles of up to kTileVectors query vectors per kv head.
 // When there are fewer tasks than the threads can balance (few sequences, long contexts), long
 // tasks are split along the keys (split-KV); each split writes a normalized partial o and its
 // lse, and a second phase combines them with primitives::lse_combine_row. Partials exist only for
@@ -35,16 +36,28 @@ constexpr int64_t kSplitKeys = 1024;    // the fewest keys a split gets
 constexpr int64_t kTasksPerThread = 4;  // split until there are this many tasks per thread
 const float kNegInf = -std::numeric_limits<float>::infinity();
 
+// A task's query vectors r (R = (g1 − g0)·rows·G of them) are ordered [kv head][row][head of
+// the group]: decode tasks take every kv head of their sequence, so that each page is read
+// whole, front to back; prefill tiles take one kv head.
 struct Task {
-  int64_t s = 0, g = 0, i0 = 0, rows = 0, k0 = 0, k1 = 0;
+  int64_t s = 0, g0 = 0, g1 = 0, i0 = 0, rows = 0, k0 = 0, k1 = 0;
   int64_t part = -1;   // split tasks: index of their partial block; −1: writes o and lse itself
   int64_t split = -1;  // split tasks: their Split in Plan::splits
   bool sink = true;    // the first split of a task carries the sink
 };
 
 struct Split {  // a task cut into `splits` tasks whose partials are combined
-  int64_t s = 0, g = 0, i0 = 0, rows = 0, first_part = 0, splits = 0;
+  int64_t s = 0, g0 = 0, g1 = 0, i0 = 0, rows = 0, first_part = 0, splits = 0;
 };
+
+// Token row and query head of query vector r of a task (or split) of `rows` rows from kv head g0.
+struct Slot {
+  int64_t tq, h;
+};
+Slot slot(const Problem& p, int64_t s, int64_t i0, int64_t rows, int64_t g0, int64_t r) {
+  const int64_t G = p.group(), Rg = rows * G, rr = r % Rg;
+  return {p.cu_q[s] + i0 + rr / G, (g0 + r / Rg) * G + rr % G};
+}
 
 struct Plan {
   std::vector<Task> tasks;
@@ -62,21 +75,25 @@ Plan make_plan(const Problem& p) {
     const int64_t tile = ql == 1 ? 1 : std::max<int64_t>(1, kTileVectors / G);
     for (int64_t i0 = 0; i0 < ql; i0 += tile) {
       const int64_t rows = std::min(tile, ql - i0), pos0 = p.kv_len(s) - ql + i0;
-      for (int64_t g = 0; g < p.Hkv; ++g)
-        whole.push_back({s, g, i0, rows, p.key_lo(pos0), p.key_hi(s, pos0 + rows - 1)});
+      const int64_t k0 = p.key_lo(pos0), k1 = p.key_hi(s, pos0 + rows - 1);
+      if (ql == 1) {
+        whole.push_back({s, 0, p.Hkv, i0, rows, k0, k1});
+        continue;
+      }
+      for (int64_t g = 0; g < p.Hkv; ++g) whole.push_back({s, g, g + 1, i0, rows, k0, k1});
     }
   }
   const int64_t want = kTasksPerThread * p.num_threads;
   const int64_t per = whole.empty() ? 1 : (want + static_cast<int64_t>(whole.size()) - 1) / static_cast<int64_t>(whole.size());
   for (const Task& t : whole) {
-    plan.R = std::max(plan.R, t.rows * G);
+    plan.R = std::max(plan.R, (t.g1 - t.g0) * t.rows * G);
     const int64_t keys = t.k1 - t.k0;
     const int64_t n = std::clamp<int64_t>(keys / kSplitKeys, 1, per);
     if (n == 1) {
       plan.tasks.push_back(t);
       continue;
     }
-    plan.splits.push_back({t.s, t.g, t.i0, t.rows, plan.parts, n});
+    plan.splits.push_back({t.s, t.g0, t.g1, t.i0, t.rows, plan.parts, n});
     for (int64_t k = 0; k < n; ++k) {
       Task part = t;
       part.k0 = t.k0 + keys * k / n, part.k1 = t.k0 + keys * (k + 1) / n;
@@ -120,8 +137,9 @@ const float* cache_rows(const Problem& p, const void* cache, int64_t width, int6
 // Query vector r of task t: row i0 + r / G of the sequence, head g·G + r % G.
 void pack_q(const Problem& p, const Task& t, Scratch& w) {
   const int64_t G = p.group();
-  for (int64_t r = 0; r < t.rows * G; ++r) {
-    const int64_t tq = p.cu_q[t.s] + t.i0 + r / G, h = t.g * G + r % G, off = (tq * p.Hq + h) * p.D;
+  for (int64_t r = 0; r < (t.g1 - t.g0) * t.rows * G; ++r) {
+    const auto [tq, h] = slot(p, t.s, t.i0, t.rows, t.g0, r);
+    const int64_t off = (tq * p.Hq + h) * p.D;
     float* dst = w.q.data() + r * p.D;
     if (p.dtype == DType::kF32)
       std::memcpy(dst, static_cast<const float*>(p.q) + off, static_cast<size_t>(p.D) * sizeof(float));
@@ -131,7 +149,8 @@ void pack_q(const Problem& p, const Task& t, Scratch& w) {
   }
 }
 
-// Soft cap, then the causal and window masks, on a block of scores for keys [j0, j0 + n).
+// Soft cap, then the causal and window masks, on a block of scores (one kv head's rows·G query
+// vectors) for keys [j0, j0 + n).
 void cap_and_mask(const Problem& p, const Task& t, int64_t j0, int64_t n, Scratch& w) {
   const int64_t G = p.group(), R = t.rows * G, pos0 = p.kv_len(t.s) - p.q_len(t.s) + t.i0;
   if (p.softcap > 0.0) {
@@ -152,24 +171,28 @@ void cap_and_mask(const Problem& p, const Task& t, int64_t j0, int64_t n, Scratc
 
 // Runs one task: its rows' normalized o (f32, R × Dv in w.o) and lse (w.m).
 void attend(const Problem& p, const Task& t, Scratch& w) {
-  const int64_t G = p.group(), R = t.rows * G;
+  const int64_t Rg = t.rows * p.group(), R = (t.g1 - t.g0) * Rg;
   pack_q(p, t, w);
   for (int64_t r = 0; r < R; ++r) {
     const bool sink = p.sinks && t.sink;
-    w.m[static_cast<size_t>(r)] = sink ? p.sinks[t.g * G + r % G] : kNegInf;
+    w.m[static_cast<size_t>(r)] = sink ? p.sinks[slot(p, t.s, t.i0, t.rows, t.g0, r).h] : kNegInf;
     w.l[static_cast<size_t>(r)] = sink ? 1.0f : 0.0f;
   }
   std::fill(w.o.begin(), w.o.begin() + R * p.Dv, 0.0f);
   for (int64_t j = t.k0; j < t.k1;) {
     const int64_t page_end = (j / p.page_size + 1) * p.page_size;
     const int64_t n = std::min({t.k1, page_end, j + kKeyBlock}) - j, row0 = p.cache_row(t.s, j);
-    int64_t ldk = 0, ldv = 0;
-    const float* K = cache_rows(p, p.k, p.D, row0, n, t.g, w.k.data(), &ldk);
-    cpu_simd::scores(w.q.data(), p.D, R, K, ldk, n, p.D, w.s.data(), kKeyBlock);
-    cap_and_mask(p, t, j, n, w);
-    cpu_simd::online_softmax(w.s.data(), R, n, kKeyBlock, w.m.data(), w.l.data(), w.alpha.data());
-    const float* V = cache_rows(p, p.v, p.Dv, row0, n, t.g, w.v.data(), &ldv);
-    cpu_simd::accumulate(w.s.data(), kKeyBlock, R, V, ldv, n, p.Dv, w.alpha.data(), w.o.data(), p.Dv);
+    for (int64_t g = t.g0; g < t.g1; ++g) {  // the kv heads of these cache rows, in memory order
+      const int64_t r0 = (g - t.g0) * Rg;
+      float *m = w.m.data() + r0, *l = w.l.data() + r0, *alpha = w.alpha.data() + r0;
+      int64_t ldk = 0, ldv = 0;
+      const float* K = cache_rows(p, p.k, p.D, row0, n, g, w.k.data(), &ldk);
+      cpu_simd::scores(w.q.data() + r0 * p.D, p.D, Rg, K, ldk, n, p.D, w.s.data(), kKeyBlock);
+      cap_and_mask(p, t, j, n, w);
+      cpu_simd::online_softmax(w.s.data(), Rg, n, kKeyBlock, m, l, alpha);
+      const float* V = cache_rows(p, p.v, p.Dv, row0, n, g, w.v.data(), &ldv);
+      cpu_simd::accumulate(w.s.data(), kKeyBlock, Rg, V, ldv, n, p.Dv, alpha, w.o.data() + r0 * p.Dv, p.Dv);
+    }
     j += n;
   }
   for (int64_t r = 0; r < R; ++r) {  // normalize: o / l, lse = m + log l (−inf and 0 when l = 0)
@@ -194,10 +217,10 @@ void store_o(const Problem& p, int64_t tq, int64_t h, const float* src) {
 
 void store_task(const Problem& p, const Task& t, const Scratch& w, std::vector<float>& part_o,
                 std::vector<float>& part_lse, int64_t R, const Plan& plan) {
-  const int64_t G = p.group(), Rt = t.rows * G;
+  const int64_t Rt = (t.g1 - t.g0) * t.rows * p.group();
   if (t.part < 0) {
     for (int64_t r = 0; r < Rt; ++r) {
-      const int64_t tq = p.cu_q[t.s] + t.i0 + r / G, h = t.g * G + r % G;
+      const auto [tq, h] = slot(p, t.s, t.i0, t.rows, t.g0, r);
       store_o(p, tq, h, w.o.data() + r * p.Dv);
       p.lse[tq * p.Hq + h] = w.m[static_cast<size_t>(r)];
     }
@@ -212,9 +235,8 @@ void store_task(const Problem& p, const Task& t, const Scratch& w, std::vector<f
 
 void combine(const Problem& p, const Split& c, const std::vector<float>& part_o, const std::vector<float>& part_lse,
              int64_t R, float* row) {
-  const int64_t G = p.group();
-  for (int64_t r = 0; r < c.rows * G; ++r) {
-    const int64_t tq = p.cu_q[c.s] + c.i0 + r / G, h = c.g * G + r % G;
+  for (int64_t r = 0; r < (c.g1 - c.g0) * c.rows * p.group(); ++r) {
+    const auto [tq, h] = slot(p, c.s, c.i0, c.rows, c.g0, r);
     primitives::lse_combine_row(c.splits, p.Dv, part_o.data() + (c.first_part * R + r) * p.Dv, R * p.Dv,
                                 part_lse.data() + c.first_part * R + r * c.splits, row, p.lse + tq * p.Hq + h);
     store_o(p, tq, h, row);

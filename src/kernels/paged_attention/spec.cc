@@ -79,6 +79,7 @@ kernels::CallSpec call_spec() {
                {"causal", K::kFlag, "a query sees keys at positions <= its own (kv_len - q_len + i)", "false", {}},
                {"window", K::kInt, "sliding window: keys at positions >= own - window only; -1 unbounded", "-1", {}}};
   s.forward_outputs = {"o"};
+  s.saved_outputs = {"o", "lse"};  // forward only: this gives the Python functions return_lse
   s.outputs = call_outputs;
   s.call = call;
   return s;

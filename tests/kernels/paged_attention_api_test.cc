@@ -105,6 +105,27 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto&, auto& o) { o.window = -2; }, {"window must be >= 0 or -1"});
 }
 
+// check_finite (the CLI's default) scans q and the sinks, never the caches (their unused slots
+// may hold NaN: the contract); a −inf sink is a sink that takes nothing, not an error.
+TEST(PagedAttentionApi, CheckFiniteSkipsTheCachesAndAllowsMinusInfSinks) {
+  testing::CaseSpec c = base();
+  c.sinks = true;  // sinks[0] = −inf; the caches hold NaN in unused slots
+  testing::CaseData d = testing::make_case(c);
+  Options opt;
+  opt.check_finite = true;
+  Tensor o = Tensor::empty(DType::kF32, {6, 4, 16}), lse = Tensor::empty(DType::kF32, {6, 4});
+  EXPECT_NO_THROW(forward(d.inputs(), {o.view(), lse.view()}, opt));
+  expect_error([](auto& d, auto& o) {
+    d.sinks = Tensor::empty(DType::kF32, {4});
+    for (int i = 0; i < 4; ++i) d.sinks.template data_as<float>()[i] = i == 2 ? NAN : 0.0f;
+    o.check_finite = true;
+  }, {"sinks contain NaN"});
+  expect_error([](auto& d, auto& o) {
+    d.q.template data_as<float>()[5] = INFINITY;
+    o.check_finite = true;
+  }, {"q contains NaN or Inf"});
+}
+
 TEST(PagedAttentionApi, UnknownImplementationIsAnErrorAndEmptyBatchRunsNothing) {
   testing::CaseData d = testing::make_case(base());
   Tensor o = sentinel(DType::kF32, {6, 4, 16}), lse = sentinel(DType::kF32, {6, 4});

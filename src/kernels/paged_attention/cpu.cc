@@ -31,6 +31,7 @@ namespace tessera::paged_attention {
 namespace {
 
 constexpr int64_t kKeyBlock = 64;       // keys per block (never across a page)
+constexpr int64_t kBlockRows = 128;     // key rows × kv heads a block converts at once
 constexpr int64_t kTileVectors = 64;    // query vectors (rows × group heads) per prefill tile
 constexpr int64_t kSplitKeys = 1024;    // the fewest keys a split gets
 constexpr int64_t kTasksPerThread = 4;  // split until there are this many tasks per thread
@@ -114,23 +115,28 @@ struct Scratch {
   std::vector<float> q, s, k, v, o, m, l, alpha, row;
   Scratch(const Problem& p, int64_t R)
       : q(static_cast<size_t>(R * p.D)), s(static_cast<size_t>(R * kKeyBlock)),
-        k(static_cast<size_t>(kKeyBlock * p.D)), v(static_cast<size_t>(kKeyBlock * p.Dv)),
+        k(static_cast<size_t>(std::max(kBlockRows, p.Hkv) * p.D)), v(static_cast<size_t>(std::max(kBlockRows, p.Hkv) * p.Dv)),
         o(static_cast<size_t>(R * p.Dv)), m(static_cast<size_t>(R)), l(static_cast<size_t>(R)),
         alpha(static_cast<size_t>(R)), row(static_cast<size_t>(std::max(p.D, p.Dv))) {}
 };
 
-// Row `n` rows of a cache ([rows, Hkv, width]) for kv head g as f32: a pointer into the cache (f32)
-// or into `buf` (converted), with its row stride.
-const float* cache_rows(const Problem& p, const void* cache, int64_t width, int64_t row0, int64_t n, int64_t g,
-                        float* buf, int64_t* ld) {
-  const int64_t first = (row0 * p.Hkv + g) * width, stride = p.Hkv * width;
+// Cache rows [row0, row0 + n) of a cache ([rows, Hkv, width]), kv heads [g0, g1), as f32: a
+// pointer `base` with head g of row j at base + j·ld + (g − g0)·width — into the cache (f32) or
+// into `buf` (converted: one call when the heads are all of them and the rows contiguous).
+const float* cache_rows(const Problem& p, const void* cache, int64_t width, int64_t row0, int64_t n, int64_t g0,
+                        int64_t g1, float* buf, int64_t* ld) {
+  const int64_t first = (row0 * p.Hkv + g0) * width, stride = p.Hkv * width, len = (g1 - g0) * width;
   if (p.dtype == DType::kF32) {
     *ld = stride;
     return static_cast<const float*>(cache) + first;
   }
   const uint16_t* src = static_cast<const uint16_t*>(cache) + first;
-  for (int64_t j = 0; j < n; ++j) cpu_convert::half_to_f32(src + j * stride, p.dtype == DType::kBF16, buf + j * width, width);
-  *ld = width;
+  const bool bf16 = p.dtype == DType::kBF16;
+  if (len == stride)
+    cpu_convert::half_to_f32(src, bf16, buf, n * len);
+  else
+    for (int64_t j = 0; j < n; ++j) cpu_convert::half_to_f32(src + j * stride, bf16, buf + j * len, len);
+  *ld = len;
   return buf;
 }
 
@@ -179,19 +185,21 @@ void attend(const Problem& p, const Task& t, Scratch& w) {
     w.l[static_cast<size_t>(r)] = sink ? 1.0f : 0.0f;
   }
   std::fill(w.o.begin(), w.o.begin() + R * p.Dv, 0.0f);
+  const int64_t heads = t.g1 - t.g0, block = std::clamp<int64_t>(kBlockRows / heads, 1, kKeyBlock);
   for (int64_t j = t.k0; j < t.k1;) {
     const int64_t page_end = (j / p.page_size + 1) * p.page_size;
-    const int64_t n = std::min({t.k1, page_end, j + kKeyBlock}) - j, row0 = p.cache_row(t.s, j);
+    const int64_t n = std::min({t.k1, page_end, j + block}) - j, row0 = p.cache_row(t.s, j);
+    int64_t ldk = 0, ldv = 0;
+    const float* K = cache_rows(p, p.k, p.D, row0, n, t.g0, t.g1, w.k.data(), &ldk);
+    const float* V = cache_rows(p, p.v, p.Dv, row0, n, t.g0, t.g1, w.v.data(), &ldv);
     for (int64_t g = t.g0; g < t.g1; ++g) {  // the kv heads of these cache rows, in memory order
       const int64_t r0 = (g - t.g0) * Rg;
       float *m = w.m.data() + r0, *l = w.l.data() + r0, *alpha = w.alpha.data() + r0;
-      int64_t ldk = 0, ldv = 0;
-      const float* K = cache_rows(p, p.k, p.D, row0, n, g, w.k.data(), &ldk);
-      cpu_simd::scores(w.q.data() + r0 * p.D, p.D, Rg, K, ldk, n, p.D, w.s.data(), kKeyBlock);
+      cpu_simd::scores(w.q.data() + r0 * p.D, p.D, Rg, K + (g - t.g0) * p.D, ldk, n, p.D, w.s.data(), kKeyBlock);
       cap_and_mask(p, t, j, n, w);
       cpu_simd::online_softmax(w.s.data(), Rg, n, kKeyBlock, m, l, alpha);
-      const float* V = cache_rows(p, p.v, p.Dv, row0, n, g, w.v.data(), &ldv);
-      cpu_simd::accumulate(w.s.data(), kKeyBlock, Rg, V, ldv, n, p.Dv, alpha, w.o.data() + r0 * p.Dv, p.Dv);
+      cpu_simd::accumulate(w.s.data(), kKeyBlock, Rg, V + (g - t.g0) * p.Dv, ldv, n, p.Dv, alpha, w.o.data() + r0 * p.Dv,
+                           p.Dv);
     }
     j += n;
   }

@@ -66,5 +66,6 @@ Registry& registry();
 
 std::unique_ptr<Implementation> make_reference_implementation();
 std::unique_ptr<Implementation> make_cpu_implementation();
+std::unique_ptr<Implementation> make_cuda_implementation();
 
 }  // namespace tessera::paged_attention

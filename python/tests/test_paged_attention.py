@@ -86,6 +86,7 @@ def test_numpy_sinks_and_errors():
 
 def test_torch():
     torch = pytest.importorskip("torch")
+    import tessera.torch  # noqa: F401
     q, k, v, pt, kv, cu = problem(seed=2)
     args = [torch.from_numpy(a) for a in (q, k, v, pt, kv, cu)]
     o = tessera.torch.paged_attention(*args, causal=True)

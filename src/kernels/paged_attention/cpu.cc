@@ -120,24 +120,23 @@ struct Scratch {
         alpha(static_cast<size_t>(R)), row(static_cast<size_t>(std::max(p.D, p.Dv))) {}
 };
 
-// Cache rows [row0, row0 + n) of a cache ([rows, Hkv, width]), kv heads [g0, g1), as f32: a
-// pointer `base` with head g of row j at base + j·ld + (g − g0)·width — into the cache (f32) or
-// into `buf` (converted: one call when the heads are all of them and the rows contiguous).
+// Cache rows [row0, row0 + n) of a cache ([rows, Hkv, width]), kv heads [g0, g1), as f32 in
+// `buf`, head-major: head g's row j at buf + ((g − g0)·n + j)·width.
 const float* cache_rows(const Problem& p, const void* cache, int64_t width, int64_t row0, int64_t n, int64_t g0,
-                        int64_t g1, float* buf, int64_t* ld) {
-  const int64_t first = (row0 * p.Hkv + g0) * width, stride = p.Hkv * width, len = (g1 - g0) * width;
-  if (p.dtype == DType::kF32) {
-    *ld = stride;
-    return static_cast<const float*>(cache) + first;
-  }
-  const uint16_t* src = static_cast<const uint16_t*>(cache) + first;
-  const bool bf16 = p.dtype == DType::kBF16;
-  if (len == stride)
-    cpu_convert::half_to_f32(src, bf16, buf, n * len);
-  else
-    for (int64_t j = 0; j < n; ++j) cpu_convert::half_to_f32(src + j * stride, bf16, buf + j * len, len);
-  *ld = len;
+                        int64_t g1, float* buf) {
+  const int kind = p.dtype == DType::kF32 ? 0 : p.dtype == DType::kBF16 ? 1 : 2;
+  const char* first = static_cast<const char*>(cache) + static_cast<size_t>((row0 * p.Hkv + g0) * width) * dtype_size(p.dtype);
+  cpu_simd::gather_rows(first, kind, n, g1 - g0, width, p.Hkv * width, buf);
   return buf;
+}
+
+// Asks for cache rows [row0, row0 + n) of every kv head (contiguous bytes) ahead of their use:
+// pages are in any order, so the hardware prefetcher cannot run past a page's end.
+void prefetch_rows(const Problem& p, const void* cache, int64_t width, int64_t row0, int64_t n) {
+  const size_t esz = dtype_size(p.dtype);
+  const char* first = static_cast<const char*>(cache) + static_cast<size_t>(row0 * p.Hkv * width) * esz;
+  const size_t bytes = static_cast<size_t>(n * p.Hkv * width) * esz;
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(first + off, 0, 3);
 }
 
 // Query vector r of task t: row i0 + r / G of the sequence, head g·G + r % G.
@@ -189,17 +188,21 @@ void attend(const Problem& p, const Task& t, Scratch& w) {
   for (int64_t j = t.k0; j < t.k1;) {
     const int64_t page_end = (j / p.page_size + 1) * p.page_size;
     const int64_t n = std::min({t.k1, page_end, j + block}) - j, row0 = p.cache_row(t.s, j);
-    int64_t ldk = 0, ldv = 0;
-    const float* K = cache_rows(p, p.k, p.D, row0, n, t.g0, t.g1, w.k.data(), &ldk);
-    const float* V = cache_rows(p, p.v, p.Dv, row0, n, t.g0, t.g1, w.v.data(), &ldv);
+    const float* K = cache_rows(p, p.k, p.D, row0, n, t.g0, t.g1, w.k.data());
+    const float* V = cache_rows(p, p.v, p.Dv, row0, n, t.g0, t.g1, w.v.data());
+    if (heads == p.Hkv && j + n < t.k1) {  // the next block, while this one computes
+      const int64_t next = j + n, m = std::min({t.k1, (next / p.page_size + 1) * p.page_size, next + block}) - next;
+      prefetch_rows(p, p.k, p.D, p.cache_row(t.s, next), m);
+      prefetch_rows(p, p.v, p.Dv, p.cache_row(t.s, next), m);
+    }
     for (int64_t g = t.g0; g < t.g1; ++g) {  // the kv heads of these cache rows, in memory order
       const int64_t r0 = (g - t.g0) * Rg;
       float *m = w.m.data() + r0, *l = w.l.data() + r0, *alpha = w.alpha.data() + r0;
-      cpu_simd::scores(w.q.data() + r0 * p.D, p.D, Rg, K + (g - t.g0) * p.D, ldk, n, p.D, w.s.data(), kKeyBlock);
+      cpu_simd::scores(w.q.data() + r0 * p.D, p.D, Rg, K + (g - t.g0) * n * p.D, p.D, n, p.D, w.s.data(), kKeyBlock);
       cap_and_mask(p, t, j, n, w);
       cpu_simd::online_softmax(w.s.data(), Rg, n, kKeyBlock, m, l, alpha);
-      cpu_simd::accumulate(w.s.data(), kKeyBlock, Rg, V + (g - t.g0) * p.Dv, ldv, n, p.Dv, alpha, w.o.data() + r0 * p.Dv,
-                           p.Dv);
+      cpu_simd::accumulate(w.s.data(), kKeyBlock, Rg, V + (g - t.g0) * n * p.Dv, p.Dv, n, p.Dv, alpha,
+                           w.o.data() + r0 * p.Dv, p.Dv);
     }
     j += n;
   }

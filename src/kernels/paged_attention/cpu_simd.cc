@@ -10,6 +10,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "kernels/paged_attention/cpu_simd.h"
+#include "tessera/dtype.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::paged_attention::cpu_simd {
@@ -122,6 +123,36 @@ void Accumulate(const float* P, int64_t ldp, int64_t R, const float* V, int64_t 
   }
 }
 
+template <class D>
+HWY_INLINE hn::Vec<D> Widen(D df, const uint16_t* src, bool bf16) {
+  if (bf16) {
+    const hn::RebindToUnsigned<D> du32;
+    const hn::Rebind<uint16_t, D> du16;
+    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src))));
+  }
+  const hn::Rebind<hwy::float16_t, D> dh;
+  return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src)));
+}
+
+void GatherRows(const void* src, int kind, int64_t n, int64_t heads, int64_t width, int64_t row_stride, float* dst) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), wv = width / N * N;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = 0; j < n; ++j) {
+      float* out = dst + (h * n + j) * width;
+      const int64_t at = j * row_stride + h * width;
+      if (kind == 0) {
+        const float* in = static_cast<const float*>(src) + at;
+        for (int64_t d = 0; d < wv; d += N) hn::StoreU(hn::LoadU(df, in + d), df, out + d);
+        for (int64_t d = wv; d < width; ++d) out[d] = in[d];
+        continue;
+      }
+      const uint16_t* in = static_cast<const uint16_t*>(src) + at;
+      for (int64_t d = 0; d < wv; d += N) hn::StoreU(Widen(df, in + d, kind == 1), df, out + d);
+      for (int64_t d = wv; d < width; ++d) out[d] = load_as_f32(in, kind == 1 ? DType::kBF16 : DType::kF16, d);
+    }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tessera::paged_attention::cpu_simd
 HWY_AFTER_NAMESPACE();
@@ -132,6 +163,11 @@ namespace tessera::paged_attention::cpu_simd {
 HWY_EXPORT(Scores);
 HWY_EXPORT(OnlineSoftmax);
 HWY_EXPORT(Accumulate);
+HWY_EXPORT(GatherRows);
+
+void gather_rows(const void* src, int kind, int64_t n, int64_t heads, int64_t width, int64_t row_stride, float* dst) {
+  HWY_DYNAMIC_DISPATCH(GatherRows)(src, kind, n, heads, width, row_stride, dst);
+}
 
 void scores(const float* Q, int64_t ldq, int64_t R, const float* K, int64_t ldk, int64_t n, int64_t D, float* S,
             int64_t lds) {

@@ -32,6 +32,7 @@ namespace {
 
 constexpr int64_t kKeyBlock = 64;       // keys per block (never across a page)
 constexpr int64_t kBlockRows = 128;     // key rows × kv heads a block converts at once
+constexpr bool kPrefetch = true;  // pages are in any order: the hardware prefetcher stops at their ends
 constexpr int64_t kTileVectors = 64;    // query vectors (rows × group heads) per prefill tile
 constexpr int64_t kSplitKeys = 1024;    // the fewest keys a split gets
 constexpr int64_t kTasksPerThread = 4;  // split until there are this many tasks per thread
@@ -190,7 +191,7 @@ void attend(const Problem& p, const Task& t, Scratch& w) {
     const int64_t n = std::min({t.k1, page_end, j + block}) - j, row0 = p.cache_row(t.s, j);
     const float* K = cache_rows(p, p.k, p.D, row0, n, t.g0, t.g1, w.k.data());
     const float* V = cache_rows(p, p.v, p.Dv, row0, n, t.g0, t.g1, w.v.data());
-    if (heads == p.Hkv && j + n < t.k1) {  // the next block, while this one computes
+    if (kPrefetch && heads == p.Hkv && j + n < t.k1) {  // the next block, while this one computes
       const int64_t next = j + n, m = std::min({t.k1, (next / p.page_size + 1) * p.page_size, next + block}) - next;
       prefetch_rows(p, p.k, p.D, p.cache_row(t.s, next), m);
       prefetch_rows(p, p.v, p.Dv, p.cache_row(t.s, next), m);

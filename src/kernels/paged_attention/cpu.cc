@@ -6,7 +6,8 @@
 // streams its keys page by page in blocks of at most kKeyBlock slots: scores (f32 FMA),
 // soft cap and masks, the online softmax, P·V (cpu_simd.h). Decode rows (q_len 1) make one task
 // per sequence over all its kv heads (each page block is then read whole, in memory order);
-// prefill rows make flash-style tiles of up to kTileVectors query vectors per kv head.
+// prefill rows make flash-style tiles of up to kTileVectors query vectors per kv head, whose
+// Q·Kᵀ and P·V are sgemm calls (cpu_blas, one BLAS thread per worker) from kGemmRows vectors on.
 // When there are fewer tasks than the threads can balance (few sequences, long contexts), long
 // tasks are split along the keys (split-KV); each split writes a normalized partial o and its
 // lse, and a second phase combines them with primitives::lse_combine_row. Partials exist only for
@@ -22,6 +23,7 @@
 #include "core/trace.h"
 #include "kernels/paged_attention/cpu_simd.h"
 #include "kernels/paged_attention/impl.h"
+#include "primitives/cpu_blas.h"
 #include "primitives/cpu_convert.h"
 #include "primitives/cpu_threads.h"
 #include "primitives/lse_combine.h"
@@ -33,7 +35,8 @@ namespace {
 constexpr int64_t kKeyBlock = 64;       // keys per block (never across a page)
 constexpr int64_t kBlockRows = 128;     // key rows × kv heads a block converts at once
 constexpr bool kPrefetch = true;  // pages are in any order: the hardware prefetcher stops at their ends
-constexpr int64_t kTileVectors = 64;    // query vectors (rows × group heads) per prefill tile
+constexpr int64_t kTileVectors = 128;   // query vectors (rows × group heads) per prefill tile
+constexpr int64_t kGemmRows = 16;       // from this many query vectors a block's products are GEMMs
 constexpr int64_t kSplitKeys = 1024;    // the fewest keys a split gets
 constexpr int64_t kTasksPerThread = 4;  // split until there are this many tasks per thread
 const float kNegInf = -std::numeric_limits<float>::infinity();
@@ -199,11 +202,23 @@ void attend(const Problem& p, const Task& t, Scratch& w) {
     for (int64_t g = t.g0; g < t.g1; ++g) {  // the kv heads of these cache rows, in memory order
       const int64_t r0 = (g - t.g0) * Rg;
       float *m = w.m.data() + r0, *l = w.l.data() + r0, *alpha = w.alpha.data() + r0;
-      cpu_simd::scores(w.q.data() + r0 * p.D, p.D, Rg, K + (g - t.g0) * n * p.D, p.D, n, p.D, w.s.data(), kKeyBlock);
+      const float *Kg = K + (g - t.g0) * n * p.D, *Vg = V + (g - t.g0) * n * p.Dv;
+      float* O = w.o.data() + r0 * p.Dv;
+      if (Rg < kGemmRows) {  // decode: a few query vectors, register-blocked dot products
+        cpu_simd::scores(w.q.data() + r0 * p.D, p.D, Rg, Kg, p.D, n, p.D, w.s.data(), kKeyBlock);
+      } else {  // prefill tile: S = Q·Kᵀ as a GEMM (OpenBLAS, one thread per worker)
+        cpu_blas::sgemm(false, true, Rg, n, p.D, 1.0f, w.q.data() + r0 * p.D, p.D, Kg, p.D, 0.0f, w.s.data(), kKeyBlock);
+      }
       cap_and_mask(p, t, j, n, w);
       cpu_simd::online_softmax(w.s.data(), Rg, n, kKeyBlock, m, l, alpha);
-      cpu_simd::accumulate(w.s.data(), kKeyBlock, Rg, V + (g - t.g0) * n * p.Dv, p.Dv, n, p.Dv, alpha,
-                           w.o.data() + r0 * p.Dv, p.Dv);
+      if (Rg < kGemmRows) {
+        cpu_simd::accumulate(w.s.data(), kKeyBlock, Rg, Vg, p.Dv, n, p.Dv, alpha, O, p.Dv);
+      } else {  // O = alpha·O + P·V
+        for (int64_t r = 0; r < Rg; ++r)
+          if (alpha[r] != 1.0f)
+            for (int64_t d = 0; d < p.Dv; ++d) O[r * p.Dv + d] *= alpha[r];
+        cpu_blas::sgemm(false, false, Rg, p.Dv, n, 1.0f, w.s.data(), kKeyBlock, Vg, p.Dv, 1.0f, O, p.Dv);
+      }
     }
     j += n;
   }
@@ -259,7 +274,7 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "GQA-packed page streaming, split-KV with lse combine, flash tiles for prefill (Highway f32)";
+    return "GQA-packed page streaming, split-KV with lse combine, flash tiles with BLAS products for prefill";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {
@@ -272,7 +287,7 @@ class Cpu final : public Implementation {
     std::vector<float> part_lse(static_cast<size_t>(plan.parts * plan.R), kNegInf);
     const int T = static_cast<int>(std::min<int64_t>(p.num_threads, static_cast<int64_t>(plan.tasks.size())));
     std::atomic<size_t> next{0};
-    cpu_threads::run_threads(std::max(T, 1), false, "paged_attention cpu", [&](int) {
+    cpu_threads::run_threads(std::max(T, 1), /*blas=*/true, "paged_attention cpu", [&](int) {
       TESSERA_TRACE_SCOPE("paged_attention.tasks");
       Scratch w(p, plan.R);
       for (size_t i = next++; i < plan.tasks.size(); i = next++) {

@@ -188,6 +188,12 @@ std::vector<CaseSpec> check_grid(bool quick) {
     add(c);
   }
   CaseSpec c;
+  for (DType dt : {DType::kBF16, DType::kF16}) {  // head dims that leave vector tails
+    c = CaseSpec{}, c.label = "odd_dims", c.dtype = dt, c.D = 21, c.Dv = 13, c.Hq = 10, c.Hkv = 2, c.page_size = 3;
+    c.q_lens = {1, 2, 7}, c.kv_lens = {17, 8, 9}, c.sinks = true;
+    add(c);
+  }
+  c = CaseSpec{};
   c.label = "page1", c.page_size = 1, c.q_lens = {1, 6, 3}, c.kv_lens = {10, 6, 8}, c.shared_pages = true;
   add(c);
   c = CaseSpec{}, c.label = "page128", c.page_size = 128, c.q_lens = {1, 40, 1}, c.kv_lens = {300, 130, 129};

@@ -66,6 +66,8 @@ BENCH_RUNS=(
   "grouped_matmul|skewed|--grid gpu --routing skewed --pass forward,fused"
   "attention||$attn_shapes --dtype bf16 --pass forward,fused"
   "attention|causal|$attn_shapes --dtype bf16 --pass forward,fused --causal"
+  "paged_attention|decode|--grid gpu"
+  "paged_attention|mixed|--grid gpu --prefill 8"
 )
 # Tuning runs of tunable GPU implementations, "kernel|name|arguments" (each writes its own table
 # file); a kernel without a line here is tuned at its buckets' representative shapes.

@@ -19,6 +19,9 @@ const kernels::KernelSpec& spec();
 namespace mlstm {
 const kernels::KernelSpec& spec();
 }
+namespace paged_attention {
+const kernels::KernelSpec& spec();
+}
 }  // namespace tessera
 
 namespace tessera::kernels {
@@ -29,6 +32,7 @@ const std::vector<const KernelSpec*>& all() {
       &attention::spec(),
       &grouped_matmul::spec(),
       &mlstm::spec(),
+      &paged_attention::spec(),
   };
   return specs;
 }

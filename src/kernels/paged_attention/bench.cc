@@ -1,0 +1,157 @@
+// paged_attention: the benchmark problem, its cost model and the gather-then-attention baseline.
+//
+// Shape: N sequences of kv_len S each (causal), the first `prefill` of them prefilling Q new
+// tokens, the others decoding one; H query heads, H / gqa kv heads, head dim D (= Dv); pages of
+// `page_size` slots in a shuffled order.
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "core/random.h"
+#include "kernels/paged_attention/impl.h"
+#include "kernels/registry.h"
+#include "tessera/attention.h"
+#include "tessera/error.h"
+
+namespace tessera::paged_attention {
+
+const kernels::KernelSpec& spec();
+
+namespace {
+
+using K = harness::OptionSpec::Kind;
+
+struct Settings {
+  int64_t N = 0, S = 0, Q = 1, H = 0, Hkv = 0, D = 0, prefill = 0, page_size = 16;
+  DType dtype = DType::kBF16;
+  int64_t q_len(int64_t s) const { return s < prefill ? Q : 1; }
+  int64_t T() const { return prefill * Q + (N - prefill); }
+  int64_t pages() const { return (S + page_size - 1) / page_size; }
+  // Σ over query rows of the keys they see (causal, kv_len S).
+  double pairs() const {
+    const double s = static_cast<double>(S), q = static_cast<double>(Q);
+    return static_cast<double>(prefill) * (q * s - q * (q - 1) / 2) + static_cast<double>(N - prefill) * s;
+  }
+};
+
+class PagedBench final : public harness::BenchProblem {
+ public:
+  PagedBench(const Settings& s, uint64_t seed, bool with_data) : s_(s) {
+    if (!with_data) return;
+    const int64_t P = s.N * s.pages();
+    q_ = random_uniform(s.dtype, {s.T(), s.H, s.D}, 1.0f, seed * 5 + 1);
+    k_ = random_uniform(s.dtype, {P, s.page_size, s.Hkv, s.D}, 1.0f, seed * 5 + 2);
+    v_ = random_uniform(s.dtype, {P, s.page_size, s.Hkv, s.D}, 1.0f, seed * 5 + 3);
+    std::vector<int32_t> perm(static_cast<size_t>(P));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
+    pt_ = Tensor::empty(DType::kI32, {s.N, s.pages()});
+    std::copy(perm.begin(), perm.end(), pt_.data_as<int32_t>());
+    kl_ = Tensor::empty(DType::kI32, {s.N});
+    cq_ = Tensor::empty(DType::kI32, {s.N + 1});
+    cq_.data_as<int32_t>()[0] = 0;
+    for (int64_t i = 0; i < s.N; ++i) {
+      kl_.data_as<int32_t>()[i] = static_cast<int32_t>(s.S);
+      cq_.data_as<int32_t>()[i + 1] = static_cast<int32_t>(cq_.data_as<int32_t>()[i] + s.q_len(i));
+    }
+  }
+
+  harness::Row describe() const override {
+    harness::Row r = harness::Row::object();
+    r["N"] = s_.N, r["S"] = s_.S, r["Q"] = s_.Q, r["H"] = s_.H, r["D"] = s_.D;
+    r["kv_heads"] = s_.Hkv, r["prefill"] = s_.prefill, r["page_size"] = s_.page_size;
+    r["dtype"] = dtype_name(s_.dtype);
+    return r;
+  }
+  double work() const override { return 4.0 * s_.H * s_.D * s_.pairs(); }
+
+  // Useful FLOPs: QKᵀ and PV over the visible pairs. Bytes: the cache rows the batch needs, each
+  // once (what a decode step must stream: its roofline is the memory line), q, o and lse.
+  harness::Cost cost(Pass, const std::string&) const override {
+    harness::Cost c;
+    const double esz = static_cast<double>(dtype_size(s_.dtype)), T = static_cast<double>(s_.T());
+    const double cache = static_cast<double>(s_.N) * s_.S * s_.Hkv * 2.0 * s_.D * esz;
+    const double qo = 2.0 * T * s_.H * s_.D * esz + T * s_.H * 4.0;
+    c.add({"forward: QKᵀ, PV over the visible pairs", work(), cache + qo, s_.H * s_.pairs(), false});
+    c.assumptions.push_back("useful FLOPs 4·H·D·pairs (causal); bytes: the needed cache rows once, q, o, lse");
+    return c;
+  }
+
+  // Gather every sequence's pages into contiguous k, v ([Σ kv_len, Hkv, D]), then attention's
+  // varlen forward (cpu): the same math without paging.
+  std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
+    std::vector<harness::BaselineCall> out;
+    if (std::find(passes.begin(), passes.end(), Pass::kForward) == passes.end()) return out;
+    const int64_t rows = s_.N * s_.S;
+    gk_ = Tensor::empty(s_.dtype, {rows, s_.Hkv, s_.D});
+    gv_ = Tensor::empty(s_.dtype, {rows, s_.Hkv, s_.D});
+    ck_ = Tensor::empty(DType::kI32, {s_.N + 1});
+    for (int64_t i = 0; i <= s_.N; ++i) ck_.data_as<int32_t>()[i] = static_cast<int32_t>(i * s_.S);
+    bo_ = Tensor::empty(s_.dtype, {s_.T(), s_.H, s_.D});
+    blse_ = Tensor::empty(DType::kF32, {s_.H, s_.T()});
+    harness::BaselineCall c;
+    c.name = "gather+attention";
+    c.pass = Pass::kForward;
+    c.description = "copy the pages into contiguous k, v, then attention (varlen, causal, cpu)";
+    c.roofline_dtype = dtype_name(s_.dtype);
+    c.cost = cost(Pass::kForward, c.name);
+    c.run = [this, threads] {
+      const size_t row_bytes = static_cast<size_t>(s_.Hkv * s_.D) * dtype_size(s_.dtype);
+      const int32_t* pt = pt_.data_as<int32_t>();
+      for (int64_t s = 0; s < s_.N; ++s)
+        for (int64_t p = 0; p < s_.pages(); ++p) {
+          const int64_t n = std::min(s_.page_size, s_.S - p * s_.page_size), dst = s * s_.S + p * s_.page_size;
+          const int64_t src = static_cast<int64_t>(pt[s * s_.pages() + p]) * s_.page_size;
+          std::memcpy(gk_.data_as<char>() + dst * row_bytes, k_.data_as<char>() + src * row_bytes, n * row_bytes);
+          std::memcpy(gv_.data_as<char>() + dst * row_bytes, v_.data_as<char>() + src * row_bytes, n * row_bytes);
+        }
+      attention::Inputs in;
+      in.q = q_.view(), in.k = gk_.view(), in.v = gv_.view(), in.cu_seqlens_q = cq_.view(), in.cu_seqlens_k = ck_.view();
+      attention::Options opt;
+      opt.causal = true, opt.num_threads = threads;
+      attention::forward(in, {bo_.view(), blse_.view()}, opt);
+    };
+    out.push_back(std::move(c));
+    return out;
+  }
+
+  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
+    harness::OptionValues o;
+    o.set("causal", "true");
+    return kernels::bind_call(spec().call,
+                              {{"q", q_}, {"k_cache", k_}, {"v_cache", v_}, {"page_table", pt_}, {"kv_lens", kl_},
+                               {"cu_q_lens", cq_}},
+                              o, implementation, dev, pass, exec);
+  }
+
+ private:
+  Settings s_;
+  Tensor q_, k_, v_, pt_, kl_, cq_;
+  Tensor gk_, gv_, ck_, bo_, blse_;  // the baseline's
+};
+
+}  // namespace
+
+std::vector<harness::OptionSpec> bench_options() {
+  return {{"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "4", {}},
+          {"prefill", K::kInt, "sequences that prefill Q tokens (the first ones); the others decode one", "0", {}},
+          {"page_size", K::kInt, "slots per page", "16", {}}};
+}
+
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
+                                                          const harness::OptionValues& o, uint64_t seed, bool with_data) {
+  Settings s;
+  s.N = shape.dim("N"), s.S = shape.dim("S"), s.Q = shape.dim("Q"), s.H = shape.dim("H"), s.D = shape.dim("D");
+  const int64_t g = o.integer("gqa");
+  check(g >= 1 && s.H % g == 0, ErrorCode::kInvalidArgument, "--gqa must divide H=" + std::to_string(s.H));
+  s.Hkv = s.H / g;
+  s.prefill = o.integer("prefill");
+  s.page_size = o.integer("page_size");
+  s.dtype = dtype;
+  check(s.prefill >= 0 && s.prefill <= s.N, ErrorCode::kInvalidArgument, "--prefill must be in [0, N]");
+  check(s.page_size >= 1 && s.Q >= 1 && s.Q <= s.S, ErrorCode::kInvalidArgument,
+        "paged_attention bench: need page_size >= 1 and 1 <= Q <= S");
+  return std::make_unique<PagedBench>(s, seed, with_data);
+}
+
+}  // namespace tessera::paged_attention

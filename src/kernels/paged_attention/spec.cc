@@ -1,0 +1,113 @@
+// paged_attention: its registration with the kernel registry (src/kernels/registry.h) — the only
+// place the CLI, the parity suite and the bindings learn about this kernel.
+#include "kernels/paged_attention/impl.h"
+#include "kernels/paged_attention/testing.h"
+#include "kernels/registry.h"
+#include "tessera/error.h"
+#include "tessera/paged_attention.h"
+
+namespace tessera::paged_attention {
+
+const kernels::KernelSpec& spec();
+// bench.cc
+std::vector<harness::OptionSpec> bench_options();
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
+                                                          const harness::OptionValues& o, uint64_t seed, bool with_data);
+
+namespace {
+
+using K = harness::OptionSpec::Kind;
+
+std::vector<kernels::CheckCase> check_cases(bool quick) {
+  std::vector<kernels::CheckCase> out;
+  for (const testing::CaseSpec& c : testing::check_grid(quick))
+    out.push_back({c.name(), [c](const std::string& impl, Pass, Device dev) { return testing::check_parity(c, impl, dev); }});
+  return out;
+}
+
+// ---- call: the signature `tessera run` and the Python functions are derived from ----
+// scale 0 means the default 1/sqrt(D).
+Options call_options(const kernels::CallArgs& a) {
+  Options opt;
+  static_cast<ExecOptions&>(opt) = a.exec;
+  const harness::OptionValues& o = a.options;
+  if (o.real("scale") != 0.0) opt.scale = o.real("scale");
+  opt.softcap = o.real("softcap");
+  opt.causal = o.flag("causal");
+  opt.window = o.integer("window");
+  return opt;
+}
+
+const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
+
+Inputs call_inputs(const kernels::CallArgs& a) {
+  Inputs in{need(a, "q"), need(a, "k_cache"), need(a, "v_cache"), need(a, "page_table"), need(a, "kv_lens"),
+            need(a, "cu_q_lens"), {}};
+  if (const TensorView* s = a.tensor("sinks")) in.sinks = *s;
+  return in;
+}
+
+// Shapes only (data may be absent under jit and fake tensors); the call validates the rest.
+std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
+  const Inputs in = call_inputs(a);
+  check(in.q.ndim() == 3 && in.v_cache.ndim() == 4, ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": q must be [T, Hq, D] and v_cache [P, page_size, Hkv, Dv], got " +
+            shape_str(in.q.shape) + " and " + shape_str(in.v_cache.shape));
+  const Shape os{in.q.shape[0], in.q.shape[1], in.v_cache.shape[3]}, ls{in.q.shape[0], in.q.shape[1]};
+  return {{"o", in.q.dtype, os, contiguous_strides(os)}, {"lse", DType::kF32, ls, contiguous_strides(ls)}};
+}
+
+std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
+  check(a.pass == Pass::kForward, ErrorCode::kUnsupported, std::string(kKernelName) + ": forward only");
+  check(out.size() == 2, ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": forward writes 2 outputs (o, lse), got " + std::to_string(out.size()));
+  return forward(call_inputs(a), {out[0], out[1]}, call_options(a));
+}
+
+kernels::CallSpec call_spec() {
+  kernels::CallSpec s;
+  s.inputs = {
+      {"q", "new tokens of the N sequences, concatenated [T, Hq, D]; f32, bf16 or f16"},
+      {"k_cache", "key pages [P, page_size, Hkv, D], q's dtype; Hq a multiple of Hkv"},
+      {"v_cache", "value pages [P, page_size, Hkv, Dv], q's dtype"},
+      {"page_table", "pages of each sequence [N, max_pages] (i32, host)", true, false, {}, true},
+      {"kv_lens", "tokens of each sequence in the cache, its new ones included [N] (i32, host)", true, false, {}, true},
+      {"cu_q_lens", "cumulative new-token counts [N + 1], from 0 to T (i32, host)", true, false, {}, true},
+      {"sinks", "per-head attention sink logits [Hq] (f32): an extra softmax term carrying no value", false, false}};
+  s.options = {{"scale", K::kFloat, "softmax scale; 0: 1/sqrt(D)", "0", {}},
+               {"softcap", K::kFloat, "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables", "0", {}},
+               {"causal", K::kFlag, "a query sees keys at positions <= its own (kv_len - q_len + i)", "false", {}},
+               {"window", K::kInt, "sliding window: keys at positions >= own - window only; -1 unbounded", "-1", {}}};
+  s.forward_outputs = {"o"};
+  s.saved_outputs = {"o", "lse"};  // forward only: this gives the Python functions return_lse
+  s.outputs = call_outputs;
+  s.call = call;
+  return s;
+}
+
+kernels::KernelSpec make_spec() {
+  kernels::KernelSpec k;
+  k.name = kKernelName;
+  k.description = "ragged paged attention for serving (prefill and decode rows in one batch), forward";
+  k.dims = {"N", "S", "Q", "H", "D"};
+  k.passes = {Pass::kForward};
+  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
+  k.check_grid = check_cases;
+  k.bench.options = bench_options();
+  k.bench.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) {
+    return make_bench_problem(shape, dt, o, seed, true);
+  };
+  k.bench.make_cost_model = [](const auto& shape, DType dt, const auto& o) { return make_bench_problem(shape, dt, o, 0, false); };
+  k.call = call_spec();
+  return k;
+}
+
+}  // namespace
+
+const kernels::KernelSpec& spec() {
+  static const kernels::KernelSpec s = make_spec();
+  return s;
+}
+
+}  // namespace tessera::paged_attention

@@ -1,0 +1,198 @@
+// paged_attention API: every bad input gives a one-line error naming the sequence it is about,
+// before anything runs (no output touched); the result equals `attention` on the gathered keys.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "kernels/paged_attention/testing.h"
+#include "kernels/registry.h"
+#include "tessera/attention.h"
+#include "tessera/error.h"
+#include "tessera/paged_attention.h"
+
+namespace tessera::paged_attention {
+namespace {
+
+constexpr unsigned char kSentinel = 0x5A;
+
+Tensor sentinel(DType dt, const Shape& shape) {
+  Tensor t = Tensor::empty(dt, shape);
+  std::memset(t.data(), kSentinel, t.view().nbytes());
+  return t;
+}
+bool untouched(const Tensor& t) {
+  const auto* b = static_cast<const unsigned char*>(t.data());
+  for (size_t i = 0; i < t.view().nbytes(); ++i)
+    if (b[i] != kSentinel) return false;
+  return true;
+}
+
+// Three sequences: q_lens 2, 3, 1; kv_lens 5, 9, 4; page_size 4 (pages 2, 3, 1).
+testing::CaseSpec base() {
+  testing::CaseSpec c;
+  c.q_lens = {2, 3, 1}, c.kv_lens = {5, 9, 4};
+  return c;
+}
+
+// Runs forward on (possibly broken) data and expects an error containing every piece of `want`.
+void expect_error(const std::function<void(testing::CaseData&, Options&)>& broken, const std::vector<std::string>& want,
+                  const Shape& o_shape = {6, 4, 16}, const Shape& lse_shape = {6, 4}) {
+  testing::CaseData d = testing::make_case(base());
+  Options opt;
+  opt.causal = true;
+  broken(d, opt);
+  Tensor o = sentinel(DType::kF32, o_shape), lse = sentinel(DType::kF32, lse_shape);
+  try {
+    forward(d.inputs(), {o.view(), lse.view()}, opt);
+    ADD_FAILURE() << "no error; wanted " << want[0];
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind("paged_attention: ", 0), 0u) << msg;
+    for (const std::string& w : want) EXPECT_NE(msg.find(w), std::string::npos) << "want '" << w << "' in: " << msg;
+  }
+  EXPECT_TRUE(untouched(o));
+  EXPECT_TRUE(untouched(lse));
+}
+
+int32_t* i32(Tensor& t) { return t.data_as<int32_t>(); }
+
+TEST(PagedAttentionApi, PageIdOutOfRangeNamesTheSequence) {
+  expect_error([](auto& d, auto&) { i32(d.page_table)[1 * d.page_table.shape()[1] + 2] = static_cast<int32_t>(d.k_cache.shape()[0]); },
+               {"sequence 1", "page_table[1, 2]", "out of range"});
+  expect_error([](auto& d, auto&) { i32(d.page_table)[2 * d.page_table.shape()[1]] = -1; }, {"sequence 2", "out of range"});
+}
+
+TEST(PagedAttentionApi, PageTableEntriesPastTheUsedPagesAreNotRead) {
+  testing::CaseData d = testing::make_case(base());  // unused entries hold -7
+  Tensor o = Tensor::empty(DType::kF32, {6, 4, 16}), lse = Tensor::empty(DType::kF32, {6, 4});
+  EXPECT_NO_THROW(forward(d.inputs(), {o.view(), lse.view()}));
+}
+
+TEST(PagedAttentionApi, LengthErrorsNameTheSequence) {
+  // max_pages = 4 (3 used + 1) × page_size 4 = 16 slots.
+  expect_error([](auto& d, auto&) { i32(d.kv_lens)[1] = 17; }, {"sequence 1", "kv_len=17", "above the 4 pages x 4 slots"});
+  expect_error([](auto& d, auto&) { i32(d.kv_lens)[1] = 2; }, {"sequence 1", "q_len=3 is above kv_len=2"});
+  expect_error([](auto& d, auto&) { i32(d.kv_lens)[0] = -1; }, {"sequence 0", "kv_len must be >= 0"});
+  expect_error([](auto& d, auto&) { i32(d.cu_q_lens)[2] = 1; }, {"sequence 1", "non-decreasing"});
+  expect_error([](auto& d, auto&) { i32(d.cu_q_lens)[3] = 5; }, {"sequence 2", "must equal the rows of q (T=6)"});
+  expect_error([](auto& d, auto&) { i32(d.cu_q_lens)[0] = 1; }, {"cu_q_lens[0] must be 0"});
+}
+
+TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
+  expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kBF16, d.k_cache.shape()); }, {"share one dtype"});
+  expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kI32, d.q.shape()); }, {"q must be f32, bf16 or f16"});
+  expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI64, d.page_table.shape()); }, {"page_table must be i32"});
+  expect_error([](auto& d, auto&) { d.kv_lens = Tensor::empty(DType::kI32, {2}); }, {"kv_lens must have shape [3]"});
+  expect_error([](auto& d, auto&) { d.cu_q_lens = Tensor::empty(DType::kI32, {2, 2}); }, {"cu_q_lens must be 1-D"});
+  expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI32, {2, 4}); }, {"page_table must have shape [3, 4]"});
+  expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kF32, {6, 3, 16}); }, {"Hq=3 is not a multiple of Hkv=2"},
+               {6, 3, 16}, {6, 3});
+  expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kF32, {6, 4, 8}); }, {"k_cache's head dim 16 differs"});
+  expect_error([](auto& d, auto&) { d.v_cache = Tensor::empty(DType::kF32, {d.v_cache.shape()[0], 3, 2, 16}); },
+               {"must match k_cache"});
+  expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kF32, {4, 4, 2}); }, {"k_cache must be [P, page_size, Hkv, D]"});
+  expect_error([](auto& d, auto&) { d.sinks = Tensor::empty(DType::kF32, {3}); }, {"sinks must be [Hq=4]"});
+  expect_error([](auto& d, auto&) { d.sinks = Tensor::empty(DType::kBF16, {4}); }, {"sinks must be f32"});
+  expect_error([](auto&, auto&) {}, {"o must have shape [6, 4, 16]"}, {6, 4, 8});
+  expect_error([](auto&, auto&) {}, {"lse must have shape [6, 4]"}, {6, 4, 16}, {4, 6});
+  expect_error([](auto&, auto& o) { o.scale = 0.0; }, {"scale must be finite and > 0"});
+  expect_error([](auto&, auto& o) { o.softcap = -1.0; }, {"softcap must be finite and >= 0"});
+  expect_error([](auto&, auto& o) { o.window = -2; }, {"window must be >= 0 or -1"});
+}
+
+// check_finite (the CLI's default) scans q and the sinks, never the caches (their unused slots
+// may hold NaN: the contract); a −inf sink is a sink that takes nothing, not an error.
+TEST(PagedAttentionApi, CheckFiniteSkipsTheCachesAndAllowsMinusInfSinks) {
+  testing::CaseSpec c = base();
+  c.sinks = true;  // sinks[0] = −inf; the caches hold NaN in unused slots
+  testing::CaseData d = testing::make_case(c);
+  Options opt;
+  opt.check_finite = true;
+  Tensor o = Tensor::empty(DType::kF32, {6, 4, 16}), lse = Tensor::empty(DType::kF32, {6, 4});
+  EXPECT_NO_THROW(forward(d.inputs(), {o.view(), lse.view()}, opt));
+  expect_error([](auto& d, auto& o) {
+    d.sinks = Tensor::empty(DType::kF32, {4});
+    for (int i = 0; i < 4; ++i) d.sinks.template data_as<float>()[i] = i == 2 ? NAN : 0.0f;
+    o.check_finite = true;
+  }, {"sinks contain NaN"});
+  expect_error([](auto& d, auto& o) {
+    d.q.template data_as<float>()[5] = INFINITY;
+    o.check_finite = true;
+  }, {"q contains NaN or Inf"});
+}
+
+TEST(PagedAttentionApi, UnknownImplementationIsAnErrorAndEmptyBatchRunsNothing) {
+  testing::CaseData d = testing::make_case(base());
+  Tensor o = sentinel(DType::kF32, {6, 4, 16}), lse = sentinel(DType::kF32, {6, 4});
+  Options opt;
+  opt.implementation = "cpuu";
+  EXPECT_THROW(forward(d.inputs(), {o.view(), lse.view()}, opt), Error);
+  EXPECT_TRUE(untouched(o));
+  testing::CaseSpec empty = base();
+  empty.q_lens = {0, 0}, empty.kv_lens = {0, 3};
+  testing::CaseData z = testing::make_case(empty);
+  Tensor o0 = Tensor::empty(DType::kF32, {0, 4, 16}), l0 = Tensor::empty(DType::kF32, {0, 4});
+  EXPECT_EQ(forward(z.inputs(), {o0.view(), l0.view()}), "(empty)");
+}
+
+TEST(PagedAttentionApi, RegisteredWithItsSignature) {
+  const kernels::KernelSpec& k = kernels::get("paged_attention");
+  std::vector<std::string> names;
+  for (const auto& in : k.call.inputs) names.push_back(in.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"q", "k_cache", "v_cache", "page_table", "kv_lens", "cu_q_lens", "sinks"}));
+  EXPECT_FALSE(k.check_grid(true).empty());
+}
+
+// The same math as `attention` (varlen, bottom-right causal, left window, softcap, scale) on the
+// keys gathered from the pages: every implementation of both kernels agrees within f32 rounding.
+TEST(PagedAttentionApi, EqualsAttentionOnGatheredKeys) {
+  for (const bool causal : {true, false}) {
+    testing::CaseSpec c;
+    c.q_lens = {1, 7, 0, 4}, c.kv_lens = {13, 7, 3, 30}, c.Hq = 6, c.Hkv = 2, c.Dv = 12, c.page_size = 5;
+    c.causal = causal, c.window = causal ? 6 : -1, c.softcap = causal ? 0.0 : 2.5, c.scale = 0.3;
+    const testing::CaseData d = testing::make_case(c);
+    // Gather.
+    int64_t total = 0;
+    for (int64_t s : c.kv_lens) total += s;
+    Tensor k = Tensor::empty(DType::kF32, {total, c.Hkv, c.D}), v = Tensor::empty(DType::kF32, {total, c.Hkv, c.Dv});
+    Tensor cu_k = Tensor::empty(DType::kI32, {5});
+    const int64_t mp = d.page_table.shape()[1];
+    int64_t row = 0;
+    cu_k.data_as<int32_t>()[0] = 0;
+    for (size_t s = 0; s < c.kv_lens.size(); ++s) {
+      for (int64_t j = 0; j < c.kv_lens[s]; ++j, ++row) {
+        const int64_t src = d.page_table.data_as<int32_t>()[static_cast<int64_t>(s) * mp + j / c.page_size] * c.page_size + j % c.page_size;
+        std::memcpy(k.data_as<float>() + row * c.Hkv * c.D, d.k_cache.data_as<float>() + src * c.Hkv * c.D, sizeof(float) * c.Hkv * c.D);
+        std::memcpy(v.data_as<float>() + row * c.Hkv * c.Dv, d.v_cache.data_as<float>() + src * c.Hkv * c.Dv, sizeof(float) * c.Hkv * c.Dv);
+      }
+      cu_k.data_as<int32_t>()[s + 1] = static_cast<int32_t>(row);
+    }
+    attention::Inputs ai;
+    ai.q = d.q.view(), ai.k = k.view(), ai.v = v.view(), ai.cu_seqlens_q = d.cu_q_lens.view(), ai.cu_seqlens_k = cu_k.view();
+    attention::Options ao;
+    ao.causal = causal, ao.window_left = c.window, ao.softcap = c.softcap, ao.scale = c.scale;
+    ao.implementation = "reference";
+    const attention::Result want = attention::compute(ai, ao);
+    for (const auto& info : implementations()) {
+      if (!info.available) continue;
+      Options po = testing::options_of(c);
+      po.implementation = info.name;
+      const Result got = compute(d.inputs(), po);
+      const int64_t T = d.q.shape()[0];
+      for (int64_t i = 0; i < got.o.numel(); ++i)
+        ASSERT_NEAR(got.o.data_as<float>()[i], want.o.data_as<float>()[i], 2e-5) << info.name << " o " << i;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < c.Hq; ++h)  // attention's varlen lse is [Hq, T]
+          ASSERT_NEAR(got.lse.data_as<float>()[t * c.Hq + h], want.lse.data_as<float>()[h * T + t], 2e-5)
+              << info.name << " lse " << t << "," << h;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::paged_attention

@@ -83,13 +83,15 @@ def test_numpy_errors():
 
 def test_torch_autograd_matches_reference_backward():
     torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+
     d = problem(seed=3, initial=True, resets=True)
     dh = np.random.default_rng(4).standard_normal((B, S, NH, DH)).astype(np.float32)
     want = tessera.call("slstm", "backward", {**d, "grad_h": dh}, implementation="reference")
     t = {k: torch.from_numpy(v) for k, v in d.items()}
     for k in ("wx", "r", "b", "h0", "c0", "n0"):
         t[k].requires_grad_()
-    h = tessera.torch.slstm(**t)
+    h = tt.slstm(**t)
     (h * torch.from_numpy(dh)).sum().backward()
     np.testing.assert_allclose(h.detach().numpy(), expected(d)[0], rtol=1e-5, atol=1e-5)
     for k in ("wx", "r", "b", "h0", "c0", "n0"):

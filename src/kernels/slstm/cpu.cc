@@ -74,6 +74,16 @@ struct Task {
     return {a, a + d, a + 2 * d, a + 3 * d, a + 4 * d};
   }
 
+  // The next step's wx of this task's rows (and, backward, its dh): scattered 4·DH-element runs.
+  void prefetch_step(int64_t t) const {
+    const int64_t esz = int64_t(dtype_size(p.dtype));
+    for (int64_t r = 0; r < Bb; ++r)
+      for (int g = 0; g < 4; ++g) {
+        const char* base = static_cast<const char*>(p.wx) + p.wx_at(b0 + r, t, g, hd, 0) * esz;
+        for (int64_t off = 0; off < DH() * esz; off += 64) __builtin_prefetch(base + off);
+      }
+  }
+
   void run() const {
     const int64_t D = DH(), W = 4 * D;
     std::vector<float> h(size_t(Bb * D), 0.f), c(h), n(h), m(h), G(size_t(Bb * W), 0.f), bias(size_t(W), 0.f);
@@ -103,15 +113,18 @@ struct Task {
           std::copy(c.begin(), c.end(), at(tp.cprev, t, 0, D));
           std::copy(n.begin(), n.end(), at(tp.nprev, t, 0, D));
         }
-        cpu_blas::sgemm(false, false, Bb, W, D, 1.f, h.data(), D, R, W, 0.f, G.data(), W);
+        if (t + 1 < p.S) prefetch_step(t + 1);  // wx rows are 4·NH·DH apart per step: the prefetcher misses them
+        cpu_simd::gemm_step(h.data(), Bb, D, R, W, G.data());
         for (int64_t r = 0; r < Bb; ++r) {
           const int64_t bi = b0 + r;
           float* pre = &G[size_t(r * W)];
           for (int g = 0; g < 4; ++g) {
-            load_f32(p.wx, p.dtype, p.wx_at(bi, t, g, hd, 0), D, wxrow.data());
+            const int64_t off = p.wx_at(bi, t, g, hd, 0);
+            const float* w = static_cast<const float*>(p.wx) + off;  // f32: read in place
+            if (p.dtype != DType::kF32) load_f32(p.wx, p.dtype, off, D, wxrow.data()), w = wxrow.data();
             float* pg = pre + g * D;
             const float* bg = &bias[size_t(g * D)];
-            for (int64_t k = 0; k < D; ++k) pg[k] += wxrow[size_t(k)] + bg[k];
+            for (int64_t k = 0; k < D; ++k) pg[k] += w[k] + bg[k];
           }
           const bool first = (t == 0 && !p.has_initial()) || p.reset(bi, t);
           const cpu_simd::Act act = p.backward ? act_of(tp, t, r) : cpu_simd::Act{};
@@ -148,6 +161,11 @@ struct Task {
     init(p.dh_last, dhrec);
     for (int64_t t = p.S - 1; t >= 0; --t) {
       float* dp = &dpre[size_t(t * Bb * W)];
+      if (t > 0)
+        for (int64_t r = 0; r < Bb; ++r) {
+          const float* up = p.dh + p.h_at(b0 + r, t - 1, hd, 0);
+          for (int64_t off = 0; off < D; off += 16) __builtin_prefetch(up + off);
+        }
       for (int64_t r = 0; r < Bb; ++r) {
         const int64_t bi = b0 + r;
         const float* up = p.dh + p.h_at(bi, t, hd, 0);

@@ -46,6 +46,49 @@ HWY_INLINE void over_lanes(int64_t DH, const float* const* in, int nin, float* c
   }
 }
 
+// G[r, c] = Σ_j h[r, j]·R[j, c] for ROWS rows and a block of V vectors of columns at c0: R is
+// read in its row-major [DH, W] layout (the packed R_h), h broadcast one element at a time.
+template <int ROWS, int V>
+HWY_INLINE void GemmBlock(const float* h, int64_t DH, const float* R, int64_t W, float* G, int64_t c0) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<DF> acc[ROWS][V];
+  for (int r = 0; r < ROWS; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(df);
+  for (int64_t j = 0; j < DH; ++j) {
+    hn::Vec<DF> rv[V];
+    for (int v = 0; v < V; ++v) rv[v] = hn::LoadU(df, R + j * W + c0 + v * N);
+    for (int r = 0; r < ROWS; ++r) {
+      const auto hb = hn::Set(df, h[r * DH + j]);
+      for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(hb, rv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int v = 0; v < V; ++v) hn::StoreU(acc[r][v], df, G + r * W + c0 + v * N);
+}
+
+template <int ROWS>
+HWY_INLINE void GemmRows(const float* h, int64_t DH, const float* R, int64_t W, float* G) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t c = 0;
+  for (; c + 4 * N <= W; c += 4 * N) GemmBlock<ROWS, 4>(h, DH, R, W, G, c);
+  for (; c + N <= W; c += N) GemmBlock<ROWS, 1>(h, DH, R, W, G, c);
+  for (; c < W; ++c)  // column tail: scalar, same order of the sum over j
+    for (int r = 0; r < ROWS; ++r) {
+      float s = 0.0f;
+      for (int64_t j = 0; j < DH; ++j) s += h[r * DH + j] * R[j * W + c];
+      G[r * W + c] = s;
+    }
+}
+
+void GemmStep(const float* h, int64_t Bb, int64_t DH, const float* R, int64_t W, float* G) {
+  int64_t r = 0;
+  for (; r + 4 <= Bb; r += 4) GemmRows<4>(h + r * DH, DH, R, W, G + r * W);
+  for (; r + 2 <= Bb; r += 2) GemmRows<2>(h + r * DH, DH, R, W, G + r * W);
+  for (; r < Bb; ++r) GemmRows<1>(h + r * DH, DH, R, W, G + r * W);
+}
+
 void ForwardRow(const float* pre, int64_t DH, bool first, float* m, float* c, float* n, float* h, const Act& act) {
   const DF df;
   const auto half = hn::Set(df, 0.5f), one = hn::Set(df, 1.0f), zero = hn::Zero(df);
@@ -103,6 +146,11 @@ namespace tessera::slstm::cpu_simd {
 
 HWY_EXPORT(ForwardRow);
 HWY_EXPORT(BackwardRow);
+HWY_EXPORT(GemmStep);
+
+void gemm_step(const float* h, int64_t Bb, int64_t DH, const float* R, int64_t W, float* G) {
+  HWY_DYNAMIC_DISPATCH(GemmStep)(h, Bb, DH, R, W, G);
+}
 
 void forward_row(const float* pre, int64_t DH, bool first, float* m, float* c, float* n, float* h, const Act& act) {
   HWY_DYNAMIC_DISPATCH(ForwardRow)(pre, DH, first, m, c, n, h, act);

@@ -23,4 +23,8 @@ void forward_row(const float* pre, int64_t DH, bool first, float* m, float* c, f
 void backward_row(const float* dh, float* dc, float* dn, const Act& act, const float* c, const float* n, const float* h,
                   const float* cprev, const float* nprev, int64_t DH, bool first, float* dpre);
 
+// G[Bb, W] = h[Bb, DH]·R[DH, W] (row-major, f32 FMA; register blocks of 4 rows × 4 vectors with R
+// streamed from its packed layout: no per-step packing, unlike a BLAS call).
+void gemm_step(const float* h, int64_t Bb, int64_t DH, const float* R, int64_t W, float* G);
+
 }  // namespace tessera::slstm::cpu_simd

@@ -31,17 +31,16 @@ def wall(fn, warmup, iters):
 
 
 def xlstm_call(wx, r, b):
-    """h [B, S, NH, DH] from the vanilla loop: x [S, B, 4·NH·DH] (gate-major, then head), R [NH, DH, 4·DH]
-    (R[h, j, g·DH + k] = r[g, h, j, k]), b [4·NH·DH] in the same order as x."""
+    """h [B, S, NH, DH] from the vanilla loop: x [S, B, 4·NH·DH] (gate-major, then head),
+    R [NH, 4·DH, DH] (R[h, g·DH + k, j] = r[g, h, j, k]), b [4·NH·DH] in x's order, states [4, B, NH·DH]."""
     from xlstm.blocks.slstm.src.vanilla import slstm_forward, slstm_pointwise_function_registry
 
     B, S, _, NH, DH = wx.shape
     x = wx.permute(1, 0, 2, 3, 4).reshape(S, B, 4 * NH * DH)
-    R = r.permute(1, 2, 0, 3).reshape(NH, DH, 4 * DH)
-    states = torch.zeros(4, B, NH * DH)
-    out = slstm_forward(x, states, R, b.reshape(-1), slstm_pointwise_function_registry["slstm"])
-    hs = out[0] if isinstance(out, tuple) else out
-    return hs[1:, 0].reshape(S, B, NH, DH).permute(1, 0, 2, 3) if hs.shape[0] == S + 1 else hs
+    R = r.permute(1, 0, 3, 2).reshape(NH, 4 * DH, DH)
+    states = torch.zeros(4, B, NH * DH, dtype=wx.dtype)
+    states_all, _, _ = slstm_forward(x, states, R, b.reshape(-1), slstm_pointwise_function_registry["slstm"])
+    return states_all[0, 1:].reshape(S, B, NH, DH).permute(1, 0, 2, 3)
 
 
 def main():

@@ -192,6 +192,8 @@ std::vector<CaseSpec> check_grid(bool quick) {
   add(c);
   c = CaseSpec{}, c.label = "long", c.B = 1, c.S = 300, c.NH = 1, c.DH = 8, c.last = false;
   add(c);
+  c = CaseSpec{}, c.label = "tails", c.B = 7, c.S = 6, c.NH = 2, c.DH = 13, c.initial = true, c.resets = "random";
+  add(c);  // 4·DH = 52 columns: vector tails; 7 rows: 4 + 2 + 1 row blocks
   c = CaseSpec{}, c.label = "dh128", c.B = 2, c.S = 3, c.NH = 1, c.DH = 128, c.initial = true, c.resets = "random";
   add(c);
   if (!quick) {

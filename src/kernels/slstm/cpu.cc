@@ -1,11 +1,12 @@
 // slstm CPU backend. Work is split over (batch block, head) tasks on the worker pool; a task
 // runs its rows of one head through all S steps:
 //   forward, per step: one GEMM G[Bb, 4·DH] = h_{t-1}[Bb, DH] · R_h[DH, 4·DH] (R_h: the head's
-//   four recurrent matrices, packed once per call as one f32 matrix, hot in L2 across steps),
-//   then the fused pointwise gates per row (cpu_simd.cc);
+//   four recurrent matrices, packed once per call as one f32 matrix, hot in L2 across steps;
+//   cpu_simd::gemm_step, which streams it without the per-call packing of a BLAS), then the
+//   fused pointwise gates per row (cpu_simd.cc);
 //   backward, per step in reverse: the pointwise gate gradients from the stored activations,
-//   then dh_{t-1} = dpre[Bb, 4·DH] · R_hᵀ; at the end dR_h = Σ_t h_{t-1}ᵀ·dpre_t as one GEMM over
-//   all steps, summed over batch blocks after the tasks join.
+//   then dh_{t-1} = dpre[Bb, 4·DH] · R_hᵀ (R_hᵀ packed once as well); at the end
+//   dR_h = Σ_t h_{t-1}ᵀ·dpre_t as one sgemm over all steps, summed over batch blocks after the join.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -50,6 +51,16 @@ std::vector<float> pack_r(const Problem& p) {
   return out;
 }
 
+// R_hᵀ [4·DH, DH] per head (the backward's dh_{t-1} = dpre·R_hᵀ in the same row-broadcast GEMM).
+std::vector<float> transpose_r(const Problem& p, const std::vector<float>& R) {
+  const int64_t DH = p.DH, W = 4 * DH;
+  std::vector<float> out(R.size());
+  for (int64_t hd = 0; hd < p.NH; ++hd)
+    for (int64_t j = 0; j < DH; ++j)
+      for (int64_t c = 0; c < W; ++c) out[size_t((hd * W + c) * DH + j)] = R[size_t((hd * DH + j) * W + c)];
+  return out;
+}
+
 // What a task keeps per step for its backward ([S][Bb][...]).
 struct Tape {
   std::vector<float> hprev, cprev, nprev, c, n, h;  // [S][Bb][DH]
@@ -59,7 +70,8 @@ struct Tape {
 
 struct Task {
   const Problem& p;
-  const float* R;  // this head's R_h
+  const float* R;   // this head's R_h [DH, 4·DH]
+  const float* RT;  // its transpose [4·DH, DH] (backward)
   int64_t b0, Bb, hd;
   float* dR;       // [DH, 4·DH] this task's share of dr (backward)
   float* db;       // [4·DH] this task's share of db
@@ -177,7 +189,7 @@ struct Task {
                                first, dpr);
         for (int g = 0; g < 4; ++g) store_dtype(dpr + g * D, p.dtype, p.dwx, p.wx_at(bi, t, g, hd, 0), D);
       }
-      cpu_blas::sgemm(false, true, Bb, D, W, 1.f, dp, W, R, W, 0.f, dhrec.data(), D);
+      cpu_simd::gemm_step(dp, Bb, W, RT, D, dhrec.data());
       for (int64_t r = 0; r < Bb; ++r)
         if (tp.first[size_t(t * Bb + r)]) std::fill_n(&dhrec[size_t(r * D)], D, 0.f);
     }
@@ -212,6 +224,7 @@ class Cpu final : public Implementation {
 
   void run(const Problem& p) const override {
     const std::vector<float> R = pack_r(p);
+    const std::vector<float> RT = p.backward ? transpose_r(p, R) : std::vector<float>{};
     const int64_t D = p.DH, W = 4 * D;
     // Enough tasks for every thread, blocks of at most kMaxBlock rows.
     const int64_t want = std::max<int64_t>((p.num_threads + p.NH - 1) / p.NH, (p.B + kMaxBlock - 1) / kMaxBlock);
@@ -222,7 +235,8 @@ class Cpu final : public Implementation {
       for (int64_t k = tid; k < tasks; k += T) {
         const int64_t blk = k / p.NH, hd = k % p.NH;
         const int64_t b0 = p.B * blk / nb, b1 = p.B * (blk + 1) / nb;
-        Task{p, &R[size_t(hd * D * W)], b0, b1 - b0, hd, p.backward ? &dR[size_t(k * D * W)] : nullptr,
+        const float* rt = p.backward ? &RT[size_t(hd * D * W)] : nullptr;
+        Task{p, &R[size_t(hd * D * W)], rt, b0, b1 - b0, hd, p.backward ? &dR[size_t(k * D * W)] : nullptr,
              p.backward ? &db[size_t(k * W)] : nullptr}
             .run();
       }

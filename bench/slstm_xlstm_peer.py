@@ -4,7 +4,7 @@ a Python loop over steps) against tessera.torch.slstm, on the CPU, in the same p
 and forward + backward, median wall time. The two compute the same math (gate order i, f, z, o;
 head-wise recurrent weights); the outputs are compared before timing.
 
-  python3 bench/slstm_xlstm_peer.py [--shape 16,256,4,128] [--iters 3] [--impl cpu] [--out FILE]
+  python3 bench/slstm_xlstm_peer.py [--shape 16,256,4,128] [--iters 3] [--impl cpu] [--torch-threads N] [--out FILE]
 """
 import argparse
 import json
@@ -49,8 +49,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--impl", default="cpu")
+    ap.add_argument("--torch-threads", type=int, default=0,
+                    help="torch intra-op threads for the peer (0: torch's default; 1 avoids OpenMP barrier stalls on a busy machine)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    if a.torch_threads:
+        torch.set_num_threads(a.torch_threads)
     B, S, NH, DH = (int(v) for v in a.shape.split(","))
     g = torch.Generator().manual_seed(0)
     wx = torch.rand(B, S, 4, NH, DH, generator=g) * 2 - 1

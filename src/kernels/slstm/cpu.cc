@@ -92,7 +92,7 @@ struct Task {
     for (int64_t r = 0; r < Bb; ++r)
       for (int g = 0; g < 4; ++g) {
         const char* base = static_cast<const char*>(p.wx) + p.wx_at(b0 + r, t, g, hd, 0) * esz;
-        for (int64_t off = 0; off < DH() * esz; off += 64) __builtin_prefetch(base + off);
+        for (int64_t off = 0; off < DH() * esz; off += 64) __builtin_prefetch(base + off, 0, 1);  // to L2: the step GEMM streams R_h through L1
       }
   }
 

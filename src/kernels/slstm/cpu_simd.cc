@@ -89,29 +89,45 @@ void GemmStep(const float* h, int64_t Bb, int64_t DH, const float* R, int64_t W,
   for (; r < Bb; ++r) GemmRows<1>(h + r * DH, DH, R, W, G + r * W);
 }
 
-void ForwardRow(const float* pre, int64_t DH, bool first, float* m, float* c, float* n, float* h, const Act& act) {
+// kTape: also compute what the backward reads (sigmoid(−f̄) costs a tanh): off in a forward-only call.
+template <bool kTape>
+HWY_INLINE void ForwardRowT(const float* pre, int64_t DH, bool first, float* m, float* c, float* n, float* h,
+                            const Act& act) {
   const DF df;
   const auto half = hn::Set(df, 0.5f), one = hn::Set(df, 1.0f), zero = hn::Zero(df);
   const float* in[] = {pre, pre + DH, pre + 2 * DH, pre + 3 * DH, m, c, n};
   float* out[] = {m, c, n, h, act.I, act.F, act.zt, act.og, act.sfm};
-  over_lanes(DH, in, 7, out, 9, [&](auto* v, auto* o) {
+  over_lanes(DH, in, 7, out, kTape ? 9 : 4, [&](auto* v, auto* o) {
     const auto i = v[0], f = v[1], z = v[2], og_pre = v[3];
     const auto lsf = hn::Sub(hn::Min(f, zero), hn::Log1p(df, hn::Exp(df, hn::Neg(hn::Abs(f)))));
     auto mt = i, I = one, F = zero;
     if (!first) {
+      // One of I, F is exp(0) = 1 (the max); the other exp(−|ī − (m + logsigmoid f̄)|): one exp.
       const auto mf = hn::Add(v[4], lsf);
+      const auto d = hn::Sub(i, mf);
+      const auto e = hn::Exp(df, hn::Neg(hn::Abs(d)));
+      const auto i_wins = hn::Ge(d, zero);
       mt = hn::Max(i, mf);
-      I = hn::Exp(df, hn::Sub(i, mt));
-      F = hn::Exp(df, hn::Sub(mf, mt));
+      I = hn::IfThenElse(i_wins, one, e);
+      F = hn::IfThenElse(i_wins, e, one);
     }
     const auto zt = hn::Tanh(df, z);
     const auto og = hn::MulAdd(half, hn::Tanh(df, hn::Mul(half, og_pre)), half);
     const auto ct = hn::MulAdd(F, v[5], hn::Mul(I, zt));
     const auto nt = hn::MulAdd(F, v[6], I);
     o[0] = mt, o[1] = ct, o[2] = nt, o[3] = hn::Div(hn::Mul(og, ct), nt);
-    o[4] = I, o[5] = F, o[6] = zt, o[7] = og;
-    o[8] = hn::NegMulAdd(half, hn::Tanh(df, hn::Mul(half, f)), half);
+    if (kTape) {
+      o[4] = I, o[5] = F, o[6] = zt, o[7] = og;
+      o[8] = hn::NegMulAdd(half, hn::Tanh(df, hn::Mul(half, f)), half);
+    }
   });
+}
+
+void ForwardRow(const float* pre, int64_t DH, bool first, float* m, float* c, float* n, float* h, const Act& act) {
+  if (act.I)
+    ForwardRowT<true>(pre, DH, first, m, c, n, h, act);
+  else
+    ForwardRowT<false>(pre, DH, first, m, c, n, h, act);
 }
 
 void BackwardRow(const float* dh, float* dc, float* dn, const Act& act, const float* c, const float* n, const float* h,

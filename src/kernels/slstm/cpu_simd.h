@@ -14,7 +14,7 @@ struct Act {
 };
 
 // One step of one row: pre = (ī, f̄, z̄, ō) [4·DH]; the state (m, c, n) is read and updated in
-// place, h written. first: m = ī, I = 1, F = 0. act (may hold nulls: forward only) gets the activations.
+// place, h written. first: m = ī, I = 1, F = 0. act gets the activations (all null: forward only, not computed).
 void forward_row(const float* pre, int64_t DH, bool first, float* m, float* c, float* n, float* h, const Act& act);
 
 // Backward of one step of one row. dh: total gradient of h_t (upstream + recurrent); dc, dn: the

@@ -3,6 +3,7 @@
 // with the reference is the check grid (AllKernels/Parity.CheckGrid/slstm_*) and slstm_cpu_test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -191,6 +192,37 @@ TEST(SlstmReference, TwoCallsEqualOneCall) {
       ASSERT_NEAR(b.cl.data_as<float>()[i], whole.cl.data_as<float>()[i], 1e-6);
       ASSERT_NEAR(b.ml.data_as<float>()[i], whole.ml.data_as<float>()[i], 1e-6);
     }
+  }
+}
+
+// A reset starts a fresh sequence: h after a reset at t equals a call on steps [t, S) with no
+// initial state. (ANCHORS: the peers have no resets; a community fork forces f̄ = −1000 at
+// document boundaries, which still feeds h_{t-1} into the gates through r: not a reset.)
+TEST(SlstmReference, AResetIsAFreshSequence) {
+  for (const char* impl : {"reference", "cpu"}) {
+    CaseSpec s;
+    s.B = 1, s.S = 7, s.NH = 2, s.DH = 6, s.resets = "none", s.seed = 21;
+    CaseData d = slstm::testing::make_case(s);
+    d.resets = Tensor::zeros(DType::kI32, {1, s.S});
+    d.resets.data_as<int32_t>()[3] = 1;
+    Out whole;
+    try {
+      whole = run(s, d, impl, false);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kNotFound || e.code() == ErrorCode::kUnsupported) continue;
+      throw;
+    }
+    CaseSpec t = s;
+    t.S = 4;
+    CaseData q = d;
+    q.resets = Tensor{};
+    const int64_t row = 4 * s.NH * s.DH, cell = s.NH * s.DH;
+    q.wx = Tensor::empty(DType::kF32, {1, 4, 4, s.NH, s.DH});
+    std::copy_n(d.wx.data_as<float>() + 3 * row, 4 * row, q.wx.data_as<float>());
+    q.dh = Tensor::zeros(DType::kF32, {1, 4, s.NH, s.DH});
+    const Out tail = run(t, q, impl, false);
+    for (int64_t i = 0; i < 4 * cell; ++i)
+      ASSERT_EQ(tail.h.data_as<float>()[i], whole.h.data_as<float>()[3 * cell + i]) << impl << " " << i;
   }
 }
 

@@ -62,10 +62,12 @@ std::vector<float> transpose_r(const Problem& p, const std::vector<float>& R) {
 }
 
 // What a task keeps per step for its backward ([S][Bb][...]).
+// A thread's tasks reuse it: the buffers are sized once per call per thread, not per task.
 struct Tape {
   std::vector<float> hprev, cprev, nprev, c, n, h;  // [S][Bb][DH]
   std::vector<float> act;                           // [S][Bb][5·DH]: I, F, zt, og, sigmoid(−f̄)
   std::vector<uint8_t> first;                       // [S][Bb]
+  std::vector<float> dpre;                          // [S][Bb][4·DH]: all steps, dr is one GEMM at the end
 };
 
 struct Task {
@@ -96,7 +98,7 @@ struct Task {
       }
   }
 
-  void run() const {
+  void run(Tape& tp) const {
     const int64_t D = DH(), W = 4 * D;
     std::vector<float> h(size_t(Bb * D), 0.f), c(h), n(h), m(h), G(size_t(Bb * W), 0.f), bias(size_t(W), 0.f);
     for (int g = 0; g < 4; ++g) load_f32(p.b, p.dtype, p.b_at(g, hd, 0), D, &bias[size_t(g * D)]);
@@ -106,12 +108,12 @@ struct Task {
         std::copy_n(p.h0 + s, D, &h[size_t(r * D)]), std::copy_n(p.c0 + s, D, &c[size_t(r * D)]);
         std::copy_n(p.n0 + s, D, &n[size_t(r * D)]), std::copy_n(p.m0 + s, D, &m[size_t(r * D)]);
       }
-    Tape tp;
     if (p.backward) {
       const size_t cells = size_t(p.S * Bb * D);
       for (auto* v : {&tp.hprev, &tp.cprev, &tp.nprev, &tp.c, &tp.n, &tp.h}) v->resize(cells);
       tp.act.resize(cells * 5);
       tp.first.resize(size_t(p.S * Bb));
+      tp.dpre.resize(cells * 4);
     }
     std::vector<float> wxrow(static_cast<size_t>(D));
     {
@@ -165,7 +167,7 @@ struct Task {
     TESSERA_TRACE_SCOPE("slstm.backward");
     const int64_t D = DH(), W = 4 * D;
     std::vector<float> dhrec(size_t(Bb * D), 0.f), dc(dhrec), dn(dhrec), dh(static_cast<size_t>(D));
-    std::vector<float> dpre(size_t(p.S * Bb * W));  // all steps: dr is one GEMM at the end
+    std::vector<float>& dpre = tp.dpre;
     auto init = [&](const float* src, std::vector<float>& dst) {
       if (src)
         for (int64_t r = 0; r < Bb; ++r) std::copy_n(src + p.state_at(b0 + r, hd, 0), D, &dst[size_t(r * D)]);
@@ -232,13 +234,14 @@ class Cpu final : public Implementation {
     std::vector<float> dR(p.backward ? size_t(tasks * D * W) : 0), db(p.backward ? size_t(tasks * W) : 0);
     const int T = int(std::min<int64_t>(p.num_threads, tasks));
     cpu_threads::run_threads(T, true, "slstm cpu", [&](int tid) {
+      Tape tape;
       for (int64_t k = tid; k < tasks; k += T) {
         const int64_t blk = k / p.NH, hd = k % p.NH;
         const int64_t b0 = p.B * blk / nb, b1 = p.B * (blk + 1) / nb;
         const float* rt = p.backward ? &RT[size_t(hd * D * W)] : nullptr;
         Task{p, &R[size_t(hd * D * W)], rt, b0, b1 - b0, hd, p.backward ? &dR[size_t(k * D * W)] : nullptr,
              p.backward ? &db[size_t(k * W)] : nullptr}
-            .run();
+            .run(tape);
       }
     });
     if (p.backward) reduce_weights(p, nb, dR, db);

@@ -30,7 +30,7 @@
 // m, which this contract leaves out.
 //
 // Errors (tessera::Error, kInvalidArgument, before any output is written): shapes, dtypes,
-// S = 0, a partial initial state, non-contiguous views; DH over an implementation's limit is
+// S = 0 (and an empty B, NH or DH), a partial initial state, non-contiguous views; DH over an implementation's limit is
 // named by that implementation (kUnsupported).
 #pragma once
 

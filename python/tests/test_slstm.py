@@ -98,6 +98,25 @@ def test_torch_autograd_matches_reference_backward():
         np.testing.assert_allclose(t[k].grad.numpy(), want["d" + k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
+def test_torch_bf16_inputs_give_bf16_gradients():
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+
+    d = problem(seed=7)
+    t = {k: torch.from_numpy(v).to(torch.bfloat16).requires_grad_() for k, v in d.items()}
+    h = tt.slstm(**t)
+    assert h.dtype == torch.float32  # states and h are f32 whatever the inputs' dtype
+    h.sum().backward()
+    rounded = {k: v.detach().float().numpy() for k, v in t.items()}
+    want = tessera.call("slstm", "backward", {**rounded, "grad_h": np.ones((B, S, NH, DH), np.float32)},
+                        implementation="reference")
+    np.testing.assert_allclose(h.detach().numpy(), expected(rounded)[0], rtol=1e-5, atol=1e-5)
+    for k in ("wx", "r", "b"):
+        assert t[k].grad.dtype == torch.bfloat16
+        # one bf16 rounding of the stored gradient: 2^-8 relative
+        np.testing.assert_allclose(t[k].grad.float().numpy(), want["d" + k], rtol=2 ** -7, atol=1e-3, err_msg=k)
+
+
 def test_jax_jit_and_grad():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp

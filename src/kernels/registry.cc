@@ -22,6 +22,9 @@ const kernels::KernelSpec& spec();
 namespace paged_attention {
 const kernels::KernelSpec& spec();
 }
+namespace slstm {
+const kernels::KernelSpec& spec();
+}
 }  // namespace tessera
 
 namespace tessera::kernels {
@@ -33,6 +36,7 @@ const std::vector<const KernelSpec*>& all() {
       &grouped_matmul::spec(),
       &mlstm::spec(),
       &paged_attention::spec(),
+      &slstm::spec(),
   };
   return specs;
 }

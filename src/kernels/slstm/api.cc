@@ -1,0 +1,174 @@
+// slstm: validation and dispatch. Every check runs before any output is touched.
+#include <cmath>
+#include <vector>
+
+#include "kernels/slstm/impl.h"
+#include "tessera/error.h"
+
+namespace tessera::slstm {
+namespace {
+
+const std::string kName = kKernelName;
+
+[[noreturn]] void bad(const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, kName + ": " + msg); }
+std::string num(int64_t v) { return std::to_string(v); }
+bool given(const TensorView& t) { return t.data != nullptr || !t.shape.empty(); }
+
+void require_plain(const TensorView& t, const Device& d, const char* what) {
+  if (t.device != d) bad(std::string(what) + " is on " + t.device.str() + " but wx is on " + d.str());
+  if (!t.is_contiguous()) bad(std::string(what) + " must be contiguous (row-major), got strides " + shape_str(t.strides));
+  if (t.data == nullptr && t.numel() > 0) bad(std::string(what) + " has no data (null pointer)");
+}
+
+void require(const TensorView& t, const Device& d, const Shape& shape, DType dt, const char* what) {
+  if (t.shape != shape) bad(std::string(what) + " must have shape " + shape_str(shape) + ", got " + shape_str(t.shape));
+  if (t.dtype != dt) bad(std::string(what) + " must be " + dtype_name(dt) + ", got " + dtype_name(t.dtype));
+  require_plain(t, d, what);
+}
+
+bool all_finite(const TensorView& t) {
+  if (t.device.type != DeviceType::kCPU || t.data == nullptr) return true;  // device data is not inspected
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(load_as_f32(t.data, t.dtype, i))) return false;
+  return true;
+}
+
+// What the API owns for one call: the resets as 0/1 bytes, dh in f32.
+struct Owned {
+  std::vector<uint8_t> resets;
+  Tensor dh;
+};
+
+Problem normalize(const Inputs& in, const Options& opt, Owned& own) {
+  const TensorView& wx = in.wx;
+  if (wx.ndim() != 5 || wx.shape[2] != 4) bad("wx must be [B, S, 4, NH, DH] (gates i, f, z, o), got " + shape_str(wx.shape));
+  if (wx.dtype != DType::kF32 && wx.dtype != DType::kBF16 && wx.dtype != DType::kF16)
+    bad("wx must be f32, bf16 or f16, got " + std::string(dtype_name(wx.dtype)));
+  Problem p;
+  p.B = wx.shape[0], p.S = wx.shape[1], p.NH = wx.shape[3], p.DH = wx.shape[4];
+  if (p.S == 0) bad("S = 0: a sequence needs at least one step");
+  if (p.B == 0 || p.NH == 0 || p.DH == 0) bad("wx has an empty dimension: " + shape_str(wx.shape));
+  p.dtype = wx.dtype;
+  p.device = wx.device;
+  require_plain(wx, p.device, "wx");
+  require(in.r, p.device, {4, p.NH, p.DH, p.DH}, p.dtype, "r");
+  require(in.b, p.device, {4, p.NH, p.DH}, p.dtype, "b");
+  p.wx = wx.data, p.r = in.r.data, p.b = in.b.data;
+  if (given(in.resets)) {
+    const TensorView& rs = in.resets;
+    // Tessera's DType has no bool or uint8 yet: masks come as int32 / int64 (callers cast).
+    if (rs.dtype != DType::kI32 && rs.dtype != DType::kI64)
+      bad("resets must be int32 or int64, got " + std::string(dtype_name(rs.dtype)));
+    if (rs.shape != Shape{p.B, p.S}) bad("resets must be [B, S] = " + shape_str({p.B, p.S}) + ", got " + shape_str(rs.shape));
+    require_plain(rs, p.device, "resets");
+    if (p.device.type != DeviceType::kCPU) bad("resets must be in host memory (every implementation runs on the CPU)");
+    own.resets.assign(static_cast<size_t>(p.B * p.S), 0);
+    for (int64_t i = 0; i < p.B * p.S; ++i)
+      own.resets[static_cast<size_t>(i)] = rs.dtype == DType::kI32 ? rs.data_as<const int32_t>()[i] != 0
+                                                                   : rs.data_as<const int64_t>()[i] != 0;
+    p.resets = own.resets.data();
+  }
+  const int init = given(in.h0) + given(in.c0) + given(in.n0) + given(in.m0);
+  if (init != 0 && init != 4) bad("an initial state is h0, c0, n0 and m0 together, got " + num(init) + " of them");
+  const Shape state{p.B, p.NH, p.DH};
+  if (init == 4) {
+    require(in.h0, p.device, state, DType::kF32, "h0");
+    require(in.c0, p.device, state, DType::kF32, "c0");
+    require(in.n0, p.device, state, DType::kF32, "n0");
+    require(in.m0, p.device, state, DType::kF32, "m0");
+    p.h0 = in.h0.data_as<const float>(), p.c0 = in.c0.data_as<const float>();
+    p.n0 = in.n0.data_as<const float>(), p.m0 = in.m0.data_as<const float>();
+  }
+  if (opt.check_finite)
+    for (const auto* t : {&in.wx, &in.r, &in.b, &in.h0, &in.c0, &in.n0, &in.m0})
+      if (!all_finite(*t)) bad("an input contains NaN or Inf");
+  p.num_threads = resolve_num_threads(opt.num_threads);
+  return p;
+}
+
+void set_outputs(Problem& p, const Outputs& out) {
+  const Shape state{p.B, p.NH, p.DH};
+  require(out.h, p.device, {p.B, p.S, p.NH, p.DH}, DType::kF32, "h");
+  p.h = out.h.data_as<float>();
+  const int last = given(out.h_last) + given(out.c_last) + given(out.n_last) + given(out.m_last);
+  if (last != 0 && last != 4) bad("the last state is h_last, c_last, n_last and m_last together, got " + num(last));
+  if (last == 0) return;
+  require(out.h_last, p.device, state, DType::kF32, "h_last");
+  require(out.c_last, p.device, state, DType::kF32, "c_last");
+  require(out.n_last, p.device, state, DType::kF32, "n_last");
+  require(out.m_last, p.device, state, DType::kF32, "m_last");
+  p.h_last = out.h_last.data_as<float>(), p.c_last = out.c_last.data_as<float>();
+  p.n_last = out.n_last.data_as<float>(), p.m_last = out.m_last.data_as<float>();
+}
+
+void set_backward(Problem& p, const Inputs& in, const Upstream& up, const Grads& g, const Options& opt, Owned& own) {
+  const Shape state{p.B, p.NH, p.DH};
+  const Shape hs{p.B, p.S, p.NH, p.DH};
+  if (up.dh.shape != hs) bad("dh must have h's shape " + shape_str(hs) + ", got " + shape_str(up.dh.shape));
+  if (up.dh.dtype != DType::kF32 && up.dh.dtype != p.dtype)
+    bad("dh must be f32 or the inputs' dtype, got " + std::string(dtype_name(up.dh.dtype)));
+  require_plain(up.dh, p.device, "dh");
+  if (opt.check_finite && !all_finite(up.dh)) bad("dh contains NaN or Inf");
+  auto opt_state = [&](const TensorView& t, const char* what) -> const float* {
+    if (!given(t)) return nullptr;
+    require(t, p.device, state, DType::kF32, what);
+    return t.data_as<const float>();
+  };
+  p.dh_last = opt_state(up.dh_last, "dh_last");
+  require(g.dwx, p.device, in.wx.shape, p.dtype, "dwx");
+  require(g.dr, p.device, in.r.shape, p.dtype, "dr");
+  require(g.db, p.device, in.b.shape, p.dtype, "db");
+  p.dwx = g.dwx.data, p.dr = g.dr.data, p.db = g.db.data;
+  const int d0 = given(g.dh0) + given(g.dc0) + given(g.dn0);
+  if (p.has_initial() && d0 != 3) bad("with an initial state, dh0, dc0 and dn0 are required");
+  if (!p.has_initial() && d0 != 0) bad("dh0, dc0 and dn0 are written only with an initial state (h0, c0, n0, m0)");
+  if (p.has_initial()) {
+    require(g.dh0, p.device, state, DType::kF32, "dh0");
+    require(g.dc0, p.device, state, DType::kF32, "dc0");
+    require(g.dn0, p.device, state, DType::kF32, "dn0");
+    p.dh0 = g.dh0.data_as<float>(), p.dc0 = g.dc0.data_as<float>(), p.dn0 = g.dn0.data_as<float>();
+  }
+  if (up.dh.dtype == DType::kF32 || p.device.type != DeviceType::kCPU) {
+    p.dh = up.dh.data_as<const float>();
+  } else {  // rounded values widened once
+    own.dh = Tensor::empty(DType::kF32, hs);
+    for (int64_t i = 0; i < own.dh.numel(); ++i) own.dh.data_as<float>()[i] = load_as_f32(up.dh.data, up.dh.dtype, i);
+    p.dh = own.dh.data_as<const float>();
+  }
+  p.backward = true;
+}
+
+std::string dispatch_call(const Problem& p, const Options& opt) {
+  return registry().dispatch(
+      opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
+      [&](const Implementation& impl) { impl.run(p); });
+}
+
+}  // namespace
+
+std::vector<ImplementationInfo> implementations() { return registry().infos(); }
+
+std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
+  Owned own;
+  Problem p = normalize(in, opt, own);
+  set_outputs(p, out);
+  return dispatch_call(p, opt);
+}
+
+std::string backward(const Inputs& in, const Upstream& up, const Grads& grads, const Options& opt) {
+  Owned own;
+  Problem p = normalize(in, opt, own);
+  set_backward(p, in, up, grads, opt, own);
+  return dispatch_call(p, opt);
+}
+
+std::string forward_backward(const Inputs& in, const Upstream& up, const Outputs& out, const Grads& grads,
+                             const Options& opt) {
+  Owned own;
+  Problem p = normalize(in, opt, own);
+  set_outputs(p, out);
+  set_backward(p, in, up, grads, opt, own);
+  return dispatch_call(p, opt);
+}
+
+}  // namespace tessera::slstm

@@ -1,0 +1,230 @@
+// slstm: the reference against hand-computed steps and central finite differences, saturated
+// gates, and two calls chained through the last state = one call. Every implementation's parity
+// with the reference is the check grid (AllKernels/Parity.CheckGrid/slstm_*) and slstm_cpu_test.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/random.h"
+#include "kernels/slstm/testing.h"
+#include "tessera/error.h"
+#include "tessera/slstm.h"
+
+namespace tessera {
+namespace {
+
+using slstm::testing::CaseData;
+using slstm::testing::CaseSpec;
+
+double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double logsig(double x) { return -std::log1p(std::exp(-x)); }
+
+struct Out {
+  Tensor h, hl, cl, nl, ml, dwx, dr, db, dh0, dc0, dn0;
+};
+
+TensorView v(const Tensor& t) { return t.numel() ? t.view() : TensorView{}; }
+
+Out run(const CaseSpec& s, const CaseData& d, const std::string& impl, bool grad) {
+  const Shape st{s.B, s.NH, s.DH};
+  Out o;
+  o.h = Tensor::zeros(DType::kF32, {s.B, s.S, s.NH, s.DH});
+  o.hl = Tensor::zeros(DType::kF32, st), o.cl = Tensor::zeros(DType::kF32, st);
+  o.nl = Tensor::zeros(DType::kF32, st), o.ml = Tensor::zeros(DType::kF32, st);
+  slstm::Options opt;
+  opt.implementation = impl;
+  const slstm::Outputs out{o.h.view(), o.hl.view(), o.cl.view(), o.nl.view(), o.ml.view()};
+  if (!grad) {
+    slstm::forward(d.inputs(), out, opt);
+    return o;
+  }
+  o.dwx = Tensor::zeros(s.dtype, d.wx.shape()), o.dr = Tensor::zeros(s.dtype, d.r.shape());
+  o.db = Tensor::zeros(s.dtype, d.b.shape());
+  if (s.initial) o.dh0 = Tensor::zeros(DType::kF32, st), o.dc0 = Tensor::zeros(DType::kF32, st), o.dn0 = Tensor::zeros(DType::kF32, st);
+  slstm::forward_backward(d.inputs(), d.upstream(), out, {o.dwx.view(), o.dr.view(), o.db.view(), v(o.dh0), v(o.dc0), v(o.dn0)}, opt);
+  return o;
+}
+
+TEST(SlstmReference, MatchesHandSteps) {
+  CaseSpec s;
+  s.B = 1, s.S = 2, s.NH = 1, s.DH = 1;
+  CaseData d = slstm::testing::make_case(s);
+  const float wx[2][4] = {{0.5f, 1.0f, 0.3f, -0.2f}, {-0.4f, 2.0f, -0.7f, 0.6f}};
+  const float r[4] = {0.1f, 0.2f, 0.3f, 0.4f}, b[4] = {0.05f, -0.1f, 0.0f, 0.2f};
+  for (int t = 0; t < 2; ++t)
+    for (int g = 0; g < 4; ++g) d.wx.data_as<float>()[t * 4 + g] = wx[t][g];
+  for (int g = 0; g < 4; ++g) d.r.data_as<float>()[g] = r[g], d.b.data_as<float>()[g] = b[g];
+  const Out o = run(s, d, "reference", false);
+  // t = 0, a first step: m = ī, I = 1, F = 0 (h_{-1} = 0, so no recurrent term).
+  const double i0 = 0.55, z0 = 0.3, o0 = 0.0;
+  const double c0 = std::tanh(z0), n0 = 1.0, h0 = sig(o0) * c0 / n0, m0 = i0;
+  // t = 1: pre = wx + r·h0 + b.
+  const double i1 = -0.4 + 0.1 * h0 + 0.05, f1 = 2.0 + 0.2 * h0 - 0.1, z1 = -0.7 + 0.3 * h0, o1 = 0.6 + 0.4 * h0 + 0.2;
+  const double m1 = std::max(i1, m0 + logsig(f1));
+  const double I1 = std::exp(i1 - m1), F1 = std::exp(m0 + logsig(f1) - m1);
+  const double c1 = F1 * c0 + I1 * std::tanh(z1), n1 = F1 * n0 + I1, h1 = sig(o1) * c1 / n1;
+  EXPECT_NEAR(o.h.data_as<float>()[0], h0, 1e-6);
+  EXPECT_NEAR(o.h.data_as<float>()[1], h1, 1e-6);
+  EXPECT_NEAR(o.hl.data_as<float>()[0], h1, 1e-6);
+  EXPECT_NEAR(o.cl.data_as<float>()[0], c1, 1e-6);
+  EXPECT_NEAR(o.nl.data_as<float>()[0], n1, 1e-6);
+  EXPECT_NEAR(o.ml.data_as<float>()[0], m1, 1e-6);
+}
+
+// L = Σ dh·h + Σ dh_last·h_last, in double from the outputs.
+double loss(const CaseSpec& s, const CaseData& d) {
+  const Out o = run(s, d, "reference", false);
+  double L = 0;
+  for (int64_t i = 0; i < o.h.numel(); ++i) L += double(d.dh.data_as<float>()[i]) * o.h.data_as<float>()[i];
+  for (int64_t i = 0; i < o.hl.numel(); ++i)
+    L += double(d.dh_last.data_as<float>()[i]) * o.hl.data_as<float>()[i];
+  return L;
+}
+
+// Central differences with eps = 2^-7 (x ± eps exact in f32 for |x| < 2): the truncation error
+// eps²/6·|L'''| is ~1e-5 and the f32 rounding of the outputs (~1e-7 of L's terms, summed) over
+// 2·eps ~6e-5; 1e-3 absolute + 1e-3 relative covers both by 10x, and a wrong term (a missing
+// gate path, a gradient through a reset) is off by O(0.01..1).
+void expect_fd(const CaseSpec& s) {
+  CaseData d = slstm::testing::make_case(s);
+  const Out g = run(s, d, "reference", true);
+  const float eps = 1.0f / 128;
+  auto check = [&](Tensor& x, const Tensor& grad, const char* what) {
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      float& xi = x.data_as<float>()[i];
+      const float keep = xi;
+      xi = keep + eps;
+      const double up = loss(s, d);
+      xi = keep - eps;
+      const double dn = loss(s, d);
+      xi = keep;
+      const double fd = (up - dn) / (2.0 * eps), an = grad.data_as<float>()[i];
+      EXPECT_NEAR(an, fd, 1e-3 + 1e-3 * std::abs(fd)) << what << "[" << i << "] " << s.name();
+    }
+  };
+  check(d.wx, g.dwx, "dwx");
+  check(d.r, g.dr, "dr");
+  check(d.b, g.db, "db");
+  if (s.initial) check(d.h0, g.dh0, "dh0"), check(d.c0, g.dc0, "dc0"), check(d.n0, g.dn0, "dn0");
+}
+
+TEST(SlstmReference, GradientsMatchFiniteDifferences) {
+  CaseSpec s;
+  s.B = 2, s.S = 4, s.NH = 2, s.DH = 3, s.seed = 7;
+  expect_fd(s);
+}
+
+TEST(SlstmReference, GradientsMatchFiniteDifferencesWithResetsAndInitialState) {
+  CaseSpec s;
+  s.B = 2, s.S = 5, s.NH = 1, s.DH = 3, s.seed = 8, s.initial = true, s.resets = "random";
+  CaseData probe = slstm::testing::make_case(s);
+  int resets = 0;
+  for (int64_t i = 0; i < probe.resets.numel(); ++i) resets += (i % s.S) > 0 && probe.resets.data_as<int32_t>()[i];
+  ASSERT_GT(resets, 0) << "the case must hold a reset at t >= 1";
+  expect_fd(s);
+  s.resets = "at1", s.seed = 9;
+  expect_fd(s);
+}
+
+TEST(SlstmReference, LargeGatesStayFinite) {
+  for (const char* impl : {"reference", "cpu"}) {
+    CaseSpec s;
+    s.B = 3, s.S = 20, s.NH = 2, s.DH = 8, s.gate_scale = 50.0f, s.resets = "random", s.initial = true;
+    const CaseData d = slstm::testing::make_case(s);
+    Out o;
+    try {
+      o = run(s, d, impl, true);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kNotFound || e.code() == ErrorCode::kUnsupported) continue;  // cpu not built
+      throw;
+    }
+    for (const Tensor* t : {&o.h, &o.hl, &o.cl, &o.nl, &o.ml, &o.dwx, &o.dr, &o.db, &o.dh0, &o.dc0, &o.dn0})
+      for (int64_t i = 0; i < t->numel(); ++i) ASSERT_TRUE(std::isfinite(t->data_as<float>()[i])) << impl << " " << i;
+    // h is sigmoid(ō) times a weighted mean of tanh values (|·| ≤ 1) and c0/n0 (≤ 2 here).
+    for (int64_t i = 0; i < o.h.numel(); ++i) ASSERT_LE(std::abs(o.h.data_as<float>()[i]), 2.0f);
+  }
+}
+
+// Chaining: the last state of a call on steps [0, S1) fed as the initial state of a call on
+// [S1, S) gives the same h as one call on [0, S) (no reset at S1: a reset at a call's t = 0 is
+// ignored by the contract).
+TEST(SlstmReference, TwoCallsEqualOneCall) {
+  for (const char* impl : {"reference", "cpu"}) {
+    CaseSpec s;
+    s.B = 3, s.S = 9, s.NH = 2, s.DH = 5, s.resets = "random";
+    const CaseData d = slstm::testing::make_case(s);
+    for (int64_t bi = 0; bi < s.B; ++bi) d.resets.data_as<int32_t>()[bi * s.S + 4] = 0;
+    Out whole;
+    try {
+      whole = run(s, d, impl, false);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kNotFound || e.code() == ErrorCode::kUnsupported) continue;
+      throw;
+    }
+    auto part = [&](int64_t t0, int64_t len, const Out* prev) {
+      CaseSpec p = s;
+      p.S = len, p.initial = prev != nullptr;
+      CaseData q;
+      q.wx = Tensor::empty(DType::kF32, {s.B, len, 4, s.NH, s.DH});
+      q.resets = Tensor::empty(DType::kI32, {s.B, len});
+      const int64_t row = 4 * s.NH * s.DH;
+      for (int64_t bi = 0; bi < s.B; ++bi)
+        for (int64_t t = 0; t < len; ++t) {
+          for (int64_t e = 0; e < row; ++e)
+            q.wx.data_as<float>()[(bi * len + t) * row + e] = d.wx.data_as<float>()[(bi * s.S + t0 + t) * row + e];
+          q.resets.data_as<int32_t>()[bi * len + t] = d.resets.data_as<int32_t>()[bi * s.S + t0 + t];
+        }
+      q.r = d.r, q.b = d.b, q.dh = Tensor::zeros(DType::kF32, {s.B, len, s.NH, s.DH});
+      if (prev) q.h0 = prev->hl, q.c0 = prev->cl, q.n0 = prev->nl, q.m0 = prev->ml;
+      return run(p, q, impl, false);
+    };
+    const Out a = part(0, 4, nullptr), b = part(4, 5, &a);
+    const int64_t cell = s.NH * s.DH;
+    for (int64_t bi = 0; bi < s.B; ++bi)
+      for (int64_t t = 0; t < s.S; ++t)
+        for (int64_t e = 0; e < cell; ++e) {
+          const float got = t < 4 ? a.h.data_as<float>()[(bi * 4 + t) * cell + e] : b.h.data_as<float>()[(bi * 5 + t - 4) * cell + e];
+          ASSERT_NEAR(got, whole.h.data_as<float>()[(bi * s.S + t) * cell + e], 1e-6) << impl << " b" << bi << " t" << t;
+        }
+    for (int64_t i = 0; i < whole.hl.numel(); ++i) {
+      ASSERT_NEAR(b.cl.data_as<float>()[i], whole.cl.data_as<float>()[i], 1e-6);
+      ASSERT_NEAR(b.ml.data_as<float>()[i], whole.ml.data_as<float>()[i], 1e-6);
+    }
+  }
+}
+
+// A reset starts a fresh sequence: h after a reset at t equals a call on steps [t, S) with no
+// initial state. (ANCHORS: the peers have no resets; a community fork forces f̄ = −1000 at
+// document boundaries, which still feeds h_{t-1} into the gates through r: not a reset.)
+TEST(SlstmReference, AResetIsAFreshSequence) {
+  for (const char* impl : {"reference", "cpu"}) {
+    CaseSpec s;
+    s.B = 1, s.S = 7, s.NH = 2, s.DH = 6, s.resets = "none", s.seed = 21;
+    CaseData d = slstm::testing::make_case(s);
+    d.resets = Tensor::zeros(DType::kI32, {1, s.S});
+    d.resets.data_as<int32_t>()[3] = 1;
+    Out whole;
+    try {
+      whole = run(s, d, impl, false);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kNotFound || e.code() == ErrorCode::kUnsupported) continue;
+      throw;
+    }
+    CaseSpec t = s;
+    t.S = 4;
+    CaseData q = d;
+    q.resets = Tensor{};
+    const int64_t row = 4 * s.NH * s.DH, cell = s.NH * s.DH;
+    q.wx = Tensor::empty(DType::kF32, {1, 4, 4, s.NH, s.DH});
+    std::copy_n(d.wx.data_as<float>() + 3 * row, 4 * row, q.wx.data_as<float>());
+    q.dh = Tensor::zeros(DType::kF32, {1, 4, s.NH, s.DH});
+    const Out tail = run(t, q, impl, false);
+    for (int64_t i = 0; i < 4 * cell; ++i)
+      ASSERT_EQ(tail.h.data_as<float>()[i], whole.h.data_as<float>()[3 * cell + i]) << impl << " " << i;
+  }
+}
+
+}  // namespace
+}  // namespace tessera

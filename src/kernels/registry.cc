@@ -16,6 +16,9 @@ const kernels::KernelSpec& spec();
 namespace grouped_matmul {
 const kernels::KernelSpec& spec();
 }
+namespace mla_decode {
+const kernels::KernelSpec& spec();
+}
 }  // namespace tessera
 
 namespace tessera::kernels {
@@ -25,6 +28,7 @@ const std::vector<const KernelSpec*>& all() {
       &linear_cross_entropy::spec(),
       &attention::spec(),
       &grouped_matmul::spec(),
+      &mla_decode::spec(),
   };
   return specs;
 }

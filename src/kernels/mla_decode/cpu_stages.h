@@ -1,0 +1,50 @@
+// mla_decode cpu: the two stages of the split-KV pipeline, exposed for tests.
+//
+// Stage 1 (split-KV partial attention): the keys [0, L_b) of each batch entry are cut into
+// splits of split_keys keys; each (b, split) computes, for all R = Sq·Hq query rows at once (they
+// share the one latent head), its partial softmax-normalized output o_s [R, Dv] and lse_s [R]
+// over that split's visible keys. Keys are taken in chunks of kChunk gathered from their pages
+// and converted to f32 once; per chunk two GEMMs: S = scale·Q·Cᵀ ([R, D]·[D, n]) and, after an
+// online-softmax update, acc += P·C[:, :Dv] ([R, n]·[n, Dv]). Each cached entry is read once
+// and used for both products.
+// Stage 2 (combine): per (b, row), primitives::lse_combine_row over that batch entry's splits.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/mla_decode/impl.h"
+
+namespace tessera::mla_decode::cpu {
+
+inline constexpr int64_t kChunk = 128;        // keys gathered and multiplied at a time
+inline constexpr int64_t kMinSplitKeys = 256;  // automatic splits are never shorter
+
+struct Split {
+  int64_t b = 0, k0 = 0, k1 = 0;  // keys [k0, k1) of batch entry b
+};
+
+// The splits in batch order; batch b's are splits[first[b] .. first[b + 1]) (none when L_b = 0).
+struct Plan {
+  int64_t split_keys = 0;
+  std::vector<Split> splits;
+  std::vector<int64_t> first;
+};
+
+// split_keys: p.block_sizes's when given and > 0, else automatic_split_keys.
+Plan plan(const Problem& p, int threads);
+// Enough (b, split) items for `threads` workers (about 4 per thread) when B alone is not, in
+// multiples of kChunk, at least kMinSplitKeys; one split per entry when B already is.
+int64_t automatic_split_keys(const Problem& p, int threads);
+
+// Partials: o_part [splits, R, Dv]; lse_part of batch b is [R, n_b] at first[b]·R (row-major:
+// the n_b values of one row contiguous, as lse_combine_row reads them).
+struct Partials {
+  std::vector<float> o, lse;
+};
+
+// Stage 1 over all splits on `threads` workers, and stage 2 over all rows; forward = both.
+Partials stage1(const Problem& p, const Plan& plan, int threads);
+void stage2(const Problem& p, const Plan& plan, const Partials& part, int threads);
+
+}  // namespace tessera::mla_decode::cpu

@@ -1,0 +1,19 @@
+// mla_decode: the registry of implementations, in default dispatch order (fastest first).
+// A new backend adds its factory here and its file to tessera_add_kernel(mla_decode ...).
+#include "kernels/mla_decode/impl.h"
+
+namespace tessera::mla_decode {
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry(kKernelName);  // never destroyed: device modules hold pointers
+#ifdef TESSERA_HAVE_CPU_BACKEND
+    reg->add(make_cpu_implementation());
+#endif
+    reg->add(make_reference_implementation());
+    return reg;
+  }();
+  return *r;
+}
+
+}  // namespace tessera::mla_decode

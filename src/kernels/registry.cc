@@ -209,6 +209,7 @@ harness::BenchConfig bench_config(const KernelSpec& k, const std::string& implem
         cfg.cases.back().make_cost_model = [&k, shape, dt, options] { return k.bench.make_cost_model(shape, dt, options); };
     }
   cfg.passes = k.passes;
+  cfg.stages = k.stages;
   return cfg;
 }
 

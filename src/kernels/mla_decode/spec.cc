@@ -76,6 +76,7 @@ kernels::KernelSpec make_spec() {
   k.dims = {"B", "Sq", "Hq", "T"};
   k.passes = {Pass::kForward};
   k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+  k.stages = {"mla_decode.split_kv", "mla_decode.combine"};  // cpu.cc's trace scopes
   k.implementations = []() -> dispatch::RegistryView& { return registry(); };
   k.check_grid = check_cases;
   k.bench = bench_spec();

@@ -72,9 +72,10 @@ def test_numpy_default_scale_and_errors():
 
 def test_torch_bf16():
     torch = pytest.importorskip("torch")
+    import tessera.torch as tt
     q, kv, pt, lens = problem(seed=1)
     qb, kvb = torch.from_numpy(q).to(torch.bfloat16), torch.from_numpy(kv).to(torch.bfloat16)
-    o, lse = tessera.torch.mla_decode(qb, kvb, torch.from_numpy(pt), torch.from_numpy(lens), dv=16, causal=True)
+    o, lse = tt.mla_decode(qb, kvb, torch.from_numpy(pt), torch.from_numpy(lens), dv=16, causal=True)
     want_o, want_lse = expected(qb.float().numpy(), kvb.float().numpy(), pt, lens, 16, True)
     np.testing.assert_allclose(o.numpy(), want_o, rtol=1e-4, atol=1e-4)  # same rounded inputs, f32 sums
     np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-4)

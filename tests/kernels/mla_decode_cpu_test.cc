@@ -8,6 +8,7 @@
 
 #include "core/random.h"
 #include "kernels/mla_decode/cpu_stages.h"
+#include "kernels/mla_decode/bench.h"
 #include "kernels/mla_decode/testing.h"
 
 namespace tessera::mla_decode {
@@ -134,6 +135,32 @@ TEST(MlaDecodeCpu, QuickGridMatchesReference) {
     EXPECT_TRUE(r.ok()) << c.name() << ": " << r.error << (r.fields.empty() ? "" : r.fields[0].dev.str())
                         << (r.fields.size() < 2 ? "" : " lse " + r.fields[1].dev.str());
   }
+}
+
+}  // namespace
+}  // namespace tessera::mla_decode
+
+namespace tessera::mla_decode {
+namespace {
+
+// The bench cost model (`tessera bench --predict`): 2·pairs·(D + Dv) useful FLOPs, the cache
+// read once; causal counts only the visible pairs. And the spec declares the two stages.
+TEST(MlaDecodeBench, CostCountsVisiblePairsAndCacheBytes) {
+  const kernels::KernelSpec& k = spec();
+  EXPECT_EQ(k.stages, (std::vector<std::string>{"mla_decode.split_kv", "mla_decode.combine"}));
+  harness::OptionValues o;
+  for (const auto& spec_opt : k.bench.options) o.set(spec_opt.name, spec_opt.default_value);
+  harness::GridShape shape;
+  shape.dims = {{"B", 2}, {"Sq", 4}, {"Hq", 16}, {"T", 100}};
+  auto p = k.bench.make_cost_model(shape, DType::kBF16, o);
+  const harness::Cost c = p->cost(Pass::kForward, "cpu");
+  const double pairs = 2.0 * 4 * 16 * 100;
+  EXPECT_DOUBLE_EQ(c.flops_useful, 2.0 * pairs * (576 + 512));
+  EXPECT_DOUBLE_EQ(c.transcendentals, pairs);
+  EXPECT_GE(c.bytes, 2.0 * 100 * 576 * 2);  // the bf16 cache, once
+  o.set("causal", "true");
+  p = k.bench.make_cost_model(shape, DType::kBF16, o);
+  EXPECT_DOUBLE_EQ(p->cost(Pass::kForward, "cpu").transcendentals, 2.0 * 16 * (97 + 98 + 99 + 100));
 }
 
 }  // namespace

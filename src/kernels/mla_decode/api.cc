@@ -75,6 +75,7 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.causal = opt.causal;
   p.block_sizes = opt.block_sizes;
   p.num_threads = resolve_num_threads(opt.num_threads);
+  p.stream = opt.stream;
   check_pages(p);
   return p;
 }

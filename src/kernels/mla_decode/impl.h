@@ -30,6 +30,7 @@ struct Problem {
   bool causal = false;
   std::optional<BlockSizes> block_sizes;
   int num_threads = 1;
+  void* stream = nullptr;  // CUDA: cudaStream_t (nullptr: the default stream)
 
   int64_t rows() const { return Sq * Hq; }  // query rows per batch entry
   // Keys query row i of batch b sees: [0, visible(b, i)).
@@ -56,5 +57,6 @@ Registry& registry();
 
 std::unique_ptr<Implementation> make_reference_implementation();
 std::unique_ptr<Implementation> make_cpu_implementation();
+std::unique_ptr<Implementation> make_cuda_implementation();  // in the CUDA module
 
 }  // namespace tessera::mla_decode

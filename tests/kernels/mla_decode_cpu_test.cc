@@ -70,7 +70,7 @@ TEST(MlaDecodeCpu, DeterministicAcrossThreadCounts) {
   for (int t : {2, 3, 8}) {
     const CpuRun r = run_cpu(s, d, 64, t);
     EXPECT_EQ(r.o, one.o) << t;
-    EXPECT_EQ(std::vector<float>(r.lse), one.lse) << t;
+    EXPECT_EQ(r.lse, one.lse) << t;
   }
 }
 
@@ -100,11 +100,9 @@ TEST(MlaDecodeCpu, Stage2MatchesAFloat64Combine) {
   const cpu::Plan pl = cpu::plan(p, 2);
   ASSERT_EQ(pl.splits.size(), 4u);
   const int64_t R = p.rows();
-  cpu::Partials part;
-  part.o.resize(static_cast<size_t>(4 * R * p.Dv));
-  part.lse.resize(static_cast<size_t>(4 * R));
-  for (size_t i = 0; i < part.o.size(); ++i) part.o[i] = static_cast<float>(random_unit(7, i) * 2 - 1);
-  for (size_t i = 0; i < part.lse.size(); ++i) part.lse[i] = static_cast<float>(random_unit(8, i) * 80 - 40);
+  cpu::Partials part = cpu::Partials::allocate(4, R, p.Dv);
+  for (int64_t i = 0; i < 4 * R * p.Dv; ++i) part.o[i] = static_cast<float>(random_unit(7, i) * 2 - 1);
+  for (int64_t i = 0; i < 4 * R; ++i) part.lse[i] = static_cast<float>(random_unit(8, i) * 80 - 40);
   part.lse[1] = -std::numeric_limits<float>::infinity();  // entry 0, row 0, split 1 saw nothing
   part.o[static_cast<size_t>(R * p.Dv)] = NAN;             // ... and its o holds garbage
   std::vector<float> o(static_cast<size_t>(p.B * R * p.Dv)), lse(static_cast<size_t>(p.B * R));

@@ -29,13 +29,19 @@ void to_f32(const void* src, DType t, int64_t at, int64_t n, float* dst) {
   cpu_convert::half_to_f32(static_cast<const uint16_t*>(src) + at, t == DType::kBF16, dst, n);
 }
 
+// A tracked f32 buffer of n values.
+struct Floats {
+  memory::HostBuffer buf;
+  explicit Floats(int64_t n) : buf(memory::host_alloc(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float))) {}
+  float* data() const { return memory::as<float>(buf); }
+  float& operator[](size_t i) const { return data()[i]; }
+};
+
 // One worker's buffers for stage 1.
 struct Work {
-  std::vector<float> q, c, s, acc, m, l;
+  Floats q, c, s, acc, m, l;
   explicit Work(const Problem& p)
-      : q(static_cast<size_t>(p.rows() * p.D)), c(static_cast<size_t>(kChunk * p.D)),
-        s(static_cast<size_t>(p.rows() * kChunk)), acc(static_cast<size_t>(p.rows() * p.Dv)),
-        m(static_cast<size_t>(p.rows())), l(static_cast<size_t>(p.rows())) {}
+      : q(p.rows() * p.D), c(kChunk * p.D), s(p.rows() * kChunk), acc(p.rows() * p.Dv), m(p.rows()), l(p.rows()) {}
 };
 
 // Online-softmax update of row r with the chunk's scores s[0, n) of which the first `valid`
@@ -62,9 +68,9 @@ void partial(const Problem& p, const Split& sp, float* o_part, float* lse_part, 
   TESSERA_TRACE_SCOPE("mla_decode.split_kv");
   const int64_t R = p.rows(), D = p.D, Dv = p.Dv;
   to_f32(p.q, p.dtype, sp.b * R * D, R * D, w.q.data());
-  std::fill(w.acc.begin(), w.acc.end(), 0.0f);
-  std::fill(w.m.begin(), w.m.end(), kNegInf);
-  std::fill(w.l.begin(), w.l.end(), 0.0f);
+  std::fill(w.acc.data(), w.acc.data() + R * Dv, 0.0f);
+  std::fill(w.m.data(), w.m.data() + R, kNegInf);
+  std::fill(w.l.data(), w.l.data() + R, 0.0f);
   for (int64_t j0 = sp.k0; j0 < sp.k1; j0 += kChunk) {
     const int64_t n = std::min(kChunk, sp.k1 - j0);
     for (int64_t j = 0; j < n; ++j) to_f32(p.kv, p.dtype, p.entry(sp.b, j0 + j), D, w.c.data() + j * D);
@@ -118,18 +124,24 @@ Plan plan(const Problem& p, int threads) {
   return pl;
 }
 
+Partials Partials::allocate(int64_t splits, int64_t rows, int64_t dv) {
+  Partials part;
+  part.o_buf = memory::host_alloc(static_cast<size_t>(std::max<int64_t>(splits * rows * dv, 1)) * sizeof(float));
+  part.lse_buf = memory::host_alloc(static_cast<size_t>(std::max<int64_t>(splits * rows, 1)) * sizeof(float));
+  part.o = memory::as<float>(part.o_buf), part.lse = memory::as<float>(part.lse_buf);
+  return part;
+}
+
 Partials stage1(const Problem& p, const Plan& pl, int threads) {
   const int64_t R = p.rows(), n = static_cast<int64_t>(pl.splits.size());
-  Partials part;
-  part.o.resize(static_cast<size_t>(n * R * p.Dv));
-  part.lse.resize(static_cast<size_t>(n * R));
+  Partials part = Partials::allocate(n, R, p.Dv);
   std::vector<std::unique_ptr<Work>> work(static_cast<size_t>(std::max(threads, 1)));
   parallel_for(n, threads, /*blas=*/true, [&](int64_t i, int tid) {
     auto& w = work[static_cast<size_t>(tid)];
     if (!w) w = std::make_unique<Work>(p);
     const Split& sp = pl.splits[static_cast<size_t>(i)];
     const int64_t first = pl.first[static_cast<size_t>(sp.b)], nb = pl.first[static_cast<size_t>(sp.b + 1)] - first;
-    partial(p, sp, part.o.data() + i * R * p.Dv, part.lse.data() + first * R + (i - first), nb, *w);
+    partial(p, sp, part.o + i * R * p.Dv, part.lse + first * R + (i - first), nb, *w);
   });
   return part;
 }
@@ -143,8 +155,8 @@ void stage2(const Problem& p, const Plan& pl, const Partials& part, int threads)
     for (int64_t r = 0; r < R; ++r) {
       const int64_t out = b * R + r;
       float* o = p.o_dtype == DType::kF32 ? static_cast<float*>(p.o) + out * Dv : row.data();
-      primitives::lse_combine_row(nb, Dv, part.o.data() + (first * R + r) * Dv, R * Dv,
-                                  part.lse.data() + first * R + r * nb, o, p.lse + out);
+      primitives::lse_combine_row(nb, Dv, part.o + (first * R + r) * Dv, R * Dv, part.lse + first * R + r * nb, o,
+                                  p.lse + out);
       if (p.o_dtype == DType::kBF16) cpu_convert::f32_to_bf16(o, static_cast<uint16_t*>(p.o) + out * Dv, Dv);
       if (p.o_dtype == DType::kF16) cpu_convert::f32_to_f16(o, static_cast<uint16_t*>(p.o) + out * Dv, Dv);
     }

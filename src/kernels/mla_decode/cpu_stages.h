@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/memory.h"
 #include "kernels/mla_decode/impl.h"
 
 namespace tessera::mla_decode::cpu {
@@ -39,8 +40,12 @@ int64_t automatic_split_keys(const Problem& p, int threads);
 
 // Partials: o_part [splits, R, Dv]; lse_part of batch b is [R, n_b] at first[b]·R (row-major:
 // the n_b values of one row contiguous, as lse_combine_row reads them).
+// Tracked host scratch (core/memory.h: the bench's extra-memory column counts it).
 struct Partials {
-  std::vector<float> o, lse;
+  memory::HostBuffer o_buf, lse_buf;
+  float* o = nullptr;
+  float* lse = nullptr;
+  static Partials allocate(int64_t splits, int64_t rows, int64_t dv);
 };
 
 // Stage 1 over all splits on `threads` workers, and stage 2 over all rows; forward = both.

@@ -48,7 +48,8 @@ TEST(MlaDecodeCpu, SplitEqualsUnsplitForEverySplitCount) {
   const testing::CaseSpec s = split_case();
   const testing::CaseData d = testing::make_case(s);
   const CpuRun whole = run_cpu(s, d, 300);
-  for (int64_t split : {1, 2, 7, 64, 127, 128, 129, 299, 1000, 0}) {
+  for (int64_t split : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, int64_t{127}, int64_t{128}, int64_t{129}, int64_t{299},
+                        int64_t{1000}, int64_t{0}, INT64_MAX}) {
     const CpuRun r = run_cpu(s, d, split);
     for (size_t i = 0; i < r.o.size(); ++i) ASSERT_NEAR(r.o[i], whole.o[i], 1e-5) << "split " << split << " o " << i;
     for (size_t i = 0; i < r.lse.size(); ++i) {

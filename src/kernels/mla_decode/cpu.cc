@@ -117,8 +117,10 @@ Plan plan(const Problem& p, int threads) {
                                                                  : automatic_split_keys(p, threads);
   pl.first.push_back(0);
   for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t k0 = 0; k0 < p.seqlens[b]; k0 += pl.split_keys)
-      pl.splits.push_back({b, k0, std::min<int64_t>(p.seqlens[b], k0 + pl.split_keys)});
+    for (int64_t k0 = 0, k1 = 0; k0 < p.seqlens[b]; k0 = k1) {
+      k1 = k0 + std::min<int64_t>(p.seqlens[b] - k0, pl.split_keys);  // no overflow for any split_keys
+      pl.splits.push_back({b, k0, k1});
+    }
     pl.first.push_back(static_cast<int64_t>(pl.splits.size()));
   }
   return pl;

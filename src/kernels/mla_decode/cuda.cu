@@ -142,9 +142,10 @@ std::vector<int32_t> plan_splits(const Problem& p, std::vector<int32_t>& first) 
   std::vector<int32_t> splits;
   first.assign(1, 0);
   for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t k0 = 0; k0 < p.seqlens[b]; k0 += keys)
-      splits.insert(splits.end(), {static_cast<int32_t>(b), static_cast<int32_t>(k0),
-                                   static_cast<int32_t>(std::min<int64_t>(p.seqlens[b], k0 + keys))});
+    for (int64_t k0 = 0, k1 = 0; k0 < p.seqlens[b]; k0 = k1) {
+      k1 = k0 + std::min<int64_t>(p.seqlens[b] - k0, keys);  // no overflow for any split_keys
+      splits.insert(splits.end(), {static_cast<int32_t>(b), static_cast<int32_t>(k0), static_cast<int32_t>(k1)});
+    }
     first.push_back(static_cast<int32_t>(splits.size() / 3));
   }
   return splits;

@@ -20,6 +20,7 @@ namespace tessera::mla_decode::cpu {
 
 inline constexpr int64_t kChunk = 128;        // keys gathered and multiplied at a time
 inline constexpr int64_t kMinSplitKeys = 256;  // automatic splits are never shorter
+inline constexpr int64_t kMinBf16DotRows = 64;  // Sq·Hq from which bf16 inputs use bf16 dot products
 
 struct Split {
   int64_t b = 0, k0 = 0, k1 = 0;  // keys [k0, k1) of batch entry b
@@ -31,6 +32,17 @@ struct Plan {
   std::vector<Split> splits;
   std::vector<int64_t> first;
 };
+
+// bf16 dot products (cpu_bf16.cc): true where the CPU has AVX512-BF16, unless the environment
+// sets TESSERA_CPU_BF16_DOT=0. Stage 1 then forms the scores of bf16 inputs with vdpbf16ps
+// (when Sq·Hq ≥ kMinBf16DotRows)
+// (exact products, f32 sums: the same math as the f32 path, summed in another order).
+bool have_bf16_dot();
+// s[R, n] = scale · Q·Cᵀ. qp: Q as bf16 pairs, [R rounded up to 4][D2] (D2 = ceil(D/2), an odd D's
+// last pair and the padding rows zero). ct: the keys as bf16 pairs, transposed: pair d2 of key j
+// at ct[d2·stride + j], stride ≥ n rounded up to 32 (the columns past n are read, not used).
+void scores_bf16_dot(const uint32_t* qp, int64_t R, int64_t D2, const uint32_t* ct, int64_t stride, int64_t n,
+                     float scale, float* s);
 
 // split_keys: p.block_sizes's when given and > 0, else automatic_split_keys.
 Plan plan(const Problem& p, int threads);

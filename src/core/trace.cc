@@ -182,6 +182,19 @@ void Scope::end() noexcept {
   }
 }
 
+Span span(const std::string& name) {
+  Span out;
+  int64_t first = 0, last = 0;
+  for (const Tagged& t : snapshot()) {
+    if (name != t.e.name) continue;
+    first = out.events == 0 ? t.e.t0 : std::min(first, t.e.t0);
+    last = out.events == 0 ? t.e.t1 : std::max(last, t.e.t1);
+    ++out.events;
+  }
+  out.ns = last - first;
+  return out;
+}
+
 std::string document(const std::string& process) {
   const std::vector<Tagged> events = snapshot();
   const State& s = state();

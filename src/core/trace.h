@@ -49,6 +49,15 @@ std::string document(const std::string& process = "tessera");
 // Writes document(process) to `path` atomically. Throws Error(kIo).
 void write(const std::string& path, const std::string& process = "tessera");
 
+// The recorded events named `name` (every thread): the wall-clock span from the first one's
+// begin to the last one's end, and how many there were (0: none, span 0). A pipeline stage
+// marked by one scope per thread-task gets its wall time this way (harness/bench.h: stages).
+struct Span {
+  size_t events = 0;
+  int64_t ns = 0;
+};
+Span span(const std::string& name);
+
 // One complete event from construction to destruction, on the calling thread.
 class Scope {
  public:

@@ -1,5 +1,6 @@
 #include "harness/bench.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -300,6 +301,7 @@ class Driver {
     fill_rates(r, t, c, dev.str(), r.value("dtype", "f32"), cfg_.roofline);
     r["timer"] = topt.time_one ? "device events" : hooks ? "host clock after sync" : "host clock";
     mem.fill(r);
+    if (!hooks) time_stages(r, call);
     add_ratios(r, p, bc, dev, hooks, pass, t.stats.median);
     if (call.loss)
       if (auto l = call.loss()) r["loss"] = *l;
@@ -309,6 +311,32 @@ class Driver {
     if (ran != name) note += (note.empty() ? "" : "; ") + std::string("ran '") + ran + "'";
     if (!note.empty()) r["note"] = note;
     res_.rows.push_back(std::move(r));
+  }
+
+  // Pipeline stages (BenchConfig::stages): each stage's median wall-clock span over traced calls.
+  void time_stages(Row& r, const BenchCall& call) {
+    if (cfg_.stages.empty() || trace::enabled()) return;
+    std::vector<std::vector<double>> ms_of(cfg_.stages.size());
+    for (int i = 0; i < std::max(cfg_.stage_runs, 1); ++i) {
+      trace::start();
+      call.run();
+      trace::stop();
+      for (size_t s = 0; s < cfg_.stages.size(); ++s) ms_of[s].push_back(trace::span(cfg_.stages[s]).ns * 1e-6);
+    }
+    std::string line;
+    for (size_t s = 0; s < cfg_.stages.size(); ++s) {
+      std::sort(ms_of[s].begin(), ms_of[s].end());
+      const double med = ms_of[s][ms_of[s].size() / 2];
+      const std::string& full = cfg_.stages[s];
+      const std::string label = full.substr(full.find_last_of('.') + 1);
+      r["stage_" + label + "_ms"] = med;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.3f", med);
+      line += (line.empty() ? "" : " + ") + label + " " + buf + " ms";
+    }
+    trace::start();  // leave no events behind
+    trace::stop();
+    r["stages"] = line;
   }
 
   void add_ratios(Row& r, BenchProblem& p, const BenchCase& bc, const Device& dev,

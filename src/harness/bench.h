@@ -101,6 +101,12 @@ struct BenchConfig {
   bool compare = false;        // time the kernel's baselines
   double reference_max_work = 16.0 * 1024 * 1024;  // skip "reference" above this (see work())
   bool include_reference_large = false;
+  // A pipeline kernel's stages: the trace scope names that mark them (core/trace.h), in order.
+  // Each host row then also gets stage_<last dotted part>_ms: the median over stage_runs traced
+  // calls (after the timed ones) of each stage's wall-clock span, and "stages" as one line.
+  // Skipped while a trace is being recorded (it would be cleared) and for device rows.
+  std::vector<std::string> stages;
+  int stage_runs = 5;
   const Roofline* roofline = nullptr;
   bool progress = true;
 };

@@ -25,6 +25,9 @@ const kernels::KernelSpec& spec();
 namespace slstm {
 const kernels::KernelSpec& spec();
 }
+namespace mla_decode {
+const kernels::KernelSpec& spec();
+}
 }  // namespace tessera
 
 namespace tessera::kernels {
@@ -37,6 +40,7 @@ const std::vector<const KernelSpec*>& all() {
       &mlstm::spec(),
       &paged_attention::spec(),
       &slstm::spec(),
+      &mla_decode::spec(),
   };
   return specs;
 }
@@ -217,6 +221,7 @@ harness::BenchConfig bench_config(const KernelSpec& k, const std::string& implem
         cfg.cases.back().make_cost_model = [&k, shape, dt, options] { return k.bench.make_cost_model(shape, dt, options); };
     }
   cfg.passes = k.passes;
+  cfg.stages = k.stages;
   return cfg;
 }
 

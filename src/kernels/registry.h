@@ -187,6 +187,10 @@ struct KernelSpec {
   std::vector<std::string> dims;         // named dims of its bench shapes and tune buckets
   std::vector<Pass> passes;
   std::vector<DType> dtypes;             // input dtypes it takes
+  // A pipeline (split-KV partial attention, then the lse combine): the trace scope that marks
+  // each stage in its CPU implementations (core/trace.h), in order; `tessera bench` reports
+  // each stage's time beside the total (harness::BenchConfig::stages). Empty: one stage.
+  std::vector<std::string> stages;
   std::function<dispatch::RegistryView&()> implementations;
   std::function<std::vector<CheckCase>(bool quick)> check_grid;
   BenchSpec bench;

@@ -199,3 +199,35 @@ TEST_F(Trace, WriteToAnUnwritablePathThrows) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// trace::span: the wall-clock span of one name's events over every thread, and their count.
+TEST(TraceSpan, CoversEveryThreadsEventsOfOneName) {
+  trace::start();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread other([] {
+    TESSERA_TRACE_SCOPE("span.stage");
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  });
+  {
+    TESSERA_TRACE_SCOPE("span.stage");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  other.join();
+  { TESSERA_TRACE_SCOPE("span.other"); }
+  const double wall_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  trace::stop();
+  const trace::Span s = trace::span("span.stage");
+  EXPECT_EQ(s.events, 2u);
+  EXPECT_GE(s.ns, 3'000'000);  // the longer of two overlapping scopes at least
+  EXPECT_LE(s.ns, wall_ns);
+  EXPECT_EQ(trace::span("span.other").events, 1u);
+  const trace::Span none = trace::span("span.absent");
+  EXPECT_EQ(none.events, 0u);
+  EXPECT_EQ(none.ns, 0);
+}
+
+}  // namespace
+}  // namespace tessera

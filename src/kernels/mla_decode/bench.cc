@@ -1,0 +1,150 @@
+// mla_decode: the benchmark problem. Dims B (sequences), Sq (queries per sequence), Hq (query
+// heads), T (cached keys per sequence); options d, dv, page_size, causal. Pages are shuffled.
+// Baseline: gather each sequence's keys out of its pages into contiguous k and v (values = the
+// first dv dims), then tessera's attention with Hkv = 1 (the gather is timed with it).
+#include "kernels/mla_decode/bench.h"
+
+#include <cstring>
+
+#include "core/random.h"
+#include "kernels/mla_decode/impl.h"
+#include "tessera/attention.h"
+#include "tessera/error.h"
+
+namespace tessera::mla_decode {
+namespace {
+
+using harness::OptionSpec;
+using K = OptionSpec::Kind;
+
+struct Settings {
+  int64_t B = 0, Sq = 0, Hq = 0, T = 0, D = 576, Dv = 512, page_size = 64;
+  bool causal = false;
+  DType dtype = DType::kBF16;
+  int64_t pages() const { return (T + page_size - 1) / page_size; }
+};
+
+class MlaBench final : public harness::BenchProblem {
+ public:
+  MlaBench(Settings s, uint64_t seed, bool with_data) : s_(s) {
+    if (!with_data) return;
+    const int64_t np = s_.pages(), P = s_.B * np;
+    q_ = random_uniform(s_.dtype, {s_.B, s_.Sq, s_.Hq, s_.D}, 1.0f, seed * 5 + 1);
+    kv_ = random_uniform(s_.dtype, {P, s_.page_size, 1, s_.D}, 1.0f, seed * 5 + 2);
+    pt_ = Tensor::empty(DType::kI32, {s_.B, np});
+    L_ = Tensor::empty(DType::kI32, {s_.B});
+    int32_t* pt = pt_.data_as<int32_t>();
+    for (int64_t i = 0; i < P; ++i) pt[i] = static_cast<int32_t>(i);
+    for (int64_t i = P - 1; i > 0; --i)
+      std::swap(pt[i], pt[random_bits(seed * 5 + 3, static_cast<uint64_t>(i)) % static_cast<uint64_t>(i + 1)]);
+    for (int64_t b = 0; b < s_.B; ++b) L_.data_as<int32_t>()[b] = static_cast<int32_t>(s_.T);
+  }
+
+  harness::Row describe() const override {
+    harness::Row r = harness::Row::object();
+    r["B"] = s_.B, r["Sq"] = s_.Sq, r["Hq"] = s_.Hq, r["T"] = s_.T;
+    r["D"] = s_.D, r["Dv"] = s_.Dv, r["page_size"] = s_.page_size, r["causal"] = s_.causal;
+    r["dtype"] = dtype_name(s_.dtype);
+    return r;
+  }
+
+  // Visible (query, key) pairs over all heads and sequences.
+  double pairs() const {
+    double keys = 0;
+    for (int64_t i = 0; i < s_.Sq; ++i) keys += s_.causal ? std::max<int64_t>(0, s_.T - s_.Sq + i + 1) : s_.T;
+    return keys * s_.B * s_.Hq;
+  }
+  double work() const override { return pairs() * (s_.D + s_.Dv); }
+
+  harness::Cost cost(Pass, const std::string& implementation) const override {
+    harness::Cost c;
+    const double esz = static_cast<double>(dtype_size(s_.dtype));
+    const double cache = double(s_.B) * s_.T * s_.D * esz, q = double(s_.B) * s_.Sq * s_.Hq * s_.D * esz;
+    const double out = double(s_.B) * s_.Sq * s_.Hq * (s_.Dv + 1) * 4.0;
+    c.add({"scores: q·cᵀ over the latent head", 2.0 * pairs() * s_.D, cache + q, pairs(), false});
+    c.add({"values: p·c[:dv]", 2.0 * pairs() * s_.Dv, out, 0.0, false});
+    if (implementation == "gather+attention")  // the baseline also writes and reads k and v
+      c.add({"gather k, v", 0.0, double(s_.B) * s_.T * (s_.D + s_.Dv) * esz * 2.0, 0.0, false});
+    c.assumptions.push_back("useful FLOPs 2·pairs·(D + Dv); bytes: the cache entries read once, q, o and lse (f32)");
+    return c;
+  }
+
+  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
+    harness::OptionValues o;
+    o.set("dv", std::to_string(s_.Dv));
+    o.set("causal", s_.causal ? "true" : "false");
+    return kernels::bind_call(spec().call, {{"q", q_}, {"kv_cache", kv_}, {"page_table", pt_}, {"cache_seqlens", L_}},
+                              o, implementation, dev, pass, exec);
+  }
+
+  std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
+    std::vector<harness::BaselineCall> out;
+    for (Pass pass : passes) {
+      if (pass != Pass::kForward) continue;
+      harness::BaselineCall c;
+      c.name = "gather+attention";
+      c.pass = pass;
+      c.description = "gather pages into contiguous k [B, T, 1, D] and v [B, T, 1, Dv], then attention (Hkv = 1)";
+      c.roofline_dtype = dtype_name(s_.dtype);
+      c.cost = cost(pass, c.name);
+      auto k = std::make_shared<Tensor>(Tensor::empty(s_.dtype, {s_.B, s_.T, 1, s_.D}));
+      auto v = std::make_shared<Tensor>(Tensor::empty(s_.dtype, {s_.B, s_.T, 1, s_.Dv}));
+      auto o = std::make_shared<Tensor>(Tensor::empty(DType::kF32, {s_.B, s_.Sq, s_.Hq, s_.Dv}));
+      auto lse = std::make_shared<Tensor>(Tensor::empty(DType::kF32, {s_.B, s_.Hq, s_.Sq}));
+      c.run = [this, k, v, o, lse, threads] {
+        gather(*k, *v);
+        attention::Options opt;
+        opt.causal = s_.causal;
+        opt.num_threads = threads;
+        opt.implementation = "cpu";
+        attention::Inputs in;
+        in.q = q_.view(), in.k = k->view(), in.v = v->view();
+        attention::forward(in, {o->view(), lse->view()}, opt);
+      };
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+ private:
+  void gather(Tensor& k, Tensor& v) const {
+    const size_t esz = dtype_size(s_.dtype);
+    const int32_t* pt = pt_.data_as<int32_t>();
+    const auto* cache = static_cast<const char*>(kv_.data());
+    for (int64_t b = 0; b < s_.B; ++b)
+      for (int64_t j = 0; j < s_.T; ++j) {
+        const char* e = cache + ((int64_t{pt[b * s_.pages() + j / s_.page_size]} * s_.page_size + j % s_.page_size) * s_.D) * esz;
+        std::memcpy(static_cast<char*>(k.data()) + (b * s_.T + j) * s_.D * esz, e, static_cast<size_t>(s_.D) * esz);
+        std::memcpy(static_cast<char*>(v.data()) + (b * s_.T + j) * s_.Dv * esz, e, static_cast<size_t>(s_.Dv) * esz);
+      }
+  }
+
+  Settings s_;
+  Tensor q_, kv_, pt_, L_;
+};
+
+std::unique_ptr<harness::BenchProblem> make(const harness::GridShape& shape, DType dtype, const harness::OptionValues& o,
+                                            uint64_t seed, bool with_data) {
+  Settings s;
+  s.B = shape.dim("B"), s.Sq = shape.dim("Sq"), s.Hq = shape.dim("Hq"), s.T = shape.dim("T");
+  s.D = o.integer("d"), s.Dv = o.integer("dv"), s.page_size = o.integer("page_size"), s.causal = o.flag("causal");
+  s.dtype = dtype;
+  check(s.page_size >= 1 && s.Dv >= 1 && s.Dv <= s.D && s.T >= 0, ErrorCode::kInvalidArgument,
+        "mla_decode bench: needs page_size >= 1, 1 <= dv <= d, T >= 0");
+  return std::make_unique<MlaBench>(s, seed, with_data);
+}
+
+}  // namespace
+
+kernels::BenchSpec bench_spec() {
+  kernels::BenchSpec b;
+  b.options = {{"d", K::kInt, "latent head dims D (512 latent + 64 rotary in DeepSeek)", "576", {}},
+               {"dv", K::kInt, "value dims: the first dv of D", "512", {}},
+               {"page_size", K::kInt, "keys per cache page", "64", {}},
+               {"causal", K::kFlag, "multi-token decode: query i at position T − Sq + i", "false", {}}};
+  b.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) { return make(shape, dt, o, seed, true); };
+  b.make_cost_model = [](const auto& shape, DType dt, const auto& o) { return make(shape, dt, o, 0, false); };
+  return b;
+}
+
+}  // namespace tessera::mla_decode

@@ -1,0 +1,62 @@
+// Tessera internal: the contract between the mla_decode API and its implementations.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "dispatch/registry.h"
+#include "tessera/dtype.h"
+#include "tessera/mla_decode.h"
+
+namespace tessera::mla_decode {
+
+using dispatch::Availability;
+
+// A validated call: sizes, raw pointers (contiguous row-major), resolved options.
+struct Problem {
+  int64_t B = 0, Sq = 0, Hq = 0, D = 0, Dv = 0;
+  int64_t P = 0, page_size = 0, max_pages = 0;
+  DType dtype = DType::kF32;    // q and kv_cache
+  DType o_dtype = DType::kF32;  // f32 or dtype
+  Device device;
+  const void* q = nullptr;         // [B, Sq, Hq, D]
+  const void* kv = nullptr;        // [P, page_size, D]
+  const int32_t* page_table = nullptr;  // [B, max_pages], host, every used entry in [0, P)
+  const int32_t* seqlens = nullptr;     // [B], host, 0 ≤ L_b ≤ max_pages·page_size
+  void* o = nullptr;               // [B, Sq, Hq, Dv]
+  float* lse = nullptr;            // [B, Sq, Hq]
+  double scale = 1.0;
+  bool causal = false;
+  std::optional<BlockSizes> block_sizes;
+  int num_threads = 1;
+  void* stream = nullptr;  // CUDA: cudaStream_t (nullptr: the default stream)
+
+  int64_t rows() const { return Sq * Hq; }  // query rows per batch entry
+  // Keys query row i of batch b sees: [0, visible(b, i)).
+  int64_t visible(int64_t b, int64_t i) const {
+    const int64_t L = seqlens[b];
+    if (!causal) return L;
+    const int64_t v = L - Sq + i + 1;
+    return v < 0 ? 0 : v;
+  }
+  // The cached entry of key position j of batch b (D elements).
+  int64_t entry(int64_t b, int64_t j) const {
+    return (static_cast<int64_t>(page_table[b * max_pages + j / page_size]) * page_size + j % page_size) * D;
+  }
+};
+
+class Implementation : public dispatch::ImplementationBase {
+ public:
+  virtual Availability supports(const Problem& p) const = 0;
+  virtual void forward(const Problem& p) const = 0;
+};
+
+using Registry = dispatch::Registry<Implementation>;
+Registry& registry();
+
+std::unique_ptr<Implementation> make_reference_implementation();
+std::unique_ptr<Implementation> make_cpu_implementation();
+std::unique_ptr<Implementation> make_cuda_implementation();  // in the CUDA module
+
+}  // namespace tessera::mla_decode

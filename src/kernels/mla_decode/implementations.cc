@@ -1,0 +1,24 @@
+// mla_decode: the registry of implementations, in default dispatch order (fastest first).
+// A new backend adds its factory here and its file to tessera_add_kernel(mla_decode ...).
+#include "kernels/mla_decode/impl.h"
+
+namespace tessera::mla_decode {
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry(kKernelName);  // never destroyed: device modules hold pointers
+    // cuda.cu lives in the CUDA device module: declared here, registered by the module when a
+    // CUDA device is first used; listed as unavailable, with the reason, where it cannot load.
+    reg->add_module_implementation("cuda", DeviceType::kCUDA,
+                                   "NVIDIA GPUs: split-KV partial attention then the lse combine, from the CUDA "
+                                   "module libtessera_cuda.so");
+#ifdef TESSERA_HAVE_CPU_BACKEND
+    reg->add(make_cpu_implementation());
+#endif
+    reg->add(make_reference_implementation());
+    return reg;
+  }();
+  return *r;
+}
+
+}  // namespace tessera::mla_decode

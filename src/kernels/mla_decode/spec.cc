@@ -1,0 +1,94 @@
+// mla_decode: the registration — the only place the CLI, the parity suite and the bindings learn
+// about this kernel (docs/ADDING_A_KERNEL.md): its signature (call), check grid and bench.
+#include "kernels/mla_decode/impl.h"
+#include "kernels/mla_decode/bench.h"
+#include "kernels/mla_decode/testing.h"
+#include "kernels/registry.h"
+#include "tessera/error.h"
+
+namespace tessera::mla_decode {
+namespace {
+
+using harness::OptionSpec;
+using K = OptionSpec::Kind;
+
+BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "split_keys").value_or(0)}; }
+tune::Params to_params(const BlockSizes& b) { return {{"split_keys", b.split_keys}}; }
+
+std::vector<kernels::CheckCase> check_cases(bool quick) {
+  std::vector<kernels::CheckCase> out;
+  for (const testing::CaseSpec& c : testing::check_grid(quick))
+    out.push_back({c.name(), [c](const std::string& impl, Pass, Device dev) { return testing::check_parity(c, impl, dev); }});
+  return out;
+}
+
+const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
+
+// Option names are the C++ Options fields; scale 0 means the default 1/√D.
+Options call_options(const kernels::CallArgs& a) {
+  Options opt;
+  static_cast<ExecOptions&>(opt) = a.exec;
+  opt.dv = a.options.integer("dv");
+  opt.causal = a.options.flag("causal");
+  if (a.options.real("scale") != 0.0) opt.scale = a.options.real("scale");
+  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
+  return opt;
+}
+
+// Shapes only (data may be absent under jit / fake tensors); the call validates everything.
+std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
+  const TensorView& q = need(a, "q");
+  check(q.ndim() == 4, ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": q must be [B, Sq, Hq, D], got " + shape_str(q.shape));
+  const int64_t dv = a.options.integer("dv");
+  check(dv >= 1 && dv <= q.shape[3], ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": dv must be in [1, D=" + std::to_string(q.shape[3]) + "], got " + std::to_string(dv));
+  const Shape os{q.shape[0], q.shape[1], q.shape[2], dv}, ls{q.shape[0], q.shape[1], q.shape[2]};
+  return {{"o", DType::kF32, os, contiguous_strides(os)}, {"lse", DType::kF32, ls, contiguous_strides(ls)}};
+}
+
+std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
+  check(a.pass == Pass::kForward, ErrorCode::kInvalidArgument, std::string(kKernelName) + ": forward only");
+  check(out.size() == 2, ErrorCode::kInvalidArgument, std::string(kKernelName) + ": forward writes o and lse");
+  const Inputs in{need(a, "q"), need(a, "kv_cache"), need(a, "page_table"), need(a, "cache_seqlens")};
+  return forward(in, {out[0], out[1]}, call_options(a));
+}
+
+kernels::CallSpec call_spec() {
+  kernels::CallSpec s;
+  s.inputs = {{"q", "queries [B, Sq, Hq, D] (f32, bf16 or f16)", true, false},
+              {"kv_cache", "paged latent cache [P, page_size, 1, D], q's dtype; values = first dv dims", true, false},
+              {"page_table", "pages of each sequence [B, max_pages] (int32, host memory)", true, false, {}, true},
+              {"cache_seqlens", "keys in the cache per sequence [B] (int32, host memory)", true, false, {}, true}};
+  s.options = {{"dv", K::kInt, "value dims: the first dv of the D cached dims", "512", {}},
+               {"causal", K::kFlag, "query i sits at position L_b − Sq + i and sees keys up to it", "false", {}},
+               {"scale", K::kFloat, "softmax scale; 0: 1/sqrt(D)", "0", {}},
+               kernels::block_sizes_option_spec("split_keys=0")};
+  s.outputs = call_outputs;
+  s.call = call;
+  return s;
+}
+
+kernels::KernelSpec make_spec() {
+  kernels::KernelSpec k;
+  k.name = kKernelName;
+  k.description = "DeepSeek multi-head latent attention decode over a paged latent cache (FlashMLA contract)";
+  k.dims = {"B", "Sq", "Hq", "T"};
+  k.passes = {Pass::kForward};
+  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+  k.stages = {"mla_decode.split_kv", "mla_decode.combine"};  // cpu.cc's trace scopes
+  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
+  k.check_grid = check_cases;
+  k.bench = bench_spec();
+  k.call = call_spec();
+  return k;
+}
+
+}  // namespace
+
+const kernels::KernelSpec& spec() {
+  static const kernels::KernelSpec s = make_spec();
+  return s;
+}
+
+}  // namespace tessera::mla_decode

@@ -1,0 +1,215 @@
+// mla_decode cpu: the split-KV pipeline's own properties (the parity grid against the reference
+// runs in AllKernels/Parity.CheckGrid/mla_decode_cpu_forward).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/random.h"
+#include "kernels/mla_decode/cpu_stages.h"
+#include "kernels/mla_decode/bench.h"
+#include "kernels/mla_decode/testing.h"
+
+namespace tessera::mla_decode {
+namespace {
+
+struct CpuRun {
+  std::vector<float> o, lse;
+};
+
+CpuRun run_cpu(const testing::CaseSpec& s, const testing::CaseData& d, int64_t split_keys, int threads = 2) {
+  CpuRun r{std::vector<float>(static_cast<size_t>(s.B() * s.Sq * s.Hq * s.Dv), NAN),
+        std::vector<float>(static_cast<size_t>(s.B() * s.Sq * s.Hq), NAN)};
+  Options opt = s.opt;
+  opt.dv = s.Dv;
+  opt.implementation = "cpu";
+  opt.num_threads = threads;
+  opt.block_sizes = BlockSizes{split_keys};
+  EXPECT_EQ(forward(d.inputs(), {TensorView(r.o.data(), DType::kF32, {s.B(), s.Sq, s.Hq, s.Dv}),
+                                 TensorView(r.lse.data(), DType::kF32, {s.B(), s.Sq, s.Hq})},
+                    opt),
+            "cpu");
+  return r;
+}
+
+testing::CaseSpec split_case() {
+  testing::CaseSpec s;
+  s.seqlens = {300, 1, 0, 129};
+  s.Sq = 3, s.Hq = 4, s.D = 40, s.Dv = 24, s.page_size = 10;
+  s.opt.causal = true;
+  return s;
+}
+
+// Splitting changes only the order of f32 sums: each split's partial is exact up to f32
+// rounding of ~n terms and the combine reweights by exp(lse_s − lse) (relative ~1e-6), so the
+// split and unsplit results agree to 1e-5 of their scale (values and o of order 1).
+TEST(MlaDecodeCpu, SplitEqualsUnsplitForEverySplitCount) {
+  const testing::CaseSpec s = split_case();
+  const testing::CaseData d = testing::make_case(s);
+  const CpuRun whole = run_cpu(s, d, 300);
+  for (int64_t split : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, int64_t{127}, int64_t{128}, int64_t{129}, int64_t{299},
+                        int64_t{1000}, int64_t{0}, INT64_MAX}) {
+    const CpuRun r = run_cpu(s, d, split);
+    for (size_t i = 0; i < r.o.size(); ++i) ASSERT_NEAR(r.o[i], whole.o[i], 1e-5) << "split " << split << " o " << i;
+    for (size_t i = 0; i < r.lse.size(); ++i) {
+      if (std::isinf(whole.lse[i])) {
+        ASSERT_EQ(r.lse[i], whole.lse[i]) << i;
+        continue;
+      }
+      ASSERT_NEAR(r.lse[i], whole.lse[i], 1e-5) << "split " << split << " lse " << i;
+    }
+  }
+}
+
+// Each split and each row's combine is computed by one thread in a fixed order: bitwise the
+// same for every thread count.
+TEST(MlaDecodeCpu, DeterministicAcrossThreadCounts) {
+  const testing::CaseSpec s = split_case();
+  const testing::CaseData d = testing::make_case(s);
+  const CpuRun one = run_cpu(s, d, 64, 1);
+  for (int t : {2, 3, 8}) {
+    const CpuRun r = run_cpu(s, d, 64, t);
+    EXPECT_EQ(r.o, one.o) << t;
+    EXPECT_EQ(r.lse, one.lse) << t;
+  }
+}
+
+TEST(MlaDecodeCpu, AutomaticSplitsFeedTheThreads) {
+  std::vector<int32_t> L = {8200};
+  Problem p;
+  p.B = 1, p.seqlens = L.data();
+  const int64_t k = cpu::automatic_split_keys(p, 2);
+  EXPECT_EQ(k % cpu::kChunk, 0);
+  EXPECT_GE((8200 + k - 1) / k, 8);  // about 4 items per thread
+  std::vector<int32_t> many(32, 4096);
+  p.B = 32, p.seqlens = many.data();
+  EXPECT_EQ(cpu::automatic_split_keys(p, 2), 4096);  // B alone feeds 2 threads: no split
+  std::vector<int32_t> empty = {0};
+  p.B = 1, p.seqlens = empty.data();
+  EXPECT_GE(cpu::automatic_split_keys(p, 2), 1);
+}
+
+// Stage 2 alone against a float64 combine of the same partials, with a split that saw nothing
+// (lse −inf, o garbage) and lse values far apart (shift needed).
+TEST(MlaDecodeCpu, Stage2MatchesAFloat64Combine) {
+  Problem p;
+  p.B = 2, p.Sq = 2, p.Hq = 3, p.Dv = 5;
+  std::vector<int32_t> L = {30, 10};
+  p.seqlens = L.data();
+  p.block_sizes = BlockSizes{10};  // 3 splits for entry 0, 1 for entry 1
+  const cpu::Plan pl = cpu::plan(p, 2);
+  ASSERT_EQ(pl.splits.size(), 4u);
+  const int64_t R = p.rows();
+  cpu::Partials part = cpu::Partials::allocate(4, R, p.Dv);
+  for (int64_t i = 0; i < 4 * R * p.Dv; ++i) part.o[i] = static_cast<float>(random_unit(7, i) * 2 - 1);
+  for (int64_t i = 0; i < 4 * R; ++i) part.lse[i] = static_cast<float>(random_unit(8, i) * 80 - 40);
+  part.lse[1] = -std::numeric_limits<float>::infinity();  // entry 0, row 0, split 1 saw nothing
+  part.o[static_cast<size_t>(R * p.Dv)] = NAN;             // ... and its o holds garbage
+  std::vector<float> o(static_cast<size_t>(p.B * R * p.Dv)), lse(static_cast<size_t>(p.B * R));
+  p.o = o.data(), p.lse = lse.data(), p.o_dtype = DType::kF32;
+  cpu::stage2(p, pl, part, 2);
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t first = pl.first[static_cast<size_t>(b)], nb = pl.first[static_cast<size_t>(b + 1)] - first;
+      double m = -INFINITY, total = 0;
+      for (int64_t s = 0; s < nb; ++s) m = std::max(m, double(part.lse[static_cast<size_t>(first * R + r * nb + s)]));
+      for (int64_t s = 0; s < nb; ++s) total += std::exp(part.lse[static_cast<size_t>(first * R + r * nb + s)] - m);
+      EXPECT_NEAR(lse[static_cast<size_t>(b * R + r)], m + std::log(total), 1e-5);
+      for (int64_t d = 0; d < p.Dv; ++d) {
+        double want = 0;
+        for (int64_t s = 0; s < nb; ++s) {
+          const double w = std::exp(part.lse[static_cast<size_t>(first * R + r * nb + s)] - m) / total;
+          if (w > 0) want += w * part.o[static_cast<size_t>(((first + s) * R + r) * p.Dv + d)];
+        }
+        EXPECT_NEAR(o[static_cast<size_t>((b * R + r) * p.Dv + d)], want, 1e-6) << b << " " << r << " " << d;
+      }
+    }
+}
+
+// The check grid's cases on cpu (also run by the generic parity suite): the quick grid here.
+TEST(MlaDecodeCpu, QuickGridMatchesReference) {
+  for (const testing::CaseSpec& c : testing::check_grid(true)) {
+    const harness::ParityReport r = testing::check_parity(c, "cpu");
+    EXPECT_TRUE(r.ok()) << c.name() << ": " << r.error << (r.fields.empty() ? "" : r.fields[0].dev.str())
+                        << (r.fields.size() < 2 ? "" : " lse " + r.fields[1].dev.str());
+  }
+}
+
+}  // namespace
+}  // namespace tessera::mla_decode
+
+namespace tessera::mla_decode {
+namespace {
+
+// The bench cost model (`tessera bench --predict`): 2·pairs·(D + Dv) useful FLOPs, the cache
+// read once; causal counts only the visible pairs. And the spec declares the two stages.
+TEST(MlaDecodeBench, CostCountsVisiblePairsAndCacheBytes) {
+  const kernels::KernelSpec& k = spec();
+  EXPECT_EQ(k.stages, (std::vector<std::string>{"mla_decode.split_kv", "mla_decode.combine"}));
+  harness::OptionValues o;
+  for (const auto& spec_opt : k.bench.options) o.set(spec_opt.name, spec_opt.default_value);
+  harness::GridShape shape;
+  shape.dims = {{"B", 2}, {"Sq", 4}, {"Hq", 16}, {"T", 100}};
+  auto p = k.bench.make_cost_model(shape, DType::kBF16, o);
+  const harness::Cost c = p->cost(Pass::kForward, "cpu");
+  const double pairs = 2.0 * 4 * 16 * 100;
+  EXPECT_DOUBLE_EQ(c.flops_useful, 2.0 * pairs * (576 + 512));
+  EXPECT_DOUBLE_EQ(c.transcendentals, pairs);
+  EXPECT_GE(c.bytes, 2.0 * 100 * 576 * 2);  // the bf16 cache, once
+  o.set("causal", "true");
+  p = k.bench.make_cost_model(shape, DType::kBF16, o);
+  EXPECT_DOUBLE_EQ(p->cost(Pass::kForward, "cpu").transcendentals, 2.0 * 16 * (97 + 98 + 99 + 100));
+}
+
+}  // namespace
+}  // namespace tessera::mla_decode
+
+namespace tessera::mla_decode {
+namespace {
+
+// The bf16 dot-product scores against a double loop: odd D (a half pair), rows not a multiple
+// of 4, keys not a multiple of 32. Exact bf16 products summed in f32 over D = 37: within 1e-5.
+TEST(MlaDecodeCpu, Bf16DotScoresMatchADoubleLoop) {
+  if (!cpu::have_bf16_dot()) GTEST_SKIP() << "no AVX512-BF16 here";
+  const int64_t R = 7, D = 37, n = 45, D2 = (D + 1) / 2, stride = 64;
+  const Tensor q = random_uniform(DType::kBF16, {R, D}, 1.0f, 3), c = random_uniform(DType::kBF16, {n, D}, 1.0f, 4);
+  std::vector<uint32_t> qp(static_cast<size_t>(8 * D2), 0u), ct(static_cast<size_t>(D2 * stride), 0u);
+  auto pair = [](const uint16_t* v, int64_t k, int64_t D) {
+    return uint32_t{v[2 * k]} | (2 * k + 1 < D ? uint32_t{v[2 * k + 1]} << 16 : 0u);
+  };
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < D2; ++k) qp[static_cast<size_t>(r * D2 + k)] = pair(q.data_as<uint16_t>() + r * D, k, D);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t k = 0; k < D2; ++k) ct[static_cast<size_t>(k * stride + j)] = pair(c.data_as<uint16_t>() + j * D, k, D);
+  std::vector<float> s(static_cast<size_t>(R * n), NAN);
+  cpu::scores_bf16_dot(qp.data(), R, D2, ct.data(), stride, n, 0.5f, s.data());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (int64_t d = 0; d < D; ++d)
+        want += double(load_as_f32(q.data(), DType::kBF16, r * D + d)) * load_as_f32(c.data(), DType::kBF16, j * D + d);
+      EXPECT_NEAR(s[static_cast<size_t>(r * n + j)], 0.5 * want, 1e-5) << r << " " << j;
+    }
+}
+
+// bf16 inputs: the dot-product path and the f32 sgemm path (TESSERA_CPU_BF16_DOT=0) agree to
+// f32 rounding (1e-5 of values of order 1).
+TEST(MlaDecodeCpu, Bf16DotPathEqualsTheF32Path) {
+  if (!cpu::have_bf16_dot()) GTEST_SKIP() << "no AVX512-BF16 here";
+  testing::CaseSpec s;
+  s.seqlens = {300, 1, 0, 129};
+  s.Sq = 3, s.Hq = 32, s.D = 41, s.Dv = 24, s.page_size = 10, s.dtype = DType::kBF16;  // 96 rows >= 64
+  s.opt.causal = true;
+  const testing::CaseData d = testing::make_case(s);
+  const CpuRun dot = run_cpu(s, d, 64);
+  ::setenv("TESSERA_CPU_BF16_DOT", "0", 1);
+  const CpuRun f32 = run_cpu(s, d, 64);
+  ::unsetenv("TESSERA_CPU_BF16_DOT");
+  for (size_t i = 0; i < dot.o.size(); ++i) ASSERT_NEAR(dot.o[i], f32.o[i], 1e-5) << i;
+  for (size_t i = 0; i < dot.lse.size(); ++i)
+    if (!std::isinf(f32.lse[i])) ASSERT_NEAR(dot.lse[i], f32.lse[i], 1e-5) << i;
+}
+
+}  // namespace
+}  // namespace tessera::mla_decode

@@ -24,8 +24,11 @@
 // Backward, from dh [B, NH, S, DHV] and optionally upstream gradients of the last state
 // (dc_last, dn_last, f32): dq, dk, dv, di, df and, with an initial state, dc0, dn0 (f32). The
 // stabilizer m is held constant in the backward (as `mlstm_kernels` does): since the stabilized
-// quotient does not depend on m when eps = 0, the gradients are then exact; with eps > 0 they
-// omit the eps·∂e^{m}/∂(i, f) term. There is no dm0.
+// quotient does not depend on m when eps = 0, the gradients of anything computed from h are then
+// exact; with eps > 0 they omit the eps·∂e^{m}/∂(i, f) term (of relative size eps/den: large only
+// when m ≳ 14 and |q̂ᵀn| is tiny). dc_last/dn_last are exact for a next call (which depends on
+// C·e^m and n·e^m only); a loss on the stabilized c_last/n_last themselves would also need
+// −(⟨dC, C⟩ + ⟨dn, n⟩)·∂m_last/∂(i, f), which is left out. There is no dm0.
 //
 // Limits: S ≥ 1, DHQK and DHV ≥ 1; each backend names its own limit on DHQK/DHV (cpu:
 // ≤ 1024 each). See docs/kernels/mlstm.md.

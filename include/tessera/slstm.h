@@ -15,7 +15,7 @@
 //       m_t = max(ī, m_{t-1} + logsigmoid(f̄)),  I = exp(ī − m_t),  F = exp(m_{t-1} + logsigmoid(f̄) − m_t)
 //     c_t = F·c_{t-1} + I·tanh(z̄),  n_t = F·n_{t-1} + I,  h_t = sigmoid(ō)·c_t / n_t
 //   Outputs h [B, S, NH, DH] f32; optionally the last state (h, c, n, m) [B, NH, DH] f32.
-//   Resets: optional mask [B, S] (bool, uint8, int32 or int64; nonzero = reset). A reset at t >= 1
+//   Resets: optional mask [B, S] (int32 or int64; nonzero = reset; the CLI widens bool/uint8 .npy). A reset at t >= 1
 //   zeroes (h, c, n, m) before step t, which is then a first step; a reset at t = 0 changes nothing
 //   (the initial state, when given, is used at t = 0). No gradient crosses a reset.
 //   Initial state: h0, c0, n0, m0 all or none. With one, n0 must be > 0 where the first gates
@@ -25,9 +25,9 @@
 // (dh_last), gives dwx, dr, db (in the inputs' dtype, accumulated in f32 over
 // B·S) and, with an initial state, dh0, dc0, dn0 (f32). The stabilizer m is not differentiated:
 // h does not depend on m_t for t >= 1 (c_t and n_t both carry exp(−m_t)), so this is exact; the
-// gradient of m0, were it wanted, is c0·dc0 + n0·dn0. For the same reason upstream gradients
-// of c_last and n_last (stabilized by m_last) are not taken: they would need the gradient through
-// m, which this contract leaves out.
+// gradient of m0, were it wanted, is c0·dc0 + n0·dn0. Upstream gradients of c_last and n_last
+// are not taken yet (only dh_last, C++ API): with m held, they are what a next call's dc0/dn0
+// needs (mlstm takes them so); to be added.
 //
 // Errors (tessera::Error, kInvalidArgument, before any output is written): shapes, dtypes,
 // S = 0 (and an empty B, NH or DH), a partial initial state, non-contiguous views; DH over an implementation's limit is

@@ -114,7 +114,8 @@ Tensor read(std::istream& f, const std::string& path) {
   }
   // The declared size, checked for overflow and against what the file holds, before allocating.
   // Zero dims count as 1 in the overflow check: an empty (0, 2^62, 2^62) still has strides.
-  uint64_t bytes = bytes1 ? 1 : dtype_size(dtype), span = bytes;
+  // span: the loaded tensor's (a one-byte mask widens to i32); bytes: the file's.
+  uint64_t bytes = bytes1 ? 1 : dtype_size(dtype), span = dtype_size(dtype);
   for (int64_t d : shape)
     if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) ||
         __builtin_mul_overflow(span, static_cast<uint64_t>(std::max<int64_t>(d, 1)), &span) ||

@@ -19,13 +19,29 @@ Deviation compare(const std::vector<double>& got, const std::vector<double>& wan
   Deviation d;
   d.n = static_cast<int64_t>(std::min(got.size(), want.size()));
   if (got.size() != want.size()) d.violations += static_cast<int64_t>(got.size() > want.size() ? got.size() - want.size() : want.size() - got.size());
-  for (int64_t i = 0; i < d.n; ++i) d.ref_scale = std::max(d.ref_scale, std::fabs(want[i]));
+  // The scale of the finite expected values only: an expected −inf (a row that sees nothing)
+  // must not make every tolerance infinite.
+  for (int64_t i = 0; i < d.n; ++i)
+    if (std::isfinite(want[i])) d.ref_scale = std::max(d.ref_scale, std::fabs(want[i]));
   const double atol = tol.atol_scale * d.ref_scale;
   const double tiny = 1e-30;
   double worst_excess = -1.0;
   for (int64_t i = 0; i < d.n; ++i) {
     const double g = got[i], w = want[i];
-    if (!std::isfinite(g) && std::isfinite(w)) {
+    if (!std::isfinite(w)) {  // a non-finite expected value is matched only by the same one
+      const bool same = (std::isnan(w) && std::isnan(g)) || g == w;
+      if (!same) {
+        ++d.violations;
+        if (worst_excess < INFINITY) {
+          worst_excess = INFINITY;
+          d.worst = i;
+          d.worst_got = g;
+          d.worst_want = w;
+        }
+      }
+      continue;
+    }
+    if (!std::isfinite(g)) {
       ++d.nonfinite;
       if (worst_excess < INFINITY) {
         worst_excess = INFINITY;

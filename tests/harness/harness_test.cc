@@ -9,6 +9,7 @@
 
 #include "core/text.h"
 #include "harness/grid.h"
+#include "harness/parity.h"
 #include "harness/roofline.h"
 #include "harness/stats.h"
 #include "harness/table.h"
@@ -22,6 +23,20 @@ std::string temp_path(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("tessera_harness_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
+}
+
+// The parity comparison every kernel's check grid uses: a non-finite expected value is matched
+// only by the same value, and an expected −inf does not widen the tolerance of the others.
+TEST(ParityCompare, NonFiniteExpectedValuesAreMatchedExactly) {
+  const Tolerance tol{1e-5, 1e-5};
+  const double inf = INFINITY, nan = NAN;
+  EXPECT_EQ(compare({1.0, -inf, nan}, {1.0, -inf, nan}, tol).violations, 0);
+  EXPECT_EQ(compare({1.0, 0.0}, {1.0, -inf}, tol).violations, 1);   // finite where −inf was expected
+  EXPECT_EQ(compare({1.0, 2.0}, {1.0, nan}, tol).violations, 1);    // a NaN in the reference fails
+  EXPECT_EQ(compare({1.0, inf}, {1.0, -inf}, tol).violations, 1);
+  const Deviation d = compare({1.5, -inf}, {1.0, -inf}, tol);       // −inf does not make atol infinite
+  EXPECT_EQ(d.violations, 1);
+  EXPECT_DOUBLE_EQ(d.ref_scale, 1.0);
 }
 
 TEST(Stats, MedianQuartilesMinMax) {

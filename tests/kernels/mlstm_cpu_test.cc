@@ -2,7 +2,10 @@
 // runs the quick one), thread counts, and determinism.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "kernels/mlstm/testing.h"
+#include "tessera/mlstm.h"
 
 namespace tessera {
 namespace {
@@ -39,6 +42,29 @@ TEST(MlstmCpu, ThreadCounts) {
     c.B = 3, c.NH = 3, c.S = 19, c.resets = "inside";
     c.opt.chunk_size = 4, c.opt.num_threads = threads;
     expect_parity(c, Pass::kFused);
+  }
+}
+
+// eps = 0 with m past ~103 (exp(−m) underflows in f32) and a zero query (q̂ᵀn = 0): h is 0/floor
+// = 0 on both implementations, never 0/0 = NaN.
+TEST(MlstmCpu, ZeroQueryWithHugeStabilizerStaysFinite) {
+  const int64_t S = 3, D = 4;
+  Tensor q = Tensor::empty(DType::kF32, {1, 1, S, D}), k = Tensor::empty(DType::kF32, {1, 1, S, D}),
+         v = Tensor::empty(DType::kF32, {1, 1, S, D}), ig = Tensor::empty(DType::kF32, {1, 1, S}),
+         fg = Tensor::empty(DType::kF32, {1, 1, S});
+  for (int64_t j = 0; j < S * D; ++j) {
+    q.data_as<float>()[j] = j < D ? 1.0f : 0.0f;  // steps 1 and 2: a zero query
+    k.data_as<float>()[j] = 0.5f, v.data_as<float>()[j] = 1.0f;
+  }
+  for (int64_t t = 0; t < S; ++t) ig.data_as<float>()[t] = t == 0 ? 120.0f : -50.0f, fg.data_as<float>()[t] = 60.0f;
+  const mlstm::Inputs in{q.view(), k.view(), v.view(), ig.view(), fg.view()};
+  for (const char* impl : {"reference", "cpu"}) {
+    mlstm::Options opt;
+    opt.eps = 0.0, opt.implementation = impl;
+    Tensor h = Tensor::empty(DType::kF32, {1, 1, S, D});
+    mlstm::forward(in, h.view(), {}, opt);
+    for (int64_t j = 0; j < S * D; ++j) EXPECT_TRUE(std::isfinite(h.data_as<float>()[j])) << impl << " h[" << j << "]";
+    for (int64_t j = D; j < S * D; ++j) EXPECT_EQ(h.data_as<float>()[j], 0.0f) << impl << " h[" << j << "]";
   }
 }
 

@@ -100,8 +100,10 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto& d, auto&) { d.sinks = Tensor::empty(DType::kBF16, {4}); }, {"sinks must be f32"});
   expect_error([](auto&, auto&) {}, {"o must have shape [6, 4, 16]"}, {6, 4, 8});
   expect_error([](auto&, auto&) {}, {"lse must have shape [6, 4]"}, {6, 4, 16}, {4, 6});
-  expect_error([](auto&, auto& o) { o.scale = 0.0; }, {"scale must be finite and > 0"});
-  expect_error([](auto&, auto& o) { o.softcap = -1.0; }, {"softcap must be finite and >= 0"});
+  expect_error([](auto&, auto& o) { o.scale = 0.0; }, {"scale must be finite in f32 and > 0"});
+  expect_error([](auto&, auto& o) { o.softcap = -1.0; }, {"softcap must be finite in f32 and >= 0"});
+  expect_error([](auto&, auto& o) { o.scale = 1e39; }, {"scale must be finite in f32 and > 0"});   // inf in f32
+  expect_error([](auto&, auto& o) { o.softcap = 1e39; }, {"softcap must be finite in f32 and >= 0"});
   expect_error([](auto&, auto& o) { o.window = -2; }, {"window must be >= 0 or -1"});
 }
 

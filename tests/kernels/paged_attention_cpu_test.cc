@@ -3,7 +3,9 @@
 // do not depend on the schedule (each key block is summed in a fixed order per task).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/paged_attention/testing.h"
 #include "tessera/paged_attention.h"
@@ -26,8 +28,9 @@ TEST(PagedAttentionCpu, ThreadCounts) {
   }
 }
 
-// One decoding sequence with a long context on 4 threads: 2 kv heads give 2 tasks, so the keys
-// are split (kSplitKeys = 1024) and the partials combined; sinks carried by one split only.
+// One decoding sequence with a long context on 4 threads: one task (a decode row covers every kv
+// head of its sequence), so the keys are split (kSplitKeys = 1024) and the partials combined;
+// sinks carried by one split only.
 TEST(PagedAttentionCpu, SplitKvDecodeAndPrefill) {
   for (bool sinks : {false, true})
     for (int64_t window : {int64_t{-1}, int64_t{3000}}) {
@@ -49,6 +52,27 @@ TEST(PagedAttentionCpu, ScheduleDoesNotChangeTheResult) {
   const Result a = compute(d.inputs(), opt), b = compute(d.inputs(), opt);
   EXPECT_EQ(std::memcmp(a.o.data(), b.o.data(), a.o.view().nbytes()), 0);
   EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.view().nbytes()), 0);
+}
+
+// A NaN in a key the row sees makes the row NaN, as in the reference: the online softmax must not
+// mistake NaN for "masked" (−inf), which would hide a bad cache read behind a plausible result.
+TEST(PagedAttentionCpu, NanInAVisibleKeyPropagates) {
+  testing::CaseSpec c;
+  c.q_lens = {1, 1}, c.kv_lens = {5, 7}, c.num_threads = 2;
+  testing::CaseData d = testing::make_case(c);
+  const int32_t page = static_cast<const int32_t*>(d.page_table.data())[0];  // sequence 0's first page
+  float* k = static_cast<float*>(d.k_cache.data());
+  const int64_t slot_elems = d.k_cache.view().numel() / d.k_cache.view().shape[0];
+  k[page * slot_elems] = std::numeric_limits<float>::quiet_NaN();  // slot 0, kv head 0, dim 0
+  for (const char* impl : {"reference", "cpu"}) {
+    Options opt = testing::options_of(c);
+    opt.implementation = impl;
+    const Result r = compute(d.inputs(), opt);
+    const float* o = static_cast<const float*>(r.o.data());
+    EXPECT_TRUE(std::isnan(o[0])) << impl << ": sequence 0, head 0 saw a NaN key";
+    const int64_t row = r.o.view().numel() / 2;  // sequence 1 never reads that page
+    EXPECT_FALSE(std::isnan(o[row])) << impl << ": sequence 1 does not read the NaN key";
+  }
 }
 
 }  // namespace

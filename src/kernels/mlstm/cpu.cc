@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/trace.h"
@@ -50,6 +51,10 @@ struct Head {
 };
 
 double logsigmoid(double x) { return std::min(x, 0.0) - std::log1p(std::exp(-std::fabs(x))); }
+
+// The denominator's floor exp(−m) in f32, never 0: past m ≈ 103 it would underflow, and with
+// eps = 0 and q̂ᵀn = 0 (a zero query) h would be 0/0.
+float den_floor(double m) { return std::max(static_cast<float>(std::exp(-m)), std::numeric_limits<float>::min()); }
 
 // The chunk [start, start + L) from the state (C, n, m_prev): fills c. Without `full`, only what
 // chunk_state needs (m, w, the decay matrix E): the backward's state sweep.
@@ -90,7 +95,7 @@ void chunk_forward(const Head& hd, int64_t start, int64_t L, const float* C, con
     c.qn[t] = qn;
     c.den_raw[t] = den + c.w[t] * qn;
     for (int64_t y = 0; y < DV; ++y) c.num[t * DV + y] += c.w[t] * c.qc[t * DV + y];
-    c.den[t] = std::max(std::fabs(c.den_raw[t]), float(std::exp(-c.m[t]))) + float(p.eps);
+    c.den[t] = std::max(std::fabs(c.den_raw[t]), den_floor(c.m[t])) + float(p.eps);
   }
 }
 
@@ -158,7 +163,7 @@ void chunk_backward(const Head& hd, const Chunk& c, const float* C, const float*
       dnum[t * DV + y] = dh[t * DV + y] / c.den[t];
       dden -= dh[t * DV + y] * c.num[t * DV + y] / (c.den[t] * c.den[t]);
     }
-    const bool live = std::fabs(c.den_raw[t]) > float(std::exp(-c.m[t]));
+    const bool live = std::fabs(c.den_raw[t]) > den_floor(c.m[t]);
     ddr[t] = live ? (c.den_raw[t] > 0 ? dden : -dden) : 0.f;
     for (int64_t y = 0; y < DV; ++y) dnw[t * DV + y] = c.w[t] * dnum[t * DV + y];
   }

@@ -91,7 +91,8 @@ CaseData make_case(const CaseSpec& s) {
       if (s.resets == "chunk") x = t % chunk == 0;
       else if (s.resets == "inside") x = t % chunk == chunk / 2 + b % 3;
       else if (s.resets == "every") x = 1;
-      else if (s.resets == "pair") x = t % 11 == 3 || t % 11 == 4;  // two in a row
+      else if (s.resets == "pair")  // two in a row, and a pair straddling every chunk boundary
+        x = t % 11 == 3 || t % 11 == 4 || t % chunk == chunk - 1 || (t % chunk == 0 && t > 0);
       else if (s.resets == "random") x = u.data_as<float>()[b * s.S + t] > 0.8f;
       else throw Error(ErrorCode::kInvalidArgument, "mlstm testing: unknown reset pattern " + s.resets);
     }

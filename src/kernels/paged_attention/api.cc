@@ -77,7 +77,7 @@ void check_sequences(const Inputs& in, Problem& p) {
   p.cu_q = static_cast<const int32_t*>(cu.data);
   p.kv_lens = static_cast<const int32_t*>(in.kv_lens.data);
   p.page_table = static_cast<const int32_t*>(in.page_table.data);
-  if (p.cu_q[0] != 0) bad("cu_q_lens[0] must be 0, got " + num(p.cu_q[0]));
+  if (p.cu_q[0] != 0) bad("sequence 0: cu_q_lens[0] must be 0, got " + num(p.cu_q[0]));
   for (int64_t s = 0; s < p.N; ++s) {
     const std::string seq = "sequence " + num(s) + ": ";
     if (p.cu_q[s + 1] < p.cu_q[s])
@@ -97,8 +97,8 @@ void check_sequences(const Inputs& in, Problem& p) {
     }
   }
   if (p.cu_q[p.N] != p.T)
-    bad("sequence " + num(p.N - 1) + ": cu_q_lens[N=" + num(p.N) + "]=" + num(p.cu_q[p.N]) +
-        " must equal the rows of q (T=" + num(p.T) + ")");
+    bad((p.N > 0 ? "sequence " + num(p.N - 1) + ": " : std::string("no sequences (N=0): ")) + "cu_q_lens[N=" +
+        num(p.N) + "]=" + num(p.cu_q[p.N]) + " must equal the rows of q (T=" + num(p.T) + ")");
 }
 
 Problem normalize(const Inputs& in, const Options& opt) {
@@ -112,10 +112,12 @@ Problem normalize(const Inputs& in, const Options& opt) {
     require_plain(s, p.device, "sinks");
     p.sinks = static_cast<const float*>(s.data);
   }
-  if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0.0))
-    bad("scale must be finite and > 0, got " + std::to_string(*opt.scale));
-  if (!(opt.softcap >= 0.0) || !std::isfinite(opt.softcap))
-    bad("softcap must be finite and >= 0 (0 disables it), got " + std::to_string(opt.softcap));
+  // The backends compute in f32: a finite double past FLT_MAX would become inf there.
+  constexpr double kMax = std::numeric_limits<float>::max();
+  if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0.0 && *opt.scale <= kMax))
+    bad("scale must be finite in f32 and > 0, got " + std::to_string(*opt.scale));
+  if (!(opt.softcap >= 0.0) || !(opt.softcap <= kMax))
+    bad("softcap must be finite in f32 and >= 0 (0 disables it), got " + std::to_string(opt.softcap));
   if (opt.window < -1) bad("window must be >= 0 or -1 (unbounded), got " + num(opt.window));
   p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
   p.softcap = opt.softcap;

@@ -5,6 +5,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "hwy/contrib/math/math-inl.h"
@@ -62,10 +63,13 @@ void OnlineSoftmax(float* S, int64_t R, int64_t n, int64_t lds, float* m, float*
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < R; ++r) {
     float* s = S + r * lds;
-    float mt = ninf;
-    for (int64_t j = 0; j < n; ++j) mt = std::max(mt, s[j]);
-    const float mnew = std::max(mt, m[r]);
-    if (!(mnew > ninf)) {  // nothing seen yet
+    // NaN propagates (a NaN logit or sink makes the row NaN, as in the reference); only −inf
+    // (masked) weighs 0.
+    float mt = m[r];
+    for (int64_t j = 0; j < n; ++j)
+      if (s[j] > mt || std::isnan(s[j])) mt = s[j];
+    const float mnew = std::isnan(m[r]) ? m[r] : mt;
+    if (mnew == ninf) {  // nothing seen yet
       std::fill(s, s + n, 0.0f);
       alpha[r] = 1.0f;
       continue;
@@ -75,16 +79,16 @@ void OnlineSoftmax(float* S, int64_t R, int64_t n, int64_t lds, float* m, float*
     int64_t j = 0;
     for (; j < nv; j += N) {
       const auto x = hn::LoadU(df, s + j);
-      const auto p = hn::IfThenElseZero(hn::Gt(x, vninf), hn::Exp(df, hn::Sub(x, vm)));
+      const auto p = hn::IfThenElseZero(hn::Ne(x, vninf), hn::Exp(df, hn::Sub(x, vm)));
       hn::StoreU(p, df, s + j);
       acc = hn::Add(acc, p);
     }
     float sum = Sum(df, acc);
     for (; j < n; ++j) {
-      s[j] = s[j] > ninf ? std::exp(s[j] - mnew) : 0.0f;
+      s[j] = s[j] == ninf ? 0.0f : std::exp(s[j] - mnew);
       sum += s[j];
     }
-    const float a = m[r] > ninf ? std::exp(m[r] - mnew) : 0.0f;
+    const float a = m[r] == ninf ? 0.0f : std::exp(m[r] - mnew);
     l[r] = l[r] * a + sum;
     alpha[r] = a;
     m[r] = mnew;

@@ -25,9 +25,9 @@
 // (dh_last), gives dwx, dr, db (in the inputs' dtype, accumulated in f32 over
 // B·S) and, with an initial state, dh0, dc0, dn0 (f32). The stabilizer m is not differentiated:
 // h does not depend on m_t for t >= 1 (c_t and n_t both carry exp(−m_t)), so this is exact; the
-// gradient of m0, were it wanted, is c0·dc0 + n0·dn0. Upstream gradients of c_last and n_last
-// are not taken yet (only dh_last, C++ API): with m held, they are what a next call's dc0/dn0
-// needs (mlstm takes them so); to be added.
+// gradient of m0, were it wanted, is c0·dc0 + n0·dn0. Upstream gradients of the last state
+// (dh_last, dc_last, dn_last; C++ API) are taken with m held: a next call depends on c·e^m and
+// n·e^m only, so feeding its dh0, dc0, dn0 back as these chains calls exactly.
 //
 // Errors (tessera::Error, kInvalidArgument, before any output is written): shapes, dtypes,
 // S = 0 (and an empty B, NH or DH), a partial initial state, non-contiguous views; DH over an implementation's limit is
@@ -59,6 +59,9 @@ struct Outputs {
 struct Upstream {
   TensorView dh;                         // [B, S, NH, DH] f32 (or the inputs' dtype)
   TensorView dh_last;  // [B, NH, DH] f32, optional
+  // [B, NH, DH] f32, optional: upstream gradients of c_last and n_last with m held (exactly what a
+  // next call's dc0 / dn0 are: chaining calls carries the gradient through the state).
+  TensorView dc_last, dn_last;
 };
 
 struct Grads {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 
+#include "kernels/api_test_util.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
 
@@ -14,19 +15,8 @@ namespace tessera::attention {
 namespace {
 
 // Outputs are filled with this byte; "untouched" means every byte still holds it.
-constexpr unsigned char kSentinel = 0x5A;
-
-Tensor sentinel(DType dt, const Shape& shape) {
-  Tensor t = Tensor::empty(dt, shape);
-  std::memset(t.data(), kSentinel, t.view().nbytes());
-  return t;
-}
-bool untouched(const Tensor& t) {
-  const auto* b = static_cast<const unsigned char*>(t.data());
-  for (size_t i = 0; i < t.view().nbytes(); ++i)
-    if (b[i] != kSentinel) return false;
-  return true;
-}
+using api_test::sentinel;
+using api_test::untouched;
 
 Tensor filled(DType dt, const Shape& shape, float base) {
   Tensor t = Tensor::empty(dt, shape);

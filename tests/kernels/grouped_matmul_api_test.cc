@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "kernels/api_test_util.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 #include "tessera/grouped_matmul.h"
@@ -14,19 +15,8 @@
 namespace tessera::grouped_matmul {
 namespace {
 
-constexpr unsigned char kSentinel = 0x5A;
-
-Tensor sentinel(DType dt, const Shape& shape) {
-  Tensor t = Tensor::empty(dt, shape);
-  std::memset(t.data(), kSentinel, t.view().nbytes());
-  return t;
-}
-bool untouched(const Tensor& t) {
-  const auto* b = static_cast<const unsigned char*>(t.data());
-  for (size_t i = 0; i < t.view().nbytes(); ++i)
-    if (b[i] != kSentinel) return false;
-  return true;
-}
+using api_test::sentinel;
+using api_test::untouched;
 Tensor filled(DType dt, const Shape& shape) {
   Tensor t = Tensor::empty(dt, shape);
   for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data(), dt, i, 0.1f * static_cast<float>(i % 7) - 0.3f);

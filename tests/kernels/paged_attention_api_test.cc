@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "kernels/api_test_util.h"
 #include "kernels/paged_attention/testing.h"
 #include "kernels/registry.h"
 #include "tessera/attention.h"
@@ -16,19 +17,8 @@
 namespace tessera::paged_attention {
 namespace {
 
-constexpr unsigned char kSentinel = 0x5A;
-
-Tensor sentinel(DType dt, const Shape& shape) {
-  Tensor t = Tensor::empty(dt, shape);
-  std::memset(t.data(), kSentinel, t.view().nbytes());
-  return t;
-}
-bool untouched(const Tensor& t) {
-  const auto* b = static_cast<const unsigned char*>(t.data());
-  for (size_t i = 0; i < t.view().nbytes(); ++i)
-    if (b[i] != kSentinel) return false;
-  return true;
-}
+using api_test::sentinel;
+using api_test::untouched;
 
 // Three sequences: q_lens 2, 3, 1; kv_lens 5, 9, 4; page_size 4 (pages 2, 3, 1).
 testing::CaseSpec base() {

@@ -195,6 +195,67 @@ TEST(SlstmReference, TwoCallsEqualOneCall) {
   }
 }
 
+// Gradients chain through calls: the second call's dh0, dc0, dn0 fed to the first call's backward
+// as dh_last, dc_last, dn_last give the one-call gradients (m held in both: a next call depends on
+// c·e^m and n·e^m only). Without dc_last/dn_last the gradient through the carried state is lost.
+TEST(SlstmReference, TwoCallsChainTheirGradients) {
+  for (const char* impl : {"reference", "cpu"}) {
+    CaseSpec s;
+    s.B = 2, s.S = 9, s.NH = 2, s.DH = 5, s.resets = "none", s.seed = 33;
+    const CaseData d = slstm::testing::make_case(s);
+    const Shape st{s.B, s.NH, s.DH};
+    const int64_t row = 4 * s.NH * s.DH;
+    // Steps [t0, t0 + len) of a [B, S, ...] tensor whose step holds `width` floats.
+    auto slice = [&](const Tensor& src, int64_t t0, int64_t len, Shape shape) {
+      const int64_t width = src.numel() / (s.B * s.S);
+      shape[1] = len;
+      Tensor out = Tensor::empty(DType::kF32, shape);
+      for (int64_t bi = 0; bi < s.B; ++bi)
+        for (int64_t step = 0; step < len; ++step)
+          for (int64_t e = 0; e < width; ++e)
+            out.data_as<float>()[(bi * len + step) * width + e] = src.data_as<float>()[(bi * s.S + t0 + step) * width + e];
+      return out;
+    };
+    struct Call {
+      Tensor h, hl, cl, nl, ml, dwx, dr, db, dh0, dc0, dn0;
+    };
+    auto call = [&](const Tensor& wx, const Tensor& dh, const Call* prev, const Call* next) {
+      Call c;
+      const int64_t len = wx.shape()[1];
+      c.h = Tensor::zeros(DType::kF32, {s.B, len, s.NH, s.DH});
+      for (Tensor* t : {&c.hl, &c.cl, &c.nl, &c.ml, &c.dh0, &c.dc0, &c.dn0}) *t = Tensor::zeros(DType::kF32, st);
+      c.dwx = Tensor::zeros(DType::kF32, wx.shape()), c.dr = Tensor::zeros(DType::kF32, d.r.shape());
+      c.db = Tensor::zeros(DType::kF32, d.b.shape());
+      slstm::Inputs in{wx.view(), d.r.view(), d.b.view()};
+      if (prev) in.h0 = prev->hl.view(), in.c0 = prev->cl.view(), in.n0 = prev->nl.view(), in.m0 = prev->ml.view();
+      slstm::Upstream up{dh.view()};
+      if (next) up.dh_last = next->dh0.view(), up.dc_last = next->dc0.view(), up.dn_last = next->dn0.view();
+      slstm::Options opt;
+      opt.implementation = impl;
+      const slstm::Grads g{c.dwx.view(), c.dr.view(), c.db.view(), prev ? c.dh0.view() : TensorView{},
+                           prev ? c.dc0.view() : TensorView{}, prev ? c.dn0.view() : TensorView{}};
+      slstm::forward_backward(in, up, {c.h.view(), c.hl.view(), c.cl.view(), c.nl.view(), c.ml.view()}, g, opt);
+      return c;
+    };
+    const Call whole = call(d.wx, d.dh, nullptr, nullptr);
+    const Tensor wx_a = slice(d.wx, 0, 4, d.wx.shape()), wx_b = slice(d.wx, 4, 5, d.wx.shape());
+    const Tensor dh_a = slice(d.dh, 0, 4, d.dh.shape()), dh_b = slice(d.dh, 4, 5, d.dh.shape());
+    const Call a_fwd = call(wx_a, dh_a, nullptr, nullptr);   // the state the second call starts from
+    const Call b = call(wx_b, dh_b, &a_fwd, nullptr);
+    const Call a = call(wx_a, dh_a, nullptr, &b);
+    // f32 sums over 9 steps of O(1) terms: 2e-5 absolute is a few hundred ulps of the largest.
+    for (int64_t bi = 0; bi < s.B; ++bi)
+      for (int64_t t = 0; t < s.S; ++t)
+        for (int64_t e = 0; e < row; ++e) {
+          const float got = t < 4 ? a.dwx.data_as<float>()[(bi * 4 + t) * row + e]
+                                  : b.dwx.data_as<float>()[(bi * 5 + t - 4) * row + e];
+          ASSERT_NEAR(got, whole.dwx.data_as<float>()[(bi * s.S + t) * row + e], 2e-5) << impl << " dwx b" << bi << " t" << t;
+        }
+    for (int64_t i = 0; i < whole.dr.numel(); ++i)
+      ASSERT_NEAR(a.dr.data_as<float>()[i] + b.dr.data_as<float>()[i], whole.dr.data_as<float>()[i], 2e-5) << impl << " dr";
+  }
+}
+
 // A reset starts a fresh sequence: h after a reset at t equals a call on steps [t, S) with no
 // initial state. (ANCHORS: the peers have no resets; a community fork forces f̄ = −1000 at
 // document boundaries, which still feeds h_{t-1} into the gates through r: not a reset.)

@@ -115,6 +115,8 @@ void set_backward(Problem& p, const Inputs& in, const Upstream& up, const Grads&
     return t.data_as<const float>();
   };
   p.dh_last = opt_state(up.dh_last, "dh_last");
+  p.dc_last = opt_state(up.dc_last, "dc_last");
+  p.dn_last = opt_state(up.dn_last, "dn_last");
   require(g.dwx, p.device, in.wx.shape, p.dtype, "dwx");
   require(g.dr, p.device, in.r.shape, p.dtype, "dr");
   require(g.db, p.device, in.b.shape, p.dtype, "db");

@@ -173,6 +173,8 @@ struct Task {
         for (int64_t r = 0; r < Bb; ++r) std::copy_n(src + p.state_at(b0 + r, hd, 0), D, &dst[size_t(r * D)]);
     };
     init(p.dh_last, dhrec);
+    init(p.dc_last, dc);
+    init(p.dn_last, dn);
     for (int64_t t = p.S - 1; t >= 0; --t) {
       float* dp = &dpre[size_t(t * Bb * W)];
       if (t > 0)

@@ -33,7 +33,7 @@ struct Problem {
 
   bool backward = false;
   const float* dh = nullptr;  // [B, S, NH, DH] f32
-  const float* dh_last = nullptr;  // optional
+  const float *dh_last = nullptr, *dc_last = nullptr, *dn_last = nullptr;  // optional
   void *dwx = nullptr, *dr = nullptr, *db = nullptr;                         // dtype
   float *dh0 = nullptr, *dc0 = nullptr, *dn0 = nullptr;                      // with an initial state
 

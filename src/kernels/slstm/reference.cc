@@ -93,7 +93,7 @@ void run_backward(const Problem& p, int64_t bi, int64_t hd, const Trace& tr, Gra
   auto ld = [&](const void* base, int64_t i) { return static_cast<double>(load_as_f32(base, p.dtype, i)); };
   auto opt = [&](const float* v, int64_t k) { return v ? double(v[p.state_at(bi, hd, k)]) : 0.0; };
   std::vector<double> dh_rec(DH), dc(DH), dn(DH);
-  for (int64_t k = 0; k < DH; ++k) dh_rec[k] = opt(p.dh_last, k);
+  for (int64_t k = 0; k < DH; ++k) dh_rec[k] = opt(p.dh_last, k), dc[k] = opt(p.dc_last, k), dn[k] = opt(p.dn_last, k);
   for (int64_t t = p.S - 1; t >= 0; --t) {
     std::vector<double> dpre(4 * DH);
     for (int64_t k = 0; k < DH; ++k) {

@@ -50,6 +50,16 @@ struct CheckCase {
   std::function<harness::ParityReport(const std::string& implementation, Pass pass, Device device)> run;
 };
 
+// A kernel's check grid as CheckCases: one per case of `grid` (anything with name()), run by
+// parity(case, implementation, pass, device) -> harness::ParityReport.
+template <class Case, class Parity>
+std::vector<CheckCase> check_cases_of(const std::vector<Case>& grid, Parity parity) {
+  std::vector<CheckCase> out;
+  for (const Case& c : grid)
+    out.push_back({c.name(), [c, parity](const std::string& impl, Pass pass, Device dev) { return parity(c, impl, pass, dev); }});
+  return out;
+}
+
 // ---- tune ----
 // One (implementation, dtype, shape) to sweep.
 struct TuneJob {

@@ -36,13 +36,11 @@ harness::ParityReport to_harness(const testing::ParityReport& r) {
 }
 
 std::vector<kernels::CheckCase> check_cases(bool quick) {
-  std::vector<kernels::CheckCase> out;
-  for (const testing::CaseSpec& spec : testing::check_grid(quick))
-    out.push_back({spec.name(), [spec](const std::string& impl, Pass pass, Device dev) {
-                     // Device implementations get device copies of the inputs (testing.cc).
-                     return to_harness(testing::check_parity(spec, impl, pass, dev));
-                   }});
-  return out;
+  return kernels::check_cases_of(testing::check_grid(quick),
+                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device dev) {
+                                   // Device implementations get device copies of the inputs (testing.cc).
+                                   return to_harness(testing::check_parity(c, impl, pass, dev));
+                                 });
 }
 
 // ---- call (Python bindings) ----

@@ -22,12 +22,10 @@ using K = OptionSpec::Kind;
 
 // ---- check ----
 std::vector<kernels::CheckCase> check_cases(bool quick) {
-  std::vector<kernels::CheckCase> out;
-  for (const testing::CaseSpec& spec : testing::check_grid(quick))
-    out.push_back({spec.name(), [spec](const std::string& impl, Pass pass, Device dev) {
-                     return testing::check_parity(spec, impl, pass, dev);
-                   }});
-  return out;
+  return kernels::check_cases_of(testing::check_grid(quick),
+                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device dev) {
+                                   return testing::check_parity(c, impl, pass, dev);
+                                 });
 }
 
 // ---- call (Python bindings) ----

@@ -16,10 +16,10 @@ BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "split_ke
 tune::Params to_params(const BlockSizes& b) { return {{"split_keys", b.split_keys}}; }
 
 std::vector<kernels::CheckCase> check_cases(bool quick) {
-  std::vector<kernels::CheckCase> out;
-  for (const testing::CaseSpec& c : testing::check_grid(quick))
-    out.push_back({c.name(), [c](const std::string& impl, Pass, Device dev) { return testing::check_parity(c, impl, dev); }});
-  return out;
+  return kernels::check_cases_of(testing::check_grid(quick),
+                                 [](const testing::CaseSpec& c, const std::string& impl, Pass, Device dev) {
+                                   return testing::check_parity(c, impl, dev);
+                                 });
 }
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }

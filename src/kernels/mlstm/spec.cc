@@ -17,10 +17,10 @@ using harness::OptionSpec;
 using K = OptionSpec::Kind;
 
 std::vector<kernels::CheckCase> check_cases(bool quick) {
-  std::vector<kernels::CheckCase> out;
-  for (const testing::CaseSpec& c : testing::check_grid(quick))
-    out.push_back({c.name(), [c](const std::string& impl, Pass pass, Device) { return testing::check_parity(c, impl, pass); }});
-  return out;
+  return kernels::check_cases_of(testing::check_grid(quick),
+                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device) {
+                                   return testing::check_parity(c, impl, pass);
+                                 });
 }
 
 Options call_options(const kernels::CallArgs& a) {

@@ -19,10 +19,10 @@ namespace {
 using K = harness::OptionSpec::Kind;
 
 std::vector<kernels::CheckCase> check_cases(bool quick) {
-  std::vector<kernels::CheckCase> out;
-  for (const testing::CaseSpec& c : testing::check_grid(quick))
-    out.push_back({c.name(), [c](const std::string& impl, Pass, Device dev) { return testing::check_parity(c, impl, dev); }});
-  return out;
+  return kernels::check_cases_of(testing::check_grid(quick),
+                                 [](const testing::CaseSpec& c, const std::string& impl, Pass, Device dev) {
+                                   return testing::check_parity(c, impl, dev);
+                                 });
 }
 
 // ---- call: the signature `tessera run` and the Python functions are derived from ----

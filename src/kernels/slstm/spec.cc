@@ -90,12 +90,10 @@ kernels::CallSpec call_spec() {
 }
 
 std::vector<kernels::CheckCase> check_cases(bool quick) {
-  std::vector<kernels::CheckCase> out;
-  for (const testing::CaseSpec& c : testing::check_grid(quick))
-    out.push_back({c.name(), [c](const std::string& impl, Pass pass, Device dev) {
-                     return testing::check_parity(c, impl, pass, dev);
-                   }});
-  return out;
+  return kernels::check_cases_of(testing::check_grid(quick),
+                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device dev) {
+                                   return testing::check_parity(c, impl, pass, dev);
+                                 });
 }
 
 }  // namespace

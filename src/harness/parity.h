@@ -10,7 +10,10 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "tessera/dtype.h"
 
 namespace tessera::harness {
 
@@ -18,6 +21,29 @@ struct Tolerance {
   double rtol = 0.0;
   double atol_scale = 0.0;
 };
+
+// A check grid under construction: add(case) gives every case the next seed, so a case keeps its
+// seed whatever is added after it; take() hands the cases over.
+template <class Case>
+class SeededGrid {
+ public:
+  explicit SeededGrid(uint64_t first_seed) : seed_(first_seed) {}
+  void operator()(Case c) {
+    c.seed = seed_++;
+    cases_.push_back(std::move(c));
+  }
+  std::vector<Case> take() { return std::move(cases_); }
+
+ private:
+  uint64_t seed_;
+  std::vector<Case> cases_;
+};
+
+// The dtypes of a check grid: f32 and bf16 in the quick grid, f16 too in the full one.
+inline std::vector<DType> check_dtypes(bool quick) {
+  if (quick) return {DType::kF32, DType::kBF16};
+  return {DType::kF32, DType::kBF16, DType::kF16};
+}
 
 struct Deviation {
   int64_t n = 0;

@@ -320,12 +320,7 @@ ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass,
 }
 
 std::vector<CaseSpec> check_grid(bool quick) {
-  std::vector<CaseSpec> grid;
-  uint64_t seed = 100;
-  auto add = [&](CaseSpec c) {
-    c.seed = seed++;
-    grid.push_back(c);
-  };
+  harness::SeededGrid<CaseSpec> add(100);
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     CaseSpec base;
     base.dtype = dt;
@@ -515,7 +510,7 @@ std::vector<CaseSpec> check_grid(bool quick) {
       add(c);
     }
   }
-  return grid;
+  return add.take();
 }
 
 }  // namespace tessera::attention::testing

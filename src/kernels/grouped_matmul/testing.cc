@@ -134,14 +134,8 @@ harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, P
 }
 
 std::vector<CaseSpec> check_grid(bool quick) {
-  std::vector<CaseSpec> grid;
-  uint64_t seed = 100;
-  auto add = [&](CaseSpec c) {
-    c.seed = seed++;
-    grid.push_back(c);
-  };
-  const std::vector<DType> dtypes = quick ? std::vector<DType>{DType::kF32, DType::kBF16}
-                                          : std::vector<DType>{DType::kF32, DType::kBF16, DType::kF16};
+  harness::SeededGrid<CaseSpec> add(100);
+  const std::vector<DType> dtypes = harness::check_dtypes(quick);
   for (DType dt : dtypes) {
     CaseSpec base;
     base.dtype = dt;
@@ -170,7 +164,7 @@ std::vector<CaseSpec> check_grid(bool quick) {
   t.sizes.assign(64, 0);
   for (int g = 0; g < 64; ++g) t.sizes[static_cast<size_t>(g)] = (g % 5 == 3) ? 0 : (g * 7) % 29 + 1;
   add(t);
-  return grid;
+  return add.take();
 }
 
 }  // namespace tessera::grouped_matmul::testing

@@ -229,13 +229,8 @@ ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass,
 }
 
 std::vector<CaseSpec> check_grid(bool quick) {
-  std::vector<CaseSpec> grid;
   const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
-  uint64_t seed = 100;
-  auto add = [&](CaseSpec c) {
-    c.seed = seed++;
-    grid.push_back(c);
-  };
+  harness::SeededGrid<CaseSpec> add(100);
   for (DType dt : dtypes) {
     CaseSpec base;
     base.dtype = dt;
@@ -402,7 +397,7 @@ std::vector<CaseSpec> check_grid(bool quick) {
       add(c);
     }
   }
-  return grid;
+  return add.take();
 }
 
 }  // namespace tessera::linear_cross_entropy::testing

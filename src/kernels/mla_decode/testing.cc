@@ -156,12 +156,7 @@ harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, D
 }
 
 std::vector<CaseSpec> check_grid(bool quick) {
-  std::vector<CaseSpec> grid;
-  uint64_t seed = 300;
-  auto add = [&](CaseSpec c) {
-    c.seed = seed++;
-    grid.push_back(c);
-  };
+  harness::SeededGrid<CaseSpec> add(300);
   const std::vector<DType> dtypes{DType::kF32, DType::kBF16, DType::kF16};
   for (DType dt : dtypes) {
     // DeepSeek's shape: D 576 / Dv 512, 64-key pages, lengths not multiples of 64, causal Sq 2.
@@ -197,7 +192,7 @@ std::vector<CaseSpec> check_grid(bool quick) {
     c.opt.block_sizes = BlockSizes{split};
     add(c);
   }
-  return grid;
+  return add.take();
 }
 
 }  // namespace tessera::mla_decode::testing

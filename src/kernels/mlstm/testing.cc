@@ -137,12 +137,7 @@ harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, P
 }
 
 std::vector<CaseSpec> check_grid(bool quick) {
-  std::vector<CaseSpec> grid;
-  uint64_t seed = 100;
-  auto add = [&](CaseSpec c) {
-    c.seed = seed++;
-    grid.push_back(c);
-  };
+  harness::SeededGrid<CaseSpec> add(100);
   auto mk = [](const char* label, int64_t B, int64_t S, int64_t DK, int64_t DV, int64_t chunk, const char* resets) {
     CaseSpec c;
     c.label = label, c.B = B, c.S = S, c.DK = DK, c.DV = DV, c.resets = resets;
@@ -173,7 +168,7 @@ std::vector<CaseSpec> check_grid(bool quick) {
     add(mk("batch33", 33, 5, 4, 4, 2, "random"));
     add(mk("s1000", 1, 1000, 16, 16, 64, "random"));
   }
-  return grid;
+  return add.take();
 }
 
 }  // namespace tessera::mlstm::testing

@@ -162,14 +162,8 @@ harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, D
 }
 
 std::vector<CaseSpec> check_grid(bool quick) {
-  std::vector<CaseSpec> grid;
-  uint64_t seed = 300;
-  auto add = [&](CaseSpec c) {
-    c.seed = seed++;
-    grid.push_back(c);
-  };
-  const std::vector<DType> dtypes = quick ? std::vector<DType>{DType::kF32, DType::kBF16}
-                                          : std::vector<DType>{DType::kF32, DType::kBF16, DType::kF16};
+  harness::SeededGrid<CaseSpec> add(300);
+  const std::vector<DType> dtypes = harness::check_dtypes(quick);
   for (DType dt : dtypes) {
     CaseSpec b;
     b.dtype = dt;
@@ -209,7 +203,7 @@ std::vector<CaseSpec> check_grid(bool quick) {
     c.label = "long32k_window", c.window = 5000, c.sinks = false, c.dtype = DType::kBF16, c.shared_pages = true;
     add(c);
   }
-  return grid;
+  return add.take();
 }
 
 }  // namespace tessera::paged_attention::testing

@@ -163,14 +163,8 @@ harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, P
 }
 
 std::vector<CaseSpec> check_grid(bool quick) {
-  std::vector<CaseSpec> g;
-  uint64_t seed = 100;
-  auto add = [&](CaseSpec c) {
-    c.seed = seed++;
-    g.push_back(c);
-  };
-  const std::vector<DType> dtypes = quick ? std::vector<DType>{DType::kF32, DType::kBF16}
-                                          : std::vector<DType>{DType::kF32, DType::kBF16, DType::kF16};
+  harness::SeededGrid<CaseSpec> add(100);
+  const std::vector<DType> dtypes = harness::check_dtypes(quick);
   for (DType dt : dtypes) {
     CaseSpec c;
     c.dtype = dt;
@@ -202,7 +196,7 @@ std::vector<CaseSpec> check_grid(bool quick) {
     c.label = "threads3", c.num_threads = 3, c.B = 17, c.S = 2;
     add(c);
   }
-  return g;
+  return add.take();
 }
 
 }  // namespace tessera::slstm::testing

@@ -107,6 +107,12 @@ class Kernel:
         """The leading outputs of a forward pass, in order: forward_outputs, then saved_only."""
         return self.forward_outputs + self.saved_only
 
+    def takes_grad(self, output: str) -> bool:
+        """Whether an upstream gradient of `output` reaches the backward: the forward_outputs (it
+        is required), and any other output whose ``grad_<output>`` the backward declares
+        (optional: mlstm's and slstm's last states, so that chained calls keep their gradient)."""
+        return output in self.forward_outputs or any(g.name == "grad_" + output for g in self.grad_inputs)
+
     @property
     def saved_flags(self) -> Tuple[str, ...]:
         """``return_<name>`` for each saved-only output (``return_lse``): asks for it after the others."""

@@ -125,9 +125,14 @@ def _register_autograd(k: Kernel):
         saved = [output[order.index(n)] for n in k.saved_outputs]
         ctx.save_for_backward(*[named[n] for n in tensor_names], *saved)
         ctx.grad_shapes = [o.shape for o in output[:nf]]
-        # Only forward_outputs take a gradient: the saved-only ones (lse) and the optional ones
-        # (argmax, metrics such as z_loss) do not pretend to.
-        ctx.mark_non_differentiable(*output[nf:])
+        # The names of every output, in order (the optional ones depend on the options).
+        tensors = {n: named[n] for n in tensor_names}
+        options = k.option_texts({o.name: named[o.name] for o in k.options})
+        ctx.out_names = [d[0] for d in _descs(k, "forward", tensors, options)]
+        # forward_outputs take a gradient, and the outputs whose grad_<name> the backward declares
+        # (last states); the saved-only ones (lse) and the others (argmax, z_loss) do not pretend to.
+        ctx.mark_non_differentiable(*[o for i, o in enumerate(output)
+                                      if i >= nf and not k.takes_grad(ctx.out_names[i])])
 
     def backward(ctx, *grads):
         if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
@@ -141,6 +146,9 @@ def _register_autograd(k: Kernel):
             ref = saved[0]
             named["grad_" + name] = (torch.zeros(shape, dtype=torch.float32, device=ref.device) if g is None
                                      else g.to(torch.float32).contiguous())
+        for name, g in zip(ctx.out_names[len(k.forward_outputs):], grads[len(k.forward_outputs):]):
+            if g is not None and k.takes_grad(name):  # optional upstream gradients (last states)
+                named["grad_" + name] = g.to(torch.float32).contiguous()
         for t in k.grad_inputs:
             named.setdefault(t.name, None)
         outs = bwd_op(*[named[a] for a in bwd_names])

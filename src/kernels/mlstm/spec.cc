@@ -109,7 +109,7 @@ kernels::CallSpec call_spec() {
                    {"grad_n_last", "upstream gradient of the last n [B, NH, DHQK] (f32)", false, false}};
   s.options = {{"eps", K::kFloat, "added to the denominator max(|nᵀq̂|, e^{-m})", "1e-06", {}},
                {"chunk_size", K::kInt, "chunk length of the chunkwise backends; 0: tuned (table, autotune on a miss) or the default (64)", "0", {}},
-               {"return_last_states", K::kFlag, "also return the last state c_last, n_last, m_last (f32)", "false", {}}};
+               {"return_last_states", K::kFlag, "also return the last state c_last, n_last, m_last (f32; gradients flow through c_last and n_last with m held, as into a next call's c0, n0)", "false", {}}};
   s.forward_outputs = {"h"};
   s.outputs = call_outputs;
   s.call = call;

@@ -27,6 +27,20 @@ _DTYPE_NAMES = {
 }
 
 
+_MASK_DTYPES = ("bool", "uint8", "torch.bool", "torch.uint8")
+
+
+def widen_mask(t: Any) -> Any:
+    """A bool or uint8 array (a mask such as mlstm's resets: nonzero = set) as int32, which the
+    kernels take; any other array unchanged. NumPy, CuPy, JAX and PyTorch alike."""
+    if t is None or str(getattr(t, "dtype", "")) not in _MASK_DTYPES:
+        return t
+    if str(t.dtype).startswith("torch."):
+        import torch
+        return t.to(torch.int32)
+    return t.astype("int32")
+
+
 def dtype_name(dtype: Any) -> str:
     """Tessera's name ("f32", "bf16", ...) for a NumPy / PyTorch / JAX dtype; TypeError otherwise."""
     name = str(dtype)

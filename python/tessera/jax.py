@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _ext
-from ._registry import KERNELS, Kernel, dtype_name, outputs, public_outputs
+from ._registry import KERNELS, Kernel, dtype_name, outputs, public_outputs, widen_mask
 
 __all__ = sorted(KERNELS)
 
@@ -123,7 +123,7 @@ def _make(k: Kernel):
     def fn(*args, **kwargs):
         tensors, options, implementation, extras = k.bind(args, kwargs)
         present = tuple(n for n, t in tensors.items() if t is not None)
-        arrays = [jnp.asarray(tensors[n]) for n in present]
+        arrays = [widen_mask(jnp.asarray(tensors[n])) for n in present]
         opts = tuple(sorted(k.option_texts(options).items()))
         wanted = k.wanted_saved(extras)
         out = _differentiable(k.name, present, opts, implementation, wanted)(*arrays)

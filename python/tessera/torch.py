@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import _ext
-from ._registry import KERNELS, Kernel, dtype_name
+from ._registry import KERNELS, Kernel, dtype_name, widen_mask
 
 __all__ = sorted(KERNELS) + ["LinearCrossEntropyLoss"]
 
@@ -71,12 +71,13 @@ def _split(k: Kernel, pass_: str, args, kwargs):
     named.update(zip(_arg_names(k, pass_), args))
     named.update(kwargs)
     tensor_names = [t.name for t in k.inputs] + ([t.name for t in k.grad_inputs] if pass_ == "backward" else [])
-    tensors = {n: named[n] for n in tensor_names if named[n] is not None}
+    tensors = {n: widen_mask(named[n]) for n in tensor_names if named[n] is not None}
     options = k.option_texts({o.name: named[o.name] for o in k.options})
     return tensors, options, named["implementation"]
 
 
 def _descs(k: Kernel, pass_: str, tensors: Dict[str, torch.Tensor], options: Dict[str, str]):
+    tensors = {n: widen_mask(t) for n, t in tensors.items()}
     metas = {n: (dtype_name(t.dtype), list(t.shape), list(t.stride())) for n, t in tensors.items()}
     return _ext.outputs(k.name, pass_, metas, options)
 

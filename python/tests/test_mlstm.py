@@ -186,3 +186,21 @@ def test_jax_gradients_flow_through_the_last_states():
     g1, g2 = jax.grad(loss)(x, False), jax.grad(loss)(x, True)
     for n in x:
         np.testing.assert_allclose(np.asarray(g2[n]), np.asarray(g1[n]), rtol=2e-4, atol=2e-5, err_msg=n)
+
+
+def test_bool_and_uint8_resets_equal_int_resets():
+    """A mask comes as bool (or uint8) from every framework; it is taken as int32 (nonzero = reset)."""
+    x = problem(7)
+    want = tessera.mlstm(**x, chunk_size=4)
+    for dt in (np.bool_, np.uint8):
+        np.testing.assert_array_equal(tessera.mlstm(**dict(x, resets=x["resets"].astype(dt)), chunk_size=4), want)
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+    t = {n: torch.from_numpy(a) for n, a in x.items()}
+    t["resets"] = t["resets"].bool()
+    np.testing.assert_array_equal(tt.mlstm(**t, chunk_size=4).numpy(), want)
+    jax = pytest.importorskip("jax")
+    import tessera.jax as tj
+    j = {n: jax.numpy.asarray(a) for n, a in x.items()}
+    j["resets"] = j["resets"].astype(bool)
+    np.testing.assert_array_equal(np.asarray(tj.mlstm(**j, chunk_size=4)), want)

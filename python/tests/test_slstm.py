@@ -181,3 +181,14 @@ def test_jax_gradients_flow_through_the_last_states():
     g1, g2 = jax.grad(loss)(d, False), jax.grad(loss)(d, True)
     for n in d:
         np.testing.assert_allclose(np.asarray(g2[n]), np.asarray(g1[n]), rtol=2e-4, atol=2e-5, err_msg=n)
+
+
+def test_bool_resets_equal_int_resets():
+    d = problem(8, resets=True)
+    want = tessera.slstm(**d)
+    np.testing.assert_array_equal(tessera.slstm(**dict(d, resets=d["resets"].astype(bool))), want)
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+    t = {n: torch.from_numpy(a) for n, a in d.items()}
+    t["resets"] = t["resets"].to(torch.uint8)
+    np.testing.assert_array_equal(tt.slstm(**t).numpy(), want)

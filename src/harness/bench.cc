@@ -321,18 +321,19 @@ class Driver {
       trace::start();
       call.run();
       trace::stop();
-      for (size_t s = 0; s < cfg_.stages.size(); ++s) ms_of[s].push_back(trace::span(cfg_.stages[s]).ns * 1e-6);
+      for (size_t s = 0; s < cfg_.stages.size(); ++s) ms_of[s].push_back(trace::span(cfg_.stages[s].scope).ns * 1e-6);
     }
     std::string line;
     for (size_t s = 0; s < cfg_.stages.size(); ++s) {
       std::sort(ms_of[s].begin(), ms_of[s].end());
       const double med = ms_of[s][ms_of[s].size() / 2];
-      const std::string& full = cfg_.stages[s];
+      const std::string& full = cfg_.stages[s].scope;
       const std::string label = full.substr(full.find_last_of('.') + 1);
       r["stage_" + label + "_ms"] = med;
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.3f", med);
-      line += (line.empty() ? "" : " + ") + label + " " + buf + " ms";
+      const char* sep = cfg_.stages[s].concurrent ? " || " : " + ";
+      line += (line.empty() ? "" : sep) + label + " " + buf + " ms";
     }
     trace::start();  // leave no events behind
     trace::stop();

@@ -84,6 +84,18 @@ class BenchProblem {
   }
 };
 
+// A stage of a pipeline kernel: the trace scope that marks it in its CPU implementations
+// (core/trace.h), and whether it runs concurrently with the stage before it (both on the worker
+// pool at the same time, e.g. a mixed batch's decode and prefill rows: their spans overlap, and
+// the total is not their sum).
+struct Stage {
+  std::string scope;
+  bool concurrent = false;
+  Stage(std::string s, bool with_previous = false) : scope(std::move(s)), concurrent(with_previous) {}  // NOLINT
+  Stage(const char* s) : scope(s) {}  // NOLINT(google-explicit-constructor): {"a.x", "a.y"} lists
+  bool operator==(const Stage&) const = default;
+};
+
 struct BenchCase {
   std::string shape_name;  // from the grid ("" for --shape)
   std::string label;       // "B=2048,H=1024,V=32768 f32"
@@ -109,11 +121,11 @@ struct BenchConfig {
   bool compare = false;        // time the kernel's baselines
   double reference_max_work = 16.0 * 1024 * 1024;  // skip "reference" above this (see work())
   bool include_reference_large = false;
-  // A pipeline kernel's stages: the trace scope names that mark them (core/trace.h), in order.
-  // Each host row then also gets stage_<last dotted part>_ms: the median over stage_runs traced
-  // calls (after the timed ones) of each stage's wall-clock span, and "stages" as one line.
-  // Skipped while a trace is being recorded (it would be cleared) and for device rows.
-  std::vector<std::string> stages;
+  // A pipeline kernel's stages (Stage), in order. Each host row then also gets
+  // stage_<last dotted part of the scope>_ms: the median over stage_runs traced calls (after the
+  // timed ones) of each stage's wall-clock span, and "stages" as one line ("a 3.1 ms + b 0.2 ms";
+  // "||" between stages that run concurrently).
+  std::vector<Stage> stages;
   int stage_runs = 5;
   const Roofline* roofline = nullptr;
   bool progress = true;

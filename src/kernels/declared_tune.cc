@@ -26,8 +26,8 @@ struct Bound {
   std::string current;                              // the candidate that ran last
 };
 
-tune::Runner make_runner(const KernelSpec& k, const std::vector<int64_t>& shape, DType dtype, Pass pass,
-                         const std::string& impl, DeviceType type) {
+tune::Runner make_runner(const tune::Declared& d, const KernelSpec& k, const std::vector<int64_t>& shape, DType dtype,
+                         Pass pass, const std::string& impl, DeviceType type) {
   auto b = std::make_shared<Bound>();
   b->problem = k.bench.make_problem(grid_shape(k, shape), dtype, harness::defaults_of(k.bench.options), 1);
   check(!b->problem->call_inputs().empty(), ErrorCode::kInternal,
@@ -35,7 +35,8 @@ tune::Runner make_runner(const KernelSpec& k, const std::vector<int64_t>& shape,
   const Device dev = type == DeviceType::kCPU ? Device::cpu() : Device{type, 0};
   const harness::DeviceHooks* hooks = type == DeviceType::kCPU ? nullptr : harness::device_hooks(type);
   const KernelSpec* kp = &k;
-  tune::RunFn run = [b, kp, pass, impl, dev, hooks](const tune::Params& params) {
+  tune::RunFn run = [b, kp, &d, shape, pass, impl, dev, hooks](const tune::Params& params) {
+    if (d.validate) d.validate(params, shape);  // a candidate that breaks the joint check fails
     const std::string key = tune::params_str(params);
     auto it = b->calls.find(key);
     if (it == b->calls.end()) {
@@ -80,8 +81,8 @@ TuneSpec declared_tune_spec(const tune::Declared& d, const KernelSpec& (*kernel)
     job.candidates = d.candidates(shape);
     job.support = ip->available();
     if (with_data)
-      job.make_run = [kernel, shape, dtype, pass, impl, type] {
-        return make_runner(kernel(), shape, dtype, pass, impl, type);
+      job.make_run = [&d, kernel, shape, dtype, pass, impl, type] {
+        return make_runner(d, kernel(), shape, dtype, pass, impl, type);
       };
     return job;
   };

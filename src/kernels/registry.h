@@ -198,9 +198,11 @@ struct KernelSpec {
   std::vector<Pass> passes;
   std::vector<DType> dtypes;             // input dtypes it takes
   // A pipeline (split-KV partial attention, then the lse combine): the trace scope that marks
-  // each stage in its CPU implementations (core/trace.h), in order; `tessera bench` reports
-  // each stage's time beside the total (harness::BenchConfig::stages). Empty: one stage.
-  std::vector<std::string> stages;
+  // each stage in its CPU implementations (core/trace.h), in order, each sequential or
+  // concurrent with the one before (harness::Stage); `tessera bench` reports each stage's time
+  // beside the total. Empty: one stage. The stages' block sizes are options of the call, tuned
+  // and validated together by the kernel's tune::Declared (its `validate` sees them all).
+  std::vector<harness::Stage> stages;
   std::function<dispatch::RegistryView&()> implementations;
   std::function<std::vector<CheckCase>(bool quick)> check_grid;
   BenchSpec bench;

@@ -53,7 +53,10 @@ Choice choose_declared(const Declared& d, const DeclaredCall& c, const std::func
   r.explicit_sizes = given_options(d, c, cands.front());
   r.defaults = cands.front();
   r.tunable = d.tunable(c.implementation);
-  r.validate = [](const Params&) {};  // the implementation validates when it runs
+  // The joint check where declared; each implementation validates its own limits when it runs.
+  r.validate = [&d, &c](const Params& p) {
+    if (d.validate) d.validate(p, c.dims);
+  };
   r.table = d.table ? &d.table() : nullptr;
   r.device_kind = default_device_kind(c.device);
   r.dtype = dtype_name(c.dtype);

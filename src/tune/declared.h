@@ -34,6 +34,12 @@ struct Declared {
   // The candidates for a shape (the kernel's dims, in order), the default first. Each names
   // every tuned option.
   std::function<std::vector<Params>(const std::vector<int64_t>& dims)> candidates;
+  // Optional: the joint check of a full set of options at a shape (a pipeline's stages tuned
+  // together: stage 1's split count and stage 2's combine width must agree). Throws
+  // Error(kInvalidArgument) naming the broken constraint. It runs on options a caller gives
+  // (the call fails before anything runs) and on tuned-table rows (a row that breaks it is
+  // ignored with a warning); candidates that break it fail when timed.
+  std::function<void(const Params&, const std::vector<int64_t>& dims)> validate;
   // Multiply-adds of one call at this shape: autotune-on-miss runs only from min_work on.
   std::function<double(const std::vector<int64_t>& dims)> work;
   double min_work = double(int64_t{1} << 30);

@@ -66,6 +66,17 @@ TEST(BenchStages, RowsCarryEachStagesTimeBesideTheTotal) {
   EXPECT_FALSE(trace::enabled());
 }
 
+// Stages declared concurrent (their spans overlap) are joined by "||" in the row's line.
+TEST(BenchStages, ConcurrentStagesAreMarkedInTheLine) {
+  BenchConfig cfg = config();
+  cfg.stages = {Stage("fake.partial"), Stage("fake.combine", true)};
+  const auto res = run_bench(cfg);
+  ASSERT_EQ(res.rows.size(), 1u);
+  const std::string line = res.rows[0].value("stages", "");
+  EXPECT_NE(line.find("partial "), std::string::npos) << line;
+  EXPECT_NE(line.find(" || combine "), std::string::npos) << line;
+}
+
 TEST(BenchStages, NoStagesNoFieldsAndARunningTraceIsLeftAlone) {
   BenchConfig cfg = config();
   auto res = run_bench(cfg);

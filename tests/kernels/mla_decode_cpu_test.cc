@@ -146,7 +146,7 @@ namespace {
 // read once; causal counts only the visible pairs. And the spec declares the two stages.
 TEST(MlaDecodeBench, CostCountsVisiblePairsAndCacheBytes) {
   const kernels::KernelSpec& k = spec();
-  EXPECT_EQ(k.stages, (std::vector<std::string>{"mla_decode.split_kv", "mla_decode.combine"}));
+  EXPECT_EQ(k.stages, (std::vector<harness::Stage>{"mla_decode.split_kv", "mla_decode.combine"}));
   harness::OptionValues o;
   for (const auto& spec_opt : k.bench.options) o.set(spec_opt.name, spec_opt.default_value);
   harness::GridShape shape;

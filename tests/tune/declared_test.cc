@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "kernels/registry.h"
+#include "tessera/error.h"
 #include "tune/autotune.h"
 #include "tune/declared.h"
 #include "tune/device_kind.h"
@@ -96,6 +97,38 @@ TEST(DeclaredTuning, AMissAutotunesBigProblemsOnceAndCachesTheWinner) {
   EXPECT_EQ(choose_declared(toy(), call(50), counted).source, "default");
   EXPECT_EQ(runs, 0);
   clear_autotune_memo();
+}
+
+// Two stages' block sizes validated together: stage 2 combines `splits` partials of stage 1
+// and takes at most 8 of them at once; a table row that breaks it is ignored, options that
+// break it fail the call.
+TEST(DeclaredTuning, StagesBlockSizesAreValidatedJointly) {
+  Declared d = toy();
+  d.options = {"splits", "combine_width"};
+  d.candidates = [](const std::vector<int64_t>&) {
+    return std::vector<Params>{{{"splits", 4}, {"combine_width", 4}}, {{"splits", 8}, {"combine_width", 8}}};
+  };
+  d.validate = [](const Params& p, const std::vector<int64_t>&) {
+    if (param(p, "combine_width").value() < param(p, "splits").value())
+      throw Error(ErrorCode::kInvalidArgument, "toy: combine_width must be >= splits");
+  };
+  DeclaredCall c = call(50);
+  c.given = {{"splits", 16}, {"combine_width", 8}};
+  try {
+    choose_declared(d, c, planted);
+    FAIL() << "expected the joint check to refuse splits 16 with combine_width 8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("combine_width must be >= splits"), std::string::npos) << e.what();
+  }
+  c.given = {{"splits", 8}, {"combine_width", 8}};
+  EXPECT_EQ(choose_declared(d, c, planted).source, "options");
+  g_rows = {{"cpu", default_device_kind(DeviceType::kCPU), "f32", "small", {{"splits", 8}, {"combine_width", 2}}, "N=64",
+             "forward", 1.0, "2026-11-25"}};
+  const ScopedEnv off("TESSERA_AUTOTUNE", "0");
+  const Choice ch = choose_declared(d, call(50), planted);  // the broken row: ignored
+  EXPECT_EQ(ch.source, "default");
+  EXPECT_EQ(param(ch.params, "splits"), 4);
+  g_rows.clear();
 }
 
 TEST(DeclaredTuning, MlstmDeclaresItsChunkAndTunesThroughItsSignature) {

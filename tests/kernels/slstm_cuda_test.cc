@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda_test_util.h"
+#include "kernels/slstm/cuda_plan.h"
 #include "kernels/slstm/testing.h"
 #include "tessera/error.h"
 #include "tessera/slstm.h"
@@ -135,6 +136,32 @@ TEST(SlstmCuda, UpstreamInTheInputsDtype) {
   for (size_t f = 0; f < a.size(); ++f)
     for (int64_t i = 0; i < a[f].numel(); ++i)
       ASSERT_EQ(load_as_f32(a[f].data(), a[f].dtype(), i), load_as_f32(b[f].data(), b[f].dtype(), i)) << f << " " << i;
+}
+
+// ---- the host arithmetic of a launch (cuda_plan.h; these run without a GPU) ----
+
+// The shared-memory plan at the limits it is documented with (docs/kernels/slstm.md): H100 /
+// H200 give 232,448 bytes per block (227 KiB), A100 166,912 (163 KiB).
+TEST(SlstmCudaPlan, SharedMemoryAndRegisterRows) {
+  namespace cp = cuda_plan;
+  constexpr size_t kH100 = 232448, kA100 = 166912;
+  // f32, DH = 128: all of r is 256 KiB; 32 rows in registers leave 192 KiB of it in shared memory.
+  EXPECT_EQ(cp::forward_smem(128, 4, 0), size_t{16384 + 262144});
+  EXPECT_EQ(cp::forward_smem(128, 4, 32), size_t{16384 + 196608});   // 208 KiB
+  EXPECT_EQ(cp::backward_smem(128, 4, 32), size_t{22528 + 196608});  // 214 KiB
+  EXPECT_EQ(cp::register_rows(128, 4, kH100), 32);
+  EXPECT_EQ(cp::register_rows(128, 4, kA100), -1);  // named as the reason on an A100
+  EXPECT_EQ(cp::register_rows(96, 4, kA100), 0);
+  EXPECT_EQ(cp::register_rows(112, 4, kH100), 0);
+  // bf16 / f16 keep r whole in shared memory up to the DH limit, on both.
+  EXPECT_EQ(cp::register_rows(128, 2, kH100), 0);
+  EXPECT_EQ(cp::register_rows(128, 2, kA100), 0);
+  for (int64_t DH : {1, 8, 13, 64, 96, 128}) {
+    EXPECT_EQ(cp::threads_for(DH) % 32, 0) << DH;
+    EXPECT_GE(cp::threads_for(DH), 4 * DH) << DH;
+    EXPECT_LE(cp::threads_for(DH), cp::kMaxThreads) << DH;
+    EXPECT_GE(cp::register_rows(DH, 4, kH100), 0) << DH;
+  }
 }
 
 }  // namespace

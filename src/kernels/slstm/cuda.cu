@@ -3,7 +3,7 @@
 // its rows' whole recurrence: no grid-wide barrier).
 //   forward (slstm_forward): the head's recurrent weights stay resident for the whole sequence —
 //     in shared memory in the inputs' dtype, with the first kRegRows rows j of each column in
-//     registers when all of r does not fit (f32 at DH > ~110); thread c = g·DH + k owns column c
+//     registers when all of r does not fit (f32 at DH > 112 on an H100); thread c = g·DH + k owns column c
 //     (gate g, unit k): per step pre[b, c] = Σ_j h[b, j]·r[g, j, k] + wx + b for the block's rows
 //     (h broadcast from shared memory), then the cells' pointwise gates in f32 (stable sigmoid,
 //     logsigmoid, tanh; the first-step rule m = ī), state (h, c, n, m) in shared memory.
@@ -14,7 +14,7 @@
 //   dr, db (slstm_weight_grads): Σ over B·S of h_{t−1}ᵀ·dpre and dpre, f32 accumulators per thread
 //     (deterministic: no atomics), rounded once to the inputs' dtype.
 // DH ≤ 128 (kMaxDH), and the shared memory a block needs must fit the device's opt-in limit
-// (f32 DH = 128 needs 208 KiB forward, 215 KiB backward: H100 / H200 227 KiB). Resets are host
+// (f32 DH = 128 needs 208 KiB forward, 214 KiB backward: H100 / H200 227 KiB). Resets are host
 // memory (Problem): copied to the device once per call. Compiled in CI for sm_90a + PTX; NOT run
 // on a GPU yet (docs/kernels/slstm.md).
 #include <cuda_bf16.h>
@@ -28,6 +28,7 @@
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
 #include "core/trace_nvtx.h"
+#include "kernels/slstm/cuda_plan.h"
 #include "kernels/slstm/impl.h"
 #include "primitives/cuda_available.h"
 #include "tessera/error.h"
@@ -35,10 +36,14 @@
 namespace tessera::slstm {
 namespace {
 
-constexpr int64_t kMaxDH = 128;
-constexpr int kRows = 4;        // batch rows per block: r is read from shared memory once per step for all of them
-constexpr int kRegRows = 32;    // rows of r (columns of rᵀ) held in registers when shared memory is short
-constexpr int kMaxThreads = 512;  // 4·kMaxDH columns: one thread each
+using cuda_plan::backward_smem;
+using cuda_plan::forward_smem;
+using cuda_plan::kMaxDH;
+using cuda_plan::kMaxThreads;
+using cuda_plan::kRegRows;
+using cuda_plan::kRows;
+using cuda_plan::register_rows;
+using cuda_plan::threads_for;
 constexpr int kWeightJ = 8;     // rows j of dr per thread in slstm_weight_grads
 constexpr int kTapeFields = 11;
 // Tape fields, each an array of B·S·NH·DH f32 in h's layout.
@@ -88,14 +93,6 @@ struct Args {
     return __half2float(static_cast<const __half*>(dh)[i]);
   }
 };
-
-// Shared memory of a block, in bytes: f32 work arrays, then the resident part of r (the inputs' dtype).
-size_t forward_smem(int64_t DH, size_t esz, int jr) {
-  return sizeof(float) * (4 * kRows * DH + kRows * 4 * DH) + esz * size_t((DH - jr) * 4 * DH);
-}
-size_t backward_smem(int64_t DH, size_t esz, int jr) {
-  return sizeof(float) * (3 * kRows * DH + 2 * kRows * 4 * DH) + esz * size_t(4 * (DH - jr) * DH);
-}
 
 template <class T, int JR>
 __global__ void __launch_bounds__(kMaxThreads) slstm_forward(Args a) {
@@ -219,6 +216,7 @@ __global__ void __launch_bounds__(kMaxThreads) slstm_backward(Args a) {
     dcs[e] = in && a.dc_last ? a.dc_last[s] : 0.0f;
     dns[e] = in && a.dn_last ? a.dn_last[s] : 0.0f;
   }
+  for (int64_t e = tid; e < kRows * W; e += nthr) dp[e] = 0.0f;  // rows past B: the product reads them
   __syncthreads();
   T* dwx = static_cast<T*>(a.dwx);
   const int64_t cells = a.cells();
@@ -310,22 +308,12 @@ __global__ void slstm_weight_grads(const float* hprev, const float* dpre, int64_
 
 constexpr const char* kResetsCopy = "slstm (cuda) copies the resets mask to the device";
 
-// The rows of r held in registers (0 or kRegRows) so that a block's shared memory fits `optin`
-// bytes; -1 when neither does.
-int register_rows(int64_t DH, size_t esz, size_t optin) {
-  for (int jr : {0, kRegRows})
-    if (jr <= DH && forward_smem(DH, esz, jr) <= optin && backward_smem(DH, esz, jr) <= optin) return jr;
-  return -1;
-}
-
 size_t optin_smem(int dev) {
   int v = 0;
   cuda::check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
               "slstm (cuda): cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   return static_cast<size_t>(v);
 }
-
-int threads_for(int64_t DH) { return static_cast<int>((4 * DH + 31) / 32 * 32); }
 
 template <class K>
 void launch(K kernel, const char* name, const Args& a, size_t smem, cudaStream_t st) {

@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from . import _ext
-from ._registry import KERNELS, Kernel, outputs, public_outputs
+from ._registry import KERNELS, Kernel, outputs, public_outputs, widen_mask
 
 __version__ = _ext.__version__
 __all__ = ["call", "kernels", "implementations"] + sorted(KERNELS)
@@ -85,7 +85,7 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
     (``grad_loss``) and optionally saved forward outputs (``lse``).
     """
     k = _kernel(kernel)
-    given = {n: t for n, t in tensors.items() if t is not None}
+    given = {n: widen_mask(t) for n, t in tensors.items() if t is not None}
     opts = k.option_texts(options)
     metas = {}
     for n, t in given.items():

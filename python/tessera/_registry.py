@@ -27,6 +27,20 @@ _DTYPE_NAMES = {
 }
 
 
+_MASK_DTYPES = ("bool", "uint8", "torch.bool", "torch.uint8")
+
+
+def widen_mask(t: Any) -> Any:
+    """A bool or uint8 array (a mask such as mlstm's resets: nonzero = set) as int32, which the
+    kernels take; any other array unchanged. NumPy, CuPy, JAX and PyTorch alike."""
+    if t is None or str(getattr(t, "dtype", "")) not in _MASK_DTYPES:
+        return t
+    if str(t.dtype).startswith("torch."):
+        import torch
+        return t.to(torch.int32)
+    return t.astype("int32")
+
+
 def dtype_name(dtype: Any) -> str:
     """Tessera's name ("f32", "bf16", ...) for a NumPy / PyTorch / JAX dtype; TypeError otherwise."""
     name = str(dtype)
@@ -106,6 +120,12 @@ class Kernel:
     def forward_order(self) -> Tuple[str, ...]:
         """The leading outputs of a forward pass, in order: forward_outputs, then saved_only."""
         return self.forward_outputs + self.saved_only
+
+    def takes_grad(self, output: str) -> bool:
+        """Whether an upstream gradient of `output` reaches the backward: the forward_outputs (it
+        is required), and any other output whose ``grad_<output>`` the backward declares
+        (optional: mlstm's and slstm's last states, so that chained calls keep their gradient)."""
+        return output in self.forward_outputs or any(g.name == "grad_" + output for g in self.grad_inputs)
 
     @property
     def saved_flags(self) -> Tuple[str, ...]:

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _ext
-from ._registry import KERNELS, Kernel, dtype_name, outputs, public_outputs
+from ._registry import KERNELS, Kernel, dtype_name, outputs, public_outputs, widen_mask
 
 __all__ = sorted(KERNELS)
 
@@ -96,13 +96,21 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
         saved = {n: out[n] for n in k.saved_outputs if n in out}
         return primal_out(out), (args, saved)
 
+    def public_names(args):
+        """The names of primal_out's outputs (static: from the shapes and the options)."""
+        metas = {n: (dtype_name(a.dtype), list(a.shape), []) for n, a in zip(present, args)}
+        return public_outputs(k, [d[0] for d in outputs(k, "forward", metas, dict(options))]) + list(saved_wanted)
+
     def bwd(res, g):
         args, saved = res
+        public = public_names(args)
         gs = g if isinstance(g, tuple) else (g,)
         tensors = dict(zip(present, args))
-        # Upstream gradients of the outputs that take one (the first public outputs, in order).
-        for name, gi in zip(k.forward_outputs, gs):
-            tensors["grad_" + name] = jnp.asarray(gi, jnp.float32)
+        # Upstream gradients of the outputs that take one: the forward_outputs (the first public
+        # outputs) and those whose grad_<name> the backward declares (last states).
+        for name, gi in zip(public, gs):
+            if k.takes_grad(name):
+                tensors["grad_" + name] = jnp.asarray(gi, jnp.float32)
         tensors.update(saved)
         grads = _ffi(k, "backward", tensors, options, implementation)
         return tuple(_varying_like(grads["d" + n], a) if n in diff else None for n, a in zip(present, args))
@@ -115,7 +123,7 @@ def _make(k: Kernel):
     def fn(*args, **kwargs):
         tensors, options, implementation, extras = k.bind(args, kwargs)
         present = tuple(n for n, t in tensors.items() if t is not None)
-        arrays = [jnp.asarray(tensors[n]) for n in present]
+        arrays = [widen_mask(jnp.asarray(tensors[n])) for n in present]
         opts = tuple(sorted(k.option_texts(options).items()))
         wanted = k.wanted_saved(extras)
         out = _differentiable(k.name, present, opts, implementation, wanted)(*arrays)

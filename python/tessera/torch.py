@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import _ext
-from ._registry import KERNELS, Kernel, dtype_name
+from ._registry import KERNELS, Kernel, dtype_name, widen_mask
 
 __all__ = sorted(KERNELS) + ["LinearCrossEntropyLoss"]
 
@@ -71,12 +71,13 @@ def _split(k: Kernel, pass_: str, args, kwargs):
     named.update(zip(_arg_names(k, pass_), args))
     named.update(kwargs)
     tensor_names = [t.name for t in k.inputs] + ([t.name for t in k.grad_inputs] if pass_ == "backward" else [])
-    tensors = {n: named[n] for n in tensor_names if named[n] is not None}
+    tensors = {n: widen_mask(named[n]) for n in tensor_names if named[n] is not None}
     options = k.option_texts({o.name: named[o.name] for o in k.options})
     return tensors, options, named["implementation"]
 
 
 def _descs(k: Kernel, pass_: str, tensors: Dict[str, torch.Tensor], options: Dict[str, str]):
+    tensors = {n: widen_mask(t) for n, t in tensors.items()}
     metas = {n: (dtype_name(t.dtype), list(t.shape), list(t.stride())) for n, t in tensors.items()}
     return _ext.outputs(k.name, pass_, metas, options)
 
@@ -125,9 +126,14 @@ def _register_autograd(k: Kernel):
         saved = [output[order.index(n)] for n in k.saved_outputs]
         ctx.save_for_backward(*[named[n] for n in tensor_names], *saved)
         ctx.grad_shapes = [o.shape for o in output[:nf]]
-        # Only forward_outputs take a gradient: the saved-only ones (lse) and the optional ones
-        # (argmax, metrics such as z_loss) do not pretend to.
-        ctx.mark_non_differentiable(*output[nf:])
+        # The names of every output, in order (the optional ones depend on the options).
+        tensors = {n: named[n] for n in tensor_names}
+        options = k.option_texts({o.name: named[o.name] for o in k.options})
+        ctx.out_names = [d[0] for d in _descs(k, "forward", tensors, options)]
+        # forward_outputs take a gradient, and the outputs whose grad_<name> the backward declares
+        # (last states); the saved-only ones (lse) and the others (argmax, z_loss) do not pretend to.
+        ctx.mark_non_differentiable(*[o for i, o in enumerate(output)
+                                      if i >= nf and not k.takes_grad(ctx.out_names[i])])
 
     def backward(ctx, *grads):
         if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
@@ -141,6 +147,9 @@ def _register_autograd(k: Kernel):
             ref = saved[0]
             named["grad_" + name] = (torch.zeros(shape, dtype=torch.float32, device=ref.device) if g is None
                                      else g.to(torch.float32).contiguous())
+        for name, g in zip(ctx.out_names[len(k.forward_outputs):], grads[len(k.forward_outputs):]):
+            if g is not None and k.takes_grad(name):  # optional upstream gradients (last states)
+                named["grad_" + name] = g.to(torch.float32).contiguous()
         for t in k.grad_inputs:
             named.setdefault(t.name, None)
         outs = bwd_op(*[named[a] for a in bwd_names])

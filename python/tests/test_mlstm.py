@@ -140,3 +140,67 @@ def test_jax_jit_and_grad():
     want = tessera.call("mlstm", "backward", {**x, "grad_h": dh})
     for name, g in zip(("dq", "dk", "dv", "di", "df"), grads):
         np.testing.assert_allclose(np.asarray(g), want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def _split_calls(fn, x, cut, **kw):
+    """h of one call over S, and of two chained calls (the first's last state as the second's
+    initial state) over [0, cut) and [cut, S)."""
+    part = lambda a: a.contiguous() if hasattr(a, "contiguous") else a  # noqa: E731 - torch slices
+    first = {n: (part(a[:, :, :cut]) if n in "qkvif" else a) for n, a in x.items()}
+    second = {n: (part(a[:, :, cut:]) if n in "qkvif" else a) for n, a in x.items()}
+    h1, c, n, m = fn(**first, return_last_states=True, **kw)
+    h2 = fn(**second, c0=c, n0=n, m0=m, **kw)
+    return fn(**x, **kw), h1, h2
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+def test_torch_gradients_flow_through_the_last_states(impl):
+    """Two chained calls give one call's gradients: the second call's dc0, dn0 reach the first
+    call's c_last, n_last (no resets: the chain is then exactly one sequence)."""
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+    x = {n: a for n, a in problem(3).items() if n != "resets"}
+    w = torch.from_numpy(np.random.default_rng(4).standard_normal((B, NH, S, DV)).astype(np.float32))
+    grads = []
+    for chained in (False, True):
+        t = {n: torch.from_numpy(a).requires_grad_() for n, a in x.items()}
+        one, h1, h2 = _split_calls(tt.mlstm, t, 5, chunk_size=4, implementation=impl)
+        h = torch.cat([h1, h2], dim=2) if chained else one
+        (h * w).sum().backward()
+        grads.append({n: a.grad.clone() for n, a in t.items()})
+    for n in x:
+        np.testing.assert_allclose(grads[1][n].numpy(), grads[0][n].numpy(), rtol=2e-4, atol=2e-5, err_msg=n)
+
+
+def test_jax_gradients_flow_through_the_last_states():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    import tessera.jax as tj
+    x = {n: jnp.asarray(a) for n, a in problem(3).items() if n != "resets"}
+    w = jnp.asarray(np.random.default_rng(4).standard_normal((B, NH, S, DV)).astype(np.float32))
+
+    def loss(x, chained):
+        one, h1, h2 = _split_calls(tj.mlstm, x, 5, chunk_size=4)
+        return ((jnp.concatenate([h1, h2], axis=2) if chained else one) * w).sum()
+
+    g1, g2 = jax.grad(loss)(x, False), jax.grad(loss)(x, True)
+    for n in x:
+        np.testing.assert_allclose(np.asarray(g2[n]), np.asarray(g1[n]), rtol=2e-4, atol=2e-5, err_msg=n)
+
+
+def test_bool_and_uint8_resets_equal_int_resets():
+    """A mask comes as bool (or uint8) from every framework; it is taken as int32 (nonzero = reset)."""
+    x = problem(7)
+    want = tessera.mlstm(**x, chunk_size=4)
+    for dt in (np.bool_, np.uint8):
+        np.testing.assert_array_equal(tessera.mlstm(**dict(x, resets=x["resets"].astype(dt)), chunk_size=4), want)
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+    t = {n: torch.from_numpy(a) for n, a in x.items()}
+    t["resets"] = t["resets"].bool()
+    np.testing.assert_array_equal(tt.mlstm(**t, chunk_size=4).numpy(), want)
+    jax = pytest.importorskip("jax")
+    import tessera.jax as tj
+    j = {n: jax.numpy.asarray(a) for n, a in x.items()}
+    j["resets"] = j["resets"].astype(bool)
+    np.testing.assert_array_equal(np.asarray(tj.mlstm(**j, chunk_size=4)), want)

@@ -135,3 +135,60 @@ def test_jax_jit_and_grad():
     np.testing.assert_allclose(np.asarray(h), expected(d)[0], rtol=1e-5, atol=1e-5)
     for got, name in zip(g, ("dwx", "dr", "db")):
         np.testing.assert_allclose(np.asarray(got), want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def _split_calls(fn, d, cut, **kw):
+    """h of one call over S, and of two chained calls (the first's last state as the second's
+    initial state) over [0, cut) and [cut, S)."""
+    part = lambda a: a.contiguous() if hasattr(a, "contiguous") else a  # noqa: E731 - torch slices
+    first = dict(d, wx=part(d["wx"][:, :cut]))
+    second = dict(d, wx=part(d["wx"][:, cut:]))
+    h1, hl, cl, nl, ml = fn(**first, return_last_states=True, **kw)
+    h2 = fn(**second, h0=hl, c0=cl, n0=nl, m0=ml, **kw)
+    return fn(**d, **kw), h1, h2
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+def test_torch_gradients_flow_through_the_last_states(impl):
+    """Two chained calls give one call's gradients (h_last, c_last, n_last carry the second
+    call's dh0, dc0, dn0 back into the first)."""
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+    d = problem(5)
+    w = torch.from_numpy(np.random.default_rng(6).standard_normal((B, S, NH, DH)).astype(np.float32))
+    grads = []
+    for chained in (False, True):
+        t = {n: torch.from_numpy(a).requires_grad_() for n, a in d.items()}
+        one, h1, h2 = _split_calls(tt.slstm, t, 2, implementation=impl)
+        h = torch.cat([h1, h2], dim=1) if chained else one
+        (h * w).sum().backward()
+        grads.append({n: a.grad.clone() for n, a in t.items()})
+    for n in d:
+        np.testing.assert_allclose(grads[1][n].numpy(), grads[0][n].numpy(), rtol=2e-4, atol=2e-5, err_msg=n)
+
+
+def test_jax_gradients_flow_through_the_last_states():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    import tessera.jax as tj
+    d = {n: jnp.asarray(a) for n, a in problem(5).items()}
+    w = jnp.asarray(np.random.default_rng(6).standard_normal((B, S, NH, DH)).astype(np.float32))
+
+    def loss(d, chained):
+        one, h1, h2 = _split_calls(tj.slstm, d, 2)
+        return ((jnp.concatenate([h1, h2], axis=1) if chained else one) * w).sum()
+
+    g1, g2 = jax.grad(loss)(d, False), jax.grad(loss)(d, True)
+    for n in d:
+        np.testing.assert_allclose(np.asarray(g2[n]), np.asarray(g1[n]), rtol=2e-4, atol=2e-5, err_msg=n)
+
+
+def test_bool_resets_equal_int_resets():
+    d = problem(8, resets=True)
+    want = tessera.slstm(**d)
+    np.testing.assert_array_equal(tessera.slstm(**dict(d, resets=d["resets"].astype(bool))), want)
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+    t = {n: torch.from_numpy(a) for n, a in d.items()}
+    t["resets"] = t["resets"].to(torch.uint8)
+    np.testing.assert_array_equal(tt.slstm(**t).numpy(), want)

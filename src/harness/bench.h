@@ -17,11 +17,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/cost.h"
 #include "harness/roofline.h"
 #include "harness/table.h"
+#include "tessera/tensor.h"
 #include "harness/timer.h"
 #include "tessera/exec.h"
 #include "tessera/tensor.h"
@@ -34,6 +36,8 @@ struct BenchCall {
   std::function<void()> prepare;                   // optional, untimed, before the first call
   std::function<std::optional<double>()> loss;     // optional scalar result (a sanity value)
   std::function<std::string()> ran;                // which implementation ran (dispatch)
+  // Optional: the outputs every run overwrites, by name (the tuner checks candidates with them).
+  std::function<std::vector<std::pair<std::string, Tensor>>()> outputs;
 };
 
 // A baseline of the same math timed in the same run (host BLAS).
@@ -68,6 +72,10 @@ class BenchProblem {
   virtual BenchCall bind(const std::string& implementation, Device device, Pass pass,
                          const ExecOptions& exec) = 0;
   virtual std::optional<GemmFloor> gemm_floor() const { return std::nullopt; }
+  // The inputs by call-input name as bind hands them to the kernel's CallSpec (upstream
+  // gradients grad_<output> included); empty when bind does not go through the signature. The
+  // declared tuner (kernels/declared_tune.h) binds them with each candidate's options.
+  virtual std::vector<std::pair<std::string, Tensor>> call_inputs() const { return {}; }
   // Host baselines for these passes (empty when the kernel has none); throws Error when they
   // cannot be built (no BLAS).
   virtual std::vector<BaselineCall> baselines(const std::vector<Pass>& passes, int threads) {

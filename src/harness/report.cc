@@ -218,14 +218,22 @@ void compiler_section(std::ostringstream& h, const json& doc) {
 
 }  // namespace
 
-std::string render_report_html(const json& in) {
-  const std::string svg = render_roofline_svg(in);  // validates the document
-  const json doc = normalize_bench_doc(in);
-  const std::string kernel = gets(doc, "kernel");
+namespace {
+
+std::string page(const std::string& title, const std::string& body) {
   std::ostringstream h;
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
-    << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>Tessera bench"
-    << (kernel.empty() ? "" : ": " + esc(kernel)) << "</title>\n<style>\n" << kStyle << "</style></head><body>\n";
+    << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>" << esc(title)
+    << "</title>\n<style>\n" << kStyle << "</style></head><body>\n"
+    << body << "</body></html>\n";
+  return h.str();
+}
+
+// One bench document: header, charts, roofline, rows, ceilings, compiler, messages.
+std::string report_body(const json& in) {
+  const std::string svg = render_roofline_svg(in);  // validates the document
+  const json doc = normalize_bench_doc(in);
+  std::ostringstream h;
   header_section(h, doc);
   stale_warning(h, doc["rows"]);
   h << "<h2>Which is fastest</h2>\n<p class=\"small\">Per shape, dtype and pass: bars are medians, fastest first "
@@ -241,14 +249,38 @@ std::string render_report_html(const json& in) {
     for (const auto& m : doc["messages"]) h << "<li>" << esc(m.is_string() ? m.get<std::string>() : m.dump()) << "</li>\n";
     h << "</ul>\n";
   }
-  h << "</body></html>\n";
   return h.str();
 }
 
-void write_report(const json& doc, const std::string& path) {
+}  // namespace
+
+std::string render_report_html(const json& doc) {
+  const std::string kernel = gets(doc, "kernel");
+  return page("Tessera bench" + (kernel.empty() ? "" : ": " + kernel), report_body(doc));
+}
+
+std::string render_reports_html(const std::vector<json>& docs) {
+  check(!docs.empty(), ErrorCode::kInvalidArgument, "report: no bench documents");
+  if (docs.size() == 1) return render_report_html(docs.front());
+  std::ostringstream h;
+  h << "<h1>Tessera bench: " << docs.size() << " runs</h1>\n<ul>\n";
+  for (size_t i = 0; i < docs.size(); ++i)
+    h << "<li><a href=\"#run" << i << "\">" << esc(gets(docs[i], "kernel")) << "</a> ("
+      << (docs[i].contains("rows") ? docs[i]["rows"].size() : 0) << " rows)</li>\n";
+  h << "</ul>\n";
+  for (size_t i = 0; i < docs.size(); ++i)
+    h << "<section id=\"run" << i << "\">\n" << report_body(docs[i]) << "</section>\n<hr>\n";
+  return page("Tessera bench: " + std::to_string(docs.size()) + " runs", h.str());
+}
+
+void write_report(const json& doc, const std::string& path) { write_reports({doc}, path); }
+
+void write_reports(const std::vector<json>& docs, const std::string& path) {
   const bool svg = path.size() >= 4 && path.compare(path.size() - 4, 4, ".svg") == 0;
-  write_text_file(path, svg ? "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" + render_roofline_svg(doc)
-                            : render_report_html(doc));
+  check(!svg || docs.size() == 1, ErrorCode::kInvalidArgument,
+        "report: an .svg output holds one roofline: give one bench file, or write .html");
+  write_text_file(path, svg ? "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" + render_roofline_svg(docs.front())
+                            : render_reports_html(docs));
 }
 
 }  // namespace tessera::harness

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -46,7 +47,12 @@ void merge_peer_results(nlohmann::json& doc, const nlohmann::json& peers, const 
 
 std::string render_roofline_svg(const nlohmann::json& doc);
 std::string render_report_html(const nlohmann::json& doc);
-// Writes HTML or, for a path ending in .svg, the roofline chart alone. Throws Error(kIo).
+// Several bench documents (one per kernel, as the main job writes them) on one page: a list of
+// contents, then each document's report as a section. One document: render_report_html.
+std::string render_reports_html(const std::vector<nlohmann::json>& docs);
+// Writes HTML or, for a path ending in .svg, the roofline chart alone (one document only).
+// Throws Error(kIo), or Error(kInvalidArgument) for several documents into an .svg.
 void write_report(const nlohmann::json& doc, const std::string& path);
+void write_reports(const std::vector<nlohmann::json>& docs, const std::string& path);
 
 }  // namespace tessera::harness

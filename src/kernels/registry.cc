@@ -131,6 +131,11 @@ harness::BenchCall bind_call(const CallSpec& call, const std::vector<std::pair<s
   b->pass.allocate(call, device);
   c.run = [b, &call] { b->ran = call.call(b->pass.args, b->pass.views); };
   c.ran = [b] { return b->ran; };
+  c.outputs = [b] {
+    std::vector<std::pair<std::string, Tensor>> o;
+    for (size_t i = 0; i < b->pass.descs.size(); ++i) o.push_back({b->pass.descs[i].name, b->pass.outputs[i]});
+    return o;
+  };
   const bool has_loss = pass != Pass::kBackward && !b->pass.descs.empty() && b->pass.descs[0].shape.empty() &&
                         b->pass.descs[0].dtype == DType::kF32;
   if (has_loss)

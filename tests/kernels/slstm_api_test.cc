@@ -184,8 +184,10 @@ TEST(SlstmApi, ResetsTakeInt64AndAResetAtTZeroChangesNothing) {
 TEST(SlstmApi, TheGenericToolsSeeTheKernel) {
   const kernels::KernelSpec& k = kernels::get("slstm");
   EXPECT_EQ(k.dims, (std::vector<std::string>{"B", "S", "NH", "DH"}));
-  ASSERT_EQ(k.call.grad_inputs.size(), 1u);
+  ASSERT_EQ(k.call.grad_inputs.size(), 4u);  // grad_h, then the optional last-state gradients
   EXPECT_EQ(k.call.grad_inputs[0].name, "grad_h");
+  EXPECT_EQ(k.call.grad_inputs[2].name, "grad_c_last");
+  EXPECT_FALSE(k.call.grad_inputs[2].required);
   EXPECT_EQ(k.call.grad_inputs[0].aliases, std::vector<std::string>{"dh"});
   EXPECT_FALSE(k.check_grid(true).empty());
 }

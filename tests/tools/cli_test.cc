@@ -219,6 +219,35 @@ TEST_F(Cli, ReportMergesPeersAndQuotesCorruptFilesAsText) {
       << "only ASCII here: the raw bytes are escaped";
 }
 
+// The main job's report: several bench files (one per kernel) on one page, each peer file
+// merged into the bench file of its kernel; several files into one .svg is refused.
+TEST_F(Cli, ReportPutsSeveralKernelsOnOnePage) {
+  std::ofstream(p("lce.json")) << R"({"schema": "tessera-bench/2", "kernel": "linear_cross_entropy", "dims": ["B", "H", "V"],
+    "rows": [{"kind": "kernel", "implementation": "cpu", "mode": "forward", "shape": "small", "B": 64, "H": 64,
+              "V": 512, "dtype": "f32", "median_ms": 1.0, "min_ms": 0.9, "max_ms": 1.2}]})";
+  std::ofstream(p("mlstm.json")) << R"({"schema": "tessera-bench/2", "kernel": "mlstm", "dims": ["B", "NH", "S", "DHQK", "DHV"],
+    "rows": [{"kind": "kernel", "implementation": "cpu", "mode": "forward", "shape": "s", "B": 1, "NH": 2, "S": 64,
+              "DHQK": 16, "DHV": 16, "dtype": "f32", "median_ms": 0.5, "min_ms": 0.4, "max_ms": 0.6}]})";
+  std::ofstream(p("peer.json")) << R"({"schema": "tessera-peers/1", "kernel": "mlstm", "source": "mlstm_kernels",
+    "rows": [{"implementation": "mlstm_kernels", "mode": "forward", "B": 1, "NH": 2, "S": 64, "DHQK": 16, "DHV": 16,
+              "dtype": "f32", "median_ms": 0.9}]})";
+  Cmd c = sh("report " + p("lce.json") + " " + p("mlstm.json") + " --peers " + p("peer.json") + " -o " + p("all.html"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("3 rows from 2 files"), std::string::npos) << c.out;  // the peer row joined mlstm's
+  std::stringstream html;
+  html << std::ifstream(p("all.html")).rdbuf();
+  EXPECT_NE(html.str().find("Tessera bench: linear_cross_entropy"), std::string::npos);
+  EXPECT_NE(html.str().find("Tessera bench: mlstm"), std::string::npos);
+  EXPECT_NE(html.str().find("mlstm_kernels (peer)"), std::string::npos);
+  c = sh("report " + p("lce.json") + " " + p("mlstm.json") + " -o " + p("all.svg"));
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_NE(c.out.find("one roofline"), std::string::npos) << c.out;
+  std::ofstream(p("nokernel.json")) << R"({"schema": "tessera-peers/1", "rows": []})";
+  c = sh("report " + p("lce.json") + " " + p("mlstm.json") + " --peers " + p("nokernel.json") + " -o " + p("x.html"));
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_NE(c.out.find("names no \"kernel\""), std::string::npos) << c.out;
+}
+
 // A second kernel through the same generic `run`: files out equal the API's results.
 TEST_F(Cli, RunsAttentionFromItsRegistration) {
   Tensor q = Tensor::empty(DType::kF32, {1, 5, 2, 8}), k = Tensor::empty(DType::kF32, {1, 6, 1, 8});

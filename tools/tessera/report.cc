@@ -1,4 +1,4 @@
-// tessera report: render a bench JSON file as a self-contained HTML page (bar charts per shape
+// tessera report: render bench JSON files as one self-contained HTML page (bar charts per shape
 // and pass, the roofline, the rows) or, for an .svg output, the roofline alone. --peers merges
 // peer results (schema "tessera-peers/1", see src/harness/report.h) written by bench/ scripts.
 #include <fmt/core.h>
@@ -6,29 +6,58 @@
 #include "harness/report.h"
 #include "harness/table.h"
 #include "common.h"
+#include "tessera/error.h"
+
+#include <nlohmann/json.hpp>
 
 namespace tessera::cli {
 
+namespace {
+
+// The document a peer file joins: the one of its "kernel", or the only one.
+nlohmann::json& peer_target(std::vector<nlohmann::json>& docs, const nlohmann::json& peers, const std::string& path) {
+  const std::string kernel = peers.value("kernel", std::string());
+  if (docs.size() == 1) return docs.front();
+  check(!kernel.empty(), ErrorCode::kInvalidArgument,
+        "report: peer file " + path + " names no \"kernel\"; with several bench files it must");
+  for (auto& d : docs)
+    if (d.value("kernel", std::string()) == kernel) return d;
+  throw Error(ErrorCode::kInvalidArgument, "report: peer file " + path + " is for kernel '" + kernel +
+                                               "', which no bench file holds");
+}
+
+}  // namespace
+
 void register_report(CLI::App& app) {
-  auto* cmd = app.add_subcommand("report", "Render a `tessera bench --json` file as HTML (or SVG)");
+  auto* cmd = app.add_subcommand(
+      "report", "Render `tessera bench --json` files as one HTML page (or one file's roofline as SVG)");
   struct Args {
-    std::string in, out;
+    std::vector<std::string> in;
+    std::string out;
     std::vector<std::string> peers;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("file", a->in, "Bench JSON file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("files", a->in, "Bench JSON files (several: one page with a section each)")
+      ->required()
+      ->check(CLI::ExistingFile);
   cmd->add_option("-o,--out", a->out, "Output .html (page) or .svg (chart only)")->required();
   cmd->add_option("--peers", a->peers,
                   "Peer results JSON (tessera-peers/1, e.g. from bench/torch_lce_baseline.py --peers-out) to "
-                  "merge; repeatable")
+                  "merge into the bench file of its kernel; repeatable")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->check(CLI::ExistingFile);
   cmd->callback([a] {
-    auto doc = harness::read_json_file(a->in);
-    for (const auto& p : a->peers) harness::merge_peer_results(doc, harness::read_json_file(p), p);
-    harness::write_report(doc, a->out);
-    fmt::print("wrote {} ({} rows)\n", a->out, doc.contains("rows") ? doc["rows"].size() : 0);
+    std::vector<nlohmann::json> docs;
+    for (const auto& f : a->in) docs.push_back(harness::read_json_file(f));
+    for (const auto& p : a->peers) {
+      const nlohmann::json peers = harness::read_json_file(p);
+      harness::merge_peer_results(peer_target(docs, peers, p), peers, p);
+    }
+    harness::write_reports(docs, a->out);
+    size_t rows = 0;
+    for (const auto& d : docs) rows += d.contains("rows") ? d["rows"].size() : 0;
+    fmt::print("wrote {} ({} rows from {} file{})\n", a->out, rows, docs.size(), docs.size() == 1 ? "" : "s");
   });
 }
 

@@ -159,6 +159,29 @@ std::string run(const Problem& p, const std::string& requested,
       requested, p.device.type, [&](const Implementation& impl) { return impl.supports(p); }, body);
 }
 
+// `p` with the chunk length `impl` runs: the call's (chunk_size > 0), else the tuned table's,
+// else autotune-on-miss (timing `pass` of `impl` itself through `once`), else the default.
+Problem with_chunk(const Problem& p, const Implementation& impl, DType dtype, Pass pass, const Options& opt,
+                   const std::function<void(const Problem&)>& once) {
+  tune::DeclaredCall c;
+  c.implementation = impl.name();
+  c.device = impl.device_type();
+  c.dtype = dtype;
+  c.dims = {p.B, p.NH, p.S, p.DK, p.DV};
+  c.pass = pass;
+  c.threads = p.num_threads;
+  c.given = {{"chunk_size", p.chunk}};
+  c.autotune_on_miss = opt.autotune_on_miss;
+  Problem q = p;
+  const tune::Choice ch = tune::choose_declared(tuning(), c, [&](const tune::Params& cand) {
+    Problem t = p;
+    t.chunk = tune::param(cand, "chunk_size").value_or(0);
+    once(t);
+  });
+  q.chunk = tune::param(ch.params, "chunk_size").value_or(0);
+  return q;
+}
+
 }  // namespace
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
@@ -182,7 +205,10 @@ std::string forward(const Inputs& in, const TensorView& h, const LastStates& las
   ForwardOut out;
   out.h = ho.ptr;
   if (outs == 3) out.c_last = last.c.data_as<float>(), out.n_last = last.n.data_as<float>(), out.m_last = last.m.data_as<float>();
-  const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) { impl.forward(p, out); });
+  const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) {
+    const auto once = [&](const Problem& t) { impl.forward(t, out); };
+    once(with_chunk(p, impl, r.qkv, Pass::kForward, opt, once));
+  });
   ho.finish();
   return ran;
 }
@@ -217,7 +243,10 @@ std::string backward(const Inputs& in, const TensorView& dh, const Grads& g, con
   a.dh = dh32.ptr, a.dc_last = dcl.ptr, a.dn_last = dnl.ptr;
   a.dq = dq.ptr, a.dk = dk.ptr, a.dv = dv.ptr, a.di = di.ptr, a.df = df.ptr;
   if (state) a.dc0 = g.dc0.data_as<float>(), a.dn0 = g.dn0.data_as<float>();
-  const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) { impl.backward(p, a); });
+  const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) {
+    const auto once = [&](const Problem& t) { impl.backward(t, a); };
+    once(with_chunk(p, impl, r.qkv, Pass::kBackward, opt, once));
+  });
   for (const F32Out* o : {&dq, &dk, &dv, &di, &df}) o->finish();
   return ran;
 }

@@ -95,8 +95,10 @@ class MlstmBench final : public harness::BenchProblem {
   }
 
   harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
-    return kernels::bind_call(spec().call, {{"q", q_}, {"k", k_}, {"v", v_}, {"i", i_}, {"f", f_}, {"grad_h", dh_}}, {},
-                              implementation, dev, pass, exec);
+    return kernels::bind_call(spec().call, call_inputs(), {}, implementation, dev, pass, exec);
+  }
+  std::vector<std::pair<std::string, Tensor>> call_inputs() const override {
+    return {{"q", q_}, {"k", k_}, {"v", v_}, {"i", i_}, {"f", f_}, {"grad_h", dh_}};
   }
 
  private:

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dispatch/registry.h"
+#include "tune/declared.h"
 #include "tessera/mlstm.h"
 
 namespace tessera::mlstm {
@@ -53,6 +54,10 @@ class Implementation : public dispatch::ImplementationBase {
 
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
+
+// The chunk length's tuning (tuning.cc) and its checked-in table (tuned_table.cc, generated).
+const tune::Declared& tuning();
+const std::vector<tune::TableEntry>& tuned_table();
 
 std::unique_ptr<Implementation> make_reference_implementation();  // reference.cc
 std::unique_ptr<Implementation> make_cpu_implementation();        // cpu.cc (TESSERA_CPU_BACKEND)

@@ -2,6 +2,7 @@
 // the bench and the Python bindings learn about this kernel (docs/ADDING_A_KERNEL.md).
 #include "kernels/mlstm/impl.h"
 #include "kernels/mlstm/testing.h"
+#include "kernels/declared_tune.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 
@@ -107,8 +108,8 @@ kernels::CallSpec call_spec() {
                    {"grad_c_last", "upstream gradient of the last C [B, NH, DHQK, DHV] (f32)", false, false},
                    {"grad_n_last", "upstream gradient of the last n [B, NH, DHQK] (f32)", false, false}};
   s.options = {{"eps", K::kFloat, "added to the denominator max(|nᵀq̂|, e^{-m})", "1e-06", {}},
-               {"chunk_size", K::kInt, "chunk length of the chunkwise backends; 0: the backend's default (64)", "0", {}},
-               {"return_last_states", K::kFlag, "also return the last state c_last, n_last, m_last (f32)", "false", {}}};
+               {"chunk_size", K::kInt, "chunk length of the chunkwise backends; 0: tuned (table, autotune on a miss) or the default (64)", "0", {}},
+               {"return_last_states", K::kFlag, "also return the last state c_last, n_last, m_last (f32; gradients flow through c_last and n_last with m held, as into a next call's c0, n0)", "false", {}}};
   s.forward_outputs = {"h"};
   s.outputs = call_outputs;
   s.call = call;
@@ -131,6 +132,7 @@ kernels::KernelSpec make_spec() {
     return make_bench_problem(shape, dt, 0, false);
   };
   k.call = call_spec();
+  k.tune = kernels::declared_tune_spec(tuning(), spec);
   return k;
 }
 

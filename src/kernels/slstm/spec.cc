@@ -60,10 +60,14 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   };
   const Outputs fo{find("h"), find("h_last"), find("c_last"), find("n_last"), find("m_last")};
   const Grads g{find("dwx"), find("dr"), find("db"), find("dh0"), find("dc0"), find("dn0")};
+  auto given = [&](const char* name) { return a.tensor(name) ? *a.tensor(name) : TensorView{}; };
+  const auto up = [&] {
+    return Upstream{need(a, "grad_h"), given("grad_h_last"), given("grad_c_last"), given("grad_n_last")};
+  };
   switch (a.pass) {
     case Pass::kForward: return forward(in, fo, opt);
-    case Pass::kBackward: return backward(in, Upstream{need(a, "grad_h")}, g, opt);
-    case Pass::kFused: return forward_backward(in, Upstream{need(a, "grad_h")}, fo, g, opt);
+    case Pass::kBackward: return backward(in, up(), g, opt);
+    case Pass::kFused: return forward_backward(in, up(), fo, g, opt);
   }
   throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
@@ -78,10 +82,13 @@ kernels::CallSpec call_spec() {
               {"c0", "initial c [B, NH, DH] (f32)", false, true},
               {"n0", "initial n [B, NH, DH] (f32)", false, true},
               {"m0", "initial stabilizer m [B, NH, DH] (f32; no gradient)", false, false}};
-  s.grad_inputs = {{"grad_h", "upstream gradient of h [B, S, NH, DH] (f32)", true, false, {"dh"}}};
+  s.grad_inputs = {{"grad_h", "upstream gradient of h [B, S, NH, DH] (f32)", true, false, {"dh"}},
+                   {"grad_h_last", "upstream gradient of h_last [B, NH, DH] (f32)", false, false},
+                   {"grad_c_last", "upstream gradient of c_last [B, NH, DH] (f32; m held)", false, false},
+                   {"grad_n_last", "upstream gradient of n_last [B, NH, DH] (f32; m held)", false, false}};
   s.options = {{"return_last_states", K::kFlag,
-                "also return the last state h_last, c_last, n_last, m_last [B, NH, DH] (f32; no gradient flows "
-                "through them)",
+                "also return the last state h_last, c_last, n_last, m_last [B, NH, DH] (f32; gradients flow "
+                "through h_last, c_last and n_last with m held, as into a next call's h0, c0, n0)",
                 "false", {}}};
   s.forward_outputs = {"h"};
   s.outputs = call_outputs;

@@ -1,0 +1,48 @@
+// mlstm: its one tuned block size, the chunk length, declared (tune/declared.h). The call-time
+// choice (api.cc) and `tessera tune mlstm` (spec.cc) derive from this declaration.
+#include <limits>
+
+#include "kernels/mlstm/impl.h"
+
+namespace tessera::mlstm {
+
+namespace {
+constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+
+// Per token of one head: Q̂Kᵀ and P·V over a chunk of L (2L(DK + DV)), Q̂·C and the state update
+// (4·DK·DV) — the chunkwise forward's multiply-adds at the default chunk, halved.
+double forward_macs(const std::vector<int64_t>& d) {
+  const double tok = double(d.at(0)) * double(d.at(1)) * double(d.at(2)), DK = double(d.at(3)), DV = double(d.at(4));
+  return tok * (double(kDefaultChunk) * (DK + DV) + 2 * DK * DV);
+}
+}  // namespace
+
+const tune::Declared& tuning() {
+  static const tune::Declared d = [] {
+    tune::Declared t;
+    t.kernel = kKernelName;
+    t.options = {"chunk_size"};
+    // The chunk trades the L×L intra-chunk products (grow with L) against the per-chunk state
+    // products (shrink with L); the head dims set where they cross.
+    t.buckets = {
+        {"d128", "DHQK, DHV <= 128: small heads",
+         {{"B", 1, kAny, 1}, {"NH", 1, kAny, 8}, {"S", 1, kAny, 2048}, {"DHQK", 1, 128, 128}, {"DHV", 1, 128, 128}}},
+        {"d256", "larger heads (xLSTM 7B: 256 or 512)",
+         {{"B", 1, kAny, 1}, {"NH", 1, kAny, 4}, {"S", 1, kAny, 2048}, {"DHQK", 1, kAny, 256}, {"DHV", 1, kAny, 256}}},
+    };
+    t.implementations = {"cpu"};
+    t.candidates = [](const std::vector<int64_t>&) {
+      return std::vector<tune::Params>{{{"chunk_size", kDefaultChunk}}, {{"chunk_size", 32}}, {{"chunk_size", 128}},
+                                       {{"chunk_size", 256}}};
+    };
+    t.work = forward_macs;
+    t.table = tuned_table;
+    t.table_include = "kernels/mlstm/impl.h";
+    t.table_namespace = "tessera::mlstm";
+    t.table_path = "src/kernels/mlstm/tuned_table.cc";
+    return t;
+  }();
+  return d;
+}
+
+}  // namespace tessera::mlstm

@@ -1,0 +1,118 @@
+// tune/declared.h: the call-time choice of a kernel whose tuning is declared as data, and
+// kernels/declared_tune.h on a real kernel (mlstm's chunk length).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <limits>
+#include <thread>
+
+#include "kernels/registry.h"
+#include "tune/autotune.h"
+#include "tune/declared.h"
+#include "tune/device_kind.h"
+#include "tune/tune_test_util.h"
+
+namespace tessera::tune {
+namespace {
+
+using testing_tune::ScopedEnv;
+using testing_tune::TempDir;
+
+std::vector<TableEntry> g_rows;
+const std::vector<TableEntry>& rows() { return g_rows; }
+
+Declared toy() {
+  Declared d;
+  d.kernel = "toy";
+  d.options = {"block"};
+  d.buckets = {{"small", "N <= 100", {{"N", 1, 100, 64}}},
+               {"large", "N > 100", {{"N", 101, std::numeric_limits<int64_t>::max(), 1000}}}};
+  d.implementations = {"cpu"};
+  d.candidates = [](const std::vector<int64_t>&) { return std::vector<Params>{{{"block", 8}}, {{"block", 16}}, {{"block", 32}}}; };
+  d.work = [](const std::vector<int64_t>& n) { return double(n.at(0)); };
+  d.min_work = 500;
+  d.table = rows;
+  return d;
+}
+
+DeclaredCall call(int64_t n, int64_t block = 0) {
+  DeclaredCall c;
+  c.implementation = "cpu";
+  c.dims = {n};
+  c.given = {{"block", block}};
+  return c;
+}
+
+// A run that is fastest at block 32 (3.2 ms), slowest at the default 8 (5.6 ms): sleeps, so
+// that a loaded machine cannot reorder them.
+void planted(const Params& p) {
+  std::this_thread::sleep_for(std::chrono::microseconds(100 * (64 - param(p, "block").value())));
+}
+
+TEST(DeclaredTuning, AnExplicitOptionIsUsedAsGiven) {
+  const Choice c = choose_declared(toy(), call(1000, 16), planted);
+  EXPECT_EQ(param(c.params, "block"), 16);
+  EXPECT_EQ(c.source, "options");
+}
+
+TEST(DeclaredTuning, ATableRowWinsForItsBucketAndDeviceKind) {
+  g_rows = {{"cpu", default_device_kind(DeviceType::kCPU), "f32", "small", {{"block", 32}}, "N=64", "forward", 1.0, "2026-11-25"}};
+  const ScopedEnv off("TESSERA_AUTOTUNE", "0");
+  EXPECT_EQ(param(choose_declared(toy(), call(50), planted).params, "block"), 32);
+  EXPECT_EQ(choose_declared(toy(), call(50), planted).source, "tuned table");
+  EXPECT_EQ(choose_declared(toy(), call(5000), planted).source, "default");  // other bucket: a miss
+  DeclaredCall other = call(50);
+  other.dtype = DType::kBF16;  // other dtype: a miss
+  EXPECT_EQ(param(choose_declared(toy(), other, planted).params, "block"), 8);
+  g_rows.clear();
+}
+
+TEST(DeclaredTuning, AnUntunableImplementationGetsTheDefault) {
+  DeclaredCall c = call(5000);
+  c.implementation = "reference";
+  const Choice ch = choose_declared(toy(), c, planted);
+  EXPECT_EQ(param(ch.params, "block"), 8);
+  EXPECT_EQ(ch.source, "default");
+}
+
+TEST(DeclaredTuning, AMissAutotunesBigProblemsOnceAndCachesTheWinner) {
+  const TempDir dir;
+  const ScopedEnv cache("TESSERA_CACHE_DIR", dir.path().c_str());
+  const ScopedEnv on("TESSERA_AUTOTUNE", "1");
+  clear_autotune_memo();
+  int runs = 0;
+  const auto counted = [&](const Params& p) { ++runs, planted(p); };
+  const Choice first = choose_declared(toy(), call(5000), counted);
+  EXPECT_EQ(first.source, "autotune");
+  EXPECT_EQ(param(first.params, "block"), 32);
+  EXPECT_GT(runs, 3);
+  clear_autotune_memo();  // from the disk cache now, without running anything
+  runs = 0;
+  const Choice again = choose_declared(toy(), call(5000), counted);
+  EXPECT_EQ(again.source, "autotune cache");
+  EXPECT_EQ(param(again.params, "block"), 32);
+  EXPECT_EQ(runs, 0);
+  // Too small to be worth it (work 50 < min_work 500): the default, nothing run.
+  EXPECT_EQ(choose_declared(toy(), call(50), counted).source, "default");
+  EXPECT_EQ(runs, 0);
+  clear_autotune_memo();
+}
+
+TEST(DeclaredTuning, MlstmDeclaresItsChunkAndTunesThroughItsSignature) {
+  const kernels::KernelSpec& k = kernels::get("mlstm");
+  ASSERT_TRUE(k.tune.tunable);
+  EXPECT_TRUE(k.tune.tunable("cpu"));
+  EXPECT_FALSE(k.tune.tunable("reference"));
+  ASSERT_FALSE(k.tune.buckets().empty());
+  const kernels::TuneJob job = k.tune.job("cpu", {1, 2, 33, 8, 12}, DType::kF32, Pass::kFused, true);
+  ASSERT_GE(job.candidates.size(), 2u);
+  EXPECT_EQ(param(job.candidates.front(), "chunk_size"), 64);  // the default first
+  const Runner r = job.make_run();
+  EXPECT_GT(r.run(job.candidates[1]), 0.0);
+  const auto outs = r.outputs();
+  ASSERT_FALSE(outs.empty());  // h, dq, dk, dv, di, df: checked between candidates
+  EXPECT_EQ(outs.front().name, "h");
+}
+
+}  // namespace
+}  // namespace tessera::tune

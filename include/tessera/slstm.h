@@ -18,8 +18,9 @@
 //   Resets: optional mask [B, S] (int32 or int64; nonzero = reset; the CLI widens bool/uint8 .npy). A reset at t >= 1
 //   zeroes (h, c, n, m) before step t, which is then a first step; a reset at t = 0 changes nothing
 //   (the initial state, when given, is used at t = 0). No gradient crosses a reset.
-//   Initial state: h0, c0, n0, m0 all or none. With one, n0 must be > 0 where the first gates
-//   would make I underflow (n_t = 0 would divide by zero; zero states never do: I = 1 at a first step).
+//   Initial state: h0, c0, n0, m0 all or none. With one, n0 must be > 0 everywhere (n_t = F·n0 + I
+//   is 0 wherever I underflows, and h = c/n would divide by zero; rejected for host data, device
+//   data is not inspected). Resets are host memory, also for device inputs.
 //
 // BACKWARD: from dh [B, S, NH, DH] (f32) and an optional upstream gradient of the last h
 // (dh_last), gives dwx, dr, db (in the inputs' dtype, accumulated in f32 over
@@ -30,7 +31,7 @@
 // n·e^m only, so feeding its dh0, dc0, dn0 back as these chains calls exactly.
 //
 // Errors (tessera::Error, kInvalidArgument, before any output is written): shapes, dtypes,
-// S = 0 (and an empty B, NH or DH), a partial initial state, non-contiguous views; DH over an implementation's limit is
+// S = 0 (and an empty B, NH or DH), a partial initial state, n0 <= 0, non-contiguous views; DH over an implementation's limit is
 // named by that implementation (kUnsupported).
 #pragma once
 

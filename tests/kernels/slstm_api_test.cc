@@ -69,6 +69,7 @@ TEST(SlstmApi, BadInputsAreErrorsThatTouchNothing) {
   Tensor rs_f32 = Tensor::zeros(DType::kF32, {2, 5});
   Tensor st_bad = Tensor::zeros(DType::kF32, {2, 2, 9});
   Tensor dh_bad = Tensor::zeros(DType::kF32, {2, 5, 2, 9});
+  Tensor f_resets = Tensor::zeros(DType::kI32, {2, 5});
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.wx = wx4.view(); }, "wx must be [B, S, 4, NH, DH]");
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.wx = wx_gates3.view(); }, "wx must be [B, S, 4, NH, DH]");
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.wx = wx_s0.view(); }, "S = 0");
@@ -82,6 +83,16 @@ TEST(SlstmApi, BadInputsAreErrorsThatTouchNothing) {
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.c0 = st_bad.view(); }, "c0 must have shape");
   expect_rejected([&](Inputs&, Upstream& up, Fixture&) { up.dh = dh_bad.view(); }, "dh must have h's shape");
   expect_rejected([&](Inputs&, Upstream& up, Fixture&) { up.dh_last = st_bad.view(); }, "dh_last must have shape");
+  // n0 <= 0 (or NaN) could make h = c/0 (n_t = n0 where I underflows): named, with the element.
+  Tensor n0_zero = Tensor::zeros(DType::kF32, {2, 2, 8}), n0_neg = Tensor::zeros(DType::kF32, {2, 2, 8});
+  for (int64_t i = 0; i < 32; ++i) n0_zero.data_as<float>()[i] = n0_neg.data_as<float>()[i] = 1.0f;
+  n0_zero.data_as<float>()[5] = 0.0f, n0_neg.data_as<float>()[31] = -1.0f;
+  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.n0 = n0_zero.view(); }, "n0 must be > 0 everywhere");
+  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.n0 = n0_neg.view(); }, "got n0[31] = -1");
+  // Resets are read on the host whatever the device: a view labelled as device memory is refused.
+  TensorView rs_dev = f_resets.view();
+  rs_dev.device = Device::cuda();
+  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.resets = rs_dev; }, "resets must be in host memory");
   Tensor wx_t = Tensor::zeros(DType::kF32, {2, 5, 4, 2, 8});
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) {
     in.wx = TensorView(wx_t.data(), DType::kF32, {2, 5, 4, 2, 8}, {320, 64, 1, 32, 4});

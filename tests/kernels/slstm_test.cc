@@ -147,6 +147,44 @@ TEST(SlstmReference, LargeGatesStayFinite) {
   }
 }
 
+// Saturated gates keep their relative accuracy: sigmoid(ō) at ō = −30 is 9.4e-14, not 0 (0.5 +
+// 0.5·tanh(ō/2) flushed it below −17), and the f̄ gradient's sigmoid(−f̄) at f̄ = 30 likewise. h and
+// dwx of such cells are tiny, so the grid's scale-relative tolerance cannot see a flush: here each
+// element is compared relative to itself (1e-3: a few f32 ulp, with room for the cancellation in
+// c = F·c_{t−1} + I·tanh z̄ and in the f̄ gradient; a flush to 0 is an error of 1).
+TEST(SlstmReference, SaturatedSigmoidsKeepRelativeAccuracy) {
+  CaseSpec s;
+  s.B = 2, s.S = 3, s.NH = 1, s.DH = 4, s.initial = true;
+  CaseData d = slstm::testing::make_case(s);
+  for (int64_t i = 0; i < d.wx.numel(); ++i) {
+    const int64_t g = (i / s.DH) % 4;
+    if (g == 3) d.wx.data_as<float>()[i] = -30.0f - float(i % 3);  // ō: sigmoid ~1e-13
+    if (g == 1) d.wx.data_as<float>()[i] = 30.0f + float(i % 3);   // f̄: sigmoid(−f̄) ~1e-13
+  }
+  const Out want = run(s, d, "reference", true);
+  Out got;
+  try {
+    got = run(s, d, "cpu", true);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kNotFound || e.code() == ErrorCode::kUnsupported) GTEST_SKIP() << e.what();
+    throw;
+  }
+  auto close = [](const Tensor& a, const Tensor& b, const char* what) {
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double x = a.data_as<float>()[i], y = b.data_as<float>()[i];
+      ASSERT_LE(std::abs(x - y), 1e-3 * std::abs(y) + 1e-30) << what << " " << i << ": " << x << " vs " << y;
+    }
+  };
+  close(got.h, want.h, "h");
+  // dwx of ō (through sigmoid'(ō)) and of f̄ (through sigmoid(−f̄)) are ~1e-13 relative to the others.
+  for (int64_t i = 0; i < got.dwx.numel(); ++i) {
+    const int64_t g = (i / s.DH) % 4;
+    if (g != 1 && g != 3) continue;
+    const double x = got.dwx.data_as<float>()[i], y = want.dwx.data_as<float>()[i];
+    ASSERT_LE(std::abs(x - y), 1e-3 * std::abs(y) + 1e-30) << "dwx " << i << ": " << x << " vs " << y;
+  }
+}
+
 // Chaining: the last state of a call on steps [0, S1) fed as the initial state of a call on
 // [S1, S) gives the same h as one call on [0, S) (no reset at S1: a reset at a call's t = 0 is
 // ignored by the contract).

@@ -33,6 +33,19 @@ bool all_finite(const TensorView& t) {
   return true;
 }
 
+// n is the normalizer of c (h = sigmoid(ō)·c/n): n_t = F·n_{t-1} + I stays > 0 from any n0 > 0 (one of
+// I, F is 1), but n0 <= 0 gives n_t = 0 wherever I underflows: h = c/0. Host data is checked here;
+// device data is not inspected (as with check_finite): a zero there divides by zero, as in the reference.
+void require_positive_n0(const TensorView& n0) {
+  if (n0.device.type != DeviceType::kCPU) return;
+  for (int64_t i = 0; i < n0.numel(); ++i) {
+    const float v = n0.data_as<const float>()[i];
+    if (!(v > 0.0f))
+      bad("n0 must be > 0 everywhere (the normalizer of c; n0 <= 0 can make h = c/0), got n0[" + num(i) + "] = " +
+          std::to_string(v));
+  }
+}
+
 // What the API owns for one call: the resets as 0/1 bytes, dh in f32.
 struct Owned {
   std::vector<uint8_t> resets;
@@ -60,8 +73,9 @@ Problem normalize(const Inputs& in, const Options& opt, Owned& own) {
     if (rs.dtype != DType::kI32 && rs.dtype != DType::kI64)
       bad("resets must be int32 or int64, got " + std::string(dtype_name(rs.dtype)));
     if (rs.shape != Shape{p.B, p.S}) bad("resets must be [B, S] = " + shape_str({p.B, p.S}) + ", got " + shape_str(rs.shape));
-    require_plain(rs, p.device, "resets");
-    if (p.device.type != DeviceType::kCPU) bad("resets must be in host memory (every implementation runs on the CPU)");
+    // Read on the host whatever the device (the API converts them; a device backend copies them).
+    if (rs.device.type != DeviceType::kCPU) bad("resets must be in host memory (also for device inputs), got " + rs.device.str());
+    require_plain(rs, rs.device, "resets");
     own.resets.assign(static_cast<size_t>(p.B * p.S), 0);
     for (int64_t i = 0; i < p.B * p.S; ++i)
       own.resets[static_cast<size_t>(i)] = rs.dtype == DType::kI32 ? rs.data_as<const int32_t>()[i] != 0
@@ -78,11 +92,13 @@ Problem normalize(const Inputs& in, const Options& opt, Owned& own) {
     require(in.m0, p.device, state, DType::kF32, "m0");
     p.h0 = in.h0.data_as<const float>(), p.c0 = in.c0.data_as<const float>();
     p.n0 = in.n0.data_as<const float>(), p.m0 = in.m0.data_as<const float>();
+    require_positive_n0(in.n0);
   }
   if (opt.check_finite)
     for (const auto* t : {&in.wx, &in.r, &in.b, &in.h0, &in.c0, &in.n0, &in.m0})
       if (!all_finite(*t)) bad("an input contains NaN or Inf");
   p.num_threads = resolve_num_threads(opt.num_threads);
+  p.stream = opt.stream;
   return p;
 }
 
@@ -130,9 +146,10 @@ void set_backward(Problem& p, const Inputs& in, const Upstream& up, const Grads&
     require(g.dn0, p.device, state, DType::kF32, "dn0");
     p.dh0 = g.dh0.data_as<float>(), p.dc0 = g.dc0.data_as<float>(), p.dn0 = g.dn0.data_as<float>();
   }
-  if (up.dh.dtype == DType::kF32 || p.device.type != DeviceType::kCPU) {
+  p.dh_given = up.dh.data, p.dh_dtype = up.dh.dtype;
+  if (up.dh.dtype == DType::kF32) {
     p.dh = up.dh.data_as<const float>();
-  } else {  // rounded values widened once
+  } else if (p.device.type == DeviceType::kCPU) {  // rounded values widened once
     own.dh = Tensor::empty(DType::kF32, hs);
     for (int64_t i = 0; i < own.dh.numel(); ++i) own.dh.data_as<float>()[i] = load_as_f32(up.dh.data, up.dh.dtype, i);
     p.dh = own.dh.data_as<const float>();

@@ -1,7 +1,7 @@
 // Tessera internal: the fused pointwise gates of the slstm CPU backend, one batch row of one
 // head at a time (Highway, dispatched at run time; f32; exp / log1p / tanh from Highway's
-// contrib/math, 1-2 ULP). sigmoid(x) = (1 + tanh(x/2)) / 2 and logsigmoid(x) = min(x, 0) −
-// log1p(exp(−|x|)): no overflow for any finite x.
+// contrib/math, 1-2 ULP). sigmoid(x) = 1/(1 + e) or e/(1 + e) with e = exp(−|x|), and
+// logsigmoid(x) = min(x, 0) − log1p(exp(−|x|)): no overflow, no flush to 0, for any finite x.
 #pragma once
 
 #include <cstdint>

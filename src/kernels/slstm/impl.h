@@ -24,7 +24,8 @@ struct Problem {
   const void* wx = nullptr;  // [B, S, 4, NH, DH]
   const void* r = nullptr;   // [4, NH, DH, DH]
   const void* b = nullptr;   // [4, NH, DH]
-  // resets [B, S] as 0/1 bytes (api.cc converts the caller's mask); null: none.
+  // resets [B, S] as 0/1 bytes in host memory whatever the device (api.cc converts the caller's
+  // mask); null: none.
   const uint8_t* resets = nullptr;
   const float *h0 = nullptr, *c0 = nullptr, *n0 = nullptr, *m0 = nullptr;  // [B, NH, DH] or all null
 
@@ -32,12 +33,16 @@ struct Problem {
   float *h_last = nullptr, *c_last = nullptr, *n_last = nullptr, *m_last = nullptr;
 
   bool backward = false;
-  const float* dh = nullptr;  // [B, S, NH, DH] f32
+  const float* dh = nullptr;  // [B, S, NH, DH] f32 (host inputs: api.cc widens a rounded dh once)
+  // The caller's dh as given (f32 or the inputs' dtype): what a device implementation reads.
+  const void* dh_given = nullptr;
+  DType dh_dtype = DType::kF32;
   const float *dh_last = nullptr, *dc_last = nullptr, *dn_last = nullptr;  // optional
   void *dwx = nullptr, *dr = nullptr, *db = nullptr;                         // dtype
   float *dh0 = nullptr, *dc0 = nullptr, *dn0 = nullptr;                      // with an initial state
 
   int num_threads = 1;
+  void* stream = nullptr;  // ExecOptions::stream (device implementations)
 
   bool has_initial() const { return h0 != nullptr; }
   bool reset(int64_t bi, int64_t t) const { return t > 0 && resets != nullptr && resets[bi * S + t] != 0; }
@@ -61,6 +66,7 @@ using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
 
 std::unique_ptr<Implementation> make_reference_implementation();
-std::unique_ptr<Implementation> make_cpu_implementation();  // cpu.cc (TESSERA_CPU_BACKEND)
+std::unique_ptr<Implementation> make_cpu_implementation();   // cpu.cc (TESSERA_CPU_BACKEND)
+std::unique_ptr<Implementation> make_cuda_implementation();  // cuda.cu (the CUDA module)
 
 }  // namespace tessera::slstm

@@ -77,7 +77,7 @@ kernels::CallSpec call_spec() {
   s.inputs = {{"wx", "gate pre-activations [B, S, 4, NH, DH], gates (i, f, z, o) (f32, bf16 or f16)", true, true},
               {"r", "head-wise recurrent weights [4, NH, DH, DH] (wx's dtype)", true, true},
               {"b", "bias [4, NH, DH] (wx's dtype)", true, true},
-              {"resets", "reset mask [B, S] (int32 or int64, nonzero: reset before step t >= 1)", false, false},
+              {"resets", "reset mask [B, S] (int32 or int64, nonzero: reset before step t >= 1; host)", false, false, {}, true},
               {"h0", "initial h [B, NH, DH] (f32; with c0, n0, m0)", false, true},
               {"c0", "initial c [B, NH, DH] (f32)", false, true},
               {"n0", "initial n [B, NH, DH] (f32)", false, true},

@@ -147,8 +147,17 @@ harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, P
   Results want = make_results(s, d, pass), got = make_results(s, d, pass);
   run_one(s, d, "reference", pass, want);
   try {
-    if (dev.type != DeviceType::kCPU) throw Error(ErrorCode::kUnsupported, "slstm: no device implementation yet");
-    run_one(s, d, impl, pass, got);
+    if (dev.type == DeviceType::kCPU) {
+      run_one(s, d, impl, pass, got);
+    } else {  // inputs and NaN-filled outputs copied to the device (resets stay host memory), results back
+      CaseData dd = d;
+      for (Tensor* t : {&dd.wx, &dd.r, &dd.b, &dd.h0, &dd.c0, &dd.n0, &dd.m0, &dd.dh, &dd.dh_last})
+        if (t->defined()) *t = t->to(dev);
+      Results on = got;
+      for (auto& [name, t] : on.t) t = t.to(dev);
+      run_one(s, dd, impl, pass, on);
+      for (auto& [name, t] : on.t) got.get(name) = t.to(Device{});
+    }
     rep.ran = true;
   } catch (const Error& e) {
     rep.error = e.what();

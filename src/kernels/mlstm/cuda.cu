@@ -35,6 +35,9 @@ namespace ck = cuda_kernels;
 constexpr int64_t kMaxHeadDim = 1024;  // DHQK, DHV
 constexpr int64_t kMaxHeads = 65535;   // B·NH: the grid's y dimension
 constexpr size_t kDefaultSmem = 48 * 1024;
+// The largest chunk fits an H100's 227 KiB per block (an A100's 163 KiB takes chunks up to 115:
+// supports() asks the device).
+static_assert(ck::grads_smem(ck::kMaxChunk) <= 227 * 1024, "grads_kernel at kMaxChunk must fit an sm_90 block");
 
 const std::string kWho = std::string(kKernelName) + " (cuda)";
 

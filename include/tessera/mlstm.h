@@ -30,8 +30,11 @@
 // C·e^m and n·e^m only); a loss on the stabilized c_last/n_last themselves would also need
 // −(⟨dC, C⟩ + ⟨dn, n⟩)·∂m_last/∂(i, f), which is left out. There is no dm0.
 //
+// Devices: every array of a call lives on q's device — host memory (cpu, reference) or one CUDA
+// device (cuda: read and written in their own dtypes, nothing converted).
+//
 // Limits: S ≥ 1, DHQK and DHV ≥ 1; each backend names its own limit on DHQK/DHV (cpu:
-// ≤ 1024 each). See docs/kernels/mlstm.md.
+// ≤ 1024 each; cuda: ≤ 1024 each, chunk_size ≤ 128). See docs/kernels/mlstm.md.
 #pragma once
 
 #include <cstdint>

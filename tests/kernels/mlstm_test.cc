@@ -291,6 +291,16 @@ TEST(MlstmApi, ErrorsNameTheProblem) {
   in = ok, in.q = f32(big, {1, 1, 2, 2048}), in.k = f32(big, {1, 1, 2, 2048});
   o = {}, o.implementation = "cpu";
   has(call(in, hv, o), "DHQK and DHV must be <= 1024 (cpu)");
+  // Every array lives on q's device; a device call runs on the cuda backend or fails by name
+  // (here: no usable device, or host memory labelled cuda:0 refused by the backend).
+  in = ok, in.k.device = Device::cuda();
+  has(call(in, hv), "k must be on q's device cpu");
+  in = ok;
+  for (TensorView* t : {&in.q, &in.k, &in.v, &in.i, &in.f}) t->device = Device::cuda();
+  TensorView hd = hv;
+  hd.device = Device::cuda();
+  has(call(in, hv), "h must be on q's device cuda:0");
+  EXPECT_NE(call(in, hd), "accepted");
 }
 
 TEST(MlstmApi, BackwardInitialStateGradientsGoWithTheInitialState) {

@@ -1,5 +1,5 @@
-// mlstm: validation, conversion to the f32 Problem, dispatch. Every check runs before any output
-// is touched.
+// mlstm: validation, conversion to the f32 Problem (host calls; a device call hands its arrays
+// over unconverted: impl.h), dispatch. Every check runs before any output is touched.
 #include <cmath>
 #include <vector>
 
@@ -15,9 +15,11 @@ namespace {
 
 bool given(const TensorView& t) { return t.data != nullptr || !t.shape.empty(); }
 
-void need_shape(const char* name, const TensorView& t, const Shape& want) {
+// Every array of a call lives on q's device `dev` (host memory, or one CUDA device for the cuda
+// backend).
+void need_shape(const char* name, const TensorView& t, const Shape& want, const Device& dev) {
   if (t.shape != want) fail(std::string(name) + " must be " + shape_str(want) + ", got " + t.str());
-  if (t.device.type != DeviceType::kCPU) fail(std::string(name) + " must be in host memory, got " + t.str());
+  if (t.device != dev) fail(std::string(name) + " must be on q's device " + dev.str() + ", got " + t.str());
   if (!t.is_contiguous()) fail(std::string(name) + " must be contiguous, got " + t.str());
   if (t.numel() > 0 && t.data == nullptr) fail(std::string(name) + " has no data");
 }
@@ -34,6 +36,7 @@ void need_dtype_or_f32(const char* name, const TensorView& t, DType like) {
 }
 
 bool finite(const TensorView& t) {
+  if (t.device.type != DeviceType::kCPU) return true;  // device data is not inspected here
   for (int64_t j = 0; j < t.numel(); ++j)
     if (!std::isfinite(load_as_f32(t.data, t.dtype, j))) return false;
   return true;
@@ -98,27 +101,27 @@ void prepare(const Inputs& in, const Options& opt, Prepared& r) {
   const int64_t DV = in.v.shape[3];
   if (DV == 0) fail("DHV must be >= 1, got v " + in.v.str());
   need_float("q", q);
-  need_shape("q", q, q.shape);
-  need_shape("k", in.k, q.shape);
-  need_shape("v", in.v, {B, NH, S, DV});
+  need_shape("q", q, q.shape, q.device);
+  need_shape("k", in.k, q.shape, q.device);
+  need_shape("v", in.v, {B, NH, S, DV}, q.device);
   if (in.k.dtype != q.dtype || in.v.dtype != q.dtype)
     fail("q, k and v must share one dtype, got " + q.str() + ", " + in.k.str() + ", " + in.v.str());
-  need_shape("i", in.i, {B, NH, S});
-  need_shape("f", in.f, {B, NH, S});
+  need_shape("i", in.i, {B, NH, S}, q.device);
+  need_shape("f", in.f, {B, NH, S}, q.device);
   need_float("i", in.i);
   need_float("f", in.f);
   if (in.i.dtype != in.f.dtype) fail("i and f must share one dtype, got " + in.i.str() + ", " + in.f.str());
   if (given(in.resets)) {
-    need_shape("resets", in.resets, {B, S});
+    need_shape("resets", in.resets, {B, S}, q.device);
     if (in.resets.dtype != DType::kI32 && in.resets.dtype != DType::kI64)
       fail("resets must be i32 or i64 (nonzero = reset), got " + in.resets.str());
   }
   const int states = int(given(in.c0)) + int(given(in.n0)) + int(given(in.m0));
   if (states != 0 && states != 3) fail("c0, n0 and m0 go together: give all three or none");
   if (states == 3) {
-    need_shape("c0", in.c0, {B, NH, DK, DV});
-    need_shape("n0", in.n0, {B, NH, DK});
-    need_shape("m0", in.m0, {B, NH});
+    need_shape("c0", in.c0, {B, NH, DK, DV}, q.device);
+    need_shape("n0", in.n0, {B, NH, DK}, q.device);
+    need_shape("m0", in.m0, {B, NH}, q.device);
     need_f32("c0", in.c0), need_f32("n0", in.n0), need_f32("m0", in.m0);
   }
   if (!(opt.eps >= 0.0) || !std::isfinite(opt.eps)) fail("eps must be finite and >= 0, got " + std::to_string(opt.eps));
@@ -137,10 +140,21 @@ void prepare(const Inputs& in, const Options& opt, Prepared& r) {
   p.eps = opt.eps;
   p.chunk = opt.chunk_size;
   p.num_threads = resolve_num_threads(opt.num_threads);
+  p.stream = opt.stream;
 }
+
+bool on_device(const Problem& p) { return p.device.type != DeviceType::kCPU; }
+DevIn dev_in(const TensorView& t) { return {given(t) ? t.data : nullptr, t.dtype}; }
+DevOut dev_out(const TensorView& t) { return {t.data, t.dtype}; }
 
 // Conversion after every check (prepare) passed.
 void convert(const Inputs& in, Prepared& r) {
+  if (on_device(r.p)) {  // nothing converted: the device backend reads every dtype
+    Problem& p = r.p;
+    p.dev = {dev_in(in.q), dev_in(in.k), dev_in(in.v), dev_in(in.i), dev_in(in.f), dev_in(in.resets)};
+    if (given(in.c0)) p.c0 = in.c0.data_as<const float>(), p.n0 = in.n0.data_as<const float>(), p.m0 = in.m0.data_as<const float>();
+    return;
+  }
   r.q = as_f32(in.q), r.k = as_f32(in.k), r.v = as_f32(in.v), r.i = as_f32(in.i), r.f = as_f32(in.f);
   r.c0 = as_f32(in.c0), r.n0 = as_f32(in.n0), r.m0 = as_f32(in.m0);
   Problem& p = r.p;
@@ -190,20 +204,21 @@ std::string forward(const Inputs& in, const TensorView& h, const LastStates& las
   Prepared r;
   prepare(in, opt, r);
   const Problem& p = r.p;
-  need_shape("h", h, {p.B, p.NH, p.S, p.DV});
+  need_shape("h", h, {p.B, p.NH, p.S, p.DV}, p.device);
   need_dtype_or_f32("h", h, r.qkv);
   const int outs = int(given(last.c)) + int(given(last.n)) + int(given(last.m));
   if (outs != 0 && outs != 3) fail("the last states c, n and m go together: give all three or none");
   if (outs == 3) {
-    need_shape("c_last", last.c, {p.B, p.NH, p.DK, p.DV});
-    need_shape("n_last", last.n, {p.B, p.NH, p.DK});
-    need_shape("m_last", last.m, {p.B, p.NH});
+    need_shape("c_last", last.c, {p.B, p.NH, p.DK, p.DV}, p.device);
+    need_shape("n_last", last.n, {p.B, p.NH, p.DK}, p.device);
+    need_shape("m_last", last.m, {p.B, p.NH}, p.device);
     need_f32("c_last", last.c), need_f32("n_last", last.n), need_f32("m_last", last.m);
   }
   convert(in, r);
-  const F32Out ho = as_f32_out(h);
+  const F32Out ho = on_device(p) ? F32Out{} : as_f32_out(h);
   ForwardOut out;
   out.h = ho.ptr;
+  if (on_device(p)) out.h_dev = dev_out(h);
   if (outs == 3) out.c_last = last.c.data_as<float>(), out.n_last = last.n.data_as<float>(), out.m_last = last.m.data_as<float>();
   const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) {
     const auto once = [&](const Problem& t) { impl.forward(t, out); };
@@ -218,28 +233,34 @@ std::string backward(const Inputs& in, const TensorView& dh, const Grads& g, con
   Prepared r;
   prepare(in, opt, r);
   const Problem& p = r.p;
-  need_shape("dh", dh, {p.B, p.NH, p.S, p.DV});
+  need_shape("dh", dh, {p.B, p.NH, p.S, p.DV}, p.device);
   need_dtype_or_f32("dh", dh, r.qkv);
-  if (given(dc_last)) need_shape("dc_last", dc_last, {p.B, p.NH, p.DK, p.DV}), need_f32("dc_last", dc_last);
-  if (given(dn_last)) need_shape("dn_last", dn_last, {p.B, p.NH, p.DK}), need_f32("dn_last", dn_last);
-  need_shape("dq", g.dq, in.q.shape), need_dtype_or_f32("dq", g.dq, r.qkv);
-  need_shape("dk", g.dk, in.k.shape), need_dtype_or_f32("dk", g.dk, r.qkv);
-  need_shape("dv", g.dv, in.v.shape), need_dtype_or_f32("dv", g.dv, r.qkv);
-  need_shape("di", g.di, in.i.shape), need_dtype_or_f32("di", g.di, r.gates);
-  need_shape("df", g.df, in.f.shape), need_dtype_or_f32("df", g.df, r.gates);
+  if (given(dc_last)) need_shape("dc_last", dc_last, {p.B, p.NH, p.DK, p.DV}, p.device), need_f32("dc_last", dc_last);
+  if (given(dn_last)) need_shape("dn_last", dn_last, {p.B, p.NH, p.DK}, p.device), need_f32("dn_last", dn_last);
+  need_shape("dq", g.dq, in.q.shape, p.device), need_dtype_or_f32("dq", g.dq, r.qkv);
+  need_shape("dk", g.dk, in.k.shape, p.device), need_dtype_or_f32("dk", g.dk, r.qkv);
+  need_shape("dv", g.dv, in.v.shape, p.device), need_dtype_or_f32("dv", g.dv, r.qkv);
+  need_shape("di", g.di, in.i.shape, p.device), need_dtype_or_f32("di", g.di, r.gates);
+  need_shape("df", g.df, in.f.shape, p.device), need_dtype_or_f32("df", g.df, r.gates);
   const bool state = given(in.c0);
   if (state != given(g.dc0) || state != given(g.dn0))
     fail(state ? "dc0 and dn0 are required with an initial state" : "dc0 and dn0 are written only with an initial state");
   if (state) {
-    need_shape("dc0", g.dc0, in.c0.shape), need_f32("dc0", g.dc0);
-    need_shape("dn0", g.dn0, in.n0.shape), need_f32("dn0", g.dn0);
+    need_shape("dc0", g.dc0, in.c0.shape, p.device), need_f32("dc0", g.dc0);
+    need_shape("dn0", g.dn0, in.n0.shape, p.device), need_f32("dn0", g.dn0);
   }
   if (opt.check_finite && !finite(dh)) fail("dh contains NaN or Inf");
   convert(in, r);
-  const F32In dh32 = as_f32(dh), dcl = as_f32(dc_last), dnl = as_f32(dn_last);
-  const F32Out dq = as_f32_out(g.dq), dk = as_f32_out(g.dk), dv = as_f32_out(g.dv), di = as_f32_out(g.di),
-               df = as_f32_out(g.df);
+  const bool dev = on_device(p);  // device calls: nothing converted (dc_last, dn_last are f32)
+  const F32In dh32 = dev ? F32In{} : as_f32(dh), dcl = as_f32(dc_last), dnl = as_f32(dn_last);
+  auto out32 = [&](const TensorView& t) { return dev ? F32Out{} : as_f32_out(t); };
+  const F32Out dq = out32(g.dq), dk = out32(g.dk), dv = out32(g.dv), di = out32(g.di), df = out32(g.df);
   BackwardArgs a;
+  if (dev) {
+    a.dh_dev = dev_in(dh);
+    a.dq_dev = dev_out(g.dq), a.dk_dev = dev_out(g.dk), a.dv_dev = dev_out(g.dv);
+    a.di_dev = dev_out(g.di), a.df_dev = dev_out(g.df);
+  }
   a.dh = dh32.ptr, a.dc_last = dcl.ptr, a.dn_last = dnl.ptr;
   a.dq = dq.ptr, a.dk = dk.ptr, a.dv = dv.ptr, a.di = di.ptr, a.df = df.ptr;
   if (state) a.dc0 = g.dc0.data_as<float>(), a.dn0 = g.dn0.data_as<float>();

@@ -4,6 +4,10 @@
 // (inputs in other dtypes are converted once, outputs converted back), contiguous, row-major:
 // q, k [B, NH, S, DK], v [B, NH, S, DV], i, f [B, NH, S], resets [B, S] as 0/1 bytes,
 // c0 [B, NH, DK, DV], n0 [B, NH, DK], m0 [B, NH]. Absent optional arrays are nullptr.
+// A device call (device not the CPU: the cuda backend) converts nothing: the f32 pointers of the
+// f32 arrays (states, their gradients, c_last …) are the caller's device pointers, and the arrays
+// that may be another dtype are handed over as they are in `dev` (q, k, v, i, f, resets, h, dh,
+// dq … df), their f32 pointers left nullptr.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,16 @@ inline constexpr const char* kKernelName = "mlstm";
 inline constexpr int64_t kDefaultChunk = 64;
 using dispatch::Availability;
 
+// A device call's array in its own dtype (resets: i32 or i64).
+struct DevIn {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+struct DevOut {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
 struct Problem {
   int64_t B = 0, NH = 0, S = 0, DK = 0, DV = 0;
   Device device;
@@ -29,12 +43,17 @@ struct Problem {
   const float *q = nullptr, *k = nullptr, *v = nullptr, *i = nullptr, *f = nullptr;
   const uint8_t* resets = nullptr;  // [B, S]
   const float *c0 = nullptr, *n0 = nullptr, *m0 = nullptr;
+  struct {
+    DevIn q, k, v, i, f, resets;
+  } dev;                   // device calls only
+  void* stream = nullptr;  // device calls: cudaStream_t (nullptr: the default stream)
   bool reset_at(int64_t b, int64_t t) const { return resets && t > 0 && resets[b * S + t] != 0; }
 };
 
 struct ForwardOut {
   float* h = nullptr;                                        // [B, NH, S, DV]
   float *c_last = nullptr, *n_last = nullptr, *m_last = nullptr;  // optional
+  DevOut h_dev;                                              // device calls: h
 };
 
 struct BackwardArgs {
@@ -42,6 +61,8 @@ struct BackwardArgs {
   const float *dc_last = nullptr, *dn_last = nullptr;        // optional
   float *dq = nullptr, *dk = nullptr, *dv = nullptr, *di = nullptr, *df = nullptr;
   float *dc0 = nullptr, *dn0 = nullptr;                      // with an initial state
+  DevIn dh_dev;                                              // device calls: dh, dq … df
+  DevOut dq_dev, dk_dev, dv_dev, di_dev, df_dev;
 };
 
 class Implementation : public dispatch::ImplementationBase {
@@ -61,5 +82,6 @@ const std::vector<tune::TableEntry>& tuned_table();
 
 std::unique_ptr<Implementation> make_reference_implementation();  // reference.cc
 std::unique_ptr<Implementation> make_cpu_implementation();        // cpu.cc (TESSERA_CPU_BACKEND)
+std::unique_ptr<Implementation> make_cuda_implementation();       // cuda.cu (the CUDA module)
 
 }  // namespace tessera::mlstm

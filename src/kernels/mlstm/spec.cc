@@ -19,8 +19,8 @@ using K = OptionSpec::Kind;
 
 std::vector<kernels::CheckCase> check_cases(bool quick) {
   return kernels::check_cases_of(testing::check_grid(quick),
-                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device) {
-                                   return testing::check_parity(c, impl, pass);
+                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device dev) {
+                                   return testing::check_parity(c, impl, pass, dev);
                                  });
 }
 

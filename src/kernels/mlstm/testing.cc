@@ -24,8 +24,14 @@ Tensor nan_filled(DType dt, const Shape& shape) {
   return x;
 }
 
+Tensor to_dev(const Tensor& t, Device dev) { return t.defined() ? t.to(dev) : Tensor{}; }
+
 struct Outputs {
   Tensor h, c, n, m, dq, dk, dv, di, df, dc0, dn0;
+  Outputs to(Device dev) const {
+    return {to_dev(h, dev),  to_dev(c, dev),  to_dev(n, dev),  to_dev(m, dev),   to_dev(dq, dev), to_dev(dk, dev),
+            to_dev(dv, dev), to_dev(di, dev), to_dev(df, dev), to_dev(dc0, dev), to_dev(dn0, dev)};
+  }
 };
 
 Outputs make_outputs(const CaseSpec& s, const CaseData& d) {
@@ -54,7 +60,8 @@ void run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass
 
 std::string CaseSpec::name() const {
   std::ostringstream o;
-  o << label << "_B" << B << "NH" << NH << "S" << S << "DK" << DK << "DV" << DV << "_" << dtype_name(dtype) << "_r"
+  o << label << "_B" << B << "NH" << NH << "S" << S << "DK" << DK << "DV" << DV << "_" << dtype_name(dtype)
+    << (gate_dtype != DType::kF32 ? std::string("_gates_") + dtype_name(gate_dtype) : "") << "_r"
     << resets << (initial_state ? "_init" : "") << "_c" << opt.chunk_size;
   return o.str();
 }
@@ -62,6 +69,19 @@ std::string CaseSpec::name() const {
 Inputs CaseData::inputs() const {
   return {q.view(), k.view(), v.view(), i.view(), f.view(), view_or_empty(resets), view_or_empty(c0),
           view_or_empty(n0), view_or_empty(m0)};
+}
+
+CaseData CaseData::to(Device dev) const {
+  return {to_dev(q, dev),  to_dev(k, dev),  to_dev(v, dev),  to_dev(i, dev),  to_dev(f, dev),       to_dev(resets, dev),
+          to_dev(c0, dev), to_dev(n0, dev), to_dev(m0, dev), to_dev(dh, dev), to_dev(dc_last, dev), to_dev(dn_last, dev)};
+}
+
+// `t` (f32) in dtype `dt`.
+Tensor cast(const Tensor& t, DType dt) {
+  if (dt == DType::kF32) return t;
+  Tensor r = Tensor::empty(dt, t.shape());
+  for (int64_t j = 0; j < t.numel(); ++j) store_from_f32(r.data(), dt, j, t.data_as<float>()[j]);
+  return r;
 }
 
 CaseData make_case(const CaseSpec& s) {
@@ -73,6 +93,7 @@ CaseData make_case(const CaseSpec& s) {
   d.i = random_uniform(DType::kF32, {s.B, s.NH, s.S}, s.gate_scale, r + 4);
   d.f = random_uniform(DType::kF32, {s.B, s.NH, s.S}, s.gate_scale, r + 5);
   for (int64_t j = 0; j < d.f.numel(); ++j) d.f.data_as<float>()[j] += 2.0f;
+  d.i = cast(d.i, s.gate_dtype), d.f = cast(d.f, s.gate_dtype);
   d.dh = random_uniform(DType::kF32, {s.B, s.NH, s.S, s.DV}, 1.0f, r + 6);
   d.dc_last = random_uniform(DType::kF32, {s.B, s.NH, s.DK, s.DV}, 1.0f, r + 7);
   d.dn_last = random_uniform(DType::kF32, {s.B, s.NH, s.DK}, 1.0f, r + 8);
@@ -107,7 +128,7 @@ harness::Tolerance tolerance(const CaseSpec& s) {
   return {2e-4 + 2.0 * u, 1e-4 + 2.0 * u};
 }
 
-harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass) {
+harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass, Device dev) {
   harness::ParityReport r;
   r.case_name = s.name();
   r.implementation = impl;
@@ -116,7 +137,13 @@ harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, P
   Outputs want = make_outputs(s, d), got = make_outputs(s, d);
   run_one(s, d, "reference", pass, want);
   try {
-    run_one(s, d, impl, pass, got);
+    if (dev.type == DeviceType::kCPU) {
+      run_one(s, d, impl, pass, got);
+    } else {
+      Outputs on = got.to(dev);
+      run_one(s, d.to(dev), impl, pass, on);
+      got = on.to(Device{});
+    }
     r.ran = true;
   } catch (const Error& e) {
     r.error = e.what();
@@ -167,6 +194,11 @@ std::vector<CaseSpec> check_grid(bool quick) {
   if (!quick) {
     add(mk("batch33", 33, 5, 4, 4, 2, "random"));
     add(mk("s1000", 1, 1000, 16, 16, 64, "random"));
+  }
+  for (DType dt : {DType::kBF16, DType::kF16}) {  // gates in another dtype than q, k, v
+    CaseSpec c = mk("gate_dtype", 2, 21, 8, 4, 8, "inside");
+    c.gate_dtype = dt;
+    add(c);
   }
   return add.take();
 }

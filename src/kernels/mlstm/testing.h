@@ -14,7 +14,8 @@ namespace tessera::mlstm::testing {
 struct CaseSpec {
   std::string label = "case";
   int64_t B = 1, NH = 2, S = 7, DK = 8, DV = 8;
-  DType dtype = DType::kF32;    // q, k, v (gates f32)
+  DType dtype = DType::kF32;       // q, k, v
+  DType gate_dtype = DType::kF32;  // i, f
   std::string resets = "none";  // none | chunk (at chunk boundaries) | inside | every | pair | random
   bool initial_state = false;
   float gate_scale = 3.0f;      // i, f uniform in ±gate_scale (+2 on f: mostly remembering)
@@ -27,11 +28,13 @@ struct CaseData {
   Tensor q, k, v, i, f, resets, c0, n0, m0;  // resets / states undefined when absent
   Tensor dh, dc_last, dn_last;
   Inputs inputs() const;
+  CaseData to(Device dev) const;  // every defined tensor copied to `dev`
 };
 CaseData make_case(const CaseSpec& s);
 
 harness::Tolerance tolerance(const CaseSpec& s);
-harness::ParityReport check_parity(const CaseSpec& s, const std::string& implementation, Pass pass);
+// `implementation` runs on copies of the inputs and outputs on `dev` (the reference on the host).
+harness::ParityReport check_parity(const CaseSpec& s, const std::string& implementation, Pass pass, Device dev = {});
 std::vector<CaseSpec> check_grid(bool quick);
 
 }  // namespace tessera::mlstm::testing

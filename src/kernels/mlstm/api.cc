@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/mlstm/impl.h"
+#include "tune/declared.h"
 #include "tessera/error.h"
 
 namespace tessera::mlstm {

@@ -15,8 +15,12 @@
 #include <string>
 
 #include "dispatch/registry.h"
-#include "tune/declared.h"
 #include "tessera/mlstm.h"
+
+namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
+struct Declared;
+struct TableEntry;
+}  // namespace tessera::tune
 
 namespace tessera::mlstm {
 

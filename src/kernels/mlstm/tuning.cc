@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "kernels/mlstm/impl.h"
+#include "tune/declared.h"
 
 namespace tessera::mlstm {
 

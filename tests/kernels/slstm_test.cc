@@ -27,7 +27,7 @@ struct Out {
 
 TensorView v(const Tensor& t) { return t.numel() ? t.view() : TensorView{}; }
 
-Out run(const CaseSpec& s, const CaseData& d, const std::string& impl, bool grad) {
+Out run(const CaseSpec& s, const CaseData& d, const std::string& impl, bool grad, int64_t batch_block = 0) {
   const Shape st{s.B, s.NH, s.DH};
   Out o;
   o.h = Tensor::zeros(DType::kF32, {s.B, s.S, s.NH, s.DH});
@@ -35,6 +35,7 @@ Out run(const CaseSpec& s, const CaseData& d, const std::string& impl, bool grad
   o.nl = Tensor::zeros(DType::kF32, st), o.ml = Tensor::zeros(DType::kF32, st);
   slstm::Options opt;
   opt.implementation = impl;
+  opt.batch_block = batch_block;
   const slstm::Outputs out{o.h.view(), o.hl.view(), o.cl.view(), o.nl.view(), o.ml.view()};
   if (!grad) {
     slstm::forward(d.inputs(), out, opt);
@@ -188,6 +189,38 @@ TEST(SlstmReference, SaturatedSigmoidsKeepRelativeAccuracy) {
 // Chaining: the last state of a call on steps [0, S1) fed as the initial state of a call on
 // [S1, S) gives the same h as one call on [0, S) (no reset at S1: a reset at a call's t = 0 is
 // ignored by the contract).
+// The tuned block size of cpu (batch rows per task) changes the partition, not the result: rows
+// are independent in the forward (bitwise the same when the step GEMM treats rows alike; 1e-6
+// allowed for a different row-tail path), and dr / db sum the blocks' partials in another
+// order (f32 sums over B·S = 68 terms of O(1): 1e-5). A negative block is a named error.
+TEST(SlstmReference, TheBatchBlockChangesNothingButThePartition) {
+  CaseSpec s;
+  s.B = 17, s.S = 4, s.NH = 2, s.DH = 8, s.initial = true, s.resets = "random";
+  const CaseData d = slstm::testing::make_case(s);
+  Out want;
+  try {
+    want = run(s, d, "cpu", true, 64);
+  } catch (const Error& e) {
+    GTEST_SKIP() << "cpu not built: " << e.what();
+  }
+  for (int64_t block : {1, 3, 8}) {
+    const Out got = run(s, d, "cpu", true, block);
+    auto near = [&](const Tensor& a, const Tensor& b, double tol, const char* what) {
+      for (int64_t i = 0; i < a.numel(); ++i)
+        ASSERT_NEAR(load_as_f32(a.data(), a.dtype(), i), load_as_f32(b.data(), b.dtype(), i), tol)
+            << what << " " << i << " block " << block;
+    };
+    near(got.h, want.h, 1e-6, "h"), near(got.dwx, want.dwx, 1e-6, "dwx");
+    near(got.dr, want.dr, 1e-5, "dr"), near(got.db, want.db, 1e-5, "db");
+  }
+  try {
+    run(s, d, "cpu", false, -1);
+    FAIL() << "batch_block -1 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("batch_block must be >= 1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SlstmReference, TwoCallsEqualOneCall) {
   for (const char* impl : {"reference", "cpu"}) {
     CaseSpec s;

@@ -2,8 +2,7 @@
 // Regenerate (do not hand-edit values; review the diff like code):
 //   tessera tune mlstm --emit-table   (from the repository root, on the machine to tune; rebuild first: rows of other machines are kept)
 // No rows: no tunable implementation was measured yet. Every lookup misses and falls to autotune-on-miss or the defaults.
-#include "kernels/mlstm/impl.h"
-#include "tune/declared.h"
+#include "tune/table.h"
 
 namespace tessera::mlstm {
 

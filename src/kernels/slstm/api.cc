@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kernels/slstm/impl.h"
+#include "tune/declared.h"
 #include "tessera/error.h"
 
 namespace tessera::slstm {
@@ -98,6 +99,10 @@ Problem normalize(const Inputs& in, const Options& opt, Owned& own) {
     for (const auto* t : {&in.wx, &in.r, &in.b, &in.h0, &in.c0, &in.n0, &in.m0})
       if (!all_finite(*t)) bad("an input contains NaN or Inf");
   p.num_threads = resolve_num_threads(opt.num_threads);
+  if (opt.batch_block < 0)
+    throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": batch_block must be >= 1 (0: tuned or the "
+                "default), got " + std::to_string(opt.batch_block));
+  p.batch_block = opt.batch_block;
   p.stream = opt.stream;
   return p;
 }
@@ -157,10 +162,30 @@ void set_backward(Problem& p, const Inputs& in, const Upstream& up, const Grads&
   p.backward = true;
 }
 
+// `p` with the batch block `impl` runs: the call's (> 0), else the tuned table's, else
+// autotune-on-miss (timing `impl` on this call), else the default.
+Problem with_batch_block(const Problem& p, const Implementation& impl, const Options& opt) {
+  tune::DeclaredCall c;
+  c.implementation = impl.name();
+  c.device = impl.device_type();
+  c.dtype = p.dtype;
+  c.dims = {p.B, p.S, p.NH, p.DH};
+  c.pass = p.backward ? (p.h ? Pass::kFused : Pass::kBackward) : Pass::kForward;
+  c.threads = p.num_threads;
+  c.given = {{"batch_block", p.batch_block}};
+  c.autotune_on_miss = opt.autotune_on_miss;
+  const auto at = [&p](const tune::Params& cand) {
+    Problem q = p;
+    q.batch_block = tune::param(cand, "batch_block").value_or(0);
+    return q;
+  };
+  return at(tune::choose_declared(tuning(), c, [&](const tune::Params& cand) { impl.run(at(cand)); }).params);
+}
+
 std::string dispatch_call(const Problem& p, const Options& opt) {
   return registry().dispatch(
       opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
-      [&](const Implementation& impl) { impl.run(p); });
+      [&](const Implementation& impl) { impl.run(with_batch_block(p, impl, opt)); });
 }
 
 }  // namespace

@@ -230,8 +230,9 @@ class Cpu final : public Implementation {
     const std::vector<float> R = pack_r(p);
     const std::vector<float> RT = p.backward ? transpose_r(p, R) : std::vector<float>{};
     const int64_t D = p.DH, W = 4 * D;
-    // Enough tasks for every thread, blocks of at most kMaxBlock rows.
-    const int64_t want = std::max<int64_t>((p.num_threads + p.NH - 1) / p.NH, (p.B + kMaxBlock - 1) / kMaxBlock);
+    // Enough tasks for every thread, blocks of at most `block` rows (Options::batch_block, tuned).
+    const int64_t block = p.batch_block > 0 ? p.batch_block : kMaxBlock;
+    const int64_t want = std::max<int64_t>((p.num_threads + p.NH - 1) / p.NH, (p.B + block - 1) / block);
     const int64_t nb = std::min(p.B, want), tasks = nb * p.NH;
     std::vector<float> dR(p.backward ? size_t(tasks * D * W) : 0), db(p.backward ? size_t(tasks * W) : 0);
     const int T = int(std::min<int64_t>(p.num_threads, tasks));

@@ -12,6 +12,11 @@
 #include "dispatch/registry.h"
 #include "tessera/slstm.h"
 
+namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
+struct Declared;
+struct TableEntry;
+}  // namespace tessera::tune
+
 namespace tessera::slstm {
 
 inline constexpr const char* kKernelName = "slstm";
@@ -42,7 +47,8 @@ struct Problem {
   float *dh0 = nullptr, *dc0 = nullptr, *dn0 = nullptr;                      // with an initial state
 
   int num_threads = 1;
-  void* stream = nullptr;  // ExecOptions::stream (device implementations)
+  int64_t batch_block = 0;  // Options::batch_block (0: tuned or the backend's default)
+  void* stream = nullptr;   // ExecOptions::stream (device implementations)
 
   bool has_initial() const { return h0 != nullptr; }
   bool reset(int64_t bi, int64_t t) const { return t > 0 && resets != nullptr && resets[bi * S + t] != 0; }
@@ -64,6 +70,10 @@ class Implementation : public dispatch::ImplementationBase {
 
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
+
+// The batch block's tuning (tuning.cc) and its checked-in table (tuned_table.cc, generated).
+const tune::Declared& tuning();
+const std::vector<tune::TableEntry>& tuned_table();
 
 std::unique_ptr<Implementation> make_reference_implementation();
 std::unique_ptr<Implementation> make_cpu_implementation();   // cpu.cc (TESSERA_CPU_BACKEND)

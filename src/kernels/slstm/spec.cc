@@ -1,5 +1,6 @@
 // slstm: the registration — the only place the CLI, the parity suite and the bindings learn
 // about this kernel (docs/ADDING_A_KERNEL.md).
+#include "kernels/declared_tune.h"
 #include "kernels/registry.h"
 #include "kernels/slstm/impl.h"
 #include "kernels/slstm/testing.h"
@@ -48,6 +49,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   Options opt;
   static_cast<ExecOptions&>(opt) = a.exec;
+  opt.batch_block = a.options.integer("batch_block");
   const Inputs in = call_inputs(a);
   const std::vector<kernels::OutputDesc> want = call_outputs(a);
   check(out.size() == want.size(), ErrorCode::kInvalidArgument,
@@ -86,7 +88,9 @@ kernels::CallSpec call_spec() {
                    {"grad_h_last", "upstream gradient of h_last [B, NH, DH] (f32)", false, false},
                    {"grad_c_last", "upstream gradient of c_last [B, NH, DH] (f32; m held)", false, false},
                    {"grad_n_last", "upstream gradient of n_last [B, NH, DH] (f32; m held)", false, false}};
-  s.options = {{"return_last_states", K::kFlag,
+  s.options = {{"batch_block", K::kInt, "batch rows per cpu thread task; 0: tuned (table, autotune on a miss) or 64",
+                "0", {}},
+               {"return_last_states", K::kFlag,
                 "also return the last state h_last, c_last, n_last, m_last [B, NH, DH] (f32; gradients flow "
                 "through h_last, c_last and n_last with m held, as into a next call's h0, c0, n0)",
                 "false", {}}};
@@ -125,6 +129,7 @@ const kernels::KernelSpec& spec() {
       return make_bench_problem(shape, dt, 0, false);
     };
     k.call = call_spec();
+    k.tune = kernels::declared_tune_spec(tuning(), spec);
     return k;
   }();
   return s;

@@ -184,9 +184,12 @@ Partials stage1(const Problem& p, const Plan& pl, int threads) {
   const int64_t R = p.rows(), n = static_cast<int64_t>(pl.splits.size());
   Partials part = Partials::allocate(n, R, p.Dv);
   std::vector<std::unique_ptr<Work>> work(static_cast<size_t>(std::max(threads, 1)));
-  parallel_for(n, threads, /*blas=*/true, [&](int64_t i, int tid) {
+  // The bf16 path never calls the BLAS: holding OpenBLAS at one thread and restoring it after
+  // wakes its pool, whose threads then spin (sched_yield) on the cores the workers need.
+  const bool bf16_dot = uses_bf16_dot(p);
+  parallel_for(n, threads, /*blas=*/!bf16_dot, [&](int64_t i, int tid) {
     auto& w = work[static_cast<size_t>(tid)];
-    if (!w) w = std::make_unique<Work>(p, uses_bf16_dot(p));
+    if (!w) w = std::make_unique<Work>(p, bf16_dot);
     const Split& sp = pl.splits[static_cast<size_t>(i)];
     const int64_t first = pl.first[static_cast<size_t>(sp.b)], nb = pl.first[static_cast<size_t>(sp.b + 1)] - first;
     partial(p, sp, part.o + i * R * p.Dv, part.lse + first * R + (i - first), nb, *w);

@@ -20,7 +20,7 @@ namespace tessera::mla_decode::cpu {
 
 inline constexpr int64_t kChunk = 128;        // keys gathered and multiplied at a time
 inline constexpr int64_t kMinSplitKeys = 256;  // automatic splits are never shorter
-inline constexpr int64_t kMinBf16DotRows = 1;  // Sq·Hq from which bf16 inputs use bf16 dot products
+inline constexpr int64_t kMinBf16DotRows = 2;  // Sq·Hq from which bf16 inputs use bf16 dot products
 
 struct Split {
   int64_t b = 0, k0 = 0, k1 = 0;  // keys [k0, k1) of batch entry b

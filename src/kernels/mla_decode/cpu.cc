@@ -142,7 +142,7 @@ void parallel_for(int64_t n, int threads, bool blas, F&& body) {
 
 }  // namespace
 
-// Measured (devlog v3): faster than widening to f32 for sgemm from Sq·Hq = 16 rows on.
+// Measured (devlog v3): faster than widening to f32 for sgemm from Sq·Hq = 2 rows on.
 bool uses_bf16_dot(const Problem& p) {
   return p.dtype == DType::kBF16 && p.rows() >= kMinBf16DotRows && cpu_bf16_gemm::available();
 }

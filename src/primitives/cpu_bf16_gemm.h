@@ -11,9 +11,9 @@
 // instruction vdpbf16ps multiplies against a broadcast pair (A[i][2k], A[i][2k+1]); an odd K's
 // last pair and the columns past N are zero.
 //
-// gemm runs a register-blocked vdpbf16ps micro-kernel where the CPU has AVX512-BF16 (runtime
-// check) and a portable loop over the same layout elsewhere (the same values up to the order of
-// the f32 sums). TESSERA_CPU_BF16_DOT=0 forces the portable loop (triage, side-by-side timing).
+// gemm runs a register-blocked vdpbf16ps micro-kernel (4 rows × 64 columns; 8 rows × 16 columns
+// where N ≤ 16) where the CPU has AVX512-BF16 (runtime check) and a portable loop over the same
+// layout elsewhere (the same values up to the order of the f32 sums). TESSERA_CPU_BF16_DOT=0 forces the portable loop (triage, side-by-side timing).
 #pragma once
 
 #include <cstdint>

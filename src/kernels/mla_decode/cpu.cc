@@ -1,5 +1,6 @@
-// mla_decode cpu: the split-KV pipeline (cpu_stages.h) on OpenBLAS sgemm and the shared lse
-// combine. Threads over (batch, split) items in stage 1 and over rows in stage 2.
+// mla_decode cpu: the split-KV pipeline (cpu_stages.h) on the shared bf16 GEMM (bf16 inputs on
+// AVX512-BF16) or OpenBLAS sgemm, and the shared lse combine. Threads over (batch, split) items
+// in stage 1 and over rows in stage 2.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -9,6 +10,7 @@
 
 #include "core/trace.h"
 #include "kernels/mla_decode/cpu_stages.h"
+#include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
 #include "primitives/cpu_convert.h"
 #include "primitives/cpu_threads.h"
@@ -37,42 +39,23 @@ struct Floats {
   float& operator[](size_t i) const { return data()[i]; }
 };
 
-int64_t pairs(const Problem& p) { return (p.D + 1) / 2; }
-int64_t rows4(const Problem& p) { return (p.rows() + 3) / 4 * 4; }
-
-// One worker's buffers for stage 1 (qp and ct, bf16 pairs, only on the bf16 dot-product path).
+// One worker's buffers for stage 1. f32 path: q and the chunk c as f32 for sgemm. bf16 path:
+// the chunk's keys (entry pointers), packed once as the B of both products (pk: Cᵀ, pv:
+// C[:, :Dv]), and the weights P as bf16 (pb, [R, n]).
 struct Work {
   Floats q, c, s, acc, m, l;
-  memory::HostBuffer qp, ct;
+  std::vector<const uint16_t*> keys;
+  memory::HostBuffer pk, pv, pb;
   Work(const Problem& p, bool bf16_dot)
-      : q(p.rows() * p.D), c(kChunk * p.D), s(p.rows() * kChunk), acc(p.rows() * p.Dv), m(p.rows()), l(p.rows()) {
+      : q(bf16_dot ? 0 : p.rows() * p.D), c(bf16_dot ? 0 : kChunk * p.D), s(p.rows() * kChunk),
+        acc(p.rows() * p.Dv), m(p.rows()), l(p.rows()) {
     if (!bf16_dot) return;
-    qp = memory::host_alloc(static_cast<size_t>(rows4(p) * pairs(p)) * sizeof(uint32_t));
-    ct = memory::host_alloc(static_cast<size_t>(pairs(p) * kChunk) * sizeof(uint32_t));
-    std::fill_n(memory::as<uint32_t>(qp), rows4(p) * pairs(p), 0u);
-    std::fill_n(memory::as<uint32_t>(ct), pairs(p) * kChunk, 0u);
+    keys.resize(static_cast<size_t>(kChunk));
+    pk = memory::host_alloc(static_cast<size_t>(cpu_bf16_gemm::packed_words(p.D, kChunk)) * sizeof(uint32_t));
+    pv = memory::host_alloc(static_cast<size_t>(cpu_bf16_gemm::packed_words(kChunk, p.Dv)) * sizeof(uint32_t));
+    pb = memory::host_alloc(static_cast<size_t>(p.rows() * kChunk) * sizeof(uint16_t));
   }
 };
-
-// n bf16 values as pairs (lo | hi << 16), an odd n's last pair padded with 0, every stride-th word.
-void to_pairs(const uint16_t* src, int64_t n, uint32_t* dst, int64_t stride) {
-  for (int64_t k = 0; 2 * k < n; ++k)
-    dst[k * stride] = uint32_t{src[2 * k]} | (2 * k + 1 < n ? uint32_t{src[2 * k + 1]} << 16 : 0u);
-}
-
-// Measured (devlog): 1.25x faster at Sq·Hq = 256 rows, 8 % slower at 16 (the per-key pair
-// scatter is shared by fewer rows), so from 64 rows on.
-bool uses_bf16_dot(const Problem& p) { return p.dtype == DType::kBF16 && p.rows() >= kMinBf16DotRows && have_bf16_dot(); }
-
-// S [R, n] of the chunk of keys j0 .. j0 + n (already in w.c as f32, and in w.ct as pairs).
-void chunk_scores(const Problem& p, int64_t n, Work& w) {
-  const int64_t R = p.rows(), D = p.D;
-  if (w.qp)
-    scores_bf16_dot(memory::as<uint32_t>(w.qp), R, pairs(p), memory::as<uint32_t>(w.ct), kChunk, n,
-                    static_cast<float>(p.scale), w.s.data());
-  else
-    cpu_blas::sgemm(false, true, R, n, D, static_cast<float>(p.scale), w.q.data(), D, w.c.data(), D, 0.0f, w.s.data(), n);
-}
 
 // Online-softmax update of row r with the chunk's scores s[0, n) of which the first `valid`
 // are visible: s becomes the weights P (0 where masked), acc is rescaled.
@@ -81,11 +64,9 @@ void softmax_update(float* s, int64_t n, int64_t valid, float& m, float& l, floa
     std::fill(s, s + n, 0.0f);
     return;
   }
-  float mx = m;
-  for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
+  const float mx = row_max(s, valid, m);
   const float alpha = m == kNegInf ? 0.0f : std::exp(m - mx);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < valid; ++j) sum += (s[j] = std::exp(s[j] - mx));
+  const float sum = exp_shifted(s, valid, mx);
   std::fill(s + valid, s + n, 0.0f);
   if (alpha != 1.0f)
     for (int64_t d = 0; d < dv; ++d) acc[d] *= alpha;
@@ -93,30 +74,54 @@ void softmax_update(float* s, int64_t n, int64_t valid, float& m, float& l, floa
   m = mx;
 }
 
+// The softmax of every row of the chunk's scores w.s [R, n] (keys j0 .. j0 + n).
+void softmax_rows(const Problem& p, const Split& sp, int64_t j0, int64_t n, Work& w) {
+  for (int64_t r = 0; r < p.rows(); ++r) {
+    const int64_t valid = std::min(n, p.visible(sp.b, r / p.Hq) - j0);
+    softmax_update(w.s.data() + r * n, n, valid, w.m[static_cast<size_t>(r)], w.l[static_cast<size_t>(r)],
+                   w.acc.data() + r * p.Dv, p.Dv);
+  }
+}
+
+// One chunk on the f32 path: gather and widen, S = scale·Q·Cᵀ and acc += P·C[:, :Dv] on sgemm.
+void chunk_f32(const Problem& p, const Split& sp, int64_t j0, int64_t n, Work& w) {
+  const int64_t R = p.rows(), D = p.D;
+  for (int64_t j = 0; j < n; ++j) to_f32(p.kv, p.dtype, p.entry(sp.b, j0 + j), D, w.c.data() + j * D);
+  cpu_blas::sgemm(false, true, R, n, D, static_cast<float>(p.scale), w.q.data(), D, w.c.data(), D, 0.0f, w.s.data(), n);
+  softmax_rows(p, sp, j0, n, w);
+  cpu_blas::sgemm(false, false, R, p.Dv, n, 1.0f, w.s.data(), n, w.c.data(), D, 1.0f, w.acc.data(), p.Dv);
+}
+
+// One chunk on the bf16 dot-product path: the entries packed straight from their pages, P
+// rounded to bf16 (nearest even) after the f32 softmax (l sums the f32 weights).
+void chunk_bf16(const Problem& p, const Split& sp, int64_t j0, int64_t n, Work& w) {
+  const int64_t R = p.rows();
+  const auto* kv = static_cast<const uint16_t*>(p.kv);
+  for (int64_t j = 0; j < n; ++j) w.keys[static_cast<size_t>(j)] = kv + p.entry(sp.b, j0 + j);
+  uint32_t *pk = memory::as<uint32_t>(w.pk), *pv = memory::as<uint32_t>(w.pv);
+  uint16_t* pb = memory::as<uint16_t>(w.pb);
+  cpu_bf16_gemm::pack_cols(w.keys.data(), p.D, n, pk);
+  cpu_bf16_gemm::pack_rows(w.keys.data(), n, p.Dv, pv);
+  const auto* q = static_cast<const uint16_t*>(p.q) + sp.b * R * p.D;
+  cpu_bf16_gemm::gemm(R, n, p.D, q, p.D, pk, static_cast<float>(p.scale), false, w.s.data(), n);
+  softmax_rows(p, sp, j0, n, w);
+  cpu_convert::f32_to_bf16(w.s.data(), pb, R * n);
+  cpu_bf16_gemm::gemm(R, p.Dv, n, pb, n, pv, 1.0f, true, w.acc.data(), p.Dv);
+}
+
 // Stage 1 for one split: o_part [R, Dv] and lse values at lse_part[r·stride].
 void partial(const Problem& p, const Split& sp, float* o_part, float* lse_part, int64_t stride, Work& w) {
   TESSERA_TRACE_SCOPE("mla_decode.split_kv");
-  const int64_t R = p.rows(), D = p.D, Dv = p.Dv;
-  to_f32(p.q, p.dtype, sp.b * R * D, R * D, w.q.data());
-  if (w.qp)
-    for (int64_t r = 0; r < R; ++r)
-      to_pairs(static_cast<const uint16_t*>(p.q) + (sp.b * R + r) * D, D, memory::as<uint32_t>(w.qp) + r * pairs(p), 1);
+  const int64_t R = p.rows(), Dv = p.Dv;
+  const bool bf16_dot = static_cast<bool>(w.pk);
+  if (!bf16_dot) to_f32(p.q, p.dtype, sp.b * R * p.D, R * p.D, w.q.data());
   std::fill(w.acc.data(), w.acc.data() + R * Dv, 0.0f);
   std::fill(w.m.data(), w.m.data() + R, kNegInf);
   std::fill(w.l.data(), w.l.data() + R, 0.0f);
   for (int64_t j0 = sp.k0; j0 < sp.k1; j0 += kChunk) {
     const int64_t n = std::min(kChunk, sp.k1 - j0);
-    for (int64_t j = 0; j < n; ++j) {
-      to_f32(p.kv, p.dtype, p.entry(sp.b, j0 + j), D, w.c.data() + j * D);
-      if (w.ct) to_pairs(static_cast<const uint16_t*>(p.kv) + p.entry(sp.b, j0 + j), D, memory::as<uint32_t>(w.ct) + j, kChunk);
-    }
-    chunk_scores(p, n, w);
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t valid = std::min(n, p.visible(sp.b, r / p.Hq) - j0);
-      softmax_update(w.s.data() + r * n, n, valid, w.m[static_cast<size_t>(r)], w.l[static_cast<size_t>(r)],
-                     w.acc.data() + r * Dv, Dv);
-    }
-    cpu_blas::sgemm(false, false, R, Dv, n, 1.0f, w.s.data(), n, w.c.data(), D, 1.0f, w.acc.data(), Dv);
+    if (bf16_dot) chunk_bf16(p, sp, j0, n, w);
+    else chunk_f32(p, sp, j0, n, w);
   }
   for (int64_t r = 0; r < R; ++r) {
     const float l = w.l[static_cast<size_t>(r)];
@@ -136,6 +141,11 @@ void parallel_for(int64_t n, int threads, bool blas, F&& body) {
 }
 
 }  // namespace
+
+// Measured (devlog v3): faster than widening to f32 for sgemm from Sq·Hq = 2 rows on.
+bool uses_bf16_dot(const Problem& p) {
+  return p.dtype == DType::kBF16 && p.rows() >= kMinBf16DotRows && cpu_bf16_gemm::available();
+}
 
 int64_t automatic_split_keys(const Problem& p, int threads) {
   int64_t Lmax = 0;
@@ -174,9 +184,12 @@ Partials stage1(const Problem& p, const Plan& pl, int threads) {
   const int64_t R = p.rows(), n = static_cast<int64_t>(pl.splits.size());
   Partials part = Partials::allocate(n, R, p.Dv);
   std::vector<std::unique_ptr<Work>> work(static_cast<size_t>(std::max(threads, 1)));
-  parallel_for(n, threads, /*blas=*/true, [&](int64_t i, int tid) {
+  // The bf16 path never calls the BLAS: holding OpenBLAS at one thread and restoring it after
+  // wakes its pool, whose threads then spin (sched_yield) on the cores the workers need.
+  const bool bf16_dot = uses_bf16_dot(p);
+  parallel_for(n, threads, /*blas=*/!bf16_dot, [&](int64_t i, int tid) {
     auto& w = work[static_cast<size_t>(tid)];
-    if (!w) w = std::make_unique<Work>(p, uses_bf16_dot(p));
+    if (!w) w = std::make_unique<Work>(p, bf16_dot);
     const Split& sp = pl.splits[static_cast<size_t>(i)];
     const int64_t first = pl.first[static_cast<size_t>(sp.b)], nb = pl.first[static_cast<size_t>(sp.b + 1)] - first;
     partial(p, sp, part.o + i * R * p.Dv, part.lse + first * R + (i - first), nb, *w);
@@ -207,7 +220,8 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "split-KV pipeline: per (batch, split) all Sq·Hq rows as sgemm over gathered pages, then the lse combine";
+    return "split-KV pipeline: per (batch, split) all Sq·Hq rows as GEMMs over gathered pages (bf16 dot products "
+           "for bf16 on AVX512-BF16, else sgemm), then the lse combine";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {

@@ -4,9 +4,9 @@
 // splits of split_keys keys; each (b, split) computes, for all R = Sq·Hq query rows at once (they
 // share the one latent head), its partial softmax-normalized output o_s [R, Dv] and lse_s [R]
 // over that split's visible keys. Keys are taken in chunks of kChunk gathered from their pages
-// and converted to f32 once; per chunk two GEMMs: S = scale·Q·Cᵀ ([R, D]·[D, n]) and, after an
-// online-softmax update, acc += P·C[:, :Dv] ([R, n]·[n, Dv]). Each cached entry is read once
-// and used for both products.
+// once (as f32 for sgemm, or packed as bf16 pairs for the bf16 dot products); per chunk two GEMMs:
+// S = scale·Q·Cᵀ ([R, D]·[D, n]) and, after an online-softmax update, acc += P·C[:, :Dv]
+// ([R, n]·[n, Dv]). Each cached entry is read once and used for both products.
 // Stage 2 (combine): per (b, row), primitives::lse_combine_row over that batch entry's splits.
 #pragma once
 
@@ -20,7 +20,7 @@ namespace tessera::mla_decode::cpu {
 
 inline constexpr int64_t kChunk = 128;        // keys gathered and multiplied at a time
 inline constexpr int64_t kMinSplitKeys = 256;  // automatic splits are never shorter
-inline constexpr int64_t kMinBf16DotRows = 64;  // Sq·Hq from which bf16 inputs use bf16 dot products
+inline constexpr int64_t kMinBf16DotRows = 2;  // Sq·Hq from which bf16 inputs use bf16 dot products
 
 struct Split {
   int64_t b = 0, k0 = 0, k1 = 0;  // keys [k0, k1) of batch entry b
@@ -33,16 +33,16 @@ struct Plan {
   std::vector<int64_t> first;
 };
 
-// bf16 dot products (cpu_bf16.cc): true where the CPU has AVX512-BF16, unless the environment
-// sets TESSERA_CPU_BF16_DOT=0. Stage 1 then forms the scores of bf16 inputs with vdpbf16ps
-// (when Sq·Hq ≥ kMinBf16DotRows)
-// (exact products, f32 sums: the same math as the f32 path, summed in another order).
-bool have_bf16_dot();
-// s[R, n] = scale · Q·Cᵀ. qp: Q as bf16 pairs, [R rounded up to 4][D2] (D2 = ceil(D/2), an odd D's
-// last pair and the padding rows zero). ct: the keys as bf16 pairs, transposed: pair d2 of key j
-// at ct[d2·stride + j], stride ≥ n rounded up to 32 (the columns past n are read, not used).
-void scores_bf16_dot(const uint32_t* qp, int64_t R, int64_t D2, const uint32_t* ct, int64_t stride, int64_t n,
-                     float scale, float* s);
+// bf16 inputs with at least kMinBf16DotRows rows on a CPU with AVX512-BF16
+// (primitives/cpu_bf16_gemm.h; TESSERA_CPU_BF16_DOT=0 turns it off): both products run on
+// vdpbf16ps, the keys and values of each chunk packed once for all R rows and the weights P
+// rounded to bf16 for P·V (as FlashMLA does on the GPU); the rest converts to f32 for sgemm.
+bool uses_bf16_dot(const Problem& p);
+
+// The online softmax's row operations (cpu_simd.cc, Highway): max(init, s[0, n)), and
+// s[j] = exp(s[j] − m) for j < n returning their f32 sum.
+float row_max(const float* s, int64_t n, float init);
+float exp_shifted(float* s, int64_t n, float m);
 
 // split_keys: p.block_sizes's when given and > 0, else automatic_split_keys.
 Plan plan(const Problem& p, int threads);

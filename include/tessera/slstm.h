@@ -43,7 +43,11 @@
 
 namespace tessera::slstm {
 
-struct Options : ExecOptions {};
+struct Options : ExecOptions {
+  // Batch rows per thread task of the cpu backend (each step: one GEMM of this many rows against
+  // the head's packed recurrent weights). 0: tuned (table, autotune on a miss) or 64.
+  int64_t batch_block = 0;
+};
 
 // An optional view is absent when its data is null.
 struct Inputs {

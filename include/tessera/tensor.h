@@ -93,6 +93,9 @@ class Tensor {
   // when `like` is contiguous, the same transposed layout when `like` is a transposed 2-D view of
   // a contiguous array (e.g. a gradient in a weight's layout). Other strides: Error(kInvalidArgument).
   static Tensor empty_like_layout(const TensorView& like, DType dtype);
+  // A tensor over memory it does not own (a caller's contiguous view): the caller keeps the
+  // memory alive as long as any copy of the tensor. Error(kInvalidArgument) if not contiguous.
+  static Tensor borrow(const TensorView& v);
 
   const TensorView& view() const { return view_; }
   operator const TensorView&() const { return view_; }  // NOLINT: views are the currency

@@ -217,6 +217,15 @@ Tensor Tensor::empty_like_layout(const TensorView& like, DType dtype) {
   return empty(dtype, {s[1], s[0]}, like.device).as_strided(s, {1, s[0]});
 }
 
+Tensor Tensor::borrow(const TensorView& v) {
+  check(v.is_contiguous(), ErrorCode::kInvalidArgument, "Tensor::borrow needs a contiguous view, got " + v.str());
+  Tensor t;
+  t.storage_ = std::shared_ptr<void>(v.data, [](void*) {});  // not owned
+  t.storage_bytes_ = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
+  t.view_ = v;
+  return t;
+}
+
 Tensor Tensor::as_strided(Shape shape, Shape strides) const {
   check(shape.size() == strides.size(), ErrorCode::kInvalidArgument,
         "as_strided: shape and strides differ in length");

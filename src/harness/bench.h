@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "harness/cost.h"
+#include "harness/options.h"
 #include "harness/roofline.h"
 #include "harness/table.h"
 #include "tessera/tensor.h"
@@ -72,10 +73,15 @@ class BenchProblem {
   virtual BenchCall bind(const std::string& implementation, Device device, Pass pass,
                          const ExecOptions& exec) = 0;
   virtual std::optional<GemmFloor> gemm_floor() const { return std::nullopt; }
-  // The inputs by call-input name as bind hands them to the kernel's CallSpec (upstream
-  // gradients grad_<output> included); empty when bind does not go through the signature. The
-  // declared tuner (kernels/declared_tune.h) binds them with each candidate's options.
-  virtual std::vector<std::pair<std::string, Tensor>> call_inputs() const { return {}; }
+  // What bind hands the kernel's CallSpec: the inputs by call-input name (upstream gradients
+  // grad_<output> included) and the call's options; no tensors when bind does not go through
+  // the signature. The declared tuner (kernels/declared_tune.h) binds them with each
+  // candidate's options added.
+  struct CallData {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    OptionValues options;
+  };
+  virtual CallData call_data() const { return {}; }
   // Host baselines for these passes (empty when the kernel has none); throws Error when they
   // cannot be built (no BLAS).
   virtual std::vector<BaselineCall> baselines(const std::vector<Pass>& passes, int threads) {

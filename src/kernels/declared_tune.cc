@@ -30,8 +30,8 @@ tune::Runner make_runner(const tune::Declared& d, const KernelSpec& k, const std
                          Pass pass, const std::string& impl, DeviceType type) {
   auto b = std::make_shared<Bound>();
   b->problem = k.bench.make_problem(grid_shape(k, shape), dtype, harness::defaults_of(k.bench.options), 1);
-  check(!b->problem->call_inputs().empty(), ErrorCode::kInternal,
-        k.name + ": its bench problem does not expose call_inputs (declared tuning needs them)");
+  check(!b->problem->call_data().tensors.empty(), ErrorCode::kInternal,
+        k.name + ": its bench problem does not expose call_data (declared tuning needs it)");
   const Device dev = type == DeviceType::kCPU ? Device::cpu() : Device{type, 0};
   const harness::DeviceHooks* hooks = type == DeviceType::kCPU ? nullptr : harness::device_hooks(type);
   const KernelSpec* kp = &k;
@@ -40,11 +40,14 @@ tune::Runner make_runner(const tune::Declared& d, const KernelSpec& k, const std
     const std::string key = tune::params_str(params);
     auto it = b->calls.find(key);
     if (it == b->calls.end()) {
-      harness::OptionValues opts;
-      for (const auto& [name, value] : params) opts.set(name, std::to_string(value));
+      harness::BenchProblem::CallData data = b->problem->call_data();
+      if (d.carrier.empty())
+        for (const auto& [name, value] : params) data.options.set(name, std::to_string(value));
+      else
+        data.options.set(d.carrier, tune::params_str(params));
       ExecOptions exec;
       exec.autotune_on_miss = false;  // the candidate is given: nothing to choose
-      it = b->calls.emplace(key, bind_call(kp->call, b->problem->call_inputs(), opts, impl, dev, pass, exec)).first;
+      it = b->calls.emplace(key, bind_call(kp->call, data.tensors, data.options, impl, dev, pass, exec)).first;
       if (it->second.prepare) it->second.prepare();
     }
     b->current = key;
@@ -53,11 +56,12 @@ tune::Runner make_runner(const tune::Declared& d, const KernelSpec& k, const std
     if (hooks && hooks->synchronize) hooks->synchronize(dev.index);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  tune::OutputsFn outputs = [b] {
+  const double rtol = d.rtol ? d.rtol(dtype) : 0.0;
+  tune::OutputsFn outputs = [b, rtol] {
     std::vector<tune::Output> o;
     const auto it = b->calls.find(b->current);
     if (it == b->calls.end() || !it->second.outputs) return o;
-    for (auto& [name, t] : it->second.outputs()) o.push_back({name, t});
+    for (auto& [name, t] : it->second.outputs()) o.push_back({name, t, rtol});
     return o;
   };
   return {std::move(run), std::move(outputs)};
@@ -78,7 +82,7 @@ TuneSpec declared_tune_spec(const tune::Declared& d, const KernelSpec& (*kernel)
     TuneJob job;
     const DeviceType type = ip->device_type();
     job.device_kind = tune::default_device_kind(type);
-    job.candidates = d.candidates(shape);
+    job.candidates = d.candidates(shape, resolve_num_threads(0));
     job.support = ip->available();
     if (with_data)
       job.make_run = [&d, kernel, shape, dtype, pass, impl, type] {

@@ -23,6 +23,16 @@ std::string declared_key(const Declared& d, const DeclaredCall& c, const std::st
   return k + "|version=" + TESSERA_VERSION;
 }
 
+OutputsFn borrowed_outputs(std::vector<Buffer> buffers) {
+  return [buffers = std::move(buffers)] {
+    std::vector<Output> out;
+    for (const Buffer& b : buffers)
+      if (b.data)
+        out.push_back({b.name, Tensor::borrow(TensorView(b.data, b.dtype, b.shape, contiguous_strides(b.shape), Device::cpu()))});
+    return out;
+  };
+}
+
 namespace {
 
 // The call's options when it gave every one (> 0), else nullopt; a partial set keeps the given
@@ -42,9 +52,10 @@ std::optional<Params> given_options(const Declared& d, const DeclaredCall& c, co
 
 }  // namespace
 
-Choice choose_declared(const Declared& d, const DeclaredCall& c, const std::function<void(const Params&)>& run_once) {
+Choice choose_declared(const Declared& d, const DeclaredCall& c, const std::function<void(const Params&)>& run_once,
+                       const OutputsFn& outputs) {
   check(!d.buckets.empty() && d.candidates, ErrorCode::kInternal, d.kernel + ": tuning declared without buckets");
-  const std::vector<Params> cands = d.candidates(c.dims);
+  const std::vector<Params> cands = d.candidates(c.dims, c.threads);
   check(!cands.empty(), ErrorCode::kInternal, d.kernel + ": no tuning candidates");
   ChoiceRequest r;
   r.kernel = d.kernel;
@@ -61,16 +72,25 @@ Choice choose_declared(const Declared& d, const DeclaredCall& c, const std::func
   r.device_kind = default_device_kind(c.device);
   r.dtype = dtype_name(c.dtype);
   r.bucket = match_bucket(d.buckets, c.dims);
-  r.autotune = c.autotune_on_miss && bool(run_once) && env::flag("TESSERA_AUTOTUNE", true);
+  r.autotune = c.autotune_on_miss && bool(run_once) && c.device == DeviceType::kCPU && env::flag("TESSERA_AUTOTUNE", true);
   r.worth_autotuning = d.work && d.work(c.dims) >= d.min_work;
   if (r.tunable && !r.explicit_sizes) r.cache_key = declared_key(d, c, r.device_kind);
   r.candidates = [cands] { return cands; };
-  r.make_run = [&run_once]() -> Runner {
-    return RunFn([&run_once](const Params& p) {
+  r.make_run = [&]() -> Runner {
+    RunFn run = [&](const Params& p) {
+      if (d.validate) d.validate(p, c.dims);  // a candidate that breaks the joint check fails here
       const auto t0 = std::chrono::steady_clock::now();
       run_once(p);
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    });
+    };
+    const double rtol = d.rtol ? d.rtol(c.dtype) : 0.0;
+    OutputsFn outs = outputs ? OutputsFn([&outputs, rtol] {
+      std::vector<Output> o = outputs();
+      for (Output& x : o) x.rtol = rtol;
+      return o;
+    })
+                             : OutputsFn();
+    return {std::move(run), std::move(outs)};
   };
   return choose(r);
 }

@@ -31,15 +31,23 @@ struct Declared {
   std::vector<std::string> options;          // the tuned call options, each an int: 0 = choose
   std::vector<Bucket> buckets;               // over every dim of the kernel, in its dims order
   std::vector<std::string> implementations;  // the tunable ones ("cpu"); others get the default
-  // The candidates for a shape (the kernel's dims, in order), the default first. Each names
-  // every tuned option.
-  std::function<std::vector<Params>(const std::vector<int64_t>& dims)> candidates;
+  // The candidates for a shape (the kernel's dims, in order) on `threads` CPU threads, the default
+  // first. Each names every tuned option with a value > 0 (0 in a call means "choose").
+  std::function<std::vector<Params>(const std::vector<int64_t>& dims, int threads)> candidates;
+  // "": each option is a call option of its own name (mlstm's chunk_size); "block_sizes": they
+  // travel together as that call option's text ("split_keys=1024"), as for mla_decode.
+  std::string carrier;
   // Optional: the joint check of a full set of options at a shape (a pipeline's stages tuned
   // together: stage 1's split count and stage 2's combine width must agree). Throws
   // Error(kInvalidArgument) naming the broken constraint. It runs on options a caller gives
   // (the call fails before anything runs) and on tuned-table rows (a row that breaks it is
   // ignored with a warning); candidates that break it fail when timed.
   std::function<void(const Params&, const std::vector<int64_t>& dims)> validate;
+  // Optional: the tolerance between candidates' outputs for inputs of this dtype, as a fraction
+  // of the largest |value| (tune::Output::rtol), where block sizes change rounding, not only the
+  // order of sums (mla_decode rounds P to bf16 against each split's own running max). Unset or
+  // 0: the output dtype's default (tune/verify.h).
+  std::function<double(DType)> rtol;
   // Multiply-adds of one call at this shape: autotune-on-miss runs only from min_work on.
   std::function<double(const std::vector<int64_t>& dims)> work;
   double min_work = double(int64_t{1} << 30);
@@ -63,10 +71,26 @@ struct DeclaredCall {
 };
 
 // The tuned options for `call`: every option the call gave (> 0) is kept; when all are 0, the
-// choice of choose.h (tuned table, autotune-on-miss timing `run_once(candidate)` — one run of the
-// call with those options into its own outputs —, the default). `run_once` may be empty (no
-// autotune). Mixed given / 0 options take the default for the zeros.
-Choice choose_declared(const Declared& d, const DeclaredCall& call, const std::function<void(const Params&)>& run_once);
+// choice of choose.h (tuned table, autotune-on-miss, the default). Mixed given / 0 options take
+// the default for the zeros.
+// Autotune-on-miss times `run_once(candidate)`: one run of the call with those options into its
+// own outputs, which `outputs` hands back (Tensor::borrow of the call's buffers) so that every
+// candidate is checked against the default's before it can win and be cached (tune/verify.h);
+// the real run writes them again afterwards. `run_once` must not call a tuned API itself (the
+// tuner is serialized). Only host implementations autotune inside a call (a device one would
+// need its stream synchronized): a device call takes the table or the default.
+Choice choose_declared(const Declared& d, const DeclaredCall& call, const std::function<void(const Params&)>& run_once,
+                       const OutputsFn& outputs);
+
+// A call's output buffer in host memory, for choose_declared's `outputs`.
+struct Buffer {
+  std::string name;
+  void* data = nullptr;  // null: absent (skipped)
+  DType dtype = DType::kF32;
+  Shape shape;
+};
+// The buffers as borrowed tensors (Tensor::borrow), the absent ones left out.
+OutputsFn borrowed_outputs(std::vector<Buffer> buffers);
 
 // The cache key: kernel, implementation, device kind, dtype, exact dims, pass, threads, version.
 std::string declared_key(const Declared& d, const DeclaredCall& call, const std::string& device_kind);

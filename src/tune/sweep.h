@@ -30,6 +30,10 @@ using RunFn = std::function<double(const Params& candidate)>;
 struct Output {
   std::string name;  // "dw"
   Tensor tensor;     // contiguous; shares the RunFn's scratch
+  // The tolerance between candidates, as a fraction of the reference's largest |value|; 0:
+  // default_rtol of the tensor's dtype (tune/verify.h). A kernel whose block sizes change
+  // rounding, not only the order of sums, states its own (tune::Declared::rtol).
+  double rtol = 0;
 };
 // The outputs the RunFn's calls write, each call overwriting the last. Only what the timed op
 // computes: an input the RunFn prepared once (a backward's saved lse) is not an output.

@@ -68,7 +68,7 @@ void OutputCheck::take_reference() {
   ref_.clear();
   for (const Output& o : outputs_()) {
     Tensor host = o.tensor.to(Device::cpu());  // a deep copy, also on the host
-    const double tol = default_rtol(host.dtype()) * max_finite_abs(host);
+    const double tol = (o.rtol > 0 ? o.rtol : default_rtol(host.dtype())) * max_finite_abs(host);
     ref_.push_back({o.name, std::move(host), tol});
   }
 }

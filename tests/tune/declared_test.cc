@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <algorithm>
 #include <limits>
 #include <thread>
 
@@ -29,7 +30,9 @@ Declared toy() {
   d.buckets = {{"small", "N <= 100", {{"N", 1, 100, 64}}},
                {"large", "N > 100", {{"N", 101, std::numeric_limits<int64_t>::max(), 1000}}}};
   d.implementations = {"cpu"};
-  d.candidates = [](const std::vector<int64_t>&) { return std::vector<Params>{{{"block", 8}}, {{"block", 16}}, {{"block", 32}}}; };
+  d.candidates = [](const std::vector<int64_t>&, int) {
+    return std::vector<Params>{{{"block", 8}}, {{"block", 16}}, {{"block", 32}}};
+  };
   d.work = [](const std::vector<int64_t>& n) { return double(n.at(0)); };
   d.min_work = 500;
   d.table = rows;
@@ -51,7 +54,7 @@ void planted(const Params& p) {
 }
 
 TEST(DeclaredTuning, AnExplicitOptionIsUsedAsGiven) {
-  const Choice c = choose_declared(toy(), call(1000, 16), planted);
+  const Choice c = choose_declared(toy(), call(1000, 16), planted, {});
   EXPECT_EQ(param(c.params, "block"), 16);
   EXPECT_EQ(c.source, "options");
 }
@@ -59,19 +62,19 @@ TEST(DeclaredTuning, AnExplicitOptionIsUsedAsGiven) {
 TEST(DeclaredTuning, ATableRowWinsForItsBucketAndDeviceKind) {
   g_rows = {{"cpu", default_device_kind(DeviceType::kCPU), "f32", "small", {{"block", 32}}, "N=64", "forward", 1.0, "2026-11-25"}};
   const ScopedEnv off("TESSERA_AUTOTUNE", "0");
-  EXPECT_EQ(param(choose_declared(toy(), call(50), planted).params, "block"), 32);
-  EXPECT_EQ(choose_declared(toy(), call(50), planted).source, "tuned table");
-  EXPECT_EQ(choose_declared(toy(), call(5000), planted).source, "default");  // other bucket: a miss
+  EXPECT_EQ(param(choose_declared(toy(), call(50), planted, {}).params, "block"), 32);
+  EXPECT_EQ(choose_declared(toy(), call(50), planted, {}).source, "tuned table");
+  EXPECT_EQ(choose_declared(toy(), call(5000), planted, {}).source, "default");  // other bucket: a miss
   DeclaredCall other = call(50);
   other.dtype = DType::kBF16;  // other dtype: a miss
-  EXPECT_EQ(param(choose_declared(toy(), other, planted).params, "block"), 8);
+  EXPECT_EQ(param(choose_declared(toy(), other, planted, {}).params, "block"), 8);
   g_rows.clear();
 }
 
 TEST(DeclaredTuning, AnUntunableImplementationGetsTheDefault) {
   DeclaredCall c = call(5000);
   c.implementation = "reference";
-  const Choice ch = choose_declared(toy(), c, planted);
+  const Choice ch = choose_declared(toy(), c, planted, {});
   EXPECT_EQ(param(ch.params, "block"), 8);
   EXPECT_EQ(ch.source, "default");
 }
@@ -83,19 +86,39 @@ TEST(DeclaredTuning, AMissAutotunesBigProblemsOnceAndCachesTheWinner) {
   clear_autotune_memo();
   int runs = 0;
   const auto counted = [&](const Params& p) { ++runs, planted(p); };
-  const Choice first = choose_declared(toy(), call(5000), counted);
+  const Choice first = choose_declared(toy(), call(5000), counted, {});
   EXPECT_EQ(first.source, "autotune");
   EXPECT_EQ(param(first.params, "block"), 32);
   EXPECT_GT(runs, 3);
   clear_autotune_memo();  // from the disk cache now, without running anything
   runs = 0;
-  const Choice again = choose_declared(toy(), call(5000), counted);
+  const Choice again = choose_declared(toy(), call(5000), counted, {});
   EXPECT_EQ(again.source, "autotune cache");
   EXPECT_EQ(param(again.params, "block"), 32);
   EXPECT_EQ(runs, 0);
   // Too small to be worth it (work 50 < min_work 500): the default, nothing run.
-  EXPECT_EQ(choose_declared(toy(), call(50), counted).source, "default");
+  EXPECT_EQ(choose_declared(toy(), call(50), counted, {}).source, "default");
   EXPECT_EQ(runs, 0);
+  clear_autotune_memo();
+}
+
+// Autotune inside a call checks every candidate's outputs against the default's: the fastest
+// candidate (32) computes something else, so it never wins nor reaches the cache.
+TEST(DeclaredTuning, AWrongCandidateNeverWinsAnAutotuneInsideACall) {
+  const TempDir dir;
+  const ScopedEnv cache("TESSERA_CACHE_DIR", dir.path().c_str());
+  const ScopedEnv on("TESSERA_AUTOTUNE", "1");
+  clear_autotune_memo();
+  std::vector<float> out(8);
+  const auto run = [&](const Params& p) {
+    planted(p);
+    const float v = param(p, "block") == 32 ? 2.0f : 1.0f;  // 32 is wrong
+    std::fill(out.begin(), out.end(), v);
+  };
+  const OutputsFn outs = borrowed_outputs({{"out", out.data(), DType::kF32, {8}}});
+  const Choice c = choose_declared(toy(), call(5000), run, outs);
+  EXPECT_EQ(c.source, "autotune");
+  EXPECT_EQ(param(c.params, "block"), 16);  // the fastest right one
   clear_autotune_memo();
 }
 
@@ -105,7 +128,7 @@ TEST(DeclaredTuning, AMissAutotunesBigProblemsOnceAndCachesTheWinner) {
 TEST(DeclaredTuning, StagesBlockSizesAreValidatedJointly) {
   Declared d = toy();
   d.options = {"splits", "combine_width"};
-  d.candidates = [](const std::vector<int64_t>&) {
+  d.candidates = [](const std::vector<int64_t>&, int) {
     return std::vector<Params>{{{"splits", 4}, {"combine_width", 4}}, {{"splits", 8}, {"combine_width", 8}}};
   };
   d.validate = [](const Params& p, const std::vector<int64_t>&) {
@@ -115,17 +138,17 @@ TEST(DeclaredTuning, StagesBlockSizesAreValidatedJointly) {
   DeclaredCall c = call(50);
   c.given = {{"splits", 16}, {"combine_width", 8}};
   try {
-    choose_declared(d, c, planted);
+    choose_declared(d, c, planted, {});
     FAIL() << "expected the joint check to refuse splits 16 with combine_width 8";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("combine_width must be >= splits"), std::string::npos) << e.what();
   }
   c.given = {{"splits", 8}, {"combine_width", 8}};
-  EXPECT_EQ(choose_declared(d, c, planted).source, "options");
+  EXPECT_EQ(choose_declared(d, c, planted, {}).source, "options");
   g_rows = {{"cpu", default_device_kind(DeviceType::kCPU), "f32", "small", {{"splits", 8}, {"combine_width", 2}}, "N=64",
              "forward", 1.0, "2026-11-25"}};
   const ScopedEnv off("TESSERA_AUTOTUNE", "0");
-  const Choice ch = choose_declared(d, call(50), planted);  // the broken row: ignored
+  const Choice ch = choose_declared(d, call(50), planted, {});  // the broken row: ignored
   EXPECT_EQ(ch.source, "default");
   EXPECT_EQ(param(ch.params, "splits"), 4);
   g_rows.clear();

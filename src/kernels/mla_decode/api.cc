@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels/mla_decode/impl.h"
+#include "tune/declared.h"
 #include "tessera/error.h"
 
 namespace tessera::mla_decode {
@@ -86,12 +87,40 @@ std::string BlockSizes::str() const { return "split_keys=" + std::to_string(spli
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
+namespace {
+
+// `p` with the split length `impl` runs: the call's (block_sizes.split_keys > 0), else the tuned
+// table's, else autotune-on-miss (timing `impl` on this call), else the automatic rule.
+Problem with_split(const Problem& p, const Implementation& impl, const Options& opt) {
+  int64_t Lmax = 0;  // cache_seqlens are host memory on every device
+  for (int64_t b = 0; b < p.B; ++b) Lmax = std::max<int64_t>(Lmax, p.seqlens[b]);
+  tune::DeclaredCall c;
+  c.implementation = impl.name();
+  c.device = impl.device_type();
+  c.dtype = p.dtype;
+  c.dims = {p.B, p.Sq, p.Hq, Lmax};
+  c.threads = p.num_threads;
+  c.given = {{"split_keys", p.block_sizes ? p.block_sizes->split_keys : 0}};
+  c.autotune_on_miss = opt.autotune_on_miss;
+  const auto at = [&p](const tune::Params& cand) {
+    Problem q = p;
+    q.block_sizes = BlockSizes{tune::param(cand, "split_keys").value_or(0)};
+    return q;
+  };
+  const auto outs = tune::borrowed_outputs({{"o", p.o, p.o_dtype, {p.B, p.Sq, p.Hq, p.Dv}},
+                                            {"lse", p.lse, DType::kF32, {p.B, p.Sq, p.Hq}}});
+  return at(
+      tune::choose_declared(tuning(), c, [&](const tune::Params& cand) { impl.forward(at(cand)); }, outs).params);
+}
+
+}  // namespace
+
 std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
   const Problem p = normalize(in, out, opt);
   if (p.B * p.Sq * p.Hq == 0) return "(empty)";
   return registry().dispatch(
       opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
-      [&](const Implementation& impl) { impl.forward(p); });
+      [&](const Implementation& impl) { impl.forward(with_split(p, impl, opt)); });
 }
 
 }  // namespace tessera::mla_decode

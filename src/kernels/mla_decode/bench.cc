@@ -70,11 +70,14 @@ class MlaBench final : public harness::BenchProblem {
   }
 
   harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
-    harness::OptionValues o;
-    o.set("dv", std::to_string(s_.Dv));
-    o.set("causal", s_.causal ? "true" : "false");
-    return kernels::bind_call(spec().call, {{"q", q_}, {"kv_cache", kv_}, {"page_table", pt_}, {"cache_seqlens", L_}},
-                              o, implementation, dev, pass, exec);
+    const CallData c = call_data();
+    return kernels::bind_call(spec().call, c.tensors, c.options, implementation, dev, pass, exec);
+  }
+  CallData call_data() const override {
+    CallData c{{{"q", q_}, {"kv_cache", kv_}, {"page_table", pt_}, {"cache_seqlens", L_}}, {}};
+    c.options.set("dv", std::to_string(s_.Dv));
+    c.options.set("causal", s_.causal ? "true" : "false");
+    return c;
   }
 
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {

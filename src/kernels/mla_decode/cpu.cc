@@ -150,11 +150,7 @@ bool uses_bf16_dot(const Problem& p) {
 int64_t automatic_split_keys(const Problem& p, int threads) {
   int64_t Lmax = 0;
   for (int64_t b = 0; b < p.B; ++b) Lmax = std::max<int64_t>(Lmax, p.seqlens[b]);
-  const int64_t want = 4 * static_cast<int64_t>(std::max(threads, 1));
-  if (Lmax == 0 || p.B >= want) return std::max<int64_t>(Lmax, 1);
-  const int64_t per_batch = (want + p.B - 1) / p.B;
-  const int64_t keys = (Lmax + per_batch - 1) / per_batch;
-  return std::max(kMinSplitKeys, (keys + kChunk - 1) / kChunk * kChunk);
+  return automatic_split_keys(p.B, Lmax, threads);
 }
 
 Plan plan(const Problem& p, int threads) {

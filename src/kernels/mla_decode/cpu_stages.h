@@ -49,6 +49,15 @@ Plan plan(const Problem& p, int threads);
 // Enough (b, split) items for `threads` workers (about 4 per thread) when B alone is not, in
 // multiples of kChunk, at least kMinSplitKeys; one split per entry when B already is.
 int64_t automatic_split_keys(const Problem& p, int threads);
+// The same rule from the batch size and the longest sequence alone (the tuner's default candidate).
+inline int64_t automatic_split_keys(int64_t B, int64_t Lmax, int threads) {
+  const int64_t want = 4 * static_cast<int64_t>(threads > 1 ? threads : 1);
+  if (Lmax == 0 || B >= want) return Lmax > 1 ? Lmax : 1;
+  const int64_t per_batch = (want + B - 1) / B;
+  const int64_t keys = (Lmax + per_batch - 1) / per_batch;
+  const int64_t rounded = (keys + kChunk - 1) / kChunk * kChunk;
+  return rounded > kMinSplitKeys ? rounded : kMinSplitKeys;
+}
 
 // Partials: o_part [splits, R, Dv]; lse_part of batch b is [R, n_b] at first[b]·R (row-major:
 // the n_b values of one row contiguous, as lse_combine_row reads them).

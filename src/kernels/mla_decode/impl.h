@@ -4,10 +4,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dispatch/registry.h"
 #include "tessera/dtype.h"
 #include "tessera/mla_decode.h"
+
+namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
+struct Declared;
+struct TableEntry;
+}  // namespace tessera::tune
 
 namespace tessera::mla_decode {
 
@@ -54,6 +60,10 @@ class Implementation : public dispatch::ImplementationBase {
 
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
+
+// The split length's tuning (tuning.cc) and its checked-in table (tuned_table.cc, generated).
+const tune::Declared& tuning();
+const std::vector<tune::TableEntry>& tuned_table();
 
 std::unique_ptr<Implementation> make_reference_implementation();
 std::unique_ptr<Implementation> make_cpu_implementation();

@@ -3,6 +3,7 @@
 #include "kernels/mla_decode/impl.h"
 #include "kernels/mla_decode/bench.h"
 #include "kernels/mla_decode/testing.h"
+#include "kernels/declared_tune.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 
@@ -81,6 +82,7 @@ kernels::KernelSpec make_spec() {
   k.check_grid = check_cases;
   k.bench = bench_spec();
   k.call = call_spec();
+  k.tune = kernels::declared_tune_spec(tuning(), spec);
   return k;
 }
 

@@ -177,7 +177,7 @@ std::string run(const Problem& p, const std::string& requested,
 // `p` with the chunk length `impl` runs: the call's (chunk_size > 0), else the tuned table's,
 // else autotune-on-miss (timing `pass` of `impl` itself through `once`), else the default.
 Problem with_chunk(const Problem& p, const Implementation& impl, DType dtype, Pass pass, const Options& opt,
-                   const std::function<void(const Problem&)>& once) {
+                   const std::function<void(const Problem&)>& once, const tune::OutputsFn& outputs) {
   tune::DeclaredCall c;
   c.implementation = impl.name();
   c.device = impl.device_type();
@@ -188,11 +188,14 @@ Problem with_chunk(const Problem& p, const Implementation& impl, DType dtype, Pa
   c.given = {{"chunk_size", p.chunk}};
   c.autotune_on_miss = opt.autotune_on_miss;
   Problem q = p;
-  const tune::Choice ch = tune::choose_declared(tuning(), c, [&](const tune::Params& cand) {
-    Problem t = p;
-    t.chunk = tune::param(cand, "chunk_size").value_or(0);
-    once(t);
-  });
+  const tune::Choice ch = tune::choose_declared(
+      tuning(), c,
+      [&](const tune::Params& cand) {
+        Problem t = p;
+        t.chunk = tune::param(cand, "chunk_size").value_or(0);
+        once(t);
+      },
+      outputs);
   q.chunk = tune::param(ch.params, "chunk_size").value_or(0);
   return q;
 }
@@ -223,7 +226,12 @@ std::string forward(const Inputs& in, const TensorView& h, const LastStates& las
   if (outs == 3) out.c_last = last.c.data_as<float>(), out.n_last = last.n.data_as<float>(), out.m_last = last.m.data_as<float>();
   const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) {
     const auto once = [&](const Problem& t) { impl.forward(t, out); };
-    once(with_chunk(p, impl, r.qkv, Pass::kForward, opt, once));
+    const Shape st{p.B, p.NH, p.DK};
+    const auto outs = tune::borrowed_outputs({{"h", out.h, DType::kF32, {p.B, p.NH, p.S, p.DV}},
+                                              {"c_last", out.c_last, DType::kF32, {p.B, p.NH, p.DK, p.DV}},
+                                              {"n_last", out.n_last, DType::kF32, st},
+                                              {"m_last", out.m_last, DType::kF32, {p.B, p.NH}}});
+    once(with_chunk(p, impl, r.qkv, Pass::kForward, opt, once, outs));
   });
   ho.finish();
   return ran;
@@ -267,7 +275,13 @@ std::string backward(const Inputs& in, const TensorView& dh, const Grads& g, con
   if (state) a.dc0 = g.dc0.data_as<float>(), a.dn0 = g.dn0.data_as<float>();
   const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) {
     const auto once = [&](const Problem& t) { impl.backward(t, a); };
-    once(with_chunk(p, impl, r.qkv, Pass::kBackward, opt, once));
+    const Shape qk{p.B, p.NH, p.S, p.DK}, g{p.B, p.NH, p.S};
+    const auto outs = tune::borrowed_outputs({{"dq", a.dq, DType::kF32, qk}, {"dk", a.dk, DType::kF32, qk},
+                                              {"dv", a.dv, DType::kF32, {p.B, p.NH, p.S, p.DV}},
+                                              {"di", a.di, DType::kF32, g}, {"df", a.df, DType::kF32, g},
+                                              {"dc0", a.dc0, DType::kF32, {p.B, p.NH, p.DK, p.DV}},
+                                              {"dn0", a.dn0, DType::kF32, {p.B, p.NH, p.DK}}});
+    once(with_chunk(p, impl, r.qkv, Pass::kBackward, opt, once, outs));
   });
   for (const F32Out* o : {&dq, &dk, &dv, &di, &df}) o->finish();
   return ran;

@@ -95,10 +95,11 @@ class MlstmBench final : public harness::BenchProblem {
   }
 
   harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
-    return kernels::bind_call(spec().call, call_inputs(), {}, implementation, dev, pass, exec);
+    const CallData c = call_data();
+    return kernels::bind_call(spec().call, c.tensors, c.options, implementation, dev, pass, exec);
   }
-  std::vector<std::pair<std::string, Tensor>> call_inputs() const override {
-    return {{"q", q_}, {"k", k_}, {"v", v_}, {"i", i_}, {"f", f_}, {"grad_h", dh_}};
+  CallData call_data() const override {
+    return {{{"q", q_}, {"k", k_}, {"v", v_}, {"i", i_}, {"f", f_}, {"grad_h", dh_}}, {}};
   }
 
  private:

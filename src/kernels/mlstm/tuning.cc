@@ -32,7 +32,7 @@ const tune::Declared& tuning() {
          {{"B", 1, kAny, 1}, {"NH", 1, kAny, 4}, {"S", 1, kAny, 2048}, {"DHQK", 1, kAny, 256}, {"DHV", 1, kAny, 256}}},
     };
     t.implementations = {"cpu"};
-    t.candidates = [](const std::vector<int64_t>&) {
+    t.candidates = [](const std::vector<int64_t>&, int) {
       return std::vector<tune::Params>{{{"chunk_size", kDefaultChunk}}, {{"chunk_size", 32}}, {{"chunk_size", 128}},
                                        {{"chunk_size", 256}}};
     };

@@ -179,7 +179,14 @@ Problem with_batch_block(const Problem& p, const Implementation& impl, const Opt
     q.batch_block = tune::param(cand, "batch_block").value_or(0);
     return q;
   };
-  return at(tune::choose_declared(tuning(), c, [&](const tune::Params& cand) { impl.run(at(cand)); }).params);
+  const Shape st{p.B, p.NH, p.DH};
+  const auto outs = tune::borrowed_outputs(
+      {{"h", p.h, DType::kF32, {p.B, p.S, p.NH, p.DH}}, {"h_last", p.h_last, DType::kF32, st},
+       {"c_last", p.c_last, DType::kF32, st}, {"n_last", p.n_last, DType::kF32, st},
+       {"m_last", p.m_last, DType::kF32, st}, {"dwx", p.dwx, p.dtype, {p.B, p.S, 4, p.NH, p.DH}},
+       {"dr", p.dr, p.dtype, {4, p.NH, p.DH, p.DH}}, {"db", p.db, p.dtype, {4, p.NH, p.DH}},
+       {"dh0", p.dh0, DType::kF32, st}, {"dc0", p.dc0, DType::kF32, st}, {"dn0", p.dn0, DType::kF32, st}});
+  return at(tune::choose_declared(tuning(), c, [&](const tune::Params& cand) { impl.run(at(cand)); }, outs).params);
 }
 
 std::string dispatch_call(const Problem& p, const Options& opt) {

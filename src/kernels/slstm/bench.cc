@@ -53,11 +53,10 @@ class SlstmBench final : public harness::BenchProblem {
   }
 
   harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
-    return kernels::bind_call(spec().call, call_inputs(), {}, implementation, dev, pass, exec);
+    const CallData c = call_data();
+    return kernels::bind_call(spec().call, c.tensors, c.options, implementation, dev, pass, exec);
   }
-  std::vector<std::pair<std::string, Tensor>> call_inputs() const override {
-    return {{"wx", wx_}, {"r", r_}, {"b", b_}, {"grad_h", dh_}};
-  }
+  CallData call_data() const override { return {{{"wx", wx_}, {"r", r_}, {"b", b_}, {"grad_h", dh_}}, {}}; }
 
  private:
   int64_t B_, S_, NH_, DH_;

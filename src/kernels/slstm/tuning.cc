@@ -31,7 +31,7 @@ const tune::Declared& tuning() {
          {{"B", 1, kAny, 16}, {"S", 1, kAny, 256}, {"NH", 1, kAny, 4}, {"DH", 65, kAny, 128}}},
     };
     t.implementations = {"cpu"};
-    t.candidates = [](const std::vector<int64_t>&) {
+    t.candidates = [](const std::vector<int64_t>&, int) {
       return std::vector<tune::Params>{{{"batch_block", 64}}, {{"batch_block", 8}}, {{"batch_block", 16}},
                                        {{"batch_block", 32}}, {{"batch_block", 128}}};
     };

@@ -12,7 +12,7 @@ bash scripts/install_deps.sh
 cmake --preset release >/dev/null
 # Only what runs: the CLI (and the CUDA module where nvcc built one), not the tests.
 targets=(tessera)
-ninja -C build/release -t targets all 2>/dev/null | grep -q '^tessera_cuda:' && targets+=(tessera_cuda)
+if grep -q '^build tessera_cuda: ' build/release/build.ninja; then targets+=(tessera_cuda); fi
 cmake --build --preset release -j "$(nproc)" --target "${targets[@]}"
 tessera=build/release/bin/tessera
 mkdir -p out

@@ -127,11 +127,13 @@ def _make(k: Kernel):
         opts = tuple(sorted(k.option_texts(options).items()))
         wanted = k.wanted_saved(extras)
         out = _differentiable(k.name, present, opts, implementation, wanted)(*arrays)
-        if not wanted:
+        if not isinstance(out, tuple):
             return out
-        # No gradient flows through a saved output (the VJP ignores its cotangent): say so to JAX.
-        n = len(wanted)
-        return tuple(out[:-n]) + tuple(jax.lax.stop_gradient(o) for o in out[-n:])
+        # No gradient flows through an output whose cotangent the VJP ignores (a saved lse, m_last,
+        # argmax): say so to JAX, as tessera.torch marks them non-differentiable.
+        metas = {n: (dtype_name(a.dtype), list(a.shape), []) for n, a in zip(present, arrays)}
+        names = public_outputs(k, [d[0] for d in outputs(k, "forward", metas, dict(opts))]) + list(wanted)
+        return tuple(o if k.takes_grad(n) else jax.lax.stop_gradient(o) for n, o in zip(names, out))
 
     fn.__name__ = fn.__qualname__ = k.name
     fn.__signature__ = k.signature()

@@ -132,7 +132,9 @@ std::string spread(const json& r) {
   return std::isfinite(lo) || std::isfinite(hi) ? num(lo) + "–" + num(hi) : "–";
 }
 
-void table_row(std::ostringstream& h, const json& r, size_t i, const std::vector<std::string>& dims, size_t note) {
+// `anchor`: the footnotes' id prefix, unique per report section on a page.
+void table_row(std::ostringstream& h, const json& r, size_t i, const std::vector<std::string>& dims, size_t note,
+               const std::string& anchor) {
   double extra = getd(r, "extra_host_bytes");
   if (getd(r, "extra_device_bytes") > 0) extra = getd(r, "extra_device_bytes");
   const std::string kind = gets(r, "kind");
@@ -147,11 +149,11 @@ void table_row(std::ostringstream& h, const json& r, size_t i, const std::vector
     << num(getd(r, "vs_gemm")) << "</td><td>" << num(getd(r, "vs_baseline")) << "</td><td class=\"t\">"
     << (std::isfinite(getd(r, "vs_version")) ? num(getd(r, "vs_version")) + " " + esc(gets(r, "version_base")) : "–")
     << "</td><td class=\"t\">"
-    << (note ? "<a href=\"#note-" + std::to_string(note) + "\">[" + std::to_string(note) + "]</a>" : "")
+    << (note ? "<a href=\"#" + anchor + "note-" + std::to_string(note) + "\">[" + std::to_string(note) + "]</a>" : "")
     << "</td></tr>\n";
 }
 
-void rows_section(std::ostringstream& h, const json& doc) {
+void rows_section(std::ostringstream& h, const json& doc, const std::string& anchor) {
   const auto& rows = doc["rows"];
   const auto dims = dims_of(doc);
   const std::string blas = blas_of(doc);
@@ -163,9 +165,10 @@ void rows_section(std::ostringstream& h, const json& doc) {
        "<th class=\"t\">note</th></tr>\n";
   std::vector<std::string> notes;
   for (size_t i = 0; i < rows.size(); ++i)
-    table_row(h, rows[i], i, dims, footnote(notes, short_note(gets(rows[i], "note"), blas)));
+    table_row(h, rows[i], i, dims, footnote(notes, short_note(gets(rows[i], "note"), blas)), anchor);
   h << "</table></div>\n<ol class=\"notes\">\n";
-  for (size_t k = 0; k < notes.size(); ++k) h << "<li id=\"note-" << k + 1 << "\">" << esc(notes[k]) << "</li>\n";
+  for (size_t k = 0; k < notes.size(); ++k)
+    h << "<li id=\"" << anchor << "note-" << k + 1 << "\">" << esc(notes[k]) << "</li>\n";
   h << "</ol>\n<p class=\"small\">GFLOP/s counts useful flops (recomputation excluded); GB/s and flop/B use the "
        "minimum bytes (inputs read once, outputs written once). % roof = GFLOP/s over the physical roofline (the "
        "measured FMA peak for f32/f16, the bf16 dot-product peak for bf16 where the CPU has one, the streaming-read "
@@ -229,8 +232,9 @@ std::string page(const std::string& title, const std::string& body) {
   return h.str();
 }
 
-// One bench document: header, charts, roofline, rows, ceilings, compiler, messages.
-std::string report_body(const json& in) {
+// One bench document: header, charts, roofline, rows, ceilings, compiler, messages. `anchor`
+// prefixes its footnote ids (several documents on one page).
+std::string report_body(const json& in, const std::string& anchor = "") {
   const std::string svg = render_roofline_svg(in);  // validates the document
   const json doc = normalize_bench_doc(in);
   std::ostringstream h;
@@ -241,7 +245,7 @@ std::string report_body(const json& in) {
        "useful GEMMs of the pass, timed through the BLAS) and to the materialized baseline (× mat.); below 1 is faster. Faint bars are baselines, dashed outlines peers.</p>\n"
     << render_bar_charts(doc);
   h << "<h2>Roofline</h2>\n" << svg;
-  rows_section(h, doc);
+  rows_section(h, doc, anchor);
   ceilings_section(h, doc);
   compiler_section(h, doc);
   if (doc.contains("messages") && doc["messages"].is_array() && !doc["messages"].empty()) {
@@ -264,12 +268,16 @@ std::string render_reports_html(const std::vector<json>& docs) {
   if (docs.size() == 1) return render_report_html(docs.front());
   std::ostringstream h;
   h << "<h1>Tessera bench: " << docs.size() << " runs</h1>\n<ul>\n";
-  for (size_t i = 0; i < docs.size(); ++i)
-    h << "<li><a href=\"#run" << i << "\">" << esc(gets(docs[i], "kernel")) << "</a> ("
-      << (docs[i].contains("rows") ? docs[i]["rows"].size() : 0) << " rows)</li>\n";
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const std::string grid = docs[i].contains("settings") ? gets(docs[i]["settings"], "grid") : "";
+    h << "<li><a href=\"#run" << i << "\">" << esc(gets(docs[i], "kernel")) << "</a>"
+      << (grid.empty() ? "" : " (grid " + esc(grid) + ")") << ": "
+      << (docs[i].contains("rows") ? docs[i]["rows"].size() : 0) << " rows</li>\n";
+  }
   h << "</ul>\n";
   for (size_t i = 0; i < docs.size(); ++i)
-    h << "<section id=\"run" << i << "\">\n" << report_body(docs[i]) << "</section>\n<hr>\n";
+    h << "<section id=\"run" << i << "\">\n"
+      << report_body(docs[i], "run" + std::to_string(i) + "-") << "</section>\n<hr>\n";
   return page("Tessera bench: " + std::to_string(docs.size()) + " runs", h.str());
 }
 

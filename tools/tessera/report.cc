@@ -20,10 +20,17 @@ nlohmann::json& peer_target(std::vector<nlohmann::json>& docs, const nlohmann::j
   if (docs.size() == 1) return docs.front();
   check(!kernel.empty(), ErrorCode::kInvalidArgument,
         "report: peer file " + path + " names no \"kernel\"; with several bench files it must");
+  nlohmann::json* found = nullptr;
   for (auto& d : docs)
-    if (d.value("kernel", std::string()) == kernel) return d;
-  throw Error(ErrorCode::kInvalidArgument, "report: peer file " + path + " is for kernel '" + kernel +
-                                               "', which no bench file holds");
+    if (d.value("kernel", std::string()) == kernel) {
+      check(found == nullptr, ErrorCode::kInvalidArgument,
+            "report: peer file " + path + " is for kernel '" + kernel +
+                "', which several bench files hold: render them apart, or merge it with one of them alone");
+      found = &d;
+    }
+  check(found != nullptr, ErrorCode::kInvalidArgument,
+        "report: peer file " + path + " is for kernel '" + kernel + "', which no bench file holds");
+  return *found;
 }
 
 }  // namespace

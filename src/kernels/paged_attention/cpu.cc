@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/trace.h"
+#include "kernels/paged_attention/cpu_decode_bf16.h"
 #include "kernels/paged_attention/cpu_simd.h"
 #include "kernels/paged_attention/impl.h"
 #include "primitives/cpu_blas.h"
@@ -116,12 +117,13 @@ Plan make_plan(const Problem& p) {
 
 // Per-thread tiles.
 struct Scratch {
-  std::vector<float> q, s, k, v, o, m, l, alpha, row;
-  Scratch(const Problem& p, int64_t R)
+  std::vector<float> q, s, k, v, o, m, l, alpha, row, bf16;
+  Scratch(const Problem& p, int64_t R, bool bf16_decode)
       : q(static_cast<size_t>(R * p.D)), s(static_cast<size_t>(R * kKeyBlock)),
         k(static_cast<size_t>(std::max(kBlockRows, p.Hkv) * p.D)), v(static_cast<size_t>(std::max(kBlockRows, p.Hkv) * p.Dv)),
         o(static_cast<size_t>(R * p.Dv)), m(static_cast<size_t>(R)), l(static_cast<size_t>(R)),
-        alpha(static_cast<size_t>(R)), row(static_cast<size_t>(std::max(p.D, p.Dv))) {}
+        alpha(static_cast<size_t>(R)), row(static_cast<size_t>(std::max(p.D, p.Dv))),
+        bf16(bf16_decode ? static_cast<size_t>(cpu_bf16::scratch_floats(p)) : 0) {}
 };
 
 // Cache rows [row0, row0 + n) of a cache ([rows, Hkv, width]), kv heads [g0, g1), as f32 in
@@ -178,16 +180,11 @@ void cap_and_mask(const Problem& p, const Task& t, int64_t j0, int64_t n, Scratc
   }
 }
 
-// Runs one task: its rows' normalized o (f32, R × Dv in w.o) and lse (w.m).
-void attend(const Problem& p, const Task& t, Scratch& w) {
-  const int64_t Rg = t.rows * p.group(), R = (t.g1 - t.g0) * Rg;
+// Keys [t.k0, t.k1) into w.o (unnormalized), w.m, w.l (the generic path: f32 tiles).
+void stream_keys(const Problem& p, const Task& t, Scratch& w) {
+  const int64_t Rg = t.rows * p.group();
   pack_q(p, t, w);
-  for (int64_t r = 0; r < R; ++r) {
-    const bool sink = p.sinks && t.sink;
-    w.m[static_cast<size_t>(r)] = sink ? p.sinks[slot(p, t.s, t.i0, t.rows, t.g0, r).h] : kNegInf;
-    w.l[static_cast<size_t>(r)] = sink ? 1.0f : 0.0f;
-  }
-  std::fill(w.o.begin(), w.o.begin() + R * p.Dv, 0.0f);
+  std::fill(w.o.begin(), w.o.begin() + (t.g1 - t.g0) * Rg * p.Dv, 0.0f);
   const int64_t heads = t.g1 - t.g0, block = std::clamp<int64_t>(kBlockRows / heads, 1, kKeyBlock);
   for (int64_t j = t.k0; j < t.k1;) {
     const int64_t page_end = (j / p.page_size + 1) * p.page_size;
@@ -222,6 +219,25 @@ void attend(const Problem& p, const Task& t, Scratch& w) {
     }
     j += n;
   }
+}
+
+// A decode task (one row, every kv head): its query vectors r are the query heads h = r.
+bool bf16_decode_task(const Problem& p, const Task& t, const Scratch& w) {
+  return !w.bf16.empty() && t.rows == 1 && t.g0 == 0 && t.g1 == p.Hkv;
+}
+
+// Runs one task: its rows' normalized o (f32, R × Dv in w.o) and lse (w.m).
+void attend(const Problem& p, const Task& t, Scratch& w) {
+  const int64_t R = (t.g1 - t.g0) * t.rows * p.group();
+  for (int64_t r = 0; r < R; ++r) {
+    const bool sink = p.sinks && t.sink;
+    w.m[static_cast<size_t>(r)] = sink ? p.sinks[slot(p, t.s, t.i0, t.rows, t.g0, r).h] : kNegInf;
+    w.l[static_cast<size_t>(r)] = sink ? 1.0f : 0.0f;
+  }
+  if (bf16_decode_task(p, t, w))
+    cpu_bf16::decode_row(p, t.s, p.cu_q[t.s] + t.i0, t.k0, t.k1, w.m.data(), w.l.data(), w.o.data(), w.bf16.data());
+  else
+    stream_keys(p, t, w);
   for (int64_t r = 0; r < R; ++r) {  // normalize: o / l, lse = m + log l (−inf and 0 when l = 0)
     float* o = w.o.data() + r * p.Dv;
     const float l = w.l[static_cast<size_t>(r)];
@@ -283,13 +299,14 @@ class Cpu final : public Implementation {
   }
   void forward(const Problem& p) const override {
     const Plan plan = make_plan(p);
+    const bool bf16_decode = cpu_bf16::available() && cpu_bf16::fits(p);
     std::vector<float> part_o(static_cast<size_t>(plan.parts * plan.R * p.Dv));
     std::vector<float> part_lse(static_cast<size_t>(plan.parts * plan.R), kNegInf);
     const int T = static_cast<int>(std::min<int64_t>(p.num_threads, static_cast<int64_t>(plan.tasks.size())));
     std::atomic<size_t> next{0};
     cpu_threads::run_threads(std::max(T, 1), /*blas=*/true, "paged_attention cpu", [&](int) {
       TESSERA_TRACE_SCOPE("paged_attention.tasks");
-      Scratch w(p, plan.R);
+      Scratch w(p, plan.R, bf16_decode);
       for (size_t i = next++; i < plan.tasks.size(); i = next++) {
         attend(p, plan.tasks[i], w);
         store_task(p, plan.tasks[i], w, part_o, part_lse, plan.R, plan);

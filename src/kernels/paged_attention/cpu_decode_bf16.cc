@@ -1,0 +1,271 @@
+// paged_attention cpu: the bf16 decode row with AVX512-BF16 (see cpu_decode_bf16.h).
+//
+// Lane layout: a head group is up to 4 query heads of one kv head; a score vector holds 4 keys ×
+// 4 heads, lane 4·key + head, and the softmax state m, l of the group lives in the same lanes
+// (m repeated in every 128-bit block, l as 4 partial sums per head). A block is ≤ 16 keys of one
+// page: 4 score vectors. Functions carry their target attribute (no pragma: std:: templates
+// instantiated here must stay baseline code).
+#include "kernels/paged_attention/cpu_decode_bf16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "core/env.h"
+
+namespace tessera::paged_attention::cpu_bf16 {
+
+bool available() {
+#if defined(__x86_64__)
+  static const bool have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512bf16");
+  return have && env::flag("TESSERA_CPU_BF16_DOT", true);
+#else
+  return false;
+#endif
+}
+
+bool fits(const Problem& p) { return p.dtype == DType::kBF16 && p.D % 32 == 0 && p.Dv % 32 == 0; }
+
+namespace {
+constexpr int64_t kBlock = 16;  // keys per block: 4 score vectors of 4 keys × 4 heads
+int64_t groups(const Problem& p) { return (p.group() + 3) / 4; }
+}  // namespace
+
+// Per (kv head, head group): m and l vectors (32 floats); then P (64), alpha (16), a row (Dv).
+int64_t scratch_floats(const Problem& p) { return p.Hkv * groups(p) * 32 + 64 + 16 + p.Dv; }
+
+#if defined(__x86_64__)
+// GCC 12's avx512fintrin.h reads an _mm512_undefined value in set1 and friends: a false alarm.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace {
+
+#define TESSERA_BF16_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")))
+#define TESSERA_BF16_TARGET TESSERA_BF16_FN __attribute__((always_inline)) inline
+
+// e^x in f32 (Cody–Waite reduction, Cephes' expf polynomial, vscalefps: ≈ 1 ulp); −inf → 0.
+TESSERA_BF16_TARGET __m512 exp16(__m512 x) {
+  const __mmask16 finite = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_NEQ_UQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(finite, _mm512_scalef_ps(y, n));
+}
+
+// Sums each of 4 vectors' 16 lanes down to 4 partials, the vectors' in 128-bit blocks 0..3.
+TESSERA_BF16_TARGET __m512 fold4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+}
+
+// Four fold4 results (x, y, z, w) to one vector: block b, lane i = the full sum of vector b of
+// the i-th argument.
+TESSERA_BF16_TARGET __m512 fold_lanes(__m512 x, __m512 y, __m512 z, __m512 w) {
+  const __m512 u = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+  const __m512 v = _mm512_add_ps(_mm512_unpacklo_ps(z, w), _mm512_unpackhi_ps(z, w));
+  const __m512d ud = _mm512_castps_pd(u), vd = _mm512_castps_pd(v);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ud, vd)), _mm512_castpd_ps(_mm512_unpackhi_pd(ud, vd)));
+}
+
+// Lines to prefetch while a block computes: the next block's share of this kv head (K during the
+// scores, V during P·V), a few at a time, so that the requests never queue up in a burst.
+struct Pf {
+  const char *k = nullptr, *v = nullptr;
+  int64_t k_lines = 0, v_lines = 0;
+};
+inline void prefetch_lines(const char* a, int64_t from, int64_t to) {
+  for (int64_t i = from; i < to; ++i) _mm_prefetch(a + 64 * i, _MM_HINT_T0);
+}
+
+// Dot products of GH query heads (q + h·D) with nk ≤ 4 keys (K + key·ldk), lane 4·key + head;
+// lanes of keys ≥ nk and heads ≥ GH are garbage-free zeros or repeats (masked by the caller).
+template <int GH>
+TESSERA_BF16_TARGET __m512 scores4x4(const uint16_t* q, int64_t D, const uint16_t* K, int64_t ldk, int64_t nk) {
+  const uint16_t* kr[4];
+  for (int b = 0; b < 4; ++b) kr[b] = K + (b < nk ? b : nk - 1) * ldk;  // a repeat stays in bounds
+  __m512 acc[4][4];
+  for (int h = 0; h < 4; ++h)
+    for (int b = 0; b < 4; ++b) acc[h][b] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < D; c += 32) {
+    __m512bh kv[4];
+    for (int b = 0; b < 4; ++b) kv[b] = (__m512bh)_mm512_loadu_si512(kr[b] + c);
+    for (int h = 0; h < GH; ++h) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + h * D + c);
+      for (int b = 0; b < 4; ++b) acc[h][b] = _mm512_dpbf16_ps(acc[h][b], qv, kv[b]);
+    }
+  }
+  __m512 per_head[4];
+  for (int h = 0; h < 4; ++h) per_head[h] = fold4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+  return fold_lanes(per_head[0], per_head[1], per_head[2], per_head[3]);
+}
+
+// o (even/odd order, head h at O + h·Dv) = alpha_h·o + Σ_{j<n} P[4j + h]·v_j.
+template <int GH>
+TESSERA_BF16_TARGET void accumulate(const float* P, const float* alpha, const uint16_t* V, int64_t ldv, int64_t n,
+                                    int64_t Dv, float* O, const Pf& pf) {
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  int64_t c = 0;
+  for (; c + 64 <= Dv; c += 64) {
+    __m512 acc[GH][4];
+    for (int h = 0; h < GH; ++h)
+      for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_mul_ps(_mm512_loadu_ps(O + h * Dv + c + 16 * i), _mm512_set1_ps(alpha[h]));
+    for (int64_t j = 0; j < n; ++j) {
+      if (c == 0) prefetch_lines(pf.v, pf.v_lines * j / n, pf.v_lines * (j + 1) / n);
+      const __m512i v0 = _mm512_loadu_si512(V + j * ldv + c), v1 = _mm512_loadu_si512(V + j * ldv + c + 32);
+      const __m512 w[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hi)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), _mm512_castsi512_ps(_mm512_and_si512(v1, hi))};
+      for (int h = 0; h < GH; ++h) {
+        const __m512 pj = _mm512_set1_ps(P[4 * j + h]);
+        for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_fmadd_ps(pj, w[i], acc[h][i]);
+      }
+    }
+    for (int h = 0; h < GH; ++h)
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(O + h * Dv + c + 16 * i, acc[h][i]);
+  }
+  if (c < Dv) {  // Dv ≡ 32 (mod 64): one last chunk of 32
+    __m512 acc[GH][2];
+    for (int h = 0; h < GH; ++h)
+      for (int i = 0; i < 2; ++i) acc[h][i] = _mm512_mul_ps(_mm512_loadu_ps(O + h * Dv + c + 16 * i), _mm512_set1_ps(alpha[h]));
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512i v0 = _mm512_loadu_si512(V + j * ldv + c);
+      const __m512 w[2] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hi))};
+      for (int h = 0; h < GH; ++h) {
+        const __m512 pj = _mm512_set1_ps(P[4 * j + h]);
+        for (int i = 0; i < 2; ++i) acc[h][i] = _mm512_fmadd_ps(pj, w[i], acc[h][i]);
+      }
+    }
+    for (int h = 0; h < GH; ++h)
+      for (int i = 0; i < 2; ++i) _mm512_storeu_ps(O + h * Dv + c + 16 * i, acc[h][i]);
+  }
+}
+
+struct Ctx {
+  const Problem* p;
+  float scale, softcap;
+  float *P, *alpha;
+};
+
+// One block (n ≤ 16 keys) for one head group of GH heads: scores, online softmax (state ml:
+// m vector then l vector), P·V into O.
+template <int GH>
+TESSERA_BF16_FN void block(const Ctx& x, const uint16_t* q, const uint16_t* K, const uint16_t* V, int64_t n,
+                               float* ml, float* O, const Pf& pf) {
+  const Problem& p = *x.p;
+  const int64_t ld = p.Hkv * p.D, ldv = p.Hkv * p.Dv;
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 S[4];
+  for (int64_t b = 0; b < 4; ++b) {
+    const int64_t nk = n - 4 * b;
+    if (nk <= 0) {
+      S[b] = ninf;
+      continue;
+    }
+    prefetch_lines(pf.k, pf.k_lines * b / 4, pf.k_lines * (b + 1) / 4);
+    S[b] = _mm512_mul_ps(scores4x4<GH>(q, p.D, K + 4 * b * ld, ld, nk < 4 ? nk : 4), _mm512_set1_ps(x.scale));
+    if (x.softcap > 0.0f) {
+      alignas(64) float t[16];
+      _mm512_store_ps(t, S[b]);
+      for (float& v : t) v = x.softcap * std::tanh(v / x.softcap);
+      S[b] = _mm512_load_ps(t);
+    }
+    if (nk < 4) S[b] = _mm512_mask_mov_ps(ninf, static_cast<__mmask16>((1u << (4 * nk)) - 1), S[b]);
+  }
+  __m512 M = _mm512_max_ps(_mm512_max_ps(S[0], S[1]), _mm512_max_ps(S[2], S[3]));
+  M = _mm512_max_ps(M, _mm512_shuffle_f32x4(M, M, 0x4E));
+  M = _mm512_max_ps(M, _mm512_shuffle_f32x4(M, M, 0xB1));
+  const __m512 m_old = _mm512_loadu_ps(ml), m_new = _mm512_max_ps(m_old, M);
+  const __m512 alpha = exp16(_mm512_sub_ps(m_old, m_new));  // m_old = −inf: −inf − m_new → 0
+  __m512 sum = _mm512_setzero_ps();
+  for (int b = 0; b < 4; ++b) {
+    const __m512 pb = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(S[b], ninf, _CMP_NEQ_UQ), exp16(_mm512_sub_ps(S[b], m_new)));
+    _mm512_storeu_ps(x.P + 16 * b, pb);
+    sum = _mm512_add_ps(sum, pb);
+  }
+  _mm512_storeu_ps(ml, m_new);
+  _mm512_storeu_ps(ml + 16, _mm512_fmadd_ps(_mm512_loadu_ps(ml + 16), alpha, sum));
+  _mm512_storeu_ps(x.alpha, alpha);
+  accumulate<GH>(x.P, x.alpha, V, ldv, n, p.Dv, O, pf);
+}
+
+using BlockFn = void (*)(const Ctx&, const uint16_t*, const uint16_t*, const uint16_t*, int64_t, float*, float*,
+                         const Pf&);
+constexpr BlockFn kBlocks[4] = {block<1>, block<2>, block<3>, block<4>};
+
+}  // namespace
+
+void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1, float* m, float* l, float* o,
+                float* scratch) {
+  const int64_t G = p.group(), ng = groups(p);
+  float* state = scratch;
+  const Ctx x{&p, static_cast<float>(p.scale), static_cast<float>(p.softcap), scratch + p.Hkv * ng * 32,
+              scratch + p.Hkv * ng * 32 + 64};
+  for (int64_t g = 0; g < p.Hkv; ++g)
+    for (int64_t k = 0; k < ng; ++k) {
+      float* ml = state + (g * ng + k) * 32;
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t h = g * G + 4 * k + i % 4;
+        const bool real = 4 * k + i % 4 < G;
+        ml[i] = real ? m[h] : 0.0f;
+        ml[16 + i] = real && i < 4 ? l[h] : 0.0f;
+      }
+    }
+  std::fill(o, o + p.Hq * p.Dv, 0.0f);
+  const auto* q = static_cast<const uint16_t*>(p.q) + tq * p.Hq * p.D;
+  const auto* K = static_cast<const uint16_t*>(p.k);
+  const auto* V = static_cast<const uint16_t*>(p.v);
+  auto block_len = [&](int64_t j) { return std::min({k1, (j / p.page_size + 1) * p.page_size, j + kBlock}) - j; };
+  for (int64_t j = k0; j < k1;) {
+    const int64_t n = block_len(j), row0 = p.cache_row(s, j), next = j + n;
+    const int64_t next_n = next < k1 ? block_len(next) : 0, next_row = next_n > 0 ? p.cache_row(s, next) : 0;
+    for (int64_t g = 0; g < p.Hkv; ++g) {
+      Pf pf;  // slice g of Hkv of the next block's bytes, in memory order
+      if (next_n > 0) {
+        const int64_t kb = next_n * p.Hkv * p.D * 2, vb = next_n * p.Hkv * p.Dv * 2;
+        const int64_t k0b = kb * g / p.Hkv / 64, v0b = vb * g / p.Hkv / 64;
+        pf.k = reinterpret_cast<const char*>(K + next_row * p.Hkv * p.D) + 64 * k0b;
+        pf.v = reinterpret_cast<const char*>(V + next_row * p.Hkv * p.Dv) + 64 * v0b;
+        pf.k_lines = (kb * (g + 1) / p.Hkv + 63) / 64 - k0b, pf.v_lines = (vb * (g + 1) / p.Hkv + 63) / 64 - v0b;
+      }
+      for (int64_t k = 0; k < ng; ++k) {
+        const int64_t h0 = g * G + 4 * k, gh = std::min<int64_t>(4, G - 4 * k);
+        kBlocks[gh - 1](x, q + h0 * p.D, K + (row0 * p.Hkv + g) * p.D, V + (row0 * p.Hkv + g) * p.Dv, n,
+                        state + (g * ng + k) * 32, o + h0 * p.Dv, pf);
+      }
+    }
+    j = next;
+  }
+  float* row = scratch + p.Hkv * ng * 32 + 80;
+  for (int64_t h = 0; h < p.Hq; ++h) {
+    const int64_t g = h / G, k = (h % G) / 4, i = (h % G) % 4;
+    const float* ml = state + (g * ng + k) * 32;
+    m[h] = ml[i];
+    l[h] = ml[16 + i] + ml[20 + i] + ml[24 + i] + ml[28 + i];
+    float* oh = o + h * p.Dv;  // even/odd order back to dimension order
+    std::memcpy(row, oh, static_cast<size_t>(p.Dv) * sizeof(float));
+    for (int64_t c = 0; c < p.Dv; c += 32)
+      for (int64_t d = 0; d < 16; ++d) oh[c + 2 * d] = row[c + d], oh[c + 2 * d + 1] = row[c + 16 + d];
+  }
+}
+
+#pragma GCC diagnostic pop
+#else
+void decode_row(const Problem&, int64_t, int64_t, int64_t, int64_t, float*, float*, float*, float*) {}
+#endif
+
+}  // namespace tessera::paged_attention::cpu_bf16

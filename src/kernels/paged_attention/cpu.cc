@@ -3,11 +3,13 @@
 // Work is cut into tasks (sequence s, kv heads [g0, g1), query rows [i0, i0 + rows), key positions
 // [k0, k1)). A task packs the rows × Hq/Hkv query heads of its kv head into one f32 tile (GQA
 // packing: the keys and values of a page are read once for every query head of the group) and
-// streams its keys page by page in blocks of at most kKeyBlock slots: scores (f32 FMA),
-// soft cap and masks, the online softmax, P·V (cpu_simd.h). Decode rows (q_len 1) make one task
-// per sequence over all its kv heads (each page block is then read whole, in memory order);
-// prefill rows make flash-style tiles of up to kTileVectors query vectors per kv head, whose
-// Q·Kᵀ and P·V are sgemm calls (cpu_blas, one BLAS thread per worker) from kGemmRows vectors on.
+// streams its keys in blocks of at most kKeyBlock slots: scores (f32 FMA), soft cap and masks,
+// the online softmax, P·V (cpu_simd.h). Decode rows (q_len 1) make one task per sequence over all
+// its kv heads (each page block is then read whole, in memory order); with a bf16 cache on a CPU
+// with AVX512-BF16 (and D, Dv multiples of 32) such a task reads the cache directly with bf16 dot
+// products instead (cpu_decode_bf16.h). Prefill rows make flash-style tiles of up to kTileVectors
+// query vectors per kv head, whose key blocks span pages (gathered run by run) and whose Q·Kᵀ
+// and P·V are sgemm calls (cpu_blas, one BLAS thread per worker) from kGemmRows vectors on.
 // When there are fewer tasks than the threads can balance (few sequences, long contexts), long
 // tasks are split along the keys (split-KV); each split writes a normalized partial o and its
 // lse, and a second phase combines them with primitives::lse_combine_row. Partials exist only for
@@ -33,7 +35,7 @@
 namespace tessera::paged_attention {
 namespace {
 
-constexpr int64_t kKeyBlock = 64;       // keys per block (never across a page)
+constexpr int64_t kKeyBlock = 64;       // keys per block (across pages only for one kv head)
 constexpr int64_t kBlockRows = 128;     // key rows × kv heads a block converts at once
 constexpr bool kPrefetch = true;  // pages are in any order: the hardware prefetcher stops at their ends
 constexpr int64_t kTileVectors = 128;   // query vectors (rows × group heads) per prefill tile
@@ -136,6 +138,18 @@ const float* cache_rows(const Problem& p, const void* cache, int64_t width, int6
   return buf;
 }
 
+// Key positions [j, j + n) of task t's sequence, kv heads [t.g0, t.g1), as f32 head-major in
+// buf (cache_rows); with one kv head the block may span pages: each page's run in turn.
+const float* block_rows(const Problem& p, const void* cache, int64_t width, const Task& t, int64_t j, int64_t n, float* buf) {
+  if (t.g1 - t.g0 > 1) return cache_rows(p, cache, width, p.cache_row(t.s, j), n, t.g0, t.g1, buf);
+  for (int64_t i = 0; i < n;) {
+    const int64_t run = std::min(n - i, p.page_size - (j + i) % p.page_size);
+    cache_rows(p, cache, width, p.cache_row(t.s, j + i), run, t.g0, t.g1, buf + i * width);
+    i += run;
+  }
+  return buf;
+}
+
 // Asks for cache rows [row0, row0 + n) of every kv head (contiguous bytes) ahead of their use:
 // pages are in any order, so the hardware prefetcher cannot run past a page's end.
 void prefetch_rows(const Problem& p, const void* cache, int64_t width, int64_t row0, int64_t n) {
@@ -187,10 +201,12 @@ void stream_keys(const Problem& p, const Task& t, Scratch& w) {
   std::fill(w.o.begin(), w.o.begin() + (t.g1 - t.g0) * Rg * p.Dv, 0.0f);
   const int64_t heads = t.g1 - t.g0, block = std::clamp<int64_t>(kBlockRows / heads, 1, kKeyBlock);
   for (int64_t j = t.k0; j < t.k1;) {
+    // One kv head: the block gathers whole blocks across pages (its rows are then contiguous,
+    // and a page of 16 slots no longer makes 16-key GEMMs); several: within one page.
     const int64_t page_end = (j / p.page_size + 1) * p.page_size;
-    const int64_t n = std::min({t.k1, page_end, j + block}) - j, row0 = p.cache_row(t.s, j);
-    const float* K = cache_rows(p, p.k, p.D, row0, n, t.g0, t.g1, w.k.data());
-    const float* V = cache_rows(p, p.v, p.Dv, row0, n, t.g0, t.g1, w.v.data());
+    const int64_t n = std::min({t.k1, heads == 1 ? t.k1 : page_end, j + block}) - j;
+    const float* K = block_rows(p, p.k, p.D, t, j, n, w.k.data());
+    const float* V = block_rows(p, p.v, p.Dv, t, j, n, w.v.data());
     if (kPrefetch && heads == p.Hkv && j + n < t.k1) {  // the next block, while this one computes
       const int64_t next = j + n, m = std::min({t.k1, (next / p.page_size + 1) * p.page_size, next + block}) - next;
       prefetch_rows(p, p.k, p.D, p.cache_row(t.s, next), m);

@@ -37,8 +37,8 @@ constexpr int64_t kBlock = 16;  // keys per block: 4 score vectors of 4 keys × 
 int64_t groups(const Problem& p) { return (p.group() + 3) / 4; }
 }  // namespace
 
-// Per (kv head, head group): m and l vectors (32 floats); then P (64), alpha (16), a row (Dv).
-int64_t scratch_floats(const Problem& p) { return p.Hkv * groups(p) * 32 + 64 + 16 + p.Dv; }
+// Per (kv head, head group): m and l vectors (32 floats), scores (64), P (64), alpha (16); a row (Dv).
+int64_t scratch_floats(const Problem& p) { return p.Hkv * groups(p) * 176 + p.Dv; }
 
 #if defined(__x86_64__)
 // GCC 12's avx512fintrin.h reads an _mm512_undefined value in set1 and friends: a false alarm.
@@ -83,11 +83,11 @@ TESSERA_BF16_TARGET __m512 fold_lanes(__m512 x, __m512 y, __m512 z, __m512 w) {
   return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ud, vd)), _mm512_castpd_ps(_mm512_unpackhi_pd(ud, vd)));
 }
 
-// Lines to prefetch while a block computes: the next block's share of this kv head (K during the
-// scores, V during P·V), a few at a time, so that the requests never queue up in a burst.
+// Lines to prefetch during a P·V: the next block's V bytes of this kv head's share, a few per key,
+// so that the requests never queue up in a burst.
 struct Pf {
-  const char *k = nullptr, *v = nullptr;
-  int64_t k_lines = 0, v_lines = 0;
+  const char* v = nullptr;
+  int64_t v_lines = 0;
 };
 inline void prefetch_lines(const char* a, int64_t from, int64_t to) {
   for (int64_t i = from; i < to; ++i) _mm_prefetch(a + 64 * i, _MM_HINT_T0);
@@ -117,7 +117,7 @@ TESSERA_BF16_TARGET __m512 scores4x4(const uint16_t* q, int64_t D, const uint16_
 
 // o (even/odd order, head h at O + h·Dv) = alpha_h·o + Σ_{j<n} P[4j + h]·v_j.
 template <int GH>
-TESSERA_BF16_TARGET void accumulate(const float* P, const float* alpha, const uint16_t* V, int64_t ldv, int64_t n,
+TESSERA_BF16_FN void accumulate(const float* P, const float* alpha, const uint16_t* V, int64_t ldv, int64_t n,
                                     int64_t Dv, float* O, const Pf& pf) {
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   int64_t c = 0;
@@ -155,105 +155,107 @@ TESSERA_BF16_TARGET void accumulate(const float* P, const float* alpha, const ui
   }
 }
 
-struct Ctx {
-  const Problem* p;
-  float scale, softcap;
-  float *P, *alpha;
-};
-
-// One block (n ≤ 16 keys) for one head group of GH heads: scores, online softmax (state ml:
-// m vector then l vector), P·V into O.
+// Scores of GH query heads (q + h·D) against the nk ≤ 4 keys at K (rows ld apart): scaled, soft
+// capped, lanes of missing keys −inf; into out[16].
 template <int GH>
-TESSERA_BF16_FN void block(const Ctx& x, const uint16_t* q, const uint16_t* K, const uint16_t* V, int64_t n,
-                               float* ml, float* O, const Pf& pf) {
-  const Problem& p = *x.p;
-  const int64_t ld = p.Hkv * p.D, ldv = p.Hkv * p.Dv;
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 S[4];
-  for (int64_t b = 0; b < 4; ++b) {
-    const int64_t nk = n - 4 * b;
-    if (nk <= 0) {
-      S[b] = ninf;
-      continue;
-    }
-    prefetch_lines(pf.k, pf.k_lines * b / 4, pf.k_lines * (b + 1) / 4);
-    S[b] = _mm512_mul_ps(scores4x4<GH>(q, p.D, K + 4 * b * ld, ld, nk < 4 ? nk : 4), _mm512_set1_ps(x.scale));
-    if (x.softcap > 0.0f) {
-      alignas(64) float t[16];
-      _mm512_store_ps(t, S[b]);
-      for (float& v : t) v = x.softcap * std::tanh(v / x.softcap);
-      S[b] = _mm512_load_ps(t);
-    }
-    if (nk < 4) S[b] = _mm512_mask_mov_ps(ninf, static_cast<__mmask16>((1u << (4 * nk)) - 1), S[b]);
+TESSERA_BF16_FN void quad_scores(const Problem& p, const uint16_t* q, const uint16_t* K, int64_t nk, float* out) {
+  const int64_t ld = p.Hkv * p.D;
+  __m512 S = _mm512_mul_ps(scores4x4<GH>(q, p.D, K, ld, nk < 4 ? nk : 4), _mm512_set1_ps(static_cast<float>(p.scale)));
+  if (p.softcap > 0.0) {
+    const float c = static_cast<float>(p.softcap);
+    alignas(64) float t[16];
+    _mm512_store_ps(t, S);
+    for (float& v : t) v = c * std::tanh(v / c);
+    S = _mm512_load_ps(t);
   }
-  __m512 M = _mm512_max_ps(_mm512_max_ps(S[0], S[1]), _mm512_max_ps(S[2], S[3]));
+  if (nk < 4) S = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()),
+                                     static_cast<__mmask16>((1u << (4 * nk)) - 1), S);
+  _mm512_storeu_ps(out, S);
+}
+
+// The online softmax step of one head group over a block's 4 score vectors S (16 keys × 4 heads):
+// state ml (m vector, then l vector) updated; P (64: P[4·key + head]) and alpha (16) written.
+TESSERA_BF16_FN void softmax_block(const float* S, float* ml, float* P, float* alpha_out) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 s[4];
+  for (int b = 0; b < 4; ++b) s[b] = _mm512_loadu_ps(S + 16 * b);
+  __m512 M = _mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3]));
   M = _mm512_max_ps(M, _mm512_shuffle_f32x4(M, M, 0x4E));
   M = _mm512_max_ps(M, _mm512_shuffle_f32x4(M, M, 0xB1));
   const __m512 m_old = _mm512_loadu_ps(ml), m_new = _mm512_max_ps(m_old, M);
   const __m512 alpha = exp16(_mm512_sub_ps(m_old, m_new));  // m_old = −inf: −inf − m_new → 0
   __m512 sum = _mm512_setzero_ps();
   for (int b = 0; b < 4; ++b) {
-    const __m512 pb = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(S[b], ninf, _CMP_NEQ_UQ), exp16(_mm512_sub_ps(S[b], m_new)));
-    _mm512_storeu_ps(x.P + 16 * b, pb);
+    const __m512 pb = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s[b], ninf, _CMP_NEQ_UQ), exp16(_mm512_sub_ps(s[b], m_new)));
+    _mm512_storeu_ps(P + 16 * b, pb);
     sum = _mm512_add_ps(sum, pb);
   }
   _mm512_storeu_ps(ml, m_new);
   _mm512_storeu_ps(ml + 16, _mm512_fmadd_ps(_mm512_loadu_ps(ml + 16), alpha, sum));
-  _mm512_storeu_ps(x.alpha, alpha);
-  accumulate<GH>(x.P, x.alpha, V, ldv, n, p.Dv, O, pf);
+  _mm512_storeu_ps(alpha_out, alpha);
 }
 
-using BlockFn = void (*)(const Ctx&, const uint16_t*, const uint16_t*, const uint16_t*, int64_t, float*, float*,
-                         const Pf&);
-constexpr BlockFn kBlocks[4] = {block<1>, block<2>, block<3>, block<4>};
+using QuadFn = void (*)(const Problem&, const uint16_t*, const uint16_t*, int64_t, float*);
+using AccFn = void (*)(const float*, const float*, const uint16_t*, int64_t, int64_t, int64_t, float*, const Pf&);
+constexpr QuadFn kQuads[4] = {quad_scores<1>, quad_scores<2>, quad_scores<3>, quad_scores<4>};
+constexpr AccFn kAccs[4] = {accumulate<1>, accumulate<2>, accumulate<3>, accumulate<4>};
 
 }  // namespace
 
 void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1, float* m, float* l, float* o,
                 float* scratch) {
-  const int64_t G = p.group(), ng = groups(p);
-  float* state = scratch;
-  const Ctx x{&p, static_cast<float>(p.scale), static_cast<float>(p.softcap), scratch + p.Hkv * ng * 32,
-              scratch + p.Hkv * ng * 32 + 64};
-  for (int64_t g = 0; g < p.Hkv; ++g)
-    for (int64_t k = 0; k < ng; ++k) {
-      float* ml = state + (g * ng + k) * 32;
-      for (int64_t i = 0; i < 16; ++i) {
-        const int64_t h = g * G + 4 * k + i % 4;
-        const bool real = 4 * k + i % 4 < G;
-        ml[i] = real ? m[h] : 0.0f;
-        ml[16 + i] = real && i < 4 ? l[h] : 0.0f;
-      }
+  const int64_t G = p.group(), ng = groups(p), units = p.Hkv * ng;  // a unit: (kv head g, head group k)
+  float *state = scratch, *S = scratch + units * 32, *P = S + units * 64, *alpha = P + units * 64;
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t g = u / ng, k = u % ng;
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t h = g * G + 4 * k + i % 4;
+      const bool real = 4 * k + i % 4 < G;
+      state[u * 32 + i] = real ? m[h] : 0.0f;
+      state[u * 32 + 16 + i] = real && i < 4 ? l[h] : 0.0f;
     }
+  }
   std::fill(o, o + p.Hq * p.Dv, 0.0f);
   const auto* q = static_cast<const uint16_t*>(p.q) + tq * p.Hq * p.D;
   const auto* K = static_cast<const uint16_t*>(p.k);
   const auto* V = static_cast<const uint16_t*>(p.v);
   auto block_len = [&](int64_t j) { return std::min({k1, (j / p.page_size + 1) * p.page_size, j + kBlock}) - j; };
+  auto gh = [&](int64_t u) { return std::min<int64_t>(4, G - 4 * (u % ng)); };
   for (int64_t j = k0; j < k1;) {
     const int64_t n = block_len(j), row0 = p.cache_row(s, j), next = j + n;
     const int64_t next_n = next < k1 ? block_len(next) : 0, next_row = next_n > 0 ? p.cache_row(s, next) : 0;
-    for (int64_t g = 0; g < p.Hkv; ++g) {
-      Pf pf;  // slice g of Hkv of the next block's bytes, in memory order
-      if (next_n > 0) {
-        const int64_t kb = next_n * p.Hkv * p.D * 2, vb = next_n * p.Hkv * p.Dv * 2;
-        const int64_t k0b = kb * g / p.Hkv / 64, v0b = vb * g / p.Hkv / 64;
-        pf.k = reinterpret_cast<const char*>(K + next_row * p.Hkv * p.D) + 64 * k0b;
-        pf.v = reinterpret_cast<const char*>(V + next_row * p.Hkv * p.Dv) + 64 * v0b;
-        pf.k_lines = (kb * (g + 1) / p.Hkv + 63) / 64 - k0b, pf.v_lines = (vb * (g + 1) / p.Hkv + 63) / 64 - v0b;
+    const char* next_k = reinterpret_cast<const char*>(K + next_row * p.Hkv * p.D);
+    const char* next_v = reinterpret_cast<const char*>(V + next_row * p.Hkv * p.Dv);
+    const int64_t k_lines = next_n * p.Hkv * p.D * 2 / 64, v_lines = next_n * p.Hkv * p.Dv * 2 / 64;
+    // Scores, 4 cache rows at a time for every kv head: the K rows are read in memory order.
+    for (int64_t b = 0; b < 4; ++b) {
+      const int64_t nk = n - 4 * b;
+      prefetch_lines(next_k, k_lines * b / 4, k_lines * (b + 1) / 4);
+      for (int64_t u = 0; u < units; ++u) {
+        float* Su = S + u * 64 + 16 * b;
+        if (nk <= 0) {
+          std::fill(Su, Su + 16, -std::numeric_limits<float>::infinity());
+          continue;
+        }
+        const int64_t g = u / ng, h0 = g * G + 4 * (u % ng);
+        kQuads[gh(u) - 1](p, q + h0 * p.D, K + ((row0 + 4 * b) * p.Hkv + g) * p.D, nk, Su);
       }
-      for (int64_t k = 0; k < ng; ++k) {
-        const int64_t h0 = g * G + 4 * k, gh = std::min<int64_t>(4, G - 4 * k);
-        kBlocks[gh - 1](x, q + h0 * p.D, K + (row0 * p.Hkv + g) * p.D, V + (row0 * p.Hkv + g) * p.Dv, n,
-                        state + (g * ng + k) * 32, o + h0 * p.Dv, pf);
-      }
+    }
+    for (int64_t u = 0; u < units; ++u) softmax_block(S + u * 64, state + u * 32, P + u * 64, alpha + u * 16);
+    // P·V kv head by kv head (V in memory order would reload o every 4 rows: slower, measured).
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t g = u / ng, h0 = g * G + 4 * (u % ng);
+      Pf pf;
+      if (u % ng == 0 && next_n > 0)
+        pf.v = next_v + 64 * (v_lines * g / p.Hkv), pf.v_lines = v_lines * (g + 1) / p.Hkv - v_lines * g / p.Hkv;
+      kAccs[gh(u) - 1](P + u * 64, alpha + u * 16, V + (row0 * p.Hkv + g) * p.Dv, p.Hkv * p.Dv, n, p.Dv, o + h0 * p.Dv, pf);
     }
     j = next;
   }
-  float* row = scratch + p.Hkv * ng * 32 + 80;
+  float* row = alpha + units * 16;
   for (int64_t h = 0; h < p.Hq; ++h) {
-    const int64_t g = h / G, k = (h % G) / 4, i = (h % G) % 4;
-    const float* ml = state + (g * ng + k) * 32;
+    const int64_t u = (h / G) * ng + (h % G) / 4, i = (h % G) % 4;
+    const float* ml = state + u * 32;
     m[h] = ml[i];
     l[h] = ml[16 + i] + ml[20 + i] + ml[24 + i] + ml[28 + i];
     float* oh = o + h * p.Dv;  // even/odd order back to dimension order

@@ -8,8 +8,10 @@
 //           + Cephes polynomial + vscalefps, ≈ 1 ulp);
 //   P·V     f32 FMAs; bf16 is widened by a shift (even elements) and a mask (odd ones), so o is
 //           accumulated with even and odd dimensions apart and put back in order at the end.
-// The next block's rows are prefetched (into L2): pages are in any order, so the hardware
-// prefetcher stops at a page's end.
+// A block is ≤ 16 keys of one page: the scores of every kv head are formed 4 cache rows at a time
+// (K read in memory order), then the softmax step, then P·V kv head by kv head. The next block's
+// rows are prefetched a few lines at a time during the compute (pages are in any order, so the
+// hardware prefetcher stops at a page's end).
 #pragma once
 
 #include <cstdint>

@@ -34,6 +34,7 @@ bool fits(const Problem& p) { return p.dtype == DType::kBF16 && p.D % 32 == 0 &&
 
 namespace {
 constexpr int64_t kBlock = 16;  // keys per block: 4 score vectors of 4 keys × 4 heads
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 int64_t groups(const Problem& p) { return (p.group() + 3) / 4; }
 }  // namespace
 
@@ -155,22 +156,27 @@ TESSERA_BF16_FN void accumulate(const float* P, const float* alpha, const uint16
   }
 }
 
-// Scores of GH query heads (q + h·D) against the nk ≤ 4 keys at K (rows ld apart): scaled, soft
-// capped, lanes of missing keys −inf; into out[16].
+// Scores of units [u0, u1) (unit u: kv head u / ng, query heads h0(u) .. + GH) against the nk ≤ 4
+// cache rows from row K (first kv head's): scaled, soft capped, lanes of missing keys −inf; unit
+// u's into S + u·64. Every unit of the range has GH heads.
 template <int GH>
-TESSERA_BF16_FN void quad_scores(const Problem& p, const uint16_t* q, const uint16_t* K, int64_t nk, float* out) {
-  const int64_t ld = p.Hkv * p.D;
-  __m512 S = _mm512_mul_ps(scores4x4<GH>(q, p.D, K, ld, nk < 4 ? nk : 4), _mm512_set1_ps(static_cast<float>(p.scale)));
-  if (p.softcap > 0.0) {
-    const float c = static_cast<float>(p.softcap);
-    alignas(64) float t[16];
-    _mm512_store_ps(t, S);
-    for (float& v : t) v = c * std::tanh(v / c);
-    S = _mm512_load_ps(t);
+TESSERA_BF16_FN void quad_scores(const Problem& p, const uint16_t* q, const uint16_t* K, int64_t nk, int64_t u0,
+                                 int64_t u1, int64_t ng, float* S) {
+  const int64_t ld = p.Hkv * p.D, G = p.group();
+  const __m512 scale = _mm512_set1_ps(static_cast<float>(p.scale));
+  const __mmask16 valid = static_cast<__mmask16>(nk >= 4 ? 0xFFFFu : (1u << (4 * nk)) - 1);
+  for (int64_t u = u0; u < u1; ++u) {
+    const int64_t g = u / ng, h0 = g * G + 4 * (u % ng);
+    __m512 s = _mm512_mul_ps(scores4x4<GH>(q + h0 * p.D, p.D, K + g * p.D, ld, nk < 4 ? nk : 4), scale);
+    if (p.softcap > 0.0) {
+      const float c = static_cast<float>(p.softcap);
+      alignas(64) float t[16];
+      _mm512_store_ps(t, s);
+      for (float& v : t) v = c * std::tanh(v / c);
+      s = _mm512_load_ps(t);
+    }
+    _mm512_storeu_ps(S + u * 64, _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), valid, s));
   }
-  if (nk < 4) S = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()),
-                                     static_cast<__mmask16>((1u << (4 * nk)) - 1), S);
-  _mm512_storeu_ps(out, S);
 }
 
 // The online softmax step of one head group over a block's 4 score vectors S (16 keys × 4 heads):
@@ -195,7 +201,7 @@ TESSERA_BF16_FN void softmax_block(const float* S, float* ml, float* P, float* a
   _mm512_storeu_ps(alpha_out, alpha);
 }
 
-using QuadFn = void (*)(const Problem&, const uint16_t*, const uint16_t*, int64_t, float*);
+using QuadFn = void (*)(const Problem&, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
 using AccFn = void (*)(const float*, const float*, const uint16_t*, int64_t, int64_t, int64_t, float*, const Pf&);
 constexpr QuadFn kQuads[4] = {quad_scores<1>, quad_scores<2>, quad_scores<3>, quad_scores<4>};
 constexpr AccFn kAccs[4] = {accumulate<1>, accumulate<2>, accumulate<3>, accumulate<4>};
@@ -231,15 +237,15 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
     for (int64_t b = 0; b < 4; ++b) {
       const int64_t nk = n - 4 * b;
       prefetch_lines(next_k, k_lines * b / 4, k_lines * (b + 1) / 4);
-      for (int64_t u = 0; u < units; ++u) {
-        float* Su = S + u * 64 + 16 * b;
-        if (nk <= 0) {
-          std::fill(Su, Su + 16, -std::numeric_limits<float>::infinity());
-          continue;
-        }
-        const int64_t g = u / ng, h0 = g * G + 4 * (u % ng);
-        kQuads[gh(u) - 1](p, q + h0 * p.D, K + ((row0 + 4 * b) * p.Hkv + g) * p.D, nk, Su);
+      if (nk <= 0) {
+        for (int64_t u = 0; u < units; ++u) std::fill(S + u * 64 + 16 * b, S + u * 64 + 16 * b + 16, kNegInf);
+        continue;
       }
+      const uint16_t* Kb = K + (row0 + 4 * b) * p.Hkv * p.D;
+      if (G % 4 == 0)  // every unit has 4 heads: one call for all
+        kQuads[3](p, q, Kb, nk, 0, units, ng, S + 16 * b);
+      else
+        for (int64_t u = 0; u < units; ++u) kQuads[gh(u) - 1](p, q, Kb, nk, u, u + 1, ng, S + 16 * b);
     }
     for (int64_t u = 0; u < units; ++u) softmax_block(S + u * 64, state + u * 32, P + u * 64, alpha + u * 16);
     // P·V kv head by kv head (V in memory order would reload o every 4 rows: slower, measured).

@@ -121,13 +121,14 @@ template <int GH>
 TESSERA_BF16_FN void accumulate(const float* P, const float* alpha, const uint16_t* V, int64_t ldv, int64_t n,
                                     int64_t Dv, float* O, const Pf& pf) {
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t per = (pf.v_lines + n - 1) / n;  // lines to prefetch per key
   int64_t c = 0;
   for (; c + 64 <= Dv; c += 64) {
     __m512 acc[GH][4];
     for (int h = 0; h < GH; ++h)
       for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_mul_ps(_mm512_loadu_ps(O + h * Dv + c + 16 * i), _mm512_set1_ps(alpha[h]));
     for (int64_t j = 0; j < n; ++j) {
-      if (c == 0) prefetch_lines(pf.v, pf.v_lines * j / n, pf.v_lines * (j + 1) / n);
+      if (c == 0) prefetch_lines(pf.v, std::min(j * per, pf.v_lines), std::min((j + 1) * per, pf.v_lines));
       const __m512i v0 = _mm512_loadu_si512(V + j * ldv + c), v1 = _mm512_loadu_si512(V + j * ldv + c + 32);
       const __m512 w[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hi)),
                            _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), _mm512_castsi512_ps(_mm512_and_si512(v1, hi))};

@@ -10,8 +10,8 @@
 //           accumulated with even and odd dimensions apart and put back in order at the end.
 // A block is ≤ 16 keys of one page: the scores of every kv head are formed 4 cache rows at a time
 // (K read in memory order), then the softmax step, then P·V kv head by kv head. The next block's
-// rows are prefetched a few lines at a time during the compute (pages are in any order, so the
-// hardware prefetcher stops at a page's end).
+// V rows are prefetched a few lines per key during P·V (pages are in any order, so the hardware
+// prefetcher stops at a page's end; the K rows, read in memory order, it follows).
 #pragma once
 
 #include <cstdint>

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -41,6 +42,25 @@ TEST(PagedAttentionCpu, SplitKvDecodeAndPrefill) {
       c.q_lens = {3}, c.causal = false;  // prefill rows split too
       expect_parity(c);
     }
+}
+
+// bf16 decode rows (D, Dv multiples of 32) take the vdpbf16ps path where the CPU has it; with
+// TESSERA_CPU_BF16_DOT=0 the generic f32 path. Both against the reference: head groups of 4, 8
+// (two groups) and 5 (4 + 1), thread counts that split the keys (with sinks and windows), page
+// sizes that cut blocks short.
+TEST(PagedAttentionCpu, Bf16DecodeBothPaths) {
+  for (const char* dot : {"1", "0"}) {
+    ::setenv("TESSERA_CPU_BF16_DOT", dot, 1);
+    for (int64_t G : {4, 8, 5})
+      for (int threads : {1, 3}) {
+        testing::CaseSpec c;
+        c.label = std::string("bf16_dot") + dot, c.dtype = DType::kBF16, c.Hkv = 2, c.Hq = 2 * G, c.D = 32, c.Dv = 32;
+        c.q_lens = {1, 1, 1}, c.kv_lens = {2100, 33, 7}, c.page_size = G == 5 ? 7 : 16, c.num_threads = threads;
+        c.sinks = G == 8, c.window = G == 5 ? 1500 : -1, c.softcap = G == 4 ? 5.0 : 0.0;
+        expect_parity(c);
+      }
+  }
+  ::unsetenv("TESSERA_CPU_BF16_DOT");
 }
 
 TEST(PagedAttentionCpu, ScheduleDoesNotChangeTheResult) {

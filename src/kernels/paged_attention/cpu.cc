@@ -3,11 +3,13 @@
 // Work is cut into tasks (sequence s, kv heads [g0, g1), query rows [i0, i0 + rows), key positions
 // [k0, k1)). A task packs the rows × Hq/Hkv query heads of its kv head into one f32 tile (GQA
 // packing: the keys and values of a page are read once for every query head of the group) and
-// streams its keys page by page in blocks of at most kKeyBlock slots: scores (f32 FMA),
-// soft cap and masks, the online softmax, P·V (cpu_simd.h). Decode rows (q_len 1) make one task
-// per sequence over all its kv heads (each page block is then read whole, in memory order);
-// prefill rows make flash-style tiles of up to kTileVectors query vectors per kv head, whose
-// Q·Kᵀ and P·V are sgemm calls (cpu_blas, one BLAS thread per worker) from kGemmRows vectors on.
+// streams its keys in blocks of at most kKeyBlock slots: scores (f32 FMA), soft cap and masks,
+// the online softmax, P·V (cpu_simd.h). Decode rows (q_len 1) make one task per sequence over all
+// its kv heads (each page block is then read whole, in memory order); with a bf16 cache on a CPU
+// with AVX512-BF16 (and D, Dv multiples of 32) such a task reads the cache directly with bf16 dot
+// products instead (cpu_decode_bf16.h). Prefill rows make flash-style tiles of up to kTileVectors
+// query vectors per kv head, whose key blocks span pages (gathered run by run) and whose Q·Kᵀ
+// and P·V are sgemm calls (cpu_blas, one BLAS thread per worker) from kGemmRows vectors on.
 // When there are fewer tasks than the threads can balance (few sequences, long contexts), long
 // tasks are split along the keys (split-KV); each split writes a normalized partial o and its
 // lse, and a second phase combines them with primitives::lse_combine_row. Partials exist only for
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "core/trace.h"
+#include "kernels/paged_attention/cpu_decode_bf16.h"
 #include "kernels/paged_attention/cpu_simd.h"
 #include "kernels/paged_attention/impl.h"
 #include "primitives/cpu_blas.h"
@@ -32,7 +35,7 @@
 namespace tessera::paged_attention {
 namespace {
 
-constexpr int64_t kKeyBlock = 64;       // keys per block (never across a page)
+constexpr int64_t kKeyBlock = 64;       // keys per block (across pages only for one kv head)
 constexpr int64_t kBlockRows = 128;     // key rows × kv heads a block converts at once
 constexpr bool kPrefetch = true;  // pages are in any order: the hardware prefetcher stops at their ends
 constexpr int64_t kTileVectors = 128;   // query vectors (rows × group heads) per prefill tile
@@ -116,12 +119,13 @@ Plan make_plan(const Problem& p) {
 
 // Per-thread tiles.
 struct Scratch {
-  std::vector<float> q, s, k, v, o, m, l, alpha, row;
-  Scratch(const Problem& p, int64_t R)
+  std::vector<float> q, s, k, v, o, m, l, alpha, row, bf16;
+  Scratch(const Problem& p, int64_t R, bool bf16_decode)
       : q(static_cast<size_t>(R * p.D)), s(static_cast<size_t>(R * kKeyBlock)),
         k(static_cast<size_t>(std::max(kBlockRows, p.Hkv) * p.D)), v(static_cast<size_t>(std::max(kBlockRows, p.Hkv) * p.Dv)),
         o(static_cast<size_t>(R * p.Dv)), m(static_cast<size_t>(R)), l(static_cast<size_t>(R)),
-        alpha(static_cast<size_t>(R)), row(static_cast<size_t>(std::max(p.D, p.Dv))) {}
+        alpha(static_cast<size_t>(R)), row(static_cast<size_t>(std::max(p.D, p.Dv))),
+        bf16(bf16_decode ? static_cast<size_t>(cpu_bf16::scratch_floats(p)) : 0) {}
 };
 
 // Cache rows [row0, row0 + n) of a cache ([rows, Hkv, width]), kv heads [g0, g1), as f32 in
@@ -131,6 +135,18 @@ const float* cache_rows(const Problem& p, const void* cache, int64_t width, int6
   const int kind = p.dtype == DType::kF32 ? 0 : p.dtype == DType::kBF16 ? 1 : 2;
   const char* first = static_cast<const char*>(cache) + static_cast<size_t>((row0 * p.Hkv + g0) * width) * dtype_size(p.dtype);
   cpu_simd::gather_rows(first, kind, n, g1 - g0, width, p.Hkv * width, buf);
+  return buf;
+}
+
+// Key positions [j, j + n) of task t's sequence, kv heads [t.g0, t.g1), as f32 head-major in
+// buf (cache_rows); with one kv head the block may span pages: each page's run in turn.
+const float* block_rows(const Problem& p, const void* cache, int64_t width, const Task& t, int64_t j, int64_t n, float* buf) {
+  if (t.g1 - t.g0 > 1) return cache_rows(p, cache, width, p.cache_row(t.s, j), n, t.g0, t.g1, buf);
+  for (int64_t i = 0; i < n;) {
+    const int64_t run = std::min(n - i, p.page_size - (j + i) % p.page_size);
+    cache_rows(p, cache, width, p.cache_row(t.s, j + i), run, t.g0, t.g1, buf + i * width);
+    i += run;
+  }
   return buf;
 }
 
@@ -178,22 +194,19 @@ void cap_and_mask(const Problem& p, const Task& t, int64_t j0, int64_t n, Scratc
   }
 }
 
-// Runs one task: its rows' normalized o (f32, R × Dv in w.o) and lse (w.m).
-void attend(const Problem& p, const Task& t, Scratch& w) {
-  const int64_t Rg = t.rows * p.group(), R = (t.g1 - t.g0) * Rg;
+// Keys [t.k0, t.k1) into w.o (unnormalized), w.m, w.l (the generic path: f32 tiles).
+void stream_keys(const Problem& p, const Task& t, Scratch& w) {
+  const int64_t Rg = t.rows * p.group();
   pack_q(p, t, w);
-  for (int64_t r = 0; r < R; ++r) {
-    const bool sink = p.sinks && t.sink;
-    w.m[static_cast<size_t>(r)] = sink ? p.sinks[slot(p, t.s, t.i0, t.rows, t.g0, r).h] : kNegInf;
-    w.l[static_cast<size_t>(r)] = sink ? 1.0f : 0.0f;
-  }
-  std::fill(w.o.begin(), w.o.begin() + R * p.Dv, 0.0f);
+  std::fill(w.o.begin(), w.o.begin() + (t.g1 - t.g0) * Rg * p.Dv, 0.0f);
   const int64_t heads = t.g1 - t.g0, block = std::clamp<int64_t>(kBlockRows / heads, 1, kKeyBlock);
   for (int64_t j = t.k0; j < t.k1;) {
+    // One kv head: the block gathers whole blocks across pages (its rows are then contiguous,
+    // and a page of 16 slots no longer makes 16-key GEMMs); several: within one page.
     const int64_t page_end = (j / p.page_size + 1) * p.page_size;
-    const int64_t n = std::min({t.k1, page_end, j + block}) - j, row0 = p.cache_row(t.s, j);
-    const float* K = cache_rows(p, p.k, p.D, row0, n, t.g0, t.g1, w.k.data());
-    const float* V = cache_rows(p, p.v, p.Dv, row0, n, t.g0, t.g1, w.v.data());
+    const int64_t n = std::min({t.k1, heads == 1 ? t.k1 : page_end, j + block}) - j;
+    const float* K = block_rows(p, p.k, p.D, t, j, n, w.k.data());
+    const float* V = block_rows(p, p.v, p.Dv, t, j, n, w.v.data());
     if (kPrefetch && heads == p.Hkv && j + n < t.k1) {  // the next block, while this one computes
       const int64_t next = j + n, m = std::min({t.k1, (next / p.page_size + 1) * p.page_size, next + block}) - next;
       prefetch_rows(p, p.k, p.D, p.cache_row(t.s, next), m);
@@ -222,6 +235,25 @@ void attend(const Problem& p, const Task& t, Scratch& w) {
     }
     j += n;
   }
+}
+
+// A decode task (one row, every kv head): its query vectors r are the query heads h = r.
+bool bf16_decode_task(const Problem& p, const Task& t, const Scratch& w) {
+  return !w.bf16.empty() && t.rows == 1 && t.g0 == 0 && t.g1 == p.Hkv;
+}
+
+// Runs one task: its rows' normalized o (f32, R × Dv in w.o) and lse (w.m).
+void attend(const Problem& p, const Task& t, Scratch& w) {
+  const int64_t R = (t.g1 - t.g0) * t.rows * p.group();
+  for (int64_t r = 0; r < R; ++r) {
+    const bool sink = p.sinks && t.sink;
+    w.m[static_cast<size_t>(r)] = sink ? p.sinks[slot(p, t.s, t.i0, t.rows, t.g0, r).h] : kNegInf;
+    w.l[static_cast<size_t>(r)] = sink ? 1.0f : 0.0f;
+  }
+  if (bf16_decode_task(p, t, w))
+    cpu_bf16::decode_row(p, t.s, p.cu_q[t.s] + t.i0, t.k0, t.k1, w.m.data(), w.l.data(), w.o.data(), w.bf16.data());
+  else
+    stream_keys(p, t, w);
   for (int64_t r = 0; r < R; ++r) {  // normalize: o / l, lse = m + log l (−inf and 0 when l = 0)
     float* o = w.o.data() + r * p.Dv;
     const float l = w.l[static_cast<size_t>(r)];
@@ -283,13 +315,14 @@ class Cpu final : public Implementation {
   }
   void forward(const Problem& p) const override {
     const Plan plan = make_plan(p);
+    const bool bf16_decode = cpu_bf16::available() && cpu_bf16::fits(p);
     std::vector<float> part_o(static_cast<size_t>(plan.parts * plan.R * p.Dv));
     std::vector<float> part_lse(static_cast<size_t>(plan.parts * plan.R), kNegInf);
     const int T = static_cast<int>(std::min<int64_t>(p.num_threads, static_cast<int64_t>(plan.tasks.size())));
     std::atomic<size_t> next{0};
     cpu_threads::run_threads(std::max(T, 1), /*blas=*/true, "paged_attention cpu", [&](int) {
       TESSERA_TRACE_SCOPE("paged_attention.tasks");
-      Scratch w(p, plan.R);
+      Scratch w(p, plan.R, bf16_decode);
       for (size_t i = next++; i < plan.tasks.size(); i = next++) {
         attend(p, plan.tasks[i], w);
         store_task(p, plan.tasks[i], w, part_o, part_lse, plan.R, plan);

@@ -65,10 +65,16 @@ void OnlineSoftmax(float* S, int64_t R, int64_t n, int64_t lds, float* m, float*
     float* s = S + r * lds;
     // NaN propagates (a NaN logit or sink makes the row NaN, as in the reference); only −inf
     // (masked) weighs 0.
-    float mt = m[r];
-    for (int64_t j = 0; j < n; ++j)
-      if (s[j] > mt || std::isnan(s[j])) mt = s[j];
-    const float mnew = std::isnan(m[r]) ? m[r] : mt;
+    auto vmax = hn::Set(df, m[r]), vnan = hn::Zero(df);
+    for (int64_t j = 0; j < nv; j += N) {
+      const auto x = hn::LoadU(df, s + j);
+      vmax = hn::Max(vmax, x);
+      vnan = hn::Or(vnan, hn::VecFromMask(df, hn::IsNaN(x)));
+    }
+    float mt = hn::GetLane(hn::MaxOfLanes(df, vmax));
+    bool nan = !hn::AllFalse(df, hn::MaskFromVec(vnan)) || std::isnan(m[r]);
+    for (int64_t j = nv; j < n; ++j) mt = std::max(mt, s[j]), nan = nan || std::isnan(s[j]);
+    const float mnew = nan ? std::numeric_limits<float>::quiet_NaN() : mt;
     if (mnew == ninf) {  // nothing seen yet
       std::fill(s, s + n, 0.0f);
       alpha[r] = 1.0f;

@@ -196,6 +196,17 @@ std::vector<CaseSpec> check_grid(bool quick) {
   c = CaseSpec{}, c.label = "gqa8_head128", c.Hq = 16, c.Hkv = 2, c.D = 128, c.Dv = 128, c.page_size = 16;
   c.q_lens = {1, 1, 20}, c.kv_lens = {200, 77, 20};
   add(c);
+  // bf16 decode rows with D, Dv multiples of 32 (the cpu's vdpbf16ps path): head groups of 4 + 2
+  // (G = 6) and 3, Dv with a 32-wide tail, blocks cut short by page ends (page_size 5) and by
+  // kv_len, window + soft cap + sinks; and G = 1.
+  c = CaseSpec{}, c.label = "bf16_decode_g6", c.dtype = DType::kBF16, c.Hq = 12, c.Hkv = 2, c.D = 64, c.Dv = 96;
+  c.page_size = 5, c.q_lens = {1, 1, 1, 3}, c.kv_lens = {37, 1, 70, 9}, c.window = 20, c.softcap = 4.0, c.sinks = true;
+  add(c);
+  c = CaseSpec{}, c.label = "bf16_decode_g3", c.dtype = DType::kBF16, c.Hq = 6, c.Hkv = 2, c.D = 32, c.Dv = 64;
+  c.page_size = 16, c.q_lens = {1, 1}, c.kv_lens = {100, 17}, c.f32_out = true;
+  add(c);
+  c.label = "bf16_decode_mha", c.Hq = 2, c.f32_out = false, c.causal = false;
+  add(c);
   if (!quick) {  // long contexts on a few rows: split-KV and the combine
     c = CaseSpec{}, c.label = "long32k", c.page_size = 64, c.q_lens = {1, 2}, c.kv_lens = {32768, 20001};
     c.sinks = true, c.window = -1;

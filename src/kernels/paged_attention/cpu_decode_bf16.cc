@@ -1,0 +1,280 @@
+// paged_attention cpu: the bf16 decode row with AVX512-BF16 (see cpu_decode_bf16.h).
+//
+// Lane layout: a head group is up to 4 query heads of one kv head; a score vector holds 4 keys ×
+// 4 heads, lane 4·key + head, and the softmax state m, l of the group lives in the same lanes
+// (m repeated in every 128-bit block, l as 4 partial sums per head). A block is ≤ 16 keys of one
+// page: 4 score vectors. Functions carry their target attribute (no pragma: std:: templates
+// instantiated here must stay baseline code).
+#include "kernels/paged_attention/cpu_decode_bf16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "core/env.h"
+
+namespace tessera::paged_attention::cpu_bf16 {
+
+bool available() {
+#if defined(__x86_64__)
+  static const bool have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512bf16");
+  return have && env::flag("TESSERA_CPU_BF16_DOT", true);
+#else
+  return false;
+#endif
+}
+
+bool fits(const Problem& p) { return p.dtype == DType::kBF16 && p.D % 32 == 0 && p.Dv % 32 == 0; }
+
+namespace {
+constexpr int64_t kBlock = 16;  // keys per block: 4 score vectors of 4 keys × 4 heads
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+int64_t groups(const Problem& p) { return (p.group() + 3) / 4; }
+}  // namespace
+
+// Per (kv head, head group): m and l vectors (32 floats), scores (64), P (64), alpha (16); a row (Dv).
+int64_t scratch_floats(const Problem& p) { return p.Hkv * groups(p) * 176 + p.Dv; }
+
+#if defined(__x86_64__)
+// GCC 12's avx512fintrin.h reads an _mm512_undefined value in set1 and friends: a false alarm.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace {
+
+#define TESSERA_BF16_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")))
+#define TESSERA_BF16_TARGET TESSERA_BF16_FN __attribute__((always_inline)) inline
+
+// e^x in f32 (Cody–Waite reduction, Cephes' expf polynomial, vscalefps: ≈ 1 ulp); −inf → 0.
+TESSERA_BF16_TARGET __m512 exp16(__m512 x) {
+  const __mmask16 finite = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_NEQ_UQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(finite, _mm512_scalef_ps(y, n));
+}
+
+// Sums each of 4 vectors' 16 lanes down to 4 partials, the vectors' in 128-bit blocks 0..3.
+TESSERA_BF16_TARGET __m512 fold4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+}
+
+// Four fold4 results (x, y, z, w) to one vector: block b, lane i = the full sum of vector b of
+// the i-th argument.
+TESSERA_BF16_TARGET __m512 fold_lanes(__m512 x, __m512 y, __m512 z, __m512 w) {
+  const __m512 u = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+  const __m512 v = _mm512_add_ps(_mm512_unpacklo_ps(z, w), _mm512_unpackhi_ps(z, w));
+  const __m512d ud = _mm512_castps_pd(u), vd = _mm512_castps_pd(v);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ud, vd)), _mm512_castpd_ps(_mm512_unpackhi_pd(ud, vd)));
+}
+
+// Lines to prefetch during a P·V: the next block's V bytes of this kv head's share, a few per key,
+// so that the requests never queue up in a burst.
+struct Pf {
+  const char* v = nullptr;
+  int64_t v_lines = 0;
+};
+inline void prefetch_lines(const char* a, int64_t from, int64_t to) {
+  for (int64_t i = from; i < to; ++i) _mm_prefetch(a + 64 * i, _MM_HINT_T0);
+}
+
+// Dot products of GH query heads (q + h·D) with nk ≤ 4 keys (K + key·ldk), lane 4·key + head;
+// lanes of keys ≥ nk and heads ≥ GH are garbage-free zeros or repeats (masked by the caller).
+template <int GH>
+TESSERA_BF16_TARGET __m512 scores4x4(const uint16_t* q, int64_t D, const uint16_t* K, int64_t ldk, int64_t nk) {
+  const uint16_t* kr[4];
+  for (int b = 0; b < 4; ++b) kr[b] = K + (b < nk ? b : nk - 1) * ldk;  // a repeat stays in bounds
+  __m512 acc[4][4];
+  for (int h = 0; h < 4; ++h)
+    for (int b = 0; b < 4; ++b) acc[h][b] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < D; c += 32) {
+    __m512bh kv[4];
+    for (int b = 0; b < 4; ++b) kv[b] = (__m512bh)_mm512_loadu_si512(kr[b] + c);
+    for (int h = 0; h < GH; ++h) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + h * D + c);
+      for (int b = 0; b < 4; ++b) acc[h][b] = _mm512_dpbf16_ps(acc[h][b], qv, kv[b]);
+    }
+  }
+  __m512 per_head[4];
+  for (int h = 0; h < 4; ++h) per_head[h] = fold4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+  return fold_lanes(per_head[0], per_head[1], per_head[2], per_head[3]);
+}
+
+// o (even/odd order, head h at O + h·Dv) = alpha_h·o + Σ_{j<n} P[4j + h]·v_j.
+template <int GH>
+TESSERA_BF16_FN void accumulate(const float* P, const float* alpha, const uint16_t* V, int64_t ldv, int64_t n,
+                                    int64_t Dv, float* O, const Pf& pf) {
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t per = (pf.v_lines + n - 1) / n;  // lines to prefetch per key
+  int64_t c = 0;
+  for (; c + 64 <= Dv; c += 64) {
+    __m512 acc[GH][4];
+    for (int h = 0; h < GH; ++h)
+      for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_mul_ps(_mm512_loadu_ps(O + h * Dv + c + 16 * i), _mm512_set1_ps(alpha[h]));
+    for (int64_t j = 0; j < n; ++j) {
+      if (c == 0) prefetch_lines(pf.v, std::min(j * per, pf.v_lines), std::min((j + 1) * per, pf.v_lines));
+      const __m512i v0 = _mm512_loadu_si512(V + j * ldv + c), v1 = _mm512_loadu_si512(V + j * ldv + c + 32);
+      const __m512 w[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hi)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), _mm512_castsi512_ps(_mm512_and_si512(v1, hi))};
+      for (int h = 0; h < GH; ++h) {
+        const __m512 pj = _mm512_set1_ps(P[4 * j + h]);
+        for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_fmadd_ps(pj, w[i], acc[h][i]);
+      }
+    }
+    for (int h = 0; h < GH; ++h)
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(O + h * Dv + c + 16 * i, acc[h][i]);
+  }
+  if (c < Dv) {  // Dv ≡ 32 (mod 64): one last chunk of 32
+    __m512 acc[GH][2];
+    for (int h = 0; h < GH; ++h)
+      for (int i = 0; i < 2; ++i) acc[h][i] = _mm512_mul_ps(_mm512_loadu_ps(O + h * Dv + c + 16 * i), _mm512_set1_ps(alpha[h]));
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512i v0 = _mm512_loadu_si512(V + j * ldv + c);
+      const __m512 w[2] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hi))};
+      for (int h = 0; h < GH; ++h) {
+        const __m512 pj = _mm512_set1_ps(P[4 * j + h]);
+        for (int i = 0; i < 2; ++i) acc[h][i] = _mm512_fmadd_ps(pj, w[i], acc[h][i]);
+      }
+    }
+    for (int h = 0; h < GH; ++h)
+      for (int i = 0; i < 2; ++i) _mm512_storeu_ps(O + h * Dv + c + 16 * i, acc[h][i]);
+  }
+}
+
+// Scores of units [u0, u1) (unit u: kv head u / ng, query heads h0(u) .. + GH) against the nk ≤ 4
+// cache rows from row K (first kv head's): scaled, soft capped, lanes of missing keys −inf; unit
+// u's into S + u·64. Every unit of the range has GH heads.
+template <int GH>
+TESSERA_BF16_FN void quad_scores(const Problem& p, const uint16_t* q, const uint16_t* K, int64_t nk, int64_t u0,
+                                 int64_t u1, int64_t ng, float* S) {
+  const int64_t ld = p.Hkv * p.D, G = p.group();
+  const __m512 scale = _mm512_set1_ps(static_cast<float>(p.scale));
+  const __mmask16 valid = static_cast<__mmask16>(nk >= 4 ? 0xFFFFu : (1u << (4 * nk)) - 1);
+  for (int64_t u = u0; u < u1; ++u) {
+    const int64_t g = u / ng, h0 = g * G + 4 * (u % ng);
+    __m512 s = _mm512_mul_ps(scores4x4<GH>(q + h0 * p.D, p.D, K + g * p.D, ld, nk < 4 ? nk : 4), scale);
+    if (p.softcap > 0.0) {
+      const float c = static_cast<float>(p.softcap);
+      alignas(64) float t[16];
+      _mm512_store_ps(t, s);
+      for (float& v : t) v = c * std::tanh(v / c);
+      s = _mm512_load_ps(t);
+    }
+    _mm512_storeu_ps(S + u * 64, _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), valid, s));
+  }
+}
+
+// The online softmax step of one head group over a block's 4 score vectors S (16 keys × 4 heads):
+// state ml (m vector, then l vector) updated; P (64: P[4·key + head]) and alpha (16) written.
+TESSERA_BF16_FN void softmax_block(const float* S, float* ml, float* P, float* alpha_out) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 s[4];
+  for (int b = 0; b < 4; ++b) s[b] = _mm512_loadu_ps(S + 16 * b);
+  __m512 M = _mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3]));
+  M = _mm512_max_ps(M, _mm512_shuffle_f32x4(M, M, 0x4E));
+  M = _mm512_max_ps(M, _mm512_shuffle_f32x4(M, M, 0xB1));
+  const __m512 m_old = _mm512_loadu_ps(ml), m_new = _mm512_max_ps(m_old, M);
+  const __m512 alpha = exp16(_mm512_sub_ps(m_old, m_new));  // m_old = −inf: −inf − m_new → 0
+  __m512 sum = _mm512_setzero_ps();
+  for (int b = 0; b < 4; ++b) {
+    const __m512 pb = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s[b], ninf, _CMP_NEQ_UQ), exp16(_mm512_sub_ps(s[b], m_new)));
+    _mm512_storeu_ps(P + 16 * b, pb);
+    sum = _mm512_add_ps(sum, pb);
+  }
+  _mm512_storeu_ps(ml, m_new);
+  _mm512_storeu_ps(ml + 16, _mm512_fmadd_ps(_mm512_loadu_ps(ml + 16), alpha, sum));
+  _mm512_storeu_ps(alpha_out, alpha);
+}
+
+using QuadFn = void (*)(const Problem&, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
+using AccFn = void (*)(const float*, const float*, const uint16_t*, int64_t, int64_t, int64_t, float*, const Pf&);
+constexpr QuadFn kQuads[4] = {quad_scores<1>, quad_scores<2>, quad_scores<3>, quad_scores<4>};
+constexpr AccFn kAccs[4] = {accumulate<1>, accumulate<2>, accumulate<3>, accumulate<4>};
+
+}  // namespace
+
+void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1, float* m, float* l, float* o,
+                float* scratch) {
+  const int64_t G = p.group(), ng = groups(p), units = p.Hkv * ng;  // a unit: (kv head g, head group k)
+  float *state = scratch, *S = scratch + units * 32, *P = S + units * 64, *alpha = P + units * 64;
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t g = u / ng, k = u % ng;
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t h = g * G + 4 * k + i % 4;
+      const bool real = 4 * k + i % 4 < G;
+      state[u * 32 + i] = real ? m[h] : 0.0f;
+      state[u * 32 + 16 + i] = real && i < 4 ? l[h] : 0.0f;
+    }
+  }
+  std::fill(o, o + p.Hq * p.Dv, 0.0f);
+  const auto* q = static_cast<const uint16_t*>(p.q) + tq * p.Hq * p.D;
+  const auto* K = static_cast<const uint16_t*>(p.k);
+  const auto* V = static_cast<const uint16_t*>(p.v);
+  auto block_len = [&](int64_t j) { return std::min({k1, (j / p.page_size + 1) * p.page_size, j + kBlock}) - j; };
+  auto gh = [&](int64_t u) { return std::min<int64_t>(4, G - 4 * (u % ng)); };
+  for (int64_t j = k0; j < k1;) {
+    const int64_t n = block_len(j), row0 = p.cache_row(s, j), next = j + n;
+    const int64_t next_n = next < k1 ? block_len(next) : 0, next_row = next_n > 0 ? p.cache_row(s, next) : 0;
+    const char* next_v = reinterpret_cast<const char*>(V + next_row * p.Hkv * p.Dv);
+    const int64_t v_lines = next_n * p.Hkv * p.Dv * 2 / 64;
+    // Scores, 4 cache rows at a time for every kv head: the K rows are read in memory order (the
+    // hardware prefetcher follows them within a page; a software prefetch of the next block's K
+    // measured ~4 % slower, one of its V ~10 % faster).
+    for (int64_t b = 0; b < 4; ++b) {
+      const int64_t nk = n - 4 * b;
+      if (nk <= 0) {
+        for (int64_t u = 0; u < units; ++u) std::fill(S + u * 64 + 16 * b, S + u * 64 + 16 * b + 16, kNegInf);
+        continue;
+      }
+      const uint16_t* Kb = K + (row0 + 4 * b) * p.Hkv * p.D;
+      if (G % 4 == 0)  // every unit has 4 heads: one call for all
+        kQuads[3](p, q, Kb, nk, 0, units, ng, S + 16 * b);
+      else
+        for (int64_t u = 0; u < units; ++u) kQuads[gh(u) - 1](p, q, Kb, nk, u, u + 1, ng, S + 16 * b);
+    }
+    for (int64_t u = 0; u < units; ++u) softmax_block(S + u * 64, state + u * 32, P + u * 64, alpha + u * 16);
+    // P·V kv head by kv head (V in memory order would reload o every 4 rows: slower, measured).
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t g = u / ng, h0 = g * G + 4 * (u % ng);
+      Pf pf;
+      if (u % ng == 0 && next_n > 0)
+        pf.v = next_v + 64 * (v_lines * g / p.Hkv), pf.v_lines = v_lines * (g + 1) / p.Hkv - v_lines * g / p.Hkv;
+      kAccs[gh(u) - 1](P + u * 64, alpha + u * 16, V + (row0 * p.Hkv + g) * p.Dv, p.Hkv * p.Dv, n, p.Dv, o + h0 * p.Dv, pf);
+    }
+    j = next;
+  }
+  float* row = alpha + units * 16;
+  for (int64_t h = 0; h < p.Hq; ++h) {
+    const int64_t u = (h / G) * ng + (h % G) / 4, i = (h % G) % 4;
+    const float* ml = state + u * 32;
+    m[h] = ml[i];
+    l[h] = ml[16 + i] + ml[20 + i] + ml[24 + i] + ml[28 + i];
+    float* oh = o + h * p.Dv;  // even/odd order back to dimension order
+    std::memcpy(row, oh, static_cast<size_t>(p.Dv) * sizeof(float));
+    for (int64_t c = 0; c < p.Dv; c += 32)
+      for (int64_t d = 0; d < 16; ++d) oh[c + 2 * d] = row[c + d], oh[c + 2 * d + 1] = row[c + 16 + d];
+  }
+}
+
+#pragma GCC diagnostic pop
+#else
+void decode_row(const Problem&, int64_t, int64_t, int64_t, int64_t, float*, float*, float*, float*) {}
+#endif
+
+}  // namespace tessera::paged_attention::cpu_bf16

@@ -91,15 +91,15 @@ TuneSpec declared_tune_spec(const tune::Declared& d, const KernelSpec& (*kernel)
     return job;
   };
   t.source.kernel = d.kernel;
-  t.source.include = d.table_include;
-  t.source.cpp_namespace = d.table_namespace;
+  t.source.include = d.table_header();
+  t.source.cpp_namespace = d.table_ns();
   t.source.function = "tuned_table";
   t.source.regenerate = "tessera tune " + d.kernel +
                         " --emit-table   (from the repository root, on the machine to tune; rebuild first: rows of "
                         "other machines are kept)";
   t.source.empty_note = "No rows: no tunable implementation was measured yet. Every lookup misses and falls to "
                         "autotune-on-miss or the defaults.";
-  t.table_path = d.table_path;
+  t.table_path = d.table_file();
   return t;
 }
 

@@ -52,8 +52,13 @@ struct Declared {
   std::function<double(const std::vector<int64_t>& dims)> work;
   double min_work = double(int64_t{1} << 30);
   const std::vector<TableEntry>& (*table)() = nullptr;  // the checked-in tuned table
-  // Where the table lives, for `tessera tune --emit-table`.
+  // Where the table lives, for `tessera tune --emit-table`: "" means the convention,
+  // src/kernels/<kernel>/tuned_table.cc defining tessera::<kernel>::tuned_table() and including
+  // tune/table.h (table_source()).
   std::string table_include, table_namespace, table_path;
+  std::string table_file() const { return table_path.empty() ? "src/kernels/" + kernel + "/tuned_table.cc" : table_path; }
+  std::string table_ns() const { return table_namespace.empty() ? "tessera::" + kernel : table_namespace; }
+  std::string table_header() const { return table_include.empty() ? "tune/table.h" : table_include; }
 
   bool tunable(const std::string& implementation) const;
 };

@@ -55,9 +55,6 @@ const tune::Declared& tuning() {
     t.rtol = [](DType inputs) { return inputs == DType::kBF16 ? 0x1p-6 : 0.0; };
     t.work = macs;
     t.table = tuned_table;
-    t.table_include = "tune/table.h";  // what the generated table includes
-    t.table_namespace = "tessera::mla_decode";
-    t.table_path = "src/kernels/mla_decode/tuned_table.cc";
     return t;
   }();
   return d;

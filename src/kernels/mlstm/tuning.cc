@@ -38,9 +38,6 @@ const tune::Declared& tuning() {
     };
     t.work = forward_macs;
     t.table = tuned_table;
-    t.table_include = "tune/table.h";  // what the generated table includes
-    t.table_namespace = "tessera::mlstm";
-    t.table_path = "src/kernels/mlstm/tuned_table.cc";
     return t;
   }();
   return d;

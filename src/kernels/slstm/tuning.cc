@@ -37,9 +37,6 @@ const tune::Declared& tuning() {
     };
     t.work = forward_macs;
     t.table = tuned_table;
-    t.table_include = "tune/table.h";  // what the generated table includes
-    t.table_namespace = "tessera::slstm";
-    t.table_path = "src/kernels/slstm/tuned_table.cc";
     return t;
   }();
   return d;

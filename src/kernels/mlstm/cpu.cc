@@ -50,6 +50,18 @@ double logsigmoid(double x) { return std::min(x, 0.0) - std::log1p(std::exp(-std
 // eps = 0 and q̂ᵀn = 0 (a zero query) h would be 0/0.
 float den_floor(double m) { return std::max(static_cast<float>(std::exp(-m)), std::numeric_limits<float>::min()); }
 
+// Σ a_i b_i in f32 with eight independent partial sums: the compiler vectorizes it (a plain sum
+// loop stays scalar, its order being fixed), and the error grows more slowly with n.
+float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int u = 0; u < 8; ++u) acc[u] += a[i + u] * b[i + u];
+  float tail = 0.f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
 template <class T>
 T* alloc(std::vector<memory::HostBuffer>& keep, int64_t count) {
   keep.push_back(memory::host_alloc(static_cast<size_t>(std::max<int64_t>(1, count)) * sizeof(T)));
@@ -69,9 +81,10 @@ struct HeadBufs {
 // One thread's scratch for a chunk of up to L steps.
 struct ThreadBufs {
   float *E = nullptr, *P = nullptr, *dP = nullptr;  // [L, L]
-  float *dnum = nullptr, *X = nullptr, *sc = nullptr;  // [L, DV], [L, DK], [L, max(DK, DV)]
+  float *dnum = nullptr, *sc = nullptr;  // [L, DV], [L, max(DK, DV)]
   double* mt = nullptr;                               // [L]
   float *w = nullptr, *den = nullptr, *den_raw = nullptr, *ddr = nullptr;  // [L]
+  float* ones = nullptr;                                                  // [L] of 1
 };
 
 // Shared by every thread of a call.
@@ -219,10 +232,8 @@ void chunk_scores(const ChunkRef& c) {
   for (int64_t t = 0; t < L; ++t) {
     float* row = tb.P + t * L;
     const float* e = tb.E + t * L;
-    float sum = 0.f, qn = 0.f;
-    for (int64_t s = 0; s < L; ++s) row[s] *= e[s], sum += row[s];
-    if (tb.w[t] != 0.f)
-      for (int64_t x = 0; x < DK; ++x) qn += c.q()[t * DK + x] * nj[x];
+    for (int64_t s = 0; s < L; ++s) row[s] *= e[s];
+    const float sum = dot(row, tb.ones, L), qn = tb.w[t] != 0.f ? dot(c.q() + t * DK, nj, DK) : 0.f;
     tb.den_raw[t] = sum + tb.w[t] * c.cx.scale * qn;
     tb.den[t] = std::max(std::fabs(tb.den_raw[t]), den_floor(tb.mt[t])) + float(c.cx.p.eps);
   }
@@ -242,16 +253,13 @@ void chunk_output(const ChunkRef& c, float* h) {
   chunk_stabilizers(c);
   chunk_decay(c);
   chunk_scores(c);
+  for (int64_t t = 0; t < L; ++t) {  // 1/den folded into the rows of both products
+    const float r = 1.f / tb.den[t], rq = tb.w[t] * c.cx.scale * r;
+    for (int64_t s = 0; s < L; ++s) tb.P[t * L + s] *= r;
+    for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = rq * c.q()[t * DK + x];
+  }
   sgemm(false, false, L, DV, L, 1.f, tb.P, L, c.v(), DV, 0.f, h, DV);
-  if (any_nonzero(tb.w, L)) {
-    for (int64_t t = 0; t < L; ++t)
-      for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = tb.w[t] * c.cx.scale * c.q()[t * DK + x];
-    sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, c.C(c.j), DV, 1.f, h, DV);
-  }
-  for (int64_t t = 0; t < L; ++t) {
-    const float r = 1.f / tb.den[t];
-    for (int64_t y = 0; y < DV; ++y) h[t * DV + y] *= r;
-  }
+  if (any_nonzero(tb.w, L)) sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, c.C(c.j), DV, 1.f, h, DV);
 }
 
 // The backward's forward sweep for one chunk (and with `h`, the forward's output): ΔC_j at once,
@@ -292,27 +300,22 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g) 
   sgemm(false, true, L, L, DV, 1.f, tb.dnum, DV, c.v(), DV, 0.f, tb.dP, L);  // dnum_t·v_s
   const bool inter = any_nonzero(tb.w, L);
   float *Cj = c.C(c.j), *nj = c.n(c.j);
-  if (inter) sgemm(false, true, L, DK, DV, 1.f, tb.dnum, DV, Cj, DV, 0.f, tb.X, DK);  // C_j dnum_t
+  if (inter) sgemm(false, true, L, DK, DV, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);  // X_t = C_j dnum_t
   for (int64_t t = 0; t < L; ++t) {
-    float r = 0.f, qx = 0.f;
-    for (int64_t s = 0; s < L; ++s) r += tb.P[t * L + s] * tb.dP[t * L + s];
-    if (tb.w[t] != 0.f)
-      for (int64_t x = 0; x < DK; ++x) qx += c.q()[t * DK + x] * tb.X[t * DK + x];
-    r += tb.w[t] * scale * qx;  // dnum_t·num_t
-    const bool live = std::fabs(tb.den_raw[t]) > den_floor(tb.mt[t]);
-    const float dden = -r / tb.den[t];
-    tb.ddr[t] = live ? (tb.den_raw[t] > 0 ? dden : -dden) : 0.f;
-    for (int64_t s = 0; s < L; ++s) tb.dP[t * L + s] = (tb.dP[t * L + s] + tb.ddr[t]) * tb.E[t * L + s];  // dS
-  }
-  sgemm(false, false, L, DK, L, 1.f, tb.dP, L, c.k(), DK, 0.f, g.dq, DK);
-  for (int64_t t = 0; t < L; ++t) {
-    const float w = tb.w[t], wd = w * tb.ddr[t];
-    float* d = g.dq + t * DK;
+    const float w = tb.w[t];
+    float* X = g.dq + t * DK;
+    const float r = dot(tb.P + t * L, tb.dP + t * L, L) + (w != 0.f ? w * scale * dot(c.q() + t * DK, X, DK) : 0.f);
+    const bool live = std::fabs(tb.den_raw[t]) > den_floor(tb.mt[t]);  // r = dnum_t·num_t
+    const float dden = -r / tb.den[t], ddr = live ? (tb.den_raw[t] > 0 ? dden : -dden) : 0.f;
+    tb.ddr[t] = ddr;
+    for (int64_t s = 0; s < L; ++s) tb.dP[t * L + s] = (tb.dP[t * L + s] + ddr) * tb.E[t * L + s];  // dS
+    const float sw = scale * w;  // dq_t = scale (w_t (X_t + ddr_t n_j) + Σ_s dS_ts k_s), the sum below
     if (w != 0.f)
-      for (int64_t x = 0; x < DK; ++x) d[x] = scale * (d[x] + w * tb.X[t * DK + x] + wd * nj[x]);
-    else
-      for (int64_t x = 0; x < DK; ++x) d[x] *= scale;
+      for (int64_t x = 0; x < DK; ++x) X[x] = sw * (X[x] + ddr * nj[x]);
+    else if (inter)
+      std::fill(X, X + DK, 0.f);
   }
+  sgemm(false, false, L, DK, L, scale, tb.dP, L, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
   sgemm(true, false, L, DK, L, scale, tb.dP, L, c.q(), DK, 0.f, g.dk, DK);
   sgemm(true, false, L, DV, L, 1.f, tb.P, L, tb.dnum, DV, 0.f, g.dv, DV);
   // Own part of dC_j = Q̂ᵀ diag(w) dNum, dn_j = Σ_t w_t ddr_t q̂_t (C_j, n_j are not needed again).
@@ -357,16 +360,9 @@ void chunk_backward_state(const ChunkRef& c, const GradOut& g, float* di, float*
     sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, dC, DV, 1.f, g.dv, DV);
   }
   for (int64_t t = 0; t < L; ++t) {
-    float qd = 0.f, kd = 0.f;
-    for (int64_t x = 0; x < DK; ++x) qd += c.q()[t * DK + x] * g.dq[t * DK + x], kd += c.k()[t * DK + x] * g.dk[t * DK + x];
-    di[t] = kd, dcum[t] = qd - kd;
+    const float kd = dot(c.k() + t * DK, g.dk + t * DK, DK);
+    di[t] = kd, dcum[t] = dot(c.q() + t * DK, g.dq + t * DK, DK) - kd;
   }
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * double(b[i]);
-  return float(s);
 }
 
 // The top of the reverse chain: dot_last for the gates, then dC_NC = dc_last, dn_NC = dn_last.
@@ -438,9 +434,11 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
   std::vector<ThreadBufs> tbs(T);
   for (ThreadBufs& b : tbs) {
     b.E = alloc<float>(keep, Lc * Lc), b.P = alloc<float>(keep, Lc * Lc), b.dP = alloc<float>(keep, Lc * Lc);
-    b.dnum = alloc<float>(keep, Lc * DV), b.X = alloc<float>(keep, Lc * DK), b.sc = alloc<float>(keep, Lc * std::max(DK, DV));
+    b.dnum = alloc<float>(keep, Lc * DV), b.sc = alloc<float>(keep, Lc * std::max(DK, DV));
     b.mt = alloc<double>(keep, Lc);
     b.w = alloc<float>(keep, Lc), b.den = alloc<float>(keep, Lc), b.den_raw = alloc<float>(keep, Lc), b.ddr = alloc<float>(keep, Lc);
+    b.ones = alloc<float>(keep, Lc);
+    std::fill_n(b.ones, Lc, 1.f);
   }
   cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
     Team& team = *teams[tid / pl.size];

@@ -84,7 +84,8 @@ struct ThreadBufs {
   float *dnum = nullptr, *sc = nullptr;  // [L, DV], [L, max(DK, DV)]
   double* mt = nullptr;                               // [L]
   float *w = nullptr, *den = nullptr, *den_raw = nullptr, *ddr = nullptr;  // [L]
-  float* ones = nullptr;                                                  // [L] of 1
+  float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
+  float* ones = nullptr;               // [L] of 1
 };
 
 // Shared by every thread of a call.
@@ -233,8 +234,9 @@ void chunk_scores(const ChunkRef& c) {
     float* row = tb.P + t * L;
     const float* e = tb.E + t * L;
     for (int64_t s = 0; s < L; ++s) row[s] *= e[s];
-    const float sum = dot(row, tb.ones, L), qn = tb.w[t] != 0.f ? dot(c.q() + t * DK, nj, DK) : 0.f;
-    tb.den_raw[t] = sum + tb.w[t] * c.cx.scale * qn;
+    const float sum = dot(row, tb.ones, L);
+    tb.qn[t] = tb.w[t] != 0.f ? c.cx.scale * dot(c.q() + t * DK, nj, DK) : 0.f;
+    tb.den_raw[t] = sum + tb.w[t] * tb.qn[t];
     tb.den[t] = std::max(std::fabs(tb.den_raw[t]), den_floor(tb.mt[t])) + float(c.cx.p.eps);
   }
 }
@@ -285,7 +287,7 @@ struct GradOut {
 
 // The chunk's gradients that need only C_j (intra-chunk, inter-chunk through C_j, n_j), and its
 // own part of dC_j, dn_j written over C_j, n_j.
-void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g) {
+void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, float* di, float* dcum) {
   TESSERA_TRACE_SCOPE("mlstm.cpu.backward_local");
   const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
   const float scale = c.cx.scale;
@@ -301,20 +303,32 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g) 
   const bool inter = any_nonzero(tb.w, L);
   float *Cj = c.C(c.j), *nj = c.n(c.j);
   if (inter) sgemm(false, true, L, DK, DV, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);  // X_t = C_j dnum_t
+  std::fill(tb.cs, tb.cs + L, 0.f);
   for (int64_t t = 0; t < L; ++t) {
     const float w = tb.w[t];
     float* X = g.dq + t * DK;
-    const float r = dot(tb.P + t * L, tb.dP + t * L, L) + (w != 0.f ? w * scale * dot(c.q() + t * DK, X, DK) : 0.f);
-    const bool live = std::fabs(tb.den_raw[t]) > den_floor(tb.mt[t]);  // r = dnum_t·num_t
+    const float qx = w != 0.f ? scale * dot(c.q() + t * DK, X, DK) : 0.f;  // q̂_t·X_t
+    const float r = dot(tb.P + t * L, tb.dP + t * L, L) + w * qx;  // dnum_t·num_t
+    const bool live = std::fabs(tb.den_raw[t]) > den_floor(tb.mt[t]);
     const float dden = -r / tb.den[t], ddr = live ? (tb.den_raw[t] > 0 ? dden : -dden) : 0.f;
+    float* d = tb.dP + t * L;
+    const float* P = tb.P + t * L;
+    float rs = 0.f;  // dD_ts = d_ts P_ts (d = dP + ddr): its row sum is q̂_t·dq̂_t, its column sum k_s·dk_s
+    for (int64_t s = 0; s < L; ++s) {
+      d[s] += ddr;
+      const float dd = d[s] * P[s];
+      rs += dd, tb.cs[s] += dd;
+      d[s] *= tb.E[t * L + s];  // dS
+    }
+    dcum[t] = rs + w * (qx + ddr * tb.qn[t]);  // q̂_t·dq̂_t, the inter term's part with it
     tb.ddr[t] = ddr;
-    for (int64_t s = 0; s < L; ++s) tb.dP[t * L + s] = (tb.dP[t * L + s] + ddr) * tb.E[t * L + s];  // dS
     const float sw = scale * w;  // dq_t = scale (w_t (X_t + ddr_t n_j) + Σ_s dS_ts k_s), the sum below
     if (w != 0.f)
       for (int64_t x = 0; x < DK; ++x) X[x] = sw * (X[x] + ddr * nj[x]);
     else if (inter)
       std::fill(X, X + DK, 0.f);
   }
+  std::copy(tb.cs, tb.cs + L, di);
   sgemm(false, false, L, DK, L, scale, tb.dP, L, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
   sgemm(true, false, L, DK, L, scale, tb.dP, L, c.q(), DK, 0.f, g.dk, DK);
   sgemm(true, false, L, DV, L, 1.f, tb.P, L, tb.dnum, DV, 0.f, g.dv, DV);
@@ -352,17 +366,17 @@ void chunk_backward_state(const ChunkRef& c, const GradOut& g, float* di, float*
   const float* A = tb.E + (L - 1) * L;
   const float *dC = c.C(c.j + 1), *dn = c.n(c.j + 1);
   if (any_nonzero(A, L) && (any_nonzero(dn, DK) || any_nonzero(dC, DK * DV))) {
-    for (int64_t s = 0; s < L; ++s)
-      for (int64_t y = 0; y < DV; ++y) tb.sc[s * DV + y] = A[s] * c.v()[s * DV + y];
-    sgemm(false, true, L, DK, DV, 1.f, tb.sc, DV, dC, DV, 1.f, g.dk, DK);
-    for (int64_t s = 0; s < L; ++s)
-      for (int64_t x = 0; x < DK; ++x) g.dk[s * DK + x] += A[s] * dn[x], tb.sc[s * DK + x] = A[s] * c.k()[s * DK + x];
+    sgemm(false, true, L, DK, DV, 1.f, c.v(), DV, dC, DV, 0.f, tb.sc, DK);  // dC_{j+1} v_s
+    for (int64_t s = 0; s < L; ++s) {
+      float* u = tb.sc + s * DK;
+      for (int64_t x = 0; x < DK; ++x) u[x] += dn[x], g.dk[s * DK + x] += A[s] * u[x];
+      const float kd = A[s] * dot(c.k() + s * DK, u, DK);  // the state's part of k_s·dk_s
+      di[s] += kd;
+      for (int64_t x = 0; x < DK; ++x) u[x] = A[s] * c.k()[s * DK + x];
+    }
     sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, dC, DV, 1.f, g.dv, DV);
   }
-  for (int64_t t = 0; t < L; ++t) {
-    const float kd = dot(c.k() + t * DK, g.dk + t * DK, DK);
-    di[t] = kd, dcum[t] = dot(c.q() + t * DK, g.dq + t * DK, DK) - kd;
-  }
+  for (int64_t t = 0; t < L; ++t) dcum[t] -= di[t];  // q̂_t·dq̂_t − k_t·dk_t
 }
 
 // The top of the reverse chain: dot_last for the gates, then dC_NC = dc_last, dn_NC = dn_last.
@@ -437,7 +451,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
     b.dnum = alloc<float>(keep, Lc * DV), b.sc = alloc<float>(keep, Lc * std::max(DK, DV));
     b.mt = alloc<double>(keep, Lc);
     b.w = alloc<float>(keep, Lc), b.den = alloc<float>(keep, Lc), b.den_raw = alloc<float>(keep, Lc), b.ddr = alloc<float>(keep, Lc);
-    b.ones = alloc<float>(keep, Lc);
+    b.qn = alloc<float>(keep, Lc), b.cs = alloc<float>(keep, Lc), b.ones = alloc<float>(keep, Lc);
     std::fill_n(b.ones, Lc, 1.f);
   }
   cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
@@ -494,7 +508,7 @@ class Cpu final : public Implementation {
       const int64_t g0 = c.bh * p.S + c.start, NC = c.cx.NC;
       const GradOut g{a.dq + g0 * p.DK, a.dk + g0 * p.DK, a.dv + g0 * p.DV};
       chain.wait(seq, NC);  // C_j for every chunk (and the last state) is final
-      chunk_backward_local(c, a.dh + g0 * p.DV, g);
+      chunk_backward_local(c, a.dh + g0 * p.DV, g, a.di + g0, a.df + g0);
       if (c.j + 1 == NC)
         grad_top(c, a);
       else

@@ -108,6 +108,8 @@ class Chain {
 
  private:
   static void wait_for(std::atomic<int64_t>& a, int64_t target) {
+    if (a.load(std::memory_order_acquire) >= target) return;
+    TESSERA_TRACE_SCOPE("mlstm.cpu.chain_wait");
     for (int64_t v; (v = a.load(std::memory_order_acquire)) < target;) a.wait(v, std::memory_order_acquire);
   }
   static void publish_to(std::atomic<int64_t>& a, int64_t value) {
@@ -404,17 +406,23 @@ void gate_suffix(const Ctx& cx, int64_t b, int64_t bh, double dot_last, const Ba
 }
 
 // Threads in teams: a team shares one head at a time (its chunks round-robin), the teams take
-// heads in turn. A team member gets about four chunks or more; more teams only when the heads
-// are many and the chunks few. Extra memory: each team's HeadBufs (C_j for every chunk of one
-// head) and each thread's ThreadBufs.
+// heads in turn. Teams of one thread (independent heads: no hand-over between threads, each
+// thread's states in its own cache) when the heads divide evenly over the threads, or are many,
+// and their states fit kStateBudget; otherwise teams large enough that a member gets about four
+// chunks, fewer teams when the heads are few. Extra memory: each team's HeadBufs (C_j for every
+// chunk of one head) and each thread's ThreadBufs.
+constexpr double kStateBudget = 32.0 * 1024 * 1024;
+
 struct Plan {
   int size = 1, teams = 1;
 };
 
 Plan plan_of(const Problem& p, int64_t NC) {
   const int64_t T = std::max(1, p.num_threads), heads = p.B * p.NH;
+  const double head_bytes = double(NC + 1) * double(p.DK * p.DV + p.DK) * 4.0;
   Plan pl;
   int64_t size = std::clamp<int64_t>(NC / 4, 1, T);
+  if ((heads % T == 0 || heads >= 4 * T) && double(T) * head_bytes <= kStateBudget) size = 1;
   const int64_t teams = std::min(heads, std::max<int64_t>(1, T / size));
   if (teams * size < T) size = std::clamp<int64_t>(T / teams, 1, std::max<int64_t>(NC, 1));
   pl.size = int(size), pl.teams = int(teams);
@@ -465,7 +473,10 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
       for (int64_t j = rank; j < NC; j += pl.size) fwd(chunk(j), team.chain, seq);
       if (reverse)
         for (int64_t j = NC - 1 - rank; j >= 0; j -= pl.size) rev(chunk(j), team.chain, seq);
-      team.sync.arrive_and_wait();  // the head's buffers are free for the next head
+      {
+        TESSERA_TRACE_SCOPE("mlstm.cpu.head_barrier");
+        team.sync.arrive_and_wait();  // the head's buffers are free for the next head
+      }
       if (reverse && rank == 0) fin(cx, bh / p.NH, bh, team.hb.dot_last);
     }
   });

@@ -28,6 +28,10 @@
 #include <limits>
 #include <vector>
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
 #include "core/memory.h"
 #include "core/trace.h"
 #include "kernels/mlstm/impl.h"
@@ -62,6 +66,19 @@ float dot(const float* a, const float* b, int64_t n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
 }
 
+// Large state buffers in 2 MiB pages where the kernel allows it (fewer page faults and TLB
+// misses for the chunk states); a hint only.
+void advise_huge_pages(void* p, int64_t bytes) {
+#ifdef __linux__
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes)) & ~(kHuge - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
 template <class T>
 T* alloc(std::vector<memory::HostBuffer>& keep, int64_t count) {
   keep.push_back(memory::host_alloc(static_cast<size_t>(std::max<int64_t>(1, count)) * sizeof(T)));
@@ -76,6 +93,7 @@ struct HeadBufs {
   uint8_t* hs = nullptr;                                   // [S]: the chunk's entering state reaches t
   double* m = nullptr;                                     // [NC + 1]: m_j
   double dot_last = 0.0;  // ⟨dC_last, C_last⟩ + ⟨dn_last, n_last⟩
+  bool in_place = false;  // one state updated in place (a forward on one thread): C_j for every j in slot 0
 };
 
 // One thread's scratch for a chunk of up to L steps.
@@ -86,6 +104,7 @@ struct ThreadBufs {
   float *w = nullptr, *den = nullptr, *den_raw = nullptr, *ddr = nullptr;  // [L]
   float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
   float* ones = nullptr;               // [L] of 1
+  float *dC = nullptr, *dn = nullptr;  // [DK·DV], [DK]: ΔC_j, Δn_j of a forward in place
 };
 
 // Shared by every thread of a call.
@@ -131,8 +150,8 @@ struct ChunkRef {
   const float* v() const { return cx.p.v + (bh * cx.p.S + start) * cx.DV; }
   const float* gi() const { return cx.p.i + bh * cx.p.S + start; }
   const float* gf() const { return cx.p.f + bh * cx.p.S + start; }
-  float* C(int64_t jj) const { return hb.C + jj * cx.DK * cx.DV; }
-  float* n(int64_t jj) const { return hb.n + jj * cx.DK; }
+  float* C(int64_t jj) const { return hb.C + (hb.in_place ? 0 : jj) * cx.DK * cx.DV; }
+  float* n(int64_t jj) const { return hb.n + (hb.in_place ? 0 : jj) * cx.DK; }
   int64_t last() const { return start + L - 1; }
 };
 
@@ -181,19 +200,18 @@ void chunk_decay(const ChunkRef& c) {
 }
 
 // ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A with A_s = e^{D_last,s − mloc} into slot j + 1.
-void chunk_state_local(const ChunkRef& c) {
+void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
   const HeadBufs& h = c.hb;
   const int64_t L = c.L, DK = c.cx.DK, g = c.last();
   const double a = h.cum[g] - h.lmax[g];
   float* ka = c.tb.sc;
-  float* n1 = c.n(c.j + 1);
   std::fill(n1, n1 + DK, 0.f);
   for (int64_t s = 0; s < L; ++s) {
     const float A = s >= h.seg[g] ? std::exp(float(a + double(c.gi()[s]) - h.cum[c.start + s])) : 0.f;
     const float* ks = c.k() + s * DK;
     for (int64_t x = 0; x < DK; ++x) ka[s * DK + x] = A * ks[x], n1[x] += ka[s * DK + x];
   }
-  sgemm(true, false, DK, c.cx.DV, L, 1.f, ka, DK, c.v(), c.cx.DV, 0.f, c.C(c.j + 1), c.cx.DV);
+  sgemm(true, false, DK, c.cx.DV, L, 1.f, ka, DK, c.v(), c.cx.DV, 0.f, C1, c.cx.DV);
 }
 
 void initial_state(const ChunkRef& c) {
@@ -209,19 +227,19 @@ void initial_state(const ChunkRef& c) {
 }
 
 // The chain step: C_{j+1} = a C_j + b ΔC_j, n likewise, m_{j+1}; C_j final.
-void chunk_state_chain(const ChunkRef& c) {
+void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
   HeadBufs& h = c.hb;
   const int64_t g = c.last(), DK = c.cx.DK, N = DK * c.cx.DV;
   const double gt = h.gl[g] + (h.hs[g] ? h.m[c.j] : 0.0), m1 = std::max(gt, h.lmax[g]);
   const float a = h.hs[g] ? float(std::exp(gt - m1)) : 0.f, b = float(std::exp(h.lmax[g] - m1));
-  float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);
+  float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);  // C_j's slot itself when in place
   const float *C0 = c.C(c.j), *n0 = c.n(c.j);
   if (a != 0.f) {
-    for (int64_t e = 0; e < N; ++e) C1[e] = b * C1[e] + a * C0[e];
-    for (int64_t x = 0; x < DK; ++x) n1[x] = b * n1[x] + a * n0[x];
+    for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e] + a * C0[e];
+    for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x] + a * n0[x];
   } else {
-    for (int64_t e = 0; e < N; ++e) C1[e] *= b;
-    for (int64_t x = 0; x < DK; ++x) n1[x] *= b;
+    for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e];
+    for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x];
   }
   h.m[c.j + 1] = m1;
 }
@@ -266,19 +284,29 @@ void chunk_output(const ChunkRef& c, float* h) {
   if (any_nonzero(tb.w, L)) sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, c.C(c.j), DV, 1.f, h, DV);
 }
 
+// The forward on one thread per head, chunk by chunk with one state: the same arithmetic as the
+// chain (ΔC_j into scratch, then C = b ΔC_j + a C), so the bits do not depend on the threads.
+void sequential_chunk(const ChunkRef& c, float* h) {
+  chunk_gates(c);
+  if (c.j == 0) initial_state(c);
+  chunk_output(c, h);
+  chunk_state_local(c, c.tb.dC, c.tb.dn);
+  chunk_state_chain(c, c.tb.dC, c.tb.dn);
+}
+
 // The backward's forward sweep for one chunk (and with `h`, the forward's output): ΔC_j at once,
 // then the chain step after chunk j − 1's.
 void sweep_chunk(const ChunkRef& c, Chain& chain, int64_t seq, float* h) {
   chunk_gates(c);
   {
     TESSERA_TRACE_SCOPE("mlstm.cpu.state_local");
-    chunk_state_local(c);
+    chunk_state_local(c, c.C(c.j + 1), c.n(c.j + 1));
   }
   if (c.j == 0)
     initial_state(c);
   else
     chain.wait(seq, c.j);
-  chunk_state_chain(c);
+  chunk_state_chain(c, c.C(c.j + 1), c.n(c.j + 1));
   chain.publish(seq, c.j + 1);
   if (h) chunk_output(c, h);
 }
@@ -449,7 +477,10 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
   for (int t = 0; t < pl.teams; ++t) {
     teams.push_back(std::make_unique<Team>(NC, pl.size));
     HeadBufs& h = teams.back()->hb;
-    h.C = alloc<float>(keep, (NC + 1) * DK * DV), h.n = alloc<float>(keep, (NC + 1) * DK);
+    h.in_place = !reverse && pl.size == 1;
+    const int64_t slots = h.in_place ? 1 : NC + 1;
+    h.C = alloc<float>(keep, slots * DK * DV), h.n = alloc<float>(keep, slots * DK);
+    advise_huge_pages(h.C, slots * DK * DV * int64_t(sizeof(float)));
     h.cum = alloc<double>(keep, p.S), h.gl = alloc<double>(keep, p.S), h.lmax = alloc<double>(keep, p.S);
     h.seg = alloc<int32_t>(keep, p.S), h.hs = alloc<uint8_t>(keep, p.S), h.m = alloc<double>(keep, NC + 1);
   }
@@ -461,6 +492,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
     b.w = alloc<float>(keep, Lc), b.den = alloc<float>(keep, Lc), b.den_raw = alloc<float>(keep, Lc), b.ddr = alloc<float>(keep, Lc);
     b.qn = alloc<float>(keep, Lc), b.cs = alloc<float>(keep, Lc), b.ones = alloc<float>(keep, Lc);
     std::fill_n(b.ones, Lc, 1.f);
+    if (!reverse && pl.size == 1) b.dC = alloc<float>(keep, DK * DV), b.dn = alloc<float>(keep, DK);
   }
   cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
     Team& team = *teams[tid / pl.size];
@@ -503,7 +535,11 @@ class Cpu final : public Implementation {
 
   void forward(const Problem& p, const ForwardOut& out) const override {
     auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) {
-      sweep_chunk(c, chain, seq, out.h + (c.bh * p.S + c.start) * p.DV);
+      float* h = out.h + (c.bh * p.S + c.start) * p.DV;
+      if (c.hb.in_place)
+        sequential_chunk(c, h);
+      else
+        sweep_chunk(c, chain, seq, h);
       if (c.j + 1 < c.cx.NC || !out.c_last) return;
       std::copy_n(c.C(c.j + 1), p.DK * p.DV, out.c_last + c.bh * p.DK * p.DV);
       std::copy_n(c.n(c.j + 1), p.DK, out.n_last + c.bh * p.DK);

@@ -11,20 +11,22 @@
 // local stabilizer mloc = max_s D_last,s, needs nothing from other chunks; only the chain
 // C_{j+1} = a_j C_j + b_j ΔC_j (a, b ≤ 1 rescale to m_{j+1}) is sequential, and it is one axpy.
 //
-// Threads: a team of threads shares one head (run_heads): each takes chunks round-robin,
-// computes what is local to a chunk at once and waits only for the axpy of the previous chunk.
-// The forward writes h of chunk j right after C_j is known. The backward runs the same forward
-// sweep (keeping every C_j: the only extra memory, one head per team), then walks the chunks in
+// Threads (run_heads, plan_of): teams; a team shares one head at a time, each member takes chunks
+// round-robin, computes what is local to a chunk at once and waits only for the axpy of the
+// previous chunk (teams of one thread — independent heads — where the heads divide over the
+// threads and their states fit kStateBudget). The forward writes h of chunk j once C_j is known
+// (a team of one updates a single state in place). The backward runs the same forward sweep,
+// keeping every C_j (the only large extra memory, one head per team), then walks the chunks in
 // reverse: each chunk's gradients against C_j, its own part of dC_j = Q̂ᵀdiag(w)dNum written over
-// C_j, then the chain dC_j += a_j dC_{j+1}, then the state-out gradients with dC_{j+1}. The
-// stabilizer m is held constant (the contract), so L depends on the gates only through
-// e^{cum_t} q̂_t and e^{i_s − cum_s} k_s: di_s = k_s·dk_s and d logf_u = Σ_{t ≥ u in u's segment}
-// (q_t·dq_t − k_t·dk_t) (+ ⟨dC_last, C_last⟩ + ⟨dn_last, n_last⟩ at t = S−1), no L×L gate matrix.
+// C_j, then the chain dC_j += a_j dC_{j+1}, then the gradients through the chunk's end state with
+// dC_{j+1}. The stabilizer m is held constant (the contract), so L depends on the gates only
+// through e^{cum_t} q̂_t and e^{i_s − cum_s} k_s: di_s = k_s·dk_s and d logsigmoid(f_u) =
+// Σ_{t ≥ u in u's segment} (q̂_t·dq̂_t − k_t·dk_t) (+ ⟨dC_last, C_last⟩ + ⟨dn_last, n_last⟩ at
+// t = S−1), each dot formed from its intra-chunk, inter-chunk and state parts (gate_suffix).
 #include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -104,7 +106,7 @@ struct ThreadBufs {
   float *w = nullptr, *den = nullptr, *den_raw = nullptr, *ddr = nullptr;  // [L]
   float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
   float* ones = nullptr;               // [L] of 1
-  float *dC = nullptr, *dn = nullptr;  // [DK·DV], [DK]: ΔC_j, Δn_j of a forward in place
+  float *dC = nullptr, *dn = nullptr;  // [DK·DV], [DK]: ΔC_j, Δn_j of a forward in place (else unused)
 };
 
 // Shared by every thread of a call.
@@ -199,7 +201,7 @@ void chunk_decay(const ChunkRef& c) {
   }
 }
 
-// ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A with A_s = e^{D_last,s − mloc} into slot j + 1.
+// ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A with A_s = e^{D_last,s − mloc}, into C1, n1.
 void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
   const HeadBufs& h = c.hb;
   const int64_t L = c.L, DK = c.cx.DK, g = c.last();
@@ -315,28 +317,17 @@ struct GradOut {
   float *dq, *dk, *dv;
 };
 
-// The chunk's gradients that need only C_j (intra-chunk, inter-chunk through C_j, n_j), and its
-// own part of dC_j, dn_j written over C_j, n_j.
-void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, float* di, float* dcum) {
-  TESSERA_TRACE_SCOPE("mlstm.cpu.backward_local");
-  const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
-  const float scale = c.cx.scale;
+// From dP (dnum_t·v_s) and X (C_j dnum_t, in dq's rows when `inter`): the denominator's gradient
+// ddr, dS = (dP + ddr)∘E in dP's place, dq's inter part, and the gate terms of the intra-chunk
+// products (row and column sums of dD = (dP + ddr)∘P) into dcum (q̂_t·dq̂_t) and di (k_s·dk_s).
+void chunk_dscores(const ChunkRef& c, bool inter, float* dq, float* di, float* dcum) {
+  const int64_t L = c.L, DK = c.cx.DK;
+  const float scale = c.cx.scale, *nj = c.n(c.j);
   ThreadBufs& tb = c.tb;
-  chunk_stabilizers(c);
-  chunk_decay(c);
-  chunk_scores(c);
-  for (int64_t t = 0; t < L; ++t) {
-    const float r = 1.f / tb.den[t];
-    for (int64_t y = 0; y < DV; ++y) tb.dnum[t * DV + y] = dh[t * DV + y] * r;
-  }
-  sgemm(false, true, L, L, DV, 1.f, tb.dnum, DV, c.v(), DV, 0.f, tb.dP, L);  // dnum_t·v_s
-  const bool inter = any_nonzero(tb.w, L);
-  float *Cj = c.C(c.j), *nj = c.n(c.j);
-  if (inter) sgemm(false, true, L, DK, DV, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);  // X_t = C_j dnum_t
   std::fill(tb.cs, tb.cs + L, 0.f);
   for (int64_t t = 0; t < L; ++t) {
     const float w = tb.w[t];
-    float* X = g.dq + t * DK;
+    float* X = dq + t * DK;
     const float qx = w != 0.f ? scale * dot(c.q() + t * DK, X, DK) : 0.f;  // q̂_t·X_t
     const float r = dot(tb.P + t * L, tb.dP + t * L, L) + w * qx;  // dnum_t·num_t
     const bool live = std::fabs(tb.den_raw[t]) > den_floor(tb.mt[t]);
@@ -359,6 +350,27 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
       std::fill(X, X + DK, 0.f);
   }
   std::copy(tb.cs, tb.cs + L, di);
+}
+
+// The chunk's gradients that need only C_j (intra-chunk, inter-chunk through C_j, n_j), and its
+// own part of dC_j, dn_j written over C_j, n_j.
+void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, float* di, float* dcum) {
+  TESSERA_TRACE_SCOPE("mlstm.cpu.backward_local");
+  const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
+  const float scale = c.cx.scale;
+  ThreadBufs& tb = c.tb;
+  chunk_stabilizers(c);
+  chunk_decay(c);
+  chunk_scores(c);
+  for (int64_t t = 0; t < L; ++t) {
+    const float r = 1.f / tb.den[t];
+    for (int64_t y = 0; y < DV; ++y) tb.dnum[t * DV + y] = dh[t * DV + y] * r;
+  }
+  sgemm(false, true, L, L, DV, 1.f, tb.dnum, DV, c.v(), DV, 0.f, tb.dP, L);  // dnum_t·v_s
+  const bool inter = any_nonzero(tb.w, L);
+  float *Cj = c.C(c.j), *nj = c.n(c.j);
+  if (inter) sgemm(false, true, L, DK, DV, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);  // X_t = C_j dnum_t
+  chunk_dscores(c, inter, g.dq, di, dcum);
   sgemm(false, false, L, DK, L, scale, tb.dP, L, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
   sgemm(true, false, L, DK, L, scale, tb.dP, L, c.q(), DK, 0.f, g.dk, DK);
   sgemm(true, false, L, DV, L, 1.f, tb.P, L, tb.dnum, DV, 0.f, g.dv, DV);

@@ -39,7 +39,7 @@ class MlstmBench final : public harness::BenchProblem {
     r["dtype"] = dtype_name(d_.dtype);
     r["chunk"] = kDefaultChunk;
     // The cpu backend's chunk-start states of one head (f32), kept by each team of threads in the
-    // backward (cpu.cc plan_of: one thread per head while the teams' states fit 32 MiB, else
+    // backward (cpu.cc plan_of: one thread per head while the teams' states fit 48 MiB, else
     // teams sharing a head): the bulk of its extra memory, which the bench measures
     // (extra_host_bytes).
     r["cpu_state_bytes_per_team"] = (chunks_per_head() + 1.0) * double(d_.DK * d_.DV + d_.DK) * 4.0;

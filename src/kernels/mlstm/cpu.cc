@@ -451,7 +451,7 @@ void gate_suffix(const Ctx& cx, int64_t b, int64_t bh, double dot_last, const Ba
 // and their states fit kStateBudget; otherwise teams large enough that a member gets about four
 // chunks, fewer teams when the heads are few. Extra memory: each team's HeadBufs (C_j for every
 // chunk of one head) and each thread's ThreadBufs.
-constexpr double kStateBudget = 32.0 * 1024 * 1024;
+constexpr double kStateBudget = 48.0 * 1024 * 1024;  // S = 8192, D = 256, 2 threads: 64.5 MiB, one team
 
 struct Plan {
   int size = 1, teams = 1;

@@ -147,12 +147,13 @@ struct ChunkRef {
   HeadBufs& hb;
   ThreadBufs& tb;
   int64_t b, bh, j, start, L;
+  int64_t y0, ny;  // the columns of v, C and h this thread computes (a forward split by columns; else 0, DV)
   const float* q() const { return cx.p.q + (bh * cx.p.S + start) * cx.DK; }
   const float* k() const { return cx.p.k + (bh * cx.p.S + start) * cx.DK; }
   const float* v() const { return cx.p.v + (bh * cx.p.S + start) * cx.DV; }
   const float* gi() const { return cx.p.i + bh * cx.p.S + start; }
   const float* gf() const { return cx.p.f + bh * cx.p.S + start; }
-  float* C(int64_t jj) const { return hb.C + (hb.in_place ? 0 : jj) * cx.DK * cx.DV; }
+  float* C(int64_t jj) const { return hb.C + (hb.in_place ? 0 : jj) * cx.DK * ny; }  // [DK, ny]
   float* n(int64_t jj) const { return hb.n + (hb.in_place ? 0 : jj) * cx.DK; }
   int64_t last() const { return start + L - 1; }
 };
@@ -213,17 +214,17 @@ void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
     const float* ks = c.k() + s * DK;
     for (int64_t x = 0; x < DK; ++x) ka[s * DK + x] = A * ks[x], n1[x] += ka[s * DK + x];
   }
-  sgemm(true, false, DK, c.cx.DV, L, 1.f, ka, DK, c.v(), c.cx.DV, 0.f, C1, c.cx.DV);
+  sgemm(true, false, DK, c.ny, L, 1.f, ka, DK, c.v() + c.y0, c.cx.DV, 0.f, C1, c.ny);
 }
 
 void initial_state(const ChunkRef& c) {
   const Problem& p = c.cx.p;
   const int64_t DK = c.cx.DK, DV = c.cx.DV;
   if (p.c0) {
-    std::copy_n(p.c0 + c.bh * DK * DV, DK * DV, c.C(0));
+    for (int64_t x = 0; x < DK; ++x) std::copy_n(p.c0 + (c.bh * DK + x) * DV + c.y0, c.ny, c.C(0) + x * c.ny);
     std::copy_n(p.n0 + c.bh * DK, DK, c.n(0));
   } else {
-    std::fill_n(c.C(0), DK * DV, 0.f), std::fill_n(c.n(0), DK, 0.f);
+    std::fill_n(c.C(0), DK * c.ny, 0.f), std::fill_n(c.n(0), DK, 0.f);
   }
   c.hb.m[0] = p.c0 ? double(p.m0[c.bh]) : 0.0;
 }
@@ -231,7 +232,7 @@ void initial_state(const ChunkRef& c) {
 // The chain step: C_{j+1} = a C_j + b ΔC_j, n likewise, m_{j+1}; C_j final.
 void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
   HeadBufs& h = c.hb;
-  const int64_t g = c.last(), DK = c.cx.DK, N = DK * c.cx.DV;
+  const int64_t g = c.last(), DK = c.cx.DK, N = DK * c.ny;
   const double gt = h.gl[g] + (h.hs[g] ? h.m[c.j] : 0.0), m1 = std::max(gt, h.lmax[g]);
   const float a = h.hs[g] ? float(std::exp(gt - m1)) : 0.f, b = float(std::exp(h.lmax[g] - m1));
   float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);  // C_j's slot itself when in place
@@ -269,7 +270,7 @@ bool any_nonzero(const float* x, int64_t n) {
   return false;
 }
 
-// h of the chunk, from C_j: (P V + diag(w) Q̂ C_j) / den.
+// h of the chunk (its columns y0 .. y0 + ny), from C_j: (P V + diag(w) Q̂ C_j) / den.
 void chunk_output(const ChunkRef& c, float* h) {
   TESSERA_TRACE_SCOPE("mlstm.cpu.chunk_output");
   const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
@@ -282,8 +283,8 @@ void chunk_output(const ChunkRef& c, float* h) {
     for (int64_t s = 0; s < L; ++s) tb.P[t * L + s] *= r;
     for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = rq * c.q()[t * DK + x];
   }
-  sgemm(false, false, L, DV, L, 1.f, tb.P, L, c.v(), DV, 0.f, h, DV);
-  if (any_nonzero(tb.w, L)) sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, c.C(c.j), DV, 1.f, h, DV);
+  sgemm(false, false, L, c.ny, L, 1.f, tb.P, L, c.v() + c.y0, DV, 0.f, h + c.y0, DV);
+  if (any_nonzero(tb.w, L)) sgemm(false, false, L, c.ny, DK, 1.f, tb.sc, DK, c.C(c.j), c.ny, 1.f, h + c.y0, DV);
 }
 
 // The forward on one thread per head, chunk by chunk with one state: the same arithmetic as the
@@ -455,12 +456,19 @@ constexpr double kStateBudget = 48.0 * 1024 * 1024;  // S = 8192, D = 256, 2 thr
 
 struct Plan {
   int size = 1, teams = 1;
+  int64_t parts = 1;  // a forward with fewer heads than threads: each head's columns of v (and C, h)
+                      // in parts, one thread each, no hand-over (the state's columns evolve apart)
 };
 
-Plan plan_of(const Problem& p, int64_t NC) {
+Plan plan_of(const Problem& p, int64_t NC, bool reverse) {
   const int64_t T = std::max(1, p.num_threads), heads = p.B * p.NH;
   const double head_bytes = double(NC + 1) * double(p.DK * p.DV + p.DK) * 4.0;
   Plan pl;
+  if (!reverse && heads < T) {
+    pl.parts = std::clamp<int64_t>(T / heads, 1, std::max<int64_t>(1, p.DV / 4));
+    pl.teams = int(std::min(T, heads * pl.parts));
+    return pl;
+  }
   int64_t size = std::clamp<int64_t>(NC / 4, 1, T);
   if ((heads % T == 0 || heads >= 4 * T) && double(T) * head_bytes <= kStateBudget) size = 1;
   const int64_t teams = std::min(heads, std::max<int64_t>(1, T / size));
@@ -482,7 +490,7 @@ template <class Fwd, class Rev, class Fin>
 void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) {
   const int64_t Lc = std::min(chunk_of(p), p.S), NC = (p.S + Lc - 1) / Lc, DK = p.DK, DV = p.DV;
   const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK))};
-  const Plan pl = plan_of(p, NC);
+  const Plan pl = plan_of(p, NC, reverse);
   const int T = pl.size * pl.teams;
   std::vector<memory::HostBuffer> keep;
   std::vector<std::unique_ptr<Team>> teams;
@@ -510,9 +518,11 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
     Team& team = *teams[tid / pl.size];
     const int rank = tid % pl.size;
     int64_t seq = 0;
-    for (int64_t bh = tid / pl.size; bh < p.B * p.NH; bh += pl.teams, ++seq) {
+    for (int64_t it = tid / pl.size; it < p.B * p.NH * pl.parts; it += pl.teams, ++seq) {
+      const int64_t bh = it / pl.parts, part = it % pl.parts, y0 = part * DV / pl.parts;
+      const int64_t ny = (part + 1) * DV / pl.parts - y0;
       auto chunk = [&](int64_t j) {
-        return ChunkRef{cx, team.hb, tbs[tid], bh / p.NH, bh, j, j * Lc, std::min(Lc, p.S - j * Lc)};
+        return ChunkRef{cx, team.hb, tbs[tid], bh / p.NH, bh, j, j * Lc, std::min(Lc, p.S - j * Lc), y0, ny};
       };
       for (int64_t j = rank; j < NC; j += pl.size) fwd(chunk(j), team.chain, seq);
       if (reverse)
@@ -553,7 +563,9 @@ class Cpu final : public Implementation {
       else
         sweep_chunk(c, chain, seq, h);
       if (c.j + 1 < c.cx.NC || !out.c_last) return;
-      std::copy_n(c.C(c.j + 1), p.DK * p.DV, out.c_last + c.bh * p.DK * p.DV);
+      for (int64_t x = 0; x < p.DK; ++x)
+        std::copy_n(c.C(c.j + 1) + x * c.ny, c.ny, out.c_last + (c.bh * p.DK + x) * p.DV + c.y0);
+      if (c.y0 > 0) return;
       std::copy_n(c.n(c.j + 1), p.DK, out.n_last + c.bh * p.DK);
       out.m_last[c.bh] = float(c.hb.m[c.j + 1]);
     };

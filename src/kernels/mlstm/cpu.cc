@@ -14,8 +14,9 @@
 // Threads (run_heads, plan_of): teams; a team shares one head at a time, each member takes chunks
 // round-robin, computes what is local to a chunk at once and waits only for the axpy of the
 // previous chunk (teams of one thread — independent heads — where the heads divide over the
-// threads and their states fit kStateBudget). The forward writes h of chunk j once C_j is known
-// (a team of one updates a single state in place). The backward runs the same forward sweep,
+// threads and their states fit kStateBudget). The forward writes h of chunk j once C_j is known;
+// one thread per head updates a single state in place, and with fewer heads than threads each
+// head's value columns are split over threads (the state's columns evolve apart: no hand-over). The backward runs the same forward sweep,
 // keeping every C_j (the only large extra memory, one head per team), then walks the chunks in
 // reverse: each chunk's gradients against C_j, its own part of dC_j = Q̂ᵀdiag(w)dNum written over
 // C_j, then the chain dC_j += a_j dC_{j+1}, then the gradients through the chunk's end state with

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <numeric>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -298,9 +299,8 @@ void sequential_chunk(const ChunkRef& c, float* h) {
   chunk_state_chain(c, c.tb.dC, c.tb.dn);
 }
 
-// The backward's forward sweep for one chunk (and with `h`, the forward's output): ΔC_j at once,
-// then the chain step after chunk j − 1's.
-void sweep_chunk(const ChunkRef& c, Chain& chain, int64_t seq, float* h) {
+// The backward's forward sweep for one chunk: ΔC_j at once, then the chain step after chunk j − 1's.
+void sweep_chunk(const ChunkRef& c, Chain& chain, int64_t seq) {
   chunk_gates(c);
   {
     TESSERA_TRACE_SCOPE("mlstm.cpu.state_local");
@@ -312,7 +312,6 @@ void sweep_chunk(const ChunkRef& c, Chain& chain, int64_t seq, float* h) {
     chain.wait(seq, c.j);
   chunk_state_chain(c, c.C(c.j + 1), c.n(c.j + 1));
   chain.publish(seq, c.j + 1);
-  if (h) chunk_output(c, h);
 }
 
 struct GradOut {
@@ -457,16 +456,16 @@ constexpr double kStateBudget = 48.0 * 1024 * 1024;  // S = 8192, D = 256, 2 thr
 
 struct Plan {
   int size = 1, teams = 1;
-  int64_t parts = 1;  // a forward with fewer heads than threads: each head's columns of v (and C, h)
-                      // in parts, one thread each, no hand-over (the state's columns evolve apart)
+  int64_t parts = 1;  // the forward: each head's columns of v (and C, h) in parts, one thread each,
+                      // no hand-over (the state's columns evolve apart)
 };
 
 Plan plan_of(const Problem& p, int64_t NC, bool reverse) {
   const int64_t T = std::max(1, p.num_threads), heads = p.B * p.NH;
   const double head_bytes = double(NC + 1) * double(p.DK * p.DV + p.DK) * 4.0;
   Plan pl;
-  if (!reverse && heads < T) {
-    pl.parts = std::clamp<int64_t>(T / heads, 1, std::max<int64_t>(1, p.DV / 4));
+  if (!reverse) {  // one thread per (head, column part): parts so that the items divide over the threads
+    pl.parts = heads >= 4 * T ? 1 : std::clamp<int64_t>(T / std::gcd(heads, T), 1, std::max<int64_t>(1, p.DV / 4));
     pl.teams = int(std::min(T, heads * pl.parts));
     return pl;
   }
@@ -557,12 +556,8 @@ class Cpu final : public Implementation {
   }
 
   void forward(const Problem& p, const ForwardOut& out) const override {
-    auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) {
-      float* h = out.h + (c.bh * p.S + c.start) * p.DV;
-      if (c.hb.in_place)
-        sequential_chunk(c, h);
-      else
-        sweep_chunk(c, chain, seq, h);
+    auto fwd = [&](const ChunkRef& c, Chain&, int64_t) {
+      sequential_chunk(c, out.h + (c.bh * p.S + c.start) * p.DV);
       if (c.j + 1 < c.cx.NC || !out.c_last) return;
       for (int64_t x = 0; x < p.DK; ++x)
         std::copy_n(c.C(c.j + 1) + x * c.ny, c.ny, out.c_last + (c.bh * p.DK + x) * p.DV + c.y0);
@@ -575,7 +570,7 @@ class Cpu final : public Implementation {
   }
 
   void backward(const Problem& p, const BackwardArgs& a) const override {
-    auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) { sweep_chunk(c, chain, seq, nullptr); };
+    auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) { sweep_chunk(c, chain, seq); };
     auto rev = [&](const ChunkRef& c, Chain& chain, int64_t seq) {
       const int64_t g0 = c.bh * p.S + c.start, NC = c.cx.NC;
       const GradOut g{a.dq + g0 * p.DK, a.dk + g0 * p.DK, a.dv + g0 * p.DV};

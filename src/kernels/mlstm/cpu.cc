@@ -11,15 +11,15 @@
 // local stabilizer mloc = max_s D_last,s, needs nothing from other chunks; only the chain
 // C_{j+1} = a_j C_j + b_j ΔC_j (a, b ≤ 1 rescale to m_{j+1}) is sequential, and it is one axpy.
 //
-// Threads (run_heads, plan_of): teams; a team shares one head at a time, each member takes chunks
-// round-robin, computes what is local to a chunk at once and waits only for the axpy of the
-// previous chunk (teams of one thread — independent heads — where the heads divide over the
-// threads and their states fit kStateBudget). The forward writes h of chunk j once C_j is known;
-// one thread per head updates a single state in place, and with fewer heads than threads each
-// head's value columns are split over threads (the state's columns evolve apart: no hand-over). The backward runs the same forward sweep,
-// keeping every C_j (the only large extra memory, one head per team), then walks the chunks in
-// reverse: each chunk's gradients against C_j, its own part of dC_j = Q̂ᵀdiag(w)dNum written over
-// C_j, then the chain dC_j += a_j dC_{j+1}, then the gradients through the chunk's end state with
+// Threads (run_heads, plan_of). Forward: one thread per (head, part of its value columns), one
+// state updated in place — the state's columns evolve apart, so nothing is handed over; parts
+// only where the heads do not divide over the threads. Backward: teams; a team shares one head at
+// a time, each member takes chunks round-robin, computes what is local to a chunk at once and
+// waits only for the axpy of the previous chunk (teams of one thread — independent heads — where
+// the heads divide over the threads and their states fit kStateBudget). It runs the forward
+// sweep keeping every C_j (the only large extra memory, one head per team), then walks the chunks
+// in reverse: each chunk's gradients against C_j, its own part of dC_j = Q̂ᵀdiag(w)dNum written
+// over C_j, then the chain dC_j += a_j dC_{j+1}, then the gradients through the chunk's end state with
 // dC_{j+1}. The stabilizer m is held constant (the contract), so L depends on the gates only
 // through e^{cum_t} q̂_t and e^{i_s − cum_s} k_s: di_s = k_s·dk_s and d logsigmoid(f_u) =
 // Σ_{t ≥ u in u's segment} (q̂_t·dq̂_t − k_t·dk_t) (+ ⟨dC_last, C_last⟩ + ⟨dn_last, n_last⟩ at
@@ -446,8 +446,8 @@ void gate_suffix(const Ctx& cx, int64_t b, int64_t bh, double dot_last, const Ba
   }
 }
 
-// Threads in teams: a team shares one head at a time (its chunks round-robin), the teams take
-// heads in turn. Teams of one thread (independent heads: no hand-over between threads, each
+// The forward: items (head, column part) over the threads. The backward: threads in teams; a team
+// shares one head at a time (its chunks round-robin), the teams take heads in turn. Teams of one thread (independent heads: no hand-over between threads, each
 // thread's states in its own cache) when the heads divide evenly over the threads, or are many,
 // and their states fit kStateBudget; otherwise teams large enough that a member gets about four
 // chunks, fewer teams when the heads are few. Extra memory: each team's HeadBufs (C_j for every

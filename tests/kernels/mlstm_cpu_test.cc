@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "kernels/mlstm/testing.h"
 #include "tessera/mlstm.h"
@@ -42,6 +44,39 @@ TEST(MlstmCpu, ThreadCounts) {
     c.B = 3, c.NH = 3, c.S = 19, c.resets = "inside";
     c.opt.chunk_size = 4, c.opt.num_threads = threads;
     expect_parity(c, Pass::kFused);
+  }
+}
+
+// Threads sharing a head (chunks round-robin, the state chain handed between them): one head of
+// 18 chunks (teams of 2, 3, 7 threads), and three heads of 9 chunks (one team of 2 taking the
+// heads in turn; one thread per head; three teams of 2). Every hand-over runs, and the results
+// are the same bits for every thread count: each chunk is computed the same way whichever
+// thread takes it, and the chain runs in one order.
+TEST(MlstmCpu, ThreadsShareAHead) {
+  for (const auto& [NH, chunk] : {std::pair<int64_t, int64_t>{1, 4}, {3, 8}}) {
+    std::vector<float> first;
+    for (int threads : {1, 2, 3, 7}) {
+      CaseSpec c;
+      c.B = 1, c.NH = NH, c.S = 70, c.DK = 6, c.DV = 10, c.resets = "random", c.initial_state = true;
+      c.opt.chunk_size = chunk, c.opt.num_threads = threads;
+      c.seed = 77;
+      expect_parity(c, Pass::kFused);
+      const mlstm::testing::CaseData d = mlstm::testing::make_case(c);
+      auto out = [](const Tensor& like) { return Tensor::empty(DType::kF32, like.shape()); };
+      Tensor h = out(d.v), dq = out(d.q), dk = out(d.k), dv = out(d.v), di = out(d.i), df = out(d.f), dc0 = out(d.c0),
+             dn0 = out(d.n0);
+      mlstm::Options opt = c.opt;
+      opt.implementation = "cpu";
+      mlstm::forward(d.inputs(), h.view(), {}, opt);
+      mlstm::backward(d.inputs(), d.dh.view(),
+                      {dq.view(), dk.view(), dv.view(), di.view(), df.view(), dc0.view(), dn0.view()}, opt,
+                      d.dc_last.view(), d.dn_last.view());
+      std::vector<float> all;
+      for (const Tensor* t : {&h, &dq, &dk, &dv, &di, &df, &dc0, &dn0})
+        all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
+      if (first.empty()) first = all;
+      EXPECT_EQ(all, first) << "NH " << NH << ", " << threads << " threads";
+    }
   }
 }
 

@@ -1,22 +1,42 @@
-// mlstm: the CPU backend — the chunkwise form. Per (batch, head), a worker thread walks the
-// chunks of L steps; within a chunk, with the state (C, n, m) it entered with:
-//   cum_t   = Σ_{u ≤ t in chunk} logsigmoid(f_u)
-//   D_ts    = cum_t − cum_s + i_s  for s in the segment of t (since the last reset), s ≤ t
-//   g_t     = m_prev + cum_t       when no reset lies between the chunk start and t (else no
-//                                  inter term: the state entering t's segment is zero)
-//   m_t     = max(g_t, max_s D_ts) — the recurrence's stabilizer exactly (also with resets, where
-//             the segment's start contributes the m = 0 of the zero state: g_t = cum_t − cum_{r−1})
-//   h_t     = (Σ_s e^{D_ts − m_t}(q̂_t·k_s) v_s + e^{g_t − m_t} C_prevᵀ q̂_t) / (max(|den_t|, e^{−m_t}) + eps)
-// as three sgemms (Q̂Kᵀ, P·V, Q̂·C_prev), and the state at the chunk's end as one more
-// (Kᵀ diag(e^{D_last,s − m_last}) V). The backward recomputes each chunk from the chunk-start
-// states of a forward sweep (kept: S/L·(DK·DV + DK + 1) floats per head) and walks the chunks
-// in reverse with the gradient of the state, m held constant (the contract).
+// mlstm: the CPU backend — the chunkwise form, threads over chunks within a head.
+//
+// A head is cut into chunks of L steps. Within a chunk, with the state (C_j, n_j, m_j) it enters
+// with and cum_t = Σ_{u ≤ t in chunk} logsigmoid(f_u):
+//   D_ts = cum_t − cum_s + i_s  for s in the segment of t (since the last reset), s ≤ t
+//   g_t  = m_j + cum_t while no reset lies between the chunk start and t (else the segment starts
+//          from the zero state, m = 0: g_t = cum_t − cum_{r−1}, and there is no inter term)
+//   m_t  = max(g_t, max_s D_ts) — the recurrence's stabilizer exactly
+//   h_t  = (Σ_s e^{D_ts − m_t}(q̂_t·k_s) v_s + e^{g_t − m_t} C_jᵀq̂_t) / (max(|den_t|, e^{−m_t}) + eps)
+// The chunk's own contribution to the next state, ΔC_j = Kᵀ diag(e^{D_last,s − mloc}) V with its
+// local stabilizer mloc = max_s D_last,s, needs nothing from other chunks; only the chain
+// C_{j+1} = a_j C_j + b_j ΔC_j (a, b ≤ 1 rescale to m_{j+1}) is sequential, and it is one axpy.
+//
+// Threads (run_heads, plan_of). Forward: one thread per (head, part of its value columns), one
+// state updated in place — the state's columns evolve apart, so nothing is handed over; parts
+// only where the heads do not divide over the threads. Backward: teams; a team shares one head at
+// a time, each member takes chunks round-robin, computes what is local to a chunk at once and
+// waits only for the axpy of the previous chunk (teams of one thread — independent heads — where
+// the heads divide over the threads and their states fit kStateBudget). It runs the forward
+// sweep keeping every C_j (the only large extra memory, one head per team), then walks the chunks
+// in reverse: each chunk's gradients against C_j, its own part of dC_j = Q̂ᵀdiag(w)dNum written
+// over C_j, then the chain dC_j += a_j dC_{j+1}, then the gradients through the chunk's end state with
+// dC_{j+1}. The stabilizer m is held constant (the contract), so L depends on the gates only
+// through e^{cum_t} q̂_t and e^{i_s − cum_s} k_s: di_s = k_s·dk_s and d logsigmoid(f_u) =
+// Σ_{t ≥ u in u's segment} (q̂_t·dq̂_t − k_t·dk_t) (+ ⟨dC_last, C_last⟩ + ⟨dn_last, n_last⟩ at
+// t = S−1), each dot formed from its intra-chunk, inter-chunk and state parts (gate_suffix).
 #include <algorithm>
 #include <atomic>
+#include <barrier>
+#include <numeric>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
+#include "core/memory.h"
 #include "core/trace.h"
 #include "kernels/mlstm/impl.h"
 #include "primitives/cpu_blas.h"
@@ -26,29 +46,11 @@ namespace tessera::mlstm {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxChunk = 1024;
 
 using cpu_blas::sgemm;
 
-// One chunk's forward quantities (row-major, L rows).
-struct Chunk {
-  int64_t L = 0, start = 0;
-  std::vector<double> cum, g, m;
-  std::vector<float> w;                 // e^{g − m}, 0 without a state to decay (after a reset)
-  std::vector<int64_t> seg;             // first step of t's segment (local)
-  std::vector<float> qs, E, Sm, P;      // q̂ [L, DK]; e^{D − m}, q̂·k, their product [L, L] (0 outside)
-  std::vector<float> qc, qn;            // q̂·C_prev [L, DV], q̂·n_prev [L]
-  std::vector<float> num, den_raw, den;  // [L, DV], [L], [L]
-};
-
-struct Head {
-  const Problem& p;
-  int64_t b, bh;
-  const float* q(int64_t t) const { return p.q + (bh * p.S + t) * p.DK; }
-  const float* k(int64_t t) const { return p.k + (bh * p.S + t) * p.DK; }
-  const float* v(int64_t t) const { return p.v + (bh * p.S + t) * p.DV; }
-  float gi(int64_t t) const { return p.i[bh * p.S + t]; }
-  float gf(int64_t t) const { return p.f[bh * p.S + t]; }
-};
+int64_t chunk_of(const Problem& p) { return p.chunk > 0 ? p.chunk : kDefaultChunk; }
 
 double logsigmoid(double x) { return std::min(x, 0.0) - std::log1p(std::exp(-std::fabs(x))); }
 
@@ -56,227 +58,481 @@ double logsigmoid(double x) { return std::min(x, 0.0) - std::log1p(std::exp(-std
 // eps = 0 and q̂ᵀn = 0 (a zero query) h would be 0/0.
 float den_floor(double m) { return std::max(static_cast<float>(std::exp(-m)), std::numeric_limits<float>::min()); }
 
-// The chunk [start, start + L) from the state (C, n, m_prev): fills c. Without `full`, only what
-// chunk_state needs (m, w, the decay matrix E): the backward's state sweep.
-void chunk_forward(const Head& hd, int64_t start, int64_t L, const float* C, const float* n, double m_prev, Chunk& c,
-                   bool full = true) {
-  const Problem& p = hd.p;
-  const int64_t DK = p.DK, DV = p.DV;
-  c.L = L, c.start = start;
-  c.cum.assign(L, 0.0), c.g.assign(L, 0.0), c.m.assign(L, 0.0), c.w.assign(L, 0.f), c.seg.assign(L, 0);
-  c.qs.resize(L * DK), c.E.assign(L * L, 0.f), c.Sm.resize(L * L), c.P.assign(L * L, 0.f);
-  c.qc.resize(L * DV), c.qn.assign(L, 0.f), c.num.resize(L * DV), c.den_raw.assign(L, 0.f), c.den.resize(L);
-  const float scale = 1.0f / std::sqrt(float(DK));
-  for (int64_t t = 0; t < L; ++t)
-    for (int64_t x = 0; x < DK; ++x) c.qs[t * DK + x] = hd.q(start + t)[x] * scale;
-  int64_t seg = 0;
+// Σ a_i b_i in f32 with eight independent partial sums: the compiler vectorizes it (a plain sum
+// loop stays scalar, its order being fixed), and the error grows more slowly with n.
+float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int u = 0; u < 8; ++u) acc[u] += a[i + u] * b[i + u];
+  float tail = 0.f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+// Large state buffers in 2 MiB pages where the kernel allows it (fewer page faults and TLB
+// misses for the chunk states); a hint only.
+void advise_huge_pages(void* p, int64_t bytes) {
+#ifdef __linux__
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes)) & ~(kHuge - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+template <class T>
+T* alloc(std::vector<memory::HostBuffer>& keep, int64_t count) {
+  keep.push_back(memory::host_alloc(static_cast<size_t>(std::max<int64_t>(1, count)) * sizeof(T)));
+  return memory::as<T>(keep.back());
+}
+
+// What a team keeps for the head it is on: the chunk-start states and the gate sums of every step.
+struct HeadBufs {
+  float *C = nullptr, *n = nullptr;  // [NC + 1][DK·DV], [NC + 1][DK]: C_j, n_j (the backward: dC_j, dn_j)
+  double *cum = nullptr, *gl = nullptr, *lmax = nullptr;  // [S]: cum_t, g_t without m_j, max_s D_ts
+  int32_t* seg = nullptr;                                  // [S]: first step of t's segment (chunk-local)
+  uint8_t* hs = nullptr;                                   // [S]: the chunk's entering state reaches t
+  double* m = nullptr;                                     // [NC + 1]: m_j
+  double dot_last = 0.0;  // ⟨dC_last, C_last⟩ + ⟨dn_last, n_last⟩
+  bool in_place = false;  // one state updated in place (a forward on one thread): C_j for every j in slot 0
+};
+
+// One thread's scratch for a chunk of up to L steps.
+struct ThreadBufs {
+  float *E = nullptr, *P = nullptr, *dP = nullptr;  // [L, L]
+  float *dnum = nullptr, *sc = nullptr;  // [L, DV], [L, max(DK, DV)]
+  double* mt = nullptr;                               // [L]
+  float *w = nullptr, *den = nullptr, *den_raw = nullptr, *ddr = nullptr;  // [L]
+  float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
+  float* ones = nullptr;               // [L] of 1
+  float *dC = nullptr, *dn = nullptr;  // [DK·DV], [DK]: ΔC_j, Δn_j of a forward in place (else unused)
+};
+
+// Shared by every thread of a call.
+struct Ctx {
+  const Problem& p;
+  int64_t Lc, NC, DK, DV;
+  float scale;
+};
+
+// The order between a team's chunks of one head: forward, "C_j is final" (published j once the
+// chain step of chunk j − 1 is done); reverse, "dC_j is final" (published NC − j + 1). Values
+// grow monotonically over the team's heads (seq), so nothing is ever reset.
+class Chain {
+ public:
+  explicit Chain(int64_t NC) : stride_(NC + 2) {}
+  void wait(int64_t seq, int64_t count) { wait_for(fwd_, seq * stride_ + count); }
+  void publish(int64_t seq, int64_t count) { publish_to(fwd_, seq * stride_ + count); }
+  void wait_reverse(int64_t seq, int64_t count) { wait_for(rev_, seq * stride_ + count); }
+  void publish_reverse(int64_t seq, int64_t count) { publish_to(rev_, seq * stride_ + count); }
+
+ private:
+  static void wait_for(std::atomic<int64_t>& a, int64_t target) {
+    if (a.load(std::memory_order_acquire) >= target) return;
+    TESSERA_TRACE_SCOPE("mlstm.cpu.chain_wait");
+    for (int64_t v; (v = a.load(std::memory_order_acquire)) < target;) a.wait(v, std::memory_order_acquire);
+  }
+  static void publish_to(std::atomic<int64_t>& a, int64_t value) {
+    a.store(value, std::memory_order_release);
+    a.notify_all();
+  }
+  int64_t stride_;
+  std::atomic<int64_t> fwd_{0}, rev_{0};
+};
+
+// One chunk of one head, seen by the thread that computes it.
+struct ChunkRef {
+  const Ctx& cx;
+  HeadBufs& hb;
+  ThreadBufs& tb;
+  int64_t b, bh, j, start, L;
+  int64_t y0, ny;  // the columns of v, C and h this thread computes (a forward split by columns; else 0, DV)
+  const float* q() const { return cx.p.q + (bh * cx.p.S + start) * cx.DK; }
+  const float* k() const { return cx.p.k + (bh * cx.p.S + start) * cx.DK; }
+  const float* v() const { return cx.p.v + (bh * cx.p.S + start) * cx.DV; }
+  const float* gi() const { return cx.p.i + bh * cx.p.S + start; }
+  const float* gf() const { return cx.p.f + bh * cx.p.S + start; }
+  float* C(int64_t jj) const { return hb.C + (hb.in_place ? 0 : jj) * cx.DK * ny; }  // [DK, ny]
+  float* n(int64_t jj) const { return hb.n + (hb.in_place ? 0 : jj) * cx.DK; }
+  int64_t last() const { return start + L - 1; }
+};
+
+// The chunk's gate sums from its own gates: cum, g without m_j, max_s D_ts, segments.
+void chunk_gates(const ChunkRef& c) {
+  const Problem& p = c.cx.p;
+  HeadBufs& h = c.hb;
+  int32_t seg = 0;
   bool has_state = true;
-  double acc = 0.0, seg_base = 0.0;  // cum at the step before the segment's start
-  for (int64_t t = 0; t < L; ++t) {
-    if (p.reset_at(hd.b, start + t)) seg = t, has_state = false, seg_base = acc;
-    acc += logsigmoid(hd.gf(start + t));
-    c.cum[t] = acc, c.seg[t] = seg;
-    c.g[t] = has_state ? m_prev + acc : acc - seg_base;
-    double m = c.g[t];
-    for (int64_t s = seg; s <= t; ++s) m = std::max(m, acc - c.cum[s] + hd.gi(start + s));
-    c.m[t] = m;
-    c.w[t] = has_state ? float(std::exp(c.g[t] - m)) : 0.f;
-    for (int64_t s = seg; s <= t; ++s) c.E[t * L + s] = float(std::exp(acc - c.cum[s] + hd.gi(start + s) - m));
-  }
-  if (!full) return;
-  sgemm(false, true, L, L, DK, 1.f, c.qs.data(), DK, hd.k(start), DK, 0.f, c.Sm.data(), L);
-  for (int64_t j = 0; j < L * L; ++j) c.P[j] = c.Sm[j] * c.E[j];
-  sgemm(false, false, L, DV, L, 1.f, c.P.data(), L, hd.v(start), DV, 0.f, c.num.data(), DV);
-  sgemm(false, false, L, DV, DK, 1.f, c.qs.data(), DK, C, DV, 0.f, c.qc.data(), DV);
-  for (int64_t t = 0; t < L; ++t) {
-    float qn = 0.f, den = 0.f;
-    for (int64_t x = 0; x < DK; ++x) qn += c.qs[t * DK + x] * n[x];
-    for (int64_t s = 0; s <= t; ++s) den += c.P[t * L + s];
-    c.qn[t] = qn;
-    c.den_raw[t] = den + c.w[t] * qn;
-    for (int64_t y = 0; y < DV; ++y) c.num[t * DV + y] += c.w[t] * c.qc[t * DV + y];
-    c.den[t] = std::max(std::fabs(c.den_raw[t]), den_floor(c.m[t])) + float(p.eps);
+  double acc = 0.0, seg_base = 0.0, best = -std::numeric_limits<double>::infinity();  // max_{s in seg} i_s − cum_s
+  for (int64_t t = 0; t < c.L; ++t) {
+    const int64_t g = c.start + t;
+    if (p.reset_at(c.b, g)) seg = int32_t(t), has_state = false, seg_base = acc, best = -std::numeric_limits<double>::infinity();
+    acc += logsigmoid(c.gf()[t]);
+    best = std::max(best, double(c.gi()[t]) - acc);
+    h.cum[g] = acc, h.seg[g] = seg, h.hs[g] = has_state;
+    h.gl[g] = has_state ? acc : acc - seg_base;
+    h.lmax[g] = acc + best;
   }
 }
 
-// The state at the chunk's end, in place: C = w_last·C + Kᵀ diag(A) V, n = w_last·n + Kᵀ A.
-void chunk_state(const Head& hd, const Chunk& c, float* C, float* n, double& m, std::vector<float>& ka) {
-  const int64_t L = c.L, DK = hd.p.DK, DV = hd.p.DV, last = L - 1;
-  ka.resize(L * DK);
-  const float wl = c.w[last];
-  for (int64_t x = 0; x < DK; ++x) n[x] *= wl;
+// m_t and w_t = e^{g_t − m_t} of the chunk's steps, from m_j.
+void chunk_stabilizers(const ChunkRef& c) {
+  const HeadBufs& h = c.hb;
+  const double mj = h.m[c.j];
+  for (int64_t t = 0; t < c.L; ++t) {
+    const int64_t g = c.start + t;
+    const double gt = h.gl[g] + (h.hs[g] ? mj : 0.0);
+    c.tb.mt[t] = std::max(gt, h.lmax[g]);
+    c.tb.w[t] = h.hs[g] ? float(std::exp(gt - c.tb.mt[t])) : 0.f;
+  }
+}
+
+// E_ts = e^{D_ts − m_t} on t's segment, 0 elsewhere (so products with E are masked).
+void chunk_decay(const ChunkRef& c) {
+  const HeadBufs& h = c.hb;
+  const int64_t L = c.L, s0 = c.start;
+  for (int64_t t = 0; t < L; ++t) {
+    float* row = c.tb.E + t * L;
+    const double a = h.cum[s0 + t] - c.tb.mt[t];
+    const int64_t lo = h.seg[s0 + t];
+    std::fill(row, row + lo, 0.f);
+    for (int64_t s = lo; s <= t; ++s) row[s] = std::exp(float(a + double(c.gi()[s]) - h.cum[s0 + s]));
+    std::fill(row + t + 1, row + L, 0.f);
+  }
+}
+
+// ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A with A_s = e^{D_last,s − mloc}, into C1, n1.
+void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
+  const HeadBufs& h = c.hb;
+  const int64_t L = c.L, DK = c.cx.DK, g = c.last();
+  const double a = h.cum[g] - h.lmax[g];
+  float* ka = c.tb.sc;
+  std::fill(n1, n1 + DK, 0.f);
   for (int64_t s = 0; s < L; ++s) {
-    const float a = c.E[last * L + s];
-    for (int64_t x = 0; x < DK; ++x) {
-      ka[s * DK + x] = a * hd.k(c.start + s)[x];
-      n[x] += ka[s * DK + x];
-    }
+    const float A = s >= h.seg[g] ? std::exp(float(a + double(c.gi()[s]) - h.cum[c.start + s])) : 0.f;
+    const float* ks = c.k() + s * DK;
+    for (int64_t x = 0; x < DK; ++x) ka[s * DK + x] = A * ks[x], n1[x] += ka[s * DK + x];
   }
-  sgemm(true, false, DK, DV, L, 1.f, ka.data(), DK, hd.v(c.start), DV, wl, C, DV);
-  m = c.m[last];
+  sgemm(true, false, DK, c.ny, L, 1.f, ka, DK, c.v() + c.y0, c.cx.DV, 0.f, C1, c.ny);
 }
 
-int64_t chunk_of(const Problem& p) { return p.chunk > 0 ? p.chunk : kDefaultChunk; }
-
-void initial_state(const Head& hd, std::vector<float>& C, std::vector<float>& n, double& m) {
-  const Problem& p = hd.p;
-  C.assign(p.DK * p.DV, 0.f), n.assign(p.DK, 0.f), m = 0.0;
-  if (!p.c0) return;
-  std::copy_n(p.c0 + hd.bh * p.DK * p.DV, p.DK * p.DV, C.begin());
-  std::copy_n(p.n0 + hd.bh * p.DK, p.DK, n.begin());
-  m = p.m0[hd.bh];
-}
-
-void head_forward(const Head& hd, const ForwardOut& out) {
-  TESSERA_TRACE_SCOPE("mlstm.cpu.forward_head");
-  const Problem& p = hd.p;
-  const int64_t Lc = chunk_of(p), DV = p.DV;
-  std::vector<float> C, n, ka;
-  double m;
-  initial_state(hd, C, n, m);
-  Chunk c;
-  for (int64_t start = 0; start < p.S; start += Lc) {
-    const int64_t L = std::min(Lc, p.S - start);
-    chunk_forward(hd, start, L, C.data(), n.data(), m, c);
-    for (int64_t t = 0; t < L; ++t)
-      for (int64_t y = 0; y < DV; ++y) out.h[(hd.bh * p.S + start + t) * DV + y] = c.num[t * DV + y] / c.den[t];
-    chunk_state(hd, c, C.data(), n.data(), m, ka);
+void initial_state(const ChunkRef& c) {
+  const Problem& p = c.cx.p;
+  const int64_t DK = c.cx.DK, DV = c.cx.DV;
+  if (p.c0) {
+    for (int64_t x = 0; x < DK; ++x) std::copy_n(p.c0 + (c.bh * DK + x) * DV + c.y0, c.ny, c.C(0) + x * c.ny);
+    std::copy_n(p.n0 + c.bh * DK, DK, c.n(0));
+  } else {
+    std::fill_n(c.C(0), DK * c.ny, 0.f), std::fill_n(c.n(0), DK, 0.f);
   }
-  if (!out.c_last) return;
-  std::copy(C.begin(), C.end(), out.c_last + hd.bh * p.DK * DV);
-  std::copy(n.begin(), n.end(), out.n_last + hd.bh * p.DK);
-  out.m_last[hd.bh] = float(m);
+  c.hb.m[0] = p.c0 ? double(p.m0[c.bh]) : 0.0;
 }
 
-// Gradients of one chunk; dC, dn: the gradient of the state at the chunk's end, replaced by that
-// of the state it entered with.
-void chunk_backward(const Head& hd, const Chunk& c, const float* C, const float* n, const BackwardArgs& a,
-                    std::vector<float>& dC, std::vector<float>& dn) {
-  const Problem& p = hd.p;
-  const int64_t L = c.L, DK = p.DK, DV = p.DV, last = L - 1, g0 = hd.bh * p.S + c.start;
-  const float* dh = a.dh + g0 * DV;
-  std::vector<float> dnum(L * DV), ddr(L), dP(L * L), dS(L * L), dD(L * L, 0.f), dnw(L * DV);
-  std::vector<float> dqs(L * DK), dk(L * DK), dv(L * DV), tmp(L * std::max(DK, DV)), dg(L, 0.f);
+// The chain step: C_{j+1} = a C_j + b ΔC_j, n likewise, m_{j+1}; C_j final.
+void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
+  HeadBufs& h = c.hb;
+  const int64_t g = c.last(), DK = c.cx.DK, N = DK * c.ny;
+  const double gt = h.gl[g] + (h.hs[g] ? h.m[c.j] : 0.0), m1 = std::max(gt, h.lmax[g]);
+  const float a = h.hs[g] ? float(std::exp(gt - m1)) : 0.f, b = float(std::exp(h.lmax[g] - m1));
+  float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);  // C_j's slot itself when in place
+  const float *C0 = c.C(c.j), *n0 = c.n(c.j);
+  if (a != 0.f) {
+    for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e] + a * C0[e];
+    for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x] + a * n0[x];
+  } else {
+    for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e];
+    for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x];
+  }
+  h.m[c.j + 1] = m1;
+}
+
+// P = (q̂_t·k_s) ∘ E and the denominators; needs E, w, C_j's n_j.
+void chunk_scores(const ChunkRef& c) {
+  const int64_t L = c.L, DK = c.cx.DK;
+  ThreadBufs& tb = c.tb;
+  sgemm(false, true, L, L, DK, c.cx.scale, c.q(), DK, c.k(), DK, 0.f, tb.P, L);
+  const float* nj = c.n(c.j);
   for (int64_t t = 0; t < L; ++t) {
-    float dden = 0.f;
-    for (int64_t y = 0; y < DV; ++y) {
-      dnum[t * DV + y] = dh[t * DV + y] / c.den[t];
-      dden -= dh[t * DV + y] * c.num[t * DV + y] / (c.den[t] * c.den[t]);
-    }
-    const bool live = std::fabs(c.den_raw[t]) > den_floor(c.m[t]);
-    ddr[t] = live ? (c.den_raw[t] > 0 ? dden : -dden) : 0.f;
-    for (int64_t y = 0; y < DV; ++y) dnw[t * DV + y] = c.w[t] * dnum[t * DV + y];
+    float* row = tb.P + t * L;
+    const float* e = tb.E + t * L;
+    for (int64_t s = 0; s < L; ++s) row[s] *= e[s];
+    const float sum = dot(row, tb.ones, L);
+    tb.qn[t] = tb.w[t] != 0.f ? c.cx.scale * dot(c.q() + t * DK, nj, DK) : 0.f;
+    tb.den_raw[t] = sum + tb.w[t] * tb.qn[t];
+    tb.den[t] = std::max(std::fabs(tb.den_raw[t]), den_floor(tb.mt[t])) + float(c.cx.p.eps);
   }
-  // Intra-chunk: num = P V, den = rowsum P, P = (q̂kᵀ) ∘ E.
-  sgemm(false, true, L, L, DV, 1.f, dnum.data(), DV, hd.v(c.start), DV, 0.f, dP.data(), L);
-  for (int64_t t = 0; t < L; ++t)
+}
+
+bool any_nonzero(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] != 0.f) return true;
+  return false;
+}
+
+// h of the chunk (its columns y0 .. y0 + ny), from C_j: (P V + diag(w) Q̂ C_j) / den.
+void chunk_output(const ChunkRef& c, float* h) {
+  TESSERA_TRACE_SCOPE("mlstm.cpu.chunk_output");
+  const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
+  ThreadBufs& tb = c.tb;
+  chunk_stabilizers(c);
+  chunk_decay(c);
+  chunk_scores(c);
+  for (int64_t t = 0; t < L; ++t) {  // 1/den folded into the rows of both products
+    const float r = 1.f / tb.den[t], rq = tb.w[t] * c.cx.scale * r;
+    for (int64_t s = 0; s < L; ++s) tb.P[t * L + s] *= r;
+    for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = rq * c.q()[t * DK + x];
+  }
+  sgemm(false, false, L, c.ny, L, 1.f, tb.P, L, c.v() + c.y0, DV, 0.f, h + c.y0, DV);
+  if (any_nonzero(tb.w, L)) sgemm(false, false, L, c.ny, DK, 1.f, tb.sc, DK, c.C(c.j), c.ny, 1.f, h + c.y0, DV);
+}
+
+// The forward on one thread per head, chunk by chunk with one state: the same arithmetic as the
+// chain (ΔC_j into scratch, then C = b ΔC_j + a C), so the bits do not depend on the threads.
+void sequential_chunk(const ChunkRef& c, float* h) {
+  chunk_gates(c);
+  if (c.j == 0) initial_state(c);
+  chunk_output(c, h);
+  chunk_state_local(c, c.tb.dC, c.tb.dn);
+  chunk_state_chain(c, c.tb.dC, c.tb.dn);
+}
+
+// The backward's forward sweep for one chunk: ΔC_j at once, then the chain step after chunk j − 1's.
+void sweep_chunk(const ChunkRef& c, Chain& chain, int64_t seq) {
+  chunk_gates(c);
+  {
+    TESSERA_TRACE_SCOPE("mlstm.cpu.state_local");
+    chunk_state_local(c, c.C(c.j + 1), c.n(c.j + 1));
+  }
+  if (c.j == 0)
+    initial_state(c);
+  else
+    chain.wait(seq, c.j);
+  chunk_state_chain(c, c.C(c.j + 1), c.n(c.j + 1));
+  chain.publish(seq, c.j + 1);
+}
+
+struct GradOut {
+  float *dq, *dk, *dv;
+};
+
+// From dP (dnum_t·v_s) and X (C_j dnum_t, in dq's rows when `inter`): the denominator's gradient
+// ddr, dS = (dP + ddr)∘E in dP's place, dq's inter part, and the gate terms of the intra-chunk
+// products (row and column sums of dD = (dP + ddr)∘P) into dcum (q̂_t·dq̂_t) and di (k_s·dk_s).
+void chunk_dscores(const ChunkRef& c, bool inter, float* dq, float* di, float* dcum) {
+  const int64_t L = c.L, DK = c.cx.DK;
+  const float scale = c.cx.scale, *nj = c.n(c.j);
+  ThreadBufs& tb = c.tb;
+  std::fill(tb.cs, tb.cs + L, 0.f);
+  for (int64_t t = 0; t < L; ++t) {
+    const float w = tb.w[t];
+    float* X = dq + t * DK;
+    const float qx = w != 0.f ? scale * dot(c.q() + t * DK, X, DK) : 0.f;  // q̂_t·X_t
+    const float r = dot(tb.P + t * L, tb.dP + t * L, L) + w * qx;  // dnum_t·num_t
+    const bool live = std::fabs(tb.den_raw[t]) > den_floor(tb.mt[t]);
+    const float dden = -r / tb.den[t], ddr = live ? (tb.den_raw[t] > 0 ? dden : -dden) : 0.f;
+    float* d = tb.dP + t * L;
+    const float* P = tb.P + t * L;
+    float rs = 0.f;  // dD_ts = d_ts P_ts (d = dP + ddr): its row sum is q̂_t·dq̂_t, its column sum k_s·dk_s
     for (int64_t s = 0; s < L; ++s) {
-      const int64_t j = t * L + s;
-      const bool valid = s >= c.seg[t] && s <= t;
-      const float d = valid ? dP[j] + ddr[t] : 0.f;
-      dS[j] = d * c.E[j];
-      dD[j] = d * c.P[j];
+      d[s] += ddr;
+      const float dd = d[s] * P[s];
+      rs += dd, tb.cs[s] += dd;
+      d[s] *= tb.E[t * L + s];  // dS
     }
-  sgemm(true, false, L, DV, L, 1.f, c.P.data(), L, dnum.data(), DV, 0.f, dv.data(), DV);
-  sgemm(false, false, L, DK, L, 1.f, dS.data(), L, hd.k(c.start), DK, 0.f, dqs.data(), DK);
-  sgemm(true, false, L, DK, L, 1.f, dS.data(), L, c.qs.data(), DK, 0.f, dk.data(), DK);
-  // Inter-chunk: num += w q̂ᵀC_prev, den += w q̂·n_prev.
-  sgemm(false, true, L, DK, DV, 1.f, dnw.data(), DV, C, DV, 1.f, dqs.data(), DK);
-  for (int64_t t = 0; t < L; ++t) {
-    float dw = c.qn[t] * ddr[t];
-    for (int64_t y = 0; y < DV; ++y) dw += c.qc[t * DV + y] * dnum[t * DV + y];
-    dg[t] = dw * c.w[t];
-    for (int64_t x = 0; x < DK; ++x) dqs[t * DK + x] += c.w[t] * ddr[t] * n[x];
+    dcum[t] = rs + w * (qx + ddr * tb.qn[t]);  // q̂_t·dq̂_t, the inter term's part with it
+    tb.ddr[t] = ddr;
+    const float sw = scale * w;  // dq_t = scale (w_t (X_t + ddr_t n_j) + Σ_s dS_ts k_s), the sum below
+    if (w != 0.f)
+      for (int64_t x = 0; x < DK; ++x) X[x] = sw * (X[x] + ddr * nj[x]);
+    else if (inter)
+      std::fill(X, X + DK, 0.f);
   }
-  std::vector<float> dC_prev(DK * DV), dn_prev(DK, 0.f);
-  sgemm(true, false, DK, DV, L, 1.f, c.qs.data(), DK, dnw.data(), DV, 0.f, dC_prev.data(), DV);
-  for (int64_t t = 0; t < L; ++t)
-    for (int64_t x = 0; x < DK; ++x) dn_prev[x] += c.w[t] * ddr[t] * c.qs[t * DK + x];
-  // The state out: C_out = w_last C_prev + Σ_s A_s k_s v_sᵀ, n_out = w_last n_prev + Σ_s A_s k_s.
-  const float wl = c.w[last];
-  if (wl != 0.f) {
-    float dwl = 0.f;
-    for (int64_t j = 0; j < DK * DV; ++j) dwl += dC[j] * C[j], dC_prev[j] += wl * dC[j];
-    for (int64_t x = 0; x < DK; ++x) dwl += dn[x] * n[x], dn_prev[x] += wl * dn[x];
-    dg[last] += dwl * wl;
-  }
-  sgemm(false, true, L, DK, DV, 1.f, hd.v(c.start), DV, dC.data(), DV, 0.f, tmp.data(), DK);  // (dC v_s)
-  for (int64_t s = 0; s < L; ++s) {
-    const float A = c.E[last * L + s];
-    if (A == 0.f) continue;
-    const float* ks = hd.k(c.start + s);
-    float dA = 0.f;
-    for (int64_t x = 0; x < DK; ++x) {
-      const float u = tmp[s * DK + x] + dn[x];
-      dA += ks[x] * u;
-      dk[s * DK + x] += A * u;
-    }
-    dD[last * L + s] += dA * A;
-  }
-  sgemm(false, false, L, DV, DK, 1.f, hd.k(c.start), DK, dC.data(), DV, 0.f, tmp.data(), DV);  // (dCᵀ k_s)
-  for (int64_t s = 0; s < L; ++s)
-    for (int64_t y = 0; y < DV; ++y) dv[s * DV + y] += c.E[last * L + s] * tmp[s * DV + y];
-  // Gates: D_ts = cum_t − cum_s + i_s, g_t = m_prev + cum_t, cum_t = Σ_{u ≤ t} logf_u.
-  std::vector<double> dcum(L, 0.0);
-  for (int64_t t = 0; t < L; ++t) {
-    dcum[t] += dg[t];
-    for (int64_t s = 0; s <= t; ++s) dcum[t] += dD[t * L + s], dcum[s] -= dD[t * L + s];
-  }
-  double suffix = 0.0;
-  const float scale = 1.0f / std::sqrt(float(DK));
-  for (int64_t t = L - 1; t >= 0; --t) {
-    suffix += dcum[t];
-    double di = 0.0;
-    for (int64_t u = t; u < L; ++u) di += dD[u * L + t];
-    const double f = hd.gf(c.start + t);
-    a.di[g0 + t] = float(di);
-    a.df[g0 + t] = float(suffix * (1.0 / (1.0 + std::exp(f))));  // d logsigmoid(f)/df = σ(−f)
-  }
-  for (int64_t j = 0; j < L * DK; ++j) a.dq[g0 * DK + j] = dqs[j] * scale, a.dk[g0 * DK + j] = dk[j];
-  std::copy(dv.begin(), dv.end(), a.dv + g0 * DV);
-  dC.swap(dC_prev);
-  dn.swap(dn_prev);
+  std::copy(tb.cs, tb.cs + L, di);
 }
 
-void head_backward(const Head& hd, const BackwardArgs& a) {
-  TESSERA_TRACE_SCOPE("mlstm.cpu.backward_head");
-  const Problem& p = hd.p;
-  const int64_t Lc = chunk_of(p), DK = p.DK, DV = p.DV, NC = (p.S + Lc - 1) / Lc;
-  // Forward sweep: the state each chunk enters with.
-  std::vector<float> Cs(NC * DK * DV), ns(NC * DK), ka, C, n;
-  std::vector<double> ms(NC);
-  double m;
-  initial_state(hd, C, n, m);
-  Chunk c;
-  for (int64_t j = 0; j < NC; ++j) {
-    std::copy(C.begin(), C.end(), Cs.begin() + j * DK * DV);
-    std::copy(n.begin(), n.end(), ns.begin() + j * DK);
-    ms[j] = m;
-    if (j + 1 == NC) break;
-    chunk_forward(hd, j * Lc, Lc, C.data(), n.data(), m, c, /*full=*/false);
-    chunk_state(hd, c, C.data(), n.data(), m, ka);
+// The chunk's gradients that need only C_j (intra-chunk, inter-chunk through C_j, n_j), and its
+// own part of dC_j, dn_j written over C_j, n_j.
+void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, float* di, float* dcum) {
+  TESSERA_TRACE_SCOPE("mlstm.cpu.backward_local");
+  const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
+  const float scale = c.cx.scale;
+  ThreadBufs& tb = c.tb;
+  chunk_stabilizers(c);
+  chunk_decay(c);
+  chunk_scores(c);
+  for (int64_t t = 0; t < L; ++t) {
+    const float r = 1.f / tb.den[t];
+    for (int64_t y = 0; y < DV; ++y) tb.dnum[t * DV + y] = dh[t * DV + y] * r;
   }
-  std::vector<float> dC(DK * DV, 0.f), dn(DK, 0.f);
-  if (a.dc_last) std::copy_n(a.dc_last + hd.bh * DK * DV, DK * DV, dC.begin());
-  if (a.dn_last) std::copy_n(a.dn_last + hd.bh * DK, DK, dn.begin());
-  for (int64_t j = NC - 1; j >= 0; --j) {
-    const int64_t start = j * Lc, L = std::min(Lc, p.S - start);
-    chunk_forward(hd, start, L, Cs.data() + j * DK * DV, ns.data() + j * DK, ms[j], c);
-    chunk_backward(hd, c, Cs.data() + j * DK * DV, ns.data() + j * DK, a, dC, dn);
+  sgemm(false, true, L, L, DV, 1.f, tb.dnum, DV, c.v(), DV, 0.f, tb.dP, L);  // dnum_t·v_s
+  const bool inter = any_nonzero(tb.w, L);
+  float *Cj = c.C(c.j), *nj = c.n(c.j);
+  if (inter) sgemm(false, true, L, DK, DV, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);  // X_t = C_j dnum_t
+  chunk_dscores(c, inter, g.dq, di, dcum);
+  sgemm(false, false, L, DK, L, scale, tb.dP, L, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
+  sgemm(true, false, L, DK, L, scale, tb.dP, L, c.q(), DK, 0.f, g.dk, DK);
+  sgemm(true, false, L, DV, L, 1.f, tb.P, L, tb.dnum, DV, 0.f, g.dv, DV);
+  // Own part of dC_j = Q̂ᵀ diag(w) dNum, dn_j = Σ_t w_t ddr_t q̂_t (C_j, n_j are not needed again).
+  std::fill(nj, nj + DK, 0.f);
+  if (!inter) {
+    std::fill(Cj, Cj + DK * DV, 0.f);
+    return;
   }
-  if (!a.dc0) return;
-  std::copy(dC.begin(), dC.end(), a.dc0 + hd.bh * DK * DV);
-  std::copy(dn.begin(), dn.end(), a.dn0 + hd.bh * DK);
+  for (int64_t t = 0; t < L; ++t) {
+    const float w = tb.w[t], wd = scale * w * tb.ddr[t];
+    for (int64_t y = 0; y < DV; ++y) tb.dnum[t * DV + y] *= w;
+    for (int64_t x = 0; x < DK; ++x) nj[x] += wd * c.q()[t * DK + x];
+  }
+  sgemm(true, false, DK, DV, L, scale, c.q(), DK, tb.dnum, DV, 0.f, Cj, DV);
 }
 
-// body(head) for every (batch, head), spread over the problem's threads.
-template <class F>
-void for_heads(const Problem& p, F&& body) {
-  const int64_t heads = p.B * p.NH;
-  const int T = int(std::min<int64_t>(p.num_threads, heads));
-  std::atomic<int64_t> next{0};
-  cpu_threads::run_threads(T, true, "mlstm cpu", [&](int) {
-    for (int64_t bh; (bh = next.fetch_add(1)) < heads;) body(Head{p, bh / p.NH, bh});
+// The reverse chain step: dC_j += a_j dC_{j+1} (a_j = w at the chunk's last step).
+void chunk_grad_chain(const ChunkRef& c) {
+  const float a = c.tb.w[c.L - 1];
+  if (a == 0.f) return;
+  const int64_t DK = c.cx.DK, N = DK * c.cx.DV;
+  float *C0 = c.C(c.j), *n0 = c.n(c.j);
+  const float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);
+  for (int64_t e = 0; e < N; ++e) C0[e] += a * C1[e];
+  for (int64_t x = 0; x < DK; ++x) n0[x] += a * n1[x];
+}
+
+// Through the state at the chunk's end, C_{j+1} = a C_j + Σ_s A_s k_s v_sᵀ (A_s = E_{last,s}):
+// dk_s += A_s (dC_{j+1} v_s + dn_{j+1}), dv_s += A_s dC_{j+1}ᵀ k_s. Then the gate terms.
+void chunk_backward_state(const ChunkRef& c, const GradOut& g, float* di, float* dcum) {
+  TESSERA_TRACE_SCOPE("mlstm.cpu.backward_state");
+  const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
+  ThreadBufs& tb = c.tb;
+  const float* A = tb.E + (L - 1) * L;
+  const float *dC = c.C(c.j + 1), *dn = c.n(c.j + 1);
+  if (any_nonzero(A, L) && (any_nonzero(dn, DK) || any_nonzero(dC, DK * DV))) {
+    sgemm(false, true, L, DK, DV, 1.f, c.v(), DV, dC, DV, 0.f, tb.sc, DK);  // dC_{j+1} v_s
+    for (int64_t s = 0; s < L; ++s) {
+      float* u = tb.sc + s * DK;
+      for (int64_t x = 0; x < DK; ++x) u[x] += dn[x], g.dk[s * DK + x] += A[s] * u[x];
+      const float kd = A[s] * dot(c.k() + s * DK, u, DK);  // the state's part of k_s·dk_s
+      di[s] += kd;
+      for (int64_t x = 0; x < DK; ++x) u[x] = A[s] * c.k()[s * DK + x];
+    }
+    sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, dC, DV, 1.f, g.dv, DV);
+  }
+  for (int64_t t = 0; t < L; ++t) dcum[t] -= di[t];  // q̂_t·dq̂_t − k_t·dk_t
+}
+
+// The top of the reverse chain: dot_last for the gates, then dC_NC = dc_last, dn_NC = dn_last.
+void grad_top(const ChunkRef& c, const BackwardArgs& a) {
+  const int64_t DK = c.cx.DK, DV = c.cx.DV, NC = c.cx.NC;
+  float *C = c.C(NC), *n = c.n(NC);
+  c.hb.dot_last = 0.0;
+  if (a.dc_last) c.hb.dot_last += dot(a.dc_last + c.bh * DK * DV, C, DK * DV);
+  if (a.dn_last) c.hb.dot_last += dot(a.dn_last + c.bh * DK, n, DK);
+  if (a.dc_last) std::copy_n(a.dc_last + c.bh * DK * DV, DK * DV, C); else std::fill_n(C, DK * DV, 0.f);
+  if (a.dn_last) std::copy_n(a.dn_last + c.bh * DK, DK, n); else std::fill_n(n, DK, 0.f);
+}
+
+// df from the per-step dcum (held in df): suffix sums within each segment, × σ(−f).
+void gate_suffix(const Ctx& cx, int64_t b, int64_t bh, double dot_last, const BackwardArgs& a) {
+  const Problem& p = cx.p;
+  float* df = a.df + bh * p.S;
+  double acc = dot_last;
+  for (int64_t t = p.S - 1; t >= 0; --t) {
+    acc += df[t];
+    const bool zero_start = p.reset_at(b, t) || (t == 0 && !p.c0);  // logsigmoid(f_t) multiplies a zero state
+    df[t] = zero_start ? 0.f : float(acc / (1.0 + std::exp(double(p.f[bh * p.S + t]))));  // σ(−f)
+    if (p.reset_at(b, t)) acc = 0.0;
+  }
+}
+
+// The forward: items (head, column part) over the threads. The backward: threads in teams; a team
+// shares one head at a time (its chunks round-robin), the teams take heads in turn. Teams of one thread (independent heads: no hand-over between threads, each
+// thread's states in its own cache) when the heads divide evenly over the threads, or are many,
+// and their states fit kStateBudget; otherwise teams large enough that a member gets about four
+// chunks, fewer teams when the heads are few. Extra memory: each team's HeadBufs (C_j for every
+// chunk of one head) and each thread's ThreadBufs.
+constexpr double kStateBudget = 48.0 * 1024 * 1024;  // S = 8192, D = 256, 2 threads: 64.5 MiB, one team
+
+struct Plan {
+  int size = 1, teams = 1;
+  int64_t parts = 1;  // the forward: each head's columns of v (and C, h) in parts, one thread each,
+                      // no hand-over (the state's columns evolve apart)
+};
+
+Plan plan_of(const Problem& p, int64_t NC, bool reverse) {
+  const int64_t T = std::max(1, p.num_threads), heads = p.B * p.NH;
+  const double head_bytes = double(NC + 1) * double(p.DK * p.DV + p.DK) * 4.0;
+  Plan pl;
+  if (!reverse) {  // one thread per (head, column part): parts so that the items divide over the threads
+    pl.parts = heads >= 4 * T ? 1 : std::clamp<int64_t>(T / std::gcd(heads, T), 1, std::max<int64_t>(1, p.DV / 4));
+    pl.teams = int(std::min(T, heads * pl.parts));
+    return pl;
+  }
+  int64_t size = std::clamp<int64_t>(NC / 4, 1, T);
+  if ((heads % T == 0 || heads >= 4 * T) && double(T) * head_bytes <= kStateBudget) size = 1;
+  const int64_t teams = std::min(heads, std::max<int64_t>(1, T / size));
+  if (teams * size < T) size = std::clamp<int64_t>(T / teams, 1, std::max<int64_t>(NC, 1));
+  pl.size = int(size), pl.teams = int(teams);
+  return pl;
+}
+
+struct Team {
+  HeadBufs hb;
+  Chain chain;
+  std::barrier<> sync;
+  Team(int64_t NC, int size) : chain(NC), sync(size) {}
+};
+
+// For each head: `fwd` over its chunks in order, then (with `rev`) `rev` over them in reverse and
+// `fin` once after every member is done.
+template <class Fwd, class Rev, class Fin>
+void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) {
+  const int64_t Lc = std::min(chunk_of(p), p.S), NC = (p.S + Lc - 1) / Lc, DK = p.DK, DV = p.DV;
+  const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK))};
+  const Plan pl = plan_of(p, NC, reverse);
+  const int T = pl.size * pl.teams;
+  std::vector<memory::HostBuffer> keep;
+  std::vector<std::unique_ptr<Team>> teams;
+  for (int t = 0; t < pl.teams; ++t) {
+    teams.push_back(std::make_unique<Team>(NC, pl.size));
+    HeadBufs& h = teams.back()->hb;
+    h.in_place = !reverse && pl.size == 1;
+    const int64_t slots = h.in_place ? 1 : NC + 1;
+    h.C = alloc<float>(keep, slots * DK * DV), h.n = alloc<float>(keep, slots * DK);
+    advise_huge_pages(h.C, slots * DK * DV * int64_t(sizeof(float)));
+    h.cum = alloc<double>(keep, p.S), h.gl = alloc<double>(keep, p.S), h.lmax = alloc<double>(keep, p.S);
+    h.seg = alloc<int32_t>(keep, p.S), h.hs = alloc<uint8_t>(keep, p.S), h.m = alloc<double>(keep, NC + 1);
+  }
+  std::vector<ThreadBufs> tbs(T);
+  for (ThreadBufs& b : tbs) {
+    b.E = alloc<float>(keep, Lc * Lc), b.P = alloc<float>(keep, Lc * Lc), b.dP = alloc<float>(keep, Lc * Lc);
+    b.dnum = alloc<float>(keep, Lc * DV), b.sc = alloc<float>(keep, Lc * std::max(DK, DV));
+    b.mt = alloc<double>(keep, Lc);
+    b.w = alloc<float>(keep, Lc), b.den = alloc<float>(keep, Lc), b.den_raw = alloc<float>(keep, Lc), b.ddr = alloc<float>(keep, Lc);
+    b.qn = alloc<float>(keep, Lc), b.cs = alloc<float>(keep, Lc), b.ones = alloc<float>(keep, Lc);
+    std::fill_n(b.ones, Lc, 1.f);
+    if (!reverse && pl.size == 1) b.dC = alloc<float>(keep, DK * DV), b.dn = alloc<float>(keep, DK);
+  }
+  cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
+    Team& team = *teams[tid / pl.size];
+    const int rank = tid % pl.size;
+    int64_t seq = 0;
+    for (int64_t it = tid / pl.size; it < p.B * p.NH * pl.parts; it += pl.teams, ++seq) {
+      const int64_t bh = it / pl.parts, part = it % pl.parts, y0 = part * DV / pl.parts;
+      const int64_t ny = (part + 1) * DV / pl.parts - y0;
+      auto chunk = [&](int64_t j) {
+        return ChunkRef{cx, team.hb, tbs[tid], bh / p.NH, bh, j, j * Lc, std::min(Lc, p.S - j * Lc), y0, ny};
+      };
+      for (int64_t j = rank; j < NC; j += pl.size) fwd(chunk(j), team.chain, seq);
+      if (reverse)
+        for (int64_t j = NC - 1 - rank; j >= 0; j -= pl.size) rev(chunk(j), team.chain, seq);
+      {
+        TESSERA_TRACE_SCOPE("mlstm.cpu.head_barrier");
+        team.sync.arrive_and_wait();  // the head's buffers are free for the next head
+      }
+      if (reverse && rank == 0) fin(cx, bh / p.NH, bh, team.hb.dot_last);
+    }
   });
 }
 
@@ -284,7 +540,8 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "chunkwise form: intra-chunk sgemms with the decay matrix, inter-chunk state recurrence; threads over heads";
+    return "chunkwise form: sgemms with the decay matrix, chunk states as one axpy chain; threads over chunks "
+           "within a head";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {
@@ -292,14 +549,47 @@ class Cpu final : public Implementation {
     if (p.DK > kMaxHeadDim || p.DV > kMaxHeadDim)
       return Availability::no("DHQK and DHV must be <= " + std::to_string(kMaxHeadDim) + " (cpu), got " +
                               std::to_string(p.DK) + " and " + std::to_string(p.DV));
-    if (chunk_of(p) > 1024) return Availability::no("chunk_size must be <= 1024 (cpu), got " + std::to_string(p.chunk));
+    if (chunk_of(p) > kMaxChunk)
+      return Availability::no("chunk_size must be <= " + std::to_string(kMaxChunk) + " (cpu), got " +
+                              std::to_string(p.chunk));
     return Availability::yes();
   }
+
   void forward(const Problem& p, const ForwardOut& out) const override {
-    for_heads(p, [&](const Head& hd) { head_forward(hd, out); });
+    auto fwd = [&](const ChunkRef& c, Chain&, int64_t) {
+      sequential_chunk(c, out.h + (c.bh * p.S + c.start) * p.DV);
+      if (c.j + 1 < c.cx.NC || !out.c_last) return;
+      for (int64_t x = 0; x < p.DK; ++x)
+        std::copy_n(c.C(c.j + 1) + x * c.ny, c.ny, out.c_last + (c.bh * p.DK + x) * p.DV + c.y0);
+      if (c.y0 > 0) return;
+      std::copy_n(c.n(c.j + 1), p.DK, out.n_last + c.bh * p.DK);
+      out.m_last[c.bh] = float(c.hb.m[c.j + 1]);
+    };
+    auto none = [](auto&&...) {};
+    run_heads(p, fwd, none, none, false);
   }
+
   void backward(const Problem& p, const BackwardArgs& a) const override {
-    for_heads(p, [&](const Head& hd) { head_backward(hd, a); });
+    auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) { sweep_chunk(c, chain, seq); };
+    auto rev = [&](const ChunkRef& c, Chain& chain, int64_t seq) {
+      const int64_t g0 = c.bh * p.S + c.start, NC = c.cx.NC;
+      const GradOut g{a.dq + g0 * p.DK, a.dk + g0 * p.DK, a.dv + g0 * p.DV};
+      chain.wait(seq, NC);  // C_j for every chunk (and the last state) is final
+      chunk_backward_local(c, a.dh + g0 * p.DV, g, a.di + g0, a.df + g0);
+      if (c.j + 1 == NC)
+        grad_top(c, a);
+      else
+        chain.wait_reverse(seq, NC - c.j);  // dC_{j+1} is final
+      chunk_grad_chain(c);
+      chain.publish_reverse(seq, NC - c.j + 1);
+      if (c.j == 0 && a.dc0) {
+        std::copy_n(c.C(0), p.DK * p.DV, a.dc0 + c.bh * p.DK * p.DV);
+        std::copy_n(c.n(0), p.DK, a.dn0 + c.bh * p.DK);
+      }
+      chunk_backward_state(c, g, a.di + g0, a.df + g0);
+    };
+    auto fin = [&](const Ctx& cx, int64_t b, int64_t bh, double dot_last) { gate_suffix(cx, b, bh, dot_last, a); };
+    run_heads(p, fwd, rev, fin, true);
   }
 };
 

@@ -8,6 +8,7 @@
 #include "kernels/mlstm/impl.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
+#include "tune/declared.h"
 
 namespace tessera::mlstm {
 
@@ -22,7 +23,7 @@ struct Dims {
 
 class MlstmBench final : public harness::BenchProblem {
  public:
-  MlstmBench(const Dims& d, uint64_t seed, bool with_data) : d_(d) {
+  MlstmBench(const Dims& d, uint64_t seed, bool with_data) : d_(d), chunk_(bench_chunk(d)) {
     if (!with_data) return;  // cost model only (`tessera bench --predict`)
     q_ = random_uniform(d.dtype, {d.B, d.NH, d.S, d.DK}, 1.0f, seed * 8 + 1);
     k_ = random_uniform(d.dtype, {d.B, d.NH, d.S, d.DK}, 1.0f, seed * 8 + 2);
@@ -37,7 +38,7 @@ class MlstmBench final : public harness::BenchProblem {
     harness::Row r = harness::Row::object();
     r["B"] = d_.B, r["NH"] = d_.NH, r["S"] = d_.S, r["DHQK"] = d_.DK, r["DHV"] = d_.DV;
     r["dtype"] = dtype_name(d_.dtype);
-    r["chunk"] = kDefaultChunk;
+    r["chunk"] = chunk_;
     // The cpu backend's chunk-start states of one head (f32), kept by each team of threads in the
     // backward (cpu.cc plan_of: one thread per head while the teams' states fit 48 MiB, else
     // teams sharing a head): the bulk of its extra memory, which the bench measures
@@ -48,7 +49,7 @@ class MlstmBench final : public harness::BenchProblem {
 
   // Σ over the chunks of one head of L_j^e (the last chunk may be short).
   double chunk_sum(int e) const {
-    const int64_t L = std::min<int64_t>(kDefaultChunk, d_.S), full = d_.S / L, tail = d_.S % L;
+    const int64_t L = std::min<int64_t>(chunk_, d_.S), full = d_.S / L, tail = d_.S % L;
     return double(full) * std::pow(double(L), e) + (tail ? std::pow(double(tail), e) : 0.0);
   }
   double chunks_per_head() const { return chunk_sum(0); }
@@ -88,7 +89,7 @@ class MlstmBench final : public harness::BenchProblem {
       c.add({"backward: dNum·Vᵀ, Pᵀ·dNum, dS·K, dSᵀ·Q̂ (L×L tiles) and four L×DHQK×DHV products per chunk",
              backward_flops(), in_bytes + 2 * h_bytes + tok * (2.0 * d_.DK + d_.DV) * esz, 0.0, false});
     }
-    c.assumptions.push_back("chunkwise form at chunk " + std::to_string(kDefaultChunk) +
+    c.assumptions.push_back("chunkwise form at chunk " + std::to_string(chunk_) +
                             ": FLOPs of the products the cpu backend issues, the L×L tiles in full (their masked "
                             "upper half included); the backward's recomputation of the states and of Q̂Kᵀ counted as "
                             "issued, not useful");
@@ -120,7 +121,9 @@ class MlstmBench final : public harness::BenchProblem {
     return kernels::bind_call(spec().call, c.tensors, c.options, implementation, dev, pass, exec);
   }
   CallData call_data() const override {
-    return {{{"q", q_}, {"k", k_}, {"v", v_}, {"i", i_}, {"f", f_}, {"grad_h", dh_}}, {}};
+    CallData c{{{"q", q_}, {"k", k_}, {"v", v_}, {"i", i_}, {"f", f_}, {"grad_h", dh_}}, {}};
+    c.options.set("chunk_size", std::to_string(chunk_));
+    return c;
   }
 
  private:
@@ -155,7 +158,22 @@ class MlstmBench final : public harness::BenchProblem {
     }
   }
 
+  // The chunk the rows run and their FLOPs count: the tuned table's for cpu at this shape, else
+  // the default — passed to every call explicitly, so that an autotune inside a timed call cannot
+  // run another chunk than the cost model counts.
+  static int64_t bench_chunk(const Dims& d) {
+    tune::DeclaredCall c;
+    c.implementation = "cpu";
+    c.dtype = d.dtype;
+    c.dims = {d.B, d.NH, d.S, d.DK, d.DV};
+    c.threads = resolve_num_threads(0);
+    c.given = {{"chunk_size", 0}};
+    c.autotune_on_miss = false;
+    return tune::param(tune::choose_declared(tuning(), c, {}, {}).params, "chunk_size").value_or(kDefaultChunk);
+  }
+
   Dims d_;
+  int64_t chunk_ = kDefaultChunk;
   Tensor q_, k_, v_, i_, f_, dh_;
 };
 

@@ -1,13 +1,33 @@
 // GENERATED FILE: the tuned block sizes of slstm.
 // Regenerate (do not hand-edit values; review the diff like code):
 //   tessera tune slstm --emit-table   (from the repository root, on the machine to tune; rebuild first: rows of other machines are kept)
-// No rows: no tunable implementation was measured yet. Every lookup misses and falls to autotune-on-miss or the defaults.
+// Last generated 2026-11-25. Each row: implementation, device kind, dtype,
+// shape bucket (see tuning.cc), winning parameters; the comment above it says where and
+// when it was measured and the winner's median time on the bucket's representative
+// shape. Lookup: src/tune/table.h; sanitizing for the actual shape: the kernel's fit (tuning.cc).
 #include "tune/table.h"
 
 namespace tessera::slstm {
 
 const std::vector<tune::TableEntry>& tuned_table() {
-  static const std::vector<tune::TableEntry> rows = {};
+  static const std::vector<tune::TableEntry> rows = {
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=16,S=256,NH=4,DH=128: 52.808 ms median, measured 2026-11-25
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "dh128",
+       {{"batch_block", 128}},
+       "B=16,S=256,NH=4,DH=128", "fused", 52.808, "2026-11-25"},
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=64,S=256,NH=4,DH=64: 76.193 ms median, measured 2026-11-25
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "dh64",
+       {{"batch_block", 8}},
+       "B=64,S=256,NH=4,DH=64", "fused", 76.193, "2026-11-25"},
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=16,S=256,NH=4,DH=128: 58.213 ms median, measured 2026-11-25
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "dh128",
+       {{"batch_block", 16}},
+       "B=16,S=256,NH=4,DH=128", "fused", 58.213, "2026-11-25"},
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=64,S=256,NH=4,DH=64: 75.817 ms median, measured 2026-11-25
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "dh64",
+       {{"batch_block", 8}},
+       "B=64,S=256,NH=4,DH=64", "fused", 75.817, "2026-11-25"},
+  };
   return rows;
 }
 

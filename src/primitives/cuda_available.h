@@ -2,6 +2,7 @@
 // device, or the reason there is none (no driver, no device). Compiled into the CUDA module only.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "core/cuda_util.h"
@@ -13,6 +14,16 @@ inline dispatch::Availability cuda_available() {
   std::string why;
   if (cuda::device_count(&why) == 0) return dispatch::Availability::no(why);
   return dispatch::Availability::yes();
+}
+
+// A kernel's cuda implementation `Impl`, made after the module's allocator and device hooks are
+// registered (every cuda backend's make_cuda_implementation; the call also keeps
+// cuda_device_hooks.cu, whose registration runs at load time, linked into the module).
+template <class Impl>
+std::unique_ptr<Impl> make_cuda() {
+  cuda::register_allocator();
+  cuda::register_device_hooks();
+  return std::make_unique<Impl>();
 }
 
 }  // namespace tessera::primitives

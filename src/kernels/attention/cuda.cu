@@ -325,11 +325,7 @@ class Cuda final : public Implementation {
 
 }  // namespace
 
-std::unique_ptr<Implementation> make_cuda_implementation() {
-  cuda::register_allocator();
-  cuda::register_device_hooks();
-  return std::make_unique<Cuda>();
-}
+std::unique_ptr<Implementation> make_cuda_implementation() { return primitives::make_cuda<Cuda>(); }
 
 // The CUDA module (core/cuda_module.h) registers this implementation when it is loaded; it takes
 // the place of the "cuda" placeholder declared in implementations.cc.

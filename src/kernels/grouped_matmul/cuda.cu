@@ -111,11 +111,7 @@ class Cuda final : public Implementation {
 
 }  // namespace
 
-std::unique_ptr<Implementation> make_cuda_implementation() {
-  cuda::register_allocator();
-  cuda::register_device_hooks();
-  return std::make_unique<Cuda>();
-}
+std::unique_ptr<Implementation> make_cuda_implementation() { return primitives::make_cuda<Cuda>(); }
 
 // The CUDA module registers this implementation when it is loaded, in place of the "cuda"
 // placeholder declared in implementations.cc.

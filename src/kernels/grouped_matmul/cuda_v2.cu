@@ -217,11 +217,7 @@ class CudaV2 final : public Implementation {
   }
 };
 
-std::unique_ptr<Implementation> make_cuda_v2_implementation() {
-  cuda::register_allocator();
-  cuda::register_device_hooks();
-  return std::make_unique<CudaV2>();
-}
+std::unique_ptr<Implementation> make_cuda_v2_implementation() { return primitives::make_cuda<CudaV2>(); }
 
 }  // namespace
 

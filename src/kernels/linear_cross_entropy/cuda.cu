@@ -514,11 +514,7 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
 
 }  // namespace
 
-std::unique_ptr<Implementation> make_cuda_implementation() {
-  cuda::register_allocator();
-  cuda::register_device_hooks();  // also keeps cuda_device_hooks.cu (load-time registration) linked
-  return std::make_unique<Cuda>();
-}
+std::unique_ptr<Implementation> make_cuda_implementation() { return primitives::make_cuda<Cuda>(); }
 
 // The CUDA module (core/cuda_module.h) registers this implementation when it is loaded; it
 // takes the place of the "cuda" placeholder declared in implementations.cc.

@@ -166,11 +166,7 @@ class Cuda final : public Implementation {
 
 }  // namespace
 
-std::unique_ptr<Implementation> make_cuda_implementation() {
-  cuda::register_allocator();
-  cuda::register_device_hooks();
-  return std::make_unique<Cuda>();
-}
+std::unique_ptr<Implementation> make_cuda_implementation() { return primitives::make_cuda<Cuda>(); }
 
 TESSERA_CUDA_MODULE_REGISTRATION([] { registry().add(make_cuda_implementation()); });
 

@@ -7,6 +7,7 @@
 
 #include "core/cuda_util.h"
 #include "dispatch/dispatch.h"
+#include "tessera/tensor.h"
 
 namespace tessera::primitives {
 
@@ -15,6 +16,15 @@ inline dispatch::Availability cuda_available() {
   if (cuda::device_count(&why) == 0) return dispatch::Availability::no(why);
   return dispatch::Availability::yes();
 }
+
+// What every cuda backend's class says the same way: its device and when it is available. A kernel
+// derives `class Cuda final : public primitives::CudaBackend<Implementation>`.
+template <class Base>
+class CudaBackend : public Base {
+ public:
+  DeviceType device_type() const override { return DeviceType::kCUDA; }
+  dispatch::Availability available() const override { return cuda_available(); }
+};
 
 // A kernel's cuda implementation `Impl`, made after the module's allocator and device hooks are
 // registered (every cuda backend's make_cuda_implementation; the call also keeps

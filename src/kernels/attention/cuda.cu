@@ -238,16 +238,14 @@ void launch_dkdv(const ck::Params& k, const Problem& p, cudaStream_t stream) {
 
 // ---- the implementation ----
 
-class Cuda final : public Implementation {
+class Cuda final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda"; }
   std::string description() const override {
     return "NVIDIA GPUs (sm_80+): flash-style online softmax over key tiles, CUDA-core f32 math (v1, no tensor "
            "cores yet); deterministic backward without atomics; D, Dv <= 256";
   }
-  DeviceType device_type() const override { return DeviceType::kCUDA; }
 
-  Availability available() const override { return primitives::cuda_available(); }
 
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA)

@@ -34,15 +34,13 @@ void clear(void* base, DType t, int64_t first, int64_t count, const Problem& p, 
               what);
 }
 
-class Cuda final : public Implementation {
+class Cuda final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda"; }
   std::string description() const override {
     return "NVIDIA GPUs: one cuBLAS GEMM per non-empty group (host group sizes), f32 accumulation";
   }
-  DeviceType device_type() const override { return DeviceType::kCUDA; }
 
-  Availability available() const override { return primitives::cuda_available(); }
 
   Availability supports(const Problem& p) const override { return cuda_checks::device_support(p, "cuda", false); }
   BlockSizes default_block_sizes(const Problem&) const override { return {}; }

@@ -126,7 +126,7 @@ const Implementation& loop() {
   return *c;
 }
 
-class CudaV2 final : public Implementation {
+class CudaV2 final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return kImpl; }
   std::string description() const override {
@@ -136,9 +136,7 @@ class CudaV2 final : public Implementation {
   std::string what_changed() const override {
     return "one grouped cuBLAS call per 1024 groups instead of one GEMM per group from a host loop";
   }
-  DeviceType device_type() const override { return DeviceType::kCUDA; }
 
-  Availability available() const override { return primitives::cuda_available(); }
 
   Availability supports(const Problem& p) const override { return cc::device_support(p, kImpl, true); }
   BlockSizes default_block_sizes(const Problem&) const override { return {}; }

@@ -207,16 +207,14 @@ void keep_at_most_budget(const Problem& p) {
   cuda::trim_scratch(p.device.index, std::max<uint64_t>(budget_of(p), cuda::pool_keep_bytes()));
 }
 
-class Cuda final : public Implementation {
+class Cuda final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda"; }
   std::string description() const override {
     return "NVIDIA GPUs (sm_80+, tuned for Hopper): cuBLAS GEMMs over token chunks sized by "
            "memory_budget + row-wise CUDA kernels; f32 logits and accumulation";
   }
-  DeviceType device_type() const override { return DeviceType::kCUDA; }
 
-  Availability available() const override { return primitives::cuda_available(); }
 
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA)

@@ -179,15 +179,13 @@ void launch_for_o(const Problem& p, const Dims& d, const int32_t* pt, const int3
   }
 }
 
-class Cuda final : public Implementation {
+class Cuda final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda"; }
   std::string description() const override {
     return "NVIDIA GPUs: split-KV partial attention (a warp per query row, keys staged in shared memory), then the "
            "lse combine";
   }
-  DeviceType device_type() const override { return DeviceType::kCUDA; }
-  Availability available() const override { return primitives::cuda_available(); }
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA) return Availability::no("inputs are on " + p.device.str());
     if (p.D > kMaxD || p.Dv > 32 * kMaxPerLane) return Availability::no("D and Dv must be <= 1024");

@@ -129,14 +129,12 @@ void require_on_device(const Problem& p, std::initializer_list<std::pair<const v
     if (ptr) cuda::require_accessible(ptr, p.device.index, kWho, what);
 }
 
-class Cuda final : public Implementation {
+class Cuda final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda"; }
   std::string description() const override {
     return "NVIDIA GPUs: chunkwise — the state recurrence per head, then one block per (chunk, head) (v1, f32 math)";
   }
-  DeviceType device_type() const override { return DeviceType::kCUDA; }
-  Availability available() const override { return primitives::cuda_available(); }
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA) return Availability::no("the cuda backend runs on CUDA device memory");
     if (const Availability a = available(); !a.ok) return a;

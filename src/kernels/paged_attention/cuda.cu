@@ -114,14 +114,12 @@ __global__ void forward_kernel(Params p) {
   throw Error(code, std::string(kKernelName) + " (cuda): " + msg);
 }
 
-class Cuda final : public Implementation {
+class Cuda final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda"; }
   std::string description() const override {
     return "NVIDIA GPUs: one warp per query row and head, online softmax over the pages (v1, f32 math)";
   }
-  DeviceType device_type() const override { return DeviceType::kCUDA; }
-  Availability available() const override { return primitives::cuda_available(); }
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA) return Availability::no("the cuda backend runs on CUDA device memory");
     if (const Availability a = available(); !a.ok) return a;

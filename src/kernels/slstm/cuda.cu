@@ -83,15 +83,13 @@ void run_dtype(const Problem& p, const Args& a, int jr, cudaStream_t st) {
   return run_typed<T, kRegRows>(p, a, st);
 }
 
-class Cuda final : public Implementation {
+class Cuda final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda"; }
   std::string description() const override {
     return "NVIDIA GPUs: persistent kernel, one block per (head, 4 batch rows) over all steps, recurrent weights "
            "resident in shared memory (and registers), backward through time from a device tape (v1, DH <= 128)";
   }
-  DeviceType device_type() const override { return DeviceType::kCUDA; }
-  Availability available() const override { return primitives::cuda_available(); }
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA) return Availability::no("the cuda backend runs on CUDA device memory");
     if (const Availability a = available(); !a.ok) return a;

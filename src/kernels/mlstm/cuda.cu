@@ -129,6 +129,13 @@ void require_on_device(const Problem& p, std::initializer_list<std::pair<const v
     if (ptr) cuda::require_accessible(ptr, p.device.index, kWho, what);
 }
 
+// The forward's inputs (both passes read them).
+void require_inputs_on_device(const Problem& p) {
+  require_on_device(p, {{p.dev.q.data, "q"}, {p.dev.k.data, "k"}, {p.dev.v.data, "v"}, {p.dev.i.data, "i"},
+                        {p.dev.f.data, "f"}, {p.dev.resets.data, "resets"}, {p.c0, "c0"}, {p.n0, "n0"},
+                        {p.m0, "m0"}});
+}
+
 class Cuda final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda"; }
@@ -158,10 +165,8 @@ class Cuda final : public primitives::CudaBackend<Implementation> {
   void forward(const Problem& p, const ForwardOut& out) const override {
     TESSERA_NVTX_RANGE("mlstm.cuda.fwd");
     cuda::DeviceGuard guard(p.device.index);
-    require_on_device(p, {{p.dev.q.data, "q"}, {p.dev.k.data, "k"}, {p.dev.v.data, "v"}, {p.dev.i.data, "i"},
-                          {p.dev.f.data, "f"}, {p.dev.resets.data, "resets"}, {p.c0, "c0"}, {p.n0, "n0"},
-                          {p.m0, "m0"}, {out.h_dev.data, "h"}, {out.c_last, "c_last"}, {out.n_last, "n_last"},
-                          {out.m_last, "m_last"}});
+    require_inputs_on_device(p);
+    require_on_device(p, {{out.h_dev.data, "h"}, {out.c_last, "c_last"}, {out.n_last, "n_last"}, {out.m_last, "m_last"}});
     Run r(p);
     r.k.h = out.h_dev.data, r.k.hdt = code(out.h_dev.dtype);
     r.k.c_last = out.c_last, r.k.n_last = out.n_last, r.k.m_last = out.m_last;
@@ -172,9 +177,8 @@ class Cuda final : public primitives::CudaBackend<Implementation> {
   void backward(const Problem& p, const BackwardArgs& a) const override {
     TESSERA_NVTX_RANGE("mlstm.cuda.bwd");
     cuda::DeviceGuard guard(p.device.index);
-    require_on_device(p, {{p.dev.q.data, "q"}, {p.dev.k.data, "k"}, {p.dev.v.data, "v"}, {p.dev.i.data, "i"},
-                          {p.dev.f.data, "f"}, {p.dev.resets.data, "resets"}, {p.c0, "c0"}, {p.n0, "n0"},
-                          {p.m0, "m0"}, {a.dh_dev.data, "dh"}, {a.dc_last, "dc_last"}, {a.dn_last, "dn_last"},
+    require_inputs_on_device(p);
+    require_on_device(p, {{a.dh_dev.data, "dh"}, {a.dc_last, "dc_last"}, {a.dn_last, "dn_last"},
                           {a.dq_dev.data, "dq"}, {a.dk_dev.data, "dk"}, {a.dv_dev.data, "dv"},
                           {a.di_dev.data, "di"}, {a.df_dev.data, "df"}, {a.dc0, "dc0"}, {a.dn0, "dn0"}});
     Run r(p);

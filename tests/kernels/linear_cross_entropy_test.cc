@@ -303,3 +303,31 @@ INSTANTIATE_TEST_SUITE_P(AllOptions, LceFiniteDifference, ::testing::ValuesIn(fd
 
 }  // namespace
 }  // namespace tessera::linear_cross_entropy
+
+namespace tessera::linear_cross_entropy {
+namespace {
+
+// An ignored row's lse is unspecified under skip_ignored (0 on the host path, the true value on a
+// device): comparisons see those rows, and only those, as 0; without skip_ignored every row counts.
+TEST(LceTesting, SpecifiedLseBlanksExactlyTheIgnoredRows) {
+  testing::CaseSpec s;
+  s.lead = {40};
+  s.ignore_fraction = 0.25;
+  s.label_dtype = DType::kI32;
+  const testing::CaseData d = testing::make_case(s);
+  const std::vector<double> lse(40, 7.0);
+  const std::vector<double> got = testing::specified_lse(s, d, lse);
+  int ignored = 0;
+  for (int64_t t = 0; t < 40; ++t) {
+    const bool ign = d.labels.data_as<int32_t>()[t] == s.opt.ignore_index;
+    ignored += ign;
+    EXPECT_EQ(got[static_cast<size_t>(t)], ign ? 0.0 : 7.0) << t;
+  }
+  EXPECT_GT(ignored, 0);
+  EXPECT_LT(ignored, 40);
+  s.opt.skip_ignored = false;
+  EXPECT_EQ(testing::specified_lse(s, d, lse), lse);
+}
+
+}  // namespace
+}  // namespace tessera::linear_cross_entropy

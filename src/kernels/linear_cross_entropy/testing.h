@@ -43,6 +43,14 @@ struct CaseData {
 };
 CaseData make_case(const CaseSpec& spec);
 
+// The spec's options for `implementation`, with a square w's layout said (H == V is ambiguous).
+Options options_for(const CaseSpec& spec, const std::string& implementation);
+
+// The lse values a comparison may look at: the contract leaves an ignored row's lse unspecified
+// under skip_ignored (0 where the host path skipped the row, the true logsumexp where a device
+// backend computed it), so those rows are set to 0 in `lse` (memory order of the leading dims).
+std::vector<double> specified_lse(const CaseSpec& spec, const CaseData& host, std::vector<double> lse);
+
 // Tolerances per output, justified in testing.cc.
 struct Tolerances {
   harness::Tolerance loss, lse, dx, dw, dbias;

@@ -11,6 +11,7 @@
 #include "kernels/mlstm/testing.h"
 #include "tessera/error.h"
 #include "tessera/mlstm.h"
+#include "cpu_backend.h"
 
 namespace tessera {
 namespace {
@@ -41,7 +42,7 @@ mlstm::Options impl_opt(const std::string& impl, double eps = 0.0) {
 // logf = log ½. t=0: m = max(log ½, 0) = 0, C = 3, n = 1, h = 3·2 / max(2, 1) = 3.
 // t=1: m = max(log ½, 1) = 1, F = ½e^{-1}, I = 1: C = 1.5/e − 2, n = 0.5/e + 2, h = C/n.
 TEST(MlstmReference, MatchesHandComputedSteps) {
-  for (const char* impl : {"reference", "cpu"}) {
+  for (const char* impl : tessera::testing::reference_and_cpu()) {
     Hand x;
     mlstm::forward(x.in(), f32(x.h, {1, 1, 2, 1}), x.last(), impl_opt(impl));
     const double C = 1.5 / std::exp(1.0) - 2.0, n = 0.5 / std::exp(1.0) + 2.0;
@@ -56,7 +57,7 @@ TEST(MlstmReference, MatchesHandComputedSteps) {
 // A reset at t = 1 starts from zero with m = 0: m = max(log ½, 1) = 1, C = −2, n = 2, h = −1.
 // A reset at t = 0 has no effect. eps = 1e-6 enters the denominator: h0 = 6 / (2 + 1e-6).
 TEST(MlstmReference, ResetsAndEps) {
-  for (const char* impl : {"reference", "cpu"}) {
+  for (const char* impl : tessera::testing::reference_and_cpu()) {
     Hand x;
     x.r = {1, 1};
     mlstm::forward(x.in(true), f32(x.h, {1, 1, 2, 1}), x.last(), impl_opt(impl, 1e-6));
@@ -161,7 +162,7 @@ TEST(MlstmReference, LastStateGradientsMatchFiniteDifferences) {
 
 // ---- large gates, two calls = one call (reference and cpu) ----
 TEST(Mlstm, LargeGatesStayFinite) {
-  for (const char* impl : {"reference", "cpu"})
+  for (const char* impl : tessera::testing::reference_and_cpu())
     for (float big : {100.0f, 1000.0f}) {
       CaseSpec s;
       s.S = 24, s.resets = "random", s.initial_state = true;
@@ -205,7 +206,7 @@ Tensor slice_s(const Tensor& t, int64_t s0, int64_t s1, int64_t seq_dim) {  // [
 }
 
 TEST(Mlstm, TwoCallsEqualOneCall) {
-  for (const char* impl : {"reference", "cpu"}) {
+  for (const char* impl : tessera::testing::reference_and_cpu()) {
     CaseSpec s;
     s.B = 2, s.S = 21, s.resets = "random", s.initial_state = true;
     const CaseData d = mlstm::testing::make_case(s);
@@ -239,6 +240,7 @@ TEST(Mlstm, TwoCallsEqualOneCall) {
 
 // ---- API errors: one line, thrown before any output is written ----
 TEST(MlstmApi, ErrorsNameTheProblem) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();  // some cases name the cpu implementation
   std::vector<float> q(4), k(4), v(4), i(2), f(2), h(4, -7.0f);
   auto call = [&](mlstm::Inputs in, TensorView hv, mlstm::Options o = {}) {
     try {

@@ -11,6 +11,7 @@
 #include "kernels/slstm/testing.h"
 #include "tessera/error.h"
 #include "tessera/slstm.h"
+#include "cpu_backend.h"
 
 namespace tessera::slstm {
 namespace {
@@ -142,6 +143,7 @@ TEST(SlstmApi, NonFiniteInputsAreRejectedWhenAsked) {
 }
 
 TEST(SlstmApi, DhOverTheCpuLimitIsNamed) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
   const Shape wx{1, 1, 4, 1, 1025}, r{4, 1, 1025, 1025}, b{4, 1, 1025};
   Tensor twx = Tensor::zeros(DType::kF32, wx), tr = Tensor::zeros(DType::kF32, r), tb = Tensor::zeros(DType::kF32, b);
   Tensor h = sentinel(DType::kF32, {1, 1, 1, 1025});

@@ -11,6 +11,7 @@
 #include "kernels/slstm/testing.h"
 #include "tessera/error.h"
 #include "tessera/slstm.h"
+#include "cpu_backend.h"
 
 namespace tessera {
 namespace {
@@ -130,7 +131,7 @@ TEST(SlstmReference, GradientsMatchFiniteDifferencesWithResetsAndInitialState) {
 }
 
 TEST(SlstmReference, LargeGatesStayFinite) {
-  for (const char* impl : {"reference", "cpu"}) {
+  for (const char* impl : tessera::testing::reference_and_cpu()) {
     CaseSpec s;
     s.B = 3, s.S = 20, s.NH = 2, s.DH = 8, s.gate_scale = 50.0f, s.resets = "random", s.initial = true;
     const CaseData d = slstm::testing::make_case(s);
@@ -222,7 +223,7 @@ TEST(SlstmReference, TheBatchBlockChangesNothingButThePartition) {
 }
 
 TEST(SlstmReference, TwoCallsEqualOneCall) {
-  for (const char* impl : {"reference", "cpu"}) {
+  for (const char* impl : tessera::testing::reference_and_cpu()) {
     CaseSpec s;
     s.B = 3, s.S = 9, s.NH = 2, s.DH = 5, s.resets = "random";
     const CaseData d = slstm::testing::make_case(s);
@@ -270,7 +271,7 @@ TEST(SlstmReference, TwoCallsEqualOneCall) {
 // as dh_last, dc_last, dn_last give the one-call gradients (m held in both: a next call depends on
 // c·e^m and n·e^m only). Without dc_last/dn_last the gradient through the carried state is lost.
 TEST(SlstmReference, TwoCallsChainTheirGradients) {
-  for (const char* impl : {"reference", "cpu"}) {
+  for (const char* impl : tessera::testing::reference_and_cpu()) {
     CaseSpec s;
     s.B = 2, s.S = 9, s.NH = 2, s.DH = 5, s.resets = "none", s.seed = 33;
     const CaseData d = slstm::testing::make_case(s);
@@ -331,7 +332,7 @@ TEST(SlstmReference, TwoCallsChainTheirGradients) {
 // initial state. (ANCHORS: the peers have no resets; a community fork forces f̄ = −1000 at
 // document boundaries, which still feeds h_{t-1} into the gates through r: not a reset.)
 TEST(SlstmReference, AResetIsAFreshSequence) {
-  for (const char* impl : {"reference", "cpu"}) {
+  for (const char* impl : tessera::testing::reference_and_cpu()) {
     CaseSpec s;
     s.B = 1, s.S = 7, s.NH = 2, s.DH = 6, s.resets = "none", s.seed = 21;
     CaseData d = slstm::testing::make_case(s);

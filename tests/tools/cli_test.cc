@@ -15,6 +15,7 @@
 #include "tessera/grouped_matmul.h"
 #include "tessera/linear_cross_entropy.h"
 #include "tessera/mlstm.h"
+#include "cpu_backend.h"
 
 namespace tessera {
 namespace {
@@ -88,6 +89,7 @@ TEST_F(Cli, ListVerboseWithoutACompilerReportSaysWhy) {
 }
 
 TEST_F(Cli, NewVersionChecksNamesAndSaysWhatToRunOutsideTheSourceTree) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();  // versions the cpu implementation
   Cmd c = sh("new-version linear_cross_entropy no_such_impl");
   EXPECT_EQ(c.code, 2) << c.out;
   EXPECT_NE(c.out.find("no implementation named 'no_such_impl'"), std::string::npos) << c.out;
@@ -97,6 +99,7 @@ TEST_F(Cli, NewVersionChecksNamesAndSaysWhatToRunOutsideTheSourceTree) {
 }
 
 TEST_F(Cli, NewVersionDryRunInTheSourceTreeWritesNothing) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
   const Cmd c = sh(std::string("new-version linear_cross_entropy cpu --dry-run --root ") + TESSERA_TEST_SOURCE_DIR);
   EXPECT_EQ(c.code, 0) << c.out;
   EXPECT_NE(c.out.find("would write src/kernels/linear_cross_entropy/"), std::string::npos) << c.out;
@@ -370,6 +373,7 @@ void expect_file_equals(const std::string& path, const Tensor& want, const char*
 // Issue #25's command line, flag for flag: h, the last states, the gradients (dc0, dn0 with an
 // initial state) from --dh, equal to the API's results on the same inputs; dh defaults to ones.
 TEST_F(Cli, RunsMlstmAsTheIssueSpellsIt) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();  // the issue spells --impl cpu
   const int64_t B = 2, NH = 1, S = 5, DK = 3, DV = 2;
   Tensor q = mlstm_input({B, NH, S, DK}, 0.1f), k = mlstm_input({B, NH, S, DK}, 0.7f), v = mlstm_input({B, NH, S, DV}, 1.3f);
   Tensor i = mlstm_input({B, NH, S}, 2.0f), f = mlstm_input({B, NH, S}, 2.9f), dh = mlstm_input({B, NH, S, DV}, 0.5f);

@@ -10,6 +10,7 @@
 #include "harness/npy.h"
 #include "tessera/mla_decode.h"
 #include "tools/cli_test_util.h"
+#include "cpu_backend.h"
 
 namespace tessera {
 namespace {
@@ -47,6 +48,7 @@ class MlaDecodeCli : public ::testing::Test {
 };
 
 TEST_F(MlaDecodeCli, RunsAsTheIssueSpellsIt) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();  // the issue spells --impl cpu
   for (const char* impl : {"reference", "cpu"}) {
     const std::string out = p(std::string("out_") + impl);
     const Cmd c = cli_test::run_cli(args() + " --dv 5 --causal --scale 0.3 --impl " + impl + " --out " + out);

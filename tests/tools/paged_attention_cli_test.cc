@@ -9,6 +9,7 @@
 #include "kernels/paged_attention/testing.h"
 #include "tessera/paged_attention.h"
 #include "tools/cli_test_util.h"
+#include "cpu_backend.h"
 
 namespace tessera {
 namespace {
@@ -16,6 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 
 TEST(PagedAttentionCli, RunsAsTheIssueSpellsIt) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();  // the issue spells --impl cpu
   const fs::path dir = fs::temp_directory_path() / ("tessera_paged_cli_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);

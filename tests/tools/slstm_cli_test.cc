@@ -10,6 +10,7 @@
 #include "harness/npy.h"
 #include "tessera/slstm.h"
 #include "tools/cli_test_util.h"
+#include "cpu_backend.h"
 
 namespace tessera {
 namespace {
@@ -54,6 +55,7 @@ class SlstmCli : public ::testing::Test {
 };
 
 TEST_F(SlstmCli, RunsAsTheIssueSpellsIt) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();  // the issue spells --impl cpu
   const std::string in = "run slstm --wx " + p("wx.npy") + " --r " + p("r.npy") + " --b " + p("b.npy") + " --resets " +
                          p("rs.npy") + " --h0 " + p("h0.npy") + " --c0 " + p("c0.npy") + " --n0 " + p("n0.npy") +
                          " --m0 " + p("m0.npy");

@@ -13,6 +13,7 @@
 #include "tune/declared.h"
 #include "tune/device_kind.h"
 #include "tune/tune_test_util.h"
+#include "cpu_backend.h"
 
 namespace tessera::tune {
 namespace {
@@ -155,6 +156,7 @@ TEST(DeclaredTuning, StagesBlockSizesAreValidatedJointly) {
 }
 
 TEST(DeclaredTuning, MlstmDeclaresItsChunkAndTunesThroughItsSignature) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
   const kernels::KernelSpec& k = kernels::get("mlstm");
   ASSERT_TRUE(k.tune.tunable);
   EXPECT_TRUE(k.tune.tunable("cpu"));

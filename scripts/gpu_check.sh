@@ -23,6 +23,8 @@
 #
 # Options: --out DIR (default build/gpu-check: kept between calls on the GPU machine)
 #          --archive FILE (after the stage, a .tar.gz of DIR, e.g. $OUT/gpu_check.tar.gz)
+#          --deadline S (with --stage all: the four stages in one call that ends within S seconds,
+#            each stage given its cap from STAGE_CAPS or what is left, whichever is less)
 #          --plan (print what the stage would run, without running it; needs no GPU)
 # Exit: 0 every step passed; 1 a step failed or timed out; 2 usage or set-up error (.deps missing);
 #       3 no NVIDIA GPU is present (nothing is built or run).
@@ -42,6 +44,7 @@
 #      BENCH_SHAPES (linear_cross_entropy B x H x V list, e.g. "8192x4096x128256,8192x2304x256000"),
 #      ATTN_SHAPES (attention B,S,H,D list separated by spaces; default "4,4096,16,128"),
 #      STAGE_BUDGET_S (default 530: a step that would start past it is skipped and said so),
+#      STAGE_CAPS (with --deadline; default "build:240 test:200 sanitize:90 bench:600"),
 #      SANITIZE_TOOLS (default "memcheck initcheck racecheck synccheck"),
 #      GPU_CHECK_NO_GPU=1 (act as if no GPU were present), GPU_CHECK_BUILD_DIR, GPU_CHECK_DEPS_DIR
 #      (the script's own test, tests/scripts/gpu_check_test.sh).
@@ -86,13 +89,14 @@ usage() {
   sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
 }
 
-stage="" out="" archive="" plan=0
+stage="" out="" archive="" plan=0 deadline=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --stage) stage=${2:-}; shift 2 || { echo "gpu_check: --stage needs a value" >&2; exit 2; } ;;
     --stage=*) stage=${1#--stage=}; shift ;;
     --out) out=${2:-}; shift 2 || { echo "gpu_check: --out needs a value" >&2; exit 2; } ;;
     --out=*) out=${1#--out=}; shift ;;
+    --deadline) deadline=${2:-}; shift 2 || { echo "gpu_check: --deadline needs a value" >&2; exit 2; } ;;
     --archive) archive=${2:-}; shift 2 || { echo "gpu_check: --archive needs a value" >&2; exit 2; } ;;
     --plan) plan=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -163,6 +167,16 @@ if [ "$plan" = 0 ] && [ ! -d "$deps/usr" ]; then
 fi
 export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if ! command -v nvcc > /dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+# cuDNN: the toolkit's, else the one PyTorch's wheels bring (its libraries then on the loader's path).
+cudnn_pip=""
+if [ "$plan" = 0 ] && ! ls /usr/local/cuda/include/cudnn_graph.h /usr/include/cudnn_graph.h > /dev/null 2>&1; then
+  cudnn_pip=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2> /dev/null || true)
+  if [ -n "$cudnn_pip" ] && [ -f "$cudnn_pip/include/cudnn_graph.h" ]; then
+    export LD_LIBRARY_PATH="$cudnn_pip/lib:$LD_LIBRARY_PATH"
+  else
+    cudnn_pip=""
+  fi
+fi
 # The peers' wheels (Liger-Kernel, cut-cross-entropy), installed once per machine beside the tree.
 if [ "$plan" = 0 ] && ls "$root"/.whl/*.whl > /dev/null 2>&1; then
   site=$root/build/gpu-site
@@ -181,8 +195,12 @@ stage_build() {
     command -v compute-sanitizer > /dev/null && compute-sanitizer --version 2>&1 | tail -1
   } > "$out/env.txt" 2>&1
   if [ ! -f "$build/build.ninja" ]; then
+    local cudnn_args=()  # cuDNN from PyTorch's wheel (nvidia-cudnn-cu13) when the toolkit has none
+    if [ -n "$cudnn_pip" ]; then
+      cudnn_args=("-DTESSERA_CUDNN_INCLUDE_DIR=$cudnn_pip/include" "-DTESSERA_CUDNN_LIBRARY=$cudnn_pip/lib/libcudnn.so.9")
+    fi
     step configure 180 configure.log cmake --preset gpu -DCMAKE_PREFIX_PATH="$deps/usr" \
-      "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" || return 1
+      "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" "${cudnn_args[@]}" || return 1
   fi
   step build 510 build.log cmake --build --preset gpu -j "${JOBS:-$(nproc)}"
 }
@@ -352,7 +370,17 @@ run_stage() {
   esac
 }
 
-if [ "$stage" = all ]; then
+if [ "$stage" = all ] && [ -n "$deadline" ]; then
+  # One call for everything: each stage gets its cap or what is left of the deadline, in order.
+  end=$((SECONDS + deadline))
+  for cap in ${STAGE_CAPS:-build:240 test:200 sanitize:90 bench:600}; do
+    stage=${cap%%:*}; budget=$((end - SECONDS)); started=$SECONDS
+    [ "${cap#*:}" -lt "$budget" ] && budget=${cap#*:}
+    if [ "$budget" -lt 20 ]; then note "stage $stage skipped: the deadline of ${deadline}s is spent"; status=1; continue; fi
+    run_stage "$stage" || true
+  done
+  stage=all
+elif [ "$stage" = all ]; then
   budget=$((budget * 4))
   for s in build test sanitize bench; do stage=$s; run_stage "$s" || true; done
   stage=all

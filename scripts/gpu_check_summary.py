@@ -55,6 +55,18 @@ def suite_counts(doc):
     return run, failed, skipped, failures
 
 
+def step_status(out):
+    """log path -> status of the step that wrote it (steps.tsv; the last run of it wins)."""
+    path = os.path.join(out, "steps.tsv")
+    status = {}
+    if os.path.exists(path):
+        for row in open(path):
+            f = row.rstrip("\n").split("\t")
+            if len(f) >= 5 and f[4]:
+                status[f[4]] = f[2]
+    return status
+
+
 def tests_section(out):
     files = sorted(glob.glob(os.path.join(out, "tests", "*.json")))
     if not files:
@@ -69,6 +81,10 @@ def tests_section(out):
         run, failed, skipped, failures = suite_counts(doc)
         lines.append(f"| {os.path.basename(p)[:-5]} | {run} | {failed} | {skipped} |")
         all_failures += failures
+    # A suite process that died (a segfault, a timeout) wrote no JSON: its step's status says so.
+    for log, st in sorted(step_status(out).items()):
+        if log.startswith("tests/") and st != "ok" and not os.path.exists(os.path.join(out, log[:-4] + ".json")):
+            lines.append(f"| {os.path.basename(log)[:-4]} | no JSON: {st} | | |")
     lines += [""] + [f"- FAILED {f}" for f in all_failures[:60]]
     return lines + [""]
 
@@ -78,10 +94,24 @@ def sanitize_section(out):
     if not logs:
         return []
     lines = ["## compute-sanitizer (Tessera's kernels)", ""]
+    status = step_status(out)
     for p in logs:
         text = open(p, errors="replace").read()
         m = re.findall(r"ERROR SUMMARY: (\d+) errors?", text)
-        lines.append(f"- {os.path.basename(p)[:-4]}: " + (f"{m[-1]} errors" if m else "no ERROR SUMMARY (cut short?)"))
+        line = f"- {os.path.basename(p)[:-4]}: " + (f"{m[-1]} errors" if m else "no ERROR SUMMARY (cut short?)")
+        # The tool's errors are not the whole story: the tests it ran can fail, the process can die.
+        counts = re.findall(r"\[  (PASSED|FAILED|SKIPPED) +\] (\d+) tests?", text)
+        failed = {t.rstrip(",") for t in re.findall(r"^\[  FAILED  \] ([^ ]+)", text, re.M)}
+        if failed and not any(k == "FAILED" for k, _ in counts):  # --gtest_brief prints no FAILED count
+            counts.append(("FAILED", str(len(failed))))
+        if counts:
+            line += "; tests " + ", ".join(f"{n} {k.lower()}" for k, n in counts)
+        if "didn't terminate successfully" in text:
+            line += "; the process did not terminate successfully (crashed)"
+        st = status.get(os.path.relpath(p, out))
+        if st and st != "ok":
+            line += f"; step {st}"
+        lines.append(line)
     return lines + [""]
 
 

@@ -103,5 +103,12 @@ grep -q "| test | tests (CPU suite) | SKIPPED (stage budget of 22s spent) |" "$t
   fail "no skipped row after the budget: $(grep '| test |' "$tmp/fake2/summary.md")"
 grep -q "| test | tests FakeA | ok |" "$tmp/fake2/summary.md" || fail "the GPU suites did not run first"
 
+# --stage all --deadline S: the four stages in one call, in order (what a short GPU lease runs).
+out=$(bash "$script" --stage all --deadline 2>&1); expect_rc 2 $? "--deadline without a value"
+out=$(TESSERA_BIN=$cli bash "$script" --stage all --deadline 300 --plan --out "$tmp/plan_all" 2>&1)
+expect_rc 0 $? "--stage all --deadline --plan"
+order=$(echo "$out" | grep -oE '^\[(build|test|sanitize|bench)\]' | awk '!seen[$0]++' | tr '\n' ' ')
+[ "$order" = "[build] [test] [sanitize] [bench] " ] || fail "--stage all --deadline: stages in the order '$order'"
+
 [ $fails = 0 ] && echo "gpu_check_test: all passed"
 exit $((fails > 0))

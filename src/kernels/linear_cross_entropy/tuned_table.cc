@@ -1,7 +1,7 @@
 // GENERATED FILE: the tuned block sizes of linear_cross_entropy.
 // Regenerate (do not hand-edit values; review the diff like code):
 //   tessera tune linear_cross_entropy --emit-table   (from the repository root, on the machine to tune; rebuild first: rows of other machines are kept)
-// Last generated 2026-11-24. Each row: implementation, device kind, dtype,
+// Last generated 2026-11-26. Each row: implementation, device kind, dtype,
 // shape bucket (see tuning.cc), winning parameters; the comment above it says where and
 // when it was measured and the winner's median time on the bucket's representative
 // shape. Lookup: src/tune/table.h; sanitizing for the actual shape: the kernel's fit (tuning.cc).
@@ -107,6 +107,14 @@ const std::vector<tune::TableEntry>& tuned_table() {
       {"cpu_v2", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "small",
        {{"b", 256}, {"h", 512}, {"v", 4096}},
        "B=512,H=256,V=8192", "fused", 48.476, "2026-11-24"},
+      // cuda:NVIDIA H200:132sm | fused B=8192,H=2304,V=256000: 61.883 ms median, measured 2026-11-26
+      {"cuda", "cuda:NVIDIA H200:132sm", "bf16", "gemma-ish",
+       {{"b", 1032}, {"h", 2304}, {"v", 256000}},
+       "B=8192,H=2304,V=256000", "fused", 61.883, "2026-11-26"},
+      // cuda:NVIDIA H200:132sm | fused B=8192,H=4096,V=128256: 46.852 ms median, measured 2026-11-26
+      {"cuda", "cuda:NVIDIA H200:132sm", "bf16", "llama3-ish",
+       {{"b", 2060}, {"h", 4096}, {"v", 128256}},
+       "B=8192,H=4096,V=128256", "fused", 46.852, "2026-11-26"},
   };
   return rows;
 }

@@ -233,8 +233,10 @@ stage_sanitize() {
   if ! command -v compute-sanitizer > /dev/null 2>&1; then note "compute-sanitizer not found: no sanitizer runs"; status=1; return; fi
   # Tessera's kernels only (cuBLAS's are not ours to check, and cost most of the time).
   local only=()
-  if compute-sanitizer --help 2>&1 | grep -q -- '--kernel-name'; then only=(--kernel-name kns=tessera)
-  elif compute-sanitizer --help 2>&1 | grep -q -- '--filter'; then only=(--filter kns=tessera)
+  mkdir -p "$out/sanitize"
+  compute-sanitizer --help > "$out/sanitize/help.txt" 2>&1  # which filter options this version has
+  if grep -q -- '--kernel-name' "$out/sanitize/help.txt"; then only=(--kernel-name kns=tessera)
+  elif grep -q -- '--filter' "$out/sanitize/help.txt"; then only=(--filter kns=tessera)
   else note "this compute-sanitizer has no kernel filter: every kernel is checked"; fi
   # Each tool gets an equal share of what is left; one that times out can be run alone
   # (SANITIZE_TOOLS=racecheck scripts/gpu_check.sh --stage sanitize --out SAME_DIR).
@@ -288,6 +290,10 @@ tune_runs_of() {  # kernel -> "name|args" lines
 
 stage_bench() {
   local iters=${BENCH_ITERS:-10} roof=() k impls run variant args name
+  # Timings without the test stage's synchronize-after-every-launch (--stage all runs both in one
+  # shell; the first GPU run's bench numbers carried it).
+  unset TESSERA_CUDA_SYNC_CHECK
+  export TESSERA_AUTOTUNE=0
   mkdir -p "$out/bench"
   step roofline 120 bench/roofline.log "$tessera" roofline --out "$out/bench/roofline.json"
   [ -f "$out/bench/roofline.json" ] && roof=(--roofline "$out/bench/roofline.json")

@@ -46,6 +46,7 @@
 #      STAGE_BUDGET_S (default 530: a step that would start past it is skipped and said so),
 #      STAGE_CAPS (with --deadline; default "build:240 test:200 sanitize:90 bench:600"),
 #      SANITIZE_TOOLS (default "memcheck initcheck racecheck synccheck"),
+#      GPU_CHECK_PYTHON=0 (the test stage skips the Python extension and its CUDA-tensor tests),
 #      GPU_CHECK_NO_GPU=1 (act as if no GPU were present), GPU_CHECK_BUILD_DIR, GPU_CHECK_DEPS_DIR
 #      (the script's own test, tests/scripts/gpu_check_test.sh).
 set -uo pipefail
@@ -177,6 +178,8 @@ if [ "$plan" = 0 ] && ! ls /usr/local/cuda/include/cudnn_graph.h /usr/include/cu
     cudnn_pip=""
   fi
 fi
+cudnn_args=()  # cuDNN from PyTorch's wheel (nvidia-cudnn-cu13) when the toolkit has none
+[ -n "$cudnn_pip" ] && cudnn_args=("-DTESSERA_CUDNN_INCLUDE_DIR=$cudnn_pip/include" "-DTESSERA_CUDNN_LIBRARY=$cudnn_pip/lib/libcudnn.so.9")
 # The peers' wheels (Liger-Kernel, cut-cross-entropy), installed once per machine beside the tree.
 if [ "$plan" = 0 ] && ls "$root"/.whl/*.whl > /dev/null 2>&1; then
   site=$root/build/gpu-site
@@ -195,10 +198,6 @@ stage_build() {
     command -v compute-sanitizer > /dev/null && compute-sanitizer --version 2>&1 | tail -1
   } > "$out/env.txt" 2>&1
   if [ ! -f "$build/build.ninja" ]; then
-    local cudnn_args=()  # cuDNN from PyTorch's wheel (nvidia-cudnn-cu13) when the toolkit has none
-    if [ -n "$cudnn_pip" ]; then
-      cudnn_args=("-DTESSERA_CUDNN_INCLUDE_DIR=$cudnn_pip/include" "-DTESSERA_CUDNN_LIBRARY=$cudnn_pip/lib/libcudnn.so.9")
-    fi
     step configure 180 configure.log cmake --preset gpu -DCMAKE_PREFIX_PATH="$deps/usr" \
       "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" "${cudnn_args[@]}" || return 1
   fi
@@ -225,6 +224,14 @@ stage_test() {
   step "tests (CPU suite)" 240 tests/cpu.log "$build/tests/tessera_tests" --gtest_output="json:$out/tests/cpu.json"
   if [ -x "$build/tests/tessera_cli_tests" ] || [ "$plan" = 1 ]; then  # the CLI as a user runs it, on the GPU
     step "tests (CLI)" 180 tests/cli.log "$build/tests/tessera_cli_tests" --gtest_output="json:$out/tests/cli.json"
+  fi
+  # Python: CUDA tensors through tessera.torch against CPU tensors (python/tests/test_cuda.py).
+  if [ "${GPU_CHECK_PYTHON:-1}" = 1 ]; then
+    step "python extension" 240 tests/python_build.log bash "$root/scripts/gpu_python_package.sh" "$root/build/gpu-py" \
+      "$root/build/gpu-pkg" -DCMAKE_PREFIX_PATH="$deps/usr" "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" \
+      "${cudnn_args[@]}" &&
+      step "tests (Python, CUDA tensors)" 180 tests/python.log env PYTHONPATH="$root/build/gpu-pkg:$root/python/tests" \
+        python3 -m pytest -q -p no:cacheprovider "$root/python/tests/test_cuda.py" --junitxml="$out/tests/python.xml"
   fi
 }
 

@@ -1,0 +1,117 @@
+"""CUDA tensors through tessera.torch: for every kernel, CUDA tensors give the values and the
+gradients that the same tensors give on the CPU (the cpu or reference implementation), the
+result stays on the device, and the op runs on the caller's stream. Needs a GPU that PyTorch sees
+(scripts/gpu_check.sh runs this file in its test stage); skipped elsewhere.
+
+Tolerance: both sides accumulate in f32 in different orders (~1e-6 relative on these small
+shapes); 2e-3 relative also covers a cuBLAS that uses TF32 for f32 products (2^-11 per product).
+"""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tessera  # noqa: E402
+import tessera.torch as tt  # noqa: E402
+
+import reference as ref  # noqa: E402
+import test_attention as t_att  # noqa: E402
+import test_grouped_matmul as t_gmm  # noqa: E402
+import test_mla_decode as t_mla  # noqa: E402
+import test_mlstm as t_mlstm  # noqa: E402
+import test_paged_attention as t_paged  # noqa: E402
+import test_slstm as t_slstm  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch sees no CUDA device")
+
+RTOL, ATOL = 2e-3, 2e-4
+
+
+def lce():
+    x, w, y = ref.problem(seed=5)
+    return "linear_cross_entropy", {"x": x, "w": w, "labels": y}, {}, ["x", "w"]
+
+
+def attention():
+    q, k, v = t_att.qkv(Hq=4, Hkv=2, D=8, Dv=8, seed=5)
+    return "attention", {"q": q, "k": k, "v": v}, {"causal": True}, ["q", "k", "v"]
+
+
+def grouped_matmul():
+    lhs, rhs, sizes = t_gmm.problem(seed=5)
+    return "grouped_matmul", {"lhs": lhs, "rhs": rhs, "group_sizes": sizes}, {}, ["lhs", "rhs"]
+
+
+def mlstm():
+    x = t_mlstm.problem(seed=5, state=True)
+    return "mlstm", x, {}, ["q", "k", "v", "i", "f", "c0", "n0"]
+
+
+def slstm():
+    d = t_slstm.problem(seed=5, initial=True, resets=True)
+    return "slstm", d, {}, ["wx", "r", "b", "h0", "c0", "n0"]
+
+
+def paged_attention():
+    q, k, v, pt, kv, cu = t_paged.problem(seed=5)
+    names = ("q", "k_cache", "v_cache", "page_table", "kv_lens", "cu_q_lens")
+    return "paged_attention", dict(zip(names, (q, k, v, pt, kv, cu))), {"causal": True}, []
+
+
+def mla_decode():
+    q, kv, pt, lens = t_mla.problem(seed=5)
+    return "mla_decode", {"q": q, "kv_cache": kv, "page_table": pt, "cache_seqlens": lens}, {"dv": 16, "causal": True}, []
+
+
+CASES = [lce, attention, grouped_matmul, mlstm, slstm, paged_attention, mla_decode]
+
+
+def has_cuda_implementation(kernel):
+    return any(i["name"].startswith("cuda") and i["available"] for i in tessera.implementations(kernel))
+
+
+def run(kernel, arrays, options, diff, device):
+    """The op's outputs and the gradients of `diff` (upstream: a fixed ramp per output)."""
+    t = {n: torch.from_numpy(np.ascontiguousarray(a)).to(device) for n, a in arrays.items()}
+    for n in diff:
+        t[n].requires_grad_()
+    outs = getattr(tt, kernel)(**t, **options)
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    grads = []
+    if diff:
+        total = sum((o.float() * torch.linspace(-1, 1, o.numel(), device=device).reshape(o.shape)).sum()
+                    for o in outs if o.is_floating_point() and o.requires_grad)
+        grads = torch.autograd.grad(total, [t[n] for n in diff])
+    return outs, grads
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
+def test_cuda_tensors_match_cpu_tensors(case):
+    kernel, arrays, options, diff = case()
+    if not has_cuda_implementation(kernel):
+        pytest.skip(f"{kernel}: no available cuda implementation in this build")
+    want, want_grads = run(kernel, arrays, options, diff, "cpu")
+    got, got_grads = run(kernel, arrays, options, diff, "cuda")
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.device.type == "cuda", f"output {i} left the device"
+        torch.testing.assert_close(g.detach().cpu(), w.detach(), rtol=RTOL, atol=ATOL, msg=f"{kernel} output {i}")
+    for n, g, w in zip(diff, got_grads, want_grads):
+        assert g.device.type == "cuda"
+        torch.testing.assert_close(g.cpu(), w, rtol=RTOL, atol=ATOL, msg=f"{kernel} d{n}")
+
+
+def test_the_op_runs_on_the_callers_stream():
+    """A side stream: the result must be complete once that stream is synchronized (a kernel
+    launched on the legacy stream instead would race with the producer of x on the side stream)."""
+    kernel, arrays, options, diff = lce()
+    if not has_cuda_implementation(kernel):
+        pytest.skip("no available cuda implementation of linear_cross_entropy")
+    want, _ = run(kernel, arrays, options, [], "cpu")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        t = {n: torch.from_numpy(a).to("cuda", non_blocking=True) for n, a in arrays.items()}
+        t["x"] = t["x"] * 1.0  # produced on s
+        loss = tt.linear_cross_entropy(**t)
+    s.synchronize()
+    torch.testing.assert_close(loss.cpu(), want[0], rtol=RTOL, atol=ATOL)

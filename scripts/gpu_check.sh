@@ -44,7 +44,7 @@
 #      BENCH_SHAPES (linear_cross_entropy B x H x V list, e.g. "8192x4096x128256,8192x2304x256000"),
 #      ATTN_SHAPES (attention B,S,H,D list separated by spaces; default "4,4096,16,128"),
 #      STAGE_BUDGET_S (default 530: a step that would start past it is skipped and said so),
-#      STAGE_CAPS (with --deadline; default "build:240 test:200 sanitize:90 bench:600"),
+#      STAGE_CAPS (with --deadline, in the order to run; default "build:240 test:300 sanitize:90 bench:600"),
 #      SANITIZE_TOOLS (default "memcheck initcheck racecheck synccheck"),
 #      GPU_CHECK_PYTHON=0 (the test stage skips the Python extension and its CUDA-tensor tests),
 #      GPU_CHECK_NO_GPU=1 (act as if no GPU were present), GPU_CHECK_BUILD_DIR, GPU_CHECK_DEPS_DIR
@@ -104,6 +104,14 @@ while [ $# -gt 0 ]; do
     *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+if [ -n "$deadline" ]; then
+  [[ $deadline =~ ^[0-9]+$ ]] || { echo "gpu_check: --deadline takes seconds, got '$deadline'" >&2; exit 2; }
+  [ "$stage" = all ] || { echo "gpu_check: --deadline goes with --stage all" >&2; exit 2; }
+  for cap in ${STAGE_CAPS:-}; do
+    [[ $cap =~ ^(build|test|sanitize|bench):[0-9]+$ ]] ||
+      { echo "gpu_check: STAGE_CAPS entry '$cap' is not STAGE:SECONDS (build, test, sanitize, bench)" >&2; exit 2; }
+  done
+fi
 case "$stage" in
   build|test|sanitize|bench|all) ;;
   "") echo "gpu_check: --stage build|test|sanitize|bench|all is required (see --help)" >&2; exit 2 ;;
@@ -170,7 +178,7 @@ export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LI
 if ! command -v nvcc > /dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 # cuDNN: the toolkit's, else the one PyTorch's wheels bring (its libraries then on the loader's path).
 cudnn_pip=""
-if [ "$plan" = 0 ] && ! ls /usr/local/cuda/include/cudnn_graph.h /usr/include/cudnn_graph.h > /dev/null 2>&1; then
+if [ "$plan" = 0 ] && ! { [ -f /usr/local/cuda/include/cudnn_graph.h ] || [ -f /usr/include/cudnn_graph.h ]; }; then
   cudnn_pip=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2> /dev/null || true)
   if [ -n "$cudnn_pip" ] && [ -f "$cudnn_pip/include/cudnn_graph.h" ]; then
     export LD_LIBRARY_PATH="$cudnn_pip/lib:$LD_LIBRARY_PATH"
@@ -217,6 +225,7 @@ stage_test() {
   if [ "$plan" = 1 ] && [ ! -x "$build/tests/tessera_cuda_tests" ]; then
     echo "[$stage] tests SUITE (timeout 240s): one process per suite that tessera_cuda_tests --gtest_list_tests lists"
   fi
+  rm -f "$out"/tests/*.json "$out/tests/python.xml"  # a suite that dies this time must not show last time's
   for s in $(cuda_suites); do
     step "tests $s" 240 "tests/${s//\//_}.log" "$build/tests/tessera_cuda_tests" --gtest_filter="$s.*" \
       --gtest_output="json:$out/tests/${s//\//_}.json"
@@ -230,13 +239,15 @@ stage_test() {
     step "python extension" 240 tests/python_build.log bash "$root/scripts/gpu_python_package.sh" "$root/build/gpu-py" \
       "$root/build/gpu-pkg" -DCMAKE_PREFIX_PATH="$deps/usr" "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" \
       "${cudnn_args[@]}" &&
-      step "tests (Python, CUDA tensors)" 180 tests/python.log env PYTHONPATH="$root/build/gpu-pkg:$root/python/tests" \
-        python3 -m pytest -q -p no:cacheprovider "$root/python/tests/test_cuda.py" --junitxml="$out/tests/python.xml"
+      step "tests (Python, CUDA tensors)" 180 tests/python.log env TESSERA_REQUIRE_CUDA=1 \
+        PYTHONPATH="$root/build/gpu-pkg:$root/python/tests" python3 -m pytest -q -rs -p no:cacheprovider \
+        "$root/python/tests/test_cuda.py" --junitxml="$out/tests/python.xml"
   fi
 }
 
 stage_sanitize() {
   export TESSERA_AUTOTUNE=0
+  unset TESSERA_CUDA_SYNC_CHECK  # the test stage's (--stage all runs both in one shell)
   if ! command -v compute-sanitizer > /dev/null 2>&1; then note "compute-sanitizer not found: no sanitizer runs"; status=1; return; fi
   # Tessera's kernels only (cuBLAS's are not ours to check, and cost most of the time).
   local only=()
@@ -248,6 +259,7 @@ stage_sanitize() {
   # Each tool gets an equal share of what is left; one that times out can be run alone
   # (SANITIZE_TOOLS=racecheck scripts/gpu_check.sh --stage sanitize --out SAME_DIR).
   local tools=(${SANITIZE_TOOLS:-memcheck initcheck racecheck synccheck}) tool
+  [ ${#tools[@]} -gt 0 ] || { note "SANITIZE_TOOLS names no tool: no sanitizer runs"; status=1; return; }
   local share=$(((budget - (SECONDS - started) - 10) / ${#tools[@]}))
   mkdir -p "$out/sanitize"
   for tool in "${tools[@]}"; do
@@ -385,8 +397,8 @@ run_stage() {
 
 if [ "$stage" = all ] && [ -n "$deadline" ]; then
   # One call for everything: each stage gets its cap or what is left of the deadline, in order.
-  end=$((SECONDS + deadline))
-  for cap in ${STAGE_CAPS:-build:240 test:200 sanitize:90 bench:600}; do
+  end=$deadline  # SECONDS counts from the script's start: the preflight is inside the deadline
+  for cap in ${STAGE_CAPS:-build:240 test:300 sanitize:90 bench:600}; do
     stage=${cap%%:*}; budget=$((end - SECONDS)); started=$SECONDS
     [ "${cap#*:}" -lt "$budget" ] && budget=${cap#*:}
     if [ "$budget" -lt 20 ]; then note "stage $stage skipped: the deadline of ${deadline}s is spent"; status=1; continue; fi
@@ -406,5 +418,5 @@ summarize
 if [ -n "$archive" ]; then
   tar -czf "$archive" -C "$(dirname "$out")" "$(basename "$out")" && echo "gpu_check: archive $archive"
 fi
-echo "gpu_check: stage $stage done in $((SECONDS - started)) s; results in $out"
+echo "gpu_check: stage $stage done ($SECONDS s since the start); results in $out"
 exit $status

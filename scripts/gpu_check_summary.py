@@ -11,6 +11,7 @@ bench/peers_*.json (tessera-peers/1), bench/tuned_table_*.cc, summary.notes. Kno
 """
 import glob
 import json
+import xml.etree.ElementTree as ET
 import os
 import re
 import sys
@@ -67,24 +68,47 @@ def step_status(out):
     return status
 
 
+def junit_counts(path):
+    """run, failed, skipped, failures of a pytest --junitxml file (None if unreadable)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    run = failed = skipped = 0
+    failures = []
+    for case in root.iter("testcase"):
+        run += 1
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            failed += 1
+            failures.append(f"{case.get('classname')}.{case.get('name')}: {(bad.get('message') or '').splitlines()[0][:200] if bad.get('message') else ''}")
+        elif case.find("skipped") is not None:
+            skipped += 1
+    return run, failed, skipped, failures
+
+
 def tests_section(out):
     files = sorted(glob.glob(os.path.join(out, "tests", "*.json")))
-    if not files:
+    xmls = sorted(glob.glob(os.path.join(out, "tests", "*.xml")))
+    died = [(log, st) for log, st in sorted(step_status(out).items())
+            if log.startswith("tests/") and log.endswith(".log") and st != "ok"
+            and not os.path.exists(os.path.join(out, log[:-4] + ".json"))
+            and not os.path.exists(os.path.join(out, log[:-4] + ".xml"))]
+    if not files and not xmls and not died:
         return []
     lines = ["## Tests (one process per GPU suite)", "", "| suite file | run | failed | skipped |", "|---|---|---|---|"]
     all_failures = []
-    for p in files:
-        doc = load(p)
-        if doc is None:
+    for p in files + xmls:
+        counts = load(p) if p.endswith(".json") else junit_counts(p)
+        if counts is None:
             lines.append(f"| {os.path.basename(p)} | unreadable (crashed?) | | |")
             continue
-        run, failed, skipped, failures = suite_counts(doc)
-        lines.append(f"| {os.path.basename(p)[:-5]} | {run} | {failed} | {skipped} |")
+        run, failed, skipped, failures = suite_counts(counts) if p.endswith(".json") else counts
+        lines.append(f"| {os.path.basename(p).rsplit('.', 1)[0]} | {run} | {failed} | {skipped} |")
         all_failures += failures
     # A suite process that died (a segfault, a timeout) wrote no JSON: its step's status says so.
-    for log, st in sorted(step_status(out).items()):
-        if log.startswith("tests/") and st != "ok" and not os.path.exists(os.path.join(out, log[:-4] + ".json")):
-            lines.append(f"| {os.path.basename(log)[:-4]} | no JSON: {st} | | |")
+    for log, st in died:
+        lines.append(f"| {os.path.basename(log)[:-4]} | no results: {st} | | |")
     lines += [""] + [f"- FAILED {f}" for f in all_failures[:60]]
     return lines + [""]
 

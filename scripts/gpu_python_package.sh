@@ -5,15 +5,21 @@
 #   scripts/gpu_python_package.sh BUILD_DIR OUT_DIR [extra cmake -D arguments...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-pybuild=$1 out=$2
+[ $# -ge 2 ] || { echo "usage: gpu_python_package.sh BUILD_DIR OUT_DIR [cmake -D...]" >&2; exit 2; }
+pybuild=$(mkdir -p "$1" && cd "$1" && pwd) out=$(mkdir -p "$2" && cd "$2" && pwd)  # absolute: the _ext link
 shift 2
 if [ ! -f "$pybuild/build.ninja" ]; then
   cmake -S "$root" -B "$pybuild" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_CPU_BACKEND=OFF \
     -DTESSERA_BUILD_PYTHON=ON -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_TOOLS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
     -DPython_EXECUTABLE="$(command -v python3)" "$@"
 fi
-cmake --build "$pybuild" -j "${JOBS:-$(nproc)}" --target tessera_ext
-so=$(ls "$pybuild"/python/_ext*.so 2> /dev/null | head -1)
+# tessera_cuda too: the extension does not link the CUDA module, libtessera loads it from its own
+# folder at run time (without it every cuda implementation is "unavailable" and the tests skip).
+cmake --build "$pybuild" -j "${JOBS:-$(nproc)}" --target tessera_ext tessera_cuda
+so=$(ls "$pybuild"/python/_ext*.so 2> /dev/null | head -1 || true)
 [ -n "$so" ] || { echo "gpu_python_package: no _ext*.so under $pybuild/python" >&2; exit 1; }
 rm -rf "$out/tessera" && mkdir -p "$out/tessera" && cp -r "$root"/python/tessera/. "$out/tessera"/ && ln -s "$so" "$out/tessera/"
-PYTHONPATH=$out python3 -c 'import tessera; print("staged:", sorted(k["name"] for k in tessera.kernels()))'
+PYTHONPATH=$out python3 -c '
+import tessera
+for k in tessera.kernels():
+    print(k["name"], [(i["name"], i["available"] or i["unavailable_reason"]) for i in tessera.implementations(k["name"])])'

@@ -1,11 +1,14 @@
 """CUDA tensors through tessera.torch: for every kernel, CUDA tensors give the values and the
 gradients that the same tensors give on the CPU (the cpu or reference implementation), the
 result stays on the device, and the op runs on the caller's stream. Needs a GPU that PyTorch sees
-(scripts/gpu_check.sh runs this file in its test stage); skipped elsewhere.
+(scripts/gpu_check.sh runs this file in its test stage, with TESSERA_REQUIRE_CUDA=1: there a missing
+GPU or an unavailable cuda implementation fails instead of skipping); skipped elsewhere.
 
 Tolerance: both sides accumulate in f32 in different orders (~1e-6 relative on these small
 shapes); 2e-3 relative also covers a cuBLAS that uses TF32 for f32 products (2^-11 per product).
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -22,6 +25,9 @@ import test_mlstm as t_mlstm  # noqa: E402
 import test_paged_attention as t_paged  # noqa: E402
 import test_slstm as t_slstm  # noqa: E402
 
+REQUIRED = os.environ.get("TESSERA_REQUIRE_CUDA") == "1"
+if REQUIRED and not torch.cuda.is_available():
+    raise RuntimeError("TESSERA_REQUIRE_CUDA=1 but PyTorch sees no CUDA device")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch sees no CUDA device")
 
 RTOL, ATOL = 2e-3, 2e-4
@@ -66,8 +72,14 @@ def mla_decode():
 CASES = [lce, attention, grouped_matmul, mlstm, slstm, paged_attention, mla_decode]
 
 
-def has_cuda_implementation(kernel):
-    return any(i["name"].startswith("cuda") and i["available"] for i in tessera.implementations(kernel))
+def require_cuda_implementation(kernel):
+    """Skips a kernel this build has no cuda implementation of; with a GPU present, one that is
+    there but unavailable (a module not found, a driver refused) is a failure, not a skip."""
+    impls = [i for i in tessera.implementations(kernel) if i["device"] == "cuda"]
+    if not impls:
+        pytest.skip(f"{kernel}: no cuda implementation in this build")
+    if not any(i["available"] for i in impls):
+        pytest.fail(f"{kernel}: PyTorch sees a GPU but " + "; ".join(f"{i['name']}: {i['unavailable_reason']}" for i in impls))
 
 
 def run(kernel, arrays, options, diff, device):
@@ -88,8 +100,7 @@ def run(kernel, arrays, options, diff, device):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
 def test_cuda_tensors_match_cpu_tensors(case):
     kernel, arrays, options, diff = case()
-    if not has_cuda_implementation(kernel):
-        pytest.skip(f"{kernel}: no available cuda implementation in this build")
+    require_cuda_implementation(kernel)
     want, want_grads = run(kernel, arrays, options, diff, "cpu")
     got, got_grads = run(kernel, arrays, options, diff, "cuda")
     assert len(got) == len(want)
@@ -102,16 +113,21 @@ def test_cuda_tensors_match_cpu_tensors(case):
 
 
 def test_the_op_runs_on_the_callers_stream():
-    """A side stream: the result must be complete once that stream is synchronized (a kernel
-    launched on the legacy stream instead would race with the producer of x on the side stream)."""
-    kernel, arrays, options, diff = lce()
-    if not has_cuda_implementation(kernel):
-        pytest.skip("no available cuda implementation of linear_cross_entropy")
+    """On a side stream that first sleeps ~50 ms and only then produces x, the op must run after
+    the producer (on that stream) and its result be read back on that stream: an op launched on
+    the legacy stream would read x before it exists."""
+    kernel, arrays, options, _ = lce()
+    require_cuda_implementation(kernel)
     want, _ = run(kernel, arrays, options, [], "cpu")
+    half = {n: torch.from_numpy(a).to("cuda") for n, a in arrays.items()}
+    half["x"] = half["x"] * 0.5
+    torch.cuda.synchronize()
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        t = {n: torch.from_numpy(a).to("cuda", non_blocking=True) for n, a in arrays.items()}
-        t["x"] = t["x"] * 1.0  # produced on s
-        loss = tt.linear_cross_entropy(**t)
+        torch.cuda._sleep(100_000_000)  # ~50 ms of device clock cycles on s
+        t = dict(half, x=half["x"] * 2.0)  # exact in f32: x exists only after the sleep
+        loss = tt.linear_cross_entropy(**t, **options)
+        got = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
+        got.copy_(loss, non_blocking=True)
     s.synchronize()
-    torch.testing.assert_close(loss.cpu(), want[0], rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(got, want[0], rtol=RTOL, atol=ATOL)

@@ -85,7 +85,7 @@ FAKE
 chmod +x "$fake"/bin/* "$fake"/build/tests/*
 run_fake() {  # out-dir extra-env...
   local d=$1; shift
-  env PATH="$fake/bin:$PATH" GPU_CHECK_BUILD_DIR="$fake/build" GPU_CHECK_DEPS_DIR="$fake/deps" "$@" \
+  env PATH="$fake/bin:$PATH" GPU_CHECK_BUILD_DIR="$fake/build" GPU_CHECK_DEPS_DIR="$fake/deps" GPU_CHECK_PYTHON=0 "$@" \
     bash "$script" --stage test --out "$d" --archive "$d.tgz" 2>&1
 }
 out=$(run_fake "$tmp/fake1"); rc=$?
@@ -109,6 +109,10 @@ out=$(TESSERA_BIN=$cli bash "$script" --stage all --deadline 300 --plan --out "$
 expect_rc 0 $? "--stage all --deadline --plan"
 order=$(echo "$out" | grep -oE '^\[(build|test|sanitize|bench)\]' | awk '!seen[$0]++' | tr '\n' ' ')
 [ "$order" = "[build] [test] [sanitize] [bench] " ] || fail "--stage all --deadline: stages in the order '$order'"
+
+out=$(bash "$script" --stage test --deadline 300 2>&1); expect_rc 2 $? "--deadline without --stage all"
+out=$(STAGE_CAPS="build:240 tset:100" bash "$script" --stage all --deadline 300 2>&1); expect_rc 2 $? "a misspelt STAGE_CAPS stage"
+echo "$out" | grep -q "STAGE_CAPS entry 'tset:100'" || fail "misspelt STAGE_CAPS: message '$out'"
 
 [ $fails = 0 ] && echo "gpu_check_test: all passed"
 exit $((fails > 0))

@@ -53,10 +53,11 @@ using cpu_blas::sgemm;
 // The L×L products of a chunk are causal: P_ts, dS_ts are 0 for s > t. They are issued in row
 // blocks of kTriBlock steps against only the columns (or, transposed, the rows) a block can
 // reach, skipping the zero blocks above the diagonal: (1 + 1/nb)/2 of the full products' FLOPs
-// for nb blocks (0.625 at L = 64). Smaller blocks skip more but make more, smaller sgemm calls
-// (devlog v0.3: the five L×L products of a chunk at L = 64, D = 256, one thread: 114 µs in full,
-// 80 / 62 / 57 µs in blocks of 32 / 16 / 8).
-constexpr int64_t kTriBlock = 16;
+// for nb blocks (0.5625 at L = 64). Smaller blocks skip more but make more, smaller sgemm calls
+// (devlog v0.3: the five L×L products of a chunk, one thread, OpenBLAS 0.3.21: L = 64, D = 256:
+// 116 µs in full, 81 / 64 / 59 µs in blocks of 32 / 16 / 8; L = 32, D = 128: 12.7 µs in full,
+// 8.7 in blocks of 8, 8.8 in blocks of 4).
+constexpr int64_t kTriBlock = 8;
 
 // C (L×L, ld L) = alpha A·Bᵀ on and below the diagonal blocks (A, B: L rows of K), the blocks
 // above them set to 0.

@@ -146,7 +146,7 @@ struct ThreadBufs {
   float *w = nullptr, *den = nullptr, *den_raw = nullptr, *ddr = nullptr;  // [L]
   float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
   float* ones = nullptr;               // [L] of 1
-  float *dC = nullptr, *dn = nullptr;  // [DK·DV], [DK]: ΔC_j, Δn_j of a forward in place (else unused)
+  float* dn = nullptr;                 // [DK]: Δn_j of a forward in place (else unused)
 };
 
 // Shared by every thread of a call.
@@ -243,7 +243,8 @@ void chunk_decay(const ChunkRef& c) {
 }
 
 // ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A with A_s = e^{D_last,s − mloc}, into C1, n1.
-void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
+// Ka_s = A_s k_s into the thread's scratch (returned) and Δn_j = Σ_s Ka_s into n1.
+const float* chunk_state_operand(const ChunkRef& c, float* n1) {
   const HeadBufs& h = c.hb;
   const int64_t L = c.L, DK = c.cx.DK, g = c.last();
   const double a = h.cum[g] - h.lmax[g];
@@ -254,7 +255,12 @@ void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
     const float* ks = c.k() + s * DK;
     for (int64_t x = 0; x < DK; ++x) ka[s * DK + x] = A * ks[x], n1[x] += ka[s * DK + x];
   }
-  sgemm(true, false, DK, c.ny, L, 1.f, ka, DK, c.v() + c.y0, c.cx.DV, 0.f, C1, c.ny);
+  return ka;
+}
+
+void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
+  const float* ka = chunk_state_operand(c, n1);
+  sgemm(true, false, c.cx.DK, c.ny, c.L, 1.f, ka, c.cx.DK, c.v() + c.y0, c.cx.DV, 0.f, C1, c.ny);
 }
 
 void initial_state(const ChunkRef& c) {
@@ -269,12 +275,36 @@ void initial_state(const ChunkRef& c) {
   c.hb.m[0] = p.c0 ? double(p.m0[c.bh]) : 0.0;
 }
 
+// The chain step's factors (C_{j+1} = a C_j + b ΔC_j; a = 0 after a reset); sets m_{j+1}.
+struct StepFactors {
+  float a, b;
+};
+StepFactors chain_factors(const ChunkRef& c) {
+  HeadBufs& h = c.hb;
+  const int64_t g = c.last();
+  const double gt = h.gl[g] + (h.hs[g] ? h.m[c.j] : 0.0), m1 = std::max(gt, h.lmax[g]);
+  h.m[c.j + 1] = m1;
+  return {h.hs[g] ? float(std::exp(gt - m1)) : 0.f, float(std::exp(h.lmax[g] - m1))};
+}
+
+// The forward's state update in place (one thread owns the state, or its columns): C = a C, then
+// the sgemm adds b ΔC_j to it — no ΔC_j buffer and no zeroing pass; n likewise.
+void chunk_state_in_place(const ChunkRef& c) {
+  const int64_t DK = c.cx.DK, N = DK * c.ny;
+  const float* ka = chunk_state_operand(c, c.tb.dn);
+  const StepFactors f = chain_factors(c);
+  float *C = c.C(c.j), *n = c.n(c.j);
+  if (f.a != 0.f)
+    for (int64_t e = 0; e < N; ++e) C[e] *= f.a;
+  sgemm(true, false, DK, c.ny, c.L, f.b, ka, DK, c.v() + c.y0, c.cx.DV, f.a != 0.f ? 1.f : 0.f, C, c.ny);
+  for (int64_t x = 0; x < DK; ++x) n[x] = f.b * c.tb.dn[x] + (f.a != 0.f ? f.a * n[x] : 0.f);
+}
+
 // The chain step: C_{j+1} = a C_j + b ΔC_j, n likewise, m_{j+1}; C_j final.
 void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
-  HeadBufs& h = c.hb;
-  const int64_t g = c.last(), DK = c.cx.DK, N = DK * c.ny;
-  const double gt = h.gl[g] + (h.hs[g] ? h.m[c.j] : 0.0), m1 = std::max(gt, h.lmax[g]);
-  const float a = h.hs[g] ? float(std::exp(gt - m1)) : 0.f, b = float(std::exp(h.lmax[g] - m1));
+  const int64_t DK = c.cx.DK, N = DK * c.ny;
+  const StepFactors f = chain_factors(c);
+  const float a = f.a, b = f.b;
   float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);  // C_j's slot itself when in place
   const float *C0 = c.C(c.j), *n0 = c.n(c.j);
   if (a != 0.f) {
@@ -284,7 +314,6 @@ void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
     for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e];
     for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x];
   }
-  h.m[c.j + 1] = m1;
 }
 
 // P = (q̂_t·k_s) ∘ E and the denominators; needs E, w, C_j's n_j.
@@ -331,15 +360,15 @@ void chunk_output(const ChunkRef& c, float* h) {
   if (!zero_state(c) && any_nonzero(tb.w, L)) sgemm(false, false, L, c.ny, DK, 1.f, tb.sc, DK, c.C(c.j), c.ny, 1.f, h + c.y0, DV);
 }
 
-// The forward on one thread per head, chunk by chunk with one state: the same arithmetic as the
-// chain (ΔC_j into scratch, then C = b ΔC_j + a C), so the bits do not depend on the threads.
+// The forward on one thread per head (or per part of its columns), chunk by chunk with one state
+// updated in place; each column's arithmetic is the same whatever the parts, so the bits do not
+// depend on the threads.
 void sequential_chunk(const ChunkRef& c, float* h, bool need_last) {
   chunk_gates(c);
   if (c.j == 0) initial_state(c);
   chunk_output(c, h);
   if (c.j + 1 == c.cx.NC && !need_last) return;  // the last state only for return_last_states
-  chunk_state_local(c, c.tb.dC, c.tb.dn);
-  chunk_state_chain(c, c.tb.dC, c.tb.dn);
+  chunk_state_in_place(c);
 }
 
 // The backward's forward sweep for one chunk: ΔC_j at once, then the chain step after chunk j − 1's.
@@ -570,7 +599,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
     b.w = alloc<float>(keep, Lc), b.den = alloc<float>(keep, Lc), b.den_raw = alloc<float>(keep, Lc), b.ddr = alloc<float>(keep, Lc);
     b.qn = alloc<float>(keep, Lc), b.cs = alloc<float>(keep, Lc), b.ones = alloc<float>(keep, Lc);
     std::fill_n(b.ones, Lc, 1.f);
-    if (!reverse && pl.size == 1) b.dC = alloc<float>(keep, DK * DV), b.dn = alloc<float>(keep, DK);
+    if (!reverse && pl.size == 1) b.dn = alloc<float>(keep, DK);
   }
   cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
     Team& team = *teams[tid / pl.size];

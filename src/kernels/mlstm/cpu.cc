@@ -242,8 +242,8 @@ void chunk_decay(const ChunkRef& c) {
   }
 }
 
-// ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A with A_s = e^{D_last,s − mloc}, into C1, n1.
-// Ka_s = A_s k_s into the thread's scratch (returned) and Δn_j = Σ_s Ka_s into n1.
+// Ka_s = A_s k_s (A_s = e^{D_last,s − mloc}) into the thread's scratch (returned) and
+// Δn_j = Kᵀ A = Σ_s Ka_s into n1.
 const float* chunk_state_operand(const ChunkRef& c, float* n1) {
   const HeadBufs& h = c.hb;
   const int64_t L = c.L, DK = c.cx.DK, g = c.last();
@@ -258,6 +258,7 @@ const float* chunk_state_operand(const ChunkRef& c, float* n1) {
   return ka;
 }
 
+// ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A into C1, n1.
 void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
   const float* ka = chunk_state_operand(c, n1);
   sgemm(true, false, c.cx.DK, c.ny, c.L, 1.f, ka, c.cx.DK, c.v() + c.y0, c.cx.DV, 0.f, C1, c.ny);

@@ -80,6 +80,59 @@ TEST(MlstmCpu, ThreadsShareAHead) {
   }
 }
 
+// Without the last states (no c_last out, no dc_last / dn_last in: what most calls and the bench
+// do) the cpu backend skips the last chunk's state product and the zero state's products; the
+// causal L×L products run in row blocks of 8 (cpu.cc kTriBlock). Chunks and tails that blocks of
+// 8 do not divide (a tail of 9 = 8 + 1 after chunks of 40; 7 steps in one chunk; chunk 20: 8 + 8
+// + 4, tail 10), one chunk (S < chunk), 16 blocks (chunk 128, tail 72), resets at, inside and
+// across chunk boundaries, with and without an initial state, every dtype: forward and backward
+// against the reference, with and without the last states.
+TEST(MlstmCpu, WithoutLastStatesAndCausalBlocks) {
+  struct Shape {
+    int64_t S, chunk;
+    const char* resets;
+  };
+  const Shape shapes[] = {{129, 40, "chunk"}, {200, 128, "inside"}, {7, 0, "none"}, {64, 64, "pair"},
+                          {33, 16, "every"},  {50, 20, "random"}};
+  uint64_t seed = 500;
+  for (const Shape& sh : shapes)
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+      for (bool init : {false, true})
+        for (bool last : {false, true}) {
+          CaseSpec c;
+          c.B = 2, c.NH = 1, c.S = sh.S, c.DK = 12, c.DV = 20, c.dtype = dt, c.resets = sh.resets;
+          c.initial_state = init, c.last_states = last;
+          c.opt.chunk_size = sh.chunk;
+          c.seed = ++seed;
+          expect_parity(c, Pass::kFused);
+        }
+}
+
+// The same without the last states on threads that share a head (the backward's sweep skips the
+// last chunk's state but still orders the chain): parity, and the same bits for every thread count.
+TEST(MlstmCpu, WithoutLastStatesThreadsShareAHead) {
+  std::vector<float> first;
+  for (int threads : {1, 2, 3, 7}) {
+    CaseSpec c;
+    c.B = 1, c.NH = 1, c.S = 70, c.DK = 6, c.DV = 10, c.resets = "random", c.last_states = false;
+    c.opt.chunk_size = 4, c.opt.num_threads = threads;
+    c.seed = 78;
+    expect_parity(c, Pass::kFused);
+    const mlstm::testing::CaseData d = mlstm::testing::make_case(c);
+    auto out = [](const Tensor& like) { return Tensor::empty(DType::kF32, like.shape()); };
+    Tensor h = out(d.v), dq = out(d.q), dk = out(d.k), dv = out(d.v), di = out(d.i), df = out(d.f);
+    mlstm::Options opt = c.opt;
+    opt.implementation = "cpu";
+    mlstm::forward(d.inputs(), h.view(), {}, opt);
+    mlstm::backward(d.inputs(), d.dh.view(), {dq.view(), dk.view(), dv.view(), di.view(), df.view(), {}, {}}, opt);
+    std::vector<float> all;
+    for (const Tensor* t : {&h, &dq, &dk, &dv, &di, &df})
+      all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
+    if (first.empty()) first = all;
+    EXPECT_EQ(all, first) << threads << " threads";
+  }
+}
+
 // eps = 0 with m past ~103 (exp(−m) underflows in f32) and a zero query (q̂ᵀn = 0): h is 0/floor
 // = 0 on both implementations, never 0/0 = NaN.
 TEST(MlstmCpu, ZeroQueryWithHugeStabilizerStaysFinite) {

@@ -50,6 +50,44 @@ constexpr int64_t kMaxChunk = 1024;
 
 using cpu_blas::sgemm;
 
+// The L×L products of a chunk are causal: P_ts, dS_ts are 0 for s > t. They are issued in row
+// blocks of kTriBlock steps against only the columns (or, transposed, the rows) a block can
+// reach, skipping the zero blocks above the diagonal: (1 + 1/nb)/2 of the full products' FLOPs
+// for nb blocks (0.5625 at L = 64). Smaller blocks skip more but make more, smaller sgemm calls
+// (devlog v0.3: the five L×L products of a chunk, one thread, OpenBLAS 0.3.21: L = 64, D = 256:
+// 116 µs in full, 81 / 64 / 59 µs in blocks of 32 / 16 / 8; L = 32, D = 128: 12.7 µs in full,
+// 8.7 in blocks of 8, 8.8 in blocks of 4).
+constexpr int64_t kTriBlock = 8;
+
+// C (L×L, ld L) = alpha A·Bᵀ on and below the diagonal blocks (A, B: L rows of K), the blocks
+// above them set to 0.
+void tri_abt(int64_t L, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float* C) {
+  for (int64_t lo = 0; lo < L; lo += kTriBlock) {
+    const int64_t hi = std::min(L, lo + kTriBlock);
+    sgemm(false, true, hi - lo, hi, K, alpha, A + lo * lda, lda, B, ldb, 0.f, C + lo * L, L);
+    for (int64_t t = lo; t < hi; ++t) std::fill(C + t * L + hi, C + (t + 1) * L, 0.f);
+  }
+}
+
+// Y (L×N) = alpha T·B + beta Y for T (L×L, ld L) zero above its diagonal blocks.
+void tri_tb(int64_t L, int64_t N, float alpha, const float* T, const float* B, int64_t ldb, float beta, float* Y,
+            int64_t ldy) {
+  for (int64_t lo = 0; lo < L; lo += kTriBlock) {
+    const int64_t hi = std::min(L, lo + kTriBlock);
+    sgemm(false, false, hi - lo, N, hi, alpha, T + lo * L, L, B, ldb, beta, Y + lo * ldy, ldy);
+  }
+}
+
+// Y (L×N) = alpha Tᵀ·B + beta Y for T (L×L, ld L) zero above its diagonal blocks: rows lo..hi of
+// Y need rows lo.. of T and B only.
+void tri_ttb(int64_t L, int64_t N, float alpha, const float* T, const float* B, int64_t ldb, float beta, float* Y,
+             int64_t ldy) {
+  for (int64_t lo = 0; lo < L; lo += kTriBlock) {
+    const int64_t hi = std::min(L, lo + kTriBlock);
+    sgemm(true, false, hi - lo, N, L - lo, alpha, T + lo * L + lo, L, B + lo * ldb, ldb, beta, Y + lo * ldy, ldy);
+  }
+}
+
 int64_t chunk_of(const Problem& p) { return p.chunk > 0 ? p.chunk : kDefaultChunk; }
 
 double logsigmoid(double x) { return std::min(x, 0.0) - std::log1p(std::exp(-std::fabs(x))); }
@@ -108,7 +146,7 @@ struct ThreadBufs {
   float *w = nullptr, *den = nullptr, *den_raw = nullptr, *ddr = nullptr;  // [L]
   float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
   float* ones = nullptr;               // [L] of 1
-  float *dC = nullptr, *dn = nullptr;  // [DK·DV], [DK]: ΔC_j, Δn_j of a forward in place (else unused)
+  float* dn = nullptr;                 // [DK]: Δn_j of a forward in place (else unused)
 };
 
 // Shared by every thread of a call.
@@ -204,8 +242,9 @@ void chunk_decay(const ChunkRef& c) {
   }
 }
 
-// ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A with A_s = e^{D_last,s − mloc}, into C1, n1.
-void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
+// Ka_s = A_s k_s (A_s = e^{D_last,s − mloc}) into the thread's scratch (returned) and
+// Δn_j = Kᵀ A = Σ_s Ka_s into n1.
+const float* chunk_state_operand(const ChunkRef& c, float* n1) {
   const HeadBufs& h = c.hb;
   const int64_t L = c.L, DK = c.cx.DK, g = c.last();
   const double a = h.cum[g] - h.lmax[g];
@@ -216,7 +255,13 @@ void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
     const float* ks = c.k() + s * DK;
     for (int64_t x = 0; x < DK; ++x) ka[s * DK + x] = A * ks[x], n1[x] += ka[s * DK + x];
   }
-  sgemm(true, false, DK, c.ny, L, 1.f, ka, DK, c.v() + c.y0, c.cx.DV, 0.f, C1, c.ny);
+  return ka;
+}
+
+// ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A into C1, n1.
+void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
+  const float* ka = chunk_state_operand(c, n1);
+  sgemm(true, false, c.cx.DK, c.ny, c.L, 1.f, ka, c.cx.DK, c.v() + c.y0, c.cx.DV, 0.f, C1, c.ny);
 }
 
 void initial_state(const ChunkRef& c) {
@@ -231,12 +276,36 @@ void initial_state(const ChunkRef& c) {
   c.hb.m[0] = p.c0 ? double(p.m0[c.bh]) : 0.0;
 }
 
+// The chain step's factors (C_{j+1} = a C_j + b ΔC_j; a = 0 after a reset); sets m_{j+1}.
+struct StepFactors {
+  float a, b;
+};
+StepFactors chain_factors(const ChunkRef& c) {
+  HeadBufs& h = c.hb;
+  const int64_t g = c.last();
+  const double gt = h.gl[g] + (h.hs[g] ? h.m[c.j] : 0.0), m1 = std::max(gt, h.lmax[g]);
+  h.m[c.j + 1] = m1;
+  return {h.hs[g] ? float(std::exp(gt - m1)) : 0.f, float(std::exp(h.lmax[g] - m1))};
+}
+
+// The forward's state update in place (one thread owns the state, or its columns): C = a C, then
+// the sgemm adds b ΔC_j to it — no ΔC_j buffer and no zeroing pass; n likewise.
+void chunk_state_in_place(const ChunkRef& c) {
+  const int64_t DK = c.cx.DK, N = DK * c.ny;
+  const float* ka = chunk_state_operand(c, c.tb.dn);
+  const StepFactors f = chain_factors(c);
+  float *C = c.C(c.j), *n = c.n(c.j);
+  if (f.a != 0.f)
+    for (int64_t e = 0; e < N; ++e) C[e] *= f.a;
+  sgemm(true, false, DK, c.ny, c.L, f.b, ka, DK, c.v() + c.y0, c.cx.DV, f.a != 0.f ? 1.f : 0.f, C, c.ny);
+  for (int64_t x = 0; x < DK; ++x) n[x] = f.b * c.tb.dn[x] + (f.a != 0.f ? f.a * n[x] : 0.f);
+}
+
 // The chain step: C_{j+1} = a C_j + b ΔC_j, n likewise, m_{j+1}; C_j final.
 void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
-  HeadBufs& h = c.hb;
-  const int64_t g = c.last(), DK = c.cx.DK, N = DK * c.ny;
-  const double gt = h.gl[g] + (h.hs[g] ? h.m[c.j] : 0.0), m1 = std::max(gt, h.lmax[g]);
-  const float a = h.hs[g] ? float(std::exp(gt - m1)) : 0.f, b = float(std::exp(h.lmax[g] - m1));
+  const int64_t DK = c.cx.DK, N = DK * c.ny;
+  const StepFactors f = chain_factors(c);
+  const float a = f.a, b = f.b;
   float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);  // C_j's slot itself when in place
   const float *C0 = c.C(c.j), *n0 = c.n(c.j);
   if (a != 0.f) {
@@ -246,14 +315,13 @@ void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
     for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e];
     for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x];
   }
-  h.m[c.j + 1] = m1;
 }
 
 // P = (q̂_t·k_s) ∘ E and the denominators; needs E, w, C_j's n_j.
 void chunk_scores(const ChunkRef& c) {
   const int64_t L = c.L, DK = c.cx.DK;
   ThreadBufs& tb = c.tb;
-  sgemm(false, true, L, L, DK, c.cx.scale, c.q(), DK, c.k(), DK, 0.f, tb.P, L);
+  tri_abt(L, DK, c.cx.scale, c.q(), DK, c.k(), DK, tb.P);
   const float* nj = c.n(c.j);
   for (int64_t t = 0; t < L; ++t) {
     float* row = tb.P + t * L;
@@ -272,6 +340,10 @@ bool any_nonzero(const float* x, int64_t n) {
   return false;
 }
 
+// The chunk enters with the zero state (the first chunk without an initial state): its products
+// with C_j are 0 and are not issued.
+bool zero_state(const ChunkRef& c) { return c.j == 0 && !c.cx.p.c0; }
+
 // h of the chunk (its columns y0 .. y0 + ny), from C_j: (P V + diag(w) Q̂ C_j) / den.
 void chunk_output(const ChunkRef& c, float* h) {
   TESSERA_TRACE_SCOPE("mlstm.cpu.chunk_output");
@@ -285,23 +357,34 @@ void chunk_output(const ChunkRef& c, float* h) {
     for (int64_t s = 0; s < L; ++s) tb.P[t * L + s] *= r;
     for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = rq * c.q()[t * DK + x];
   }
-  sgemm(false, false, L, c.ny, L, 1.f, tb.P, L, c.v() + c.y0, DV, 0.f, h + c.y0, DV);
-  if (any_nonzero(tb.w, L)) sgemm(false, false, L, c.ny, DK, 1.f, tb.sc, DK, c.C(c.j), c.ny, 1.f, h + c.y0, DV);
+  tri_tb(L, c.ny, 1.f, tb.P, c.v() + c.y0, DV, 0.f, h + c.y0, DV);
+  if (!zero_state(c) && any_nonzero(tb.w, L)) sgemm(false, false, L, c.ny, DK, 1.f, tb.sc, DK, c.C(c.j), c.ny, 1.f, h + c.y0, DV);
 }
 
-// The forward on one thread per head, chunk by chunk with one state: the same arithmetic as the
-// chain (ΔC_j into scratch, then C = b ΔC_j + a C), so the bits do not depend on the threads.
-void sequential_chunk(const ChunkRef& c, float* h) {
+// The forward on one thread per head (or per part of its columns), chunk by chunk with one state
+// updated in place; each column's arithmetic is the same whatever the parts, so the bits do not
+// depend on the threads.
+void sequential_chunk(const ChunkRef& c, float* h, bool need_last) {
   chunk_gates(c);
   if (c.j == 0) initial_state(c);
   chunk_output(c, h);
-  chunk_state_local(c, c.tb.dC, c.tb.dn);
-  chunk_state_chain(c, c.tb.dC, c.tb.dn);
+  if (c.j + 1 == c.cx.NC && !need_last) return;  // the last state only for return_last_states
+  chunk_state_in_place(c);
 }
 
 // The backward's forward sweep for one chunk: ΔC_j at once, then the chain step after chunk j − 1's.
-void sweep_chunk(const ChunkRef& c, Chain& chain, int64_t seq) {
+// The last state C_NC is needed only for the upstream gradients of the last state (⟨dC_last, C_last⟩):
+// without them the last chunk computes its gates only.
+void sweep_chunk(const ChunkRef& c, Chain& chain, int64_t seq, bool need_last) {
   chunk_gates(c);
+  if (c.j + 1 == c.cx.NC && !need_last) {
+    if (c.j == 0)
+      initial_state(c);
+    else
+      chain.wait(seq, c.j);  // the published counts only grow
+    chain.publish(seq, c.j + 1);
+    return;
+  }
   {
     TESSERA_TRACE_SCOPE("mlstm.cpu.state_local");
     chunk_state_local(c, c.C(c.j + 1), c.n(c.j + 1));
@@ -367,15 +450,20 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
     const float r = 1.f / tb.den[t];
     for (int64_t y = 0; y < DV; ++y) tb.dnum[t * DV + y] = dh[t * DV + y] * r;
   }
-  sgemm(false, true, L, L, DV, 1.f, tb.dnum, DV, c.v(), DV, 0.f, tb.dP, L);  // dnum_t·v_s
+  tri_abt(L, DV, 1.f, tb.dnum, DV, c.v(), DV, tb.dP);  // dnum_t·v_s
   const bool inter = any_nonzero(tb.w, L);
   float *Cj = c.C(c.j), *nj = c.n(c.j);
-  if (inter) sgemm(false, true, L, DK, DV, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);  // X_t = C_j dnum_t
+  if (inter) {  // X_t = C_j dnum_t (0 for the zero state: K = 0 writes the zeros)
+    const int64_t K = zero_state(c) ? 0 : DV;
+    sgemm(false, true, L, DK, K, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);
+  }
   chunk_dscores(c, inter, g.dq, di, dcum);
-  sgemm(false, false, L, DK, L, scale, tb.dP, L, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
-  sgemm(true, false, L, DK, L, scale, tb.dP, L, c.q(), DK, 0.f, g.dk, DK);
-  sgemm(true, false, L, DV, L, 1.f, tb.P, L, tb.dnum, DV, 0.f, g.dv, DV);
+  tri_tb(L, DK, scale, tb.dP, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
+  tri_ttb(L, DK, scale, tb.dP, c.q(), DK, 0.f, g.dk, DK);
+  tri_ttb(L, DV, 1.f, tb.P, tb.dnum, DV, 0.f, g.dv, DV);
   // Own part of dC_j = Q̂ᵀ diag(w) dNum, dn_j = Σ_t w_t ddr_t q̂_t (C_j, n_j are not needed again).
+  // The zero state's (the first chunk without an initial state) is not needed at all: no dc0.
+  if (zero_state(c)) return;
   std::fill(nj, nj + DK, 0.f);
   if (!inter) {
     std::fill(Cj, Cj + DK * DV, 0.f);
@@ -392,7 +480,7 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
 // The reverse chain step: dC_j += a_j dC_{j+1} (a_j = w at the chunk's last step).
 void chunk_grad_chain(const ChunkRef& c) {
   const float a = c.tb.w[c.L - 1];
-  if (a == 0.f) return;
+  if (a == 0.f || zero_state(c)) return;  // the zero state's gradient is not needed (no dc0)
   const int64_t DK = c.cx.DK, N = DK * c.cx.DV;
   float *C0 = c.C(c.j), *n0 = c.n(c.j);
   const float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);
@@ -512,7 +600,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
     b.w = alloc<float>(keep, Lc), b.den = alloc<float>(keep, Lc), b.den_raw = alloc<float>(keep, Lc), b.ddr = alloc<float>(keep, Lc);
     b.qn = alloc<float>(keep, Lc), b.cs = alloc<float>(keep, Lc), b.ones = alloc<float>(keep, Lc);
     std::fill_n(b.ones, Lc, 1.f);
-    if (!reverse && pl.size == 1) b.dC = alloc<float>(keep, DK * DV), b.dn = alloc<float>(keep, DK);
+    if (!reverse && pl.size == 1) b.dn = alloc<float>(keep, DK);
   }
   cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
     Team& team = *teams[tid / pl.size];
@@ -557,7 +645,7 @@ class Cpu final : public Implementation {
 
   void forward(const Problem& p, const ForwardOut& out) const override {
     auto fwd = [&](const ChunkRef& c, Chain&, int64_t) {
-      sequential_chunk(c, out.h + (c.bh * p.S + c.start) * p.DV);
+      sequential_chunk(c, out.h + (c.bh * p.S + c.start) * p.DV, out.c_last != nullptr);
       if (c.j + 1 < c.cx.NC || !out.c_last) return;
       for (int64_t x = 0; x < p.DK; ++x)
         std::copy_n(c.C(c.j + 1) + x * c.ny, c.ny, out.c_last + (c.bh * p.DK + x) * p.DV + c.y0);
@@ -570,7 +658,8 @@ class Cpu final : public Implementation {
   }
 
   void backward(const Problem& p, const BackwardArgs& a) const override {
-    auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) { sweep_chunk(c, chain, seq); };
+    const bool need_last = a.dc_last || a.dn_last;
+    auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) { sweep_chunk(c, chain, seq, need_last); };
     auto rev = [&](const ChunkRef& c, Chain& chain, int64_t seq) {
       const int64_t g0 = c.bh * p.S + c.start, NC = c.cx.NC;
       const GradOut g{a.dq + g0 * p.DK, a.dk + g0 * p.DK, a.dv + g0 * p.DV};

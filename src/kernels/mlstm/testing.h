@@ -19,6 +19,7 @@ struct CaseSpec {
   std::string resets = "none";  // none | chunk (at chunk boundaries) | inside | every | pair | random
   bool initial_state = false;
   float gate_scale = 3.0f;      // i, f uniform in ±gate_scale (+2 on f: mostly remembering)
+  bool last_states = true;      // the forward returns (C, n, m) at S−1, the backward takes dc_last, dn_last
   Options opt;                  // chunk_size, eps, threads
   uint64_t seed = 1;
   std::string name() const;

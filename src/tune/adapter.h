@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "core/log.h"
 #include "tessera/error.h"
 #include "tessera/exec.h"
 #include "tune/choose.h"
@@ -93,6 +94,20 @@ SizesChoice<typename K::Sizes> choose_sizes(const typename K::Impl& impl, const 
                                             const Options& opt, Pass op, const Hooks& hooks) {
   const Choice c = choose_for<K>(impl, p, opt.block_sizes, opt.autotune_on_miss, op, hooks);
   return {K::from_params(c.params), c.source};
+}
+
+// One call of a kernel with traits K, dispatched: on the implementation `registry` picks (its
+// dispatch_problem), body(impl, sizes) with the block sizes choose_sizes gives that implementation
+// (logged at debug with where they came from). Returns the implementation that ran.
+template <class K, class Registry, class Options, class Body>
+std::string dispatch_sized(const Registry& registry, const typename K::Problem& p, const Options& opt, Pass op,
+                           Body&& body) {
+  return registry.dispatch_problem(opt.implementation, p, [&](const typename K::Impl& impl) {
+    const SizesChoice<typename K::Sizes> bs = choose_sizes<K>(impl, p, opt, op, Hooks{});
+    log::debug(std::string(K::kKernel) + ": " + impl.name() + " with block sizes " + bs.sizes.str() + " (" + bs.source +
+               ")");
+    body(impl, bs.sizes);
+  });
 }
 
 // A kernel's public validate_block_sizes(implementation, sizes): Error(kNotFound) for an unknown

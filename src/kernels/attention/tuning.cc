@@ -13,10 +13,6 @@
 
 namespace tessera::attention {
 
-std::string Implementation::device_kind(const Problem& p) const {
-  return tune::default_device_kind(device_type(), p.device.index);
-}
-
 // The buckets: dimension order (B, S, H, D); first match wins. The head dim is what changes the
 // best tiles most (it sets the width of every tile product and the bytes per kv row a tile
 // holds in cache); batch, length and heads are left open.

@@ -19,7 +19,9 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +51,30 @@ std::vector<typename K::Sizes> candidates_for(const typename K::Impl& impl, cons
   for (const auto& c : impl.candidate_block_sizes(p))
     if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
   return out;
+}
+
+// What K::timed_run returns, written once: each run validates the candidate
+// (impl.validate_block_sizes), runs `prepare(sizes)` untimed when given (a backward timed on a
+// forward's saved outputs), then times `run(sizes)` up to impl.synchronize(p). `outputs` hands
+// back what `run` wrote, for the sweep's check against the default's (tune/verify.h).
+template <class K>
+Runner timed_runner(const typename K::Impl& impl, const typename K::Problem& p,
+                    std::function<void(const typename K::Sizes&)> run, OutputsFn outputs,
+                    std::function<void(const typename K::Sizes&)> prepare = nullptr) {
+  const typename K::Impl* ip = &impl;
+  RunFn timed = [ip, p, run = std::move(run), prepare = std::move(prepare)](const Params& params) -> double {
+    const typename K::Sizes bs = K::from_params(params);
+    ip->validate_block_sizes(bs);
+    if (prepare) {
+      prepare(bs);
+      ip->synchronize(p);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    run(bs);
+    ip->synchronize(p);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  return {std::move(timed), std::move(outputs)};
 }
 
 // The generic choice (options -> tuned table -> autotune on miss -> defaults) for one call.

@@ -193,6 +193,14 @@ class Registry final : public RegistryView {
     return run(kernel_, plan, cb);
   }
 
+  // dispatch() of a normalized problem: on p.device, to the implementations whose supports(p)
+  // says yes.
+  template <class Problem, class Body>
+  std::string dispatch_problem(const std::string& requested, const Problem& p, Body&& body) const {
+    return dispatch(requested, p.device.type, [&](const Impl& impl) { return impl.supports(p); },
+                    std::forward<Body>(body));
+  }
+
   const std::string& kernel() const { return kernel_; }
 
  private:

@@ -63,6 +63,26 @@ const TensorView* CallArgs::tensor(const std::string& name) const {
   return nullptr;
 }
 
+TensorView CallArgs::tensor_or_empty(const std::string& name) const {
+  const TensorView* t = tensor(name);
+  return t ? *t : TensorView{};
+}
+
+CallOutputs::CallOutputs(const std::vector<OutputDesc>& want, const std::vector<TensorView>& out, const CallArgs& a,
+                         const std::string& kernel)
+    : out_(out) {
+  check(out.size() == want.size(), ErrorCode::kInvalidArgument,
+        kernel + ": " + pass_name(a.pass) + " writes " + std::to_string(want.size()) + " outputs, got " +
+            std::to_string(out.size()));
+  for (const OutputDesc& d : want) names_.push_back(d.name);
+}
+
+TensorView CallOutputs::operator[](const std::string& name) const {
+  for (size_t i = 0; i < names_.size(); ++i)
+    if (names_[i] == name) return out_[i];
+  return {};
+}
+
 const TensorView& required(const CallArgs& a, const std::string& kernel, const char* name) {
   const TensorView* t = a.tensor(name);
   if (!t) throw Error(ErrorCode::kInvalidArgument, kernel + ": " + name + " is required");
@@ -193,6 +213,24 @@ std::string version_base(const dispatch::RegistryView& reg, const std::string& n
   for (const dispatch::ImplementationBase* impl : members)
     if (impl->name() != name && impl->status() == VersionStatus::kCurrent) return impl->name();
   return name == family ? std::string() : family;
+}
+
+harness::BenchCall CallBenchProblem::bind(const std::string& implementation, Device dev, Pass pass,
+                                          const ExecOptions& exec) {
+  const CallData c = call_data();
+  return bind_call(kernel_().call, c.tensors, c.options, implementation, dev, pass, exec);
+}
+
+BenchSpec bench_spec_of(std::vector<harness::OptionSpec> options, BenchFactory make) {
+  BenchSpec b;
+  b.options = std::move(options);
+  b.make_problem = [make](const harness::GridShape& shape, DType dt, const harness::OptionValues& o, uint64_t seed) {
+    return make(shape, dt, o, seed, true);
+  };
+  b.make_cost_model = [make](const harness::GridShape& shape, DType dt, const harness::OptionValues& o) {
+    return make(shape, dt, o, 0, false);
+  };
+  return b;
 }
 
 harness::BenchConfig bench_config(const KernelSpec& k, const std::string& implementations,

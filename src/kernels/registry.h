@@ -60,6 +60,17 @@ std::vector<CheckCase> check_cases_of(const std::vector<Case>& grid, Parity pari
   return out;
 }
 
+// A kernel's KernelSpec::check_grid from its testing.h: `grid(quick)` and
+// `parity(case, implementation, pass, device)`.
+template <class Case, class Parity>
+std::function<std::vector<CheckCase>(bool quick)> check_grid_of(std::vector<Case> (*grid)(bool), Parity parity) {
+  return [grid, parity](bool quick) {
+    return check_cases_of(grid(quick), [parity](const Case& c, const std::string& impl, Pass pass, Device dev) {
+      return parity(c, impl, pass, dev);
+    });
+  };
+}
+
 // ---- tune ----
 // One (implementation, dtype, shape) to sweep.
 struct TuneJob {
@@ -110,7 +121,16 @@ struct CallArgs {
   harness::OptionValues options;  // every declared option (defaults filled in)
   ExecOptions exec;
   const TensorView* tensor(const std::string& name) const;  // nullptr when not given
+  TensorView tensor_or_empty(const std::string& name) const;  // an empty view when not given
 };
+
+// A kernel's Options with the call's ExecOptions (implementation, threads, stream, ...) filled in.
+template <class Options>
+Options exec_options(const CallArgs& a) {
+  Options opt;
+  static_cast<ExecOptions&>(opt) = a.exec;
+  return opt;
+}
 
 struct OutputDesc {
   std::string name;
@@ -142,6 +162,20 @@ std::optional<Sizes> block_sizes_option(const CallArgs& a, const std::string& ke
   return from(given);
 }
 
+
+// The views a CallSpec::call received, by the names its `outputs` gave them. Throws
+// Error(kInvalidArgument) "<kernel>: <pass> writes N outputs, got M" when the count differs.
+class CallOutputs {
+ public:
+  CallOutputs(const std::vector<OutputDesc>& want, const std::vector<TensorView>& out, const CallArgs& a,
+              const std::string& kernel);
+  TensorView operator[](const std::string& name) const;  // an empty view when `name` is not written
+  const std::vector<TensorView>& all() const { return out_; }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<TensorView> out_;
+};
 
 // The tensor a caller allocates for `d` on `device` (zeros; d.strides honoured: a gradient in a
 // transposed weight's layout gets that layout).
@@ -190,6 +224,26 @@ struct BenchSpec {
                                                        const harness::OptionValues& options)>
       make_cost_model = nullptr;
 };
+
+struct KernelSpec;
+
+// A bench problem whose inputs are its call's (call_data()): bind() is one bind_call through the
+// kernel's signature, as every Python call takes it. `kernel` returns the registered spec.
+class CallBenchProblem : public harness::BenchProblem {
+ public:
+  explicit CallBenchProblem(const KernelSpec& (*kernel)()) : kernel_(kernel) {}
+  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override;
+
+ private:
+  const KernelSpec& (*kernel_)();
+};
+
+// A BenchSpec from one factory make(shape, dtype, options, seed, with_data): with_data false is
+// the cost model of `tessera bench --predict` (no inputs generated).
+using BenchFactory = std::unique_ptr<harness::BenchProblem> (*)(const harness::GridShape& shape, DType dtype,
+                                                                const harness::OptionValues& options, uint64_t seed,
+                                                                bool with_data);
+BenchSpec bench_spec_of(std::vector<harness::OptionSpec> options, BenchFactory make);
 
 struct KernelSpec {
   std::string name;

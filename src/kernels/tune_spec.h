@@ -7,7 +7,9 @@
 //   static Owned random_problem(const std::vector<int64_t>& shape, DType, Device);  bucket dims
 //   static Problem shape_only(const std::vector<int64_t>& shape, DType, Device);   no data
 //   static const std::vector<Bucket>& buckets();
-//   static constexpr const char* kInclude, kNamespace, kTablePath;   where tuned_table() lives
+// and, where tuned_table() does not live by the convention (kernels/<kKernel>/tuning.h declares it
+// in tessera::<kKernel>, src/kernels/<kKernel>/tuned_table.cc defines it):
+//   static constexpr const char* kInclude, kNamespace, kTablePath;
 #pragma once
 
 #include <memory>
@@ -40,6 +42,23 @@ TuneJob tune_job_for(const std::string& name, const std::vector<int64_t>& shape,
   return job;
 }
 
+// Where K's tuned table lives (kInclude, kNamespace, kTablePath, else the convention).
+template <class K>
+std::string table_include() {
+  if constexpr (requires { K::kInclude; }) return K::kInclude;
+  return "kernels/" + std::string(K::kKernel) + "/tuning.h";
+}
+template <class K>
+std::string table_namespace() {
+  if constexpr (requires { K::kNamespace; }) return K::kNamespace;
+  return "tessera::" + std::string(K::kKernel);
+}
+template <class K>
+std::string table_path() {
+  if constexpr (requires { K::kTablePath; }) return K::kTablePath;
+  return "src/kernels/" + std::string(K::kKernel) + "/tuned_table.cc";
+}
+
 template <class K>
 TuneSpec make_tune_spec() {
   TuneSpec t;
@@ -51,15 +70,15 @@ TuneSpec make_tune_spec() {
   };
   t.job = tune_job_for<K>;
   t.source.kernel = K::kKernel;
-  t.source.include = K::kInclude;
-  t.source.cpp_namespace = K::kNamespace;
+  t.source.include = table_include<K>();
+  t.source.cpp_namespace = table_namespace<K>();
   t.source.function = "tuned_table";
   t.source.regenerate = std::string("tessera tune ") + K::kKernel +
                         " --emit-table   (from the repository root, on the machine to tune; rebuild first: rows of "
                         "other machines are kept)";
   t.source.empty_note = "No rows: no tunable implementation was measured yet. Every lookup misses and falls to "
                         "autotune-on-miss or the backend defaults.";
-  t.table_path = K::kTablePath;
+  t.table_path = table_path<K>();
   return t;
 }
 

@@ -19,12 +19,15 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/env.h"
+#include "core/log.h"
 #include "tessera/error.h"
 #include "tessera/exec.h"
 #include "tune/choose.h"
@@ -48,6 +51,30 @@ std::vector<typename K::Sizes> candidates_for(const typename K::Impl& impl, cons
   for (const auto& c : impl.candidate_block_sizes(p))
     if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
   return out;
+}
+
+// What K::timed_run returns, written once: each run validates the candidate
+// (impl.validate_block_sizes), runs `prepare(sizes)` untimed when given (a backward timed on a
+// forward's saved outputs), then times `run(sizes)` up to impl.synchronize(p). `outputs` hands
+// back what `run` wrote, for the sweep's check against the default's (tune/verify.h).
+template <class K>
+Runner timed_runner(const typename K::Impl& impl, const typename K::Problem& p,
+                    std::function<void(const typename K::Sizes&)> run, OutputsFn outputs,
+                    std::function<void(const typename K::Sizes&)> prepare = nullptr) {
+  const typename K::Impl* ip = &impl;
+  RunFn timed = [ip, p, run = std::move(run), prepare = std::move(prepare)](const Params& params) -> double {
+    const typename K::Sizes bs = K::from_params(params);
+    ip->validate_block_sizes(bs);
+    if (prepare) {
+      prepare(bs);
+      ip->synchronize(p);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    run(bs);
+    ip->synchronize(p);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  return {std::move(timed), std::move(outputs)};
 }
 
 // The generic choice (options -> tuned table -> autotune on miss -> defaults) for one call.
@@ -93,6 +120,20 @@ SizesChoice<typename K::Sizes> choose_sizes(const typename K::Impl& impl, const 
                                             const Options& opt, Pass op, const Hooks& hooks) {
   const Choice c = choose_for<K>(impl, p, opt.block_sizes, opt.autotune_on_miss, op, hooks);
   return {K::from_params(c.params), c.source};
+}
+
+// One call of a kernel with traits K, dispatched: on the implementation `registry` picks (its
+// dispatch_problem), body(impl, sizes) with the block sizes choose_sizes gives that implementation
+// (logged at debug with where they came from). Returns the implementation that ran.
+template <class K, class Registry, class Options, class Body>
+std::string dispatch_sized(const Registry& registry, const typename K::Problem& p, const Options& opt, Pass op,
+                           Body&& body) {
+  return registry.dispatch_problem(opt.implementation, p, [&](const typename K::Impl& impl) {
+    const SizesChoice<typename K::Sizes> bs = choose_sizes<K>(impl, p, opt, op, Hooks{});
+    log::debug(std::string(K::kKernel) + ": " + impl.name() + " with block sizes " + bs.sizes.str() + " (" + bs.source +
+               ")");
+    body(impl, bs.sizes);
+  });
 }
 
 // A kernel's public validate_block_sizes(implementation, sizes): Error(kNotFound) for an unknown

@@ -12,6 +12,12 @@ const Bucket* match_bucket(const std::vector<Bucket>& buckets, const std::vector
   return nullptr;
 }
 
+int64_t pow2_class(int64_t x) {
+  int64_t c = 1;
+  while (c < x) c *= 2;
+  return c;
+}
+
 std::vector<int64_t> representative_shape(const Bucket& b) {
   std::vector<int64_t> s;
   for (const DimRange& d : b.dims) s.push_back(d.representative);

@@ -34,6 +34,10 @@ const Bucket* match_bucket(const std::vector<Bucket>& buckets, const std::vector
 // The representative shape of a bucket, in dimension order.
 std::vector<int64_t> representative_shape(const Bucket& b);
 
+// The smallest power of two >= x (1 for x <= 1): the size class of a dim in autotune cache keys,
+// so that nearby shapes share an entry.
+int64_t pow2_class(int64_t x);
+
 // "B=512,H=1024,V=32000" for a shape in the bucket's dimension order.
 std::string shape_str(const Bucket& b, const std::vector<int64_t>& shape);
 // "B 1..1024, H any, V 16k..64k" — the ranges, for listings.

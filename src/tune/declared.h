@@ -97,6 +97,25 @@ struct Buffer {
 // The buffers as borrowed tensors (Tensor::borrow), the absent ones left out.
 OutputsFn borrowed_outputs(std::vector<Buffer> buffers);
 
+// A call of a kernel whose tuning is declared, dispatched and tuned in one: on the implementation
+// `registry` picks (its dispatch_problem), run(impl, at(params)) where `params` are the options
+// choose_declared gives that implementation for `call` (whose implementation, device and
+// autotune_on_miss are filled in here from impl and `opt`) and at(params) is the call's problem
+// with them; autotune-on-miss times run(impl, at(candidate)) into `outputs` (the call's own
+// buffers). Returns the implementation that ran.
+template <class Registry, class Problem, class At, class Run>
+std::string dispatch_declared(const Registry& registry, const Declared& d, const ExecOptions& opt, const Problem& p,
+                              const DeclaredCall& call, const std::vector<Buffer>& outputs, At&& at, Run&& run) {
+  return registry.dispatch_problem(opt.implementation, p, [&](const auto& impl) {
+    DeclaredCall c = call;
+    c.implementation = impl.name();
+    c.device = impl.device_type();
+    c.autotune_on_miss = opt.autotune_on_miss;
+    const auto once = [&](const Params& candidate) { run(impl, at(candidate)); };
+    run(impl, at(choose_declared(d, c, once, borrowed_outputs(outputs)).params));
+  });
+}
+
 // The cache key: kernel, implementation, device kind, dtype, exact dims, pass, threads, version.
 std::string declared_key(const Declared& d, const DeclaredCall& call, const std::string& device_kind);
 

@@ -43,6 +43,14 @@ TEST(TuneBucket, NoMatchAndWrongRank) {
   EXPECT_EQ(ranges_str(buckets()[0]), "B any, V 1..100");
 }
 
+TEST(TuneBucket, Pow2ClassRoundsUpToAPowerOfTwo) {
+  EXPECT_EQ(pow2_class(0), 1);
+  EXPECT_EQ(pow2_class(1), 1);
+  EXPECT_EQ(pow2_class(600), 1024);
+  EXPECT_EQ(pow2_class(1024), 1024);
+  EXPECT_EQ(pow2_class(1025), 2048);
+}
+
 TEST(TuneParams, JsonRoundTripAndStr) {
   const Params p = {{"b", 256}, {"h", 512}, {"v", 2048}};
   EXPECT_EQ(params_str(p), "b=256,h=512,v=2048");

@@ -4,8 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/log.h"
-#include "dispatch/dispatch.h"
+#include "dispatch/arg_check.h"
 #include "kernels/attention/tuning.h"
 #include "kernels/attention/impl.h"
 #include "tessera/attention.h"
@@ -14,120 +13,83 @@
 namespace tessera::attention {
 namespace {
 
-const std::string kName = kKernelName;
-
-[[noreturn]] void bad(const std::string& msg) {
-  throw Error(ErrorCode::kInvalidArgument, kName + ": " + msg);
-}
+using dispatch::all_finite;
+using dispatch::num;
+const dispatch::ArgCheck args{kKernelName, "q"};
 
 thread_local std::string t_last_impl;
-
-std::string num(int64_t v) { return std::to_string(v); }
-
-void require_contiguous(const TensorView& t, const char* what) {
-  if (!t.is_contiguous())
-    bad(std::string(what) + " must be contiguous (row-major), got strides " + shape_str(t.strides) +
-        " for shape " + shape_str(t.shape));
-}
-void require_data(const TensorView& t, const char* what) {
-  if (t.data == nullptr && t.numel() > 0) bad(std::string(what) + " has no data (null pointer)");
-}
-void require_device(const TensorView& t, const Device& d, const char* what) {
-  if (t.device != d) bad(std::string(what) + " is on " + t.device.str() + " but q is on " + d.str());
-}
-void require_plain(const TensorView& t, const Device& d, const char* what) {
-  require_device(t, d, what);
-  require_contiguous(t, what);
-  require_data(t, what);
-}
-void require_shape(const TensorView& t, const Shape& want, const char* what) {
-  if (t.shape != want) bad(std::string(what) + " must have shape " + shape_str(want) + ", got " + shape_str(t.shape));
-}
-
-// True when no element is NaN (or, with allow_neg_inf false, ±Inf). Host data only.
-bool all_finite(const TensorView& t, bool allow_neg_inf = false) {
-  if (t.device.type != DeviceType::kCPU) return true;  // device data is not inspected here
-  const int64_t n = t.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = load_as_f32(t.data, t.dtype, i);
-    if (std::isfinite(x)) continue;
-    if (allow_neg_inf && x == -std::numeric_limits<float>::infinity()) continue;
-    return false;
-  }
-  return true;
-}
 
 // Validates cu_seqlens (i32 [N+1], starts at 0, non-decreasing, ends at `total`); returns the
 // longest sequence.
 int64_t check_cu_seqlens(const TensorView& cu, int64_t total, const char* what, const char* rows) {
   const int32_t* c = static_cast<const int32_t*>(cu.data);
   const int64_t n = cu.shape[0];
-  if (c[0] != 0) bad(std::string(what) + "[0] must be 0, got " + num(c[0]));
+  if (c[0] != 0) args.fail(std::string(what) + "[0] must be 0, got " + num(c[0]));
   int64_t longest = 0;
   for (int64_t i = 1; i < n; ++i) {
     if (c[i] < c[i - 1])
-      bad(std::string(what) + " must be non-decreasing, got " + num(c[i - 1]) + " then " + num(c[i]) +
+      args.fail(std::string(what) + " must be non-decreasing, got " + num(c[i - 1]) + " then " + num(c[i]) +
           " at index " + num(i));
     longest = std::max<int64_t>(longest, c[i] - c[i - 1]);
   }
   if (c[n - 1] != total)
-    bad(std::string(what) + "[N=" + num(n - 1) + "] must equal the " + rows + " (" + num(total) + "), got " +
+    args.fail(std::string(what) + "[N=" + num(n - 1) + "] must equal the " + rows + " (" + num(total) + "), got " +
         num(c[n - 1]));
   return longest;
 }
 
 Problem normalize(const Inputs& in, const Options& opt) {
   const TensorView &q = in.q, &k = in.k, &v = in.v;
-  if (!is_float(q.dtype)) bad(std::string("q must be f32, bf16 or f16, got ") + dtype_name(q.dtype));
+  if (!is_float(q.dtype)) args.fail(std::string("q must be f32, bf16 or f16, got ") + dtype_name(q.dtype));
   if (k.dtype != q.dtype || v.dtype != q.dtype)
-    bad(std::string("q, k and v must share one dtype, got q ") + dtype_name(q.dtype) + ", k " +
+    args.fail(std::string("q, k and v must share one dtype, got q ") + dtype_name(q.dtype) + ", k " +
         dtype_name(k.dtype) + ", v " + dtype_name(v.dtype));
   Problem p;
   p.device = q.device;
   p.dtype = q.dtype;
-  require_plain(q, p.device, "q");
-  require_plain(k, p.device, "k");
-  require_plain(v, p.device, "v");
+  args.plain(q, p.device, "q");
+  args.plain(k, p.device, "k");
+  args.plain(v, p.device, "v");
 
   if (in.cu_seqlens_q.has_value() != in.cu_seqlens_k.has_value())
-    bad("cu_seqlens_q and cu_seqlens_k must be given together (the varlen form)");
+    args.fail("cu_seqlens_q and cu_seqlens_k must be given together (the varlen form)");
   p.varlen = in.cu_seqlens_q.has_value();
   const int64_t rank = p.varlen ? 3 : 4;
   const char* form = p.varlen ? "[T, H, D] (varlen form)" : "[B, S, H, D]";
-  if (q.ndim() != rank) bad(std::string("q must be ") + form + ", got " + shape_str(q.shape));
-  if (k.ndim() != rank) bad(std::string("k must be ") + form + ", got " + shape_str(k.shape));
-  if (v.ndim() != rank) bad(std::string("v must be ") + form + ", got " + shape_str(v.shape));
+  if (q.ndim() != rank) args.fail(std::string("q must be ") + form + ", got " + shape_str(q.shape));
+  if (k.ndim() != rank) args.fail(std::string("k must be ") + form + ", got " + shape_str(k.shape));
+  if (v.ndim() != rank) args.fail(std::string("v must be ") + form + ", got " + shape_str(v.shape));
   const int64_t o = rank - 3;  // index of the sequence axis (dense) or the token axis (varlen)
   p.Hq = q.shape[o + 1];
   p.D = q.shape[o + 2];
   p.Hkv = k.shape[o + 1];
   p.Dv = v.shape[o + 2];
-  if (p.Hq < 1 || p.Hkv < 1) bad("head counts must be >= 1, got Hq=" + num(p.Hq) + ", Hkv=" + num(p.Hkv));
-  if (p.D < 1 || p.Dv < 1) bad("head dims must be >= 1, got D=" + num(p.D) + ", Dv=" + num(p.Dv));
-  if (k.shape[o + 2] != p.D) bad("k's head dim " + num(k.shape[o + 2]) + " differs from q's D=" + num(p.D));
+  if (p.Hq < 1 || p.Hkv < 1) args.fail("head counts must be >= 1, got Hq=" + num(p.Hq) + ", Hkv=" + num(p.Hkv));
+  if (p.D < 1 || p.Dv < 1) args.fail("head dims must be >= 1, got D=" + num(p.D) + ", Dv=" + num(p.Dv));
+  if (k.shape[o + 2] != p.D) args.fail("k's head dim " + num(k.shape[o + 2]) + " differs from q's D=" + num(p.D));
   if (p.Hq % p.Hkv != 0)
-    bad("Hq=" + num(p.Hq) + " is not a multiple of Hkv=" + num(p.Hkv) + " (query head h reads kv head h / (Hq/Hkv))");
+    args.fail("Hq=" + num(p.Hq) + " is not a multiple of Hkv=" + num(p.Hkv) + " (query head h reads kv head h / (Hq/Hkv))");
   if (!p.varlen && k.shape[0] != q.shape[0])
-    bad("k's batch " + num(k.shape[0]) + " differs from q's batch " + num(q.shape[0]));
+    args.fail("k's batch " + num(k.shape[0]) + " differs from q's batch " + num(q.shape[0]));
   if (v.shape[o] != k.shape[o] || v.shape[o + 1] != p.Hkv || (!p.varlen && v.shape[0] != k.shape[0]))
-    bad("v " + shape_str(v.shape) + " must match k " + shape_str(k.shape) + " in all but the last axis");
+    args.fail("v " + shape_str(v.shape) + " must match k " + shape_str(k.shape) + " in all but the last axis");
 
   if (p.varlen) {
     const TensorView &cq = *in.cu_seqlens_q, &ck = *in.cu_seqlens_k;
     for (const auto* t : {&cq, &ck}) {
       const char* what = t == &cq ? "cu_seqlens_q" : "cu_seqlens_k";
-      if (t->dtype != DType::kI32) bad(std::string(what) + " must be i32, got " + dtype_name(t->dtype));
-      if (t->ndim() != 1 || t->shape[0] < 1) bad(std::string(what) + " must be 1-D [N+1], got " + shape_str(t->shape));
+      if (t->dtype != DType::kI32) args.fail(std::string(what) + " must be i32, got " + dtype_name(t->dtype));
+      if (t->ndim() != 1 || t->shape[0] < 1) args.fail(std::string(what) + " must be 1-D [N+1], got " + shape_str(t->shape));
       // Host memory whatever q's device: the API validates them and a device backend copies them.
       if (t->device.type != DeviceType::kCPU)
-        bad(std::string(what) + " must be in host memory (also for device inputs), got " + t->device.str());
-      require_contiguous(*t, what);
-      require_data(*t, what);
+        args.fail(std::string(what) + " must be in host memory (also for device inputs), got " + t->device.str());
+      args.contiguous(*t, what);
+      args.data(*t, what);
     }
     if (cq.shape[0] != ck.shape[0])
-      bad("cu_seqlens_q " + shape_str(cq.shape) + " and cu_seqlens_k " + shape_str(ck.shape) +
+      args.fail("cu_seqlens_q " + shape_str(cq.shape) + " and cu_seqlens_k " + shape_str(ck.shape) +
           " must have the same length N+1");
-    if (in.segment_ids_q || in.segment_ids_k) bad("segment ids are for the dense form; the varlen form has cu_seqlens");
+    if (in.segment_ids_q || in.segment_ids_k) args.fail("segment ids are for the dense form; the varlen form has cu_seqlens");
     p.N = cq.shape[0] - 1;
     p.total_q = q.shape[0];
     p.total_k = k.shape[0];
@@ -148,41 +110,41 @@ Problem normalize(const Inputs& in, const Options& opt) {
 
   if (in.alibi_slopes) {
     const TensorView& a = *in.alibi_slopes;
-    if (a.dtype != DType::kF32) bad(std::string("alibi_slopes must be f32, got ") + dtype_name(a.dtype));
+    if (a.dtype != DType::kF32) args.fail(std::string("alibi_slopes must be f32, got ") + dtype_name(a.dtype));
     if (a.shape == Shape{p.Hq}) {
       p.alibi_seq_stride = 0;
     } else if (a.shape == Shape{p.N, p.Hq}) {
       p.alibi_seq_stride = p.Hq;
     } else {
-      bad("alibi_slopes must be [Hq=" + num(p.Hq) + "] or [" + (p.varlen ? "N=" : "B=") + num(p.N) + ", Hq=" +
+      args.fail("alibi_slopes must be [Hq=" + num(p.Hq) + "] or [" + (p.varlen ? "N=" : "B=") + num(p.N) + ", Hq=" +
           num(p.Hq) + "], got " + shape_str(a.shape));
     }
-    require_plain(a, p.device, "alibi_slopes");
+    args.plain(a, p.device, "alibi_slopes");
     p.alibi = static_cast<const float*>(a.data);
   }
 
   if (in.segment_ids_q.has_value() != in.segment_ids_k.has_value())
-    bad("segment_ids_q and segment_ids_k must be given together");
+    args.fail("segment_ids_q and segment_ids_k must be given together");
   if (in.segment_ids_q) {
     const TensorView &sq = *in.segment_ids_q, &sk = *in.segment_ids_k;
     if (sq.dtype != DType::kI32 || sk.dtype != DType::kI32)
-      bad(std::string("segment ids must be i32, got ") + dtype_name(sq.dtype) + " and " + dtype_name(sk.dtype));
+      args.fail(std::string("segment ids must be i32, got ") + dtype_name(sq.dtype) + " and " + dtype_name(sk.dtype));
     if (sq.shape != Shape{p.N, p.Sq})
-      bad("segment_ids_q must be [B=" + num(p.N) + ", Sq=" + num(p.Sq) + "], got " + shape_str(sq.shape));
+      args.fail("segment_ids_q must be [B=" + num(p.N) + ", Sq=" + num(p.Sq) + "], got " + shape_str(sq.shape));
     if (sk.shape != Shape{p.N, p.Sk})
-      bad("segment_ids_k must be [B=" + num(p.N) + ", Sk=" + num(p.Sk) + "], got " + shape_str(sk.shape));
-    require_plain(sq, p.device, "segment_ids_q");
-    require_plain(sk, p.device, "segment_ids_k");
+      args.fail("segment_ids_k must be [B=" + num(p.N) + ", Sk=" + num(p.Sk) + "], got " + shape_str(sk.shape));
+    args.plain(sq, p.device, "segment_ids_q");
+    args.plain(sk, p.device, "segment_ids_k");
     p.seg_q = static_cast<const int32_t*>(sq.data);
     p.seg_k = static_cast<const int32_t*>(sk.data);
   }
 
   if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0.0))
-    bad("scale must be finite and > 0, got " + std::to_string(*opt.scale));
+    args.fail("scale must be finite and > 0, got " + std::to_string(*opt.scale));
   if (!(opt.softcap >= 0.0) || !std::isfinite(opt.softcap))
-    bad("softcap must be finite and >= 0 (0 disables it), got " + std::to_string(opt.softcap));
-  if (opt.window_left < -1) bad("window_left must be >= 0 or -1 (unbounded), got " + num(opt.window_left));
-  if (opt.window_right < -1) bad("window_right must be >= 0 or -1 (unbounded), got " + num(opt.window_right));
+    args.fail("softcap must be finite and >= 0 (0 disables it), got " + std::to_string(opt.softcap));
+  if (opt.window_left < -1) args.fail("window_left must be >= 0 or -1 (unbounded), got " + num(opt.window_left));
+  if (opt.window_right < -1) args.fail("window_right must be >= 0 or -1 (unbounded), got " + num(opt.window_right));
   p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
   p.softcap = opt.softcap;
   p.causal = opt.causal;
@@ -193,10 +155,8 @@ Problem normalize(const Inputs& in, const Options& opt) {
   p.memory_budget = opt.memory_budget;
 
   if (opt.check_finite) {
-    if (!all_finite(q)) bad("q contains NaN or Inf");
-    if (!all_finite(k)) bad("k contains NaN or Inf");
-    if (!all_finite(v)) bad("v contains NaN or Inf");
-    if (in.alibi_slopes && !all_finite(*in.alibi_slopes)) bad("alibi_slopes contain NaN or Inf");
+    args.finite(q, "q"), args.finite(k, "k"), args.finite(v, "v");
+    if (in.alibi_slopes && !all_finite(*in.alibi_slopes)) args.fail("alibi_slopes contain NaN or Inf");
   }
   return p;
 }
@@ -208,58 +168,44 @@ Shape o_shape(const Inputs& in, const Problem& p) {
 }
 Shape lse_shape(const Problem& p) { return p.varlen ? Shape{p.Hq, p.total_q} : Shape{p.N, p.Hq, p.Sq}; }
 
-void check_float_out(const TensorView& t, DType input, const Shape& shape, const Device& dev, const char* what) {
-  if (t.dtype != DType::kF32 && t.dtype != input)
-    bad(std::string(what) + " must be f32" + (input != DType::kF32 ? std::string(" or ") + dtype_name(input) : "") +
-        ", got " + dtype_name(t.dtype));
-  require_shape(t, shape, what);
-  require_plain(t, dev, what);
-}
 void check_lse(const TensorView& t, const Problem& p) {
-  if (t.dtype != DType::kF32) bad(std::string("lse must be f32, got ") + dtype_name(t.dtype));
-  require_shape(t, lse_shape(p), "lse");
-  require_plain(t, p.device, "lse");
+  if (t.dtype != DType::kF32) args.fail(std::string("lse must be f32, got ") + dtype_name(t.dtype));
+  args.shape(t, lse_shape(p), "lse");
+  args.plain(t, p.device, "lse");
 }
 
 ForwardOut check_forward_outputs(const Inputs& in, const Problem& p, const ForwardOutputs& out) {
-  check_float_out(out.o, p.dtype, o_shape(in, p), p.device, "o");
+  args.output(out.o, p.dtype, o_shape(in, p), p.device, "o");
   check_lse(out.lse, p);
   return {out.o.data, out.o.dtype, static_cast<float*>(out.lse.data)};
 }
 
 GradOut check_gradients(const Inputs& in, const Problem& p, const Gradients& g) {
-  check_float_out(g.dq, p.dtype, in.q.shape, p.device, "dq");
-  check_float_out(g.dk, p.dtype, in.k.shape, p.device, "dk");
-  check_float_out(g.dv, p.dtype, in.v.shape, p.device, "dv");
+  args.output(g.dq, p.dtype, in.q.shape, p.device, "dq");
+  args.output(g.dk, p.dtype, in.k.shape, p.device, "dk");
+  args.output(g.dv, p.dtype, in.v.shape, p.device, "dv");
   return {g.dq.data, g.dq.dtype, g.dk.data, g.dk.dtype, g.dv.data, g.dv.dtype};
 }
 
 void check_grad_o(const Inputs& in, const Problem& p, const TensorView& g, const Options& opt) {
-  check_float_out(g, p.dtype, o_shape(in, p), p.device, "grad_o");
-  if (opt.check_finite && !all_finite(g)) bad("grad_o contains NaN or Inf");
+  args.output(g, p.dtype, o_shape(in, p), p.device, "grad_o");
+  if (opt.check_finite) args.finite(g, "grad_o");
 }
 
 BackwardIn check_saved(const Inputs& in, const Problem& p, const BackwardInputs& s, const Options& opt) {
-  check_float_out(s.o, p.dtype, o_shape(in, p), p.device, "o");
+  args.output(s.o, p.dtype, o_shape(in, p), p.device, "o");
   check_lse(s.lse, p);
   check_grad_o(in, p, s.grad_o, opt);
   if (opt.check_finite) {
-    if (!all_finite(s.o)) bad("o contains NaN or Inf");
-    if (!all_finite(s.lse, /*allow_neg_inf=*/true)) bad("lse contains NaN or +Inf");
+    args.finite(s.o, "o");
+    if (!all_finite(s.lse, /*allow_neg_inf=*/true)) args.fail("lse contains NaN or +Inf");
   }
   return {s.o.data, s.o.dtype, static_cast<const float*>(s.lse.data), s.grad_o.data, s.grad_o.dtype};
 }
 
-// Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
 std::string dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
-  return t_last_impl = registry().dispatch(
-      opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
-      [&](const Implementation& impl) {
-        const BlockSizeChoice bs = choose_block_sizes(impl, p, opt, op);
-        log::debug(kName + ": " + impl.name() + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
-        body(impl, bs.sizes);
-      });
+  return t_last_impl = tune::dispatch_sized<Tuning>(registry(), p, opt, op, body);
 }
 
 // Calls with nothing to compute. No query rows: nothing to write but dk = dv = 0. No keys: every
@@ -329,7 +275,7 @@ Result make_outputs(const Inputs& in, bool with_grad) {
   Result r;
   const Device dev = in.q.device;
   check(in.q.ndim() >= 3 && in.v.ndim() >= 3, ErrorCode::kInvalidArgument,
-        kName + ": q and v must be [B, S, H, D] or [T, H, D]");
+        std::string(kKernelName) + ": q and v must be [B, S, H, D] or [T, H, D]");
   Shape os = in.q.shape;
   os.back() = in.v.shape.back();
   const int64_t Hq = in.q.shape[in.q.ndim() - 2];

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/registry.h"
+#include "dispatch/sized_implementation.h"
 #include "tessera/attention.h"
 
 namespace tessera::attention {
@@ -101,25 +101,10 @@ struct GradOut {
   DType dv_dtype = DType::kF32;
 };
 
-// name, description, device type, availability and version status come from the generic base.
-class Implementation : public dispatch::ImplementationBase {
+// name, description, device type, availability and version status come from the generic base;
+// supports, block sizes, device kind and synchronize from dispatch/sized_implementation.h.
+class Implementation : public dispatch::SizedImplementation<Problem, BlockSizes> {
  public:
-  // Input level: can it run this problem (device, dtypes, head dims)? Must be cheap.
-  virtual Availability supports(const Problem& p) const = 0;
-
-  virtual BlockSizes default_block_sizes(const Problem& p) const = 0;
-  // Throws Error(kInvalidArgument) naming the broken constraint.
-  virtual void validate_block_sizes(const BlockSizes& bs) const = 0;
-  // Whether block sizes matter (the tuner only sweeps tunable implementations).
-  virtual bool tunable() const { return false; }
-  // Bounded candidate set for the tuner.
-  virtual std::vector<BlockSizes> candidate_block_sizes(const Problem&) const { return {}; }
-  // Machine class that tuned block sizes are keyed by (src/tune/device_kind.h); defined in
-  // tuning.cc: the generic CPU helper for CPU implementations, "cuda:unknown" otherwise.
-  virtual std::string device_kind(const Problem& p) const;
-  // Blocks until the work queued for `p` is done (autotune timing); no-op when synchronous.
-  virtual void synchronize(const Problem&) const {}
-
   virtual void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const = 0;
   virtual void backward(const Problem& p, const BlockSizes& bs, const BackwardIn& in,
                         const GradOut& out) const = 0;

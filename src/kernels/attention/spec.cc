@@ -46,8 +46,7 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
 // ---- call (Python bindings) ----
 // Option names are the C++ Options fields; scale 0 means the default 1/sqrt(D).
 Options call_options(const kernels::CallArgs& a) {
-  Options opt;
-  static_cast<ExecOptions&>(opt) = a.exec;
+  Options opt = kernels::exec_options<Options>(a);
   opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
   const harness::OptionValues& o = a.options;
   if (o.real("scale") != 0.0) opt.scale = o.real("scale");
@@ -110,10 +109,7 @@ std::string call_backward(const Inputs& in, const kernels::CallArgs& a, const Gr
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   const Options opt = call_options(a);
   const Inputs in = call_inputs(a);
-  const size_t want = call_outputs(a).size();
-  check(out.size() == want, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": " + pass_name(a.pass) + " writes " + std::to_string(want) + " outputs, got " +
-            std::to_string(out.size()));
+  const kernels::CallOutputs checked(call_outputs(a), out, a, kKernelName);  // the count
   switch (a.pass) {
     case Pass::kForward: return forward(in, {out[0], out[1]}, opt);
     case Pass::kBackward: return call_backward(in, a, {out[0], out[1], out[2]}, opt);
@@ -156,9 +152,9 @@ struct Settings {
   bool causal = false;
 };
 
-class AttentionBench final : public harness::BenchProblem {
+class AttentionBench final : public kernels::CallBenchProblem {
  public:
-  AttentionBench(const Settings& s, uint64_t seed, bool with_data = true) : s_(s) {
+  AttentionBench(const Settings& s, uint64_t seed, bool with_data = true) : CallBenchProblem(spec), s_(s) {
     if (!with_data) return;  // cost model only (`tessera bench --predict`)
     q_ = random_uniform(s.dtype, {s.B, s.S, s.H, s.D}, 1.0f, seed * 5 + 1);
     k_ = random_uniform(s.dtype, {s.B, s.S, s.Hkv, s.D}, 1.0f, seed * 5 + 2);
@@ -213,12 +209,10 @@ class AttentionBench final : public harness::BenchProblem {
     return out;
   }
 
-  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass,
-                          const ExecOptions& exec) override {
-    harness::OptionValues o;
-    o.set("causal", s_.causal ? "true" : "false");
-    return kernels::bind_call(spec().call, {{"q", q_}, {"k", k_}, {"v", v_}, {"grad_o", do_}}, o, implementation, dev,
-                              pass, exec);
+  CallData call_data() const override {
+    CallData c{{{"q", q_}, {"k", k_}, {"v", v_}, {"grad_o", do_}}, {}};
+    c.options.set("causal", s_.causal ? "true" : "false");
+    return c;
   }
 
   // The floor: the two products of a forward as plain GEMMs over all heads (B·H of
@@ -238,7 +232,7 @@ class AttentionBench final : public harness::BenchProblem {
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
                                                           const harness::OptionValues& o, uint64_t seed,
-                                                          bool with_data = true) {
+                                                          bool with_data) {
   Settings s;
   s.B = shape.dim("B"), s.S = shape.dim("S"), s.H = shape.dim("H"), s.D = shape.dim("D");
   const int64_t groups = o.integer("gqa");
@@ -259,14 +253,9 @@ kernels::KernelSpec make_spec() {
   k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   k.implementations = []() -> dispatch::RegistryView& { return registry(); };
   k.check_grid = check_cases;
-  k.bench.options = {{"causal", K::kFlag, "causal mask", "false", {}},
-                     {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}};
-  k.bench.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) {
-    return make_bench_problem(shape, dt, o, seed);
-  };
-  k.bench.make_cost_model = [](const auto& shape, DType dt, const auto& o) {
-    return make_bench_problem(shape, dt, o, 0, false);
-  };
+  k.bench = kernels::bench_spec_of({{"causal", K::kFlag, "causal mask", "false", {}},
+                                    {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}},
+                                   make_bench_problem);
   k.tune = kernels::make_tune_spec<Tuning>();
   k.call = call_spec();
   return k;

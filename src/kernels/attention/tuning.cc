@@ -2,8 +2,8 @@
 #include "kernels/attention/tuning.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "core/random.h"
@@ -12,10 +12,6 @@
 #include "tune/device_kind.h"
 
 namespace tessera::attention {
-
-std::string Implementation::device_kind(const Problem& p) const {
-  return tune::default_device_kind(device_type(), p.device.index);
-}
 
 // The buckets: dimension order (B, S, H, D); first match wins. The head dim is what changes the
 // best tiles most (it sets the width of every tile product and the bytes per kv row a tile
@@ -52,11 +48,7 @@ BlockSizes from_params(const tune::Params& p) {
 
 namespace {
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-int64_t pow2_class(int64_t x) {
-  int64_t c = 1;
-  while (c < x) c *= 2;
-  return c;
-}
+using tune::pow2_class;
 }  // namespace
 
 BlockSizes sanitize_for_shape(const BlockSizes& bs, const Problem& p) {
@@ -129,27 +121,20 @@ void run_op(const Implementation& impl, const Problem& p, const BlockSizes& bs, 
 
 tune::Runner make_timed_run(const Implementation& impl, const Problem& p, Pass op) {
   auto s = make_scratch(p, op);
-  const Implementation* ip = &impl;
-  const Problem prob = p;
   tune::OutputsFn outputs = [s, op] {  // backward's o and lse are its inputs, computed once
     std::vector<tune::Output> o;
     if (op != Pass::kBackward) o.insert(o.end(), {{"o", s->o}, {"lse", s->lse}});
     if (op != Pass::kForward) o.insert(o.end(), {{"dq", s->dq}, {"dk", s->dk}, {"dv", s->dv}});
     return o;
   };
-  tune::RunFn run = [s, ip, prob, op](const tune::Params& params) -> double {
-    const BlockSizes bs = from_params(params);
-    ip->validate_block_sizes(bs);
-    if (op == Pass::kBackward && !s->saved) {  // backward is timed on a forward's o and lse
-      run_op(*ip, prob, bs, Pass::kForward, *s);
-      ip->synchronize(prob);
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    run_op(*ip, prob, bs, op, *s);
-    ip->synchronize(prob);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  return {std::move(run), std::move(outputs)};
+  const Implementation* ip = &impl;
+  std::function<void(const BlockSizes&)> saved;  // backward is timed on a forward's o and lse, computed once
+  if (op == Pass::kBackward)
+    saved = [s, ip, p](const BlockSizes& bs) {
+      if (!s->saved) run_op(*ip, p, bs, Pass::kForward, *s);
+    };
+  return tune::timed_runner<Tuning>(
+      impl, p, [s, ip, p, op](const BlockSizes& bs) { run_op(*ip, p, bs, op, *s); }, std::move(outputs), saved);
 }
 
 Problem shape_only_problem(int64_t B, int64_t S, int64_t H, int64_t D, DType dtype, Device device) {

@@ -68,9 +68,6 @@ struct Tuning {
   using Owned = OwnedProblem;
   static constexpr const char* kKernel = kKernelName;
   static constexpr int64_t kMinWork = kMinAutotuneWork;
-  static constexpr const char* kInclude = "kernels/attention/tuning.h";
-  static constexpr const char* kNamespace = "tessera::attention";
-  static constexpr const char* kTablePath = "src/kernels/attention/tuned_table.cc";
   static tune::Params to_params(const Sizes& s) { return attention::to_params(s); }
   static Sizes from_params(const tune::Params& p) { return attention::from_params(p); }
   static Sizes fit(const Sizes& s, const Problem& p) { return sanitize_for_shape(s, p); }

@@ -4,8 +4,7 @@
 #include <cmath>
 #include <utility>
 
-#include "core/log.h"
-#include "dispatch/dispatch.h"
+#include "dispatch/arg_check.h"
 #include "kernels/grouped_matmul/tuning.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "tessera/error.h"
@@ -14,28 +13,10 @@
 namespace tessera::grouped_matmul {
 namespace {
 
-const std::string kName = kKernelName;
-
-[[noreturn]] void bad(const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, kName + ": " + msg); }
+using dispatch::num;
+const dispatch::ArgCheck args{kKernelName, "lhs"};
 
 thread_local std::string t_last_impl;
-
-std::string num(int64_t v) { return std::to_string(v); }
-
-void require_plain(const TensorView& t, const Device& d, const char* what) {
-  if (t.device != d) bad(std::string(what) + " is on " + t.device.str() + " but lhs is on " + d.str());
-  if (!t.is_contiguous())
-    bad(std::string(what) + " must be contiguous (row-major), got strides " + shape_str(t.strides) +
-        " for shape " + shape_str(t.shape));
-  if (t.data == nullptr && t.numel() > 0) bad(std::string(what) + " has no data (null pointer)");
-}
-
-bool all_finite(const TensorView& t) {
-  if (t.device.type != DeviceType::kCPU) return true;  // device data is not inspected here
-  for (int64_t i = 0; i < t.numel(); ++i)
-    if (!std::isfinite(load_as_f32(t.data, t.dtype, i))) return false;
-  return true;
-}
 
 // [G, K, N], or [G, N, K] with transpose_rhs.
 Shape rhs_shape(int64_t G, int64_t K, int64_t N, bool transpose) {
@@ -46,24 +27,24 @@ Shape rhs_shape(int64_t G, int64_t K, int64_t N, bool transpose) {
 // >= 0, Σ <= M, G_total = G without an offset, offset + G <= G_total with one).
 std::vector<int64_t> group_rows(const TensorView& gs, int64_t G, int64_t M, const Options& opt) {
   if (gs.dtype != DType::kI32 && gs.dtype != DType::kI64)
-    bad(std::string("group_sizes must be int32 or int64, got ") + dtype_name(gs.dtype));
-  if (gs.ndim() != 1) bad("group_sizes must be 1-D [G], got " + shape_str(gs.shape));
-  if (gs.device.type != DeviceType::kCPU) bad("group_sizes must be in host memory, got " + gs.device.str());
-  if (!gs.is_contiguous() || (gs.data == nullptr && gs.numel() > 0)) bad("group_sizes must be contiguous host data");
+    args.fail(std::string("group_sizes must be int32 or int64, got ") + dtype_name(gs.dtype));
+  if (gs.ndim() != 1) args.fail("group_sizes must be 1-D [G], got " + shape_str(gs.shape));
+  if (gs.device.type != DeviceType::kCPU) args.fail("group_sizes must be in host memory, got " + gs.device.str());
+  if (!gs.is_contiguous() || (gs.data == nullptr && gs.numel() > 0)) args.fail("group_sizes must be contiguous host data");
   const int64_t total = gs.shape[0];
   const int64_t offset = opt.group_offset.value_or(0);
   if (!opt.group_offset && total != G)
-    bad("group_sizes has " + num(total) + " entries but rhs holds G=" + num(G) +
+    args.fail("group_sizes has " + num(total) + " entries but rhs holds G=" + num(G) +
         " groups (set group_offset for a shard of the experts)");
   if (opt.group_offset && (offset < 0 || offset > total - G))
-    bad("group_offset=" + num(offset) + " with G_local=" + num(G) + " local groups must lie in [0, " +
+    args.fail("group_offset=" + num(offset) + " with G_local=" + num(G) + " local groups must lie in [0, " +
         num(total - G) + "] for " + num(total) + " groups in group_sizes");
   std::vector<int64_t> begin;
   int64_t row = 0;
   for (int64_t g = 0; g < total; ++g) {
     const int64_t s = load_as_i64(gs.data, gs.dtype, g);
-    if (s < 0) bad("group_sizes[" + num(g) + "] = " + num(s) + " is negative");
-    if (s > M - row) bad("group sizes sum past M=" + num(M) + " rows of lhs (at group " + num(g) + ")");
+    if (s < 0) args.fail("group_sizes[" + num(g) + "] = " + num(s) + " is negative");
+    if (s > M - row) args.fail("group sizes sum past M=" + num(M) + " rows of lhs (at group " + num(g) + ")");
     if (g == offset) begin.push_back(row);
     row += s;
     if (g >= offset && g < offset + G) begin.push_back(row);
@@ -76,74 +57,59 @@ std::vector<int64_t> group_rows(const TensorView& gs, int64_t G, int64_t M, cons
 // [K, N] matrices.
 Problem make_problem(const TensorView& lhs, int64_t G, int64_t K, int64_t N, const TensorView& gs,
                      const Options& opt) {
-  if (!is_float(lhs.dtype)) bad(std::string("lhs must be f32, bf16 or f16, got ") + dtype_name(lhs.dtype));
-  if (lhs.ndim() != 2) bad("lhs must be 2-D [M, K], got " + shape_str(lhs.shape));
+  if (!is_float(lhs.dtype)) args.fail(std::string("lhs must be f32, bf16 or f16, got ") + dtype_name(lhs.dtype));
+  if (lhs.ndim() != 2) args.fail("lhs must be 2-D [M, K], got " + shape_str(lhs.shape));
   Problem p;
   p.device = lhs.device;
   p.dtype = lhs.dtype;
-  require_plain(lhs, p.device, "lhs");
+  args.plain(lhs, p.device, "lhs");
   p.M = lhs.shape[0];
   p.K = K;
   p.N = N;
   p.G = G;
-  if (lhs.shape[1] != K) bad("lhs has K=" + num(lhs.shape[1]) + " columns but the group matrices have K=" + num(K));
+  if (lhs.shape[1] != K) args.fail("lhs has K=" + num(lhs.shape[1]) + " columns but the group matrices have K=" + num(K));
   p.begin = group_rows(gs, G, p.M, opt);
   p.lhs = lhs.data;
   p.transpose_rhs = opt.transpose_rhs;
   p.num_threads = resolve_num_threads(opt.num_threads);
   p.stream = opt.stream;
   p.memory_budget = opt.memory_budget;
-  if (opt.check_finite && !all_finite(lhs)) bad("lhs contains NaN or Inf");
+  if (opt.check_finite) args.finite(lhs, "lhs");
   return p;
 }
 
 // K, N from a [G, K, N] (or [G, N, K]) tensor.
 std::pair<int64_t, int64_t> k_n_of(const TensorView& t, bool transpose, const char* what) {
   if (t.ndim() != 3)
-    bad(std::string(what) + " must be 3-D " + (transpose ? "[G, N, K]" : "[G, K, N]") + ", got " + shape_str(t.shape));
+    args.fail(std::string(what) + " must be 3-D " + (transpose ? "[G, N, K]" : "[G, K, N]") + ", got " + shape_str(t.shape));
   return transpose ? std::pair{t.shape[2], t.shape[1]} : std::pair{t.shape[1], t.shape[2]};
 }
 
 void require_same_dtype(const TensorView& t, const Problem& p, const char* what) {
   if (t.dtype != p.dtype)
-    bad(std::string(what) + " must have lhs's dtype " + dtype_name(p.dtype) + ", got " + dtype_name(t.dtype));
-}
-
-void check_out(const TensorView& t, const Problem& p, const Shape& shape, const char* what) {
-  if (t.dtype != DType::kF32 && t.dtype != p.dtype)
-    bad(std::string(what) + " must be f32" + (p.dtype != DType::kF32 ? std::string(" or ") + dtype_name(p.dtype) : "") +
-        ", got " + dtype_name(t.dtype));
-  if (t.shape != shape) bad(std::string(what) + " must have shape " + shape_str(shape) + ", got " + shape_str(t.shape));
-  require_plain(t, p.device, what);
+    args.fail(std::string(what) + " must have lhs's dtype " + dtype_name(p.dtype) + ", got " + dtype_name(t.dtype));
 }
 
 Problem normalize(const Inputs& in, const Options& opt) {
   const auto [K, N] = k_n_of(in.rhs, opt.transpose_rhs, "rhs");
   Problem p = make_problem(in.lhs, in.rhs.shape[0], K, N, in.group_sizes, opt);
   require_same_dtype(in.rhs, p, "rhs");
-  require_plain(in.rhs, p.device, "rhs");
+  args.plain(in.rhs, p.device, "rhs");
   p.rhs = in.rhs.data;
-  if (opt.check_finite && !all_finite(in.rhs)) bad("rhs contains NaN or Inf");
+  if (opt.check_finite) args.finite(in.rhs, "rhs");
   return p;
 }
 
 void check_dout(const TensorView& dout, const Problem& p, const Options& opt) {
   require_same_dtype(dout, p, "dout");
-  if (dout.shape != Shape{p.M, p.N}) bad("dout must have shape " + shape_str({p.M, p.N}) + ", got " + shape_str(dout.shape));
-  require_plain(dout, p.device, "dout");
-  if (opt.check_finite && !all_finite(dout)) bad("dout contains NaN or Inf");
+  if (dout.shape != Shape{p.M, p.N}) args.fail("dout must have shape " + shape_str({p.M, p.N}) + ", got " + shape_str(dout.shape));
+  args.plain(dout, p.device, "dout");
+  if (opt.check_finite) args.finite(dout, "dout");
 }
 
-// Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
 std::string dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
-  return t_last_impl = registry().dispatch(
-      opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
-      [&](const Implementation& impl) {
-        const BlockSizeChoice bs = choose_block_sizes(impl, p, opt, op);
-        log::debug(kName + ": " + impl.name() + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
-        body(impl, bs.sizes);
-      });
+  return t_last_impl = tune::dispatch_sized<Tuning>(registry(), p, opt, op, body);
 }
 
 // dlhs is a gmm of dout against rhs transposed: K and N swap, and so does rhs's layout.
@@ -169,7 +135,7 @@ std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string gmm(const Inputs& in, const TensorView& out, const Options& opt) {
   const Problem p = normalize(in, opt);
-  check_out(out, p, {p.M, p.N}, "out");
+  args.output(out, p.dtype, {p.M, p.N}, p.device, "out");
   return dispatch_call(p, opt, Pass::kForward, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
   });
@@ -180,7 +146,7 @@ std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView
   const auto [K, N] = k_n_of(drhs, opt.transpose_rhs, "drhs");
   const Problem p = make_problem(lhs, drhs.shape[0], K, N, group_sizes, opt);
   check_dout(dout, p, opt);
-  check_out(drhs, p, rhs_shape(p.G, K, N, p.transpose_rhs), "drhs");
+  args.output(drhs, p.dtype, rhs_shape(p.G, K, N, p.transpose_rhs), p.device, "drhs");
   return dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.tgmm(p, bs, {lhs.data, dout.data, drhs.data, drhs.dtype});
   });
@@ -190,8 +156,8 @@ std::string backward(const Inputs& in, const TensorView& dout, const TensorView&
                      const Options& opt) {
   const Problem p = normalize(in, opt);
   check_dout(dout, p, opt);
-  check_out(dlhs, p, {p.M, p.K}, "dlhs");
-  check_out(drhs, p, in.rhs.shape, "drhs");
+  args.output(dlhs, p.dtype, {p.M, p.K}, p.device, "dlhs");
+  args.output(drhs, p.dtype, in.rhs.shape, p.device, "drhs");
   return dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) {
     run_backward(impl, bs, p, in, dout, dlhs, drhs);
   });
@@ -200,10 +166,10 @@ std::string backward(const Inputs& in, const TensorView& dout, const TensorView&
 std::string forward_backward(const Inputs& in, const TensorView& dout, const TensorView& out, const TensorView& dlhs,
                              const TensorView& drhs, const Options& opt) {
   const Problem p = normalize(in, opt);
-  check_out(out, p, {p.M, p.N}, "out");
+  args.output(out, p.dtype, {p.M, p.N}, p.device, "out");
   check_dout(dout, p, opt);
-  check_out(dlhs, p, {p.M, p.K}, "dlhs");
-  check_out(drhs, p, in.rhs.shape, "drhs");
+  args.output(dlhs, p.dtype, {p.M, p.K}, p.device, "dlhs");
+  args.output(drhs, p.dtype, in.rhs.shape, p.device, "drhs");
   return dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
     run_backward(impl, bs, p, in, dout, dlhs, drhs);
@@ -214,7 +180,7 @@ namespace {
 
 Result make_outputs(const Inputs& in, const Options& opt, bool with_grad) {
   const auto [K, N] = k_n_of(in.rhs, opt.transpose_rhs, "rhs");
-  if (in.lhs.ndim() != 2) bad("lhs must be 2-D [M, K], got " + shape_str(in.lhs.shape));
+  if (in.lhs.ndim() != 2) args.fail("lhs must be 2-D [M, K], got " + shape_str(in.lhs.shape));
   (void)K;
   Result r;
   const Device dev = in.lhs.device;

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/registry.h"
+#include "dispatch/sized_implementation.h"
 #include "tessera/grouped_matmul.h"
 
 namespace tessera::grouped_matmul {
@@ -59,24 +59,10 @@ struct TgmmArgs {
   DType c_dtype = DType::kF32;
 };
 
-// name, description, device type, availability and version status come from the generic base.
-class Implementation : public dispatch::ImplementationBase {
+// name, description, device type, availability and version status come from the generic base;
+// supports, block sizes, device kind and synchronize from dispatch/sized_implementation.h.
+class Implementation : public dispatch::SizedImplementation<Problem, BlockSizes> {
  public:
-  // Input level: can it run this problem (device, dtypes)? Must be cheap.
-  virtual Availability supports(const Problem& p) const = 0;
-
-  virtual BlockSizes default_block_sizes(const Problem& p) const = 0;
-  // Throws Error(kInvalidArgument) naming the broken constraint.
-  virtual void validate_block_sizes(const BlockSizes& bs) const = 0;
-  // Whether block sizes matter (the tuner only sweeps tunable implementations).
-  virtual bool tunable() const { return false; }
-  // Bounded candidate set for the tuner.
-  virtual std::vector<BlockSizes> candidate_block_sizes(const Problem&) const { return {}; }
-  // Machine class that tuned block sizes are keyed by (tuning.cc).
-  virtual std::string device_kind(const Problem& p) const;
-  // Blocks until the work queued for `p` is done (autotune timing); no-op when synchronous.
-  virtual void synchronize(const Problem&) const {}
-
   virtual void gmm(const Problem& p, const BlockSizes& bs, const GmmArgs& args) const = 0;
   virtual void tgmm(const Problem& p, const BlockSizes& bs, const TgmmArgs& args) const = 0;
 };

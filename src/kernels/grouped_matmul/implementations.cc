@@ -1,13 +1,8 @@
 // grouped_matmul: the registry of implementations, in default dispatch order.
 // A new backend adds its factory here (and its file to CMakeLists.txt).
 #include "kernels/grouped_matmul/impl.h"
-#include "tune/device_kind.h"
 
 namespace tessera::grouped_matmul {
-
-std::string Implementation::device_kind(const Problem& p) const {
-  return tune::default_device_kind(device_type(), p.device.index);
-}
 
 Registry& registry() {
   static Registry* r = [] {

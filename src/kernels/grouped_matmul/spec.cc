@@ -20,19 +20,10 @@ namespace {
 using harness::OptionSpec;
 using K = OptionSpec::Kind;
 
-// ---- check ----
-std::vector<kernels::CheckCase> check_cases(bool quick) {
-  return kernels::check_cases_of(testing::check_grid(quick),
-                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device dev) {
-                                   return testing::check_parity(c, impl, pass, dev);
-                                 });
-}
-
 // ---- call (Python bindings) ----
 // Option names are the C++ Options fields; group_offset -1 means unset.
 Options call_options(const kernels::CallArgs& a) {
-  Options opt;
-  static_cast<ExecOptions&>(opt) = a.exec;
+  Options opt = kernels::exec_options<Options>(a);
   opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
   opt.transpose_rhs = a.options.flag("transpose_rhs");
   const int64_t off = a.options.integer("group_offset");
@@ -71,10 +62,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   const Options opt = call_options(a);
   const Inputs in{need(a, "lhs"), need(a, "rhs"), need(a, "group_sizes")};
-  const std::vector<kernels::OutputDesc> want = call_outputs(a);
-  check(out.size() == want.size(), ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": " + pass_name(a.pass) + " writes " + std::to_string(want.size()) +
-            " outputs, got " + std::to_string(out.size()));
+  const kernels::CallOutputs checked(call_outputs(a), out, a, kKernelName);  // the count
   // Frameworks hand upstream gradients in f32; the kernel takes dout in the inputs' dtype (the
   // gradient of a bf16 output is bf16 in autograd too): rounded once here.
   Tensor dout_copy;
@@ -141,9 +129,9 @@ struct Settings {
   std::vector<int64_t> sizes;
 };
 
-class GmmBench final : public harness::BenchProblem {
+class GmmBench final : public kernels::CallBenchProblem {
  public:
-  GmmBench(Settings s, uint64_t seed, bool with_data = true) : s_(std::move(s)) {
+  GmmBench(Settings s, uint64_t seed, bool with_data = true) : CallBenchProblem(spec), s_(std::move(s)) {
     if (!with_data) return;  // cost model only (`tessera bench --predict`)
     lhs_ = random_uniform(s_.dtype, {s_.M, s_.K}, 1.0f, seed * 4 + 1);
     rhs_ = random_uniform(s_.dtype, {s_.G, s_.K, s_.N}, 1.0f, seed * 4 + 2);
@@ -191,9 +179,8 @@ class GmmBench final : public harness::BenchProblem {
     return out;
   }
 
-  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
-    return kernels::bind_call(spec().call, {{"lhs", lhs_}, {"rhs", rhs_}, {"group_sizes", sizes_}, {"grad_out", dout_}},
-                              {}, implementation, dev, pass, exec);
+  CallData call_data() const override {
+    return {{{"lhs", lhs_}, {"rhs", rhs_}, {"group_sizes", sizes_}, {"grad_out", dout_}}, {}};
   }
 
   // The floor: one dense [M, K]·[K, N] GEMM (every row against one matrix), once per product.
@@ -239,7 +226,7 @@ class GmmBench final : public harness::BenchProblem {
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
                                                           const harness::OptionValues& o, uint64_t seed,
-                                                          bool with_data = true) {
+                                                          bool with_data) {
   Settings s;
   s.M = shape.dim("M"), s.K = shape.dim("K"), s.N = shape.dim("N"), s.G = shape.dim("G");
   check(s.G >= 1, ErrorCode::kInvalidArgument, "grouped_matmul bench: G must be >= 1");
@@ -257,16 +244,11 @@ kernels::KernelSpec make_spec() {
   k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
   k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = check_cases;
-  k.bench.options = {{"routing", K::kString,
-                      "group sizes: balanced (M/G each) or skewed (one group 70 % of the rows, two empty)",
-                      "balanced", {}}};
-  k.bench.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) {
-    return make_bench_problem(shape, dt, o, seed);
-  };
-  k.bench.make_cost_model = [](const auto& shape, DType dt, const auto& o) {
-    return make_bench_problem(shape, dt, o, 0, false);
-  };
+  k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
+  k.bench = kernels::bench_spec_of({{"routing", K::kString,
+                                     "group sizes: balanced (M/G each) or skewed (one group 70 % of the rows, two empty)",
+                                     "balanced", {}}},
+                                   make_bench_problem);
   k.tune = kernels::make_tune_spec<Tuning>();
   k.call = call_spec();
   return k;

@@ -2,7 +2,6 @@
 #include "kernels/grouped_matmul/tuning.h"
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 #include <memory>
 
@@ -41,11 +40,7 @@ BlockSizes from_params(const tune::Params& p) {
 }
 
 namespace {
-int64_t pow2_class(int64_t x) {
-  int64_t c = 1;
-  while (c < x) c *= 2;
-  return c;
-}
+using tune::pow2_class;
 int64_t largest_group(const Problem& p) {
   int64_t r = 0;
   for (int64_t g = 0; g < p.G; ++g) r = std::max(r, p.rows(g));
@@ -106,8 +101,6 @@ tune::Runner make_timed_run(const Implementation& impl, const Problem& p, Pass o
     s->dlhs = Tensor::empty(p.dtype, {p.M, p.K}, p.device);
     s->drhs = Tensor::empty(p.dtype, {p.G, p.K, p.N}, p.device);
   }
-  const Implementation* ip = &impl;
-  const Problem prob = p;
   const bool has_rhs = p.rhs != nullptr;
   tune::OutputsFn outputs = [s, op, has_rhs] {  // as run_op writes them
     std::vector<tune::Output> o;
@@ -116,15 +109,9 @@ tune::Runner make_timed_run(const Implementation& impl, const Problem& p, Pass o
     if (op != Pass::kForward) o.push_back({"drhs", s->drhs});
     return o;
   };
-  tune::RunFn run = [s, ip, prob, op](const tune::Params& params) -> double {
-    const BlockSizes bs = from_params(params);
-    ip->validate_block_sizes(bs);
-    const auto t0 = std::chrono::steady_clock::now();
-    run_op(*ip, prob, bs, op, *s);
-    ip->synchronize(prob);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  return {std::move(run), std::move(outputs)};
+  const Implementation* ip = &impl;
+  return tune::timed_runner<Tuning>(
+      impl, p, [s, ip, p, op](const BlockSizes& bs) { run_op(*ip, p, bs, op, *s); }, std::move(outputs));
 }
 
 Problem shape_only_problem(int64_t M, int64_t K, int64_t N, int64_t G, DType dtype, Device device) {

@@ -53,9 +53,6 @@ struct Tuning {
   using Owned = OwnedProblem;
   static constexpr const char* kKernel = kKernelName;
   static constexpr int64_t kMinWork = kMinAutotuneWork;
-  static constexpr const char* kInclude = "kernels/grouped_matmul/tuning.h";
-  static constexpr const char* kNamespace = "tessera::grouped_matmul";
-  static constexpr const char* kTablePath = "src/kernels/grouped_matmul/tuned_table.cc";
   static tune::Params to_params(const Sizes& s) { return grouped_matmul::to_params(s); }
   static Sizes from_params(const tune::Params& p) { return grouped_matmul::from_params(p); }
   static Sizes fit(const Sizes& s, const Problem& p) { return fit_to_shape(s, p); }

@@ -24,9 +24,9 @@ struct Settings {
   int64_t pages() const { return (T + page_size - 1) / page_size; }
 };
 
-class MlaBench final : public harness::BenchProblem {
+class MlaBench final : public kernels::CallBenchProblem {
  public:
-  MlaBench(Settings s, uint64_t seed, bool with_data) : s_(s) {
+  MlaBench(Settings s, uint64_t seed, bool with_data) : CallBenchProblem(spec), s_(s) {
     if (!with_data) return;
     const int64_t np = s_.pages(), P = s_.B * np;
     q_ = random_uniform(s_.dtype, {s_.B, s_.Sq, s_.Hq, s_.D}, 1.0f, seed * 5 + 1);
@@ -69,10 +69,6 @@ class MlaBench final : public harness::BenchProblem {
     return c;
   }
 
-  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
-    const CallData c = call_data();
-    return kernels::bind_call(spec().call, c.tensors, c.options, implementation, dev, pass, exec);
-  }
   CallData call_data() const override {
     CallData c{{{"q", q_}, {"kv_cache", kv_}, {"page_table", pt_}, {"cache_seqlens", L_}}, {}};
     c.options.set("dv", std::to_string(s_.Dv));
@@ -140,14 +136,12 @@ std::unique_ptr<harness::BenchProblem> make(const harness::GridShape& shape, DTy
 }  // namespace
 
 kernels::BenchSpec bench_spec() {
-  kernels::BenchSpec b;
-  b.options = {{"d", K::kInt, "latent head dims D (512 latent + 64 rotary in DeepSeek)", "576", {}},
-               {"dv", K::kInt, "value dims: the first dv of D", "512", {}},
-               {"page_size", K::kInt, "keys per cache page", "64", {}},
-               {"causal", K::kFlag, "multi-token decode: query i at position T − Sq + i", "false", {}}};
-  b.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) { return make(shape, dt, o, seed, true); };
-  b.make_cost_model = [](const auto& shape, DType dt, const auto& o) { return make(shape, dt, o, 0, false); };
-  return b;
+  return kernels::bench_spec_of(
+      {{"d", K::kInt, "latent head dims D (512 latent + 64 rotary in DeepSeek)", "576", {}},
+       {"dv", K::kInt, "value dims: the first dv of D", "512", {}},
+       {"page_size", K::kInt, "keys per cache page", "64", {}},
+       {"causal", K::kFlag, "multi-token decode: query i at position T − Sq + i", "false", {}}},
+      make);
 }
 
 }  // namespace tessera::mla_decode

@@ -16,19 +16,11 @@ using K = OptionSpec::Kind;
 BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "split_keys").value_or(0)}; }
 tune::Params to_params(const BlockSizes& b) { return {{"split_keys", b.split_keys}}; }
 
-std::vector<kernels::CheckCase> check_cases(bool quick) {
-  return kernels::check_cases_of(testing::check_grid(quick),
-                                 [](const testing::CaseSpec& c, const std::string& impl, Pass, Device dev) {
-                                   return testing::check_parity(c, impl, dev);
-                                 });
-}
-
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
 
 // Option names are the C++ Options fields; scale 0 means the default 1/√D.
 Options call_options(const kernels::CallArgs& a) {
-  Options opt;
-  static_cast<ExecOptions&>(opt) = a.exec;
+  Options opt = kernels::exec_options<Options>(a);
   opt.dv = a.options.integer("dv");
   opt.causal = a.options.flag("causal");
   if (a.options.real("scale") != 0.0) opt.scale = a.options.real("scale");
@@ -79,7 +71,8 @@ kernels::KernelSpec make_spec() {
   k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   k.stages = {"mla_decode.split_kv", "mla_decode.combine"};  // cpu.cc's trace scopes
   k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = check_cases;
+  k.check_grid = kernels::check_grid_of(testing::check_grid, [](const testing::CaseSpec& c, const std::string& impl,
+                                                                Pass, Device dev) { return testing::check_parity(c, impl, dev); });
   k.bench = bench_spec();
   k.call = call_spec();
   k.tune = kernels::declared_tune_spec(tuning(), spec);

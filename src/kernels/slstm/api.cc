@@ -2,6 +2,7 @@
 #include <cmath>
 #include <vector>
 
+#include "dispatch/arg_check.h"
 #include "kernels/slstm/impl.h"
 #include "tune/declared.h"
 #include "tessera/error.h"
@@ -9,30 +10,10 @@
 namespace tessera::slstm {
 namespace {
 
-const std::string kName = kKernelName;
+using dispatch::given;
+using dispatch::num;
+const dispatch::ArgCheck args{kKernelName, "wx"};
 
-[[noreturn]] void bad(const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, kName + ": " + msg); }
-std::string num(int64_t v) { return std::to_string(v); }
-bool given(const TensorView& t) { return t.data != nullptr || !t.shape.empty(); }
-
-void require_plain(const TensorView& t, const Device& d, const char* what) {
-  if (t.device != d) bad(std::string(what) + " is on " + t.device.str() + " but wx is on " + d.str());
-  if (!t.is_contiguous()) bad(std::string(what) + " must be contiguous (row-major), got strides " + shape_str(t.strides));
-  if (t.data == nullptr && t.numel() > 0) bad(std::string(what) + " has no data (null pointer)");
-}
-
-void require(const TensorView& t, const Device& d, const Shape& shape, DType dt, const char* what) {
-  if (t.shape != shape) bad(std::string(what) + " must have shape " + shape_str(shape) + ", got " + shape_str(t.shape));
-  if (t.dtype != dt) bad(std::string(what) + " must be " + dtype_name(dt) + ", got " + dtype_name(t.dtype));
-  require_plain(t, d, what);
-}
-
-bool all_finite(const TensorView& t) {
-  if (t.device.type != DeviceType::kCPU || t.data == nullptr) return true;  // device data is not inspected
-  for (int64_t i = 0; i < t.numel(); ++i)
-    if (!std::isfinite(load_as_f32(t.data, t.dtype, i))) return false;
-  return true;
-}
 
 // n is the normalizer of c (h = sigmoid(ō)·c/n): n_t = F·n_{t-1} + I stays > 0 from any n0 > 0 (one of
 // I, F is 1), but n0 <= 0 gives n_t = 0 wherever I underflows: h = c/0. Host data is checked here;
@@ -42,7 +23,7 @@ void require_positive_n0(const TensorView& n0) {
   for (int64_t i = 0; i < n0.numel(); ++i) {
     const float v = n0.data_as<const float>()[i];
     if (!(v > 0.0f))
-      bad("n0 must be > 0 everywhere (the normalizer of c; n0 <= 0 can make h = c/0), got n0[" + num(i) + "] = " +
+      args.fail("n0 must be > 0 everywhere (the normalizer of c; n0 <= 0 can make h = c/0), got n0[" + num(i) + "] = " +
           std::to_string(v));
   }
 }
@@ -55,28 +36,28 @@ struct Owned {
 
 Problem normalize(const Inputs& in, const Options& opt, Owned& own) {
   const TensorView& wx = in.wx;
-  if (wx.ndim() != 5 || wx.shape[2] != 4) bad("wx must be [B, S, 4, NH, DH] (gates i, f, z, o), got " + shape_str(wx.shape));
+  if (wx.ndim() != 5 || wx.shape[2] != 4) args.fail("wx must be [B, S, 4, NH, DH] (gates i, f, z, o), got " + shape_str(wx.shape));
   if (wx.dtype != DType::kF32 && wx.dtype != DType::kBF16 && wx.dtype != DType::kF16)
-    bad("wx must be f32, bf16 or f16, got " + std::string(dtype_name(wx.dtype)));
+    args.fail("wx must be f32, bf16 or f16, got " + std::string(dtype_name(wx.dtype)));
   Problem p;
   p.B = wx.shape[0], p.S = wx.shape[1], p.NH = wx.shape[3], p.DH = wx.shape[4];
-  if (p.S == 0) bad("S = 0: a sequence needs at least one step");
-  if (p.B == 0 || p.NH == 0 || p.DH == 0) bad("wx has an empty dimension: " + shape_str(wx.shape));
+  if (p.S == 0) args.fail("S = 0: a sequence needs at least one step");
+  if (p.B == 0 || p.NH == 0 || p.DH == 0) args.fail("wx has an empty dimension: " + shape_str(wx.shape));
   p.dtype = wx.dtype;
   p.device = wx.device;
-  require_plain(wx, p.device, "wx");
-  require(in.r, p.device, {4, p.NH, p.DH, p.DH}, p.dtype, "r");
-  require(in.b, p.device, {4, p.NH, p.DH}, p.dtype, "b");
+  args.plain(wx, p.device, "wx");
+  args.tensor(in.r, p.device, {4, p.NH, p.DH, p.DH}, p.dtype, "r");
+  args.tensor(in.b, p.device, {4, p.NH, p.DH}, p.dtype, "b");
   p.wx = wx.data, p.r = in.r.data, p.b = in.b.data;
   if (given(in.resets)) {
     const TensorView& rs = in.resets;
     // Tessera's DType has no bool or uint8 yet: masks come as int32 / int64 (callers cast).
     if (rs.dtype != DType::kI32 && rs.dtype != DType::kI64)
-      bad("resets must be int32 or int64, got " + std::string(dtype_name(rs.dtype)));
-    if (rs.shape != Shape{p.B, p.S}) bad("resets must be [B, S] = " + shape_str({p.B, p.S}) + ", got " + shape_str(rs.shape));
+      args.fail("resets must be int32 or int64, got " + std::string(dtype_name(rs.dtype)));
+    if (rs.shape != Shape{p.B, p.S}) args.fail("resets must be [B, S] = " + shape_str({p.B, p.S}) + ", got " + shape_str(rs.shape));
     // Read on the host whatever the device (the API converts them; a device backend copies them).
-    if (rs.device.type != DeviceType::kCPU) bad("resets must be in host memory (also for device inputs), got " + rs.device.str());
-    require_plain(rs, rs.device, "resets");
+    if (rs.device.type != DeviceType::kCPU) args.fail("resets must be in host memory (also for device inputs), got " + rs.device.str());
+    args.plain(rs, rs.device, "resets");
     own.resets.assign(static_cast<size_t>(p.B * p.S), 0);
     for (int64_t i = 0; i < p.B * p.S; ++i)
       own.resets[static_cast<size_t>(i)] = rs.dtype == DType::kI32 ? rs.data_as<const int32_t>()[i] != 0
@@ -84,24 +65,23 @@ Problem normalize(const Inputs& in, const Options& opt, Owned& own) {
     p.resets = own.resets.data();
   }
   const int init = given(in.h0) + given(in.c0) + given(in.n0) + given(in.m0);
-  if (init != 0 && init != 4) bad("an initial state is h0, c0, n0 and m0 together, got " + num(init) + " of them");
+  if (init != 0 && init != 4) args.fail("an initial state is h0, c0, n0 and m0 together, got " + num(init) + " of them");
   const Shape state{p.B, p.NH, p.DH};
   if (init == 4) {
-    require(in.h0, p.device, state, DType::kF32, "h0");
-    require(in.c0, p.device, state, DType::kF32, "c0");
-    require(in.n0, p.device, state, DType::kF32, "n0");
-    require(in.m0, p.device, state, DType::kF32, "m0");
+    args.tensor(in.h0, p.device, state, DType::kF32, "h0");
+    args.tensor(in.c0, p.device, state, DType::kF32, "c0");
+    args.tensor(in.n0, p.device, state, DType::kF32, "n0");
+    args.tensor(in.m0, p.device, state, DType::kF32, "m0");
     p.h0 = in.h0.data_as<const float>(), p.c0 = in.c0.data_as<const float>();
     p.n0 = in.n0.data_as<const float>(), p.m0 = in.m0.data_as<const float>();
     require_positive_n0(in.n0);
   }
   if (opt.check_finite)
     for (const auto* t : {&in.wx, &in.r, &in.b, &in.h0, &in.c0, &in.n0, &in.m0})
-      if (!all_finite(*t)) bad("an input contains NaN or Inf");
+      if (!dispatch::all_finite(*t)) args.fail("an input contains NaN or Inf");
   p.num_threads = resolve_num_threads(opt.num_threads);
   if (opt.batch_block < 0)
-    throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": batch_block must be >= 1 (0: tuned or the "
-                "default), got " + std::to_string(opt.batch_block));
+    args.fail("batch_block must be >= 1 (0: tuned or the default), got " + num(opt.batch_block));
   p.batch_block = opt.batch_block;
   p.stream = opt.stream;
   return p;
@@ -109,15 +89,15 @@ Problem normalize(const Inputs& in, const Options& opt, Owned& own) {
 
 void set_outputs(Problem& p, const Outputs& out) {
   const Shape state{p.B, p.NH, p.DH};
-  require(out.h, p.device, {p.B, p.S, p.NH, p.DH}, DType::kF32, "h");
+  args.tensor(out.h, p.device, {p.B, p.S, p.NH, p.DH}, DType::kF32, "h");
   p.h = out.h.data_as<float>();
   const int last = given(out.h_last) + given(out.c_last) + given(out.n_last) + given(out.m_last);
-  if (last != 0 && last != 4) bad("the last state is h_last, c_last, n_last and m_last together, got " + num(last));
+  if (last != 0 && last != 4) args.fail("the last state is h_last, c_last, n_last and m_last together, got " + num(last));
   if (last == 0) return;
-  require(out.h_last, p.device, state, DType::kF32, "h_last");
-  require(out.c_last, p.device, state, DType::kF32, "c_last");
-  require(out.n_last, p.device, state, DType::kF32, "n_last");
-  require(out.m_last, p.device, state, DType::kF32, "m_last");
+  args.tensor(out.h_last, p.device, state, DType::kF32, "h_last");
+  args.tensor(out.c_last, p.device, state, DType::kF32, "c_last");
+  args.tensor(out.n_last, p.device, state, DType::kF32, "n_last");
+  args.tensor(out.m_last, p.device, state, DType::kF32, "m_last");
   p.h_last = out.h_last.data_as<float>(), p.c_last = out.c_last.data_as<float>();
   p.n_last = out.n_last.data_as<float>(), p.m_last = out.m_last.data_as<float>();
 }
@@ -125,30 +105,30 @@ void set_outputs(Problem& p, const Outputs& out) {
 void set_backward(Problem& p, const Inputs& in, const Upstream& up, const Grads& g, const Options& opt, Owned& own) {
   const Shape state{p.B, p.NH, p.DH};
   const Shape hs{p.B, p.S, p.NH, p.DH};
-  if (up.dh.shape != hs) bad("dh must have h's shape " + shape_str(hs) + ", got " + shape_str(up.dh.shape));
+  if (up.dh.shape != hs) args.fail("dh must have h's shape " + shape_str(hs) + ", got " + shape_str(up.dh.shape));
   if (up.dh.dtype != DType::kF32 && up.dh.dtype != p.dtype)
-    bad("dh must be f32 or the inputs' dtype, got " + std::string(dtype_name(up.dh.dtype)));
-  require_plain(up.dh, p.device, "dh");
-  if (opt.check_finite && !all_finite(up.dh)) bad("dh contains NaN or Inf");
+    args.fail("dh must be f32 or the inputs' dtype, got " + std::string(dtype_name(up.dh.dtype)));
+  args.plain(up.dh, p.device, "dh");
+  if (opt.check_finite) args.finite(up.dh, "dh");
   auto opt_state = [&](const TensorView& t, const char* what) -> const float* {
     if (!given(t)) return nullptr;
-    require(t, p.device, state, DType::kF32, what);
+    args.tensor(t, p.device, state, DType::kF32, what);
     return t.data_as<const float>();
   };
   p.dh_last = opt_state(up.dh_last, "dh_last");
   p.dc_last = opt_state(up.dc_last, "dc_last");
   p.dn_last = opt_state(up.dn_last, "dn_last");
-  require(g.dwx, p.device, in.wx.shape, p.dtype, "dwx");
-  require(g.dr, p.device, in.r.shape, p.dtype, "dr");
-  require(g.db, p.device, in.b.shape, p.dtype, "db");
+  args.tensor(g.dwx, p.device, in.wx.shape, p.dtype, "dwx");
+  args.tensor(g.dr, p.device, in.r.shape, p.dtype, "dr");
+  args.tensor(g.db, p.device, in.b.shape, p.dtype, "db");
   p.dwx = g.dwx.data, p.dr = g.dr.data, p.db = g.db.data;
   const int d0 = given(g.dh0) + given(g.dc0) + given(g.dn0);
-  if (p.has_initial() && d0 != 3) bad("with an initial state, dh0, dc0 and dn0 are required");
-  if (!p.has_initial() && d0 != 0) bad("dh0, dc0 and dn0 are written only with an initial state (h0, c0, n0, m0)");
+  if (p.has_initial() && d0 != 3) args.fail("with an initial state, dh0, dc0 and dn0 are required");
+  if (!p.has_initial() && d0 != 0) args.fail("dh0, dc0 and dn0 are written only with an initial state (h0, c0, n0, m0)");
   if (p.has_initial()) {
-    require(g.dh0, p.device, state, DType::kF32, "dh0");
-    require(g.dc0, p.device, state, DType::kF32, "dc0");
-    require(g.dn0, p.device, state, DType::kF32, "dn0");
+    args.tensor(g.dh0, p.device, state, DType::kF32, "dh0");
+    args.tensor(g.dc0, p.device, state, DType::kF32, "dc0");
+    args.tensor(g.dn0, p.device, state, DType::kF32, "dn0");
     p.dh0 = g.dh0.data_as<float>(), p.dc0 = g.dc0.data_as<float>(), p.dn0 = g.dn0.data_as<float>();
   }
   p.dh_given = up.dh.data, p.dh_dtype = up.dh.dtype;
@@ -162,37 +142,29 @@ void set_backward(Problem& p, const Inputs& in, const Upstream& up, const Grads&
   p.backward = true;
 }
 
-// `p` with the batch block `impl` runs: the call's (> 0), else the tuned table's, else
-// autotune-on-miss (timing `impl` on this call), else the default.
-Problem with_batch_block(const Problem& p, const Implementation& impl, const Options& opt) {
+// Runs `p` with the batch block its implementation takes: the call's (> 0), else the tuned table's,
+// else autotune-on-miss (timing the implementation on this call), else the default.
+std::string dispatch_call(const Problem& p, const Options& opt) {
   tune::DeclaredCall c;
-  c.implementation = impl.name();
-  c.device = impl.device_type();
   c.dtype = p.dtype;
   c.dims = {p.B, p.S, p.NH, p.DH};
   c.pass = p.backward ? (p.h ? Pass::kFused : Pass::kBackward) : Pass::kForward;
   c.threads = p.num_threads;
   c.given = {{"batch_block", p.batch_block}};
-  c.autotune_on_miss = opt.autotune_on_miss;
+  const Shape st{p.B, p.NH, p.DH};
+  const std::vector<tune::Buffer> outs = {
+      {"h", p.h, DType::kF32, {p.B, p.S, p.NH, p.DH}}, {"h_last", p.h_last, DType::kF32, st},
+      {"c_last", p.c_last, DType::kF32, st}, {"n_last", p.n_last, DType::kF32, st},
+      {"m_last", p.m_last, DType::kF32, st}, {"dwx", p.dwx, p.dtype, {p.B, p.S, 4, p.NH, p.DH}},
+      {"dr", p.dr, p.dtype, {4, p.NH, p.DH, p.DH}}, {"db", p.db, p.dtype, {4, p.NH, p.DH}},
+      {"dh0", p.dh0, DType::kF32, st}, {"dc0", p.dc0, DType::kF32, st}, {"dn0", p.dn0, DType::kF32, st}};
   const auto at = [&p](const tune::Params& cand) {
     Problem q = p;
     q.batch_block = tune::param(cand, "batch_block").value_or(0);
     return q;
   };
-  const Shape st{p.B, p.NH, p.DH};
-  const auto outs = tune::borrowed_outputs(
-      {{"h", p.h, DType::kF32, {p.B, p.S, p.NH, p.DH}}, {"h_last", p.h_last, DType::kF32, st},
-       {"c_last", p.c_last, DType::kF32, st}, {"n_last", p.n_last, DType::kF32, st},
-       {"m_last", p.m_last, DType::kF32, st}, {"dwx", p.dwx, p.dtype, {p.B, p.S, 4, p.NH, p.DH}},
-       {"dr", p.dr, p.dtype, {4, p.NH, p.DH, p.DH}}, {"db", p.db, p.dtype, {4, p.NH, p.DH}},
-       {"dh0", p.dh0, DType::kF32, st}, {"dc0", p.dc0, DType::kF32, st}, {"dn0", p.dn0, DType::kF32, st}});
-  return at(tune::choose_declared(tuning(), c, [&](const tune::Params& cand) { impl.run(at(cand)); }, outs).params);
-}
-
-std::string dispatch_call(const Problem& p, const Options& opt) {
-  return registry().dispatch(
-      opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
-      [&](const Implementation& impl) { impl.run(with_batch_block(p, impl, opt)); });
+  return tune::dispatch_declared(registry(), tuning(), opt, p, c, outs, at,
+                                 [](const Implementation& impl, const Problem& q) { impl.run(q); });
 }
 
 }  // namespace

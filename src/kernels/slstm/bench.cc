@@ -11,10 +11,10 @@ const kernels::KernelSpec& spec();
 
 namespace {
 
-class SlstmBench final : public harness::BenchProblem {
+class SlstmBench final : public kernels::CallBenchProblem {
  public:
   SlstmBench(int64_t B, int64_t S, int64_t NH, int64_t DH, DType dt, uint64_t seed, bool with_data)
-      : B_(B), S_(S), NH_(NH), DH_(DH), dt_(dt) {
+      : CallBenchProblem(spec), B_(B), S_(S), NH_(NH), DH_(DH), dt_(dt) {
     if (!with_data) return;
     wx_ = random_uniform(dt, {B, S, 4, NH, DH}, 1.0f, seed * 8 + 1);
     r_ = random_uniform(dt, {4, NH, DH, DH}, 0.5f / std::sqrt(float(DH)), seed * 8 + 2);
@@ -52,10 +52,6 @@ class SlstmBench final : public harness::BenchProblem {
     return c;
   }
 
-  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
-    const CallData c = call_data();
-    return kernels::bind_call(spec().call, c.tensors, c.options, implementation, dev, pass, exec);
-  }
   CallData call_data() const override { return {{{"wx", wx_}, {"r", r_}, {"b", b_}, {"grad_h", dh_}}, {}}; }
 
  private:
@@ -66,8 +62,8 @@ class SlstmBench final : public harness::BenchProblem {
 
 }  // namespace
 
-std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype, uint64_t seed,
-                                                          bool with_data) {
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
+                                                          const harness::OptionValues&, uint64_t seed, bool with_data) {
   return std::make_unique<SlstmBench>(shape.dim("B"), shape.dim("S"), shape.dim("NH"), shape.dim("DH"), dtype, seed,
                                       with_data);
 }

@@ -16,10 +16,9 @@ const TensorView& need(const kernels::CallArgs& a, const char* name) { return ke
 Inputs call_inputs(const kernels::CallArgs& a) {
   Inputs in;
   in.wx = need(a, "wx"), in.r = need(a, "r"), in.b = need(a, "b");
-  auto opt = [&](const char* name, TensorView& v) {
-    if (const TensorView* t = a.tensor(name)) v = *t;
-  };
-  opt("resets", in.resets), opt("h0", in.h0), opt("c0", in.c0), opt("n0", in.n0), opt("m0", in.m0);
+  in.resets = a.tensor_or_empty("resets");
+  in.h0 = a.tensor_or_empty("h0"), in.c0 = a.tensor_or_empty("c0");
+  in.n0 = a.tensor_or_empty("n0"), in.m0 = a.tensor_or_empty("m0");
   return in;
 }
 
@@ -47,24 +46,15 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
-  Options opt;
-  static_cast<ExecOptions&>(opt) = a.exec;
+  Options opt = kernels::exec_options<Options>(a);
   opt.batch_block = a.options.integer("batch_block");
   const Inputs in = call_inputs(a);
-  const std::vector<kernels::OutputDesc> want = call_outputs(a);
-  check(out.size() == want.size(), ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": " + pass_name(a.pass) + " writes " + std::to_string(want.size()) +
-            " outputs, got " + std::to_string(out.size()));
-  auto find = [&](const char* name) -> TensorView {
-    for (size_t i = 0; i < want.size(); ++i)
-      if (want[i].name == name) return out[i];
-    return {};
-  };
-  const Outputs fo{find("h"), find("h_last"), find("c_last"), find("n_last"), find("m_last")};
-  const Grads g{find("dwx"), find("dr"), find("db"), find("dh0"), find("dc0"), find("dn0")};
-  auto given = [&](const char* name) { return a.tensor(name) ? *a.tensor(name) : TensorView{}; };
+  const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
+  const Outputs fo{o["h"], o["h_last"], o["c_last"], o["n_last"], o["m_last"]};
+  const Grads g{o["dwx"], o["dr"], o["db"], o["dh0"], o["dc0"], o["dn0"]};
   const auto up = [&] {
-    return Upstream{need(a, "grad_h"), given("grad_h_last"), given("grad_c_last"), given("grad_n_last")};
+    return Upstream{need(a, "grad_h"), a.tensor_or_empty("grad_h_last"), a.tensor_or_empty("grad_c_last"),
+                    a.tensor_or_empty("grad_n_last")};
   };
   switch (a.pass) {
     case Pass::kForward: return forward(in, fo, opt);
@@ -100,16 +90,10 @@ kernels::CallSpec call_spec() {
   return s;
 }
 
-std::vector<kernels::CheckCase> check_cases(bool quick) {
-  return kernels::check_cases_of(testing::check_grid(quick),
-                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device dev) {
-                                   return testing::check_parity(c, impl, pass, dev);
-                                 });
-}
-
 }  // namespace
 
-std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype, uint64_t seed,
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
+                                                          const harness::OptionValues&, uint64_t seed,
                                                           bool with_data);  // bench.cc
 
 const kernels::KernelSpec& spec() {
@@ -121,13 +105,8 @@ const kernels::KernelSpec& spec() {
     k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
     k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
     k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-    k.check_grid = check_cases;
-    k.bench.make_problem = [](const harness::GridShape& shape, DType dt, const harness::OptionValues&, uint64_t seed) {
-      return make_bench_problem(shape, dt, seed, true);
-    };
-    k.bench.make_cost_model = [](const harness::GridShape& shape, DType dt, const harness::OptionValues&) {
-      return make_bench_problem(shape, dt, 0, false);
-    };
+    k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
+    k.bench = kernels::bench_spec_of({}, make_bench_problem);
     k.call = call_spec();
     k.tune = kernels::declared_tune_spec(tuning(), spec);
     return k;

@@ -1,0 +1,68 @@
+#include "dispatch/arg_check.h"
+
+#include <cmath>
+#include <limits>
+
+#include "tessera/error.h"
+
+namespace tessera::dispatch {
+
+void ArgCheck::fail(const std::string& msg) const { throw Error(ErrorCode::kInvalidArgument, kernel_ + ": " + msg); }
+
+void ArgCheck::device(const TensorView& t, const Device& d, const std::string& what) const {
+  if (t.device != d) fail(what + " is on " + t.device.str() + " but " + anchor_ + " is on " + d.str());
+}
+
+void ArgCheck::contiguous(const TensorView& t, const std::string& what) const {
+  if (!t.is_contiguous())
+    fail(what + " must be contiguous (row-major), got strides " + shape_str(t.strides) + " for shape " +
+         shape_str(t.shape));
+}
+
+void ArgCheck::data(const TensorView& t, const std::string& what) const {
+  if (t.data == nullptr && t.numel() > 0) fail(what + " has no data (null pointer)");
+}
+
+void ArgCheck::plain(const TensorView& t, const Device& d, const std::string& what) const {
+  device(t, d, what);
+  contiguous(t, what);
+  data(t, what);
+}
+
+void ArgCheck::shape(const TensorView& t, const Shape& want, const std::string& what) const {
+  if (t.shape != want) fail(what + " must have shape " + shape_str(want) + ", got " + shape_str(t.shape));
+}
+
+void ArgCheck::dtype(const TensorView& t, DType want, const std::string& what) const {
+  if (t.dtype != want) fail(what + " must be " + dtype_name(want) + ", got " + dtype_name(t.dtype));
+}
+
+void ArgCheck::tensor(const TensorView& t, const Device& d, const Shape& s, DType dt, const std::string& what) const {
+  shape(t, s, what);
+  dtype(t, dt, what);
+  plain(t, d, what);
+}
+
+void ArgCheck::output(const TensorView& t, DType input, const Shape& s, const Device& d, const std::string& what) const {
+  if (t.dtype != DType::kF32 && t.dtype != input)
+    fail(what + " must be f32" + (input != DType::kF32 ? std::string(" or ") + dtype_name(input) : "") + ", got " +
+         dtype_name(t.dtype));
+  shape(t, s, what);
+  plain(t, d, what);
+}
+
+void ArgCheck::finite(const TensorView& t, const std::string& what, bool allow_neg_inf) const {
+  if (!all_finite(t, allow_neg_inf)) fail(what + " contains NaN or Inf");
+}
+
+bool all_finite(const TensorView& t, bool allow_neg_inf) {
+  if (t.device.type != DeviceType::kCPU || t.data == nullptr) return true;  // device data is not inspected
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float x = load_as_f32(t.data, t.dtype, i);
+    if (std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<float>::infinity())) continue;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace tessera::dispatch

@@ -1,0 +1,63 @@
+// Tessera internal: the tensor checks every kernel's API runs before anything is written, written
+// once. Each failure is one line, Error(kInvalidArgument) "<kernel>: <what> ...", so that a
+// rejected call leaves every output untouched and names the argument at fault.
+//
+//   const dispatch::ArgCheck args{"slstm", "wx"};   // the kernel; the input other tensors follow
+//   args.plain(r, dev, "r");                        // on dev, contiguous (row-major), with data
+//   args.tensor(b, dev, {4, NH, DH}, dtype, "b");   // and this shape and dtype
+//   args.output(dq, dtype, q.shape, dev, "dq");     // f32 or the inputs' dtype, shape, plain
+//   if (opt.check_finite) args.finite(x, "x");      // host data only
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/tensor.h"
+
+namespace tessera::dispatch {
+
+class ArgCheck {
+ public:
+  // kernel: the message prefix. anchor: the input whose device the others must share (named in
+  // the device mismatch message: "k is on cuda:0 but q is on cpu").
+  ArgCheck(std::string kernel, std::string anchor) : kernel_(std::move(kernel)), anchor_(std::move(anchor)) {}
+
+  [[noreturn]] void fail(const std::string& msg) const;
+  void need(bool ok, const std::string& msg) const {
+    if (!ok) fail(msg);
+  }
+
+  // "<what> is on D but <anchor> is on E"
+  void device(const TensorView& t, const Device& d, const std::string& what) const;
+  // "<what> must be contiguous (row-major), got strides S for shape T"
+  void contiguous(const TensorView& t, const std::string& what) const;
+  // "<what> has no data (null pointer)" unless it is empty
+  void data(const TensorView& t, const std::string& what) const;
+  // device, contiguous and data together
+  void plain(const TensorView& t, const Device& d, const std::string& what) const;
+  // "<what> must have shape S, got T"
+  void shape(const TensorView& t, const Shape& want, const std::string& what) const;
+  // "<what> must be D, got E"
+  void dtype(const TensorView& t, DType want, const std::string& what) const;
+  // shape, dtype, then plain
+  void tensor(const TensorView& t, const Device& d, const Shape& shape, DType dt, const std::string& what) const;
+  // An output (or upstream gradient) in f32 or the inputs' dtype `input`: "<what> must be f32 or
+  // bf16, got f16", then shape and plain.
+  void output(const TensorView& t, DType input, const Shape& shape, const Device& d, const std::string& what) const;
+  // "<what> contains NaN or Inf" when a host element is NaN or ±Inf (-Inf allowed with
+  // allow_neg_inf); device data is not inspected.
+  void finite(const TensorView& t, const std::string& what, bool allow_neg_inf = false) const;
+
+  const std::string& kernel() const { return kernel_; }
+
+ private:
+  std::string kernel_, anchor_;
+};
+
+// Whether an optional view was given (data or a shape: an empty tensor is given).
+inline bool given(const TensorView& t) { return t.data != nullptr || !t.shape.empty(); }
+// True when no host element is NaN (nor ±Inf; -Inf allowed with allow_neg_inf). Device data: true.
+bool all_finite(const TensorView& t, bool allow_neg_inf = false);
+inline std::string num(int64_t v) { return std::to_string(v); }
+
+}  // namespace tessera::dispatch

@@ -1,0 +1,67 @@
+// dispatch::ArgCheck: the one-line argument errors every kernel's API raises before it writes.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+#include "dispatch/arg_check.h"
+#include "tessera/error.h"
+
+namespace tessera::dispatch {
+namespace {
+
+// The message of the Error(kInvalidArgument) `f` throws ("" when it throws none).
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ArgCheck, EachCheckNamesTheKernelAndTheArgument) {
+  const ArgCheck a{"foo", "x"};
+  Tensor x = Tensor::zeros(DType::kF32, {2, 3});
+  const Device cpu = Device::cpu();
+  EXPECT_EQ((message_of([&] { a.tensor(x.view(), cpu, {2, 3}, DType::kF32, "x"); })), "");
+  EXPECT_EQ((message_of([&] { a.shape(x.view(), {3, 2}, "y"); })), "foo: y must have shape [3, 2], got [2, 3]");
+  EXPECT_EQ((message_of([&] { a.dtype(x.view(), DType::kBF16, "y"); })), "foo: y must be bf16, got f32");
+  EXPECT_EQ((message_of([&] { a.device(x.view(), Device{DeviceType::kCUDA, 0}, "y"); })),
+            "foo: y is on " + cpu.str() + " but x is on " + (Device{DeviceType::kCUDA, 0}).str());
+  const Tensor t = x.as_strided({3, 2}, {1, 3});
+  EXPECT_EQ((message_of([&] { a.plain(t.view(), cpu, "y"); })),
+            "foo: y must be contiguous (row-major), got strides [1, 3] for shape [3, 2]");
+  TensorView null = x.view();
+  null.data = nullptr;
+  EXPECT_EQ((message_of([&] { a.plain(null, cpu, "y"); })), "foo: y has no data (null pointer)");
+  EXPECT_EQ((message_of([&] { a.need(false, "no"); })), "foo: no");
+}
+
+TEST(ArgCheck, OutputsAreF32OrTheInputsDtype) {
+  const ArgCheck a{"foo", "x"};
+  Tensor bf = Tensor::zeros(DType::kBF16, {2}), f16 = Tensor::zeros(DType::kF16, {2});
+  EXPECT_EQ((message_of([&] { a.output(bf.view(), DType::kBF16, {2}, Device::cpu(), "o"); })), "");
+  EXPECT_EQ((message_of([&] { a.output(f16.view(), DType::kBF16, {2}, Device::cpu(), "o"); })),
+            "foo: o must be f32 or bf16, got f16");
+  EXPECT_EQ((message_of([&] { a.output(f16.view(), DType::kF32, {2}, Device::cpu(), "o"); })), "foo: o must be f32, got f16");
+}
+
+TEST(ArgCheck, FiniteLooksAtHostDataOnly) {
+  const ArgCheck a{"foo", "x"};
+  Tensor x = Tensor::zeros(DType::kF32, {3});
+  EXPECT_TRUE(all_finite(x.view()));
+  x.data_as<float>()[1] = -std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(all_finite(x.view()));
+  EXPECT_TRUE(all_finite(x.view(), /*allow_neg_inf=*/true));
+  EXPECT_EQ((message_of([&] { a.finite(x.view(), "x"); })), "foo: x contains NaN or Inf");
+  x.data_as<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(all_finite(x.view(), true));
+  EXPECT_TRUE(given(x.view()));
+  EXPECT_FALSE(given(TensorView{}));
+}
+
+}  // namespace
+}  // namespace tessera::dispatch

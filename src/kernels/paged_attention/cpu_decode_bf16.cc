@@ -34,9 +34,9 @@ bool fits(const Problem& p) { return p.dtype == DType::kBF16 && p.D % 32 == 0 &&
 
 namespace {
 constexpr int64_t kBlock = 16;  // keys per block: 4 score vectors of 4 keys × 4 heads
-// v3: the block this many blocks after the one computed is asked into L2 during its P·V
-// (prefetcht1, spread over the kv heads): one thread from DRAM ~1.5× faster than without; 2, 3
-// and 4 measured alike, 1 a little slower; all at a block's start ~1.2×.
+// v3: the block this many blocks after the one computed is asked into L2 while it computes
+// (prefetcht1, spread over its steps): one thread from DRAM ~1.7× faster than without; 3 and 4
+// measured alike or a little slower, 1 slower; all lines at a block's start only ~1.2×.
 constexpr int64_t kL2Ahead = 2;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 int64_t groups(const Problem& p) { return (p.group() + 3) / 4; }
@@ -243,9 +243,9 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
   const auto* V = static_cast<const uint16_t*>(p.v);
   auto block_len = [&](int64_t j) { return std::min({k1, (j / p.page_size + 1) * p.page_size, j + kBlock}) - j; };
   auto gh = [&](int64_t u) { return std::min<int64_t>(4, G - 4 * (u % ng)); };
-  // v3: the block kL2Ahead blocks ahead of the one computed is asked into L2 during this one's
-  // P·V, a share per unit. TESSERA_PAGED_DECODE_L2_PREFETCH=0 turns it off (v2's loop exactly,
-  // kept for side-by-side timing).
+  // v3: the block kL2Ahead blocks ahead of the one computed is asked into L2 during this one
+  // (prefetch_l2). TESSERA_PAGED_DECODE_L2_PREFETCH=0 turns it off (v2's loop exactly, kept for
+  // side-by-side timing).
   const bool l2_ahead = env::flag("TESSERA_PAGED_DECODE_L2_PREFETCH", true);
   for (int64_t j = k0; j < k1;) {
     const int64_t n = block_len(j), row0 = p.cache_row(s, j), next = j + n;
@@ -255,6 +255,13 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
     const char* ahead_k = reinterpret_cast<const char*>(K + ahead_row * p.Hkv * p.D);
     const char* ahead_v = reinterpret_cast<const char*>(V + ahead_row * p.Hkv * p.Dv);
     const int64_t ahead_k_lines = (ahead_n * p.Hkv * p.D * 2 + 63) / 64, ahead_v_lines = (ahead_n * p.Hkv * p.Dv * 2 + 63) / 64;
+    // Its lines in 4 + units equal shares, one before each step of 4 score rows and one before
+    // each unit's P·V: spread over the block's compute (only over P·V: 1.2× slower, measured).
+    auto ask_ahead = [&](int64_t part) {
+      const int64_t parts = 4 + units;
+      prefetch_l2(ahead_k, ahead_k_lines * part / parts, ahead_k_lines * (part + 1) / parts, ahead_v,
+                  ahead_v_lines * part / parts, ahead_v_lines * (part + 1) / parts);
+    };
     const int64_t next_n = next < k1 ? block_len(next) : 0, next_row = next_n > 0 ? p.cache_row(s, next) : 0;
     const char* next_v = reinterpret_cast<const char*>(V + next_row * p.Hkv * p.Dv);
     const int64_t v_lines = next_n * p.Hkv * p.Dv * 2 / 64;
@@ -262,6 +269,7 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
     // hardware prefetcher follows them within a page; a software prefetch of the next block's K
     // measured ~4 % slower, one of its V ~10 % faster).
     for (int64_t b = 0; b < 4; ++b) {
+      ask_ahead(b);
       const int64_t nk = n - 4 * b;
       if (nk <= 0) {
         for (int64_t u = 0; u < units; ++u) std::fill(S + u * 64 + 16 * b, S + u * 64 + 16 * b + 16, kNegInf);
@@ -277,8 +285,7 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
     // P·V kv head by kv head (V in memory order would reload o every 4 rows: slower, measured).
     for (int64_t u = 0; u < units; ++u) {
       const int64_t g = u / ng, h0 = g * G + 4 * (u % ng);
-      prefetch_l2(ahead_k, ahead_k_lines * u / units, ahead_k_lines * (u + 1) / units, ahead_v, ahead_v_lines * u / units,
-                  ahead_v_lines * (u + 1) / units);
+      ask_ahead(4 + u);
       Pf pf;
       if (u % ng == 0 && next_n > 0)
         pf.v = next_v + 64 * (v_lines * g / p.Hkv), pf.v_lines = v_lines * (g + 1) / p.Hkv - v_lines * g / p.Hkv;

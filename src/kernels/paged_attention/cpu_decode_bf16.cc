@@ -35,8 +35,8 @@ bool fits(const Problem& p) { return p.dtype == DType::kBF16 && p.D % 32 == 0 &&
 namespace {
 constexpr int64_t kBlock = 16;  // keys per block: 4 score vectors of 4 keys × 4 heads
 // v3: the block this many blocks after the one computed is asked into L2 while it computes
-// (prefetcht1, spread over its steps): one thread from DRAM ~1.7× faster than without; 3 and 4
-// measured alike or a little slower, 1 slower; all lines at a block's start only ~1.2×.
+// (prefetcht1, spread over its steps): one thread from DRAM ~1.8× faster than without; 3 and 4
+// measured alike or a little slower, 1 slower; all lines at a block's start only ~1.2× faster.
 constexpr int64_t kL2Ahead = 2;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 int64_t groups(const Problem& p) { return (p.group() + 3) / 4; }

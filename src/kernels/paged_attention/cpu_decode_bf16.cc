@@ -38,12 +38,18 @@ constexpr int64_t kBlock = 16;  // keys per block: 4 score vectors of 4 keys × 
 // (prefetcht1, spread over its steps): one thread from DRAM ~1.8× faster than without; 3 and 4
 // measured alike or a little slower, 1 slower; all lines at a block's start only ~1.2× faster.
 constexpr int64_t kL2Ahead = 2;
+// v3: with pages of fewer slots than this, a block takes kBlock keys across pages, copied into a
+// contiguous scratch block first (a block of one page paid the per-block work — 4-key score
+// steps, the softmax step, o loaded and stored — for every key). One thread, bf16, Hkv 8, D 128:
+// page_size 1 2.1× faster, 2 1.1×; the copy costs more than it saves from 4 slots on.
+constexpr int64_t kGatherBelow = 3;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 int64_t groups(const Problem& p) { return (p.group() + 3) / 4; }
 }  // namespace
 
-// Per (kv head, head group): m and l vectors (32 floats), scores (64), P (64), alpha (16); a row (Dv).
-int64_t scratch_floats(const Problem& p) { return p.Hkv * groups(p) * 176 + p.Dv; }
+// Per (kv head, head group): m and l vectors (32 floats), scores (64), P (64), alpha (16); a row (Dv);
+// a gathered block of K and V rows (bf16, kBlock rows of Hkv·D and Hkv·Dv).
+int64_t scratch_floats(const Problem& p) { return p.Hkv * groups(p) * 176 + p.Dv + kBlock * p.Hkv * (p.D + p.Dv) / 2; }
 
 #if defined(__x86_64__)
 // GCC 12's avx512fintrin.h reads an _mm512_undefined value in set1 and friends: a false alarm.
@@ -241,14 +247,29 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
   const auto* q = static_cast<const uint16_t*>(p.q) + tq * p.Hq * p.D;
   const auto* K = static_cast<const uint16_t*>(p.k);
   const auto* V = static_cast<const uint16_t*>(p.v);
-  auto block_len = [&](int64_t j) { return std::min({k1, (j / p.page_size + 1) * p.page_size, j + kBlock}) - j; };
-  auto gh = [&](int64_t u) { return std::min<int64_t>(4, G - 4 * (u % ng)); };
   // v3: the block kL2Ahead blocks ahead of the one computed is asked into L2 during this one
-  // (prefetch_l2). TESSERA_PAGED_DECODE_L2_PREFETCH=0 turns it off (v2's loop exactly, kept for
-  // side-by-side timing).
+  // (prefetch_l2); small pages are gathered (kGatherBelow). TESSERA_PAGED_DECODE_L2_PREFETCH=0
+  // turns both off (v2's loop exactly, kept for side-by-side timing).
   const bool l2_ahead = env::flag("TESSERA_PAGED_DECODE_L2_PREFETCH", true);
+  const bool gather = l2_ahead && p.page_size < kGatherBelow;
+  const int64_t ldk = p.Hkv * p.D, ldv = p.Hkv * p.Dv;  // elements per cache row
+  auto* gk = reinterpret_cast<uint16_t*>(scratch + units * 176 + p.Dv);
+  uint16_t* gv = gk + kBlock * ldk;
+  auto block_len = [&](int64_t j) {
+    return std::min({k1, gather ? k1 : (j / p.page_size + 1) * p.page_size, j + kBlock}) - j;
+  };
+  auto gh = [&](int64_t u) { return std::min<int64_t>(4, G - 4 * (u % ng)); };
   for (int64_t j = k0; j < k1;) {
     const int64_t n = block_len(j), row0 = p.cache_row(s, j), next = j + n;
+    const uint16_t *Kblk = K + row0 * ldk, *Vblk = V + row0 * ldv;  // the block's rows, contiguous
+    if (gather) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = p.cache_row(s, j + i);
+        std::memcpy(gk + i * ldk, K + r * ldk, static_cast<size_t>(ldk) * 2);
+        std::memcpy(gv + i * ldv, V + r * ldv, static_cast<size_t>(ldv) * 2);
+      }
+      Kblk = gk, Vblk = gv;
+    }
     int64_t ahead = next;
     for (int64_t i = 1; i < kL2Ahead && ahead < k1; ++i) ahead += block_len(ahead);
     const int64_t ahead_n = l2_ahead && ahead < k1 ? block_len(ahead) : 0, ahead_row = ahead_n ? p.cache_row(s, ahead) : 0;
@@ -259,6 +280,14 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
     // each unit's P·V: spread over the block's compute (only over P·V: 1.2× slower, measured).
     auto ask_ahead = [&](int64_t part) {
       const int64_t parts = 4 + units;
+      if (gather) {  // the block ahead spans pages: its keys' rows, a share of the keys at a time
+        for (int64_t i = ahead + ahead_n * part / parts; i < ahead + ahead_n * (part + 1) / parts; ++i) {
+          const int64_t r = p.cache_row(s, i);
+          prefetch_l2(reinterpret_cast<const char*>(K + r * ldk), 0, (ldk * 2 + 63) / 64,
+                      reinterpret_cast<const char*>(V + r * ldv), 0, (ldv * 2 + 63) / 64);
+        }
+        return;
+      }
       prefetch_l2(ahead_k, ahead_k_lines * part / parts, ahead_k_lines * (part + 1) / parts, ahead_v,
                   ahead_v_lines * part / parts, ahead_v_lines * (part + 1) / parts);
     };
@@ -275,7 +304,7 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
         for (int64_t u = 0; u < units; ++u) std::fill(S + u * 64 + 16 * b, S + u * 64 + 16 * b + 16, kNegInf);
         continue;
       }
-      const uint16_t* Kb = K + (row0 + 4 * b) * p.Hkv * p.D;
+      const uint16_t* Kb = Kblk + 4 * b * ldk;
       if (G % 4 == 0)  // every unit has 4 heads: one call for all
         kQuads[3](p, q, Kb, nk, 0, units, ng, S + 16 * b);
       else
@@ -287,9 +316,9 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
       const int64_t g = u / ng, h0 = g * G + 4 * (u % ng);
       ask_ahead(4 + u);
       Pf pf;
-      if (u % ng == 0 && next_n > 0)
+      if (!gather && u % ng == 0 && next_n > 0)  // a gathered next block is not contiguous
         pf.v = next_v + 64 * (v_lines * g / p.Hkv), pf.v_lines = v_lines * (g + 1) / p.Hkv - v_lines * g / p.Hkv;
-      kAccs[gh(u) - 1](P + u * 64, alpha + u * 16, V + (row0 * p.Hkv + g) * p.Dv, p.Hkv * p.Dv, n, p.Dv, o + h0 * p.Dv, pf);
+      kAccs[gh(u) - 1](P + u * 64, alpha + u * 16, Vblk + g * p.Dv, ldv, n, p.Dv, o + h0 * p.Dv, pf);
     }
     j = next;
   }

@@ -115,6 +115,48 @@ inline void prefetch_l2(const char* k, int64_t k0, int64_t k1, const char* v, in
   }
 }
 
+// The block asked into L2 while another computes (v3): keys [j, j + n) of sequence s (n = 0:
+// none), in `parts` equal shares so that the requests spread over that compute. A block within a
+// page is kl lines of K from k and vl of V from v; one that spans pages (`per_key`: gathered
+// small pages) is asked row by row.
+struct AheadBlock {
+  const Problem* p = nullptr;
+  int64_t s = 0, j = 0, n = 0, parts = 1;
+  bool per_key = false;
+  const char *k = nullptr, *v = nullptr;
+  int64_t kl = 0, vl = 0;
+  AheadBlock(const Problem& pr, int64_t s_, int64_t j_, int64_t n_, int64_t parts_, bool per_key_)
+      : p(&pr), s(s_), j(j_), n(n_), parts(parts_), per_key(per_key_) {
+    const int64_t row = n > 0 ? p->cache_row(s, j) : 0, rows = per_key ? 1 : n;
+    k = row_of(p->k, p->Hkv * p->D, row), v = row_of(p->v, p->Hkv * p->Dv, row);
+    kl = (rows * p->Hkv * p->D * 2 + 63) / 64, vl = (rows * p->Hkv * p->Dv * 2 + 63) / 64;
+  }
+  static const char* row_of(const void* cache, int64_t ld, int64_t row) {
+    return reinterpret_cast<const char*>(static_cast<const uint16_t*>(cache) + row * ld);
+  }
+  void ask(int64_t part) const {
+    if (!per_key) {
+      prefetch_l2(k, kl * part / parts, kl * (part + 1) / parts, v, vl * part / parts, vl * (part + 1) / parts);
+      return;
+    }
+    for (int64_t i = j + n * part / parts; i < j + n * (part + 1) / parts; ++i) {
+      const int64_t row = p->cache_row(s, i);
+      prefetch_l2(row_of(p->k, p->Hkv * p->D, row), 0, kl, row_of(p->v, p->Hkv * p->Dv, row), 0, vl);
+    }
+  }
+};
+
+// The K and V rows of keys [j, j + n) of sequence s copied into gk and gv, one after the other
+// (as the rows of one page are).
+void gather_block(const Problem& p, int64_t s, int64_t j, int64_t n, uint16_t* gk, uint16_t* gv) {
+  const int64_t ldk = p.Hkv * p.D, ldv = p.Hkv * p.Dv;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = p.cache_row(s, j + i);
+    std::memcpy(gk + i * ldk, static_cast<const uint16_t*>(p.k) + r * ldk, static_cast<size_t>(ldk) * 2);
+    std::memcpy(gv + i * ldv, static_cast<const uint16_t*>(p.v) + r * ldv, static_cast<size_t>(ldv) * 2);
+  }
+}
+
 // Dot products of GH query heads (q + h·D) with nk ≤ 4 keys (K + key·ldk), lane 4·key + head;
 // lanes of keys ≥ nk and heads ≥ GH are garbage-free zeros or repeats (masked by the caller).
 template <int GH>
@@ -263,34 +305,14 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
     const int64_t n = block_len(j), row0 = p.cache_row(s, j), next = j + n;
     const uint16_t *Kblk = K + row0 * ldk, *Vblk = V + row0 * ldv;  // the block's rows, contiguous
     if (gather) {
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t r = p.cache_row(s, j + i);
-        std::memcpy(gk + i * ldk, K + r * ldk, static_cast<size_t>(ldk) * 2);
-        std::memcpy(gv + i * ldv, V + r * ldv, static_cast<size_t>(ldv) * 2);
-      }
+      gather_block(p, s, j, n, gk, gv);
       Kblk = gk, Vblk = gv;
     }
+    // The block kL2Ahead blocks on, in 4 + units shares: one before each step of 4 score rows and
+    // one before each unit's P·V (only before the P·V: 1.2× slower, measured).
     int64_t ahead = next;
     for (int64_t i = 1; i < kL2Ahead && ahead < k1; ++i) ahead += block_len(ahead);
-    const int64_t ahead_n = l2_ahead && ahead < k1 ? block_len(ahead) : 0, ahead_row = ahead_n ? p.cache_row(s, ahead) : 0;
-    const char* ahead_k = reinterpret_cast<const char*>(K + ahead_row * p.Hkv * p.D);
-    const char* ahead_v = reinterpret_cast<const char*>(V + ahead_row * p.Hkv * p.Dv);
-    const int64_t ahead_k_lines = (ahead_n * p.Hkv * p.D * 2 + 63) / 64, ahead_v_lines = (ahead_n * p.Hkv * p.Dv * 2 + 63) / 64;
-    // Its lines in 4 + units equal shares, one before each step of 4 score rows and one before
-    // each unit's P·V: spread over the block's compute (only over P·V: 1.2× slower, measured).
-    auto ask_ahead = [&](int64_t part) {
-      const int64_t parts = 4 + units;
-      if (gather) {  // the block ahead spans pages: its keys' rows, a share of the keys at a time
-        for (int64_t i = ahead + ahead_n * part / parts; i < ahead + ahead_n * (part + 1) / parts; ++i) {
-          const int64_t r = p.cache_row(s, i);
-          prefetch_l2(reinterpret_cast<const char*>(K + r * ldk), 0, (ldk * 2 + 63) / 64,
-                      reinterpret_cast<const char*>(V + r * ldv), 0, (ldv * 2 + 63) / 64);
-        }
-        return;
-      }
-      prefetch_l2(ahead_k, ahead_k_lines * part / parts, ahead_k_lines * (part + 1) / parts, ahead_v,
-                  ahead_v_lines * part / parts, ahead_v_lines * (part + 1) / parts);
-    };
+    const AheadBlock pre(p, s, ahead, l2_ahead && ahead < k1 ? block_len(ahead) : 0, 4 + units, gather);
     const int64_t next_n = next < k1 ? block_len(next) : 0, next_row = next_n > 0 ? p.cache_row(s, next) : 0;
     const char* next_v = reinterpret_cast<const char*>(V + next_row * p.Hkv * p.Dv);
     const int64_t v_lines = next_n * p.Hkv * p.Dv * 2 / 64;
@@ -298,7 +320,7 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
     // hardware prefetcher follows them within a page; a software prefetch of the next block's K
     // measured ~4 % slower, one of its V ~10 % faster).
     for (int64_t b = 0; b < 4; ++b) {
-      ask_ahead(b);
+      pre.ask(b);
       const int64_t nk = n - 4 * b;
       if (nk <= 0) {
         for (int64_t u = 0; u < units; ++u) std::fill(S + u * 64 + 16 * b, S + u * 64 + 16 * b + 16, kNegInf);
@@ -314,7 +336,7 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
     // P·V kv head by kv head (V in memory order would reload o every 4 rows: slower, measured).
     for (int64_t u = 0; u < units; ++u) {
       const int64_t g = u / ng, h0 = g * G + 4 * (u % ng);
-      ask_ahead(4 + u);
+      pre.ask(4 + u);
       Pf pf;
       if (!gather && u % ng == 0 && next_n > 0)  // a gathered next block is not contiguous
         pf.v = next_v + 64 * (v_lines * g / p.Hkv), pf.v_lines = v_lines * (g + 1) / p.Hkv - v_lines * g / p.Hkv;

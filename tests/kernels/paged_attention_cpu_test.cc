@@ -63,6 +63,37 @@ TEST(PagedAttentionCpu, Bf16DecodeBothPaths) {
   ::unsetenv("TESSERA_CPU_BF16_DOT");
 }
 
+// The bf16 decode path asks the block two ahead into L2 and gathers pages of 1 or 2 slots into
+// blocks of 16 keys (v3); TESSERA_PAGED_DECODE_L2_PREFETCH=0 turns both off. Both against the
+// reference; from 3 slots a page (no gathering) bitwise equal to each other: a prefetch changes no
+// result. Tails: blocks cut by pages of 7 and 20 slots (the block ahead crosses a page end), of 3;
+// gathered pages of 1 and 2 slots (blocks across pages, kv_len not a multiple of 16); kv_len 1
+// (nothing ahead), 37 (a short last block) and 2100 (split on 3 threads); a q_len 0 sequence; one
+// sequence; D ≠ Dv (K and V lines differ); head groups of 4 and 5 (4 + 1).
+TEST(PagedAttentionCpu, Bf16DecodeV3ChangesNothing) {
+  for (int64_t page_size : {16, 7, 20, 3, 2, 1})
+    for (int threads : {1, 3}) {
+      testing::CaseSpec c;
+      c.label = "bf16_l2", c.dtype = DType::kBF16, c.Hkv = 2, c.Hq = page_size == 7 || page_size == 2 ? 10 : 8, c.D = 64, c.Dv = 96;
+      c.q_lens = {1, 0, 1, 1}, c.kv_lens = {1, 5, 37, 2100}, c.page_size = page_size, c.num_threads = threads;
+      c.sinks = page_size == 20 || page_size == 1, c.window = page_size == 7 || page_size == 2 ? 1000 : -1;
+      if (page_size == 1) c.q_lens = {1}, c.kv_lens = {300};  // one sequence
+      Result r[2];
+      for (int on : {1, 0}) {
+        ::setenv("TESSERA_PAGED_DECODE_L2_PREFETCH", on ? "1" : "0", 1);
+        expect_parity(c);
+        const testing::CaseData d = testing::make_case(c);
+        Options opt = testing::options_of(c);
+        opt.implementation = "cpu";
+        r[on] = compute(d.inputs(), opt);
+      }
+      ::unsetenv("TESSERA_PAGED_DECODE_L2_PREFETCH");
+      if (page_size < 3) continue;  // gathered: blocks of other lengths, sums in another order
+      EXPECT_EQ(std::memcmp(r[0].o.data(), r[1].o.data(), r[0].o.view().nbytes()), 0) << c.name();
+      EXPECT_EQ(std::memcmp(r[0].lse.data(), r[1].lse.data(), r[0].lse.view().nbytes()), 0) << c.name();
+    }
+}
+
 TEST(PagedAttentionCpu, ScheduleDoesNotChangeTheResult) {
   testing::CaseSpec c;
   c.q_lens = {1, 5, 1}, c.kv_lens = {3000, 40, 2500}, c.num_threads = 3;

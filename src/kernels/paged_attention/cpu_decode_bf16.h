@@ -11,7 +11,10 @@
 // A block is ≤ 16 keys of one page: the scores of every kv head are formed 4 cache rows at a time
 // (K read in memory order), then the softmax step, then P·V kv head by kv head. The next block's
 // V rows are prefetched a few lines per key during P·V (pages are in any order, so the hardware
-// prefetcher stops at a page's end; the K rows, read in memory order, it follows).
+// prefetcher stops at a page's end; the K rows, read in memory order, it follows), and the K and
+// V rows of the block two ahead are asked into L2 (prefetcht1) in shares spread over this block's
+// score steps and P·V: the loads of later blocks then overlap the compute (v3;
+// TESSERA_PAGED_DECODE_L2_PREFETCH=0 turns that off, for side-by-side timing).
 #pragma once
 
 #include <cstdint>

@@ -47,7 +47,9 @@
 
 #include "core/memory.h"
 #include "core/trace.h"
+#include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
+#include "primitives/cpu_convert.h"
 #include "kernels/linear_cross_entropy/cpu_rows.h"
 #include "kernels/linear_cross_entropy/cpu_simd.h"
 #include "kernels/linear_cross_entropy/impl.h"
@@ -144,6 +146,7 @@ struct Call {
   int T = 1;
   int64_t bb = 1, vb = 1, hb = 1;  // effective block sizes
   bool half = false;               // bf16 / f16 inputs
+  bool dot = false;                // bf16 on the AVX512-BF16 dot product (cpu_bf16_gemm), see below
   bool grads = false;
   bool need_stats = true;          // false when backward was given the forward's lse
   double denom = 1.0;              // mean denominator Σ weights (non-ignored)
@@ -165,6 +168,19 @@ struct Call {
   float* biasf = nullptr;      // [V]
   double total = 0.0;          // Σ loss_t, accumulated by thread 0 in row order
 
+  // bf16 dot-product route (dot): bf16 operands, f32 sums; nothing of w's size is allocated.
+  memory::HostBuffer xt_buf, xpk_buf, wpk_buf, ptr_buf, dzc_buf, dzp_buf, dz16_buf, dzt_buf, dxt_buf;
+  int64_t wpk_words = 0, nptr = 0;
+  uint16_t* xt = nullptr;            // [H][bb]   hv: x_blkᵀ (A of the dw GEMM)
+  uint32_t* xpk = nullptr;           // vh: x_blk packed, pairs along tokens (B of the dw GEMM)
+  uint32_t* wpk = nullptr;           // [T][wpk_words] a packed chunk of w (or of dz for dw, hv)
+  const uint16_t** ptrs = nullptr;   // [T][nptr] row / column pointers for the packers
+  uint16_t* dzc = nullptr;           // [T][bb*vb] hv: the dz chunk in bf16
+  uint32_t* dzp = nullptr;           // hv: dz packed, pairs along V, columns = tokens (B of dxᵀ)
+  uint16_t* dz16 = nullptr;          // [bb][V]   vh: dz in bf16 (A of the dx GEMM)
+  uint16_t* dzt = nullptr;           // [T][vb*bb] vh: a dz chunkᵀ in bf16 (A of the dw GEMM)
+  float* dxt = nullptr;              // [H][bb]   hv: dxᵀ
+
   Call(const Problem& prob, Mode m) : p(prob), mode(m) {}
 
   void setup(const BlockSizes& bs);
@@ -184,6 +200,17 @@ struct Call {
   void merge_rows(int tid, int64_t b0, int64_t nb);
   void phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first_block);
   void phase_b2(int tid, int64_t b0, int64_t nb);
+  void setup_dot();
+  const uint16_t* x16(int64_t b0) const { return static_cast<const uint16_t*>(p.x) + b0 * p.H; }
+  uint32_t* wpk_of(int tid) const { return wpk + tid * wpk_words; }
+  const uint16_t** ptrs_of(int tid) const { return ptrs + tid * nptr; }
+  int64_t dzp_stride(int64_t nb) const {  // words of dzp per pair of vocabulary columns
+    return cpu_bf16_gemm::packed_words(2, nb);
+  }
+  void prepare_x_dot(int tid, int64_t b0, int64_t nb);
+  void logits_tile_dot(int tid, int64_t b0, int64_t nb, int64_t v0, int64_t n, float* Z, int64_t ldz) const;
+  void dw_dot(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block);
+  void phase_b2_dot(int tid, int64_t b0, int64_t nb);
   void finish(int tid);
 };
 
@@ -204,6 +231,8 @@ void Call::setup(const BlockSizes& bs) {
   vb = std::min(bs.v, p.V);
   hb = std::min(bs.h, p.H);
   half = p.dtype != DType::kF32;
+  dot = p.dtype == DType::kBF16 && cpu_bf16_gemm::available();
+  if (dot) vb += vb & 1;  // even: every vocab chunk starts on a pair (dzp's layout)
   grads = mode != Mode::kForward;
   need_stats = !(mode == Mode::kBackward && gin->lse != nullptr);
   const auto ubb = static_cast<size_t>(bb), uV = static_cast<size_t>(p.V),
@@ -222,7 +251,9 @@ void Call::setup(const BlockSizes& bs) {
     slab = alloc<float>(slab_buf, ubb * uV);
   else
     tile = alloc<float>(tile_buf, static_cast<size_t>(T) * ubb * static_cast<size_t>(vb));
-  if (half) {
+  if (dot) {
+    setup_dot();
+  } else if (half) {
     xconv = alloc<float>(xconv_buf, ubb * uH);
     wconv = alloc<float>(wconv_buf, static_cast<size_t>(T) * static_cast<size_t>(hb * vb));
   }
@@ -231,12 +262,37 @@ void Call::setup(const BlockSizes& bs) {
     for (int64_t j = 0; j < p.V; ++j) biasf[j] = load_as_f32(p.bias, p.bias_dtype, j);
   }
   if (grads) {
-    if (gout->dx_dtype != DType::kF32) dxs = alloc<float>(dxs_buf, ubb * uH);
+    if (gout->dx_dtype != DType::kF32 && !(dot && p.layout == WLayout::kHV)) dxs = alloc<float>(dxs_buf, ubb * uH);
     if (gout->dw_dtype == DType::kF32)
       dw32 = static_cast<float*>(gout->dw);
     else
       dw32 = alloc<float>(dwacc_buf, uH * uV);  // gradient-sized (bf16/f16 dw only)
     if (gout->dbias) dbacc = alloc<float>(dbacc_buf, uV);
+  }
+}
+
+// Scratch of the dot route: a packed w chunk per thread (logits: hb × vb, pairs along H; vh dx:
+// vb × hb, pairs along V; hv dw: the dz chunk, bb × vb), and for gradients the bf16 operands of
+// the dw / dx GEMMs: O(bb·V + (bb + T·vb)·max(bb, hb) + H·bb), never O(H·V).
+void Call::setup_dot() {
+  namespace g = cpu_bf16_gemm;
+  const bool hv = p.layout == WLayout::kHV;
+  const auto ubb = static_cast<size_t>(bb), uT = static_cast<size_t>(T), uvb = static_cast<size_t>(vb);
+  wpk_words = std::max({g::packed_words(hb, vb), g::packed_words(vb, hb), grads ? g::packed_words(bb, vb) : 0});
+  nptr = std::max({hb, vb, bb});
+  wpk = alloc<uint32_t>(wpk_buf, uT * static_cast<size_t>(wpk_words));
+  ptrs = alloc<const uint16_t*>(ptr_buf, uT * static_cast<size_t>(nptr));
+  if (!grads) return;
+  const auto uH = static_cast<size_t>(p.H), uV = static_cast<size_t>(p.V);
+  if (hv) {
+    xt = alloc<uint16_t>(xt_buf, uH * ubb);
+    dzc = alloc<uint16_t>(dzc_buf, uT * ubb * uvb);
+    dzp = alloc<uint32_t>(dzp_buf, static_cast<size_t>((p.V + 1) / 2 * dzp_stride(bb)));
+    dxt = alloc<float>(dxt_buf, uH * ubb);
+  } else {
+    xpk = alloc<uint32_t>(xpk_buf, static_cast<size_t>(g::packed_words(bb, p.H)));
+    dz16 = alloc<uint16_t>(dz16_buf, ubb * uV);
+    dzt = alloc<uint16_t>(dzt_buf, uT * uvb * ubb);
   }
 }
 
@@ -277,6 +333,138 @@ void Call::logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t
   }
 }
 
+// ---- the bf16 dot-product route ----------------------------------------------------------------
+// Every GEMM is cpu_bf16_gemm::gemm: C (f32) = A (bf16 rows, pairs along K) · B (packed bf16).
+//   logits  Z = x_blk · w[:, chunk]      A = x itself; B = w chunk packed (pairs along H)
+//   dw      hv: dw[:, chunk] += x_blkᵀ · dz   A = x_blkᵀ (xt); B = dz chunk packed (pairs along tokens)
+//           vh: dw[chunk, :] += dzᵀ · x_blk   A = dz chunkᵀ (dzt); B = x_blk packed (xpk)
+//   dx      hv: dxᵀ[range] = w[range, :] · dzᵀ   A = w itself (rows along V); B = dz packed (dzp)
+//           vh: dx[:, range] = dz · w[:, range]   A = dz in bf16 (dz16); B = w chunk packed (pairs along V)
+// so w is packed once per token block (logits; vh: once more for dx), chunk by chunk into an
+// L2-sized per-thread buffer, and never copied whole. dz is rounded to bf16 for the two
+// gradient GEMMs (as PyTorch's and the cuda backend's bf16 GEMMs do); sums stay f32.
+
+// xt (hv) or xpk (vh) of this token block: thread tid does its share of H.
+void Call::prepare_x_dot(int tid, int64_t b0, int64_t nb) {
+  TESSERA_TRACE_SCOPE("lce.pack_x");
+  const uint16_t* x = x16(b0);
+  if (p.layout == WLayout::kHV) {
+    const Range r = split(p.H, tid, T, 16);
+    for (int64_t h = r.begin; h < r.end; ++h)
+      for (int64_t t = 0; t < nb; ++t) xt[h * bb + t] = x[t * p.H + h];
+  } else {
+    const Range r = split(p.H, tid, T, cpu_bf16_gemm::kPanel);
+    if (r.size() == 0) return;
+    const uint16_t** rows = ptrs_of(tid);
+    for (int64_t t = 0; t < nb; ++t) rows[t] = x + t * p.H + r.begin;
+    const int64_t panel_words = cpu_bf16_gemm::packed_words(nb, cpu_bf16_gemm::kPanel);
+    cpu_bf16_gemm::pack_rows(rows, nb, r.size(), xpk + r.begin / cpu_bf16_gemm::kPanel * panel_words);
+  }
+}
+
+// Z[nb × n] = x_blk · w[:, v0 : v0+n], K = H in blocks of hb (each packed once).
+void Call::logits_tile_dot(int tid, int64_t b0, int64_t nb, int64_t v0, int64_t n, float* Z,
+                           int64_t ldz) const {
+  TESSERA_TRACE_SCOPE("lce.gemm.logits");
+  const auto* w = static_cast<const uint16_t*>(p.w);
+  const uint16_t** ptr = ptrs_of(tid);
+  uint32_t* pk = wpk_of(tid);
+  for (int64_t h0 = 0; h0 < p.H; h0 += hb) {
+    const int64_t hc = std::min(hb, p.H - h0);
+    {
+      TESSERA_TRACE_SCOPE("lce.pack_w");
+      if (p.layout == WLayout::kHV) {
+        for (int64_t h = 0; h < hc; ++h) ptr[h] = w + (h0 + h) * p.V + v0;
+        cpu_bf16_gemm::pack_rows(ptr, hc, n, pk);
+      } else {
+        for (int64_t j = 0; j < n; ++j) ptr[j] = w + (v0 + j) * p.H + h0;
+        cpu_bf16_gemm::pack_cols(ptr, hc, n, pk);
+      }
+    }
+    cpu_bf16_gemm::gemm(nb, n, hc, x16(b0) + h0, p.H, pk, 1.0f, h0 > 0, Z, ldz);
+  }
+}
+
+// After the dz chunk [nb × n] at slab + v0 is final (f32): its bf16 copies for dx, and the dw GEMM.
+void Call::dw_dot(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block) {
+  namespace g = cpu_bf16_gemm;
+  const uint16_t** ptr = ptrs_of(tid);
+  uint32_t* pk = wpk_of(tid);
+  if (p.layout == WLayout::kHV) {
+    uint16_t* d = dzc + static_cast<int64_t>(tid) * bb * vb;  // [nb × n]
+    for (int64_t i = 0; i < nb; ++i) {
+      cpu_convert::f32_to_bf16(slab + i * p.V + v0, d + i * n, n);
+      ptr[i] = d + i * n;
+    }
+    g::pack_cols(ptr, n, nb, dzp + v0 / 2 * dzp_stride(nb));  // B of dxᵀ, for phase B2
+    g::pack_rows(ptr, nb, n, pk);
+    TESSERA_TRACE_SCOPE("lce.gemm.dw");
+    g::gemm(p.H, n, nb, xt, bb, pk, 1.0f, !first_block, dw32 + v0, p.V);
+  } else {
+    uint16_t* dt = dzt + static_cast<int64_t>(tid) * vb * bb;  // [n × nb]
+    for (int64_t i = 0; i < nb; ++i) {
+      uint16_t* row = dz16 + i * p.V + v0;
+      cpu_convert::f32_to_bf16(slab + i * p.V + v0, row, n);
+      for (int64_t j = 0; j < n; ++j) dt[j * bb + i] = row[j];
+    }
+    TESSERA_TRACE_SCOPE("lce.gemm.dw");
+    g::gemm(n, p.H, nb, dt, bb, xpk, 1.0f, !first_block, dw32 + v0 * p.H, p.H);
+  }
+}
+
+// dx of this token block for the thread's hidden range, over the vocabulary chunks of phase B1.
+void Call::phase_b2_dot(int tid, int64_t b0, int64_t nb) {
+  TESSERA_TRACE_SCOPE_I("lce.phase_b2", b0);
+  namespace g = cpu_bf16_gemm;
+  const Range r = split(p.H, tid, T, 16);
+  if (r.size() == 0) return;
+  const auto* w = static_cast<const uint16_t*>(p.w);
+  if (p.layout == WLayout::kHV) {
+    bool first = true;
+    for (int k = 0; k < T; ++k) {  // phase B1's chunks: thread k's range in steps of vb
+      const Range rv = split(p.V, k, T, 16);
+      for (int64_t v0 = rv.begin; v0 < rv.end; v0 += vb, first = false) {
+        const int64_t n = std::min(vb, rv.end - v0);
+        TESSERA_TRACE_SCOPE("lce.gemm.dx");
+        g::gemm(r.size(), nb, n, w + r.begin * p.V + v0, p.V, dzp + v0 / 2 * dzp_stride(nb), 1.0f, !first,
+                dxt + r.begin * bb, bb);
+      }
+    }
+    const bool f32 = gout->dx_dtype == DType::kF32;
+    for (int64_t t = 0; t < nb; ++t) {
+      const int64_t o = (b0 + t) * p.H;
+      for (int64_t h = r.begin; h < r.end; ++h) {
+        if (f32)
+          static_cast<float*>(gout->dx)[o + h] = dxt[h * bb + t];
+        else
+          store_from_f32(gout->dx, gout->dx_dtype, o + h, dxt[h * bb + t]);
+      }
+    }
+    return;
+  }
+  float* dxf = dxs ? dxs : static_cast<float*>(gout->dx) + b0 * p.H;
+  const uint16_t** ptr = ptrs_of(tid);
+  uint32_t* pk = wpk_of(tid);
+  for (int64_t v0 = 0; v0 < p.V; v0 += vb) {
+    const int64_t n = std::min(vb, p.V - v0);
+    for (int64_t h0 = r.begin; h0 < r.end; h0 += hb) {
+      const int64_t hc = std::min(hb, r.end - h0);
+      {
+        TESSERA_TRACE_SCOPE("lce.pack_w");
+        for (int64_t v = 0; v < n; ++v) ptr[v] = w + (v0 + v) * p.H + h0;
+        g::pack_rows(ptr, n, hc, pk);
+      }
+      TESSERA_TRACE_SCOPE("lce.gemm.dx");
+      g::gemm(nb, hc, n, dz16 + v0, p.V, pk, 1.0f, v0 > 0, dxf + h0, p.H);
+    }
+  }
+  if (dxs) {
+    for (int64_t i = 0; i < nb; ++i)
+      for (int64_t h = r.begin; h < r.end; ++h)
+        store_from_f32(gout->dx, gout->dx_dtype, (b0 + i) * p.H + h, dxs[i * p.H + h]);
+  }
+}
+
 void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
   TESSERA_TRACE_SCOPE_I("lce.phase_a", b0);
   const Range r = split(p.V, tid, T, 16);
@@ -296,7 +484,10 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
       Z = tile + static_cast<int64_t>(tid) * bb * vb;
       ldz = vb;
     }
-    logits_tile(tid, xb, nb, v0, n, Z, ldz);
+    if (dot)
+      logits_tile_dot(tid, b0, nb, v0, n, Z, ldz);
+    else
+      logits_tile(tid, xb, nb, v0, n, Z, ldz);
     TESSERA_TRACE_SCOPE("lce.softmax");  // the rows of this tile, to the end of the iteration
     for (int64_t i = 0; i < nb; ++i) {
       float* z = Z + i * ldz;
@@ -427,6 +618,10 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
           for (int64_t j = 0; j < n; ++j) acc[j] += z[j];
       }
     }
+    if (dot) {
+      dw_dot(tid, nb, v0, n, first_block);
+      continue;
+    }
     const float beta = first_block ? 0.0f : 1.0f;
     TESSERA_TRACE_SCOPE("lce.gemm.dw");
     if (hv)  // dw[:, v0:v0+n] (H × n) += x_blkᵀ · D
@@ -482,7 +677,9 @@ void Call::worker(int tid, Barrier& bar) {
   for (int64_t b0 = 0; b0 < p.B; b0 += bb) {
     const int64_t nb = std::min(bb, p.B - b0);
     const float* xb = static_cast<const float*>(p.x) + b0 * p.H;
-    if (half) {
+    if (dot) {
+      if (grads) prepare_x_dot(tid, b0, nb);  // read after phase A's barrier
+    } else if (half) {
       const Range rows = split(nb, tid, T, 1);
       const auto* x = static_cast<const uint16_t*>(p.x);
       simd::half_to_f32(x + (b0 + rows.begin) * p.H, p.dtype == DType::kBF16,
@@ -499,7 +696,10 @@ void Call::worker(int tid, Barrier& bar) {
     if (grads) {
       phase_b1(tid, b0, nb, xb, b0 == 0);
       bar.arrive_and_wait();
-      phase_b2(tid, b0, nb);
+      if (dot)
+        phase_b2_dot(tid, b0, nb);
+      else
+        phase_b2(tid, b0, nb);
       bar.arrive_and_wait();
     }
   }

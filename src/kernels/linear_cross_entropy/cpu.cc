@@ -765,6 +765,8 @@ class Cpu final : public Implementation {
     int64_t b = 256;
     while (b > 16 && static_cast<size_t>(b) * static_cast<size_t>(p.V) * sizeof(float) > kSlabTargetBytes)
       b /= 2;
+    // bf16 dot route: 512 × 512 chunks of w, packed (512 KiB) while the L2 holds them.
+    if (p.dtype == DType::kBF16 && cpu_bf16_gemm::available()) return BlockSizes{b, 512, 512};
     return BlockSizes{b, 512, 2048};
   }
 

@@ -452,6 +452,26 @@ TEST(LinearCrossEntropyCpu, Bf16DotScratchIsBounded) {
     EXPECT_LE(p, size_t{b * V * (4 + 2) + H * b * (2 + 4) + 2 * 3 * chunk + 64 * 1024});
     EXPECT_LT(p, size_t{H * V * 2});  // less than one bf16 copy of w
   }
+  // Forward: a packed vocab chunk of all of H per thread, a b×v tile per thread, and the online
+  // state of every row (w is packed once per call, so the rows' state lives across chunks).
+  for (int64_t B : {128, 1024}) {
+    lt::CaseSpec s;
+    s.lead = {B};
+    s.H = H;
+    s.V = V;
+    s.dtype = DType::kBF16;
+    s.opt.block_sizes = BlockSizes{b, h, v};
+    s.opt.skip_ignored = false;
+    s.opt.implementation = "cpu";
+    s.opt.num_threads = 2;
+    const lt::CaseData d = lt::make_case(s);
+    memory::reset_peak(memory::Space::kHost);
+    const size_t before = memory::current_bytes(memory::Space::kHost);
+    Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, s.lead);
+    forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, s.opt);
+    const size_t p = memory::peak_bytes(memory::Space::kHost) - before;
+    EXPECT_LE(p, size_t{2 * (b * v * 4 + 2 * H * v + 48 * B) + 64 * 1024}) << "B=" << B;
+  }
 }
 
 }  // namespace

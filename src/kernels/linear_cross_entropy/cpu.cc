@@ -151,6 +151,8 @@ struct Call {
   int64_t bb = 1, vb = 1, hb = 1;  // effective block sizes
   bool half = false;               // bf16 / f16 inputs
   bool dot = false;                // bf16 on the AVX512-BF16 dot product (cpu_bf16_gemm), see below
+  bool fwd_once = false;           // dot forward: each w chunk packed once per call, all tokens
+  int64_t rb = 1;                  // rows of the per-row state: bb, or B when fwd_once
   bool grads = false;
   bool need_stats = true;          // false when backward was given the forward's lse
   double denom = 1.0;              // mean denominator Σ weights (non-ignored)
@@ -158,10 +160,10 @@ struct Call {
   // scratch (all through memory::host_alloc)
   memory::HostBuffer part_buf, row_buf, row_scale_buf, rowloss_buf, tile_buf, slab_buf, xconv_buf, wconv_buf,
       dxs_buf, dwacc_buf, dbacc_buf, bias_buf;
-  RowPartial* part = nullptr;  // [T][bb]
+  RowPartial* part = nullptr;  // [T][rb]
   double* row_lse = nullptr;   // [bb] (f64: the label column's p_y − 1 needs more than f32 lse)
   float* row_scale = nullptr;  // [bb]
-  double* rowloss = nullptr;   // [bb]
+  double* rowloss = nullptr;   // [rb]
   float* tile = nullptr;       // [T][bb][vb]   forward only
   float* slab = nullptr;       // [bb][V]       gradients
   float* xconv = nullptr;      // [bb][H]       half inputs
@@ -201,6 +203,8 @@ struct Call {
   void logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z,
                    int64_t ldz) const;
   void phase_a(int tid, int64_t b0, int64_t nb, const float* xb);
+  void row_stats(RowPartial& s, float* z, int64_t n, int64_t v0, int64_t t) const;
+  void phase_a_once(int tid);
   void merge_rows(int tid, int64_t b0, int64_t nb);
   void phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first_block);
   void phase_b2(int tid, int64_t b0, int64_t nb);
@@ -254,6 +258,8 @@ void Call::setup(const BlockSizes& bs) {
   dot = p.dtype == DType::kBF16 && cpu_bf16_gemm::available();
   if (dot) vb += vb & 1;  // even: every vocab chunk starts on a pair (dzp's layout)
   grads = mode != Mode::kForward;
+  fwd_once = dot && !grads;
+  rb = fwd_once ? p.B : bb;
   need_stats = !(mode == Mode::kBackward && gin->lse != nullptr);
   const auto ubb = static_cast<size_t>(bb), uV = static_cast<size_t>(p.V),
              uH = static_cast<size_t>(p.H);
@@ -263,10 +269,10 @@ void Call::setup(const BlockSizes& bs) {
     for (int64_t t = 0; t < p.B; ++t)
       if (!p.ignored(t)) denom += p.weight(t);
   }
-  part = alloc<RowPartial>(part_buf, static_cast<size_t>(T) * ubb);
+  part = alloc<RowPartial>(part_buf, static_cast<size_t>(T) * static_cast<size_t>(rb));
   row_lse = alloc<double>(row_buf, ubb);
   row_scale = alloc<float>(row_scale_buf, ubb);
-  rowloss = alloc<double>(rowloss_buf, ubb);
+  rowloss = alloc<double>(rowloss_buf, static_cast<size_t>(rb));
   if (grads)
     slab = dot ? alloc_huge<float>(slab_buf, ubb * uV) : alloc<float>(slab_buf, ubb * uV);
   else
@@ -300,6 +306,7 @@ void Call::setup_dot() {
   const bool hv = p.layout == WLayout::kHV;
   const auto ubb = static_cast<size_t>(bb), uT = static_cast<size_t>(T), uvb = static_cast<size_t>(vb);
   wpk_words = std::max({g::packed_words(hb, vb), g::packed_words(vb, hb), grads ? g::packed_words(bb, vb) : 0});
+  if (fwd_once) wpk_words = (p.H + hb - 1) / hb * g::packed_words(hb, vb);  // a vocab chunk × all of H
   nptr = std::max({hb, vb, bb});
   wpk = alloc<uint32_t>(wpk_buf, uT * static_cast<size_t>(wpk_words));
   ptrs = alloc<const uint16_t*>(ptr_buf, uT * static_cast<size_t>(nptr));
@@ -486,13 +493,78 @@ void Call::phase_b2_dot(int tid, int64_t b0, int64_t nb) {
   }
 }
 
+// Row t's logits z[0..n) of vocab columns v0.. (bias and soft cap applied here, in place) into
+// its online statistics s.
+void Call::row_stats(RowPartial& s, float* z, int64_t n, int64_t v0, int64_t t) const {
+  simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, static_cast<float>(p.soft_cap));
+  if (!need_stats) return;
+  const float tm = simd::max_value(z, n);
+  if (tm > s.m) {
+    if (p.want_argmax) {
+      int64_t k = 0;
+      while (z[k] != tm) ++k;
+      s.amax = v0 + k;
+    }
+    s.s *= std::exp(static_cast<double>(s.m) - static_cast<double>(tm));  // exp(−inf) = 0
+    s.m = tm;
+  }
+  float se = 0.0f, sz = 0.0f;
+  simd::sum_exp(z, n, s.m, p.class_weights ? p.class_weights + v0 : nullptr, &se, &sz);
+  s.s += se;
+  s.sumz += sz;
+  const int64_t y = p.label(t);
+  if (y >= v0 && y < v0 + n) s.zy = z[y - v0];
+}
+
+// Forward on the dot route: vocab chunks outer, every token inside, so each chunk of w (all of
+// H, in h pieces) is packed once per call, not once per token block; the per-row state of all
+// B rows is kept (T·B·40 bytes). Per row the chunks come in the same order as in phase_a.
+void Call::phase_a_once(int tid) {
+  TESSERA_TRACE_SCOPE("lce.phase_a");
+  namespace g = cpu_bf16_gemm;
+  const Range r = split(p.V, tid, T, 16);
+  RowPartial* P = part + static_cast<int64_t>(tid) * rb;
+  for (int64_t t = 0; t < p.B; ++t)
+    P[t] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, r.begin};
+  const auto* w = static_cast<const uint16_t*>(p.w);
+  const uint16_t** ptr = ptrs_of(tid);
+  uint32_t* pk = wpk_of(tid);
+  const int64_t piece = g::packed_words(hb, vb);
+  float* Z = tile + static_cast<int64_t>(tid) * bb * vb;
+  for (int64_t v0 = r.begin; v0 < r.end; v0 += vb) {
+    const int64_t n = std::min(vb, r.end - v0);
+    {
+      TESSERA_TRACE_SCOPE("lce.pack_w");
+      for (int64_t h0 = 0; h0 < p.H; h0 += hb) {
+        const int64_t hc = std::min(hb, p.H - h0);
+        if (p.layout == WLayout::kHV) {
+          for (int64_t h = 0; h < hc; ++h) ptr[h] = w + (h0 + h) * p.V + v0;
+          g::pack_rows(ptr, hc, n, pk + h0 / hb * piece);
+        } else {
+          for (int64_t j = 0; j < n; ++j) ptr[j] = w + (v0 + j) * p.H + h0;
+          g::pack_cols(ptr, hc, n, pk + h0 / hb * piece);
+        }
+      }
+    }
+    for (int64_t b0 = 0; b0 < p.B; b0 += bb) {
+      const int64_t nb = std::min(bb, p.B - b0);
+      {
+        TESSERA_TRACE_SCOPE("lce.gemm.logits");
+        for (int64_t h0 = 0; h0 < p.H; h0 += hb)
+          g::gemm(nb, n, std::min(hb, p.H - h0), x16(b0) + h0, p.H, pk + h0 / hb * piece, 1.0f, h0 > 0, Z, vb);
+      }
+      TESSERA_TRACE_SCOPE("lce.softmax");
+      for (int64_t i = 0; i < nb; ++i) row_stats(P[b0 + i], Z + i * vb, n, v0, b0 + i);
+    }
+  }
+}
+
 void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
   TESSERA_TRACE_SCOPE_I("lce.phase_a", b0);
   const Range r = split(p.V, tid, T, 16);
-  RowPartial* P = part + static_cast<int64_t>(tid) * bb;
+  RowPartial* P = part + static_cast<int64_t>(tid) * rb;
   for (int64_t i = 0; i < nb; ++i)
     P[i] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, r.begin};
-  const float cap = static_cast<float>(p.soft_cap);
   const int64_t step = slab_step(r);
   for (int64_t v0 = r.begin; v0 < r.end; v0 += step) {
     const int64_t n = std::min(step, r.end - v0);
@@ -510,28 +582,7 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
     else
       logits_tile(tid, xb, nb, v0, n, Z, ldz);
     TESSERA_TRACE_SCOPE("lce.softmax");  // the rows of this tile, to the end of the iteration
-    for (int64_t i = 0; i < nb; ++i) {
-      float* z = Z + i * ldz;
-      simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, cap);
-      if (!need_stats) continue;
-      RowPartial& s = P[i];
-      const float tm = simd::max_value(z, n);
-      if (tm > s.m) {
-        if (p.want_argmax) {
-          int64_t k = 0;
-          while (z[k] != tm) ++k;
-          s.amax = v0 + k;
-        }
-        s.s *= std::exp(static_cast<double>(s.m) - static_cast<double>(tm));  // exp(−inf) = 0
-        s.m = tm;
-      }
-      float se = 0.0f, sz = 0.0f;
-      simd::sum_exp(z, n, s.m, p.class_weights ? p.class_weights + v0 : nullptr, &se, &sz);
-      s.s += se;
-      s.sumz += sz;
-      const int64_t y = p.label(b0 + i);
-      if (y >= v0 && y < v0 + n) s.zy = z[y - v0];
-    }
+    for (int64_t i = 0; i < nb; ++i) row_stats(P[i], Z + i * ldz, n, v0, b0 + i);
   }
 }
 
@@ -546,12 +597,12 @@ void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
     double lse;
     if (need_stats) {
       double m = -INFINITY;
-      for (int k = 0; k < T; ++k) m = std::max(m, static_cast<double>(part[k * bb + i].m));
+      for (int k = 0; k < T; ++k) m = std::max(m, static_cast<double>(part[k * rb + i].m));
       double s = 0.0, sumz = 0.0, zy = 0.0;
       int64_t amax = 0;
       bool found = false;
       for (int k = 0; k < T; ++k) {
-        const RowPartial& q = part[k * bb + i];
+        const RowPartial& q = part[k * rb + i];
         const Range r = split(p.V, k, T, 16);
         if (r.size() == 0) continue;
         s += q.s * std::exp(static_cast<double>(q.m) - m);
@@ -695,6 +746,15 @@ void Call::finish(int tid) {
 }
 
 void Call::worker(int tid, Barrier& bar) {
+  if (fwd_once) {
+    phase_a_once(tid);
+    bar.arrive_and_wait();
+    merge_rows(tid, 0, p.B);
+    bar.arrive_and_wait();
+    if (tid == 0)
+      for (int64_t i = 0; i < p.B; ++i) total += rowloss[i];
+    return;
+  }
   for (int64_t b0 = 0; b0 < p.B; b0 += bb) {
     const int64_t nb = std::min(bb, p.B - b0);
     const float* xb = static_cast<const float*>(p.x) + b0 * p.H;

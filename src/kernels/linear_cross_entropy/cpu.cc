@@ -24,10 +24,14 @@
 //   vocab/hidden ranges, partials are merged in thread order, no atomics), so results are
 //   bitwise reproducible for a fixed num_threads. Different thread counts differ by rounding.
 //
-//   bf16 / f16 inputs: x_blk is converted to f32 once per token block (b×H); w is converted
-//   per (h-block × v-block) chunk into a per-thread buffer (the "h" block size is only used for
-//   this), never as a whole. Gradients accumulate in f32; a bf16/f16 dw output needs an f32
-//   accumulator of w's size (gradient-sized, documented); a bf16/f16 dx needs a b×H f32 buffer.
+//   bf16 on a CPU with AVX512-BF16 (the "dot route", below `---- the bf16 dot-product route`):
+//   the three GEMMs run on cpu_bf16_gemm's packed vdpbf16ps micro-kernel, w packed chunk by
+//   chunk (never whole), dz rounded to bf16 for dw / dx; forward alone packs each chunk of w
+//   once per call. TESSERA_CPU_BF16_DOT=0 selects the f32 route instead.
+//   f16 (and bf16 on the f32 route): x_blk is converted to f32 once per token block (b×H); w is
+//   converted per (h-block × v-block) chunk into a per-thread buffer, never as a whole.
+//   Gradients accumulate in f32; a bf16/f16 dw output needs an f32 accumulator of w's size
+//   (gradient-sized, documented); a bf16/f16 dx needs a b×H f32 buffer.
 //
 // Threads: std::thread + a spin-then-sleep barrier, spawned per call (tens of µs, negligible against the
 // GEMMs). Not OpenMP: static ownership with explicit barriers is what makes the sums
@@ -828,8 +832,9 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "optimized CPU backend: blocked OpenBLAS sgemm tiles + Highway SIMD online softmax, "
-           "threads own vocab ranges (deterministic); extra memory ~ b*V*4 bytes in backward";
+    return "optimized CPU backend: blocked OpenBLAS sgemm tiles (bf16: AVX512-BF16 packed micro-kernel) + "
+           "Highway SIMD online softmax, threads own vocab ranges (deterministic); extra memory ~ b*V*4 bytes "
+           "in backward";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {

@@ -62,18 +62,14 @@ void gemm_portable(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t l
 }
 
 #if defined(__x86_64__)
+constexpr int64_t kPrefetchMinK = 128;  // K from which a tile prefetches its C lines
+
 // Register block: MR rows × NV vectors of 16 columns (MR·NV zmm accumulators), columns c0 ..
 // c0 + 16·NV of the packed B (those past N are zero in the panel and never stored).
 template <int MR, int NV>
 TESSERA_BF16_TARGET void tile(int64_t K, const uint16_t* A, int64_t lda, const uint32_t* packed, int64_t c0,
                               int64_t cols, float alpha, bool accumulate, float* C, int64_t ldc) {
   const int64_t K2 = pairs_of(K), full = K / 2;
-  // C's lines now, so that the epilogue does not wait on memory (a C far larger than the caches:
-  // linear_cross_entropy's dw accumulator and logits slab).
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc + c0 + 16 * v), _MM_HINT_T0);
   const uint32_t* bp[NV];
   for (int v = 0; v < NV; ++v) {
     const int64_t c = c0 + 16 * v;
@@ -129,6 +125,13 @@ constexpr int kMR = 4, kNV = 4;  // 16 accumulators (docs/knowledge: ≤ ~16–2
 template <int MR>
 TESSERA_BF16_TARGET void rows_tile(int64_t K, const uint16_t* A, int64_t lda, const uint32_t* packed, int64_t c0,
                                    int64_t cols, float alpha, bool accumulate, float* C, int64_t ldc) {
+  // The tile's C lines now, so that its epilogue does not wait on memory (a C far larger than
+  // the caches: linear_cross_entropy's dw accumulator and logits slab). Not for a short K, where
+  // C is usually hot; here rather than in tile(), whose code stays as it was measured.
+  if (K >= kPrefetchMinK)
+    for (int i = 0; i < MR; ++i)
+      for (int64_t c = 0; c < cols; c += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc + c0 + c), _MM_HINT_T0);
   switch ((cols + 15) / 16) {
     case 1: return tile<MR, 1>(K, A, lda, packed, c0, cols, alpha, accumulate, C, ldc);
     case 2: return tile<MR, 2>(K, A, lda, packed, c0, cols, alpha, accumulate, C, ldc);

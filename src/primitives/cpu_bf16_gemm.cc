@@ -62,6 +62,8 @@ void gemm_portable(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t l
 }
 
 #if defined(__x86_64__)
+constexpr int64_t kPrefetchMinK = 128;  // K from which a tile prefetches its C lines
+
 // Register block: MR rows × NV vectors of 16 columns (MR·NV zmm accumulators), columns c0 ..
 // c0 + 16·NV of the packed B (those past N are zero in the panel and never stored).
 template <int MR, int NV>
@@ -123,6 +125,13 @@ constexpr int kMR = 4, kNV = 4;  // 16 accumulators (docs/knowledge: ≤ ~16–2
 template <int MR>
 TESSERA_BF16_TARGET void rows_tile(int64_t K, const uint16_t* A, int64_t lda, const uint32_t* packed, int64_t c0,
                                    int64_t cols, float alpha, bool accumulate, float* C, int64_t ldc) {
+  // The tile's C lines now, so that its epilogue does not wait on memory (a C far larger than
+  // the caches: linear_cross_entropy's dw accumulator and logits slab). Not for a short K, where
+  // C is usually hot; here rather than in tile(), whose code stays as it was measured.
+  if (K >= kPrefetchMinK)
+    for (int i = 0; i < MR; ++i)
+      for (int64_t c = 0; c < cols; c += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc + c0 + c), _MM_HINT_T0);
   switch ((cols + 15) / 16) {
     case 1: return tile<MR, 1>(K, A, lda, packed, c0, cols, alpha, accumulate, C, ldc);
     case 2: return tile<MR, 2>(K, A, lda, packed, c0, cols, alpha, accumulate, C, ldc);
@@ -216,17 +225,22 @@ TESSERA_BF16_TARGET void pack_rows_avx512(const uint16_t* const* rows, int64_t K
   static const Interleave lanes;
   const __m512i i0 = _mm512_load_si512(lanes.idx[0]), i1 = _mm512_load_si512(lanes.idx[1]);
   const int64_t K2 = pairs_of(K);
-  for (int64_t p = 0; p < panels_of(N); ++p) {
-    const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
-    const __mmask32 m = cols >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << cols) - 1u);
-    for (int64_t k = 0; k < K2; ++k) {
+  // Pairs of rows outer, panels inner: each row is read front to back (a strided w far larger
+  // than the caches streams at the prefetcher's rate; panel-outer touched one line per row).
+  for (int64_t k = 0; k < K2; ++k)
+    for (int64_t p = 0; p < panels_of(N); ++p) {
+      const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+      const __mmask32 m = cols >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << cols) - 1u);
+      if (2 * k + 3 < K) {  // the next pair of rows, one pair ahead
+        _mm_prefetch(reinterpret_cast<const char*>(rows[2 * k + 2] + n0), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows[2 * k + 3] + n0), _MM_HINT_T0);
+      }
       const __m512i a = _mm512_maskz_loadu_epi16(m, rows[2 * k] + n0);
       const __m512i b = 2 * k + 1 < K ? _mm512_maskz_loadu_epi16(m, rows[2 * k + 1] + n0) : _mm512_setzero_si512();
       uint32_t* dst = packed + (p * K2 + k) * kPanel;
       _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, i0, b));
       _mm512_storeu_si512(dst + 16, _mm512_permutex2var_epi16(a, i1, b));
     }
-  }
 }
 #endif
 

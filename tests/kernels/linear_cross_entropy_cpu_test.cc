@@ -16,11 +16,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/memory.h"
+#include "primitives/cpu_bf16_gemm.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "tessera/error.h"
@@ -86,6 +88,72 @@ TEST(LinearCrossEntropyCpu, OddShapesEveryOption) {
         c.seed = seed++;
         expect_parity(c, "odd shapes");
       }
+}
+
+// bf16 runs on the AVX512-BF16 dot product where the CPU has it (cpu_bf16_gemm), else on the
+// f32 route. Both must pass the same parity cases: the dot route rounds the logit gradient to
+// bf16 before the dw / dx GEMMs (relative error 2^-9 per element), which the harness's gradient
+// tolerance (2.5·2^-8 relative to the largest gradient, + 2^-8 for a bf16 output) budgets for,
+// as for the cuda backend; a wrong pairing, panel or tail would be O(1) off.
+// The cases: tails of every tile (H odd and not a multiple of 32, V odd and not a multiple of
+// the 32-column panel or the vocab block, an odd vocab block (rounded up to even), h blocks with
+// odd starts), B = 1, several token blocks, 1-3 threads, both layouts, every option.
+std::vector<lt::CaseSpec> bf16_tail_cases() {
+  std::vector<lt::CaseSpec> out;
+  uint64_t seed = 1700;
+  struct Shape3 {
+    int64_t B, H, V;
+    BlockSizes bs;
+    int threads;
+  };
+  const Shape3 shapes[] = {
+      {1, 37, 283, BlockSizes{16, 16, 40}, 1},      // B = 1, odd H and V
+      {33, 67, 301, BlockSizes{8, 33, 35}, 2},      // odd h and v blocks, 5 token blocks
+      {70, 96, 1031, BlockSizes{32, 64, 96}, 3},    // V prime, a thread with a short range
+      {40, 129, 130, BlockSizes{40, 129, 130}, 2},  // one block each, H one past 4·32
+  };
+  for (const Shape3& sh : shapes)
+    for (WLayout l : {WLayout::kHV, WLayout::kVH})
+      for (int opts = 0; opts < 2; ++opts) {
+        lt::CaseSpec c;
+        c.lead = {sh.B};
+        c.H = sh.H;
+        c.V = sh.V;
+        c.dtype = DType::kBF16;
+        c.bias_dtype = DType::kBF16;
+        c.memory_layout = l;
+        c.transposed_view = opts == 1 && l == WLayout::kVH;
+        c.opt.block_sizes = sh.bs;
+        c.opt.num_threads = sh.threads;
+        c.opt.return_argmax = true;
+        c.f32_grads = opts == 0;
+        if (opts == 1) {  // every option
+          c.bias = true;
+          c.weights = true;
+          c.class_weights = sh.B > 1;
+          c.ignore_fraction = 0.2;
+          c.opt.reduction = Reduction::kNone;
+          c.opt.soft_cap = 4.0;
+          c.opt.z_loss_weight = 1e-3;
+          c.opt.label_smoothing = 0.1;
+        }
+        c.seed = seed++;
+        out.push_back(c);
+      }
+  return out;
+}
+
+TEST(LinearCrossEntropyCpu, Bf16TailsEveryOption) {
+  if (!cpu_bf16_gemm::available()) GTEST_LOG_(INFO) << "no AVX512-BF16 here: the f32 route runs these";
+  for (const lt::CaseSpec& c : bf16_tail_cases()) expect_parity(c, "bf16 dot route");
+}
+
+// The f32 route (TESSERA_CPU_BF16_DOT=0: bf16 converted to f32 chunks, OpenBLAS sgemm) stays
+// available for side-by-side timing and on CPUs without AVX512-BF16: the same cases.
+TEST(LinearCrossEntropyCpu, Bf16F32RouteStillPasses) {
+  ::setenv("TESSERA_CPU_BF16_DOT", "0", 1);
+  for (const lt::CaseSpec& c : bf16_tail_cases()) expect_parity(c, "bf16 f32 route");
+  ::unsetenv("TESSERA_CPU_BF16_DOT");
 }
 
 // Peer bug: dw accumulated in bf16 across token chunks drifts. 1024 identical rows (same x,
@@ -354,6 +422,56 @@ TEST(LinearCrossEntropyCpu, ScratchMemoryIsBounded) {
   const size_t fused = peak_for(1024, true);
   EXPECT_EQ(fused, peak_for(128, true));
   EXPECT_LE(fused, size_t{64} * 2048 * 4 + 64 * 1024);
+}
+
+// The dot route's scratch is bounded by the block sizes, not by B, and holds nothing of w's size:
+// the b×V f32 slab, the bf16 dz of the block (b×V×2), per-thread packed chunks and the b×H
+// operands. f32 gradients (a bf16 dw needs its f32 accumulator, as on the f32 route).
+TEST(LinearCrossEntropyCpu, Bf16DotScratchIsBounded) {
+  const int64_t H = 512, V = 4096, b = 64, h = 128, v = 256;
+  auto peak_for = [&](int64_t B, WLayout l) {
+    lt::CaseSpec s;
+    s.lead = {B};
+    s.H = H;
+    s.V = V;
+    s.dtype = DType::kBF16;
+    s.memory_layout = l;
+    s.f32_grads = true;
+    s.opt.block_sizes = BlockSizes{b, h, v};
+    s.opt.skip_ignored = false;
+    const lt::CaseData d = lt::make_case(s);
+    memory::reset_peak(memory::Space::kHost);
+    const size_t before = memory::current_bytes(memory::Space::kHost);
+    run_fused(s, d, 2);
+    return memory::peak_bytes(memory::Space::kHost) - before;
+  };
+  for (WLayout l : {WLayout::kHV, WLayout::kVH}) {
+    const size_t p = peak_for(1024, l);
+    EXPECT_EQ(p, peak_for(128, l));
+    const size_t chunk = 2 * 2 * std::max(h, b) * v;  // a packed chunk, 2 bytes per value
+    EXPECT_LE(p, size_t{b * V * (4 + 2) + H * b * (2 + 4) + 2 * 3 * chunk + 64 * 1024});
+    EXPECT_LT(p, size_t{H * V * 2});  // less than one bf16 copy of w
+  }
+  // Forward: a packed vocab chunk of all of H per thread, a b×v tile per thread, and the online
+  // state of every row (w is packed once per call, so the rows' state lives across chunks).
+  for (int64_t B : {128, 1024}) {
+    lt::CaseSpec s;
+    s.lead = {B};
+    s.H = H;
+    s.V = V;
+    s.dtype = DType::kBF16;
+    s.opt.block_sizes = BlockSizes{b, h, v};
+    s.opt.skip_ignored = false;
+    s.opt.implementation = "cpu";
+    s.opt.num_threads = 2;
+    const lt::CaseData d = lt::make_case(s);
+    memory::reset_peak(memory::Space::kHost);
+    const size_t before = memory::current_bytes(memory::Space::kHost);
+    Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, s.lead);
+    forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, s.opt);
+    const size_t p = memory::peak_bytes(memory::Space::kHost) - before;
+    EXPECT_LE(p, size_t{2 * (b * v * 4 + 2 * H * v + 48 * B) + 64 * 1024}) << "B=" << B;
+  }
 }
 
 }  // namespace

@@ -24,10 +24,14 @@
 //   vocab/hidden ranges, partials are merged in thread order, no atomics), so results are
 //   bitwise reproducible for a fixed num_threads. Different thread counts differ by rounding.
 //
-//   bf16 / f16 inputs: x_blk is converted to f32 once per token block (b×H); w is converted
-//   per (h-block × v-block) chunk into a per-thread buffer (the "h" block size is only used for
-//   this), never as a whole. Gradients accumulate in f32; a bf16/f16 dw output needs an f32
-//   accumulator of w's size (gradient-sized, documented); a bf16/f16 dx needs a b×H f32 buffer.
+//   bf16 on a CPU with AVX512-BF16 (the "dot route", below `---- the bf16 dot-product route`):
+//   the three GEMMs run on cpu_bf16_gemm's packed vdpbf16ps micro-kernel, w packed chunk by
+//   chunk (never whole), dz rounded to bf16 for dw / dx; forward alone packs each chunk of w
+//   once per call. TESSERA_CPU_BF16_DOT=0 selects the f32 route instead.
+//   f16 (and bf16 on the f32 route): x_blk is converted to f32 once per token block (b×H); w is
+//   converted per (h-block × v-block) chunk into a per-thread buffer, never as a whole.
+//   Gradients accumulate in f32; a bf16/f16 dw output needs an f32 accumulator of w's size
+//   (gradient-sized, documented); a bf16/f16 dx needs a b×H f32 buffer.
 //
 // Threads: std::thread + a spin-then-sleep barrier, spawned per call (tens of µs, negligible against the
 // GEMMs). Not OpenMP: static ownership with explicit barriers is what makes the sums
@@ -45,9 +49,15 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "core/memory.h"
 #include "core/trace.h"
+#include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
+#include "primitives/cpu_convert.h"
 #include "kernels/linear_cross_entropy/cpu_rows.h"
 #include "kernels/linear_cross_entropy/cpu_simd.h"
 #include "kernels/linear_cross_entropy/impl.h"
@@ -144,6 +154,9 @@ struct Call {
   int T = 1;
   int64_t bb = 1, vb = 1, hb = 1;  // effective block sizes
   bool half = false;               // bf16 / f16 inputs
+  bool dot = false;                // bf16 on the AVX512-BF16 dot product (cpu_bf16_gemm), see below
+  bool fwd_once = false;           // dot forward: each w chunk packed once per call, all tokens
+  int64_t rb = 1;                  // rows of the per-row state: bb, or B when fwd_once
   bool grads = false;
   bool need_stats = true;          // false when backward was given the forward's lse
   double denom = 1.0;              // mean denominator Σ weights (non-ignored)
@@ -151,10 +164,10 @@ struct Call {
   // scratch (all through memory::host_alloc)
   memory::HostBuffer part_buf, row_buf, row_scale_buf, rowloss_buf, tile_buf, slab_buf, xconv_buf, wconv_buf,
       dxs_buf, dwacc_buf, dbacc_buf, bias_buf;
-  RowPartial* part = nullptr;  // [T][bb]
+  RowPartial* part = nullptr;  // [T][rb]
   double* row_lse = nullptr;   // [bb] (f64: the label column's p_y − 1 needs more than f32 lse)
   float* row_scale = nullptr;  // [bb]
-  double* rowloss = nullptr;   // [bb]
+  double* rowloss = nullptr;   // [rb]
   float* tile = nullptr;       // [T][bb][vb]   forward only
   float* slab = nullptr;       // [bb][V]       gradients
   float* xconv = nullptr;      // [bb][H]       half inputs
@@ -164,6 +177,19 @@ struct Call {
   float* dbacc = nullptr;      // [V]
   float* biasf = nullptr;      // [V]
   double total = 0.0;          // Σ loss_t, accumulated by thread 0 in row order
+
+  // bf16 dot-product route (dot): bf16 operands, f32 sums; nothing of w's size is allocated.
+  memory::HostBuffer xt_buf, xpk_buf, wpk_buf, ptr_buf, dzc_buf, dzp_buf, dz16_buf, dzt_buf, dxt_buf;
+  int64_t wpk_words = 0, nptr = 0;
+  uint16_t* xt = nullptr;            // [H][bb]   hv: x_blkᵀ (A of the dw GEMM)
+  uint32_t* xpk = nullptr;           // vh: x_blk packed, pairs along tokens (B of the dw GEMM)
+  uint32_t* wpk = nullptr;           // [T][wpk_words] a packed chunk of w (or of dz for dw, hv)
+  const uint16_t** ptrs = nullptr;   // [T][nptr] row / column pointers for the packers
+  uint16_t* dzc = nullptr;           // [T][bb*vb] hv: the dz chunk in bf16
+  uint32_t* dzp = nullptr;           // hv: dz packed, pairs along V, columns = tokens (B of dxᵀ)
+  uint16_t* dz16 = nullptr;          // [bb][V]   vh: dz in bf16 (A of the dx GEMM)
+  uint16_t* dzt = nullptr;           // [T][vb*bb] vh: a dz chunkᵀ in bf16 (A of the dw GEMM)
+  float* dxt = nullptr;              // [H][bb]   hv: dxᵀ
 
   Call(const Problem& prob, Mode m) : p(prob), mode(m) {}
 
@@ -181,9 +207,22 @@ struct Call {
   void logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z,
                    int64_t ldz) const;
   void phase_a(int tid, int64_t b0, int64_t nb, const float* xb);
+  void row_stats(RowPartial& s, float* z, int64_t n, int64_t v0, int64_t t) const;
+  void phase_a_once(int tid);
   void merge_rows(int tid, int64_t b0, int64_t nb);
   void phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first_block);
   void phase_b2(int tid, int64_t b0, int64_t nb);
+  void setup_dot();
+  const uint16_t* x16(int64_t b0) const { return static_cast<const uint16_t*>(p.x) + b0 * p.H; }
+  uint32_t* wpk_of(int tid) const { return wpk + tid * wpk_words; }
+  const uint16_t** ptrs_of(int tid) const { return ptrs + tid * nptr; }
+  int64_t dzp_stride(int64_t nb) const {  // words of dzp per pair of vocabulary columns
+    return cpu_bf16_gemm::packed_words(2, nb);
+  }
+  void prepare_x_dot(int tid, int64_t b0, int64_t nb);
+  void logits_tile_dot(int tid, int64_t b0, int64_t nb, int64_t v0, int64_t n, float* Z, int64_t ldz) const;
+  void dw_dot(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block);
+  void phase_b2_dot(int tid, int64_t b0, int64_t nb);
   void finish(int tid);
 };
 
@@ -191,6 +230,22 @@ template <class T>
 T* alloc(memory::HostBuffer& buf, size_t count) {
   buf = memory::host_alloc(std::max<size_t>(1, count) * sizeof(T));
   return memory::as<T>(buf);
+}
+
+// The same, asking the kernel for transparent huge pages (where THP is in `madvise` mode): a
+// large buffer allocated per call is otherwise first touched 4 KiB page by page (~75 ms of CPU
+// for 176 MiB here), and a strided GEMM over it (the dw accumulator: one page per row) misses
+// the TLB. Used by the bf16 dot route only (the f32 route is left as it was measured).
+template <class T>
+T* alloc_huge(memory::HostBuffer& buf, size_t count) {
+  T* p = alloc<T>(buf, count);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + count * sizeof(T);
+  const uintptr_t a = (begin + kHuge - 1) & ~(kHuge - 1), b = end & ~(kHuge - 1);
+  if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);  // advice: failure is harmless
+#endif
+  return p;
 }
 
 void Call::setup(const BlockSizes& bs) {
@@ -204,7 +259,11 @@ void Call::setup(const BlockSizes& bs) {
   vb = std::min(bs.v, p.V);
   hb = std::min(bs.h, p.H);
   half = p.dtype != DType::kF32;
+  dot = p.dtype == DType::kBF16 && cpu_bf16_gemm::available();
+  if (dot) vb += vb & 1;  // even: every vocab chunk starts on a pair (dzp's layout)
   grads = mode != Mode::kForward;
+  fwd_once = dot && !grads;
+  rb = fwd_once ? p.B : bb;
   need_stats = !(mode == Mode::kBackward && gin->lse != nullptr);
   const auto ubb = static_cast<size_t>(bb), uV = static_cast<size_t>(p.V),
              uH = static_cast<size_t>(p.H);
@@ -214,15 +273,17 @@ void Call::setup(const BlockSizes& bs) {
     for (int64_t t = 0; t < p.B; ++t)
       if (!p.ignored(t)) denom += p.weight(t);
   }
-  part = alloc<RowPartial>(part_buf, static_cast<size_t>(T) * ubb);
+  part = alloc<RowPartial>(part_buf, static_cast<size_t>(T) * static_cast<size_t>(rb));
   row_lse = alloc<double>(row_buf, ubb);
   row_scale = alloc<float>(row_scale_buf, ubb);
-  rowloss = alloc<double>(rowloss_buf, ubb);
+  rowloss = alloc<double>(rowloss_buf, static_cast<size_t>(rb));
   if (grads)
-    slab = alloc<float>(slab_buf, ubb * uV);
+    slab = dot ? alloc_huge<float>(slab_buf, ubb * uV) : alloc<float>(slab_buf, ubb * uV);
   else
     tile = alloc<float>(tile_buf, static_cast<size_t>(T) * ubb * static_cast<size_t>(vb));
-  if (half) {
+  if (dot) {
+    setup_dot();
+  } else if (half) {
     xconv = alloc<float>(xconv_buf, ubb * uH);
     wconv = alloc<float>(wconv_buf, static_cast<size_t>(T) * static_cast<size_t>(hb * vb));
   }
@@ -231,12 +292,39 @@ void Call::setup(const BlockSizes& bs) {
     for (int64_t j = 0; j < p.V; ++j) biasf[j] = load_as_f32(p.bias, p.bias_dtype, j);
   }
   if (grads) {
-    if (gout->dx_dtype != DType::kF32) dxs = alloc<float>(dxs_buf, ubb * uH);
+    if (gout->dx_dtype != DType::kF32 && !(dot && p.layout == WLayout::kHV)) dxs = alloc<float>(dxs_buf, ubb * uH);
     if (gout->dw_dtype == DType::kF32)
       dw32 = static_cast<float*>(gout->dw);
     else
-      dw32 = alloc<float>(dwacc_buf, uH * uV);  // gradient-sized (bf16/f16 dw only)
+      dw32 = dot ? alloc_huge<float>(dwacc_buf, uH * uV)  // gradient-sized (bf16/f16 dw only)
+                 : alloc<float>(dwacc_buf, uH * uV);
     if (gout->dbias) dbacc = alloc<float>(dbacc_buf, uV);
+  }
+}
+
+// Scratch of the dot route: a packed w chunk per thread (logits: hb × vb, pairs along H; vh dx:
+// vb × hb, pairs along V; hv dw: the dz chunk, bb × vb), and for gradients the bf16 operands of
+// the dw / dx GEMMs: O(bb·V + (bb + T·vb)·max(bb, hb) + H·bb), never O(H·V).
+void Call::setup_dot() {
+  namespace g = cpu_bf16_gemm;
+  const bool hv = p.layout == WLayout::kHV;
+  const auto ubb = static_cast<size_t>(bb), uT = static_cast<size_t>(T), uvb = static_cast<size_t>(vb);
+  wpk_words = std::max({g::packed_words(hb, vb), g::packed_words(vb, hb), grads ? g::packed_words(bb, vb) : 0});
+  if (fwd_once) wpk_words = (p.H + hb - 1) / hb * g::packed_words(hb, vb);  // a vocab chunk × all of H
+  nptr = std::max({hb, vb, bb});
+  wpk = alloc<uint32_t>(wpk_buf, uT * static_cast<size_t>(wpk_words));
+  ptrs = alloc<const uint16_t*>(ptr_buf, uT * static_cast<size_t>(nptr));
+  if (!grads) return;
+  const auto uH = static_cast<size_t>(p.H), uV = static_cast<size_t>(p.V);
+  if (hv) {
+    xt = alloc<uint16_t>(xt_buf, uH * ubb);
+    dzc = alloc<uint16_t>(dzc_buf, uT * ubb * uvb);
+    dzp = alloc_huge<uint32_t>(dzp_buf, static_cast<size_t>((p.V + 1) / 2 * dzp_stride(bb)));
+    dxt = alloc<float>(dxt_buf, uH * ubb);
+  } else {
+    xpk = alloc<uint32_t>(xpk_buf, static_cast<size_t>(g::packed_words(bb, p.H)));
+    dz16 = alloc_huge<uint16_t>(dz16_buf, ubb * uV);
+    dzt = alloc<uint16_t>(dzt_buf, uT * uvb * ubb);
   }
 }
 
@@ -277,13 +365,210 @@ void Call::logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t
   }
 }
 
+// ---- the bf16 dot-product route ----------------------------------------------------------------
+// Every GEMM is cpu_bf16_gemm::gemm: C (f32) = A (bf16 rows, pairs along K) · B (packed bf16).
+//   logits  Z = x_blk · w[:, chunk]      A = x itself; B = w chunk packed (pairs along H)
+//   dw      hv: dw[:, chunk] += x_blkᵀ · dz   A = x_blkᵀ (xt); B = dz chunk packed (pairs along tokens)
+//           vh: dw[chunk, :] += dzᵀ · x_blk   A = dz chunkᵀ (dzt); B = x_blk packed (xpk)
+//   dx      hv: dxᵀ[range] = w[range, :] · dzᵀ   A = w itself (rows along V); B = dz packed (dzp)
+//           vh: dx[:, range] = dz · w[:, range]   A = dz in bf16 (dz16); B = w chunk packed (pairs along V)
+// so w is packed once per token block (logits; vh: once more for dx), chunk by chunk into an
+// L2-sized per-thread buffer, and never copied whole. dz is rounded to bf16 for the two
+// gradient GEMMs (as PyTorch's and the cuda backend's bf16 GEMMs do); sums stay f32.
+
+// xt (hv) or xpk (vh) of this token block: thread tid does its share of H.
+void Call::prepare_x_dot(int tid, int64_t b0, int64_t nb) {
+  TESSERA_TRACE_SCOPE("lce.pack_x");
+  const uint16_t* x = x16(b0);
+  if (p.layout == WLayout::kHV) {
+    const Range r = split(p.H, tid, T, 16);
+    for (int64_t h = r.begin; h < r.end; ++h)
+      for (int64_t t = 0; t < nb; ++t) xt[h * bb + t] = x[t * p.H + h];
+  } else {
+    const Range r = split(p.H, tid, T, cpu_bf16_gemm::kPanel);
+    if (r.size() == 0) return;
+    const uint16_t** rows = ptrs_of(tid);
+    for (int64_t t = 0; t < nb; ++t) rows[t] = x + t * p.H + r.begin;
+    const int64_t panel_words = cpu_bf16_gemm::packed_words(nb, cpu_bf16_gemm::kPanel);
+    cpu_bf16_gemm::pack_rows(rows, nb, r.size(), xpk + r.begin / cpu_bf16_gemm::kPanel * panel_words);
+  }
+}
+
+// Z[nb × n] = x_blk · w[:, v0 : v0+n], K = H in blocks of hb (each packed once).
+void Call::logits_tile_dot(int tid, int64_t b0, int64_t nb, int64_t v0, int64_t n, float* Z,
+                           int64_t ldz) const {
+  TESSERA_TRACE_SCOPE("lce.gemm.logits");
+  const auto* w = static_cast<const uint16_t*>(p.w);
+  const uint16_t** ptr = ptrs_of(tid);
+  uint32_t* pk = wpk_of(tid);
+  for (int64_t h0 = 0; h0 < p.H; h0 += hb) {
+    const int64_t hc = std::min(hb, p.H - h0);
+    {
+      TESSERA_TRACE_SCOPE("lce.pack_w");
+      if (p.layout == WLayout::kHV) {
+        for (int64_t h = 0; h < hc; ++h) ptr[h] = w + (h0 + h) * p.V + v0;
+        cpu_bf16_gemm::pack_rows(ptr, hc, n, pk);
+      } else {
+        for (int64_t j = 0; j < n; ++j) ptr[j] = w + (v0 + j) * p.H + h0;
+        cpu_bf16_gemm::pack_cols(ptr, hc, n, pk);
+      }
+    }
+    cpu_bf16_gemm::gemm(nb, n, hc, x16(b0) + h0, p.H, pk, 1.0f, h0 > 0, Z, ldz);
+  }
+}
+
+// After the dz chunk [nb × n] at slab + v0 is final (f32): its bf16 copies for dx, and the dw GEMM.
+void Call::dw_dot(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block) {
+  namespace g = cpu_bf16_gemm;
+  const uint16_t** ptr = ptrs_of(tid);
+  uint32_t* pk = wpk_of(tid);
+  if (p.layout == WLayout::kHV) {
+    uint16_t* d = dzc + static_cast<int64_t>(tid) * bb * vb;  // [nb × n]
+    for (int64_t i = 0; i < nb; ++i) {
+      cpu_convert::f32_to_bf16(slab + i * p.V + v0, d + i * n, n);
+      ptr[i] = d + i * n;
+    }
+    g::pack_cols(ptr, n, nb, dzp + v0 / 2 * dzp_stride(nb));  // B of dxᵀ, for phase B2
+    g::pack_rows(ptr, nb, n, pk);
+    TESSERA_TRACE_SCOPE("lce.gemm.dw");
+    g::gemm(p.H, n, nb, xt, bb, pk, 1.0f, !first_block, dw32 + v0, p.V);
+  } else {
+    uint16_t* dt = dzt + static_cast<int64_t>(tid) * vb * bb;  // [n × nb]
+    for (int64_t i = 0; i < nb; ++i) {
+      uint16_t* row = dz16 + i * p.V + v0;
+      cpu_convert::f32_to_bf16(slab + i * p.V + v0, row, n);
+      for (int64_t j = 0; j < n; ++j) dt[j * bb + i] = row[j];
+    }
+    TESSERA_TRACE_SCOPE("lce.gemm.dw");
+    g::gemm(n, p.H, nb, dt, bb, xpk, 1.0f, !first_block, dw32 + v0 * p.H, p.H);
+  }
+}
+
+// dx of this token block for the thread's hidden range, over the vocabulary chunks of phase B1.
+void Call::phase_b2_dot(int tid, int64_t b0, int64_t nb) {
+  TESSERA_TRACE_SCOPE_I("lce.phase_b2", b0);
+  namespace g = cpu_bf16_gemm;
+  const Range r = split(p.H, tid, T, 16);
+  if (r.size() == 0) return;
+  const auto* w = static_cast<const uint16_t*>(p.w);
+  if (p.layout == WLayout::kHV) {
+    bool first = true;
+    for (int k = 0; k < T; ++k) {  // phase B1's chunks: thread k's range in steps of vb
+      const Range rv = split(p.V, k, T, 16);
+      for (int64_t v0 = rv.begin; v0 < rv.end; v0 += vb, first = false) {
+        const int64_t n = std::min(vb, rv.end - v0);
+        TESSERA_TRACE_SCOPE("lce.gemm.dx");
+        g::gemm(r.size(), nb, n, w + r.begin * p.V + v0, p.V, dzp + v0 / 2 * dzp_stride(nb), 1.0f, !first,
+                dxt + r.begin * bb, bb);
+      }
+    }
+    const bool f32 = gout->dx_dtype == DType::kF32;
+    for (int64_t t = 0; t < nb; ++t) {
+      const int64_t o = (b0 + t) * p.H;
+      for (int64_t h = r.begin; h < r.end; ++h) {
+        if (f32)
+          static_cast<float*>(gout->dx)[o + h] = dxt[h * bb + t];
+        else
+          store_from_f32(gout->dx, gout->dx_dtype, o + h, dxt[h * bb + t]);
+      }
+    }
+    return;
+  }
+  float* dxf = dxs ? dxs : static_cast<float*>(gout->dx) + b0 * p.H;
+  const uint16_t** ptr = ptrs_of(tid);
+  uint32_t* pk = wpk_of(tid);
+  for (int64_t v0 = 0; v0 < p.V; v0 += vb) {
+    const int64_t n = std::min(vb, p.V - v0);
+    for (int64_t h0 = r.begin; h0 < r.end; h0 += hb) {
+      const int64_t hc = std::min(hb, r.end - h0);
+      {
+        TESSERA_TRACE_SCOPE("lce.pack_w");
+        for (int64_t v = 0; v < n; ++v) ptr[v] = w + (v0 + v) * p.H + h0;
+        g::pack_rows(ptr, n, hc, pk);
+      }
+      TESSERA_TRACE_SCOPE("lce.gemm.dx");
+      g::gemm(nb, hc, n, dz16 + v0, p.V, pk, 1.0f, v0 > 0, dxf + h0, p.H);
+    }
+  }
+  if (dxs) {
+    for (int64_t i = 0; i < nb; ++i)
+      for (int64_t h = r.begin; h < r.end; ++h)
+        store_from_f32(gout->dx, gout->dx_dtype, (b0 + i) * p.H + h, dxs[i * p.H + h]);
+  }
+}
+
+// Row t's logits z[0..n) of vocab columns v0.. (bias and soft cap applied here, in place) into
+// its online statistics s.
+void Call::row_stats(RowPartial& s, float* z, int64_t n, int64_t v0, int64_t t) const {
+  simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, static_cast<float>(p.soft_cap));
+  if (!need_stats) return;
+  const float tm = simd::max_value(z, n);
+  if (tm > s.m) {
+    if (p.want_argmax) {
+      int64_t k = 0;
+      while (z[k] != tm) ++k;
+      s.amax = v0 + k;
+    }
+    s.s *= std::exp(static_cast<double>(s.m) - static_cast<double>(tm));  // exp(−inf) = 0
+    s.m = tm;
+  }
+  float se = 0.0f, sz = 0.0f;
+  simd::sum_exp(z, n, s.m, p.class_weights ? p.class_weights + v0 : nullptr, &se, &sz);
+  s.s += se;
+  s.sumz += sz;
+  const int64_t y = p.label(t);
+  if (y >= v0 && y < v0 + n) s.zy = z[y - v0];
+}
+
+// Forward on the dot route: vocab chunks outer, every token inside, so each chunk of w (all of
+// H, in h pieces) is packed once per call, not once per token block; the per-row state of all
+// B rows is kept (T·B·40 bytes). Per row the chunks come in the same order as in phase_a.
+void Call::phase_a_once(int tid) {
+  TESSERA_TRACE_SCOPE("lce.phase_a");
+  namespace g = cpu_bf16_gemm;
+  const Range r = split(p.V, tid, T, 16);
+  RowPartial* P = part + static_cast<int64_t>(tid) * rb;
+  for (int64_t t = 0; t < p.B; ++t)
+    P[t] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, r.begin};
+  const auto* w = static_cast<const uint16_t*>(p.w);
+  const uint16_t** ptr = ptrs_of(tid);
+  uint32_t* pk = wpk_of(tid);
+  const int64_t piece = g::packed_words(hb, vb);
+  float* Z = tile + static_cast<int64_t>(tid) * bb * vb;
+  for (int64_t v0 = r.begin; v0 < r.end; v0 += vb) {
+    const int64_t n = std::min(vb, r.end - v0);
+    {
+      TESSERA_TRACE_SCOPE("lce.pack_w");
+      for (int64_t h0 = 0; h0 < p.H; h0 += hb) {
+        const int64_t hc = std::min(hb, p.H - h0);
+        if (p.layout == WLayout::kHV) {
+          for (int64_t h = 0; h < hc; ++h) ptr[h] = w + (h0 + h) * p.V + v0;
+          g::pack_rows(ptr, hc, n, pk + h0 / hb * piece);
+        } else {
+          for (int64_t j = 0; j < n; ++j) ptr[j] = w + (v0 + j) * p.H + h0;
+          g::pack_cols(ptr, hc, n, pk + h0 / hb * piece);
+        }
+      }
+    }
+    for (int64_t b0 = 0; b0 < p.B; b0 += bb) {
+      const int64_t nb = std::min(bb, p.B - b0);
+      {
+        TESSERA_TRACE_SCOPE("lce.gemm.logits");
+        for (int64_t h0 = 0; h0 < p.H; h0 += hb)
+          g::gemm(nb, n, std::min(hb, p.H - h0), x16(b0) + h0, p.H, pk + h0 / hb * piece, 1.0f, h0 > 0, Z, vb);
+      }
+      TESSERA_TRACE_SCOPE("lce.softmax");
+      for (int64_t i = 0; i < nb; ++i) row_stats(P[b0 + i], Z + i * vb, n, v0, b0 + i);
+    }
+  }
+}
+
 void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
   TESSERA_TRACE_SCOPE_I("lce.phase_a", b0);
   const Range r = split(p.V, tid, T, 16);
-  RowPartial* P = part + static_cast<int64_t>(tid) * bb;
+  RowPartial* P = part + static_cast<int64_t>(tid) * rb;
   for (int64_t i = 0; i < nb; ++i)
     P[i] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, r.begin};
-  const float cap = static_cast<float>(p.soft_cap);
   const int64_t step = slab_step(r);
   for (int64_t v0 = r.begin; v0 < r.end; v0 += step) {
     const int64_t n = std::min(step, r.end - v0);
@@ -296,30 +581,12 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
       Z = tile + static_cast<int64_t>(tid) * bb * vb;
       ldz = vb;
     }
-    logits_tile(tid, xb, nb, v0, n, Z, ldz);
+    if (dot)
+      logits_tile_dot(tid, b0, nb, v0, n, Z, ldz);
+    else
+      logits_tile(tid, xb, nb, v0, n, Z, ldz);
     TESSERA_TRACE_SCOPE("lce.softmax");  // the rows of this tile, to the end of the iteration
-    for (int64_t i = 0; i < nb; ++i) {
-      float* z = Z + i * ldz;
-      simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, cap);
-      if (!need_stats) continue;
-      RowPartial& s = P[i];
-      const float tm = simd::max_value(z, n);
-      if (tm > s.m) {
-        if (p.want_argmax) {
-          int64_t k = 0;
-          while (z[k] != tm) ++k;
-          s.amax = v0 + k;
-        }
-        s.s *= std::exp(static_cast<double>(s.m) - static_cast<double>(tm));  // exp(−inf) = 0
-        s.m = tm;
-      }
-      float se = 0.0f, sz = 0.0f;
-      simd::sum_exp(z, n, s.m, p.class_weights ? p.class_weights + v0 : nullptr, &se, &sz);
-      s.s += se;
-      s.sumz += sz;
-      const int64_t y = p.label(b0 + i);
-      if (y >= v0 && y < v0 + n) s.zy = z[y - v0];
-    }
+    for (int64_t i = 0; i < nb; ++i) row_stats(P[i], Z + i * ldz, n, v0, b0 + i);
   }
 }
 
@@ -334,12 +601,12 @@ void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
     double lse;
     if (need_stats) {
       double m = -INFINITY;
-      for (int k = 0; k < T; ++k) m = std::max(m, static_cast<double>(part[k * bb + i].m));
+      for (int k = 0; k < T; ++k) m = std::max(m, static_cast<double>(part[k * rb + i].m));
       double s = 0.0, sumz = 0.0, zy = 0.0;
       int64_t amax = 0;
       bool found = false;
       for (int k = 0; k < T; ++k) {
-        const RowPartial& q = part[k * bb + i];
+        const RowPartial& q = part[k * rb + i];
         const Range r = split(p.V, k, T, 16);
         if (r.size() == 0) continue;
         s += q.s * std::exp(static_cast<double>(q.m) - m);
@@ -427,6 +694,10 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
           for (int64_t j = 0; j < n; ++j) acc[j] += z[j];
       }
     }
+    if (dot) {
+      dw_dot(tid, nb, v0, n, first_block);
+      continue;
+    }
     const float beta = first_block ? 0.0f : 1.0f;
     TESSERA_TRACE_SCOPE("lce.gemm.dw");
     if (hv)  // dw[:, v0:v0+n] (H × n) += x_blkᵀ · D
@@ -479,10 +750,21 @@ void Call::finish(int tid) {
 }
 
 void Call::worker(int tid, Barrier& bar) {
+  if (fwd_once) {
+    phase_a_once(tid);
+    bar.arrive_and_wait();
+    merge_rows(tid, 0, p.B);
+    bar.arrive_and_wait();
+    if (tid == 0)
+      for (int64_t i = 0; i < p.B; ++i) total += rowloss[i];
+    return;
+  }
   for (int64_t b0 = 0; b0 < p.B; b0 += bb) {
     const int64_t nb = std::min(bb, p.B - b0);
     const float* xb = static_cast<const float*>(p.x) + b0 * p.H;
-    if (half) {
+    if (dot) {
+      if (grads) prepare_x_dot(tid, b0, nb);  // read after phase A's barrier
+    } else if (half) {
       const Range rows = split(nb, tid, T, 1);
       const auto* x = static_cast<const uint16_t*>(p.x);
       simd::half_to_f32(x + (b0 + rows.begin) * p.H, p.dtype == DType::kBF16,
@@ -499,7 +781,10 @@ void Call::worker(int tid, Barrier& bar) {
     if (grads) {
       phase_b1(tid, b0, nb, xb, b0 == 0);
       bar.arrive_and_wait();
-      phase_b2(tid, b0, nb);
+      if (dot)
+        phase_b2_dot(tid, b0, nb);
+      else
+        phase_b2(tid, b0, nb);
       bar.arrive_and_wait();
     }
   }
@@ -547,8 +832,9 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "optimized CPU backend: blocked OpenBLAS sgemm tiles + Highway SIMD online softmax, "
-           "threads own vocab ranges (deterministic); extra memory ~ b*V*4 bytes in backward";
+    return "optimized CPU backend: blocked OpenBLAS sgemm tiles (bf16: AVX512-BF16 packed micro-kernel) + "
+           "Highway SIMD online softmax, threads own vocab ranges (deterministic); extra memory ~ b*V*4 bytes "
+           "in backward";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {
@@ -565,6 +851,8 @@ class Cpu final : public Implementation {
     int64_t b = 256;
     while (b > 16 && static_cast<size_t>(b) * static_cast<size_t>(p.V) * sizeof(float) > kSlabTargetBytes)
       b /= 2;
+    // bf16 dot route: 512 × 512 chunks of w, packed (512 KiB) while the L2 holds them.
+    if (p.dtype == DType::kBF16 && cpu_bf16_gemm::available()) return BlockSizes{b, 512, 512};
     return BlockSizes{b, 512, 2048};
   }
 

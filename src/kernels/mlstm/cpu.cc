@@ -36,10 +36,12 @@
 #include <sys/mman.h>
 #endif
 
+#include "core/env.h"
 #include "core/memory.h"
 #include "core/trace.h"
 #include "kernels/mlstm/impl.h"
 #include "primitives/cpu_blas.h"
+#include "primitives/cpu_f32_gemm.h"
 #include "primitives/cpu_threads.h"
 
 namespace tessera::mlstm {
@@ -49,6 +51,17 @@ constexpr int64_t kMaxHeadDim = 1024;
 constexpr int64_t kMaxChunk = 1024;
 
 using cpu_blas::sgemm;
+namespace f32 = cpu_f32_gemm;
+
+// v0.4: the products whose B operand is row-major run on the kernel-owned micro-kernel
+// (primitives/cpu_f32_gemm.h), B packed once per chunk and shared where two products use it (V:
+// P·V and the state update; dNum: Pᵀ·dNum and dC_j); the rest stay on OpenBLAS, which measured
+// as fast or faster for them (devlog v0.4). TESSERA_MLSTM_CPU_GEMM=blas runs every product on
+// OpenBLAS (v0.3's route, for side-by-side timing); so does a CPU without AVX-512.
+bool use_kernel_gemm() {
+  const auto v = env::get("TESSERA_MLSTM_CPU_GEMM");
+  return f32::available() && !(v && *v == "blas");
+}
 
 // The L×L products of a chunk are causal: P_ts, dS_ts are 0 for s > t. They are issued in row
 // blocks of kTriBlock steps against only the columns (or, transposed, the rows) a block can
@@ -147,6 +160,7 @@ struct ThreadBufs {
   float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
   float* ones = nullptr;               // [L] of 1
   float* dn = nullptr;                 // [DK]: Δn_j of a forward in place (else unused)
+  float *pk = nullptr, *pk2 = nullptr;  // packed B operands (cpu_f32_gemm), each up to max(L, DK) × max(DK, DV)
 };
 
 // Shared by every thread of a call.
@@ -154,6 +168,7 @@ struct Ctx {
   const Problem& p;
   int64_t Lc, NC, DK, DV;
   float scale;
+  bool kern;  // use_kernel_gemm()
 };
 
 // The order between a team's chunks of one head: forward, "C_j is final" (published j once the
@@ -261,6 +276,11 @@ const float* chunk_state_operand(const ChunkRef& c, float* n1) {
 // ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A into C1, n1.
 void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
   const float* ka = chunk_state_operand(c, n1);
+  if (c.cx.kern) {
+    f32::pack(false, c.L, c.ny, c.v() + c.y0, c.cx.DV, c.tb.pk);
+    f32::gemm(f32::Tri::kNone, true, c.cx.DK, c.ny, c.L, 1.f, ka, c.cx.DK, c.tb.pk, 0.f, C1, c.ny);
+    return;
+  }
   sgemm(true, false, c.cx.DK, c.ny, c.L, 1.f, ka, c.cx.DK, c.v() + c.y0, c.cx.DV, 0.f, C1, c.ny);
 }
 
@@ -295,6 +315,11 @@ void chunk_state_in_place(const ChunkRef& c) {
   const float* ka = chunk_state_operand(c, c.tb.dn);
   const StepFactors f = chain_factors(c);
   float *C = c.C(c.j), *n = c.n(c.j);
+  if (c.cx.kern) {  // C = b Kaᵀ V + a C in the kernel's store (V packed by chunk_output)
+    f32::gemm(f32::Tri::kNone, true, DK, c.ny, c.L, f.b, ka, DK, c.tb.pk, f.a, C, c.ny);
+    for (int64_t x = 0; x < DK; ++x) n[x] = f.b * c.tb.dn[x] + (f.a != 0.f ? f.a * n[x] : 0.f);
+    return;
+  }
   if (f.a != 0.f)
     for (int64_t e = 0; e < N; ++e) C[e] *= f.a;
   sgemm(true, false, DK, c.ny, c.L, f.b, ka, DK, c.v() + c.y0, c.cx.DV, f.a != 0.f ? 1.f : 0.f, C, c.ny);
@@ -357,8 +382,18 @@ void chunk_output(const ChunkRef& c, float* h) {
     for (int64_t s = 0; s < L; ++s) tb.P[t * L + s] *= r;
     for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = rq * c.q()[t * DK + x];
   }
-  tri_tb(L, c.ny, 1.f, tb.P, c.v() + c.y0, DV, 0.f, h + c.y0, DV);
-  if (!zero_state(c) && any_nonzero(tb.w, L)) sgemm(false, false, L, c.ny, DK, 1.f, tb.sc, DK, c.C(c.j), c.ny, 1.f, h + c.y0, DV);
+  const bool inter = !zero_state(c) && any_nonzero(tb.w, L);
+  if (!c.cx.kern) {
+    tri_tb(L, c.ny, 1.f, tb.P, c.v() + c.y0, DV, 0.f, h + c.y0, DV);
+    if (inter) sgemm(false, false, L, c.ny, DK, 1.f, tb.sc, DK, c.C(c.j), c.ny, 1.f, h + c.y0, DV);
+    return;
+  }
+  // V packed once for P·V and the state update after it (chunk_state_in_place); C_j packed.
+  f32::pack(false, L, c.ny, c.v() + c.y0, DV, tb.pk);
+  f32::gemm(f32::Tri::kLowerA, false, L, c.ny, L, 1.f, tb.P, L, tb.pk, 0.f, h + c.y0, DV);
+  if (!inter) return;
+  f32::pack(false, DK, c.ny, c.C(c.j), c.ny, tb.pk2);
+  f32::gemm(f32::Tri::kNone, false, L, c.ny, DK, 1.f, tb.sc, DK, tb.pk2, 1.f, h + c.y0, DV);
 }
 
 // The forward on one thread per head (or per part of its columns), chunk by chunk with one state
@@ -460,13 +495,26 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
   chunk_dscores(c, inter, g.dq, di, dcum);
   tri_tb(L, DK, scale, tb.dP, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
   tri_ttb(L, DK, scale, tb.dP, c.q(), DK, 0.f, g.dk, DK);
-  tri_ttb(L, DV, 1.f, tb.P, tb.dnum, DV, 0.f, g.dv, DV);
+  if (c.cx.kern) {  // dNum packed once for Pᵀ·dNum and dC_j below
+    f32::pack(false, L, DV, tb.dnum, DV, tb.pk);
+    f32::gemm(f32::Tri::kUpperA, true, L, DV, L, 1.f, tb.P, L, tb.pk, 0.f, g.dv, DV);
+  } else {
+    tri_ttb(L, DV, 1.f, tb.P, tb.dnum, DV, 0.f, g.dv, DV);
+  }
   // Own part of dC_j = Q̂ᵀ diag(w) dNum, dn_j = Σ_t w_t ddr_t q̂_t (C_j, n_j are not needed again).
   // The zero state's (the first chunk without an initial state) is not needed at all: no dc0.
   if (zero_state(c)) return;
   std::fill(nj, nj + DK, 0.f);
   if (!inter) {
     std::fill(Cj, Cj + DK * DV, 0.f);
+    return;
+  }
+  if (c.cx.kern) {  // dC_j = scale (diag(w) Q̂)ᵀ dNum, w folded into a copy of the queries
+    for (int64_t t = 0; t < L; ++t) {
+      const float w = tb.w[t], wd = scale * w * tb.ddr[t];
+      for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = w * c.q()[t * DK + x], nj[x] += wd * c.q()[t * DK + x];
+    }
+    f32::gemm(f32::Tri::kNone, true, DK, DV, L, scale, tb.sc, DK, tb.pk, 0.f, Cj, DV);
     return;
   }
   for (int64_t t = 0; t < L; ++t) {
@@ -505,7 +553,12 @@ void chunk_backward_state(const ChunkRef& c, const GradOut& g, float* di, float*
       di[s] += kd;
       for (int64_t x = 0; x < DK; ++x) u[x] = A[s] * c.k()[s * DK + x];
     }
-    sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, dC, DV, 1.f, g.dv, DV);
+    if (c.cx.kern) {
+      f32::pack(false, DK, DV, dC, DV, tb.pk2);
+      f32::gemm(f32::Tri::kNone, false, L, DV, DK, 1.f, tb.sc, DK, tb.pk2, 1.f, g.dv, DV);
+    } else {
+      sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, dC, DV, 1.f, g.dv, DV);
+    }
   }
   for (int64_t t = 0; t < L; ++t) dcum[t] -= di[t];  // q̂_t·dq̂_t − k_t·dk_t
 }
@@ -577,7 +630,7 @@ struct Team {
 template <class Fwd, class Rev, class Fin>
 void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) {
   const int64_t Lc = std::min(chunk_of(p), p.S), NC = (p.S + Lc - 1) / Lc, DK = p.DK, DV = p.DV;
-  const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK))};
+  const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK)), use_kernel_gemm()};
   const Plan pl = plan_of(p, NC, reverse);
   const int T = pl.size * pl.teams;
   std::vector<memory::HostBuffer> keep;
@@ -601,6 +654,10 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
     b.qn = alloc<float>(keep, Lc), b.cs = alloc<float>(keep, Lc), b.ones = alloc<float>(keep, Lc);
     std::fill_n(b.ones, Lc, 1.f);
     if (!reverse && pl.size == 1) b.dn = alloc<float>(keep, DK);
+    if (cx.kern) {
+      const int64_t n = f32::packed_floats(std::max(Lc, DK), std::max(DK, DV));
+      b.pk = alloc<float>(keep, n), b.pk2 = alloc<float>(keep, n);
+    }
   }
   cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
     Team& team = *teams[tid / pl.size];

@@ -26,6 +26,7 @@ TEST(MlstmCpu, FullGridForwardAndBackward) {
   for (const CaseSpec& c : mlstm::testing::check_grid(false)) {
     expect_parity(c, Pass::kForward);
     expect_parity(c, Pass::kBackward);
+    expect_parity(c, Pass::kFused);  // forward_backward: the chunk states formed once (v0.4)
   }
 }
 
@@ -133,6 +134,52 @@ TEST(MlstmCpu, WithoutLastStatesThreadsShareAHead) {
     if (first.empty()) first = all;
     EXPECT_EQ(all, first) << threads << " threads";
   }
+}
+
+// v0.4's one-call pass (forward_backward): the backward's sweep forms each C_j and the chunk's h
+// comes from it at once. On teams sharing a head (2, 3, 7 threads on one head of 18 chunks) the
+// member that computes chunk j's h reads C_j while the others move on, and the reverse writes dC_j
+// over C_j (a team barrier orders them): parity, and the same bits for every thread count (with and
+// without the last states in and out).
+TEST(MlstmCpu, FusedPassOnTeamsSharingAHead) {
+  for (bool last : {true, false}) {
+    std::vector<float> first;
+    for (int threads : {1, 2, 3, 7}) {
+      CaseSpec c;
+      c.B = 1, c.NH = 1, c.S = 70, c.DK = 6, c.DV = 10, c.resets = "random", c.initial_state = true, c.last_states = last;
+      c.opt.chunk_size = 4, c.opt.num_threads = threads;
+      c.seed = 79;
+      expect_parity(c, Pass::kFused);
+      const mlstm::testing::CaseData d = mlstm::testing::make_case(c);
+      auto out = [](const Tensor& like) { return Tensor::empty(DType::kF32, like.shape()); };
+      Tensor h = out(d.v), dq = out(d.q), dk = out(d.k), dv = out(d.v), di = out(d.i), df = out(d.f), dc0 = out(d.c0),
+             dn0 = out(d.n0), cl = out(d.c0), nl = out(d.n0), ml = out(d.m0);
+      mlstm::Options opt = c.opt;
+      opt.implementation = "cpu";
+      const mlstm::LastStates ls = last ? mlstm::LastStates{cl.view(), nl.view(), ml.view()} : mlstm::LastStates{};
+      mlstm::forward_backward(d.inputs(), h.view(), ls, d.dh.view(),
+                              {dq.view(), dk.view(), dv.view(), di.view(), df.view(), dc0.view(), dn0.view()}, opt,
+                              last ? d.dc_last.view() : TensorView{}, last ? d.dn_last.view() : TensorView{});
+      std::vector<float> all;
+      for (const Tensor* t : {&h, &dq, &dk, &dv, &di, &df, &dc0, &dn0, &cl, &nl, &ml})
+        if (last || (t != &cl && t != &nl && t != &ml)) all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
+      if (first.empty()) first = all;
+      EXPECT_EQ(all, first) << threads << " threads, last states " << last;
+    }
+  }
+}
+
+// The two calls' route inside forward_backward (TESSERA_MLSTM_CPU_FUSED=0, v0.3's, kept for timing)
+// against the reference.
+TEST(MlstmCpu, FusedPassAsTwoCalls) {
+  ::setenv("TESSERA_MLSTM_CPU_FUSED", "0", 1);
+  for (bool init : {false, true}) {
+    CaseSpec c;
+    c.B = 2, c.NH = 2, c.S = 70, c.DK = 12, c.DV = 20, c.resets = "inside", c.initial_state = init;
+    c.opt.chunk_size = 16;
+    expect_parity(c, Pass::kFused);
+  }
+  ::unsetenv("TESSERA_MLSTM_CPU_FUSED");
 }
 
 // v0.4's two routes for the chunk products (cpu.cc use_kernel_gemm): the kernel-owned micro-kernel

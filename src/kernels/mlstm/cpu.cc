@@ -626,9 +626,11 @@ struct Team {
 };
 
 // For each head: `fwd` over its chunks in order, then (with `rev`) `rev` over them in reverse and
-// `fin` once after every member is done.
+// `fin` once after every member is done. `fwd_barrier`: the team waits for every member's `fwd`
+// before any `rev` (the fused pass: `fwd` reads C_j after publishing C_{j+1}, and `rev` writes
+// dC_j over C_j).
 template <class Fwd, class Rev, class Fin>
-void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) {
+void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, bool fwd_barrier = false) {
   const int64_t Lc = std::min(chunk_of(p), p.S), NC = (p.S + Lc - 1) / Lc, DK = p.DK, DV = p.DV;
   const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK)), use_kernel_gemm()};
   const Plan pl = plan_of(p, NC, reverse);
@@ -670,6 +672,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
         return ChunkRef{cx, team.hb, tbs[tid], bh / p.NH, bh, j, j * Lc, std::min(Lc, p.S - j * Lc), y0, ny};
       };
       for (int64_t j = rank; j < NC; j += pl.size) fwd(chunk(j), team.chain, seq);
+      if (fwd_barrier && pl.size > 1) team.sync.arrive_and_wait();
       if (reverse)
         for (int64_t j = NC - 1 - rank; j >= 0; j -= pl.size) rev(chunk(j), team.chain, seq);
       {
@@ -717,6 +720,34 @@ class Cpu final : public Implementation {
   void backward(const Problem& p, const BackwardArgs& a) const override {
     const bool need_last = a.dc_last || a.dn_last;
     auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) { sweep_chunk(c, chain, seq, need_last); };
+    reverse_pass(p, a, fwd, false);
+  }
+
+  // v0.4: the forward and the backward in one pass over the chunk states. The backward's sweep
+  // forms every C_j anyway; each chunk's h comes from it right after the chain step, so the
+  // forward's state products are not issued twice (a forward call, then a backward call, would).
+  // TESSERA_MLSTM_CPU_FUSED=0: the two calls one after the other (v0.3, for side-by-side timing).
+  void forward_backward(const Problem& p, const ForwardOut& out, const BackwardArgs& a) const override {
+    if (!env::flag("TESSERA_MLSTM_CPU_FUSED", true)) {
+      forward(p, out);
+      backward(p, a);
+      return;
+    }
+    const bool need_last = out.c_last || a.dc_last || a.dn_last;
+    auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) {
+      sweep_chunk(c, chain, seq, need_last);  // C_j final, C_{j+1} published
+      chunk_output(c, out.h + (c.bh * p.S + c.start) * p.DV);
+      if (c.j + 1 < c.cx.NC || !out.c_last) return;
+      std::copy_n(c.C(c.j + 1), p.DK * p.DV, out.c_last + c.bh * p.DK * p.DV);
+      std::copy_n(c.n(c.j + 1), p.DK, out.n_last + c.bh * p.DK);
+      out.m_last[c.bh] = float(c.hb.m[c.j + 1]);
+    };
+    reverse_pass(p, a, fwd, true);
+  }
+
+ private:
+  template <class Fwd>
+  void reverse_pass(const Problem& p, const BackwardArgs& a, Fwd& fwd, bool fwd_barrier) const {
     auto rev = [&](const ChunkRef& c, Chain& chain, int64_t seq) {
       const int64_t g0 = c.bh * p.S + c.start, NC = c.cx.NC;
       const GradOut g{a.dq + g0 * p.DK, a.dk + g0 * p.DK, a.dv + g0 * p.DV};
@@ -735,7 +766,7 @@ class Cpu final : public Implementation {
       chunk_backward_state(c, g, a.di + g0, a.df + g0);
     };
     auto fin = [&](const Ctx& cx, int64_t b, int64_t bh, double dot_last) { gate_suffix(cx, b, bh, dot_last, a); };
-    run_heads(p, fwd, rev, fin, true);
+    run_heads(p, fwd, rev, fin, true, fwd_barrier);
   }
 };
 

@@ -148,6 +148,11 @@ struct HeadBufs {
   uint8_t* hs = nullptr;                                   // [S]: the chunk's entering state reaches t
   double* m = nullptr;                                     // [NC + 1]: m_j
   double dot_last = 0.0;  // ⟨dC_last, C_last⟩ + ⟨dn_last, n_last⟩
+  // The fused pass (forward_backward) only: each chunk's E, P (before 1/den), w, den, den_raw, qn
+  // and m_t as its forward formed them, [NC][2L² + 5L] floats and [NC][L] doubles,
+  // so that the reverse does not form them again (the same bits either way).
+  float* saved = nullptr;
+  double* saved_mt = nullptr;
   bool in_place = false;  // one state updated in place (a forward on one thread): C_j for every j in slot 0
 };
 
@@ -342,6 +347,19 @@ void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
   }
 }
 
+// The fused pass's copy of a chunk's E, P, w, den, den_raw, qn and m_t (HeadBufs::saved): stored by
+// the forward right after chunk_scores, read back by the reverse instead of forming them again.
+void saved_chunk(const ChunkRef& c, bool store) {
+  const int64_t L = c.L, Lc = c.cx.Lc;
+  float* f = c.hb.saved + c.j * (2 * Lc * Lc + 5 * Lc);
+  double* mt = c.hb.saved_mt + c.j * Lc;
+  ThreadBufs& tb = c.tb;
+  float* parts[] = {tb.E, tb.P, tb.w, tb.den, tb.den_raw, tb.qn};
+  const int64_t sizes[] = {L * L, L * L, L, L, L, L};
+  for (int e = 0; e < 6; f += sizes[e], ++e) store ? std::copy_n(parts[e], sizes[e], f) : std::copy_n(f, sizes[e], parts[e]);
+  store ? std::copy_n(tb.mt, L, mt) : std::copy_n(mt, L, tb.mt);
+}
+
 // P = (q̂_t·k_s) ∘ E and the denominators; needs E, w, C_j's n_j.
 void chunk_scores(const ChunkRef& c) {
   const int64_t L = c.L, DK = c.cx.DK;
@@ -377,6 +395,7 @@ void chunk_output(const ChunkRef& c, float* h) {
   chunk_stabilizers(c);
   chunk_decay(c);
   chunk_scores(c);
+  if (c.hb.saved) saved_chunk(c, true);
   for (int64_t t = 0; t < L; ++t) {  // 1/den folded into the rows of both products
     const float r = 1.f / tb.den[t], rq = tb.w[t] * c.cx.scale * r;
     for (int64_t s = 0; s < L; ++s) tb.P[t * L + s] *= r;
@@ -478,9 +497,13 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
   const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
   const float scale = c.cx.scale;
   ThreadBufs& tb = c.tb;
-  chunk_stabilizers(c);
-  chunk_decay(c);
-  chunk_scores(c);
+  if (c.hb.saved) {
+    saved_chunk(c, false);
+  } else {
+    chunk_stabilizers(c);
+    chunk_decay(c);
+    chunk_scores(c);
+  }
   for (int64_t t = 0; t < L; ++t) {
     const float r = 1.f / tb.den[t];
     for (int64_t y = 0; y < DV; ++y) tb.dnum[t * DV + y] = dh[t * DV + y] * r;
@@ -626,11 +649,11 @@ struct Team {
 };
 
 // For each head: `fwd` over its chunks in order, then (with `rev`) `rev` over them in reverse and
-// `fin` once after every member is done. `fwd_barrier`: the team waits for every member's `fwd`
-// before any `rev` (the fused pass: `fwd` reads C_j after publishing C_{j+1}, and `rev` writes
-// dC_j over C_j).
+// `fin` once after every member is done. `fused` (forward_backward): the team waits for every
+// member's `fwd` before any `rev` (`fwd` reads C_j after publishing C_{j+1}, and `rev` writes dC_j
+// over C_j), and keeps each chunk's forward quantities for `rev` (HeadBufs::saved).
 template <class Fwd, class Rev, class Fin>
-void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, bool fwd_barrier = false) {
+void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, bool fused = false) {
   const int64_t Lc = std::min(chunk_of(p), p.S), NC = (p.S + Lc - 1) / Lc, DK = p.DK, DV = p.DV;
   const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK)), use_kernel_gemm()};
   const Plan pl = plan_of(p, NC, reverse);
@@ -646,6 +669,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, 
     advise_huge_pages(h.C, slots * DK * DV * int64_t(sizeof(float)));
     h.cum = alloc<double>(keep, p.S), h.gl = alloc<double>(keep, p.S), h.lmax = alloc<double>(keep, p.S);
     h.seg = alloc<int32_t>(keep, p.S), h.hs = alloc<uint8_t>(keep, p.S), h.m = alloc<double>(keep, NC + 1);
+    if (fused) h.saved = alloc<float>(keep, NC * (2 * Lc * Lc + 5 * Lc)), h.saved_mt = alloc<double>(keep, NC * Lc);
   }
   std::vector<ThreadBufs> tbs(T);
   for (ThreadBufs& b : tbs) {
@@ -672,7 +696,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, 
         return ChunkRef{cx, team.hb, tbs[tid], bh / p.NH, bh, j, j * Lc, std::min(Lc, p.S - j * Lc), y0, ny};
       };
       for (int64_t j = rank; j < NC; j += pl.size) fwd(chunk(j), team.chain, seq);
-      if (fwd_barrier && pl.size > 1) team.sync.arrive_and_wait();
+      if (fused && pl.size > 1) team.sync.arrive_and_wait();
       if (reverse)
         for (int64_t j = NC - 1 - rank; j >= 0; j -= pl.size) rev(chunk(j), team.chain, seq);
       {
@@ -747,7 +771,7 @@ class Cpu final : public Implementation {
 
  private:
   template <class Fwd>
-  void reverse_pass(const Problem& p, const BackwardArgs& a, Fwd& fwd, bool fwd_barrier) const {
+  void reverse_pass(const Problem& p, const BackwardArgs& a, Fwd& fwd, bool fused) const {
     auto rev = [&](const ChunkRef& c, Chain& chain, int64_t seq) {
       const int64_t g0 = c.bh * p.S + c.start, NC = c.cx.NC;
       const GradOut g{a.dq + g0 * p.DK, a.dk + g0 * p.DK, a.dv + g0 * p.DV};
@@ -766,7 +790,7 @@ class Cpu final : public Implementation {
       chunk_backward_state(c, g, a.di + g0, a.df + g0);
     };
     auto fin = [&](const Ctx& cx, int64_t b, int64_t bh, double dot_last) { gate_suffix(cx, b, bh, dot_last, a); };
-    run_heads(p, fwd, rev, fin, true, fwd_barrier);
+    run_heads(p, fwd, rev, fin, true, fused);
   }
 };
 

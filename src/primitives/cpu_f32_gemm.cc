@@ -184,9 +184,33 @@ TESSERA_F32_TARGET void pack_trans_avx512(int64_t K, int64_t N, const float* B, 
     }
   }
 }
+
+// transpose: 16 × 16 blocks through transpose16, masked at the edges.
+TESSERA_F32_TARGET void transpose_avx512(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t nr = std::min<int64_t>(16, rows - r0);
+    const __mmask16 mr = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1u);
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t nc = std::min<int64_t>(16, cols - c0);
+      const __mmask16 mc = nc >= 16 ? __mmask16(0xffff) : __mmask16((1u << nc) - 1u);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = i < nr ? _mm512_maskz_loadu_ps(mc, src + (r0 + i) * lds + c0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t c = 0; c < nc; ++c) _mm512_mask_storeu_ps(dst + (c0 + c) * ldd + r0, mr, r[c]);
+    }
+  }
+}
 #endif
 
 }  // namespace
+
+void transpose(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd) {
+#if defined(__x86_64__)
+  if (available()) return transpose_avx512(rows, cols, src, lds, dst, ldd);
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+}
 
 bool available() {
 #if defined(__x86_64__)

@@ -47,4 +47,8 @@ void pack(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float
 void gemm(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* packed, float beta, float* C, int64_t ldc);
 
+// dst[c][r] = src[r][c] for r < rows, c < cols (src row r at src + r·lds, dst row c at dst + c·ldd):
+// a product's output wanted the other way round (mlstm: Xᵀ = C·dNumᵀ formed, X read).
+void transpose(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd);
+
 }  // namespace tessera::cpu_f32_gemm

@@ -146,6 +146,21 @@ TEST(CpuF32Gemm, MlstmShapes) {
   check({Tri::kUpperA, true, 40, 256, 40, 1.0f, 0.0f}, 7);
 }
 
+TEST(CpuF32Gemm, TransposeOverTailsBothPaths) {
+  for (auto [R, C] : {std::pair<int64_t, int64_t>{1, 1}, {5, 17}, {16, 16}, {17, 33}, {64, 256}, {256, 40}}) {
+    const int64_t lds = C + 3, ldd = R + 2;
+    const std::vector<float> src = matrix(R, C, lds, 21);
+    both_paths([&](bool portable) {
+      std::vector<float> dst(size_t(C * ldd), kNaN);
+      g::transpose(R, C, src.data(), lds, dst.data(), ldd);
+      for (int64_t c = 0; c < C; ++c) {
+        for (int64_t r = 0; r < R; ++r) ASSERT_EQ(dst[size_t(c * ldd + r)], src[size_t(r * lds + c)]) << R << "x" << C << " portable " << portable;
+        for (int64_t r = R; r < ldd; ++r) ASSERT_TRUE(std::isnan(dst[size_t(c * ldd + r)])) << "padding written";
+      }
+    });
+  }
+}
+
 TEST(CpuF32Gemm, EmptyDimensions) {
   std::vector<float> C = {1.0f, 2.0f, 3.0f, 4.0f};
   const float packed[1] = {kNaN};

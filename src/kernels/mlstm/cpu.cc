@@ -165,7 +165,8 @@ struct ThreadBufs {
   float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
   float* ones = nullptr;               // [L] of 1
   float* dn = nullptr;                 // [DK]: Δn_j of a forward in place (else unused)
-  float *pk = nullptr, *pk2 = nullptr;  // packed B operands (cpu_f32_gemm), each up to max(L, DK) × max(DK, DV)
+  float *pk = nullptr, *pk2 = nullptr;  // packed B operands (cpu_f32_gemm), each up to K × N = max(L, DK, DV)²
+  float* xt = nullptr;                  // [max(DK, DV), L]: a product formed transposed (Xᵀ, scᵀ)
 };
 
 // Shared by every thread of a call.
@@ -455,6 +456,15 @@ struct GradOut {
   float *dq, *dk, *dv;
 };
 
+// Y [L × N] = A [L × K] · Bᵀ (B [N × K], both row-major) on the micro-kernel: Yᵀ = B·Aᵀ with Aᵀ
+// packed (L columns: small), then Y = (Yᵀ)ᵀ — B itself (a chunk state, N × K = DK × DV) is read in
+// place instead of being packed transposed (devlog v0.4: 80 against OpenBLAS's 90 µs at D = 256).
+void abt_via_transpose(const ChunkRef& c, int64_t L, int64_t N, int64_t K, const float* A, const float* B, float* Y) {
+  f32::pack(true, K, L, A, K, c.tb.pk);
+  f32::gemm(f32::Tri::kNone, false, N, L, K, 1.f, B, K, c.tb.pk, 0.f, c.tb.xt, L);
+  f32::transpose(N, L, c.tb.xt, L, Y, N);
+}
+
 // From dP (dnum_t·v_s) and X (C_j dnum_t, in dq's rows when `inter`): the denominator's gradient
 // ddr, dS = (dP + ddr)∘E in dP's place, dq's inter part, and the gate terms of the intra-chunk
 // products (row and column sums of dD = (dP + ddr)∘P) into dcum (q̂_t·dq̂_t) and di (k_s·dk_s).
@@ -513,7 +523,10 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
   float *Cj = c.C(c.j), *nj = c.n(c.j);
   if (inter) {  // X_t = C_j dnum_t (0 for the zero state: K = 0 writes the zeros)
     const int64_t K = zero_state(c) ? 0 : DV;
-    sgemm(false, true, L, DK, K, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);
+    if (c.cx.kern && K > 0)
+      abt_via_transpose(c, L, DK, DV, tb.dnum, Cj, g.dq);
+    else
+      sgemm(false, true, L, DK, K, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);
   }
   chunk_dscores(c, inter, g.dq, di, dcum);
   tri_tb(L, DK, scale, tb.dP, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
@@ -568,7 +581,10 @@ void chunk_backward_state(const ChunkRef& c, const GradOut& g, float* di, float*
   const float* A = tb.E + (L - 1) * L;
   const float *dC = c.C(c.j + 1), *dn = c.n(c.j + 1);
   if (any_nonzero(A, L) && (any_nonzero(dn, DK) || any_nonzero(dC, DK * DV))) {
-    sgemm(false, true, L, DK, DV, 1.f, c.v(), DV, dC, DV, 0.f, tb.sc, DK);  // dC_{j+1} v_s
+    if (c.cx.kern)  // dC_{j+1} v_s
+      abt_via_transpose(c, L, DK, DV, c.v(), dC, tb.sc);
+    else
+      sgemm(false, true, L, DK, DV, 1.f, c.v(), DV, dC, DV, 0.f, tb.sc, DK);
     for (int64_t s = 0; s < L; ++s) {
       float* u = tb.sc + s * DK;
       for (int64_t x = 0; x < DK; ++x) u[x] += dn[x], g.dk[s * DK + x] += A[s] * u[x];
@@ -681,8 +697,8 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, 
     std::fill_n(b.ones, Lc, 1.f);
     if (!reverse && pl.size == 1) b.dn = alloc<float>(keep, DK);
     if (cx.kern) {
-      const int64_t n = f32::packed_floats(std::max(Lc, DK), std::max(DK, DV));
-      b.pk = alloc<float>(keep, n), b.pk2 = alloc<float>(keep, n);
+      const int64_t most = std::max({Lc, DK, DV}), n = f32::packed_floats(most, most);  // K × N ≤ most × most
+      b.pk = alloc<float>(keep, n), b.pk2 = alloc<float>(keep, n), b.xt = alloc<float>(keep, std::max(DK, DV) * Lc);
     }
   }
   cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {

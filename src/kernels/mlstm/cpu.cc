@@ -53,11 +53,13 @@ constexpr int64_t kMaxChunk = 1024;
 using cpu_blas::sgemm;
 namespace f32 = cpu_f32_gemm;
 
-// v0.4: the products whose B operand is row-major run on the kernel-owned micro-kernel
+// v0.4: the L·DK·DV products and P·V, Pᵀ·dNum run on the kernel-owned micro-kernel
 // (primitives/cpu_f32_gemm.h), B packed once per chunk and shared where two products use it (V:
-// P·V and the state update; dNum: Pᵀ·dNum and dC_j); the rest stay on OpenBLAS, which measured
-// as fast or faster for them (devlog v0.4). TESSERA_MLSTM_CPU_GEMM=blas runs every product on
-// OpenBLAS (v0.3's route, for side-by-side timing); so does a CPU without AVX-512.
+// P·V and the state update; dNum: Pᵀ·dNum and dC_j), the two with a transposed state formed
+// transposed (abt_via_transpose); Q̂Kᵀ, dNum·Vᵀ, dS·K and dSᵀ·Q̂ stay on OpenBLAS, which measured
+// as fast or faster for them once their packing is counted (devlog v0.4).
+// TESSERA_MLSTM_CPU_GEMM=blas runs every product on OpenBLAS (v0.3's route, for side-by-side
+// timing); so does a CPU without AVX-512.
 bool use_kernel_gemm() {
   const auto v = env::get("TESSERA_MLSTM_CPU_GEMM");
   return f32::available() && !(v && *v == "blas");

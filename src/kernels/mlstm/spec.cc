@@ -84,7 +84,7 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
     if (a.options.flag("return_last_states")) last = {out[j], out[j + 1], out[j + 2]}, j += 3;
   }
   if (a.pass == Pass::kForward) return forward(in, h, last, opt);
-  Grads g{out[j], out[j + 1], out[j + 2], out[j + 3], out[j + 4]};
+  Grads g{out[j], out[j + 1], out[j + 2], out[j + 3], out[j + 4], {}, {}};
   if (j + 7 == out.size()) g.dc0 = out[j + 5], g.dn0 = out[j + 6];
   const TensorView dh = kernels::required(a, kKernelName, "grad_h");
   const TensorView dcl = opt_tensor(a, "grad_c_last"), dnl = opt_tensor(a, "grad_n_last");

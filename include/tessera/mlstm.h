@@ -75,6 +75,11 @@ std::string forward(const Inputs& in, const TensorView& h, const LastStates& las
 // Gradients from dh (f32 or q's dtype) and optional dc_last, dn_last (f32).
 std::string backward(const Inputs& in, const TensorView& dh, const Grads& grads, const Options& opt = {},
                      const TensorView& dc_last = {}, const TensorView& dn_last = {});
+// forward, then backward, in one call (the same checks, all before anything is written): the cpu
+// backend forms the chunk states once for both, where the two calls form them twice.
+std::string forward_backward(const Inputs& in, const TensorView& h, const LastStates& last, const TensorView& dh,
+                             const Grads& grads, const Options& opt = {}, const TensorView& dc_last = {},
+                             const TensorView& dn_last = {});
 
 std::vector<ImplementationInfo> implementations();
 

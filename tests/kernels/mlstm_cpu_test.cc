@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -24,6 +26,7 @@ TEST(MlstmCpu, FullGridForwardAndBackward) {
   for (const CaseSpec& c : mlstm::testing::check_grid(false)) {
     expect_parity(c, Pass::kForward);
     expect_parity(c, Pass::kBackward);
+    expect_parity(c, Pass::kFused);  // forward_backward: the chunk states formed once (v0.4)
   }
 }
 
@@ -130,6 +133,108 @@ TEST(MlstmCpu, WithoutLastStatesThreadsShareAHead) {
       all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
     if (first.empty()) first = all;
     EXPECT_EQ(all, first) << threads << " threads";
+  }
+}
+
+// v0.4's one-call pass (forward_backward): the backward's sweep forms each C_j and the chunk's h
+// comes from it at once. On teams sharing a head (2, 3, 7 threads on one head of 18 chunks) the
+// member that computes chunk j's h reads C_j while the others move on, and the reverse writes dC_j
+// over C_j (a team barrier orders them): parity, and the same bits for every thread count (with and
+// without the last states in and out).
+TEST(MlstmCpu, FusedPassOnTeamsSharingAHead) {
+  for (bool last : {true, false}) {
+    std::vector<float> first;
+    for (int threads : {1, 2, 3, 7}) {
+      CaseSpec c;
+      c.B = 1, c.NH = 1, c.S = 70, c.DK = 6, c.DV = 10, c.resets = "random", c.initial_state = true, c.last_states = last;
+      c.opt.chunk_size = 4, c.opt.num_threads = threads;
+      c.seed = 79;
+      expect_parity(c, Pass::kFused);
+      const mlstm::testing::CaseData d = mlstm::testing::make_case(c);
+      auto out = [](const Tensor& like) { return Tensor::empty(DType::kF32, like.shape()); };
+      Tensor h = out(d.v), dq = out(d.q), dk = out(d.k), dv = out(d.v), di = out(d.i), df = out(d.f), dc0 = out(d.c0),
+             dn0 = out(d.n0), cl = out(d.c0), nl = out(d.n0), ml = out(d.m0);
+      mlstm::Options opt = c.opt;
+      opt.implementation = "cpu";
+      const mlstm::LastStates ls = last ? mlstm::LastStates{cl.view(), nl.view(), ml.view()} : mlstm::LastStates{};
+      mlstm::forward_backward(d.inputs(), h.view(), ls, d.dh.view(),
+                              {dq.view(), dk.view(), dv.view(), di.view(), df.view(), dc0.view(), dn0.view()}, opt,
+                              last ? d.dc_last.view() : TensorView{}, last ? d.dn_last.view() : TensorView{});
+      std::vector<float> all;
+      for (const Tensor* t : {&h, &dq, &dk, &dv, &di, &df, &dc0, &dn0, &cl, &nl, &ml})
+        if (last || (t != &cl && t != &nl && t != &ml)) all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
+      if (first.empty()) first = all;
+      EXPECT_EQ(all, first) << threads << " threads, last states " << last;
+    }
+  }
+}
+
+// The two calls' route inside forward_backward (TESSERA_MLSTM_CPU_FUSED=0, v0.3's, kept for timing)
+// against the reference.
+TEST(MlstmCpu, FusedPassAsTwoCalls) {
+  ::setenv("TESSERA_MLSTM_CPU_FUSED", "0", 1);
+  for (bool init : {false, true}) {
+    CaseSpec c;
+    c.B = 2, c.NH = 2, c.S = 70, c.DK = 12, c.DV = 20, c.resets = "inside", c.initial_state = init;
+    c.opt.chunk_size = 16;
+    expect_parity(c, Pass::kFused);
+  }
+  ::unsetenv("TESSERA_MLSTM_CPU_FUSED");
+}
+
+// v0.4's two routes for the chunk products (cpu.cc use_kernel_gemm): the kernel-owned micro-kernel
+// (primitives/cpu_f32_gemm, the default where the CPU has AVX-512) and OpenBLAS for every product
+// (TESSERA_MLSTM_CPU_GEMM=blas, v0.3's route). Head dims past the micro-kernel's 64-column panels
+// and 6-row blocks with tails (DK = 70, DV = 130), chunks of 64 and 40 with a tail, the forward's
+// split of one head's value columns over 2 and 3 threads (parts of 65 and 43 columns), resets,
+// initial and last states or none, f32 and bf16: parity against the reference on both routes, and
+// on the kernel route the same bits for 1 and 2 threads.
+class GemmRoute {
+ public:
+  explicit GemmRoute(bool blas) {
+    if (blas) ::setenv("TESSERA_MLSTM_CPU_GEMM", "blas", 1);
+  }
+  ~GemmRoute() { ::unsetenv("TESSERA_MLSTM_CPU_GEMM"); }
+};
+
+TEST(MlstmCpu, KernelGemmAndBlasRoutes) {
+  uint64_t seed = 900;
+  for (bool blas : {false, true}) {
+    const GemmRoute route(blas);
+    for (const auto& [S, chunk] : {std::pair<int64_t, int64_t>{150, 64}, {101, 40}})
+      for (bool init : {false, true}) {
+        std::vector<float> first;
+        for (int threads : {1, 2, 3}) {
+          CaseSpec c;
+          c.B = 1, c.NH = 1, c.S = S, c.DK = 70, c.DV = 130, c.resets = init ? "inside" : "random";
+          c.dtype = threads == 3 ? DType::kBF16 : DType::kF32;
+          c.initial_state = init, c.last_states = init;
+          c.opt.chunk_size = chunk, c.opt.num_threads = threads;
+          c.seed = ++seed;
+          SCOPED_TRACE(std::string(blas ? "blas" : "kernel") + " S " + std::to_string(S) + " threads " + std::to_string(threads));
+          expect_parity(c, Pass::kFused);
+          // bf16 inputs: other values. The bits on the blas route: OpenBLAS rounds a part of the
+          // columns (65 of 130) differently from all of them, so only the kernel route keeps them.
+          if (threads == 3 || blas) continue;
+          c.seed = 7;  // the same inputs on 1 and 2 threads
+          const mlstm::testing::CaseData d = mlstm::testing::make_case(c);
+          auto out = [](const Tensor& like) { return Tensor::empty(DType::kF32, like.shape()); };
+          Tensor h = out(d.v), dq = out(d.q), dk = out(d.k), dv = out(d.v), di = out(d.i), df = out(d.f);
+          Tensor dc0 = init ? out(d.c0) : Tensor::empty(DType::kF32, {1}), dn0 = init ? out(d.n0) : Tensor::empty(DType::kF32, {1});
+          mlstm::Options opt = c.opt;
+          opt.implementation = "cpu";
+          mlstm::forward(d.inputs(), h.view(), {}, opt);
+          mlstm::backward(d.inputs(), d.dh.view(),
+                          {dq.view(), dk.view(), dv.view(), di.view(), df.view(), init ? dc0.view() : TensorView{},
+                           init ? dn0.view() : TensorView{}},
+                          opt);
+          std::vector<float> all;
+          for (const Tensor* t : {&h, &dq, &dk, &dv, &di, &df, &dc0, &dn0})
+            if (init || (t != &dc0 && t != &dn0)) all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
+          if (first.empty()) first = all;
+          EXPECT_EQ(all, first);
+        }
+      }
   }
 }
 

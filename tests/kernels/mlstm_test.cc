@@ -305,6 +305,43 @@ TEST(MlstmApi, ErrorsNameTheProblem) {
   EXPECT_NE(call(in, hd), "accepted");
 }
 
+// forward_backward checks the forward's outputs and the backward's arguments, all before it writes
+// anything: a wrong h, a wrong gradient, a wrong dh, a missing dc0 each throw with every output
+// untouched.
+TEST(MlstmApi, ForwardBackwardChecksEverythingFirst) {
+  CaseSpec s;
+  s.initial_state = true;
+  const CaseData d = mlstm::testing::make_case(s);
+  auto sentinel = [](const Shape& shape) {
+    Tensor t = Tensor::empty(DType::kF32, shape);
+    std::fill_n(t.data_as<float>(), t.numel(), -7.0f);
+    return t;
+  };
+  Tensor h = sentinel(d.v.shape()), dq = sentinel(d.q.shape()), dk = sentinel(d.k.shape()), dv = sentinel(d.v.shape()),
+         di = sentinel(d.i.shape()), df = sentinel(d.f.shape()), dc0 = sentinel(d.c0.shape()), dn0 = sentinel(d.n0.shape());
+  const mlstm::Grads g{dq.view(), dk.view(), dv.view(), di.view(), df.view(), dc0.view(), dn0.view()};
+  auto message = [&](const TensorView& hv, const TensorView& dh, const mlstm::Grads& gr) {
+    try {
+      mlstm::forward_backward(d.inputs(), hv, {}, dh, gr);
+    } catch (const Error& e) {
+      for (const Tensor* t : {&h, &dq, &dk, &dv, &di, &df, &dc0, &dn0})
+        for (int64_t j = 0; j < t->numel(); ++j) EXPECT_EQ(t->data_as<float>()[j], -7.0f) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  auto has = [](const std::string& msg, const std::string& needle) { EXPECT_NE(msg.find(needle), std::string::npos) << msg; };
+  Tensor small = sentinel({1, 1, 1, 1});
+  has(message(small.view(), d.dh.view(), g), "h must be");
+  has(message(h.view(), small.view(), g), "dh must be");
+  mlstm::Grads bad = g;
+  bad.dk = small.view();
+  has(message(h.view(), d.dh.view(), bad), "dk must be");
+  bad = g, bad.dc0 = TensorView{}, bad.dn0 = TensorView{};
+  has(message(h.view(), d.dh.view(), bad), "dc0 and dn0 are required");
+  EXPECT_EQ(message(h.view(), d.dh.view(), g), "accepted");
+}
+
 TEST(MlstmApi, BackwardInitialStateGradientsGoWithTheInitialState) {
   CaseSpec s;
   s.initial_state = true;

@@ -204,9 +204,10 @@ Problem with_chunk(const Problem& p, const Implementation& impl, DType dtype, Pa
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
-std::string forward(const Inputs& in, const TensorView& h, const LastStates& last, const Options& opt) {
-  Prepared r;
-  prepare(in, opt, r);
+namespace {
+
+// h and the last states checked (before anything is converted or written); the count of last states.
+int check_forward_outputs(const Prepared& r, const TensorView& h, const LastStates& last) {
   const Problem& p = r.p;
   need_shape("h", h, {p.B, p.NH, p.S, p.DV}, p.device);
   need_dtype_or_f32("h", h, r.qkv);
@@ -218,29 +219,30 @@ std::string forward(const Inputs& in, const TensorView& h, const LastStates& las
     need_shape("m_last", last.m, {p.B, p.NH}, p.device);
     need_f32("c_last", last.c), need_f32("n_last", last.n), need_f32("m_last", last.m);
   }
-  convert(in, r);
-  const F32Out ho = on_device(p) ? F32Out{} : as_f32_out(h);
-  ForwardOut out;
-  out.h = ho.ptr;
-  if (on_device(p)) out.h_dev = dev_out(h);
-  if (outs == 3) out.c_last = last.c.data_as<float>(), out.n_last = last.n.data_as<float>(), out.m_last = last.m.data_as<float>();
-  const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) {
-    const auto once = [&](const Problem& t) { impl.forward(t, out); };
-    const Shape st{p.B, p.NH, p.DK};
-    const auto outs = tune::borrowed_outputs({{"h", out.h, DType::kF32, {p.B, p.NH, p.S, p.DV}},
-                                              {"c_last", out.c_last, DType::kF32, {p.B, p.NH, p.DK, p.DV}},
-                                              {"n_last", out.n_last, DType::kF32, st},
-                                              {"m_last", out.m_last, DType::kF32, {p.B, p.NH}}});
-    once(with_chunk(p, impl, r.qkv, Pass::kForward, opt, once, outs));
-  });
-  ho.finish();
-  return ran;
+  return outs;
 }
 
-std::string backward(const Inputs& in, const TensorView& dh, const Grads& g, const Options& opt,
-                     const TensorView& dc_last, const TensorView& dn_last) {
-  Prepared r;
-  prepare(in, opt, r);
+// The forward's outputs as the backends take them (h through an f32 scratch where it is not f32).
+struct ForwardBind {
+  F32Out h;
+  ForwardOut out;
+  ForwardBind(const Problem& p, const TensorView& h_view, const LastStates& last, int outs) {
+    if (!on_device(p)) h = as_f32_out(h_view);
+    out.h = h.ptr;
+    if (on_device(p)) out.h_dev = dev_out(h_view);
+    if (outs == 3) out.c_last = last.c.data_as<float>(), out.n_last = last.n.data_as<float>(), out.m_last = last.m.data_as<float>();
+  }
+  tune::OutputsFn borrowed(const Problem& p) const {
+    return tune::borrowed_outputs({{"h", out.h, DType::kF32, {p.B, p.NH, p.S, p.DV}},
+                                   {"c_last", out.c_last, DType::kF32, {p.B, p.NH, p.DK, p.DV}},
+                                   {"n_last", out.n_last, DType::kF32, {p.B, p.NH, p.DK}},
+                                   {"m_last", out.m_last, DType::kF32, {p.B, p.NH}}});
+  }
+};
+
+// dh, the upstream gradients of the last states and the gradients checked.
+void check_backward_args(const Inputs& in, const Prepared& r, const Options& opt, const TensorView& dh, const Grads& g,
+                         const TensorView& dc_last, const TensorView& dn_last) {
   const Problem& p = r.p;
   need_shape("dh", dh, {p.B, p.NH, p.S, p.DV}, p.device);
   need_dtype_or_f32("dh", dh, r.qkv);
@@ -259,31 +261,98 @@ std::string backward(const Inputs& in, const TensorView& dh, const Grads& g, con
     need_shape("dn0", g.dn0, in.n0.shape, p.device), need_f32("dn0", g.dn0);
   }
   if (opt.check_finite && !finite(dh)) fail("dh contains NaN or Inf");
-  convert(in, r);
-  const bool dev = on_device(p);  // device calls: nothing converted (dc_last, dn_last are f32)
-  const F32In dh32 = dev ? F32In{} : as_f32(dh), dcl = as_f32(dc_last), dnl = as_f32(dn_last);
-  auto out32 = [&](const TensorView& t) { return dev ? F32Out{} : as_f32_out(t); };
-  const F32Out dq = out32(g.dq), dk = out32(g.dk), dv = out32(g.dv), di = out32(g.di), df = out32(g.df);
+}
+
+// The backward's arguments as the backends take them (f32 copies and scratch where needed; device
+// calls: nothing converted, dc_last, dn_last are f32).
+struct BackwardBind {
+  F32In dh32, dcl, dnl;
+  F32Out dq, dk, dv, di, df;
   BackwardArgs a;
-  if (dev) {
-    a.dh_dev = dev_in(dh);
-    a.dq_dev = dev_out(g.dq), a.dk_dev = dev_out(g.dk), a.dv_dev = dev_out(g.dv);
-    a.di_dev = dev_out(g.di), a.df_dev = dev_out(g.df);
+  BackwardBind(const Inputs& in, const Problem& p, const TensorView& dh, const Grads& g, const TensorView& dc_last,
+               const TensorView& dn_last) {
+    const bool dev = on_device(p);
+    if (!dev) {
+      dh32 = as_f32(dh);
+      dq = as_f32_out(g.dq), dk = as_f32_out(g.dk), dv = as_f32_out(g.dv), di = as_f32_out(g.di), df = as_f32_out(g.df);
+    } else {
+      a.dh_dev = dev_in(dh);
+      a.dq_dev = dev_out(g.dq), a.dk_dev = dev_out(g.dk), a.dv_dev = dev_out(g.dv);
+      a.di_dev = dev_out(g.di), a.df_dev = dev_out(g.df);
+    }
+    dcl = as_f32(dc_last), dnl = as_f32(dn_last);
+    a.dh = dh32.ptr, a.dc_last = dcl.ptr, a.dn_last = dnl.ptr;
+    a.dq = dq.ptr, a.dk = dk.ptr, a.dv = dv.ptr, a.di = di.ptr, a.df = df.ptr;
+    if (given(in.c0)) a.dc0 = g.dc0.data_as<float>(), a.dn0 = g.dn0.data_as<float>();
   }
-  a.dh = dh32.ptr, a.dc_last = dcl.ptr, a.dn_last = dnl.ptr;
-  a.dq = dq.ptr, a.dk = dk.ptr, a.dv = dv.ptr, a.di = di.ptr, a.df = df.ptr;
-  if (state) a.dc0 = g.dc0.data_as<float>(), a.dn0 = g.dn0.data_as<float>();
+  tune::OutputsFn borrowed(const Problem& p) const {
+    const Shape qk{p.B, p.NH, p.S, p.DK}, gs{p.B, p.NH, p.S};
+    return tune::borrowed_outputs({{"dq", a.dq, DType::kF32, qk}, {"dk", a.dk, DType::kF32, qk},
+                                   {"dv", a.dv, DType::kF32, {p.B, p.NH, p.S, p.DV}},
+                                   {"di", a.di, DType::kF32, gs}, {"df", a.df, DType::kF32, gs},
+                                   {"dc0", a.dc0, DType::kF32, {p.B, p.NH, p.DK, p.DV}},
+                                   {"dn0", a.dn0, DType::kF32, {p.B, p.NH, p.DK}}});
+  }
+  void finish() const {
+    for (const F32Out* o : {&dq, &dk, &dv, &di, &df}) o->finish();
+  }
+};
+
+}  // namespace
+
+std::string forward(const Inputs& in, const TensorView& h, const LastStates& last, const Options& opt) {
+  Prepared r;
+  prepare(in, opt, r);
+  const Problem& p = r.p;
+  const int outs = check_forward_outputs(r, h, last);
+  convert(in, r);
+  const ForwardBind fb(p, h, last, outs);
   const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) {
-    const auto once = [&](const Problem& t) { impl.backward(t, a); };
-    const Shape qk{p.B, p.NH, p.S, p.DK}, g{p.B, p.NH, p.S};
-    const auto outs = tune::borrowed_outputs({{"dq", a.dq, DType::kF32, qk}, {"dk", a.dk, DType::kF32, qk},
-                                              {"dv", a.dv, DType::kF32, {p.B, p.NH, p.S, p.DV}},
-                                              {"di", a.di, DType::kF32, g}, {"df", a.df, DType::kF32, g},
-                                              {"dc0", a.dc0, DType::kF32, {p.B, p.NH, p.DK, p.DV}},
-                                              {"dn0", a.dn0, DType::kF32, {p.B, p.NH, p.DK}}});
-    once(with_chunk(p, impl, r.qkv, Pass::kBackward, opt, once, outs));
+    const auto once = [&](const Problem& t) { impl.forward(t, fb.out); };
+    once(with_chunk(p, impl, r.qkv, Pass::kForward, opt, once, fb.borrowed(p)));
   });
-  for (const F32Out* o : {&dq, &dk, &dv, &di, &df}) o->finish();
+  fb.h.finish();
+  return ran;
+}
+
+std::string backward(const Inputs& in, const TensorView& dh, const Grads& g, const Options& opt,
+                     const TensorView& dc_last, const TensorView& dn_last) {
+  Prepared r;
+  prepare(in, opt, r);
+  const Problem& p = r.p;
+  check_backward_args(in, r, opt, dh, g, dc_last, dn_last);
+  convert(in, r);
+  const BackwardBind bb(in, p, dh, g, dc_last, dn_last);
+  const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) {
+    const auto once = [&](const Problem& t) { impl.backward(t, bb.a); };
+    once(with_chunk(p, impl, r.qkv, Pass::kBackward, opt, once, bb.borrowed(p)));
+  });
+  bb.finish();
+  return ran;
+}
+
+std::string forward_backward(const Inputs& in, const TensorView& h, const LastStates& last, const TensorView& dh,
+                             const Grads& g, const Options& opt, const TensorView& dc_last, const TensorView& dn_last) {
+  Prepared r;
+  prepare(in, opt, r);
+  const Problem& p = r.p;
+  const int outs = check_forward_outputs(r, h, last);
+  check_backward_args(in, r, opt, dh, g, dc_last, dn_last);
+  convert(in, r);
+  const ForwardBind fb(p, h, last, outs);
+  const BackwardBind bb(in, p, dh, g, dc_last, dn_last);
+  const std::string ran = run(p, opt.implementation, [&](const Implementation& impl) {
+    const auto once = [&](const Problem& t) { impl.forward_backward(t, fb.out, bb.a); };
+    const tune::OutputsFn fo = fb.borrowed(p), bo = bb.borrowed(p);
+    const tune::OutputsFn both = [fo, bo] {
+      auto v = fo(), w = bo();
+      v.insert(v.end(), w.begin(), w.end());
+      return v;
+    };
+    once(with_chunk(p, impl, r.qkv, Pass::kFused, opt, once, both));
+  });
+  fb.h.finish();
+  bb.finish();
   return ran;
 }
 

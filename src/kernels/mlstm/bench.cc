@@ -54,25 +54,27 @@ class MlstmBench final : public harness::BenchProblem {
   }
   double chunks_per_head() const { return chunk_sum(0); }
 
-  // FLOPs of the chunkwise form (cpu.cc), per head, summed over its chunks of L steps; the L×L
-  // tiles counted in full, masked half included (the convention since v0.1, kept so that rates
-  // compare across versions: since v0.3 the cpu backend issues only the blocks of 8 rows on and
-  // below the diagonal, ~56 % of the full tiles at L = 64). Forward: Q̂Kᵀ 2L²DK, P·V 2L²DV, Q̂·C_j 2L·DK·DV, the chunk's state Kᵀdiag(A)V
-  // 2L·DK·DV.
+  // FLOPs of the chunkwise form (cpu.cc), per head, summed over its chunks of L steps. Since v0.4
+  // the L×L products count only their causal pairs s ≤ t, L(L+1)/2 per chunk (the masked upper
+  // half is not useful work; v0.1–v0.3 counted the tiles in full, 2L² per row of D: rates from
+  // before v0.4 are ~10 % higher at L = 64 for the same time). pairs() = Σ_chunks L(L+1)/2.
+  // Forward: Q̂Kᵀ 2·pairs·DK, P·V 2·pairs·DV, Q̂·C_j 2L·DK·DV, the chunk's state Kᵀdiag(A)V 2L·DK·DV.
+  double pairs() const { return (chunk_sum(2) + chunk_sum(1)) / 2; }
   double forward_flops() const {
     const double DK = double(d_.DK), DV = double(d_.DV);
-    return heads() * (2 * chunk_sum(2) * (DK + DV) + 4 * chunk_sum(1) * DK * DV);
+    return heads() * (2 * pairs() * (DK + DV) + 4 * chunk_sum(1) * DK * DV);
   }
-  // Backward, what it computes again (issued, not useful): the states Kᵀdiag(A)V, and Q̂Kᵀ.
-  double backward_recompute_flops() const {
+  // Backward, what it computes again (issued, not useful): the states Kᵀdiag(A)V (not in the fused
+  // pass: forward_backward forms them once), and Q̂Kᵀ.
+  double backward_recompute_flops(bool states) const {
     const double DK = double(d_.DK), DV = double(d_.DV);
-    return heads() * (2 * chunk_sum(1) * DK * DV + 2 * chunk_sum(2) * DK);
+    return heads() * ((states ? 2 * chunk_sum(1) * DK * DV : 0.0) + 2 * pairs() * DK);
   }
-  // Backward, the gradient products: dNum·Vᵀ, Pᵀ·dNum, dS·K, dSᵀ·Q̂ (L×L); dNum·C_jᵀ,
+  // Backward, the gradient products: dNum·Vᵀ, Pᵀ·dNum, dS·K, dSᵀ·Q̂ (L×L, causal pairs); dNum·C_jᵀ,
   // Q̂ᵀdiag(w)dNum, diag(A)V·dC_{j+1}ᵀ, diag(A)K·dC_{j+1} (L×DK×DV).
   double backward_flops() const {
     const double DK = double(d_.DK), DV = double(d_.DV);
-    return heads() * (4 * chunk_sum(2) * (DK + DV) + 8 * chunk_sum(1) * DK * DV);
+    return heads() * (4 * pairs() * (DK + DV) + 8 * chunk_sum(1) * DK * DV);
   }
   double heads() const { return double(d_.B * d_.NH); }
   double work() const override { return forward_flops(); }
@@ -86,14 +88,17 @@ class MlstmBench final : public harness::BenchProblem {
       c.add({"forward: Q̂Kᵀ, P·V (L×L tiles), Q̂·C_j, Kᵀdiag(A)V per chunk", forward_flops(), in_bytes + h_bytes, exps,
              false});
     if (pass != Pass::kForward) {
-      c.add({"backward: the chunk states Kᵀdiag(A)V and Q̂Kᵀ again", backward_recompute_flops(), 0.0, exps, true});
+      if (pass == Pass::kFused)
+        c.add({"backward: Q̂Kᵀ again", backward_recompute_flops(false), 0.0, exps, true});
+      else
+        c.add({"backward: the chunk states Kᵀdiag(A)V and Q̂Kᵀ again", backward_recompute_flops(true), 0.0, exps, true});
       c.add({"backward: dNum·Vᵀ, Pᵀ·dNum, dS·K, dSᵀ·Q̂ (L×L tiles) and four L×DHQK×DHV products per chunk",
              backward_flops(), in_bytes + 2 * h_bytes + tok * (2.0 * d_.DK + d_.DV) * esz, 0.0, false});
     }
     c.assumptions.push_back("chunkwise form at chunk " + std::to_string(chunk_) +
-                            ": FLOPs of the chunkwise products, the L×L tiles in full (their masked upper half "
-                            "included, as v0.1 counted them; the cpu backend skips the zero blocks since v0.3); the "
-                            "backward's recomputation of the states and of Q̂Kᵀ counted as issued, not useful");
+                            ": FLOPs of the chunkwise products, the L×L tiles at their causal pairs s ≤ t only "
+                            "(since v0.4; v0.1–v0.3 counted them in full); the backward's recomputation of the "
+                            "states (not in the fused pass) and of Q̂Kᵀ counted as issued, not useful");
     return c;
   }
 

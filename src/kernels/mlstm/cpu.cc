@@ -36,10 +36,12 @@
 #include <sys/mman.h>
 #endif
 
+#include "core/env.h"
 #include "core/memory.h"
 #include "core/trace.h"
 #include "kernels/mlstm/impl.h"
 #include "primitives/cpu_blas.h"
+#include "primitives/cpu_f32_gemm.h"
 #include "primitives/cpu_threads.h"
 
 namespace tessera::mlstm {
@@ -49,6 +51,19 @@ constexpr int64_t kMaxHeadDim = 1024;
 constexpr int64_t kMaxChunk = 1024;
 
 using cpu_blas::sgemm;
+namespace f32 = cpu_f32_gemm;
+
+// v0.4: the L·DK·DV products and P·V, Pᵀ·dNum run on the kernel-owned micro-kernel
+// (primitives/cpu_f32_gemm.h), B packed once per chunk and shared where two products use it (V:
+// P·V and the state update; dNum: Pᵀ·dNum and dC_j), the two with a transposed state formed
+// transposed (abt_via_transpose); Q̂Kᵀ, dNum·Vᵀ, dS·K and dSᵀ·Q̂ stay on OpenBLAS, which measured
+// as fast or faster for them once their packing is counted (devlog v0.4).
+// TESSERA_MLSTM_CPU_GEMM=blas runs every product on OpenBLAS (v0.3's route, for side-by-side
+// timing); so does a CPU without AVX-512.
+bool use_kernel_gemm() {
+  const auto v = env::get("TESSERA_MLSTM_CPU_GEMM");
+  return f32::available() && !(v && *v == "blas");
+}
 
 // The L×L products of a chunk are causal: P_ts, dS_ts are 0 for s > t. They are issued in row
 // blocks of kTriBlock steps against only the columns (or, transposed, the rows) a block can
@@ -135,6 +150,11 @@ struct HeadBufs {
   uint8_t* hs = nullptr;                                   // [S]: the chunk's entering state reaches t
   double* m = nullptr;                                     // [NC + 1]: m_j
   double dot_last = 0.0;  // ⟨dC_last, C_last⟩ + ⟨dn_last, n_last⟩
+  // The fused pass (forward_backward) only: each chunk's E, P (before 1/den), w, den, den_raw, qn
+  // and m_t as its forward formed them, [NC][2L² + 5L] floats and [NC][L] doubles,
+  // so that the reverse does not form them again (the same bits either way).
+  float* saved = nullptr;
+  double* saved_mt = nullptr;
   bool in_place = false;  // one state updated in place (a forward on one thread): C_j for every j in slot 0
 };
 
@@ -147,6 +167,8 @@ struct ThreadBufs {
   float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
   float* ones = nullptr;               // [L] of 1
   float* dn = nullptr;                 // [DK]: Δn_j of a forward in place (else unused)
+  float *pk = nullptr, *pk2 = nullptr;  // packed B operands (cpu_f32_gemm), each up to K × N = max(L, DK, DV)²
+  float* xt = nullptr;                  // [max(DK, DV), L]: a product formed transposed (Xᵀ, scᵀ)
 };
 
 // Shared by every thread of a call.
@@ -154,6 +176,7 @@ struct Ctx {
   const Problem& p;
   int64_t Lc, NC, DK, DV;
   float scale;
+  bool kern;  // use_kernel_gemm()
 };
 
 // The order between a team's chunks of one head: forward, "C_j is final" (published j once the
@@ -261,6 +284,11 @@ const float* chunk_state_operand(const ChunkRef& c, float* n1) {
 // ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A into C1, n1.
 void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
   const float* ka = chunk_state_operand(c, n1);
+  if (c.cx.kern) {
+    f32::pack(false, c.L, c.ny, c.v() + c.y0, c.cx.DV, c.tb.pk);
+    f32::gemm(f32::Tri::kNone, true, c.cx.DK, c.ny, c.L, 1.f, ka, c.cx.DK, c.tb.pk, 0.f, C1, c.ny);
+    return;
+  }
   sgemm(true, false, c.cx.DK, c.ny, c.L, 1.f, ka, c.cx.DK, c.v() + c.y0, c.cx.DV, 0.f, C1, c.ny);
 }
 
@@ -295,6 +323,11 @@ void chunk_state_in_place(const ChunkRef& c) {
   const float* ka = chunk_state_operand(c, c.tb.dn);
   const StepFactors f = chain_factors(c);
   float *C = c.C(c.j), *n = c.n(c.j);
+  if (c.cx.kern) {  // C = b Kaᵀ V + a C in the kernel's store (V packed by chunk_output)
+    f32::gemm(f32::Tri::kNone, true, DK, c.ny, c.L, f.b, ka, DK, c.tb.pk, f.a, C, c.ny);
+    for (int64_t x = 0; x < DK; ++x) n[x] = f.b * c.tb.dn[x] + (f.a != 0.f ? f.a * n[x] : 0.f);
+    return;
+  }
   if (f.a != 0.f)
     for (int64_t e = 0; e < N; ++e) C[e] *= f.a;
   sgemm(true, false, DK, c.ny, c.L, f.b, ka, DK, c.v() + c.y0, c.cx.DV, f.a != 0.f ? 1.f : 0.f, C, c.ny);
@@ -315,6 +348,19 @@ void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
     for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e];
     for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x];
   }
+}
+
+// The fused pass's copy of a chunk's E, P, w, den, den_raw, qn and m_t (HeadBufs::saved): stored by
+// the forward right after chunk_scores, read back by the reverse instead of forming them again.
+void saved_chunk(const ChunkRef& c, bool store) {
+  const int64_t L = c.L, Lc = c.cx.Lc;
+  float* f = c.hb.saved + c.j * (2 * Lc * Lc + 5 * Lc);
+  double* mt = c.hb.saved_mt + c.j * Lc;
+  ThreadBufs& tb = c.tb;
+  float* parts[] = {tb.E, tb.P, tb.w, tb.den, tb.den_raw, tb.qn};
+  const int64_t sizes[] = {L * L, L * L, L, L, L, L};
+  for (int e = 0; e < 6; f += sizes[e], ++e) store ? std::copy_n(parts[e], sizes[e], f) : std::copy_n(f, sizes[e], parts[e]);
+  store ? std::copy_n(tb.mt, L, mt) : std::copy_n(mt, L, tb.mt);
 }
 
 // P = (q̂_t·k_s) ∘ E and the denominators; needs E, w, C_j's n_j.
@@ -352,13 +398,24 @@ void chunk_output(const ChunkRef& c, float* h) {
   chunk_stabilizers(c);
   chunk_decay(c);
   chunk_scores(c);
+  if (c.hb.saved) saved_chunk(c, true);
   for (int64_t t = 0; t < L; ++t) {  // 1/den folded into the rows of both products
     const float r = 1.f / tb.den[t], rq = tb.w[t] * c.cx.scale * r;
     for (int64_t s = 0; s < L; ++s) tb.P[t * L + s] *= r;
     for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = rq * c.q()[t * DK + x];
   }
-  tri_tb(L, c.ny, 1.f, tb.P, c.v() + c.y0, DV, 0.f, h + c.y0, DV);
-  if (!zero_state(c) && any_nonzero(tb.w, L)) sgemm(false, false, L, c.ny, DK, 1.f, tb.sc, DK, c.C(c.j), c.ny, 1.f, h + c.y0, DV);
+  const bool inter = !zero_state(c) && any_nonzero(tb.w, L);
+  if (!c.cx.kern) {
+    tri_tb(L, c.ny, 1.f, tb.P, c.v() + c.y0, DV, 0.f, h + c.y0, DV);
+    if (inter) sgemm(false, false, L, c.ny, DK, 1.f, tb.sc, DK, c.C(c.j), c.ny, 1.f, h + c.y0, DV);
+    return;
+  }
+  // V packed once for P·V and the state update after it (chunk_state_in_place); C_j packed.
+  f32::pack(false, L, c.ny, c.v() + c.y0, DV, tb.pk);
+  f32::gemm(f32::Tri::kLowerA, false, L, c.ny, L, 1.f, tb.P, L, tb.pk, 0.f, h + c.y0, DV);
+  if (!inter) return;
+  f32::pack(false, DK, c.ny, c.C(c.j), c.ny, tb.pk2);
+  f32::gemm(f32::Tri::kNone, false, L, c.ny, DK, 1.f, tb.sc, DK, tb.pk2, 1.f, h + c.y0, DV);
 }
 
 // The forward on one thread per head (or per part of its columns), chunk by chunk with one state
@@ -400,6 +457,15 @@ void sweep_chunk(const ChunkRef& c, Chain& chain, int64_t seq, bool need_last) {
 struct GradOut {
   float *dq, *dk, *dv;
 };
+
+// Y [L × N] = A [L × K] · Bᵀ (B [N × K], both row-major) on the micro-kernel: Yᵀ = B·Aᵀ with Aᵀ
+// packed (L columns: small), then Y = (Yᵀ)ᵀ — B itself (a chunk state, N × K = DK × DV) is read in
+// place instead of being packed transposed (devlog v0.4: 80 against OpenBLAS's 90 µs at D = 256).
+void abt_via_transpose(const ChunkRef& c, int64_t L, int64_t N, int64_t K, const float* A, const float* B, float* Y) {
+  f32::pack(true, K, L, A, K, c.tb.pk);
+  f32::gemm(f32::Tri::kNone, false, N, L, K, 1.f, B, K, c.tb.pk, 0.f, c.tb.xt, L);
+  f32::transpose(N, L, c.tb.xt, L, Y, N);
+}
 
 // From dP (dnum_t·v_s) and X (C_j dnum_t, in dq's rows when `inter`): the denominator's gradient
 // ddr, dS = (dP + ddr)∘E in dP's place, dq's inter part, and the gate terms of the intra-chunk
@@ -443,9 +509,13 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
   const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
   const float scale = c.cx.scale;
   ThreadBufs& tb = c.tb;
-  chunk_stabilizers(c);
-  chunk_decay(c);
-  chunk_scores(c);
+  if (c.hb.saved) {
+    saved_chunk(c, false);
+  } else {
+    chunk_stabilizers(c);
+    chunk_decay(c);
+    chunk_scores(c);
+  }
   for (int64_t t = 0; t < L; ++t) {
     const float r = 1.f / tb.den[t];
     for (int64_t y = 0; y < DV; ++y) tb.dnum[t * DV + y] = dh[t * DV + y] * r;
@@ -455,18 +525,34 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
   float *Cj = c.C(c.j), *nj = c.n(c.j);
   if (inter) {  // X_t = C_j dnum_t (0 for the zero state: K = 0 writes the zeros)
     const int64_t K = zero_state(c) ? 0 : DV;
-    sgemm(false, true, L, DK, K, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);
+    if (c.cx.kern && K > 0)
+      abt_via_transpose(c, L, DK, DV, tb.dnum, Cj, g.dq);
+    else
+      sgemm(false, true, L, DK, K, 1.f, tb.dnum, DV, Cj, DV, 0.f, g.dq, DK);
   }
   chunk_dscores(c, inter, g.dq, di, dcum);
   tri_tb(L, DK, scale, tb.dP, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
   tri_ttb(L, DK, scale, tb.dP, c.q(), DK, 0.f, g.dk, DK);
-  tri_ttb(L, DV, 1.f, tb.P, tb.dnum, DV, 0.f, g.dv, DV);
+  if (c.cx.kern) {  // dNum packed once for Pᵀ·dNum and dC_j below
+    f32::pack(false, L, DV, tb.dnum, DV, tb.pk);
+    f32::gemm(f32::Tri::kUpperA, true, L, DV, L, 1.f, tb.P, L, tb.pk, 0.f, g.dv, DV);
+  } else {
+    tri_ttb(L, DV, 1.f, tb.P, tb.dnum, DV, 0.f, g.dv, DV);
+  }
   // Own part of dC_j = Q̂ᵀ diag(w) dNum, dn_j = Σ_t w_t ddr_t q̂_t (C_j, n_j are not needed again).
   // The zero state's (the first chunk without an initial state) is not needed at all: no dc0.
   if (zero_state(c)) return;
   std::fill(nj, nj + DK, 0.f);
   if (!inter) {
     std::fill(Cj, Cj + DK * DV, 0.f);
+    return;
+  }
+  if (c.cx.kern) {  // dC_j = scale (diag(w) Q̂)ᵀ dNum, w folded into a copy of the queries
+    for (int64_t t = 0; t < L; ++t) {
+      const float w = tb.w[t], wd = scale * w * tb.ddr[t];
+      for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = w * c.q()[t * DK + x], nj[x] += wd * c.q()[t * DK + x];
+    }
+    f32::gemm(f32::Tri::kNone, true, DK, DV, L, scale, tb.sc, DK, tb.pk, 0.f, Cj, DV);
     return;
   }
   for (int64_t t = 0; t < L; ++t) {
@@ -497,7 +583,10 @@ void chunk_backward_state(const ChunkRef& c, const GradOut& g, float* di, float*
   const float* A = tb.E + (L - 1) * L;
   const float *dC = c.C(c.j + 1), *dn = c.n(c.j + 1);
   if (any_nonzero(A, L) && (any_nonzero(dn, DK) || any_nonzero(dC, DK * DV))) {
-    sgemm(false, true, L, DK, DV, 1.f, c.v(), DV, dC, DV, 0.f, tb.sc, DK);  // dC_{j+1} v_s
+    if (c.cx.kern)  // dC_{j+1} v_s
+      abt_via_transpose(c, L, DK, DV, c.v(), dC, tb.sc);
+    else
+      sgemm(false, true, L, DK, DV, 1.f, c.v(), DV, dC, DV, 0.f, tb.sc, DK);
     for (int64_t s = 0; s < L; ++s) {
       float* u = tb.sc + s * DK;
       for (int64_t x = 0; x < DK; ++x) u[x] += dn[x], g.dk[s * DK + x] += A[s] * u[x];
@@ -505,7 +594,12 @@ void chunk_backward_state(const ChunkRef& c, const GradOut& g, float* di, float*
       di[s] += kd;
       for (int64_t x = 0; x < DK; ++x) u[x] = A[s] * c.k()[s * DK + x];
     }
-    sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, dC, DV, 1.f, g.dv, DV);
+    if (c.cx.kern) {
+      f32::pack(false, DK, DV, dC, DV, tb.pk2);
+      f32::gemm(f32::Tri::kNone, false, L, DV, DK, 1.f, tb.sc, DK, tb.pk2, 1.f, g.dv, DV);
+    } else {
+      sgemm(false, false, L, DV, DK, 1.f, tb.sc, DK, dC, DV, 1.f, g.dv, DV);
+    }
   }
   for (int64_t t = 0; t < L; ++t) dcum[t] -= di[t];  // q̂_t·dq̂_t − k_t·dk_t
 }
@@ -573,11 +667,13 @@ struct Team {
 };
 
 // For each head: `fwd` over its chunks in order, then (with `rev`) `rev` over them in reverse and
-// `fin` once after every member is done.
+// `fin` once after every member is done. `fused` (forward_backward): the team waits for every
+// member's `fwd` before any `rev` (`fwd` reads C_j after publishing C_{j+1}, and `rev` writes dC_j
+// over C_j), and keeps each chunk's forward quantities for `rev` (HeadBufs::saved).
 template <class Fwd, class Rev, class Fin>
-void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) {
+void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, bool fused = false) {
   const int64_t Lc = std::min(chunk_of(p), p.S), NC = (p.S + Lc - 1) / Lc, DK = p.DK, DV = p.DV;
-  const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK))};
+  const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK)), use_kernel_gemm()};
   const Plan pl = plan_of(p, NC, reverse);
   const int T = pl.size * pl.teams;
   std::vector<memory::HostBuffer> keep;
@@ -591,6 +687,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
     advise_huge_pages(h.C, slots * DK * DV * int64_t(sizeof(float)));
     h.cum = alloc<double>(keep, p.S), h.gl = alloc<double>(keep, p.S), h.lmax = alloc<double>(keep, p.S);
     h.seg = alloc<int32_t>(keep, p.S), h.hs = alloc<uint8_t>(keep, p.S), h.m = alloc<double>(keep, NC + 1);
+    if (fused) h.saved = alloc<float>(keep, NC * (2 * Lc * Lc + 5 * Lc)), h.saved_mt = alloc<double>(keep, NC * Lc);
   }
   std::vector<ThreadBufs> tbs(T);
   for (ThreadBufs& b : tbs) {
@@ -601,6 +698,10 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
     b.qn = alloc<float>(keep, Lc), b.cs = alloc<float>(keep, Lc), b.ones = alloc<float>(keep, Lc);
     std::fill_n(b.ones, Lc, 1.f);
     if (!reverse && pl.size == 1) b.dn = alloc<float>(keep, DK);
+    if (cx.kern) {
+      const int64_t most = std::max({Lc, DK, DV}), n = f32::packed_floats(most, most);  // K × N ≤ most × most
+      b.pk = alloc<float>(keep, n), b.pk2 = alloc<float>(keep, n), b.xt = alloc<float>(keep, std::max(DK, DV) * Lc);
+    }
   }
   cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
     Team& team = *teams[tid / pl.size];
@@ -613,6 +714,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse) 
         return ChunkRef{cx, team.hb, tbs[tid], bh / p.NH, bh, j, j * Lc, std::min(Lc, p.S - j * Lc), y0, ny};
       };
       for (int64_t j = rank; j < NC; j += pl.size) fwd(chunk(j), team.chain, seq);
+      if (fused && pl.size > 1) team.sync.arrive_and_wait();
       if (reverse)
         for (int64_t j = NC - 1 - rank; j >= 0; j -= pl.size) rev(chunk(j), team.chain, seq);
       {
@@ -660,6 +762,34 @@ class Cpu final : public Implementation {
   void backward(const Problem& p, const BackwardArgs& a) const override {
     const bool need_last = a.dc_last || a.dn_last;
     auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) { sweep_chunk(c, chain, seq, need_last); };
+    reverse_pass(p, a, fwd, false);
+  }
+
+  // v0.4: the forward and the backward in one pass over the chunk states. The backward's sweep
+  // forms every C_j anyway; each chunk's h comes from it right after the chain step, so the
+  // forward's state products are not issued twice (a forward call, then a backward call, would).
+  // TESSERA_MLSTM_CPU_FUSED=0: the two calls one after the other (v0.3, for side-by-side timing).
+  void forward_backward(const Problem& p, const ForwardOut& out, const BackwardArgs& a) const override {
+    if (!env::flag("TESSERA_MLSTM_CPU_FUSED", true)) {
+      forward(p, out);
+      backward(p, a);
+      return;
+    }
+    const bool need_last = out.c_last || a.dc_last || a.dn_last;
+    auto fwd = [&](const ChunkRef& c, Chain& chain, int64_t seq) {
+      sweep_chunk(c, chain, seq, need_last);  // C_j final, C_{j+1} published
+      chunk_output(c, out.h + (c.bh * p.S + c.start) * p.DV);
+      if (c.j + 1 < c.cx.NC || !out.c_last) return;
+      std::copy_n(c.C(c.j + 1), p.DK * p.DV, out.c_last + c.bh * p.DK * p.DV);
+      std::copy_n(c.n(c.j + 1), p.DK, out.n_last + c.bh * p.DK);
+      out.m_last[c.bh] = float(c.hb.m[c.j + 1]);
+    };
+    reverse_pass(p, a, fwd, true);
+  }
+
+ private:
+  template <class Fwd>
+  void reverse_pass(const Problem& p, const BackwardArgs& a, Fwd& fwd, bool fused) const {
     auto rev = [&](const ChunkRef& c, Chain& chain, int64_t seq) {
       const int64_t g0 = c.bh * p.S + c.start, NC = c.cx.NC;
       const GradOut g{a.dq + g0 * p.DK, a.dk + g0 * p.DK, a.dv + g0 * p.DV};
@@ -678,7 +808,7 @@ class Cpu final : public Implementation {
       chunk_backward_state(c, g, a.di + g0, a.df + g0);
     };
     auto fin = [&](const Ctx& cx, int64_t b, int64_t bh, double dot_last) { gate_suffix(cx, b, bh, dot_last, a); };
-    run_heads(p, fwd, rev, fin, true);
+    run_heads(p, fwd, rev, fin, true, fused);
   }
 };
 

@@ -75,6 +75,12 @@ class Implementation : public dispatch::ImplementationBase {
   virtual void forward(const Problem& p, const ForwardOut& out) const = 0;
   // Recomputes what it needs of the forward.
   virtual void backward(const Problem& p, const BackwardArgs& args) const = 0;
+  // Both passes in one call (the fused pass: forward_backward in the API). The default runs them
+  // one after the other; cpu shares the chunk states between them.
+  virtual void forward_backward(const Problem& p, const ForwardOut& out, const BackwardArgs& args) const {
+    forward(p, out);
+    backward(p, args);
+  }
 };
 
 using Registry = dispatch::Registry<Implementation>;

@@ -77,20 +77,19 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
         std::string(kKernelName) + ": " + pass_name(a.pass) + " writes " + std::to_string(want.size()) +
             " outputs, got " + std::to_string(out.size()));
   size_t j = 0;
-  std::string ran;
+  TensorView h;
+  LastStates last;
   if (a.pass != Pass::kBackward) {
-    const TensorView h = out[j++];
-    LastStates last;
+    h = out[j++];
     if (a.options.flag("return_last_states")) last = {out[j], out[j + 1], out[j + 2]}, j += 3;
-    ran = forward(in, h, last, opt);
   }
-  if (a.pass != Pass::kForward) {
-    Grads g{out[j], out[j + 1], out[j + 2], out[j + 3], out[j + 4]};
-    if (j + 7 == out.size()) g.dc0 = out[j + 5], g.dn0 = out[j + 6];
-    ran = backward(in, kernels::required(a, kKernelName, "grad_h"), g, opt, opt_tensor(a, "grad_c_last"),
-                   opt_tensor(a, "grad_n_last"));
-  }
-  return ran;
+  if (a.pass == Pass::kForward) return forward(in, h, last, opt);
+  Grads g{out[j], out[j + 1], out[j + 2], out[j + 3], out[j + 4], {}, {}};
+  if (j + 7 == out.size()) g.dc0 = out[j + 5], g.dn0 = out[j + 6];
+  const TensorView dh = kernels::required(a, kKernelName, "grad_h");
+  const TensorView dcl = opt_tensor(a, "grad_c_last"), dnl = opt_tensor(a, "grad_n_last");
+  if (a.pass == Pass::kFused) return forward_backward(in, h, last, dh, g, opt, dcl, dnl);  // cpu: states formed once
+  return backward(in, dh, g, opt, dcl, dnl);
 }
 
 kernels::CallSpec call_spec() {

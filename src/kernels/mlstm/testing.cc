@@ -50,11 +50,14 @@ void run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass
   Options opt = s.opt;
   opt.implementation = impl;
   const LastStates last = s.last_states ? LastStates{o.c.view(), o.n.view(), o.m.view()} : LastStates{};
-  if (pass != Pass::kBackward) forward(d.inputs(), o.h.view(), last, opt);
-  if (pass != Pass::kForward)
-    backward(d.inputs(), d.dh.view(), {o.dq.view(), o.dk.view(), o.dv.view(), o.di.view(), o.df.view(),
-                                       view_or_empty(o.dc0), view_or_empty(o.dn0)},
-             opt, s.last_states ? d.dc_last.view() : TensorView{}, s.last_states ? d.dn_last.view() : TensorView{});
+  const Grads g{o.dq.view(), o.dk.view(), o.dv.view(), o.di.view(), o.df.view(), view_or_empty(o.dc0), view_or_empty(o.dn0)};
+  const TensorView dcl = s.last_states ? d.dc_last.view() : TensorView{}, dnl = s.last_states ? d.dn_last.view() : TensorView{};
+  if (pass == Pass::kFused) {  // the one-call path (cpu: the chunk states formed once for both)
+    forward_backward(d.inputs(), o.h.view(), last, d.dh.view(), g, opt, dcl, dnl);
+    return;
+  }
+  if (pass == Pass::kForward) forward(d.inputs(), o.h.view(), last, opt);
+  if (pass == Pass::kBackward) backward(d.inputs(), d.dh.view(), g, opt, dcl, dnl);
 }
 
 }  // namespace

@@ -1,0 +1,258 @@
+// Tessera primitives: f32 GEMM on packed panels (cpu_f32_gemm.h). The AVX-512 path is compiled
+// with target attributes and chosen at run time; the portable loop is the fallback.
+#include "primitives/cpu_f32_gemm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() as their masked-off source, which
+// -Wmaybe-uninitialized reports at every inlined use (a known false positive; cpu_bf16_gemm.cc too).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define TESSERA_F32_TARGET __attribute__((target("avx512f")))
+#endif
+
+#include "core/env.h"
+
+namespace tessera::cpu_f32_gemm {
+namespace {
+
+int64_t panels_of(int64_t N) { return (N + kPanel - 1) / kPanel; }
+
+// The k range a block of rows i0 .. i0 + rows takes (the causal shapes skip what is zero).
+struct KRange {
+  int64_t lo, hi;
+};
+KRange k_range(Tri tri, int64_t i0, int64_t rows, int64_t K) {
+  if (tri == Tri::kLowerA) return {0, std::min(K, i0 + rows)};
+  if (tri == Tri::kUpperA) return {std::min(K, i0), K};
+  return {0, K};
+}
+
+// Row i of C keeps columns n < keep(i); kLowerC: n ≤ i.
+int64_t keep_cols(Tri tri, int64_t i, int64_t N) { return tri == Tri::kLowerC ? std::min(N, i + 1) : N; }
+
+void gemm_portable(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                   const float* packed, float beta, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    const KRange kr = k_range(tri, i, 1, K);
+    const int64_t keep = keep_cols(tri, i, N);
+    for (int64_t n = 0; n < N; ++n) {
+      float& c = C[i * ldc + n];
+      if (n >= keep) {
+        c = 0.0f;
+        continue;
+      }
+      const float* b = packed + (n / kPanel) * K * kPanel + n % kPanel;
+      float s = 0.0f;
+      for (int64_t k = kr.lo; k < kr.hi; ++k) s += (trans_a ? A[k * lda + i] : A[i * lda + k]) * b[k * kPanel];
+      c = alpha * s + (beta != 0.0f ? beta * c : 0.0f);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// Register block: MR rows × NV vectors of 16 columns (MR·NV zmm accumulators) of one panel, over
+// k in kr. A at the block's first row (trans_a: its first column). Row i stores columns < cols,
+// those ≥ keep0 + i as 0 (kLowerC; keep0 ≥ cols otherwise).
+template <int MR, int NV, bool TA>
+TESSERA_F32_TARGET void tile(KRange kr, const float* A, int64_t lda, const float* panel, int64_t cols, int64_t keep0,
+                             float alpha, float beta, float* C, int64_t ldc) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int64_t k = kr.lo; k < kr.hi; ++k) {
+    __m512 b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(panel + k * kPanel + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(TA ? A[k * lda + i] : A[i * lda + k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const int64_t left = cols - 16 * v;
+    const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1u);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      float* c = C + i * ldc + 16 * v;
+      __m512 r = _mm512_mul_ps(acc[i][v], va);
+      if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, c), r);
+      const int64_t live = keep0 + i - 16 * v;  // lanes < live keep their value
+      if (live < 16) r = _mm512_maskz_mov_ps(live <= 0 ? __mmask16(0) : __mmask16((1u << live) - 1u), r);
+      _mm512_mask_storeu_ps(c, m, r);
+    }
+  }
+}
+
+constexpr int kMR = 6, kNV = int(kPanel / 16);  // 24 accumulators + 4 B vectors + 1 broadcast of 32 zmm
+
+// Rows `rows` (≤ MR) of one panel: columns 0 .. cols of it computed (vectors as needed), the
+// panel's columns cols .. width set to 0 (kLowerC's blocks past the diagonal).
+template <int MR, bool TA>
+TESSERA_F32_TARGET void rows_tile(KRange kr, const float* A, int64_t lda, const float* panel, int64_t cols,
+                                  int64_t width, int64_t keep0, float alpha, float beta, float* C, int64_t ldc) {
+  static_assert(kNV == 4, "the switch covers 1..4 vectors");
+  switch ((cols + 15) / 16) {
+    case 0: break;
+    case 1: tile<MR, 1, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, C, ldc); break;
+    case 2: tile<MR, 2, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, C, ldc); break;
+    case 3: tile<MR, 3, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, C, ldc); break;
+    default: tile<MR, kNV, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, C, ldc); break;
+  }
+  if (cols < width)
+    for (int i = 0; i < MR; ++i) std::fill(C + i * ldc + cols, C + i * ldc + width, 0.0f);
+}
+
+template <int MR, bool TA>
+TESSERA_F32_TARGET void tail_rows(int64_t rows, KRange kr, const float* A, int64_t lda, const float* panel, int64_t cols,
+                                  int64_t width, int64_t keep0, float alpha, float beta, float* C, int64_t ldc) {
+  if constexpr (MR > 0) {
+    if (rows == MR) return rows_tile<MR, TA>(kr, A, lda, panel, cols, width, keep0, alpha, beta, C, ldc);
+    tail_rows<MR - 1, TA>(rows, kr, A, lda, panel, cols, width, keep0, alpha, beta, C, ldc);
+  }
+}
+
+// Every row of one panel (columns c0 .. c0 + width), kMR rows at a time.
+template <bool TA>
+TESSERA_F32_TARGET void panel_rows(Tri tri, int64_t M, int64_t K, const float* A, int64_t lda, const float* panel,
+                                   int64_t c0, int64_t width, float alpha, float beta, float* C, int64_t ldc) {
+  for (int64_t i0 = 0; i0 < M; i0 += kMR) {
+    const int64_t rows = std::min<int64_t>(kMR, M - i0);
+    const KRange kr = k_range(tri, i0, rows, K);
+    // kLowerC: the block's last row reaches column i0 + rows − 1; row i keeps n ≤ i.
+    const bool lower_c = tri == Tri::kLowerC;
+    const int64_t cols = lower_c ? std::clamp<int64_t>(i0 + rows - c0, 0, width) : width;
+    const int64_t keep0 = lower_c ? i0 + 1 - c0 : width;
+    const float* a = TA ? A + i0 : A + i0 * lda;
+    float* c = C + i0 * ldc + c0;
+    if (rows == kMR) rows_tile<kMR, TA>(kr, a, lda, panel, cols, width, keep0, alpha, beta, c, ldc);
+    else tail_rows<kMR - 1, TA>(rows, kr, a, lda, panel, cols, width, keep0, alpha, beta, c, ldc);
+  }
+}
+
+TESSERA_F32_TARGET void gemm_avx512(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                                    int64_t lda, const float* packed, float beta, float* C, int64_t ldc) {
+  for (int64_t p = 0; p < panels_of(N); ++p) {
+    const int64_t c0 = p * kPanel, width = std::min(kPanel, N - c0);
+    const float* panel = packed + p * K * kPanel;
+    if (trans_a) panel_rows<true>(tri, M, K, A, lda, panel, c0, width, alpha, beta, C, ldc);
+    else panel_rows<false>(tri, M, K, A, lda, panel, c0, width, alpha, beta, C, ldc);
+  }
+}
+
+// r[i] = row i of a 16 × 16 block; afterwards r[i] = column i.
+TESSERA_F32_TARGET inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// pack with trans_b: 16 columns × 16 values of k at a time through transpose16.
+TESSERA_F32_TARGET void pack_trans_avx512(int64_t K, int64_t N, const float* B, int64_t ldb, float* packed) {
+  for (int64_t c0 = 0; c0 < panels_of(N) * kPanel; c0 += 16) {
+    float* dst = packed + (c0 / kPanel) * K * kPanel + c0 % kPanel;
+    const int64_t ncols = std::clamp<int64_t>(N - c0, 0, 16);
+    for (int64_t k0 = 0; k0 < K; k0 += 16) {
+      const int64_t nk = std::min<int64_t>(16, K - k0);
+      const __mmask16 m = nk >= 16 ? __mmask16(0xffff) : __mmask16((1u << nk) - 1u);
+      __m512 r[16];
+      for (int c = 0; c < 16; ++c) r[c] = c < ncols ? _mm512_maskz_loadu_ps(m, B + (c0 + c) * ldb + k0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t k = 0; k < nk; ++k) _mm512_storeu_ps(dst + (k0 + k) * kPanel, r[k]);
+    }
+  }
+}
+
+// transpose: 16 × 16 blocks through transpose16, masked at the edges.
+TESSERA_F32_TARGET void transpose_avx512(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t nr = std::min<int64_t>(16, rows - r0);
+    const __mmask16 mr = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1u);
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t nc = std::min<int64_t>(16, cols - c0);
+      const __mmask16 mc = nc >= 16 ? __mmask16(0xffff) : __mmask16((1u << nc) - 1u);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = i < nr ? _mm512_maskz_loadu_ps(mc, src + (r0 + i) * lds + c0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t c = 0; c < nc; ++c) _mm512_mask_storeu_ps(dst + (c0 + c) * ldd + r0, mr, r[c]);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+void transpose(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd) {
+#if defined(__x86_64__)
+  if (available()) return transpose_avx512(rows, cols, src, lds, dst, ldd);
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+}
+
+bool available() {
+#if defined(__x86_64__)
+  static const bool have = __builtin_cpu_supports("avx512f");
+  return have && env::flag("TESSERA_CPU_F32_GEMM", true);
+#else
+  return false;
+#endif
+}
+
+int64_t packed_floats(int64_t K, int64_t N) { return panels_of(N) * std::max<int64_t>(K, 0) * kPanel; }
+
+void pack(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* packed) {
+  if (K <= 0 || N <= 0) return;
+#if defined(__x86_64__)
+  if (trans_b && available()) return pack_trans_avx512(K, N, B, ldb, packed);
+#endif
+  for (int64_t p = 0; p < panels_of(N); ++p) {
+    const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+    float* dst = packed + p * K * kPanel;
+    for (int64_t k = 0; k < K; ++k, dst += kPanel) {
+      if (trans_b)
+        for (int64_t c = 0; c < cols; ++c) dst[c] = B[(n0 + c) * ldb + k];
+      else
+        std::memcpy(dst, B + k * ldb + n0, size_t(cols) * sizeof(float));
+      std::fill(dst + cols, dst + kPanel, 0.0f);
+    }
+  }
+}
+
+void gemm(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* packed, float beta, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t n = 0; n < N; ++n) C[i * ldc + n] = beta != 0.0f && n < keep_cols(tri, i, N) ? beta * C[i * ldc + n] : 0.0f;
+    return;
+  }
+#if defined(__x86_64__)
+  if (available()) return gemm_avx512(tri, trans_a, M, N, K, alpha, A, lda, packed, beta, C, ldc);
+#endif
+  gemm_portable(tri, trans_a, M, N, K, alpha, A, lda, packed, beta, C, ldc);
+}
+
+}  // namespace tessera::cpu_f32_gemm

@@ -1,0 +1,54 @@
+// Tessera primitives: an f32 GEMM on packed panels, for the small repeated tile products inside
+// fused CPU kernels (issue #24's shared micro-kernels; the f32 one, beside cpu_bf16_gemm).
+//
+//   C[M × N] = alpha · op(A)[M × K] · B[K × N] + beta · C      (beta = 0: C is not read)
+//
+// B is packed once (pack) and then multiplied by any number of A: a kernel packs the operand
+// that several products share (mlstm: V, the keys, a chunk state). Packed layout: panels of
+// kPanel columns; panel p holds, for each row k of B, kPanel floats (B[k][p·kPanel + c]); the
+// columns past N are zero. op(A) is A (row i at A + i·lda) or, with trans_a, Aᵀ (A is K × M,
+// row k at A + k·lda): both are read in place, one broadcast per value, so A is never packed.
+//
+// Causal shapes (Tri), for the L × L tiles of chunkwise recurrences, skip the work that is zero:
+//   kLowerA   op(A) is lower triangular (op(A)[i][k] = 0 for k > i): row block i0 .. i0 + r takes
+//             k < i0 + r only. The zeros must be there: a block reads up to its last row's diagonal.
+//   kUpperA   op(A) is upper triangular (0 for k < i): row block i0 .. takes k ≥ i0 only (the
+//             zeros below the diagonal within a block must be there).
+//   kLowerC   only C[i][n] for n ≤ i is computed; C[i][n] for i < n < N is set to 0 (beta must be 0).
+//
+// gemm runs a register-blocked AVX-512 FMA micro-kernel (6 rows × 64 columns; fewer column
+// vectors at the edges) where the CPU has AVX-512F (runtime check) and a portable loop over the
+// same layout elsewhere (the same values up to the order of the f32 sums: both sum over k in
+// order, the portable loop per element, so they differ by the FMA's single rounding only).
+// TESSERA_CPU_F32_GEMM=0 forces the portable loop (triage, side-by-side timing).
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::cpu_f32_gemm {
+
+inline constexpr int64_t kPanel = 64;  // columns of B per packed panel
+
+enum class Tri { kNone, kLowerA, kUpperA, kLowerC };
+
+// AVX-512F present (and not turned off by TESSERA_CPU_F32_GEMM=0): gemm is fast.
+bool available();
+
+// Floats of a packed B with K rows and N columns: ceil(N / kPanel) · K · kPanel.
+int64_t packed_floats(int64_t K, int64_t N);
+
+// Pack B [K × N]: B[k][n] at B + k·ldb + n, or with trans_b at B + n·ldb + k (B given as its
+// transpose, N rows of K: the keys for Q·Kᵀ).
+void pack(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* packed);
+
+// C = alpha·op(A)·B + beta·C with B packed by pack(·, K, N' ≥ N, ...) (its first N columns).
+// C: row i at C + i·ldc, N values; nothing else of C is touched. M or N ≤ 0: nothing; K ≤ 0:
+// C = beta·C (0 for beta = 0).
+void gemm(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* packed, float beta, float* C, int64_t ldc);
+
+// dst[c][r] = src[r][c] for r < rows, c < cols (src row r at src + r·lds, dst row c at dst + c·ldd):
+// a product's output wanted the other way round (mlstm: Xᵀ = C·dNumᵀ formed, X read).
+void transpose(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd);
+
+}  // namespace tessera::cpu_f32_gemm

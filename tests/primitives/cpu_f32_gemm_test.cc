@@ -1,0 +1,177 @@
+// cpu_f32_gemm: the packed layout (both packers, both code paths, bit for bit), and the GEMM
+// against a double loop over tails of every dimension (rows past the 6-row block, columns past the
+// 16-column vectors and the 64-column panels, K = 1), both A layouts, every causal shape, alpha,
+// beta, and NaN sentinels in everything it must not read or write.
+#include "primitives/cpu_f32_gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "core/random.h"
+
+namespace tessera {
+namespace {
+
+namespace g = cpu_f32_gemm;
+using g::Tri;
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Runs f with the AVX-512 path and, where the CPU has it, again forced portable.
+template <class F>
+void both_paths(F&& f) {
+  f(false);
+  if (!g::available()) return;
+  ::setenv("TESSERA_CPU_F32_GEMM", "0", 1);
+  f(true);
+  ::unsetenv("TESSERA_CPU_F32_GEMM");
+}
+
+// A row-major matrix [rows × ld] of values in [-1, 1], NaN in the padding columns ≥ cols.
+std::vector<float> matrix(int64_t rows, int64_t cols, int64_t ld, uint64_t seed) {
+  std::vector<float> m(static_cast<size_t>(rows * ld), kNaN);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) m[size_t(r * ld + c)] = float(random_unit(seed, r * ld + c) * 2 - 1);
+  return m;
+}
+
+// The layout as the header states it, from B[k][n] = b(k, n).
+template <class B>
+std::vector<float> layout(int64_t K, int64_t N, B b) {
+  const int64_t panels = (N + g::kPanel - 1) / g::kPanel;
+  std::vector<float> out(size_t(panels * K * g::kPanel), 0.0f);
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t c = 0; c < g::kPanel && p * g::kPanel + c < N; ++c)
+        out[size_t((p * K + k) * g::kPanel + c)] = b(k, p * g::kPanel + c);
+  return out;
+}
+
+TEST(CpuF32Gemm, PackedLayoutBothPackersBothPaths) {
+  for (auto [K, N] : {std::pair<int64_t, int64_t>{1, 1}, {5, 17}, {16, 64}, {17, 65}, {33, 130}, {64, 256}}) {
+    const int64_t ld = N + 3, ldt = K + 5;
+    const std::vector<float> B = matrix(K, N, ld, 11), Bt = matrix(N, K, ldt, 12);
+    const auto want = layout(K, N, [&](int64_t k, int64_t n) { return B[size_t(k * ld + n)]; });
+    const auto want_t = layout(K, N, [&](int64_t k, int64_t n) { return Bt[size_t(n * ldt + k)]; });
+    ASSERT_EQ(int64_t(want.size()), g::packed_floats(K, N));
+    both_paths([&](bool portable) {
+      std::vector<float> got(want.size(), kNaN), got_t(want.size(), kNaN);
+      g::pack(false, K, N, B.data(), ld, got.data());
+      g::pack(true, K, N, Bt.data(), ldt, got_t.data());
+      // memcmp-like: exact copies, zeros past N.
+      for (size_t e = 0; e < want.size(); ++e) {
+        ASSERT_EQ(got[e], want[e]) << "K " << K << " N " << N << " e " << e << " portable " << portable;
+        ASSERT_EQ(got_t[e], want_t[e]) << "K " << K << " N " << N << " e " << e << " portable " << portable;
+      }
+    });
+  }
+}
+
+struct Case {
+  Tri tri;
+  bool trans_a;
+  int64_t M, N, K;
+  float alpha, beta;
+};
+
+// op(A)[i][k] with the causal shape's zeros written in (the contract asks the caller for them).
+float op_a(const Case& c, const std::vector<float>& A, int64_t lda, int64_t i, int64_t k) {
+  if (c.tri == Tri::kLowerA && k > i) return 0.0f;
+  if (c.tri == Tri::kUpperA && k < i) return 0.0f;
+  return c.trans_a ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)];
+}
+
+void check(const Case& c, uint64_t seed) {
+  const int64_t lda = (c.trans_a ? c.M : c.K) + 2, ldb = c.N + 1, ldc = c.N + 3;
+  std::vector<float> A = matrix(c.trans_a ? c.K : c.M, c.trans_a ? c.M : c.K, lda, seed);
+  for (int64_t i = 0; i < c.M; ++i)  // the zeros of the causal shapes, in A itself
+    for (int64_t k = 0; k < c.K; ++k) (c.trans_a ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)]) = op_a(c, A, lda, i, k);
+  const std::vector<float> B = matrix(c.K, c.N, ldb, seed + 1), C0 = matrix(c.M, c.N, ldc, seed + 2);
+  both_paths([&](bool portable) {
+    std::vector<float> packed(size_t(g::packed_floats(c.K, c.N)));
+    g::pack(false, c.K, c.N, B.data(), ldb, packed.data());
+    std::vector<float> C = C0;
+    g::gemm(c.tri, c.trans_a, c.M, c.N, c.K, c.alpha, A.data(), lda, packed.data(), c.beta, C.data(), ldc);
+    for (int64_t i = 0; i < c.M; ++i) {
+      for (int64_t n = 0; n < c.N; ++n) {
+        double want = 0.0, mag = 0.0;
+        for (int64_t k = 0; k < c.K; ++k) {
+          const double t = double(op_a(c, A, lda, i, k)) * B[size_t(k * ldb + n)];
+          want += t, mag += std::fabs(t);
+        }
+        const double old = C0[size_t(i * ldc + n)];
+        want = c.alpha * want + (c.beta != 0.0f ? c.beta * old : 0.0);
+        if (c.tri == Tri::kLowerC && n > i) want = 0.0;
+        // f32 sums of K products in some order: each partial sum rounds once (≤ 2^-24 relative),
+        // so |error| ≤ K·2^-24·Σ|a b|·|alpha| (+ the beta term's rounding); 2× for slack.
+        const double tol = 2.0 * (double(c.K) * 0x1p-24 * mag * std::fabs(c.alpha) + 0x1p-24 * std::fabs(c.beta * old)) + 1e-30;
+        const float got = C[size_t(i * ldc + n)];
+        ASSERT_NEAR(got, want, tol) << "tri " << int(c.tri) << " trans_a " << c.trans_a << " M " << c.M << " N " << c.N
+                                    << " K " << c.K << " i " << i << " n " << n << " portable " << portable;
+      }
+      for (int64_t n = c.N; n < ldc; ++n) ASSERT_TRUE(std::isnan(C[size_t(i * ldc + n)])) << "padding written";
+    }
+  });
+}
+
+TEST(CpuF32Gemm, MatchesADoubleLoopOverTailsAndShapes) {
+  uint64_t seed = 100;
+  for (Tri tri : {Tri::kNone, Tri::kLowerA, Tri::kUpperA, Tri::kLowerC})
+    for (bool ta : {false, true})
+      for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 7, 3}, {6, 16, 6}, {7, 17, 7}, {13, 33, 13},
+                             {12, 48, 12}, {64, 64, 64}, {65, 65, 65}, {70, 130, 70}, {20, 200, 20}}) {
+        // The causal shapes are square in (i, k) (L × L tiles); kNone also takes K ≠ M.
+        const int64_t Kc = tri == Tri::kNone ? K + 9 : tri == Tri::kLowerC ? K + 1 : M;
+        const int64_t Nc = tri == Tri::kLowerC ? M + N % 5 : N;  // kLowerC: L × L outputs, and wider
+        check({tri, ta, M, Nc, Kc, 1.0f, 0.0f}, seed++);
+        if (tri != Tri::kLowerC) {
+          check({tri, ta, M, Nc, Kc, 0.5f, 1.0f}, seed++);
+          check({tri, ta, M, Nc, Kc, -1.5f, 0.25f}, seed++);
+        }
+      }
+}
+
+TEST(CpuF32Gemm, MlstmShapes) {
+  // The products of an mlstm chunk (L = 64, D = 256) and a tail chunk (L = 40).
+  check({Tri::kNone, true, 256, 256, 64, 0.7f, 1.0f}, 1);   // C += b Kᵀ diag(A) V
+  check({Tri::kNone, false, 64, 256, 256, 1.0f, 1.0f}, 2);  // h += Q̂ C
+  check({Tri::kLowerA, false, 64, 256, 64, 1.0f, 0.0f}, 3);  // P V
+  check({Tri::kUpperA, true, 64, 256, 64, 1.0f, 0.0f}, 4);   // Pᵀ dNum
+  check({Tri::kLowerC, false, 64, 64, 256, 0.0625f, 0.0f}, 5);  // Q̂ Kᵀ
+  check({Tri::kLowerA, false, 40, 256, 40, 1.0f, 1.0f}, 6);
+  check({Tri::kUpperA, true, 40, 256, 40, 1.0f, 0.0f}, 7);
+}
+
+TEST(CpuF32Gemm, TransposeOverTailsBothPaths) {
+  for (auto [R, C] : {std::pair<int64_t, int64_t>{1, 1}, {5, 17}, {16, 16}, {17, 33}, {64, 256}, {256, 40}}) {
+    const int64_t lds = C + 3, ldd = R + 2;
+    const std::vector<float> src = matrix(R, C, lds, 21);
+    both_paths([&](bool portable) {
+      std::vector<float> dst(size_t(C * ldd), kNaN);
+      g::transpose(R, C, src.data(), lds, dst.data(), ldd);
+      for (int64_t c = 0; c < C; ++c) {
+        for (int64_t r = 0; r < R; ++r) ASSERT_EQ(dst[size_t(c * ldd + r)], src[size_t(r * lds + c)]) << R << "x" << C << " portable " << portable;
+        for (int64_t r = R; r < ldd; ++r) ASSERT_TRUE(std::isnan(dst[size_t(c * ldd + r)])) << "padding written";
+      }
+    });
+  }
+}
+
+TEST(CpuF32Gemm, EmptyDimensions) {
+  std::vector<float> C = {1.0f, 2.0f, 3.0f, 4.0f};
+  const float packed[1] = {kNaN};
+  g::gemm(Tri::kNone, false, 0, 2, 3, 1.0f, nullptr, 1, packed, 0.0f, C.data(), 2);  // M = 0: nothing
+  g::gemm(Tri::kNone, false, 2, 0, 3, 1.0f, nullptr, 1, packed, 0.0f, C.data(), 2);  // N = 0: nothing
+  EXPECT_EQ(C, (std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f}));
+  g::gemm(Tri::kNone, false, 2, 2, 0, 1.0f, nullptr, 1, packed, 0.5f, C.data(), 2);  // K = 0: beta·C
+  EXPECT_EQ(C, (std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f}));
+  g::gemm(Tri::kNone, false, 2, 2, 0, 1.0f, nullptr, 1, packed, 0.0f, C.data(), 2);  // beta = 0: zeros
+  EXPECT_EQ(C, (std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f}));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -341,7 +341,10 @@ void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
   const float a = f.a, b = f.b;
   float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);  // C_j's slot itself when in place
   const float *C0 = c.C(c.j), *n0 = c.n(c.j);
-  if (a != 0.f) {
+  if (a != 0.f && c.cx.kern) {  // rounded as chunk_state_in_place's micro-kernel store: fma(a, C, b·ΔC)
+    for (int64_t e = 0; e < N; ++e) C1[e] = std::fma(a, C0[e], b * dC[e]);
+    for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x] + a * n0[x];
+  } else if (a != 0.f) {
     for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e] + a * C0[e];
     for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x] + a * n0[x];
   } else {

@@ -474,5 +474,71 @@ TEST(LinearCrossEntropyCpu, Bf16DotScratchIsBounded) {
   }
 }
 
+// The pack-once forward's chunks of w grow with threads × H × v: they are capped at one thread's
+// vocab range, and past kOnceBudgetBytes (32 MiB over all threads) the forward packs per token
+// block instead. Without the cap: 16 / 32 / 48 MiB at 1 / 2 / 3 threads for H = 2048, v = 4096
+// (3× w); without the fallback, 64 MiB for H = 4096, V = 8192 at 2 threads. The loss and lse
+// stay those of the fused pass, bit for bit, on either route.
+TEST(LinearCrossEntropyCpu, Bf16DotForwardScratchStaysUnderItsBudget) {
+  if (!cpu_bf16_gemm::available()) GTEST_SKIP() << "no AVX512-BF16: the dot route does not run";
+  struct Shape { int64_t H, V; int threads; };
+  for (const Shape sh : {Shape{2048, 4096, 1}, Shape{2048, 4096, 2}, Shape{2048, 4096, 3}, Shape{4096, 8192, 2}}) {
+    lt::CaseSpec s;
+    s.lead = {4};
+    s.H = sh.H;
+    s.V = sh.V;
+    s.dtype = DType::kBF16;
+    s.f32_grads = true;
+    s.opt.reduction = Reduction::kNone;
+    s.opt.block_sizes = BlockSizes{4, 512, 4096};
+    s.opt.implementation = "cpu";
+    s.opt.num_threads = sh.threads;
+    const lt::CaseData d = lt::make_case(s);
+    memory::reset_peak(memory::Space::kHost);
+    const size_t before = memory::current_bytes(memory::Space::kHost);
+    Tensor loss = Tensor::empty(DType::kF32, s.lead), lse = Tensor::empty(DType::kF32, s.lead);
+    forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, s.opt);
+    const size_t scratch = memory::peak_bytes(memory::Space::kHost) - before;
+    EXPECT_LE(scratch, size_t{34} << 20) << sh.H << "x" << sh.V << " T=" << sh.threads;
+    const Out f = run_fused(s, d, sh.threads);
+    EXPECT_TRUE(bitwise_equal(loss, f.loss)) << sh.H << "x" << sh.V << " T=" << sh.threads;
+    EXPECT_TRUE(bitwise_equal(lse, f.lse)) << sh.H << "x" << sh.V << " T=" << sh.threads;
+  }
+}
+
+// The dot route is deterministic for a fixed thread count, and a forward call gives the fused
+// pass's loss and lse bit for bit (both layouts, 1–3 threads, tails in every block).
+TEST(LinearCrossEntropyCpu, Bf16DotDeterministicAndForwardEqualsFused) {
+  for (WLayout l : {WLayout::kHV, WLayout::kVH}) {
+    lt::CaseSpec s;
+    s.lead = {150};
+    s.H = 67;
+    s.V = 1031;
+    s.dtype = DType::kBF16;
+    s.memory_layout = l;
+    s.bias = true;
+    s.weights = true;
+    s.opt.reduction = Reduction::kNone;
+    s.opt.label_smoothing = 0.1;
+    s.opt.block_sizes = BlockSizes{32, 33, 64};
+    s.f32_grads = true;
+    const lt::CaseData d = lt::make_case(s);
+    for (int T : {1, 2, 3}) {
+      const Out a = run_fused(s, d, T), b = run_fused(s, d, T);
+      EXPECT_TRUE(bitwise_equal(a.loss, b.loss)) << T;
+      EXPECT_TRUE(bitwise_equal(a.dx, b.dx)) << T;
+      EXPECT_TRUE(bitwise_equal(a.dw, b.dw)) << T;
+      EXPECT_TRUE(bitwise_equal(a.dbias, b.dbias)) << T;
+      Options o = s.opt;
+      o.implementation = "cpu";
+      o.num_threads = T;
+      Tensor loss = Tensor::empty(DType::kF32, s.lead), lse = Tensor::empty(DType::kF32, s.lead);
+      forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, o);
+      EXPECT_TRUE(bitwise_equal(loss, a.loss)) << "forward vs fused loss, T=" << T;
+      EXPECT_TRUE(bitwise_equal(lse, a.lse)) << "forward vs fused lse, T=" << T;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera::linear_cross_entropy

@@ -73,6 +73,10 @@ constexpr int64_t kMaxBlockB = int64_t{1} << 16;
 constexpr int kMaxThreads = 1024;
 constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;  // multiply-adds per token block
 constexpr size_t kSlabTargetBytes = size_t{32} << 20;  // default b keeps the b×V slab below this
+// The pack-once forward keeps, per thread, a vocab chunk of w packed over all of H: it runs only
+// while those chunks of all threads fit this; above it (many threads, large H · v) the forward
+// packs per token block instead (phase_a), whose scratch does not grow with H.
+constexpr size_t kOnceBudgetBytes = size_t{32} << 20;
 
 using BlasSingleThreaded = cpu_blas::SingleThreaded;  // OpenBLAS single-threaded while we run
 
@@ -156,6 +160,7 @@ struct Call {
   bool half = false;               // bf16 / f16 inputs
   bool dot = false;                // bf16 on the AVX512-BF16 dot product (cpu_bf16_gemm), see below
   bool fwd_once = false;           // dot forward: each w chunk packed once per call, all tokens
+  int64_t vo = 1;                  // fwd_once: columns of a packed chunk, min(vb, a thread's range)
   int64_t rb = 1;                  // rows of the per-row state: bb, or B when fwd_once
   bool grads = false;
   bool need_stats = true;          // false when backward was given the forward's lse
@@ -202,6 +207,10 @@ struct Call {
   // covers its whole vocab range: fewer, larger GEMMs (x_blk packed once), and the elementwise
   // passes over the slab are cheap next to the K = H GEMM. Otherwise (forward: bounded tile;
   // bf16/f16: w converted per chunk) the v block.
+  // uint32 words of one thread's pack-once chunk: vo columns of w over all of H, in hb pieces.
+  size_t once_words() const {
+    return static_cast<size_t>((p.H + hb - 1) / hb * cpu_bf16_gemm::packed_words(hb, vo));
+  }
   int64_t slab_step(const Range& r) const { return grads && !half ? std::max<int64_t>(1, r.size()) : vb; }
   const float* w_block(int tid, int64_t h0, int64_t hc, int64_t v0, int64_t n, int64_t* ld) const;
   void logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z,
@@ -262,7 +271,8 @@ void Call::setup(const BlockSizes& bs) {
   dot = p.dtype == DType::kBF16 && cpu_bf16_gemm::available();
   if (dot) vb += vb & 1;  // even: every vocab chunk starts on a pair (dzp's layout)
   grads = mode != Mode::kForward;
-  fwd_once = dot && !grads;
+  vo = std::min(vb, split(p.V, 0, T, 16).size());  // the first thread's range is the largest
+  fwd_once = dot && !grads && static_cast<size_t>(T) * once_words() * sizeof(uint32_t) <= kOnceBudgetBytes;
   rb = fwd_once ? p.B : bb;
   need_stats = !(mode == Mode::kBackward && gin->lse != nullptr);
   const auto ubb = static_cast<size_t>(bb), uV = static_cast<size_t>(p.V),
@@ -310,7 +320,7 @@ void Call::setup_dot() {
   const bool hv = p.layout == WLayout::kHV;
   const auto ubb = static_cast<size_t>(bb), uT = static_cast<size_t>(T), uvb = static_cast<size_t>(vb);
   wpk_words = std::max({g::packed_words(hb, vb), g::packed_words(vb, hb), grads ? g::packed_words(bb, vb) : 0});
-  if (fwd_once) wpk_words = (p.H + hb - 1) / hb * g::packed_words(hb, vb);  // a vocab chunk × all of H
+  if (fwd_once) wpk_words = once_words();
   nptr = std::max({hb, vb, bb});
   wpk = alloc<uint32_t>(wpk_buf, uT * static_cast<size_t>(wpk_words));
   ptrs = alloc<const uint16_t*>(ptr_buf, uT * static_cast<size_t>(nptr));
@@ -522,7 +532,8 @@ void Call::row_stats(RowPartial& s, float* z, int64_t n, int64_t v0, int64_t t) 
 
 // Forward on the dot route: vocab chunks outer, every token inside, so each chunk of w (all of
 // H, in h pieces) is packed once per call, not once per token block; the per-row state of all
-// B rows is kept (T·B·40 bytes). Per row the chunks come in the same order as in phase_a.
+// B rows is kept (T·B·32 bytes + B·8), and only while the packed chunks of all threads fit
+// kOnceBudgetBytes (else phase_a per token block). Per row the chunks come in the same order as in phase_a.
 void Call::phase_a_once(int tid) {
   TESSERA_TRACE_SCOPE("lce.phase_a");
   namespace g = cpu_bf16_gemm;
@@ -533,9 +544,9 @@ void Call::phase_a_once(int tid) {
   const auto* w = static_cast<const uint16_t*>(p.w);
   const uint16_t** ptr = ptrs_of(tid);
   uint32_t* pk = wpk_of(tid);
-  const int64_t piece = g::packed_words(hb, vb);
+  const int64_t piece = g::packed_words(hb, vo);
   float* Z = tile + static_cast<int64_t>(tid) * bb * vb;
-  for (int64_t v0 = r.begin; v0 < r.end; v0 += vb) {
+  for (int64_t v0 = r.begin; v0 < r.end; v0 += vb) {  // n ≤ vo: a range is at most vo wide
     const int64_t n = std::min(vb, r.end - v0);
     {
       TESSERA_TRACE_SCOPE("lce.pack_w");
@@ -833,8 +844,8 @@ class Cpu final : public Implementation {
   std::string name() const override { return "cpu"; }
   std::string description() const override {
     return "optimized CPU backend: blocked OpenBLAS sgemm tiles (bf16: AVX512-BF16 packed micro-kernel) + "
-           "Highway SIMD online softmax, threads own vocab ranges (deterministic); extra memory ~ b*V*4 bytes "
-           "in backward";
+           "Highway SIMD online softmax, threads own vocab ranges (deterministic); extra memory in backward ~ b*V*4 "
+           "bytes (bf16 dot route b*V*6, plus an f32 H*V accumulator when dw is bf16/f16)";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {
@@ -865,7 +876,7 @@ class Cpu final : public Implementation {
     if (bs.v < 1 || bs.v > kMaxBlock)
       fail("v (vocab block) must be in [1, " + std::to_string(kMaxBlock) + "], got " + std::to_string(bs.v));
     if (bs.h < 1 || bs.h > kMaxBlock)
-      fail("h (hidden block, used to convert bf16/f16 w in chunks) must be in [1, " +
+      fail("h (hidden block: the chunk of w converted (f16) or packed (bf16) at a time) must be in [1, " +
            std::to_string(kMaxBlock) + "], got " + std::to_string(bs.h));
   }
 

@@ -218,10 +218,10 @@ def _register_fused(k: Kernel, op_name: str):
 def _is_one(g: torch.Tensor) -> bool:
     """Whether the upstream gradient is known to be exactly 1 (then the saved gradients are returned
     as they are; a multiply by 1.0 would not change a bit but costs a pass over dw). While
-    torch.compile traces, the value is unknown: multiply (the same bits for a gradient of 1)."""
-    if torch.compiler.is_compiling() or isinstance(g, torch._subclasses.fake_tensor.FakeTensor):
-        return False
-    if torch._C._functorch.is_functorch_wrapped_tensor(g) or torch._is_functional_tensor(g):
+    anything traces (torch.compile, make_fx, opcheck: a dispatch mode is active or g is a tensor
+    subclass or a functorch wrapper) the value is unknown or must not be baked in: multiply."""
+    if (torch.compiler.is_compiling() or type(g) is not torch.Tensor or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._functorch.is_functorch_wrapped_tensor(g)):
         return False
     return bool(g == 1)
 

@@ -277,6 +277,22 @@ def test_fused_in_forward_extra_outputs_are_the_forwards():
     assert all(not o.requires_grad for o in fused[1:])  # metrics and lse carry no gradient
 
 
+def test_fused_opcheck():
+    x, w, y, b = tensors(bias=True)
+    torch.library.opcheck(torch.ops.tessera.linear_cross_entropy_fused.default, (x, w, y, b),
+                          {"reduction": "sum", "z_loss_weight": 1e-3})
+
+
+def test_fused_in_forward_with_retain_graph_accumulates():
+    x, w, y = tensors()
+    loss = tt.linear_cross_entropy(x, w, y)
+    loss.backward(retain_graph=True)
+    once = x.grad.clone()
+    loss.backward(retain_graph=True)
+    loss.backward()  # the saved gradients are returned, never accumulated into
+    assert torch.equal(x.grad, 3 * once)
+
+
 def test_forward_only_when_no_gradient_is_asked(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the fused pass ran without a gradient asked for")

@@ -7,7 +7,11 @@
 
 One function per kernel of the registry (the same signature as ``tessera.<kernel>``). The forward
 pass runs the kernel's "forward" (keeping ``lse``), the VJP its "backward" with the saved ``lse``
-and the upstream gradient. Options are static (part of the jit cache key). Inputs without a
+and the upstream gradient. When the loss is a scalar (linear_cross_entropy with reduction "sum"
+or "mean") the custom_vjp's fwd rule (taken under jax.grad / vjp only) runs the "fused" pass
+instead, as Liger-Kernel does: loss and dx / dw / dbias at once for an upstream gradient of 1,
+kept as residuals (allocated in the forward, held until the backward) and scaled by the upstream
+gradient in the VJP; no second pass recomputes the logits. A plain call runs "forward" alone. Options are static (part of the jit cache key). Inputs without a
 gradient in the kernel (labels, token_weights) get a zero cotangent: token_weights are treated as
 constants. The handlers are compiled into tessera._ext and registered with ``jax.ffi`` for CPU,
 and for CUDA when the extension was built with the CUDA backend.
@@ -83,28 +87,50 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
     k = KERNELS[kname]
     diff = {i.name for i in k.inputs if i.differentiable}
 
-    def primal_out(out):
-        public = public_outputs(k, list(out)) + list(saved_wanted)
-        return out[public[0]] if len(public) == 1 else tuple(out[n] for n in public)
-
-    @jax.custom_vjp
-    def f(*args):
-        return primal_out(_ffi(k, "forward", dict(zip(present, args)), options, implementation))
-
-    def fwd(*args):
-        out = _ffi(k, "forward", dict(zip(present, args)), options, implementation)
-        saved = {n: out[n] for n in k.saved_outputs if n in out}
-        return primal_out(out), (args, saved)
+    def forward_descs(args):
+        metas = {n: (dtype_name(a.dtype), list(a.shape), []) for n, a in zip(present, args)}
+        return outputs(k, "forward", metas, dict(options))
 
     def public_names(args):
         """The names of primal_out's outputs (static: from the shapes and the options)."""
-        metas = {n: (dtype_name(a.dtype), list(a.shape), []) for n, a in zip(present, args)}
-        return public_outputs(k, [d[0] for d in outputs(k, "forward", metas, dict(options))]) + list(saved_wanted)
+        return public_outputs(k, [d[0] for d in forward_descs(args)]) + list(saved_wanted)
+
+    def primal_out(out, args):
+        public = public_names(args)
+        return out[public[0]] if len(public) == 1 else tuple(out[n] for n in public)
+
+    def fused_in_forward(args) -> bool:
+        """A scalar loss whose cotangent is the only one the backward takes (linear_cross_entropy
+        with reduction sum / mean): the fwd rule runs the fused pass, as Liger-Kernel does."""
+        descs = {d[0]: d[2] for d in forward_descs(args)}
+        return ("fused" in k.passes and all(descs.get(n) == [] for n in k.forward_outputs) and
+                not any(k.takes_grad(n) for n in public_names(args) if n not in k.forward_outputs))
+
+    @jax.custom_vjp
+    def f(*args):
+        return primal_out(_ffi(k, "forward", dict(zip(present, args)), options, implementation), args)
+
+    def fwd(*args):
+        tensors = dict(zip(present, args))
+        if fused_in_forward(args):  # loss and gradients at once, for an upstream gradient of 1
+            tensors.update({"grad_" + n: jnp.ones((), jnp.float32) for n in k.forward_outputs})
+            out = _ffi(k, "fused", tensors, options, implementation)
+            return primal_out(out, args), (args, {}, {n: out["d" + n] for n in present if n in diff})
+        out = _ffi(k, "forward", tensors, options, implementation)
+        saved = {n: out[n] for n in k.saved_outputs if n in out}
+        return primal_out(out, args), (args, saved, {})
+
+    def scaled(d, g):
+        """d times the upstream scalar g (in f32, rounded once to d's dtype); d itself when g == 1."""
+        return jax.lax.cond(g == 1, lambda d: d, lambda d: (d.astype(jnp.float32) * g).astype(d.dtype), d)
 
     def bwd(res, g):
-        args, saved = res
+        args, saved, fused = res
         public = public_names(args)
         gs = g if isinstance(g, tuple) else (g,)
+        if fused:
+            g0 = jnp.asarray(gs[0], jnp.float32)
+            return tuple(_varying_like(scaled(fused[n], g0), a) if n in fused else None for n, a in zip(present, args))
         tensors = dict(zip(present, args))
         # Upstream gradients of the outputs that take one: the forward_outputs (the first public
         # outputs) and those whose grad_<name> the backward declares (last states).

@@ -164,8 +164,71 @@ def _register_autograd(k: Kernel):
     torch.library.register_autograd("tessera::" + k.name, backward, setup_context=setup_context, lib=_lib)
 
 
-def _make(k: Kernel):
-    """The user-facing function, generated as Python source so that torch.compile traces it."""
+def _register_fused(k: Kernel, op_name: str):
+    """The fused pass as an op with the forward's schema: it runs forward and backward at once with
+    an upstream gradient of 1 and returns the forward's outputs, then d<input> for each
+    differentiable input given. Its backward scales those saved gradients by the upstream one."""
+    _lib.define(op_name + _schema(k, "forward"))
+
+    def fused_args(args, kwargs):
+        tensors, options, implementation = _split(k, "forward", args, kwargs)
+        dev = _device(tensors)
+        tensors["grad_loss"] = torch.ones((), dtype=torch.float32, device=dev)
+        outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev) for _, d, s, st in _descs(k, "fused", tensors, options)]
+        return tensors, options, implementation, dev, outs
+
+    def impl(*args, **kwargs):
+        tensors, options, implementation, dev, outs = fused_args(args, kwargs)
+        stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+        views = {n: t.detach() for n, t in tensors.items()}  # DLPack refuses tensors that require grad
+        _ext.call(k.name, "fused", views, outs, options, implementation, 0, stream)
+        return outs
+
+    def fake(*args, **kwargs):
+        return fused_args(args, kwargs)[-1]
+
+    for key in ("CPU", "CUDA"):
+        _lib.impl(op_name, impl, key)
+    torch.library.register_fake("tessera::" + op_name, fake, lib=_lib)
+
+    fwd_names = _arg_names(k, "forward")
+    diff = [t.name for t in k.inputs if t.differentiable]
+
+    def setup_context(ctx, inputs, output):
+        named = dict(zip(fwd_names, inputs))
+        ctx.given = [n for n in diff if named.get(n) is not None]
+        grads = output[len(output) - len(ctx.given):]
+        ctx.save_for_backward(*grads)
+        ctx.mark_non_differentiable(*output[1:])  # only the loss takes a gradient (the spec's forward_outputs)
+
+    def backward(ctx, *grads):
+        if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
+            grads = grads[0]
+        g = grads[0]
+        saved = dict(zip(ctx.given, ctx.saved_tensors))
+        if g is None:
+            return tuple(None for _ in fwd_names)
+        if not _is_one(g):
+            saved = {n: d * g.to(torch.float32) for n, d in saved.items()}
+        return tuple(saved.get(a) for a in fwd_names)
+
+    torch.library.register_autograd("tessera::" + op_name, backward, setup_context=setup_context, lib=_lib)
+
+
+def _is_one(g: torch.Tensor) -> bool:
+    """Whether the upstream gradient is known to be exactly 1 (then the saved gradients are returned
+    as they are; a multiply by 1.0 would not change a bit but costs a pass over dw). While
+    anything traces (torch.compile, make_fx, opcheck: a dispatch mode is active or g is a tensor
+    subclass or a functorch wrapper) the value is unknown or must not be baked in: multiply."""
+    if (torch.compiler.is_compiling() or type(g) is not torch.Tensor or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._functorch.is_functorch_wrapped_tensor(g)):
+        return False
+    return bool(g == 1)
+
+
+def _make(k: Kernel, op=None, drop_grads=False):
+    """The user-facing function, generated as Python source so that torch.compile traces it.
+    With `drop_grads` (the fused op) the trailing d<input> outputs are left out."""
     req = [t.name for t in k.inputs if t.required]
     opt = [t.name for t in k.inputs if not t.required]
     params = req + ["*"] + [f"{n}=None" for n in opt] + [f"{o.name}={o.default!r}" for o in k.options]
@@ -173,12 +236,14 @@ def _make(k: Kernel):
     call_args = req + opt + [f"float({o.name} or 0.0)" if o.kind == "float" else o.name for o in k.options]
     call_args.append('implementation or ""')
     nf, ns = len(k.forward_outputs), len(k.saved_only)
+    diff = [t.name for t in k.inputs if t.differentiable]
+    drop = (f"    outs = outs[:len(outs) - sum(t is not None for t in ({', '.join(diff)},))]\n" if drop_grads else "")
     src = (f"def {k.name}({', '.join(params)}):\n"
-           f"    outs = _op({', '.join(call_args)})\n"
+           f"    outs = _op({', '.join(call_args)})\n" + drop +
            f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"
            + "".join(f"    if {f}:\n        public.append(outs[{nf + i}])\n" for i, f in enumerate(k.saved_flags)) +
            f"    return public[0] if len(public) == 1 else tuple(public)\n")
-    scope = {"_op": getattr(torch.ops.tessera, k.name)}
+    scope = {"_op": op or getattr(torch.ops.tessera, k.name)}
     exec(src, scope)  # noqa: S102 - source built from the registry's names only
     fn = scope[k.name]
     fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + k.returns_doc()
@@ -195,6 +260,16 @@ del _k
 
 
 _single_device_linear_cross_entropy = linear_cross_entropy  # noqa: F821 - generated above
+_register_fused(KERNELS["linear_cross_entropy"], "linear_cross_entropy_fused")
+_fused_linear_cross_entropy = _make(KERNELS["linear_cross_entropy"], torch.ops.tessera.linear_cross_entropy_fused,
+                                    drop_grads=True)
+
+
+def _fused_in_forward(x, w, kwargs) -> bool:
+    """A scalar loss (sum / mean) whose gradient will be asked for: run the fused pass now."""
+    if kwargs.get("reduction", "mean") not in ("sum", "mean") or not torch.is_grad_enabled():
+        return False
+    return any(t is not None and t.requires_grad for t in (x, w, kwargs.get("bias")))
 
 
 def linear_cross_entropy(x, w, labels, *, vocab_start=None, process_group=None, **kwargs):
@@ -202,12 +277,21 @@ def linear_cross_entropy(x, w, labels, *, vocab_start=None, process_group=None, 
         raise ValueError("linear_cross_entropy: pass vocab_start= and process_group= for a vocab-parallel loss; "
                          "vocab_total is the kernel's partial form, which tessera.parallel.torch drives")
     if vocab_start is None and process_group is None:
+        if _fused_in_forward(x, w, kwargs):
+            return _fused_linear_cross_entropy(x, w, labels, **kwargs)
         return _single_device_linear_cross_entropy(x, w, labels, **kwargs)
     from .parallel.torch import vocab_parallel_linear_cross_entropy
     return vocab_parallel_linear_cross_entropy(x, w, labels, vocab_start=vocab_start or 0, group=process_group, **kwargs)
 
 
 linear_cross_entropy.__doc__ = (_single_device_linear_cross_entropy.__doc__ or "") + """
+
+With reduction "sum" or "mean", grad mode on and x, w or bias requiring grad, the forward runs
+the fused pass (as Liger-Kernel does): loss and dx / dw / dbias at once with an upstream gradient
+of 1 (no second pass that recomputes the logits); the backward returns them scaled by the upstream
+gradient (as they are when it is 1). The gradients are therefore allocated in the forward and held
+until the backward (x's, w's and bias's sizes). reduction="none", torch.no_grad() or inputs that
+do not require grad run the forward pass alone and the backward pass in backward().
 
 Vocab-parallel (docs/DISTRIBUTED.md): with ``vocab_start=s, process_group=pg`` w holds classes
 [s, s + V_local) of the classifier on this rank (bias and class_weights the matching slices; x,

@@ -168,3 +168,65 @@ def test_metric_outputs_under_jit_and_grad():
     g = jax.grad(lambda x, w: with_metrics(x, w)[0])(x, w)
     g_plain = jax.grad(lambda x, w: tj.linear_cross_entropy(x, w, y, z_loss_weight=lam))(x, w)
     np.testing.assert_allclose(g, g_plain, rtol=1e-6, atol=1e-8)
+
+
+# --- Fused pass in the fwd rule (reduction sum / mean) --------------------------------------------
+
+def forward_then_backward(x, w, y, b, g, **opts):
+    """Today's pair of passes by hand: forward (keeping lse), then backward with grad_loss=g."""
+    t = {"x": x, "w": w, "labels": y, "bias": b}
+    fw = tj.call("linear_cross_entropy", "forward", t, **opts)
+    bw = tj.call("linear_cross_entropy", "backward",
+                 dict(t, grad_loss=jnp.asarray(g, jnp.float32), lse=fw["lse"]), **opts)
+    return fw["loss"], (bw["dx"], bw["dw"], bw["dbias"])
+
+
+FUSED_OPTIONS = [
+    {"reduction": "mean"},
+    {"reduction": "sum"},
+    {"reduction": "mean", "label_smoothing": 0.1, "z_loss_weight": 1e-3},
+    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "soft_cap": 3.0},
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("opts", FUSED_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_fused_in_fwd_rule_matches_forward_then_backward(dtype, opts):
+    x, w, y, b = arrays(seed=3, bias=True)  # labels have ignore_index rows (every 5th)
+    x, w, b = x.astype(dtype), w.astype(dtype), b.astype(dtype)
+    f = jax.jit(jax.value_and_grad(lambda x, w, b: tj.linear_cross_entropy(x, w, y, bias=b, **opts), argnums=(0, 1, 2)))
+    assert "('pass_', 'fused')" in str(jax.make_jaxpr(jax.grad(lambda x: tj.linear_cross_entropy(x, w, y, **opts)))(x))
+    v, grads = f(x, w, b)
+    rv, rgrads = forward_then_backward(x, w, y, b, 1.0, **opts)
+    np.testing.assert_array_equal(v, rv)  # the fused pass's loss is the forward's, bit for bit
+    for a, r in zip(grads, rgrads):
+        assert a.dtype == r.dtype == dtype
+        # As in test_torch: the fused and backward passes order some f32 operations differently
+        # (1 f32 ulp of the summed terms where they cancel; one bf16 rounding may flip).
+        a, r = np.asarray(a, np.float32), np.asarray(r, np.float32)
+        tol = dict(rtol=1e-6, atol=1e-8) if dtype == jnp.float32 else dict(rtol=2 ** -8, atol=1e-6)
+        np.testing.assert_allclose(a, r, **tol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_fused_in_fwd_rule_scales_by_the_cotangent(dtype):
+    x, w, y, b = arrays(seed=3, bias=True)
+    x, w, b = x.astype(dtype), w.astype(dtype), b.astype(dtype)
+    fn = lambda x, w, b: tj.linear_cross_entropy(x, w, y, bias=b, reduction="sum", label_smoothing=0.1)  # noqa: E731
+    _, vjp = jax.vjp(fn, x, w, b)
+    one, three = vjp(jnp.float32(1.0)), jax.jit(vjp)(jnp.float32(3.0))
+    for a, o in zip(three, one):  # the saved gradients times 3, in f32, rounded once to the dtype
+        np.testing.assert_array_equal(a, (o.astype(jnp.float32) * 3.0).astype(dtype))
+    _, rgrads = forward_then_backward(x, w, y, b, 3.0, reduction="sum", label_smoothing=0.1)
+    for a, r in zip(three, rgrads):  # tolerance relative to the gradient's scale: see test_torch
+        a, r = np.asarray(a, np.float32), np.asarray(r, np.float32)
+        scale = float(np.abs(r).max())
+        tol = dict(rtol=1e-5, atol=1e-6 * scale) if dtype == jnp.float32 else dict(rtol=2 ** -7, atol=2 ** -6 * scale)
+        np.testing.assert_allclose(a, r, **tol)
+
+
+def test_forward_only_without_grad_and_for_reduction_none():
+    x, w, y = arrays()
+    assert "('pass_', 'fused')" not in str(jax.make_jaxpr(lambda x: tj.linear_cross_entropy(x, w, y))(x))
+    per_token = jax.make_jaxpr(jax.grad(lambda x: tj.linear_cross_entropy(x, w, y, reduction="none").sum()))(x)
+    assert "('pass_', 'fused')" not in str(per_token) and "('pass_', 'backward')" in str(per_token)

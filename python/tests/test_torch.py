@@ -204,3 +204,128 @@ def test_class_weights_with_label_smoothing_match_cross_entropy(reduction):
     wx, ww = torch.autograd.grad(want, (x, w), up)
     torch.testing.assert_close(gx, wx, rtol=2e-4, atol=2e-6)
     torch.testing.assert_close(gw, ww, rtol=2e-4, atol=2e-6)
+
+
+# --- Fused pass in the forward (reduction sum / mean with a gradient asked for) -----------------
+
+FUSED_OPTIONS = [
+    {"reduction": "mean"},
+    {"reduction": "sum"},
+    {"reduction": "mean", "label_smoothing": 0.1, "z_loss_weight": 1e-3},
+    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "soft_cap": 3.0},
+]
+
+
+def two_paths(dtype, opts, scale=None, seed=3):
+    """(loss, grads) through tt.linear_cross_entropy (the fused op in the forward) and through the
+    forward op + backward op (today's path, tt._single_device_linear_cross_entropy)."""
+    args = tensors(seed=seed, dtype=dtype, bias=True)  # labels have ignore_index rows (every 5th)
+    out = []
+    for fn in (tt.linear_cross_entropy, tt._single_device_linear_cross_entropy):
+        a = [t.detach().clone().requires_grad_(t.requires_grad) for t in args]
+        loss = fn(a[0], a[1], a[2], bias=a[3], **opts)
+        (loss if scale is None else loss * scale).backward()
+        out.append((loss, [a[0].grad, a[1].grad, a[3].grad]))
+    (lf, gf), (lp, gp) = out
+    assert "fused" in type(lf.grad_fn).__name__ and "fused" not in type(lp.grad_fn).__name__
+    return lf.detach(), gf, lp.detach(), gp
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("opts", FUSED_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_fused_in_forward_matches_forward_then_backward(dtype, opts):
+    lf, gf, lp, gp = two_paths(dtype, opts)
+    assert torch.equal(lf, lp)  # the fused pass's loss is the forward's, bit for bit
+    for a, r in zip(gf, gp):
+        assert a.dtype == r.dtype == dtype
+        # The C++ fused pass and the backward pass round a few elements differently (the same
+        # math, a different order of f32 operations): about 1 f32 ulp of the summed terms (~0.03:
+        # 2e-9) where they cancel, so atol 1e-8 (grads are ~1e-2); in bf16 that can flip one
+        # rounding: 1 bf16 ulp (2^-8 relative).
+        tol = dict(rtol=1e-6, atol=1e-8) if dtype == torch.float32 else dict(rtol=2 ** -8, atol=1e-6)
+        torch.testing.assert_close(a, r, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_fused_in_forward_scales_by_the_upstream_gradient(dtype):
+    opts = {"reduction": "sum", "label_smoothing": 0.1}
+    _, g1, _, _ = two_paths(dtype, opts)
+    lf, g3, lp, gp3 = two_paths(dtype, opts, scale=3.0)
+    for a, one in zip(g3, g1):  # the saved gradients times 3, in f32, rounded once to the dtype
+        assert torch.equal(a, (one.float() * 3.0).to(dtype))
+    for a, r in zip(g3, gp3):
+        # Against grad_loss=3 inside the kernel, which scales each dlogit before the gradient
+        # GEMMs (in bf16 it rounds them to bf16 there): the two round differently where terms
+        # cancel, so the error is relative to the gradient's scale, not to each element: a few
+        # ulps of max|g| (f32: 1e-6; bf16: 2^-6, the dlogits' and the result's roundings).
+        scale = r.float().abs().max().item()
+        tol = (dict(rtol=1e-5, atol=1e-6 * scale) if dtype == torch.float32 else
+               dict(rtol=2 ** -7, atol=2 ** -6 * scale))
+        torch.testing.assert_close(a.float(), r.float(), **tol)
+
+
+def test_fused_in_forward_extra_outputs_are_the_forwards():
+    x, w, y, b = tensors(seed=5, bias=True)
+    kw = dict(bias=b, z_loss_weight=1e-3, return_z_loss=True, return_token_accuracy=True, return_argmax=True,
+              return_lse=True)
+    fused = tt.linear_cross_entropy(x, w, y, **kw)
+    plain = tt._single_device_linear_cross_entropy(x, w, y, **kw)
+    assert "fused" in type(fused[0].grad_fn).__name__
+    assert len(fused) == len(plain) == 5
+    for a, r in zip(fused, plain):
+        assert torch.equal(a, r)
+    assert all(not o.requires_grad for o in fused[1:])  # metrics and lse carry no gradient
+
+
+def test_fused_opcheck():
+    x, w, y, b = tensors(bias=True)
+    torch.library.opcheck(torch.ops.tessera.linear_cross_entropy_fused.default, (x, w, y, b),
+                          {"reduction": "sum", "z_loss_weight": 1e-3})
+
+
+def test_fused_in_forward_with_retain_graph_accumulates():
+    x, w, y = tensors()
+    loss = tt.linear_cross_entropy(x, w, y)
+    loss.backward(retain_graph=True)
+    once = x.grad.clone()
+    loss.backward(retain_graph=True)
+    loss.backward()  # the saved gradients are returned, never accumulated into
+    assert torch.equal(x.grad, 3 * once)
+
+
+def test_forward_only_when_no_gradient_is_asked(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fused pass ran without a gradient asked for")
+
+    monkeypatch.setattr(tt, "_fused_linear_cross_entropy", refuse)
+    x, w, y = tensors()
+    with torch.no_grad():
+        assert tt.linear_cross_entropy(x, w, y).grad_fn is None
+    assert tt.linear_cross_entropy(x.detach(), w.detach(), y).grad_fn is None
+    per_token = tt.linear_cross_entropy(x, w, y, reduction="none")  # not a scalar: forward, then backward
+    per_token.backward(torch.linspace(0.5, 2.0, per_token.numel()))
+    rx = x.detach().clone().requires_grad_()
+    materialized(rx, w.detach(), y, reduction="none").backward(torch.linspace(0.5, 2.0, per_token.numel()))
+    torch.testing.assert_close(x.grad, rx.grad, rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_fused_in_forward_under_torch_compile_fullgraph(reduction):
+    x, w, y = tensors(dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+    def step(x, w, y):
+        return tt.linear_cross_entropy(x, w, y, reduction=reduction) * 3.0
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    v, g = grads_of(compiled, [x, w, y])
+    rv, rg = grads_of(step, [x, w, y])
+    assert any("linear_cross_entropy_fused" in s for s in graphs)
+    assert torch.equal(v, rv)
+    for a, r in zip(g, rg):
+        assert torch.equal(a, r)

@@ -11,6 +11,7 @@
 // which -Wmaybe-uninitialized reports at every inlined use (a known false positive).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define TESSERA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#include "primitives/cpu_avx512.h"
 #endif
 
 #include "core/env.h"
@@ -108,7 +109,7 @@ TESSERA_BF16_TARGET void tile(int64_t K, const uint16_t* A, int64_t lda, const u
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
     const int64_t left = cols - 16 * v;
-    const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1u);
+    const __mmask16 m = cpu_avx512::lanes16(left);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       float* c = C + i * ldc + c0 + 16 * v;
@@ -171,24 +172,7 @@ TESSERA_BF16_TARGET void gemm_avx512(int64_t M, int64_t N, int64_t K, const uint
   }
 }
 
-// r[i] = row i of a 16 × 16 word block; afterwards r[i] = column i.
-TESSERA_BF16_TARGET inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]), r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]), r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int h = 0; h < 16; h += 8)
-    for (int i = 0; i < 4; ++i) {
-      t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
-      t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
-    }
-  for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
-  }
-}
+using cpu_avx512::transpose16;  // primitives/cpu_avx512.h
 
 // pack_cols: 16 columns × 16 whole pairs at a time through transpose16; an odd K's last pair
 // (whose high half lies past the column) word by word.
@@ -198,7 +182,7 @@ TESSERA_BF16_TARGET void pack_cols_avx512(const uint16_t* const* cols, int64_t K
     uint32_t* dst = packed + (c0 / kPanel) * K2 * kPanel + c0 % kPanel;
     const int64_t ncols = std::clamp<int64_t>(N - c0, 0, 16);
     for (int64_t k0 = 0; k0 < full; k0 += 16) {
-      const __mmask16 m = full - k0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (full - k0)) - 1u);
+      const __mmask16 m = cpu_avx512::lanes16(full - k0);
       __m512i r[16];
       for (int c = 0; c < 16; ++c)
         r[c] = c < ncols ? _mm512_maskz_loadu_epi32(m, cols[c0 + c] + 2 * k0) : _mm512_setzero_si512();

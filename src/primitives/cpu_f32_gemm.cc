@@ -10,7 +10,10 @@
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() as their masked-off source, which
 // -Wmaybe-uninitialized reports at every inlined use (a known false positive; cpu_bf16_gemm.cc too).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The same false positive as -Wuninitialized once the shared integer transpose inlines here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #define TESSERA_F32_TARGET __attribute__((target("avx512f")))
+#include "primitives/cpu_avx512.h"
 #endif
 
 #include "core/env.h"
@@ -79,14 +82,14 @@ TESSERA_F32_TARGET void tile(KRange kr, const float* A, int64_t lda, const float
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
     const int64_t left = cols - 16 * v;
-    const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1u);
+    const __mmask16 m = cpu_avx512::lanes16(left);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       float* c = C + i * ldc + 16 * v;
       __m512 r = _mm512_mul_ps(acc[i][v], va);
       if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, c), r);
       const int64_t live = keep0 + i - 16 * v;  // lanes < live keep their value
-      if (live < 16) r = _mm512_maskz_mov_ps(live <= 0 ? __mmask16(0) : __mmask16((1u << live) - 1u), r);
+      if (live < 16) r = _mm512_maskz_mov_ps(cpu_avx512::lanes16(live), r);
       _mm512_mask_storeu_ps(c, m, r);
     }
   }
@@ -148,56 +151,37 @@ TESSERA_F32_TARGET void gemm_avx512(Tri tri, bool trans_a, int64_t M, int64_t N,
   }
 }
 
-// r[i] = row i of a 16 × 16 block; afterwards r[i] = column i.
-TESSERA_F32_TARGET inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-  }
-  for (int h = 0; h < 16; h += 8)
-    for (int i = 0; i < 4; ++i) {
-      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
-      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
-    }
-  for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-  }
+// A 16 × 16 block transposed: rows [0, nr) of src (row stride lds; columns [0, nc), the rest read
+// as 0; rows past nr read as 0) become rows [0, nc) of dst (row stride ldd), each stored under
+// `store` (the lanes written: all 16 when dst is a zero-padded panel, the first nr otherwise).
+TESSERA_F32_TARGET inline void transpose_block(const float* src, int64_t lds, int64_t nr, int64_t nc, float* dst,
+                                               int64_t ldd, __mmask16 store) {
+  const __mmask16 mc = cpu_avx512::lanes16(nc);
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = i < nr ? _mm512_castps_si512(_mm512_maskz_loadu_ps(mc, src + i * lds)) : _mm512_setzero_si512();
+  cpu_avx512::transpose16(r);
+  for (int64_t c = 0; c < nc; ++c) _mm512_mask_storeu_ps(dst + c * ldd, store, _mm512_castsi512_ps(r[c]));
 }
 
-// pack with trans_b: 16 columns × 16 values of k at a time through transpose16.
+// pack with trans_b: 16 columns × 16 values of k at a time (the panel's padding columns get 0).
 TESSERA_F32_TARGET void pack_trans_avx512(int64_t K, int64_t N, const float* B, int64_t ldb, float* packed) {
   for (int64_t c0 = 0; c0 < panels_of(N) * kPanel; c0 += 16) {
     float* dst = packed + (c0 / kPanel) * K * kPanel + c0 % kPanel;
     const int64_t ncols = std::clamp<int64_t>(N - c0, 0, 16);
-    for (int64_t k0 = 0; k0 < K; k0 += 16) {
-      const int64_t nk = std::min<int64_t>(16, K - k0);
-      const __mmask16 m = nk >= 16 ? __mmask16(0xffff) : __mmask16((1u << nk) - 1u);
-      __m512 r[16];
-      for (int c = 0; c < 16; ++c) r[c] = c < ncols ? _mm512_maskz_loadu_ps(m, B + (c0 + c) * ldb + k0) : _mm512_setzero_ps();
-      transpose16(r);
-      for (int64_t k = 0; k < nk; ++k) _mm512_storeu_ps(dst + (k0 + k) * kPanel, r[k]);
-    }
+    for (int64_t k0 = 0; k0 < K; k0 += 16)
+      transpose_block(B + c0 * ldb + k0, ldb, ncols, std::min<int64_t>(16, K - k0), dst + k0 * kPanel, kPanel,
+                      __mmask16(0xffff));
   }
 }
 
-// transpose: 16 × 16 blocks through transpose16, masked at the edges.
+// transpose: 16 × 16 blocks, masked at the edges.
 TESSERA_F32_TARGET void transpose_avx512(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd) {
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     const int64_t nr = std::min<int64_t>(16, rows - r0);
-    const __mmask16 mr = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1u);
-    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-      const int64_t nc = std::min<int64_t>(16, cols - c0);
-      const __mmask16 mc = nc >= 16 ? __mmask16(0xffff) : __mmask16((1u << nc) - 1u);
-      __m512 r[16];
-      for (int i = 0; i < 16; ++i) r[i] = i < nr ? _mm512_maskz_loadu_ps(mc, src + (r0 + i) * lds + c0) : _mm512_setzero_ps();
-      transpose16(r);
-      for (int64_t c = 0; c < nc; ++c) _mm512_mask_storeu_ps(dst + (c0 + c) * ldd + r0, mr, r[c]);
-    }
+    const __mmask16 mr = cpu_avx512::lanes16(nr);
+    for (int64_t c0 = 0; c0 < cols; c0 += 16)
+      transpose_block(src + r0 * lds + c0, lds, nr, std::min<int64_t>(16, cols - c0), dst + c0 * ldd + r0, ldd, mr);
   }
 }
 #endif

@@ -470,7 +470,7 @@ TEST(LinearCrossEntropyCpu, Bf16DotScratchIsBounded) {
     Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, s.lead);
     forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, s.opt);
     const size_t p = memory::peak_bytes(memory::Space::kHost) - before;
-    EXPECT_LE(p, size_t{2 * (b * v * 4 + 2 * H * v + 48 * B) + 64 * 1024}) << "B=" << B;
+    EXPECT_LE(p, static_cast<size_t>(2 * (b * v * 4 + 2 * H * v + 48 * B) + 64 * 1024)) << "B=" << B;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "primitives/both_paths.h"
 #include "tessera/dtype.h"
 
 namespace tessera {
@@ -22,11 +23,7 @@ constexpr uint16_t kNaN = 0x7fc0;  // bf16 quiet NaN
 // Runs f with the AVX512-BF16 path and, where the CPU has it, again forced portable.
 template <class F>
 void both_paths(F&& f) {
-  f(false);
-  if (!g::available()) return;
-  ::setenv("TESSERA_CPU_BF16_DOT", "0", 1);
-  f(true);
-  ::unsetenv("TESSERA_CPU_BF16_DOT");
+  testing::both_paths(g::available(), "TESSERA_CPU_BF16_DOT", f);
 }
 
 // A row-major bf16 matrix [rows × ld] of values in [-1, 1], NaN in the padding columns ≥ cols.

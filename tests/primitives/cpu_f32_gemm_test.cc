@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "primitives/both_paths.h"
 
 namespace tessera {
 namespace {
@@ -24,11 +25,7 @@ const float kNaN = std::numeric_limits<float>::quiet_NaN();
 // Runs f with the AVX-512 path and, where the CPU has it, again forced portable.
 template <class F>
 void both_paths(F&& f) {
-  f(false);
-  if (!g::available()) return;
-  ::setenv("TESSERA_CPU_F32_GEMM", "0", 1);
-  f(true);
-  ::unsetenv("TESSERA_CPU_F32_GEMM");
+  testing::both_paths(g::available(), "TESSERA_CPU_F32_GEMM", f);
 }
 
 // A row-major matrix [rows × ld] of values in [-1, 1], NaN in the padding columns ≥ cols.

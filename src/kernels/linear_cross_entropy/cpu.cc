@@ -138,13 +138,7 @@ Range split(int64_t len, int k, int n, int64_t align) {
 }
 
 // Per-row online softmax state of one thread's vocab range.
-struct RowPartial {
-  float m;       // running max (−inf before the first tile)
-  float zy;      // the label's logit, when the label falls in this range
-  double s;      // Σ exp(z − m)
-  double sumz;   // Σ z
-  int64_t amax;  // first index of m
-};
+using cpu_rows::RowPartial;
 
 enum class Mode { kForward, kBackward, kFused };
 
@@ -508,26 +502,9 @@ void Call::phase_b2_dot(int tid, int64_t b0, int64_t nb) {
 }
 
 // Row t's logits z[0..n) of vocab columns v0.. (bias and soft cap applied here, in place) into
-// its online statistics s.
+// its online statistics s (cpu_rows.h, shared with the versions).
 void Call::row_stats(RowPartial& s, float* z, int64_t n, int64_t v0, int64_t t) const {
-  simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, static_cast<float>(p.soft_cap));
-  if (!need_stats) return;
-  const float tm = simd::max_value(z, n);
-  if (tm > s.m) {
-    if (p.want_argmax) {
-      int64_t k = 0;
-      while (z[k] != tm) ++k;
-      s.amax = v0 + k;
-    }
-    s.s *= std::exp(static_cast<double>(s.m) - static_cast<double>(tm));  // exp(−inf) = 0
-    s.m = tm;
-  }
-  float se = 0.0f, sz = 0.0f;
-  simd::sum_exp(z, n, s.m, p.class_weights ? p.class_weights + v0 : nullptr, &se, &sz);
-  s.s += se;
-  s.sumz += sz;
-  const int64_t y = p.label(t);
-  if (y >= v0 && y < v0 + n) s.zy = z[y - v0];
+  cpu_rows::row_stats(p, biasf, need_stats, s, z, n, v0, t);
 }
 
 // Forward on the dot route: vocab chunks outer, every token inside, so each chunk of w (all of

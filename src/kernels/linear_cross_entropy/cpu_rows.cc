@@ -24,4 +24,26 @@ void class_weighted_grad(const Problem& p, int64_t t, double lse, float up, int6
   z[y - v0] = static_cast<float>(d);
 }
 
+void row_stats(const Problem& p, const float* biasf, bool need_stats, RowPartial& s, float* z, int64_t n,
+               int64_t v0, int64_t t) {
+  cpu_simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, static_cast<float>(p.soft_cap));
+  if (!need_stats) return;
+  const float tm = cpu_simd::max_value(z, n);
+  if (tm > s.m) {
+    if (p.want_argmax) {
+      int64_t k = 0;
+      while (z[k] != tm) ++k;
+      s.amax = v0 + k;
+    }
+    s.s *= std::exp(static_cast<double>(s.m) - static_cast<double>(tm));  // exp(−inf) = 0
+    s.m = tm;
+  }
+  float se = 0.0f, sz = 0.0f;
+  cpu_simd::sum_exp(z, n, s.m, p.class_weights ? p.class_weights + v0 : nullptr, &se, &sz);
+  s.s += se;
+  s.sumz += sz;
+  const int64_t y = p.label(t);
+  if (y >= v0 && y < v0 + n) s.zy = z[y - v0];
+}
+
 }  // namespace tessera::linear_cross_entropy::cpu_rows

@@ -8,6 +8,21 @@
 
 namespace tessera::linear_cross_entropy::cpu_rows {
 
+// One row's online statistics over the vocabulary tiles one thread owns (merged across threads
+// in thread order by the backends).
+struct RowPartial {
+  float m;       // running max (−inf before the first tile)
+  float zy;      // the label's logit, when the label falls in this range
+  double s;      // Σ exp(z − m)
+  double sumz;   // Σ z (class-weighted when p.class_weights)
+  int64_t amax;  // first index of m
+};
+
+// Token t's logits z[0..n) of vocabulary columns v0.. get the bias (biasf: [V] f32 or nullptr)
+// and the soft cap in place; then, with need_stats, they update t's online statistics s.
+void row_stats(const Problem& p, const float* biasf, bool need_stats, RowPartial& s, float* z, int64_t n,
+               int64_t v0, int64_t t);
+
 // In place, for token t with class weights and label smoothing (p.class_weights set): the
 // logits z of vocabulary columns [v0, v0 + n) become up · d loss_t / d z_j (grad_coefs, the
 // soft cap's factor included). The label column is formed in f64 without cancellation.

@@ -126,13 +126,7 @@ Range split(int64_t len, int k, int n, int64_t align) {
 }
 
 // Per-row online softmax state of one thread's vocab range.
-struct RowPartial {
-  float m;       // running max (−inf before the first tile)
-  float zy;      // the label's logit, when the label falls in this range
-  double s;      // Σ exp(z − m)
-  double sumz;   // Σ z
-  int64_t amax;  // first index of m
-};
+using cpu_rows::RowPartial;
 
 enum class Mode { kForward, kBackward, kFused };
 
@@ -291,7 +285,6 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
   RowPartial* P = part + static_cast<int64_t>(tid) * bb;
   for (int64_t i = 0; i < nb; ++i)
     P[i] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, r.begin};
-  const float cap = static_cast<float>(p.soft_cap);
   const int64_t step = slab_step(r);
   for (int64_t v0 = r.begin; v0 < r.end; v0 += step) {
     const int64_t n = std::min(step, r.end - v0);
@@ -306,28 +299,7 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
     }
     logits_tile(tid, xb, nb, v0, n, Z, ldz);
     TESSERA_TRACE_SCOPE("lce.softmax");  // the rows of this tile, to the end of the iteration
-    for (int64_t i = 0; i < nb; ++i) {
-      float* z = Z + i * ldz;
-      simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, cap);
-      if (!need_stats) continue;
-      RowPartial& s = P[i];
-      const float tm = simd::max_value(z, n);
-      if (tm > s.m) {
-        if (p.want_argmax) {
-          int64_t k = 0;
-          while (z[k] != tm) ++k;
-          s.amax = v0 + k;
-        }
-        s.s *= std::exp(static_cast<double>(s.m) - static_cast<double>(tm));  // exp(−inf) = 0
-        s.m = tm;
-      }
-      float se = 0.0f, sz = 0.0f;
-      simd::sum_exp(z, n, s.m, p.class_weights ? p.class_weights + v0 : nullptr, &se, &sz);
-      s.s += se;
-      s.sumz += sz;
-      const int64_t y = p.label(b0 + i);
-      if (y >= v0 && y < v0 + n) s.zy = z[y - v0];
-    }
+    for (int64_t i = 0; i < nb; ++i) cpu_rows::row_stats(p, biasf, need_stats, P[i], Z + i * ldz, n, v0, b0 + i);
   }
 }
 

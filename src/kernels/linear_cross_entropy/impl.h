@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dispatch/registry.h"
+#include "dispatch/sized_implementation.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera::linear_cross_entropy {
@@ -114,26 +115,10 @@ struct GradOut {
   DType dbias_dtype = DType::kF32;
 };
 
-class Implementation : public dispatch::ImplementationBase {
+// The generic part (supports, block sizes, tuning hooks, device kind, synchronize) is
+// dispatch::SizedImplementation's; a CUDA backend overrides device_kind and synchronize.
+class Implementation : public dispatch::SizedImplementation<Problem, BlockSizes> {
  public:
-  // Input level: can it run this problem (device, dtypes, sizes)? Must be cheap.
-  virtual Availability supports(const Problem& p) const = 0;
-
-  virtual BlockSizes default_block_sizes(const Problem& p) const = 0;
-  // Throws Error(kInvalidArgument) naming the broken constraint.
-  virtual void validate_block_sizes(const BlockSizes& bs) const = 0;
-  // Whether block sizes matter (the tuner only sweeps tunable implementations).
-  virtual bool tunable() const { return false; }
-  // Bounded candidate set for the tuner.
-  virtual std::vector<BlockSizes> candidate_block_sizes(const Problem&) const { return {}; }
-  // Machine class that tuned block sizes are keyed by (src/tune/device_kind.h). Default: the
-  // generic CPU helper for CPU implementations, "cuda:unknown" otherwise (a CUDA backend
-  // overrides it with the GPU's name). Defined in tuning.cc.
-  virtual std::string device_kind(const Problem& p) const;
-  // Blocks until the work this implementation queued for `p` is done (autotune timing). No-op
-  // for synchronous backends; a CUDA backend synchronizes p.stream.
-  virtual void synchronize(const Problem&) const {}
-
   virtual void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const = 0;
   virtual void backward(const Problem& p, const BlockSizes& bs, const GradIn& g,
                         const GradOut& out) const = 0;

@@ -13,9 +13,6 @@
 
 namespace tessera::linear_cross_entropy {
 
-std::string Implementation::device_kind(const Problem& p) const {
-  return tune::default_device_kind(device_type(), p.device.index);
-}
 
 
 // The buckets: dimension order (B, H, V); first match wins. Vocabulary size is what separates

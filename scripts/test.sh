@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 preset=release
 [ "${1:-}" = "--asan" ] && preset=asan
 bash scripts/install_deps.sh
+# Disk: a fresh clone's CI needs ~10 GiB (release + asan builds ~3, the venv ~6: PyPI's torch brings
+# its CUDA libraries). Say so before a build fails halfway with ENOSPC (CI once did, in pip).
+free_gib=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+echo "test.sh: $free_gib GiB free on $(df -P . | awk 'NR==2 {print $6}')"
+[ "$free_gib" -ge 12 ] || echo "test.sh: WARNING: under 12 GiB free; the build and the venv need ~10" >&2
 jobs=$(nproc)
 cmake --preset "$preset"
 cmake --build --preset "$preset" -j "$jobs"
@@ -23,8 +28,8 @@ if [ "$preset" = release ]; then
   # The build requirements live in the venv and the build is not isolated: nanobind then keeps its
   # path, so build/python/ stays valid and a second run rebuilds nothing (an isolated build
   # recompiles nanobind from a new temporary folder each time).
-  "$venv/bin/python" -m pip install --disable-pip-version-check -q "scikit-build-core>=0.10" "nanobind>=2.4"
-  "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-build-isolation ".[test]"
+  "$venv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q "scikit-build-core>=0.10" "nanobind>=2.4"
+  "$venv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q --no-build-isolation ".[test]"
   echo "test.sh: pip install .[test] took $(( $(date +%s) - t0 )) s"
   "$venv/bin/python" -m pytest python/tests -q -p no:cacheprovider
 fi

@@ -2,7 +2,10 @@
 // that cut groups, K and N into tails; bitwise determinism across thread counts.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kernels/grouped_matmul/testing.h"
 #include "tessera/grouped_matmul.h"
@@ -41,13 +44,54 @@ TEST(GroupedMatmulCpu, BlockSizesThatLeaveTailsEverywhere) {
 // A group longer than the tgmm row block of bf16 inputs (1024 rows, accumulated in steps).
 TEST(GroupedMatmulCpu, LongGroupsAccumulateOverRowBlocks) {
   for (DType dt : {DType::kBF16, DType::kF16}) {
-    testing::CaseSpec s;
-    s.label = "long";
-    s.dtype = dt;
-    s.f32_outputs = true;
-    s.M = 2600, s.K = 8, s.N = 6, s.sizes = {2500, 0, 50};
-    expect_parity(s);
+    for (bool t : {false, true}) {
+      testing::CaseSpec s;
+      s.label = "long";
+      s.dtype = dt;
+      s.f32_outputs = true;
+      s.transpose_rhs = t;
+      s.M = 2600, s.K = 8, s.N = 6, s.sizes = {2500, 0, 50};
+      expect_parity(s);
+    }
   }
+}
+
+// bf16 runs on the AVX512-BF16 dot product where the CPU has it; TESSERA_CPU_BF16_DOT=0 keeps the
+// f32 route (converted operands, sgemm). Both against the reference, then against each other
+// with f32 outputs: the same exact products, f32 sums in another order, so they agree to a few
+// f32 ulps of the K-term sums and yet differ somewhere (the dot route really ran).
+TEST(GroupedMatmulCpu, Bf16DotAndF32RoutesAgree) {
+  testing::CaseSpec s;
+  s.label = "routes";
+  s.dtype = DType::kBF16;
+  s.f32_outputs = true;
+  s.M = 1300, s.K = 37, s.N = 45, s.sizes = {1100, 0, 13, 187};
+  s.opt.block_sizes = BlockSizes{256, 32};
+  std::vector<float> got[2];
+  for (int dot : {1, 0}) {
+    ::setenv("TESSERA_CPU_BF16_DOT", dot ? "1" : "0", 1);
+    for (bool t : {false, true}) {
+      s.transpose_rhs = t;
+      expect_parity(s);
+    }
+    const testing::CaseData d = testing::make_case(s);
+    Tensor out = Tensor::empty(DType::kF32, {s.M, s.N});
+    Tensor drhs = Tensor::empty(DType::kF32, d.rhs.shape());
+    Options o = testing::options_of(s);
+    o.implementation = "cpu";
+    gmm({d.lhs.view(), d.rhs.view(), d.group_sizes.view()}, out.view(), o);
+    tgmm(d.lhs.view(), d.dout.view(), d.group_sizes.view(), drhs.view(), o);
+    got[dot].assign(out.data_as<float>(), out.data_as<float>() + out.numel());
+    got[dot].insert(got[dot].end(), drhs.data_as<float>(), drhs.data_as<float>() + drhs.numel());
+  }
+  ::unsetenv("TESSERA_CPU_BF16_DOT");
+  double worst = 0;
+  for (size_t i = 0; i < got[0].size(); ++i) {
+    // |terms| <= 1: sums of up to 1100 of them, f32 order differences well under 1e-3.
+    ASSERT_NEAR(got[1][i], got[0][i], 1e-3) << i;
+    worst = std::max(worst, double(std::abs(got[1][i] - got[0][i])));
+  }
+  EXPECT_GT(worst, 0.0);
 }
 
 TEST(GroupedMatmulCpu, BitwiseTheSameForAnyThreadCount) {

@@ -8,6 +8,12 @@
 // g] over the group's rows — in place for f32 in one sgemm, in blocks of kRowBlock converted
 // rows for bf16/f16, accumulating in f32. An empty group's matrix is zeroed.
 //
+// bf16 on the AVX512-BF16 dot product (primitives/cpu_bf16_gemm; TESSERA_CPU_BF16_DOT=0 or a CPU
+// without it selects the f32 route above): gmm packs its item's columns of rhs[g] and reads the
+// lhs rows in place; tgmm transposes its item's lhs columns (bf16, a block of kRowBlock rows at a
+// time) and packs dout's rows. Products of two bf16 are exact in f32 and the sums are f32, as in
+// the f32 route: the results differ from it only in the order of the sums.
+//
 // Threads: std::thread, items handed out by an atomic counter, heaviest first; OpenBLAS at one
 // thread meanwhile (primitives/cpu_threads.h). Determinism: every output element is computed by
 // exactly one item, whose arithmetic does not depend on the thread that runs it, so results are
@@ -22,6 +28,7 @@
 
 #include "core/memory.h"
 #include "core/trace.h"
+#include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
 #include "primitives/cpu_convert.h"
 #include "primitives/cpu_threads.h"
@@ -107,6 +114,44 @@ struct Scratch {
   }
 };
 
+// The bf16 dot route: bf16 in (raw bits), f32 sums. One packed operand and, for tgmm, one
+// transposed block per thread; C goes through Scratch's f32 buffer when the output is not f32.
+bool bf16_dot(const Problem& p) { return p.dtype == DType::kBF16 && cpu_bf16_gemm::available(); }
+
+const uint16_t* bits(const void* p) { return static_cast<const uint16_t*>(p); }
+
+// dst [cols × rows] = src [rows × cols] (row stride ld), in 16 × 16 blocks.
+void transpose_bf16(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16)
+      for (int64_t r = r0; r < std::min(r0 + 16, rows); ++r)
+        for (int64_t c = c0; c < std::min(c0 + 16, cols); ++c) dst[c * rows + r] = src[r * ld + c];
+}
+
+// Packs B [K × N] whose row k starts at base + k·ld.
+void pack_strided_rows(const uint16_t* base, int64_t ld, int64_t K, int64_t N, uint32_t* packed,
+                       std::vector<const uint16_t*>& ptrs) {
+  ptrs.resize(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) ptrs[static_cast<size_t>(k)] = base + k * ld;
+  cpu_bf16_gemm::pack_rows(ptrs.data(), K, N, packed);
+}
+
+struct DotScratch {
+  std::vector<memory::HostBuffer> keep;
+  std::vector<uint32_t*> packed;
+  std::vector<uint16_t*> t;  // tgmm: a transposed block
+  std::vector<std::vector<const uint16_t*>> ptrs;
+  void make(int T, size_t packed_words, size_t t_elems) {
+    ptrs.resize(static_cast<size_t>(T));
+    for (int i = 0; i < T; ++i) {
+      keep.push_back(memory::host_alloc(packed_words * sizeof(uint32_t)));
+      packed.push_back(memory::as<uint32_t>(keep.back()));
+      keep.push_back(memory::host_alloc(std::max<size_t>(t_elems, 1) * sizeof(uint16_t)));
+      t.push_back(memory::as<uint16_t>(keep.back()));
+    }
+  }
+};
+
 // Runs body(item, tid) over items on up to p.num_threads threads, heaviest first.
 template <class F>
 void for_items(const Problem& p, const std::vector<Item>& items, int T, F&& body) {
@@ -125,7 +170,8 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "OpenBLAS sgemm per (group, row block, column tile), threads over tiles, deterministic";
+    return "OpenBLAS sgemm per (group, row block, column tile) (bf16: the AVX512-BF16 dot product), threads over "
+           "tiles, deterministic";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {
@@ -166,6 +212,15 @@ class Cpu final : public Implementation {
     const bool in_f32 = p.dtype == DType::kF32, out_f32 = x.c_dtype == DType::kF32;
     const size_t mb = static_cast<size_t>(std::min(bs.m, p.M)), nb = static_cast<size_t>(std::min(bs.n, p.N));
     Scratch s;
+    if (bf16_dot(p)) {
+      DotScratch d;
+      d.make(T, static_cast<size_t>(cpu_bf16_gemm::packed_words(p.K, static_cast<int64_t>(nb))), 0);
+      s.make(T, 0, 0, out_f32 ? 0 : mb * nb);
+      for_items(p, items, T, [&](const Item& it, int tid) {
+        gmm_item_dot(p, x, it, d.packed[tid], d.ptrs[tid], s.c[tid]);
+      });
+      return;
+    }
     s.make(T, in_f32 ? 0 : mb * p.K, in_f32 ? 0 : nb * p.K, out_f32 ? 0 : mb * nb);
     for_items(p, items, T, [&](const Item& it, int tid) { gmm_item(p, x, it, s.a[tid], s.b[tid], s.c[tid]); });
   }
@@ -183,6 +238,18 @@ class Cpu final : public Implementation {
     const size_t mb = static_cast<size_t>(std::min(bs.m, p.K)), nb = static_cast<size_t>(std::min(bs.n, p.N));
     const size_t rb = static_cast<size_t>(std::min<int64_t>(kRowBlock, std::max<int64_t>(1, p.M)));
     Scratch s;
+    if (bf16_dot(p)) {
+      s.make(T, 0, 0, out_f32 ? 0 : mb * nb);
+      // The transposed operand is the item's lhs columns (or its dout columns with transpose_rhs).
+      const size_t tcols = p.transpose_rhs ? nb : mb, pcols = p.transpose_rhs ? mb : nb;
+      DotScratch d;
+      d.make(T, static_cast<size_t>(cpu_bf16_gemm::packed_words(static_cast<int64_t>(rb), static_cast<int64_t>(pcols))),
+             rb * tcols);
+      for_items(p, items, T, [&](const Item& it, int tid) {
+        tgmm_item_dot(p, x, it, d.t[tid], d.packed[tid], d.ptrs[tid], s.c[tid]);
+      });
+      return;
+    }
     s.make(T, in_f32 ? 0 : rb * mb, in_f32 ? 0 : rb * nb, out_f32 ? 0 : mb * nb);
     for_items(p, items, T, [&](const Item& it, int tid) { tgmm_item(p, x, it, s.a[tid], s.b[tid], s.c[tid]); });
   }
@@ -218,6 +285,62 @@ class Cpu final : public Implementation {
       cpu_blas::sgemm(false, trans, rows, cols, K, 1.0f, A, lda, B, ldb, 0.0f, cbuf, cols);
       from_f32(cbuf, rows, cols, x.c, x.c_dtype, it.r0 * N + it.c0, N);
     }
+  }
+
+  // gmm_item on the bf16 dot product: the item's columns of rhs[g] packed, lhs rows in place.
+  static void gmm_item_dot(const Problem& p, const GmmArgs& x, const Item& it, uint32_t* packed,
+                           std::vector<const uint16_t*>& ptrs, float* cbuf) {
+    TESSERA_TRACE_SCOPE_I("gmm.gmm.item", it.g);
+    const int64_t rows = it.r1 - it.r0, cols = it.c1 - it.c0, K = p.K, N = p.N;
+    {
+      TESSERA_TRACE_SCOPE("gmm.pack");
+      if (p.transpose_rhs) {  // rhs[g] is [N, K]: the item's columns are rows of it
+        ptrs.resize(static_cast<size_t>(cols));
+        for (int64_t c = 0; c < cols; ++c) ptrs[static_cast<size_t>(c)] = bits(x.b) + it.g * N * K + (it.c0 + c) * K;
+        cpu_bf16_gemm::pack_cols(ptrs.data(), K, cols, packed);
+      } else {
+        pack_strided_rows(bits(x.b) + it.g * K * N + it.c0, N, K, cols, packed, ptrs);
+      }
+    }
+    TESSERA_TRACE_SCOPE("gmm.gemm");  // and the store of a bf16/f16 output
+    const bool out_f32 = x.c_dtype == DType::kF32;
+    float* C = out_f32 ? static_cast<float*>(x.c) + it.r0 * N + it.c0 : cbuf;
+    cpu_bf16_gemm::gemm(rows, cols, K, bits(x.a) + it.r0 * K, K, packed, 1.0f, false, C, out_f32 ? N : cols);
+    if (!out_f32) from_f32(cbuf, rows, cols, x.c, x.c_dtype, it.r0 * N + it.c0, N);
+  }
+
+  // tgmm_item on the bf16 dot product, kRowBlock rows of the group at a time: C (+)= Tᵀ-side ·
+  // packed, where T is the transposed block of the operand whose columns index C's rows (lhs,
+  // or dout with transpose_rhs) and the other operand's rows are packed.
+  static void tgmm_item_dot(const Problem& p, const TgmmArgs& x, const Item& it, uint16_t* tbuf, uint32_t* packed,
+                            std::vector<const uint16_t*>& ptrs, float* cbuf) {
+    TESSERA_TRACE_SCOPE_I("gmm.tgmm.item", it.g);
+    const int64_t kc = it.r1 - it.r0, nc = it.c1 - it.c0, K = p.K, N = p.N, R = p.rows(it.g);
+    const bool trans = p.transpose_rhs;
+    const int64_t c_off = trans ? it.g * N * K + it.c0 * K + it.r0 : it.g * K * N + it.r0 * N + it.c0;
+    const int64_t ldc = trans ? K : N, crows = trans ? nc : kc, ccols = trans ? kc : nc;
+    if (R == 0) {
+      zero_block(x.c, x.c_dtype, c_off, ldc, crows, ccols);
+      return;
+    }
+    const bool out_f32 = x.c_dtype == DType::kF32;
+    float* C = out_f32 ? static_cast<float*>(x.c) + c_off : cbuf;
+    const int64_t ldC = out_f32 ? ldc : ccols;
+    // Rows of C index the transposed operand's columns; columns of C the packed operand's.
+    const uint16_t* tsrc = trans ? bits(x.d) + it.c0 : bits(x.a) + it.r0;
+    const uint16_t* psrc = trans ? bits(x.a) + it.r0 : bits(x.d) + it.c0;
+    const int64_t ldt = trans ? N : K, ldp = trans ? K : N;
+    for (int64_t r = 0, row0 = p.begin[it.g]; r < R; r += kRowBlock) {
+      const int64_t rb = std::min(kRowBlock, R - r);
+      {
+        TESSERA_TRACE_SCOPE("gmm.pack");
+        transpose_bf16(tsrc + (row0 + r) * ldt, ldt, rb, crows, tbuf);
+        pack_strided_rows(psrc + (row0 + r) * ldp, ldp, rb, ccols, packed, ptrs);
+      }
+      TESSERA_TRACE_SCOPE("gmm.gemm");
+      cpu_bf16_gemm::gemm(crows, ccols, rb, tbuf, rb, packed, 1.0f, r > 0, C, ldC);
+    }
+    if (!out_f32) from_f32(cbuf, crows, ccols, x.c, x.c_dtype, c_off, ldc);
   }
 
   // drhs[g][k0:k1, c0:c1] = a[rows of g, k0:k1]ᵀ · d[rows of g, c0:c1] (stored transposed with

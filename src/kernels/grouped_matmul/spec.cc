@@ -168,9 +168,14 @@ class GmmBench final : public kernels::CallBenchProblem {
     return c;
   }
 
-  std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int) override {
+  std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
     std::vector<harness::BaselineCall> out;
-    if (s_.dtype != DType::kF32 || !harness::blas::available()) return out;
+    if (s_.dtype != DType::kF32) {  // bf16/f16: the floor on the cpu backend's own micro-kernels
+      for (Pass pass : passes)
+        if (pass == Pass::kForward) out.push_back(one_group_baseline(pass, threads));
+      return out;
+    }
+    if (!harness::blas::available()) return out;
     for (Pass pass : passes) {
       if (pass != Pass::kForward) continue;  // the baselines time the forward product
       out.push_back(baseline("dense-gemm", "one sgemm of all M rows against rhs[0]: the floor", true, pass));
@@ -192,6 +197,30 @@ class GmmBench final : public kernels::CallBenchProblem {
   }
 
  private:
+  // The dense floor in bf16/f16: all M rows as one group against rhs[0], through the cpu
+  // implementation (bf16 on the AVX512-BF16 dot product, f16 through f32 sgemm), so the rate the
+  // grouped call is compared with runs on the same micro-kernel and the same tiles.
+  harness::BaselineCall one_group_baseline(Pass pass, int threads) {
+    harness::BaselineCall c;
+    c.name = "dense-gemm";
+    c.pass = pass;
+    c.description = "all M rows as one group against rhs[0] through the cpu implementation: the floor";
+    c.cost = cost(pass, c.name);
+    auto out = std::make_shared<Tensor>(Tensor::empty(s_.dtype, {s_.M, s_.N}));
+    auto one = std::make_shared<Tensor>(Tensor::empty(DType::kI64, {1}));
+    one->data_as<int64_t>()[0] = s_.M;
+    const Tensor lhs = lhs_, rhs = rhs_;  // shared storage: rhs[0] is its first K·N values
+    const Shape w0{1, s_.K, s_.N};
+    c.run = [lhs, rhs, w0, out, one, threads] {
+      Options opt;
+      opt.implementation = "cpu";
+      opt.num_threads = threads;
+      const TensorView r0(rhs.data(), rhs.dtype(), w0);
+      gmm({lhs.view(), r0, one->view()}, out->view(), opt);
+    };
+    return c;
+  }
+
   harness::BaselineCall baseline(const std::string& name, const std::string& what, bool dense, Pass pass) {
     harness::BaselineCall c;
     c.name = name;

@@ -41,8 +41,20 @@
 //   and, when dq is not f32, an f32 dq accumulator of Sq × (Hq/Hkv) × D; chunked items add the
 //   partials above. Never Sq × Sk.
 //
-//   bf16 / f16 inputs are converted to f32 tile by tile (Q, dO per q block; K, V per kv block);
-//   all arithmetic is f32 and rounding to the storage dtype happens only when storing.
+//   f16 inputs (and bf16 where the bf16 dot route below is off) are converted to f32 tile by
+//   tile (Q, dO per q block; K, V per kv block); all arithmetic is f32 and rounding to the
+//   storage dtype happens only when storing.
+//
+//   bf16 dot route (default for bf16 inputs where the CPU has AVX512-BF16, runtime check;
+//   TESSERA_ATTENTION_CPU_BF16_DOT=0 selects the f32 route above): the tile products run on
+//   primitives/cpu_bf16_gemm (vdpbf16ps: bf16 × bf16 products exact in f32, f32 sums). Q, K, V
+//   and dO are read as bf16 straight from the inputs; P (forward and backward) and dS (backward)
+//   are rounded to bf16 (nearest even) after the f32 softmax / dS step, as FlashAttention does
+//   on tensor cores; m, l, lse, Δ and every accumulator stay f32 (l sums the unrounded P). The
+//   backward keeps its accumulators transposed (dKᵀ += Qᵀ·dS, dVᵀ += dOᵀ·P) so that P and dS
+//   are packed by rows and never transposed per tile; Qᵀ and dOᵀ of the item's heads are built
+//   once per item (bf16, <= 8 MiB per thread, else the f32 route; backward also needs dO in
+//   bf16).
 //
 // Threads: std::thread, work items handed out by an atomic counter (heaviest first). On the
 // sgemm path, OpenBLAS is switched to one thread while a call runs (process-wide,
@@ -65,7 +77,9 @@
 #include "core/trace.h"
 #include "kernels/attention/cpu_simd.h"
 #include "kernels/attention/impl.h"
+#include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
+#include "primitives/cpu_convert.h"
 #include "primitives/cpu_threads.h"
 #include "tessera/error.h"
 
@@ -103,6 +117,30 @@ bool use_blas() {
   return blas;
 }
 
+// The bf16 dot route (file comment): bf16 inputs, AVX512-BF16 present (cpu_bf16_gemm's runtime
+// check, which TESSERA_CPU_BF16_DOT=0 also turns off), the micro-kernel route, and not turned off
+// by TESSERA_ATTENTION_CPU_BF16_DOT=0 (read per call, so that a test can run both routes).
+bool use_bf16_dot(const Problem& p) {
+  return p.dtype == DType::kBF16 && !use_blas() && cpu_bf16_gemm::available() &&
+         env::flag("TESSERA_ATTENTION_CPU_BF16_DOT", true);
+}
+
+// dst[r·ld + c] = bf16(src[r·ld + c]) for r < rows, c < n (nearest even).
+void round_bf16(const float* src, int64_t rows, int64_t n, int64_t ld, uint16_t* dst) {
+  for (int64_t r = 0; r < rows; ++r) cpu_convert::f32_to_bf16(src + r * ld, dst + r * ld, n);
+}
+
+// dst[c·ldd + r] = src[r·lds + c] for r < rows, c < cols, in 16 × 16 blocks (a strided dst).
+template <class T>
+void transpose(const T* src, int64_t lds, int64_t rows, int64_t cols, T* dst, int64_t ldd) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t r1 = std::min(rows, r0 + 16), c1 = std::min(cols, c0 + 16);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r) dst[c * ldd + r] = src[r * lds + c];
+    }
+}
+
 // Operand B of a tile product, B[k][n] = trans ? m[n·ld + k] : m[k·ld + n]; `packed` holds it
 // in the micro-kernel's panel layout (filled by Common::pack, unused with BLAS).
 struct BOp {
@@ -119,6 +157,7 @@ struct Common {
   int64_t bq = 1, bk = 1, ld = 16;  // effective blocks; tile row stride
   bool half = false;
   bool blas = false;
+  bool dot16 = false;  // the bf16 dot route
 
   Common(const Problem& prob, const BlockSizes& bs) : p(prob) {
     bq = bs.q;
@@ -126,6 +165,29 @@ struct Common {
     ld = simd::round_up(bk);
     half = p.dtype != DType::kF32;
     blas = use_blas();
+    dot16 = use_bf16_dot(p);
+  }
+
+  // Row `row` of head h of a bf16 [rows, H, dim] input.
+  static const uint16_t* row16(const void* base, int64_t H, int64_t dim, int64_t row, int64_t h) {
+    return static_cast<const uint16_t*>(base) + (row * H + h) * dim;
+  }
+  // Packs rows [row0, row0 + nk) of head h of a bf16 [rows, H, dim] input for cpu_bf16_gemm: as
+  // B [nk × dim] (by rows: V for P·V, K for dS·K) or as Bᵀ [dim × nk] (by columns: Kᵀ, Vᵀ).
+  void pack16(const void* base, int64_t H, int64_t dim, int64_t row0, int64_t h, int64_t nk, bool by_cols,
+              const uint16_t** ptrs, uint32_t* packed) const {
+    for (int64_t j = 0; j < nk; ++j) ptrs[j] = row16(base, H, dim, row0 + j, h);
+    if (by_cols)
+      cpu_bf16_gemm::pack_cols(ptrs, dim, nk, packed);
+    else
+      cpu_bf16_gemm::pack_rows(ptrs, nk, dim, packed);
+  }
+  // Rounds an f32 tile (rows × n, stride ld) to bf16 in t16 and packs it by rows into packed.
+  void round_pack(const float* T, int64_t rows, int64_t n, uint16_t* t16, const uint16_t** ptrs,
+                  uint32_t* packed) const {
+    round_bf16(T, rows, n, ld, t16);
+    for (int64_t r = 0; r < rows; ++r) ptrs[r] = t16 + r * ld;
+    cpu_bf16_gemm::pack_rows(ptrs, rows, n, packed);
   }
 
   void pack(BOp& b, const float* m, int64_t ldm, bool trans, int64_t K, int64_t N) const {
@@ -230,6 +292,13 @@ class Forward : Common {
       s.m = alloc<float>(keep_, rows);
       s.l = alloc<float>(keep_, rows);
       s.alpha = alloc<float>(keep_, static_cast<size_t>(bq));
+      if (dot16) {
+        s.kt16 = alloc<uint32_t>(keep_, static_cast<size_t>(cpu_bf16_gemm::packed_words(p.D, bk)));
+        s.vv16 = alloc<uint32_t>(keep_, static_cast<size_t>(cpu_bf16_gemm::packed_words(bk, p.Dv)));
+        s.p16 = alloc<uint16_t>(keep_, static_cast<size_t>(bq * ld));
+        s.ptrs = alloc<const uint16_t*>(keep_, static_cast<size_t>(bk));
+        continue;
+      }
       s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
       s.vv.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.Dv)));
       if (half) {
@@ -254,6 +323,10 @@ class Forward : Common {
   struct Scratch {
     float *S, *O, *m, *l, *alpha, *q = nullptr, *k = nullptr, *v = nullptr;
     BOp kt, vv;  // Kᵀ and V of the current kv tile
+    // bf16 dot route: Kᵀ and V packed for cpu_bf16_gemm, P rounded to bf16, row pointers.
+    uint32_t *kt16 = nullptr, *vv16 = nullptr;
+    uint16_t* p16 = nullptr;
+    const uint16_t** ptrs = nullptr;
   };
 
   // Keys [*lo, *hi) that some row of q block b may see (empty: *lo >= *hi).
@@ -287,7 +360,9 @@ class Forward : Common {
     }
     const int64_t r0 = it.qb0 * bq, rows = std::min(it.qb1 * bq, sq) - r0;  // rows of the item
     int64_t ldq = 0, ldk = 0, ldv = 0;
-    const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + r0, h, rows, s.q, &ldq);
+    const float* Q = dot16 ? nullptr : rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + r0, h, rows, s.q, &ldq);
+    const uint16_t* Q16 = dot16 ? row16(p.q, p.Hq, p.D, qbeg + r0, h) : nullptr;
+    const int64_t ldq16 = p.Hq * p.D;
     std::fill(s.m, s.m + rows, kNegInf);
     std::fill(s.l, s.l + rows, 0.0f);
     std::fill(s.O, s.O + rows * p.Dv, 0.0f);
@@ -300,6 +375,11 @@ class Forward : Common {
       bool packed = false;
       for (int64_t b = 0; b < nb; ++b) {
         if (blo[b] >= bhi[b] || blo[b] >= j0 + nk || bhi[b] <= j0) continue;  // tile outside the block's span
+        if (!packed && dot16) {
+          pack16(p.k, p.Hkv, p.D, kbeg + j0, kvh, nk, true, s.ptrs, s.kt16);
+          pack16(p.v, p.Hkv, p.Dv, kbeg + j0, kvh, nk, false, s.ptrs, s.vv16);
+          packed = true;
+        }
         if (!packed) {
           const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
           const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
@@ -308,13 +388,21 @@ class Forward : Common {
           packed = true;
         }
         const int64_t i0 = (it.qb0 + b) * bq, mq = std::min(bq, sq - i0), off = i0 - r0;
-        mm(Q + off * ldq, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
+        if (dot16)
+          cpu_bf16_gemm::gemm(mq, nk, p.D, Q16 + off * ldq16, ldq16, s.kt16, scale, false, s.S, ld);
+        else
+          mm(Q + off * ldq, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
         transform_tile(n, h, i0, mq, j0, nk, s.S);
         mask_tile(n, i0, mq, j0, nk, s.S);
         simd::online_softmax(s.S, mq, nk, ld, s.m + off, s.l + off, s.alpha);
         float* O = s.O + off * p.Dv;
         simd::scale_rows(O, mq, p.Dv, p.Dv, s.alpha);
-        mm(s.S, ld, false, s.vv, mq, p.Dv, nk, O, p.Dv, 1.0f, true);
+        if (dot16) {  // P rounded to bf16 (l above summed the f32 P)
+          round_bf16(s.S, mq, nk, ld, s.p16);
+          cpu_bf16_gemm::gemm(mq, p.Dv, nk, s.p16, ld, s.vv16, 1.0f, true, O, p.Dv);
+        } else {
+          mm(s.S, ld, false, s.vv, mq, p.Dv, nk, O, p.Dv, 1.0f, true);
+        }
       }
     }
     TESSERA_TRACE_SCOPE("attn.fwd.store");  // O / l and lse, to the end of the item
@@ -389,7 +477,10 @@ class Backward : Common {
     // Q and dO of the group's heads are packed once per item (not once per q tile and kv block)
     // when that fits kPrepackBytes per thread (TESSERA_ATTENTION_CPU_PREPACK=0: never; a test seam).
     const int64_t heads = head_split_ ? (G + chunks_ - 1) / chunks_ : G;  // most heads of one item
-    prepack_ = !blas && env::flag("TESSERA_ATTENTION_CPU_PREPACK", true) &&
+    // The bf16 dot route also needs dO in bf16 and Qᵀ, dOᵀ of the item's heads within the budget.
+    dot16 = dot16 && in_.grad_o_dtype == DType::kBF16 &&
+            static_cast<size_t>(heads * (p.D + p.Dv) * max_sq) * sizeof(uint16_t) <= kPrepackBytes;
+    prepack_ = !blas && !dot16 && env::flag("TESSERA_ATTENTION_CPU_PREPACK", true) &&
                static_cast<size_t>(heads * (simd::packed_floats(max_sq, p.D) + simd::packed_floats(max_sq, p.Dv))) *
                        sizeof(float) <= kPrepackBytes;
     scratch_.resize(static_cast<size_t>(T));
@@ -399,6 +490,7 @@ class Backward : Common {
       if (p.softcap > 0.0) s.P = alloc<float>(keep_, static_cast<size_t>(bq * ld));
       s.dK = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
       s.dV = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
+      if (dot16) alloc_bf16(s, heads, max_sq);
       s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
       s.vt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.Dv, bk)));
       s.kk.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.D)));
@@ -438,7 +530,46 @@ class Backward : Common {
     BOp kt, vt, kk;  // Kᵀ, Vᵀ, K of the current kv block
     BOp qq, dd;      // Q, dO of the current q tile
     float *qfull = nullptr, *dofull = nullptr;  // prepacked Q, dO of the item's heads
+    // bf16 dot route: Kᵀ, Vᵀ, K of the kv block packed for cpu_bf16_gemm; P and dS rounded to
+    // bf16 and packed by rows; Qᵀ, dOᵀ [dim × sq] of the item's heads; dKᵀ, dVᵀ [dim × nk].
+    uint32_t *kt16 = nullptr, *vt16 = nullptr, *kk16 = nullptr, *p16pk = nullptr, *ds16pk = nullptr;
+    uint16_t *p16 = nullptr, *ds16 = nullptr, *qT = nullptr, *doT = nullptr;
+    float *dKt = nullptr, *dVt = nullptr;
+    const uint16_t** ptrs = nullptr;
   };
+
+  void alloc_bf16(Scratch& s, int64_t heads, int64_t max_sq) {
+    using cpu_bf16_gemm::packed_words;
+    auto words = [&](int64_t K, int64_t N) { return alloc<uint32_t>(keep_, static_cast<size_t>(packed_words(K, N))); };
+    s.kt16 = words(p.D, bk), s.vt16 = words(p.Dv, bk), s.kk16 = words(bk, p.D);
+    s.p16pk = words(bq, bk), s.ds16pk = words(bq, bk);
+    s.p16 = alloc<uint16_t>(keep_, static_cast<size_t>(bq * ld));
+    s.ds16 = alloc<uint16_t>(keep_, static_cast<size_t>(bq * ld));
+    s.qT = alloc<uint16_t>(keep_, static_cast<size_t>(heads * p.D * max_sq));
+    s.doT = alloc<uint16_t>(keep_, static_cast<size_t>(heads * p.Dv * max_sq));
+    s.dKt = alloc<float>(keep_, static_cast<size_t>(p.D * bk));
+    s.dVt = alloc<float>(keep_, static_cast<size_t>(p.Dv * bk));
+    s.ptrs = alloc<const uint16_t*>(keep_, static_cast<size_t>(std::max(bq, bk)));
+  }
+
+  // bf16 dot route, after P (f32, exp taken) of a tile of head h, rows i0.. of sequence n: the
+  // four products with P and dS rounded to bf16; dKᵀ, dVᵀ accumulate transposed (ld nk).
+  // g: the head within the group (Δ, dq), slot: its place among the item's heads (Qᵀ, dOᵀ).
+  void products16(Scratch& s, int64_t n, int64_t h, int64_t g, int64_t slot, int64_t i0, int64_t mq, int64_t nk, const float* P,
+                  const float* Tcap, float inv_c, float* dq, int64_t dq_ld) const {
+    const int64_t sq = p.q_len(n);
+    const float scale = static_cast<float>(p.scale);
+    const uint16_t* qT = s.qT + slot * p.D * sq + i0;
+    const uint16_t* doT = s.doT + slot * p.Dv * sq + i0;
+    round_pack(P, mq, nk, s.p16, s.ptrs, s.p16pk);
+    cpu_bf16_gemm::gemm(p.Dv, nk, mq, doT, sq, s.p16pk, 1.0f, true, s.dVt, nk);  // dVᵀ += dOᵀ·P
+    const uint16_t* dO = row16(in_.grad_o, p.Hq, p.Dv, p.q_begin(n) + i0, h);
+    cpu_bf16_gemm::gemm(mq, nk, p.Dv, dO, p.Hq * p.Dv, s.vt16, 1.0f, false, s.dP, ld);  // dP = dO·Vᵀ
+    simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c);
+    round_pack(s.dP, mq, nk, s.ds16, s.ptrs, s.ds16pk);
+    cpu_bf16_gemm::gemm(p.D, nk, mq, qT, sq, s.ds16pk, scale, true, s.dKt, nk);      // dKᵀ += Qᵀ·dS
+    cpu_bf16_gemm::gemm(mq, p.D, nk, s.ds16, ld, s.kk16, scale, true, dq, dq_ld);   // dQ += dS·K
+  }
 
   // Stores heads [g0, g1) of an f32 [rows][G][D] dq accumulator of (sequence n, kv head kvh).
   void store_dq(int64_t n, int64_t kvh, const float* acc, int64_t g0, int64_t g1) const {
@@ -525,6 +656,12 @@ class Backward : Common {
     const int64_t nb = (sk + bk - 1) / bk;
     const int64_t kb0 = kv_split_ ? it.chunk * nb / chunks_ : 0, kb1 = kv_split_ ? (it.chunk + 1) * nb / chunks_ : nb;
     const int64_t qsz = simd::packed_floats(sq, p.D), dsz = simd::packed_floats(sq, p.Dv);
+    if (dot16)  // Qᵀ and dOᵀ [dim × sq] of the item's heads, bf16
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t h = kvh * G + g;
+        transpose(row16(p.q, p.Hq, p.D, qbeg, h), p.Hq * p.D, sq, p.D, s.qT + (g - g0) * p.D * sq, sq);
+        transpose(row16(in_.grad_o, p.Hq, p.Dv, qbeg, h), p.Hq * p.Dv, sq, p.Dv, s.doT + (g - g0) * p.Dv * sq, sq);
+      }
     if (prepack_)
       for (int64_t g = g0; g < g1; ++g)
         for (int64_t r0 = 0; r0 < sq; r0 += bq) {
@@ -540,14 +677,22 @@ class Backward : Common {
     for (int64_t kb = kb0; kb < kb1; ++kb) {
       TESSERA_TRACE_SCOPE_I("attn.bwd.kv_block", kb);  // pack K, V; five products per q tile; store dK, dV
       const int64_t j0 = kb * bk, nk = std::min(bk, sk - j0);
-      int64_t ldk = 0, ldv = 0;
-      const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
-      const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
-      pack(s.kt, K, ldk, true, p.D, nk);
-      pack(s.vt, V, ldv, true, p.Dv, nk);
-      pack(s.kk, K, ldk, false, nk, p.D);
-      std::fill(s.dK, s.dK + nk * p.D, 0.0f);
-      std::fill(s.dV, s.dV + nk * p.Dv, 0.0f);
+      if (dot16) {
+        pack16(p.k, p.Hkv, p.D, kbeg + j0, kvh, nk, true, s.ptrs, s.kt16);
+        pack16(p.v, p.Hkv, p.Dv, kbeg + j0, kvh, nk, true, s.ptrs, s.vt16);
+        pack16(p.k, p.Hkv, p.D, kbeg + j0, kvh, nk, false, s.ptrs, s.kk16);
+        std::fill(s.dKt, s.dKt + p.D * nk, 0.0f);
+        std::fill(s.dVt, s.dVt + p.Dv * nk, 0.0f);
+      } else {
+        int64_t ldk = 0, ldv = 0;
+        const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
+        const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
+        pack(s.kt, K, ldk, true, p.D, nk);
+        pack(s.vt, V, ldv, true, p.Dv, nk);
+        pack(s.kk, K, ldk, false, nk, p.D);
+        std::fill(s.dK, s.dK + nk * p.D, 0.0f);
+        std::fill(s.dV, s.dV + nk * p.Dv, 0.0f);
+      }
       // Rows whose allowed keys meet this block (contiguous: the ranges are monotone in i).
       int64_t ilo = sq, ihi = 0;
       for (int64_t i = 0; i < sq; ++i) {
@@ -564,16 +709,22 @@ class Backward : Common {
         for (int64_t i0 = ilo; i0 < ihi; i0 += bq) {
           const int64_t mq = std::min(bq, ihi - i0);
           int64_t ldq = 0, lddo = 0;
-          const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
-          const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + i0, h, mq, s.dO, &lddo);
-          if (prepack_) {
-            s.qq = {Q, ldq, false, s.qfull + (g - g0) * qsz, sq, i0};
-            s.dd = {dO, lddo, false, s.dofull + (g - g0) * dsz, sq, i0};
+          const float *Q = nullptr, *dO = nullptr;
+          if (dot16) {
+            cpu_bf16_gemm::gemm(mq, nk, p.D, row16(p.q, p.Hq, p.D, qbeg + i0, h), p.Hq * p.D, s.kt16, scale, false,
+                                s.S, ld);
           } else {
-            pack(s.qq, Q, ldq, false, mq, p.D);
-            pack(s.dd, dO, lddo, false, mq, p.Dv);
+            Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
+            dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + i0, h, mq, s.dO, &lddo);
+            if (prepack_) {
+              s.qq = {Q, ldq, false, s.qfull + (g - g0) * qsz, sq, i0};
+              s.dd = {dO, lddo, false, s.dofull + (g - g0) * dsz, sq, i0};
+            } else {
+              pack(s.qq, Q, ldq, false, mq, p.D);
+              pack(s.dd, dO, lddo, false, mq, p.Dv);
+            }
+            mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
           }
-          mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
           float* P = s.S;
           const float* Tcap = nullptr;
           if (p.softcap > 0.0) {
@@ -588,12 +739,20 @@ class Backward : Common {
           }
           mask_tile(n, i0, mq, j0, nk, P);
           simd::exp_rows(P, mq, nk, ld, lse + i0);
+          if (dot16) {
+            products16(s, n, h, g, g - g0, i0, mq, nk, P, Tcap, inv_c, dq + i0 * dq_ld + g * p.D, dq_ld);
+            continue;
+          }
           mm(P, ld, true, s.dd, nk, p.Dv, mq, s.dV, p.Dv, 1.0f, true);                       // dV += Pᵀ·dO
           mm(dO, lddo, false, s.vt, mq, nk, p.Dv, s.dP, ld, 1.0f, false);                    // dP = dO·Vᵀ
           simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c);
           mm(s.dP, ld, true, s.qq, nk, p.D, mq, s.dK, p.D, scale, true);                     // dK += dSᵀ·Q
           mm(s.dP, ld, false, s.kk, mq, p.D, nk, dq + i0 * dq_ld + g * p.D, dq_ld, scale, true);  // dQ += dS·K
         }
+      }
+      if (dot16) {  // dKᵀ, dVᵀ back to rows
+        transpose(s.dKt, nk, p.D, nk, s.dK, p.D);
+        transpose(s.dVt, nk, p.Dv, nk, s.dV, p.Dv);
       }
       if (head_split_) {  // into this item's partials, reduced after the workers join
         std::memcpy(it.partial + j0 * p.D, s.dK, static_cast<size_t>(nk * p.D) * sizeof(float));

@@ -77,6 +77,11 @@
 #include "core/trace.h"
 #include "kernels/attention/cpu_simd.h"
 #include "kernels/attention/impl.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "primitives/cpu_avx512.h"
+#endif
 #include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
 #include "primitives/cpu_convert.h"
@@ -130,16 +135,69 @@ void round_bf16(const float* src, int64_t rows, int64_t n, int64_t ld, uint16_t*
   for (int64_t r = 0; r < rows; ++r) cpu_convert::f32_to_bf16(src + r * ld, dst + r * ld, n);
 }
 
-// dst[c·ldd + r] = src[r·lds + c] for r < rows, c < cols, in 16 × 16 blocks (a strided dst).
-template <class T>
-void transpose(const T* src, int64_t lds, int64_t rows, int64_t cols, T* dst, int64_t ldd) {
+#if defined(__x86_64__)
+// GCC 12's AVX-512 unpack intrinsics pass _mm512_undefined_epi32() as their masked-off source,
+// which -Wmaybe-uninitialized reports at every inlined use (a known false positive; as in
+// primitives/cpu_bf16_gemm.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define TESSERA_ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+// The bf16 dot route's transposes in 16 × 16 blocks of 32-bit words (only called where
+// use_bf16_dot() found AVX512-BF16, hence AVX-512F/BW/VL). f32: dst[c·ldd + r] = src[r·lds + c].
+TESSERA_ATTN_AVX512 void transpose_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                                       int64_t ldd) {
   for (int64_t r0 = 0; r0 < rows; r0 += 16)
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-      const int64_t r1 = std::min(rows, r0 + 16), c1 = std::min(cols, c0 + 16);
-      for (int64_t c = c0; c < c1; ++c)
-        for (int64_t r = r0; r < r1; ++r) dst[c * ldd + r] = src[r * lds + c];
+      const int64_t nr = std::min<int64_t>(16, rows - r0), nc = std::min<int64_t>(16, cols - c0);
+      const __mmask16 mc = cpu_avx512::lanes16(nc), mr = cpu_avx512::lanes16(nr);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < nr ? _mm512_maskz_loadu_epi32(mc, src + (r0 + i) * lds + c0) : _mm512_setzero_si512();
+      cpu_avx512::transpose16(r);
+      for (int64_t c = 0; c < nc; ++c) _mm512_mask_storeu_epi32(dst + (c0 + c) * ldd + r0, mr, r[c]);
     }
 }
+// bf16: dst[c·ldd + r] = src[r·lds + c]; pairs of rows become one word (r even low, r + 1 high),
+// so 32 rows × 16 columns go through one word transpose; an odd last row is copied alone.
+TESSERA_ATTN_AVX512 void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
+                                        int64_t ldd) {
+  const int64_t pairs = rows / 2;
+  for (int64_t k0 = 0; k0 < pairs; k0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t nk = std::min<int64_t>(16, pairs - k0), nc = std::min<int64_t>(16, cols - c0);
+      const __mmask16 mc = cpu_avx512::lanes16(nc), mk = cpu_avx512::lanes16(nk);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        if (i >= nk) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const uint16_t* a = src + (2 * (k0 + i)) * lds + c0;
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mc, a));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mc, a + lds));
+        r[i] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+      }
+      cpu_avx512::transpose16(r);
+      for (int64_t c = 0; c < nc; ++c) _mm512_mask_storeu_epi32(dst + (c0 + c) * ldd + 2 * k0, mk, r[c]);
+    }
+  if (rows % 2)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + rows - 1] = src[(rows - 1) * lds + c];
+}
+#pragma GCC diagnostic pop
+#else
+// Not reached (no bf16 dot route off x86-64); here so that the route compiles everywhere.
+template <class T>
+void transpose_any(const T* src, int64_t lds, int64_t rows, int64_t cols, T* dst, int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+}
+void transpose_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
+  transpose_any(src, lds, rows, cols, dst, ldd);
+}
+void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst, int64_t ldd) {
+  transpose_any(src, lds, rows, cols, dst, ldd);
+}
+#endif
 
 // Operand B of a tile product, B[k][n] = trans ? m[n·ld + k] : m[k·ld + n]; `packed` holds it
 // in the micro-kernel's panel layout (filled by Common::pack, unused with BLAS).
@@ -219,6 +277,22 @@ struct Common {
     for (int64_t r = 0; r < rows; ++r)
       simd::half_to_f32(src + ((row0 + r) * H + h) * dim, dt == DType::kBF16, buf + r * dim, dim);
     *ldx = dim;
+    return buf;
+  }
+
+  // dst[base .. base + n) = src[0 .. n) rounded to dt (vectorized; the rounding of store_from_f32).
+  static void store_row(void* dst, DType dt, int64_t base, const float* src, int64_t n) {
+    if (dt == DType::kF32)
+      std::memcpy(static_cast<float*>(dst) + base, src, static_cast<size_t>(n) * sizeof(float));
+    else if (dt == DType::kBF16)
+      cpu_convert::f32_to_bf16(src, static_cast<uint16_t*>(dst) + base, n);
+    else
+      cpu_convert::f32_to_f16(src, static_cast<uint16_t*>(dst) + base, n);
+  }
+  // src[base .. base + n) as f32: a pointer into src (f32) or converted into buf.
+  static const float* row_f32(const void* src, DType dt, int64_t base, int64_t n, float* buf) {
+    if (dt == DType::kF32) return static_cast<const float*>(src) + base;
+    simd::half_to_f32(static_cast<const uint16_t*>(src) + base, dt == DType::kBF16, buf, n);
     return buf;
   }
 
@@ -410,13 +484,9 @@ class Forward : Common {
       const bool seen = s.l[r] > 0.0f;
       const float inv = seen ? 1.0f / s.l[r] : 0.0f;
       const int64_t base = ((qbeg + r0 + r) * p.Hq + h) * p.Dv;
-      const float* o = s.O + r * p.Dv;
-      if (out_.o_dtype == DType::kF32) {
-        float* dst = static_cast<float*>(out_.o) + base;
-        for (int64_t c = 0; c < p.Dv; ++c) dst[c] = o[c] * inv;
-      } else {
-        for (int64_t c = 0; c < p.Dv; ++c) store_from_f32(out_.o, out_.o_dtype, base + c, o[c] * inv);
-      }
+      float* o = s.O + r * p.Dv;
+      for (int64_t c = 0; c < p.Dv; ++c) o[c] *= inv;
+      store_row(out_.o, out_.o_dtype, base, o, p.Dv);
       out_.lse[p.lse_index(n, h, r0 + r)] = seen ? s.m[r] + std::log(s.l[r]) : kNegInf;
     }
   }
@@ -497,6 +567,7 @@ class Backward : Common {
       s.qq.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bq, p.D)));
       s.dd.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bq, p.Dv)));
       s.delta = alloc<float>(keep_, static_cast<size_t>(max_sq * G));
+      s.rows = alloc<float>(keep_, static_cast<size_t>(2 * p.Dv));
       if (half) {
         s.q = alloc<float>(keep_, static_cast<size_t>(bq * p.D));
         s.k = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
@@ -530,6 +601,7 @@ class Backward : Common {
     BOp kt, vt, kk;  // Kᵀ, Vᵀ, K of the current kv block
     BOp qq, dd;      // Q, dO of the current q tile
     float *qfull = nullptr, *dofull = nullptr;  // prepacked Q, dO of the item's heads
+    float* rows = nullptr;                       // a row of o and of dO as f32 (Δ)
     // bf16 dot route: Kᵀ, Vᵀ, K of the kv block packed for cpu_bf16_gemm; P and dS rounded to
     // bf16 and packed by rows; Qᵀ, dOᵀ [dim × sq] of the item's heads; dKᵀ, dVᵀ [dim × nk].
     uint32_t *kt16 = nullptr, *vt16 = nullptr, *kk16 = nullptr, *p16pk = nullptr, *ds16pk = nullptr;
@@ -577,8 +649,7 @@ class Backward : Common {
     for (int64_t i = 0; i < p.q_len(n); ++i)
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t base = ((qbeg + i) * p.Hq + kvh * G + g) * p.D;
-        const float* a = acc + (i * G + g) * p.D;
-        for (int64_t c = 0; c < p.D; ++c) store_from_f32(out_.dq, out_.dq_dtype, base + c, a[c]);
+        store_row(out_.dq, out_.dq_dtype, base, acc + (i * G + g) * p.D, p.D);
       }
   }
 
@@ -613,13 +684,7 @@ class Backward : Common {
   }
 
   void store_kv(void* dst, DType dt, int64_t dim, int64_t krow0, int64_t kvh, int64_t nk, const float* acc) const {
-    for (int64_t j = 0; j < nk; ++j) {
-      const int64_t base = ((krow0 + j) * p.Hkv + kvh) * dim;
-      if (dt == DType::kF32)
-        std::memcpy(static_cast<float*>(dst) + base, acc + j * dim, static_cast<size_t>(dim) * sizeof(float));
-      else
-        for (int64_t c = 0; c < dim; ++c) store_from_f32(dst, dt, base + c, acc[j * dim + c]);
-    }
+    for (int64_t j = 0; j < nk; ++j) store_row(dst, dt, ((krow0 + j) * p.Hkv + kvh) * dim, acc + j * dim, dim);
   }
 
   void item(Scratch& s, const Item& it) const {
@@ -633,14 +698,8 @@ class Backward : Common {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t i = 0; i < sq; ++i) {
         const int64_t base = ((qbeg + i) * p.Hq + kvh * G + g) * p.Dv;
-        float d = 0.0f;
-        if (in_.o_dtype == DType::kF32 && in_.grad_o_dtype == DType::kF32) {
-          d = simd::dot(static_cast<const float*>(in_.o) + base, static_cast<const float*>(in_.grad_o) + base, p.Dv);
-        } else {
-          for (int64_t c = 0; c < p.Dv; ++c)
-            d += load_as_f32(in_.o, in_.o_dtype, base + c) * load_as_f32(in_.grad_o, in_.grad_o_dtype, base + c);
-        }
-        s.delta[g * sq + i] = d;
+        s.delta[g * sq + i] = simd::dot(row_f32(in_.o, in_.o_dtype, base, p.Dv, s.rows),
+                                        row_f32(in_.grad_o, in_.grad_o_dtype, base, p.Dv, s.rows + p.Dv), p.Dv);
       }
     // The dq accumulator: the f32 output itself, this item's partial, or the thread's buffer.
     float* dq;
@@ -659,8 +718,9 @@ class Backward : Common {
     if (dot16)  // Qᵀ and dOᵀ [dim × sq] of the item's heads, bf16
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t h = kvh * G + g;
-        transpose(row16(p.q, p.Hq, p.D, qbeg, h), p.Hq * p.D, sq, p.D, s.qT + (g - g0) * p.D * sq, sq);
-        transpose(row16(in_.grad_o, p.Hq, p.Dv, qbeg, h), p.Hq * p.Dv, sq, p.Dv, s.doT + (g - g0) * p.Dv * sq, sq);
+        transpose_bf16(row16(p.q, p.Hq, p.D, qbeg, h), p.Hq * p.D, sq, p.D, s.qT + (g - g0) * p.D * sq, sq);
+        transpose_bf16(row16(in_.grad_o, p.Hq, p.Dv, qbeg, h), p.Hq * p.Dv, sq, p.Dv, s.doT + (g - g0) * p.Dv * sq,
+                       sq);
       }
     if (prepack_)
       for (int64_t g = g0; g < g1; ++g)
@@ -751,8 +811,8 @@ class Backward : Common {
         }
       }
       if (dot16) {  // dKᵀ, dVᵀ back to rows
-        transpose(s.dKt, nk, p.D, nk, s.dK, p.D);
-        transpose(s.dVt, nk, p.Dv, nk, s.dV, p.Dv);
+        transpose_f32(s.dKt, nk, p.D, nk, s.dK, p.D);
+        transpose_f32(s.dVt, nk, p.Dv, nk, s.dV, p.Dv);
       }
       if (head_split_) {  // into this item's partials, reduced after the workers join
         std::memcpy(it.partial + j0 * p.D, s.dK, static_cast<size_t>(nk * p.D) * sizeof(float));

@@ -47,7 +47,9 @@ TEST(AttentionCpu, SmallBlocksAndThreadCounts) {
 }
 
 // The backward without prepacked Q / dO (the path of sequences too long to prepack).
+// (Prepacking exists on the Highway kernel's route only: TESSERA_ATTENTION_CPU_GEMM=hwy.)
 TEST(AttentionCpu, BackwardWithoutPrepack) {
+  setenv("TESSERA_ATTENTION_CPU_GEMM", "hwy", 1);
   setenv("TESSERA_ATTENTION_CPU_PREPACK", "0", 1);
   int k = 0;
   for (at::CaseSpec c : at::check_grid(/*quick=*/true)) {
@@ -56,6 +58,20 @@ TEST(AttentionCpu, BackwardWithoutPrepack) {
     expect_parity(c, "no prepack");
   }
   unsetenv("TESSERA_ATTENTION_CPU_PREPACK");
+  unsetenv("TESSERA_ATTENTION_CPU_GEMM");
+}
+
+// The f32 products on the Highway micro-kernel (TESSERA_ATTENTION_CPU_GEMM=hwy; the default runs
+// primitives/cpu_f32_gemm where the CPU has AVX-512F), with the backward's Q/dO prepacking.
+TEST(AttentionCpu, HighwayMicroKernel) {
+  setenv("TESSERA_ATTENTION_CPU_GEMM", "hwy", 1);
+  int k = 0;
+  for (at::CaseSpec c : at::check_grid(/*quick=*/true)) {
+    c.opt.block_sizes = k % 2 ? BlockSizes{5, 7} : BlockSizes{32, 48};
+    c.opt.num_threads = 1 + (k++ % 2);
+    expect_parity(c, "hwy");
+  }
+  unsetenv("TESSERA_ATTENTION_CPU_GEMM");
 }
 
 // bf16 inputs run on the AVX512-BF16 dot product by default where the CPU has it (P and dS
@@ -81,6 +97,7 @@ TEST(AttentionCpu, Bf16DotRouteAndF32Route) {
 // The SIMD kernels on narrower instruction sets than this machine's best (Highway dispatches at
 // run time: AVX-512 here, AVX2 or SSE4 elsewhere; panel widths and tails differ).
 TEST(AttentionCpu, NarrowerInstructionSets) {
+  setenv("TESSERA_ATTENTION_CPU_GEMM", "hwy", 1);  // the Highway tile products too
   for (int64_t target : {int64_t{HWY_AVX2}, int64_t{HWY_SSE4}}) {
     if (!(hwy::SupportedTargets() & target)) continue;
     hwy::SetSupportedTargetsForTest(target);
@@ -92,6 +109,7 @@ TEST(AttentionCpu, NarrowerInstructionSets) {
     }
     hwy::SetSupportedTargetsForTest(0);
   }
+  unsetenv("TESSERA_ATTENTION_CPU_GEMM");
 }
 
 // One sequence and more threads than kv heads: chunked backward, every option. MQA (3 query

@@ -12,9 +12,10 @@
 //     O_acc = alpha ∘ O_acc + P · V_tile               micro-kernel (K = kv tile)
 //   and stores O_acc / l (rounded to o's dtype only here) and lse = m + log l.
 //
-//   The tile products run on a Highway register-blocked micro-kernel (cpu_simd.cc), measured
-//   1.5-2x faster than OpenBLAS sgemm on the machine this was written on (docs, devlog v1);
-//   TESSERA_ATTENTION_CPU_GEMM=blas selects sgemm instead, for side-by-side timing.
+//   The f32 tile products run on primitives/cpu_f32_gemm where the CPU has AVX-512F (6-8 %
+//   faster than the Highway kernel, devlog v1.2), else on the Highway register-blocked
+//   micro-kernel (cpu_simd.cc), measured 1.5-2x faster than OpenBLAS sgemm (devlog v1);
+//   TESSERA_ATTENTION_CPU_GEMM=hwy / =blas select those, for side-by-side timing.
 //
 //   Backward, FlashAttention-2-style: P is recomputed from the saved lse. A work item is
 //   (sequence, kv head[, kv chunk]); it owns dk and dv of its kv head and dq of the query heads
@@ -69,6 +70,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -85,6 +87,7 @@
 #include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
 #include "primitives/cpu_convert.h"
+#include "primitives/cpu_f32_gemm.h"
 #include "primitives/cpu_threads.h"
 #include "tessera/error.h"
 
@@ -120,6 +123,15 @@ void run_threads(int T, bool blas, F&& body) {
 bool use_blas() {
   static const bool blas = env::get("TESSERA_ATTENTION_CPU_GEMM").value_or("hwy") == "blas";
   return blas;
+}
+
+// The f32 tile products run on primitives/cpu_f32_gemm (AVX-512 6 × 64 register block; 6-8 %
+// faster than the Highway kernel here, devlog v1.2) where the CPU has AVX-512F (its runtime
+// check, which TESSERA_CPU_F32_GEMM=0 also turns off), unless TESSERA_ATTENTION_CPU_GEMM names
+// "hwy" (the Highway kernel, with the Q/dO prepacking of the backward) or "blas". Read per call.
+bool use_f32_prim() {
+  const std::string mode = env::get("TESSERA_ATTENTION_CPU_GEMM").value_or("");
+  return mode != "hwy" && mode != "blas" && cpu_f32_gemm::available();
 }
 
 // The bf16 dot route (file comment): bf16 inputs, AVX512-BF16 present (cpu_bf16_gemm's runtime
@@ -216,6 +228,7 @@ struct Common {
   bool half = false;
   bool blas = false;
   bool dot16 = false;  // the bf16 dot route
+  bool prim = false;   // f32 products on cpu_f32_gemm
 
   Common(const Problem& prob, const BlockSizes& bs) : p(prob) {
     bq = bs.q;
@@ -224,6 +237,11 @@ struct Common {
     half = p.dtype != DType::kF32;
     blas = use_blas();
     dot16 = use_bf16_dot(p);
+    prim = !blas && use_f32_prim();
+  }
+  // Floats of a packed B (K × N) for whichever micro-kernel runs.
+  static int64_t packed_floats(int64_t K, int64_t N) {
+    return std::max(simd::packed_floats(K, N), cpu_f32_gemm::packed_floats(K, N));
   }
 
   // Row `row` of head h of a bf16 [rows, H, dim] input.
@@ -254,13 +272,18 @@ struct Common {
     b.trans = trans;
     b.panel_rows = K;
     b.k0 = 0;
-    if (!blas) simd::pack_b(m, ldm, trans, K, N, b.packed);
+    if (prim)
+      cpu_f32_gemm::pack(trans, K, N, m, ldm, b.packed);
+    else if (!blas)
+      simd::pack_b(m, ldm, trans, K, N, b.packed);
   }
   // C (M × N) = alpha · op(A) · B (+ C when acc).
   void mm(const float* A, int64_t lda, bool ta, const BOp& b, int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,
           float alpha, bool acc) const {
     if (blas)
       sgemm(ta, b.trans, M, N, K, alpha, A, lda, b.m, b.ld, acc ? 1.0f : 0.0f, C, ldc);
+    else if (prim)  // packed per product (panel_rows = K, k0 = 0: no prepacking on this path)
+      cpu_f32_gemm::gemm(cpu_f32_gemm::Tri::kNone, ta, M, N, K, alpha, A, lda, b.packed, acc ? 1.0f : 0.0f, C, ldc);
     else
       simd::gemm_packed(A, lda, ta, b.packed, b.panel_rows, b.k0, M, N, K, C, ldc, alpha, acc);
   }
@@ -373,8 +396,8 @@ class Forward : Common {
         s.ptrs = alloc<const uint16_t*>(keep_, static_cast<size_t>(bk));
         continue;
       }
-      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
-      s.vv.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.Dv)));
+      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(p.D, bk)));
+      s.vv.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(bk, p.Dv)));
       if (half) {
         s.q = alloc<float>(keep_, rows * static_cast<size_t>(p.D));
         s.k = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
@@ -550,7 +573,7 @@ class Backward : Common {
     // The bf16 dot route also needs dO in bf16 and Qᵀ, dOᵀ of the item's heads within the budget.
     dot16 = dot16 && in_.grad_o_dtype == DType::kBF16 &&
             static_cast<size_t>(heads * (p.D + p.Dv) * max_sq) * sizeof(uint16_t) <= kPrepackBytes;
-    prepack_ = !blas && !dot16 && env::flag("TESSERA_ATTENTION_CPU_PREPACK", true) &&
+    prepack_ = !blas && !prim && !dot16 && env::flag("TESSERA_ATTENTION_CPU_PREPACK", true) &&
                static_cast<size_t>(heads * (simd::packed_floats(max_sq, p.D) + simd::packed_floats(max_sq, p.Dv))) *
                        sizeof(float) <= kPrepackBytes;
     scratch_.resize(static_cast<size_t>(T));
@@ -561,11 +584,11 @@ class Backward : Common {
       s.dK = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
       s.dV = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
       if (dot16) alloc_bf16(s, heads, max_sq);
-      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
-      s.vt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.Dv, bk)));
-      s.kk.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.D)));
-      s.qq.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bq, p.D)));
-      s.dd.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bq, p.Dv)));
+      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(p.D, bk)));
+      s.vt.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(p.Dv, bk)));
+      s.kk.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(bk, p.D)));
+      s.qq.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(bq, p.D)));
+      s.dd.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(bq, p.Dv)));
       s.delta = alloc<float>(keep_, static_cast<size_t>(max_sq * G));
       s.rows = alloc<float>(keep_, static_cast<size_t>(2 * p.Dv));
       if (half) {

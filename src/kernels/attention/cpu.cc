@@ -142,11 +142,6 @@ bool use_bf16_dot(const Problem& p) {
          env::flag("TESSERA_ATTENTION_CPU_BF16_DOT", true);
 }
 
-// dst[r·ld + c] = bf16(src[r·ld + c]) for r < rows, c < n (nearest even).
-void round_bf16(const float* src, int64_t rows, int64_t n, int64_t ld, uint16_t* dst) {
-  for (int64_t r = 0; r < rows; ++r) cpu_convert::f32_to_bf16(src + r * ld, dst + r * ld, n);
-}
-
 #if defined(__x86_64__)
 // GCC 12's AVX-512 unpack intrinsics pass _mm512_undefined_epi32() as their masked-off source,
 // which -Wmaybe-uninitialized reports at every inlined use (a known false positive; as in
@@ -258,10 +253,8 @@ struct Common {
     else
       cpu_bf16_gemm::pack_rows(ptrs, nk, dim, packed);
   }
-  // Rounds an f32 tile (rows × n, stride ld) to bf16 in t16 and packs it by rows into packed.
-  void round_pack(const float* T, int64_t rows, int64_t n, uint16_t* t16, const uint16_t** ptrs,
-                  uint32_t* packed) const {
-    round_bf16(T, rows, n, ld, t16);
+  // Packs a bf16 tile (rows × n, stride ld) by rows into packed.
+  void pack_tile16(const uint16_t* t16, int64_t rows, int64_t n, const uint16_t** ptrs, uint32_t* packed) const {
     for (int64_t r = 0; r < rows; ++r) ptrs[r] = t16 + r * ld;
     cpu_bf16_gemm::pack_rows(ptrs, rows, n, packed);
   }
@@ -491,11 +484,10 @@ class Forward : Common {
           mm(Q + off * ldq, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
         transform_tile(n, h, i0, mq, j0, nk, s.S);
         mask_tile(n, i0, mq, j0, nk, s.S);
-        simd::online_softmax(s.S, mq, nk, ld, s.m + off, s.l + off, s.alpha);
+        simd::online_softmax(s.S, mq, nk, ld, s.m + off, s.l + off, s.alpha, dot16 ? s.p16 : nullptr);
         float* O = s.O + off * p.Dv;
         simd::scale_rows(O, mq, p.Dv, p.Dv, s.alpha);
-        if (dot16) {  // P rounded to bf16 (l above summed the f32 P)
-          round_bf16(s.S, mq, nk, ld, s.p16);
+        if (dot16) {  // P rounded to bf16 by the softmax (l summed the f32 P)
           cpu_bf16_gemm::gemm(mq, p.Dv, nk, s.p16, ld, s.vv16, 1.0f, true, O, p.Dv);
         } else {
           mm(s.S, ld, false, s.vv, mq, p.Dv, nk, O, p.Dv, 1.0f, true);
@@ -656,12 +648,12 @@ class Backward : Common {
     const float scale = static_cast<float>(p.scale);
     const uint16_t* qT = s.qT + slot * p.D * sq + i0;
     const uint16_t* doT = s.doT + slot * p.Dv * sq + i0;
-    round_pack(P, mq, nk, s.p16, s.ptrs, s.p16pk);
+    pack_tile16(s.p16, mq, nk, s.ptrs, s.p16pk);  // P rounded to bf16 by exp_rows
     cpu_bf16_gemm::gemm(p.Dv, nk, mq, doT, sq, s.p16pk, 1.0f, true, s.dVt, nk);  // dVᵀ += dOᵀ·P
     const uint16_t* dO = row16(in_.grad_o, p.Hq, p.Dv, p.q_begin(n) + i0, h);
     cpu_bf16_gemm::gemm(mq, nk, p.Dv, dO, p.Hq * p.Dv, s.vt16, 1.0f, false, s.dP, ld);  // dP = dO·Vᵀ
-    simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c);
-    round_pack(s.dP, mq, nk, s.ds16, s.ptrs, s.ds16pk);
+    simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c, s.ds16);
+    pack_tile16(s.ds16, mq, nk, s.ptrs, s.ds16pk);
     cpu_bf16_gemm::gemm(p.D, nk, mq, qT, sq, s.ds16pk, scale, true, s.dKt, nk);      // dKᵀ += Qᵀ·dS
     cpu_bf16_gemm::gemm(mq, p.D, nk, s.ds16, ld, s.kk16, scale, true, dq, dq_ld);   // dQ += dS·K
   }
@@ -821,7 +813,7 @@ class Backward : Common {
             simd::alibi(P, mq, nk, ld, p.slope(n, h), static_cast<float>(i0 + off - j0));
           }
           mask_tile(n, i0, mq, j0, nk, P);
-          simd::exp_rows(P, mq, nk, ld, lse + i0);
+          simd::exp_rows(P, mq, nk, ld, lse + i0, dot16 ? s.p16 : nullptr);
           if (dot16) {
             products16(s, n, h, g, g - g0, i0, mq, nk, P, Tcap, inv_c, dq + i0 * dq_ld + g * p.D, dq_ld);
             continue;

@@ -642,8 +642,8 @@ class Backward : Common {
   // bf16 dot route, after P (f32, exp taken) of a tile of head h, rows i0.. of sequence n: the
   // four products with P and dS rounded to bf16; dKᵀ, dVᵀ accumulate transposed (ld nk).
   // g: the head within the group (Δ, dq), slot: its place among the item's heads (Qᵀ, dOᵀ).
-  void products16(Scratch& s, int64_t n, int64_t h, int64_t g, int64_t slot, int64_t i0, int64_t mq, int64_t nk, const float* P,
-                  const float* Tcap, float inv_c, float* dq, int64_t dq_ld) const {
+  void products16(Scratch& s, int64_t n, int64_t h, int64_t g, int64_t slot, int64_t i0, int64_t mq, int64_t nk,
+                  const float* P, const float* Tcap, float inv_c, float* dq, int64_t dq_ld) const {
     const int64_t sq = p.q_len(n);
     const float scale = static_cast<float>(p.scale);
     const uint16_t* qT = s.qT + slot * p.D * sq + i0;
@@ -857,8 +857,9 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "optimized CPU backend: flash-style q x kv tiles, Highway micro-kernel products + online softmax, "
-           "FA2 backward (deterministic); D, Dv <= 256; extra memory O(threads x tile)";
+    return "optimized CPU backend: flash-style q x kv tiles, register-blocked micro-kernel products (AVX-512 f32, "
+           "AVX512-BF16 dot for bf16) + online softmax, FA2 backward (deterministic); D, Dv <= 256; "
+           "extra memory O(threads x tile)";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {

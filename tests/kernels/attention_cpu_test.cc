@@ -47,7 +47,9 @@ TEST(AttentionCpu, SmallBlocksAndThreadCounts) {
 }
 
 // The backward without prepacked Q / dO (the path of sequences too long to prepack).
+// (Prepacking exists on the Highway kernel's route only: TESSERA_ATTENTION_CPU_GEMM=hwy.)
 TEST(AttentionCpu, BackwardWithoutPrepack) {
+  setenv("TESSERA_ATTENTION_CPU_GEMM", "hwy", 1);
   setenv("TESSERA_ATTENTION_CPU_PREPACK", "0", 1);
   int k = 0;
   for (at::CaseSpec c : at::check_grid(/*quick=*/true)) {
@@ -56,11 +58,46 @@ TEST(AttentionCpu, BackwardWithoutPrepack) {
     expect_parity(c, "no prepack");
   }
   unsetenv("TESSERA_ATTENTION_CPU_PREPACK");
+  unsetenv("TESSERA_ATTENTION_CPU_GEMM");
+}
+
+// The f32 products on the Highway micro-kernel (TESSERA_ATTENTION_CPU_GEMM=hwy; the default runs
+// primitives/cpu_f32_gemm where the CPU has AVX-512F), with the backward's Q/dO prepacking.
+TEST(AttentionCpu, HighwayMicroKernel) {
+  setenv("TESSERA_ATTENTION_CPU_GEMM", "hwy", 1);
+  int k = 0;
+  for (at::CaseSpec c : at::check_grid(/*quick=*/true)) {
+    c.opt.block_sizes = k % 2 ? BlockSizes{5, 7} : BlockSizes{32, 48};
+    c.opt.num_threads = 1 + (k++ % 2);
+    expect_parity(c, "hwy");
+  }
+  unsetenv("TESSERA_ATTENTION_CPU_GEMM");
+}
+
+// bf16 inputs run on the AVX512-BF16 dot product by default where the CPU has it (P and dS
+// rounded to bf16: the grid's tolerances allow one bf16 rounding per product term, testing.cc);
+// TESSERA_ATTENTION_CPU_BF16_DOT=0 keeps the f32 route, which must pass the same grid, and so must
+// the portable cpu_bf16_gemm loop (TESSERA_CPU_BF16_DOT=0 turns the route off too). Odd blocks:
+// odd K for the pairs of the dot product (q = 5 rows in dKᵀ += Qᵀ·dS), tails of every panel.
+TEST(AttentionCpu, Bf16DotRouteAndF32Route) {
+  for (const char* env : {"TESSERA_ATTENTION_CPU_BF16_DOT", "TESSERA_CPU_BF16_DOT", ""}) {
+    if (*env) setenv(env, "0", 1);
+    int k = 0;
+    for (at::CaseSpec c : at::check_grid(/*quick=*/true)) {
+      if (c.dtype != DType::kBF16) continue;
+      c.opt.block_sizes = k % 2 ? BlockSizes{5, 33} : BlockSizes{16, 48};
+      c.opt.num_threads = 1 + (k++ % 2);
+      expect_parity(c, std::string(*env ? env : "bf16 dot") + (*env ? "=0" : "") + " blocks " +
+                           std::to_string(c.opt.block_sizes->q) + "x" + std::to_string(c.opt.block_sizes->kv));
+    }
+    if (*env) unsetenv(env);
+  }
 }
 
 // The SIMD kernels on narrower instruction sets than this machine's best (Highway dispatches at
 // run time: AVX-512 here, AVX2 or SSE4 elsewhere; panel widths and tails differ).
 TEST(AttentionCpu, NarrowerInstructionSets) {
+  setenv("TESSERA_ATTENTION_CPU_GEMM", "hwy", 1);  // the Highway tile products too
   for (int64_t target : {int64_t{HWY_AVX2}, int64_t{HWY_SSE4}}) {
     if (!(hwy::SupportedTargets() & target)) continue;
     hwy::SetSupportedTargetsForTest(target);
@@ -72,6 +109,7 @@ TEST(AttentionCpu, NarrowerInstructionSets) {
     }
     hwy::SetSupportedTargetsForTest(0);
   }
+  unsetenv("TESSERA_ATTENTION_CPU_GEMM");
 }
 
 // One sequence and more threads than kv heads: chunked backward, every option. MQA (3 query

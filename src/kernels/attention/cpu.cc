@@ -12,9 +12,10 @@
 //     O_acc = alpha ∘ O_acc + P · V_tile               micro-kernel (K = kv tile)
 //   and stores O_acc / l (rounded to o's dtype only here) and lse = m + log l.
 //
-//   The tile products run on a Highway register-blocked micro-kernel (cpu_simd.cc), measured
-//   1.5-2x faster than OpenBLAS sgemm on the machine this was written on (docs, devlog v1);
-//   TESSERA_ATTENTION_CPU_GEMM=blas selects sgemm instead, for side-by-side timing.
+//   The f32 tile products run on primitives/cpu_f32_gemm where the CPU has AVX-512F (6-8 %
+//   faster than the Highway kernel, devlog v1.2), else on the Highway register-blocked
+//   micro-kernel (cpu_simd.cc), measured 1.5-2x faster than OpenBLAS sgemm (devlog v1);
+//   TESSERA_ATTENTION_CPU_GEMM=hwy / =blas select those, for side-by-side timing.
 //
 //   Backward, FlashAttention-2-style: P is recomputed from the saved lse. A work item is
 //   (sequence, kv head[, kv chunk]); it owns dk and dv of its kv head and dq of the query heads
@@ -41,8 +42,20 @@
 //   and, when dq is not f32, an f32 dq accumulator of Sq × (Hq/Hkv) × D; chunked items add the
 //   partials above. Never Sq × Sk.
 //
-//   bf16 / f16 inputs are converted to f32 tile by tile (Q, dO per q block; K, V per kv block);
-//   all arithmetic is f32 and rounding to the storage dtype happens only when storing.
+//   f16 inputs (and bf16 where the bf16 dot route below is off) are converted to f32 tile by
+//   tile (Q, dO per q block; K, V per kv block); all arithmetic is f32 and rounding to the
+//   storage dtype happens only when storing.
+//
+//   bf16 dot route (default for bf16 inputs where the CPU has AVX512-BF16, runtime check;
+//   TESSERA_ATTENTION_CPU_BF16_DOT=0 selects the f32 route above): the tile products run on
+//   primitives/cpu_bf16_gemm (vdpbf16ps: bf16 × bf16 products exact in f32, f32 sums). Q, K, V
+//   and dO are read as bf16 straight from the inputs; P (forward and backward) and dS (backward)
+//   are rounded to bf16 (nearest even) after the f32 softmax / dS step, as FlashAttention does
+//   on tensor cores; m, l, lse, Δ and every accumulator stay f32 (l sums the unrounded P). The
+//   backward keeps its accumulators transposed (dKᵀ += Qᵀ·dS, dVᵀ += dOᵀ·P) so that P and dS
+//   are packed by rows and never transposed per tile; Qᵀ and dOᵀ of the item's heads are built
+//   once per item (bf16, <= 8 MiB per thread, else the f32 route; backward also needs dO in
+//   bf16).
 //
 // Threads: std::thread, work items handed out by an atomic counter (heaviest first). On the
 // sgemm path, OpenBLAS is switched to one thread while a call runs (process-wide,
@@ -57,6 +70,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -65,7 +79,15 @@
 #include "core/trace.h"
 #include "kernels/attention/cpu_simd.h"
 #include "kernels/attention/impl.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "primitives/cpu_avx512.h"
+#endif
+#include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
+#include "primitives/cpu_convert.h"
+#include "primitives/cpu_f32_gemm.h"
 #include "primitives/cpu_threads.h"
 #include "tessera/error.h"
 
@@ -103,6 +125,87 @@ bool use_blas() {
   return blas;
 }
 
+// The f32 tile products run on primitives/cpu_f32_gemm (AVX-512 6 × 64 register block; 6-8 %
+// faster than the Highway kernel here, devlog v1.2) where the CPU has AVX-512F (its runtime
+// check, which TESSERA_CPU_F32_GEMM=0 also turns off), unless TESSERA_ATTENTION_CPU_GEMM names
+// "hwy" (the Highway kernel, with the Q/dO prepacking of the backward) or "blas". Read per call.
+bool use_f32_prim() {
+  const std::string mode = env::get("TESSERA_ATTENTION_CPU_GEMM").value_or("");
+  return mode != "hwy" && mode != "blas" && cpu_f32_gemm::available();
+}
+
+// The bf16 dot route (file comment): bf16 inputs, AVX512-BF16 present (cpu_bf16_gemm's runtime
+// check, which TESSERA_CPU_BF16_DOT=0 also turns off), the micro-kernel route, and not turned off
+// by TESSERA_ATTENTION_CPU_BF16_DOT=0 (read per call, so that a test can run both routes).
+bool use_bf16_dot(const Problem& p) {
+  return p.dtype == DType::kBF16 && !use_blas() && cpu_bf16_gemm::available() &&
+         env::flag("TESSERA_ATTENTION_CPU_BF16_DOT", true);
+}
+
+#if defined(__x86_64__)
+// GCC 12's AVX-512 unpack intrinsics pass _mm512_undefined_epi32() as their masked-off source,
+// which -Wmaybe-uninitialized reports at every inlined use (a known false positive; as in
+// primitives/cpu_bf16_gemm.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define TESSERA_ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+// The bf16 dot route's transposes in 16 × 16 blocks of 32-bit words (only called where
+// use_bf16_dot() found AVX512-BF16, hence AVX-512F/BW/VL). f32: dst[c·ldd + r] = src[r·lds + c].
+TESSERA_ATTN_AVX512 void transpose_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                                       int64_t ldd) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t nr = std::min<int64_t>(16, rows - r0), nc = std::min<int64_t>(16, cols - c0);
+      const __mmask16 mc = cpu_avx512::lanes16(nc), mr = cpu_avx512::lanes16(nr);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < nr ? _mm512_maskz_loadu_epi32(mc, src + (r0 + i) * lds + c0) : _mm512_setzero_si512();
+      cpu_avx512::transpose16(r);
+      for (int64_t c = 0; c < nc; ++c) _mm512_mask_storeu_epi32(dst + (c0 + c) * ldd + r0, mr, r[c]);
+    }
+}
+// bf16: dst[c·ldd + r] = src[r·lds + c]; pairs of rows become one word (r even low, r + 1 high),
+// so 32 rows × 16 columns go through one word transpose; an odd last row is copied alone.
+TESSERA_ATTN_AVX512 void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
+                                        int64_t ldd) {
+  const int64_t pairs = rows / 2;
+  for (int64_t k0 = 0; k0 < pairs; k0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t nk = std::min<int64_t>(16, pairs - k0), nc = std::min<int64_t>(16, cols - c0);
+      const __mmask16 mc = cpu_avx512::lanes16(nc), mk = cpu_avx512::lanes16(nk);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        if (i >= nk) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const uint16_t* a = src + (2 * (k0 + i)) * lds + c0;
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mc, a));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mc, a + lds));
+        r[i] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+      }
+      cpu_avx512::transpose16(r);
+      for (int64_t c = 0; c < nc; ++c) _mm512_mask_storeu_epi32(dst + (c0 + c) * ldd + 2 * k0, mk, r[c]);
+    }
+  if (rows % 2)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + rows - 1] = src[(rows - 1) * lds + c];
+}
+#pragma GCC diagnostic pop
+#else
+// Not reached (no bf16 dot route off x86-64); here so that the route compiles everywhere.
+template <class T>
+void transpose_any(const T* src, int64_t lds, int64_t rows, int64_t cols, T* dst, int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+}
+void transpose_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
+  transpose_any(src, lds, rows, cols, dst, ldd);
+}
+void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst, int64_t ldd) {
+  transpose_any(src, lds, rows, cols, dst, ldd);
+}
+#endif
+
 // Operand B of a tile product, B[k][n] = trans ? m[n·ld + k] : m[k·ld + n]; `packed` holds it
 // in the micro-kernel's panel layout (filled by Common::pack, unused with BLAS).
 struct BOp {
@@ -119,6 +222,8 @@ struct Common {
   int64_t bq = 1, bk = 1, ld = 16;  // effective blocks; tile row stride
   bool half = false;
   bool blas = false;
+  bool dot16 = false;  // the bf16 dot route
+  bool prim = false;   // f32 products on cpu_f32_gemm
 
   Common(const Problem& prob, const BlockSizes& bs) : p(prob) {
     bq = bs.q;
@@ -126,6 +231,32 @@ struct Common {
     ld = simd::round_up(bk);
     half = p.dtype != DType::kF32;
     blas = use_blas();
+    dot16 = use_bf16_dot(p);
+    prim = !blas && use_f32_prim();
+  }
+  // Floats of a packed B (K × N) for whichever micro-kernel runs.
+  static int64_t packed_floats(int64_t K, int64_t N) {
+    return std::max(simd::packed_floats(K, N), cpu_f32_gemm::packed_floats(K, N));
+  }
+
+  // Row `row` of head h of a bf16 [rows, H, dim] input.
+  static const uint16_t* row16(const void* base, int64_t H, int64_t dim, int64_t row, int64_t h) {
+    return static_cast<const uint16_t*>(base) + (row * H + h) * dim;
+  }
+  // Packs rows [row0, row0 + nk) of head h of a bf16 [rows, H, dim] input for cpu_bf16_gemm: as
+  // B [nk × dim] (by rows: V for P·V, K for dS·K) or as Bᵀ [dim × nk] (by columns: Kᵀ, Vᵀ).
+  void pack16(const void* base, int64_t H, int64_t dim, int64_t row0, int64_t h, int64_t nk, bool by_cols,
+              const uint16_t** ptrs, uint32_t* packed) const {
+    for (int64_t j = 0; j < nk; ++j) ptrs[j] = row16(base, H, dim, row0 + j, h);
+    if (by_cols)
+      cpu_bf16_gemm::pack_cols(ptrs, dim, nk, packed);
+    else
+      cpu_bf16_gemm::pack_rows(ptrs, nk, dim, packed);
+  }
+  // Packs a bf16 tile (rows × n, stride ld) by rows into packed.
+  void pack_tile16(const uint16_t* t16, int64_t rows, int64_t n, const uint16_t** ptrs, uint32_t* packed) const {
+    for (int64_t r = 0; r < rows; ++r) ptrs[r] = t16 + r * ld;
+    cpu_bf16_gemm::pack_rows(ptrs, rows, n, packed);
   }
 
   void pack(BOp& b, const float* m, int64_t ldm, bool trans, int64_t K, int64_t N) const {
@@ -134,13 +265,18 @@ struct Common {
     b.trans = trans;
     b.panel_rows = K;
     b.k0 = 0;
-    if (!blas) simd::pack_b(m, ldm, trans, K, N, b.packed);
+    if (prim)
+      cpu_f32_gemm::pack(trans, K, N, m, ldm, b.packed);
+    else if (!blas)
+      simd::pack_b(m, ldm, trans, K, N, b.packed);
   }
   // C (M × N) = alpha · op(A) · B (+ C when acc).
   void mm(const float* A, int64_t lda, bool ta, const BOp& b, int64_t M, int64_t N, int64_t K, float* C, int64_t ldc,
           float alpha, bool acc) const {
     if (blas)
       sgemm(ta, b.trans, M, N, K, alpha, A, lda, b.m, b.ld, acc ? 1.0f : 0.0f, C, ldc);
+    else if (prim)  // packed per product (panel_rows = K, k0 = 0: no prepacking on this path)
+      cpu_f32_gemm::gemm(cpu_f32_gemm::Tri::kNone, ta, M, N, K, alpha, A, lda, b.packed, acc ? 1.0f : 0.0f, C, ldc);
     else
       simd::gemm_packed(A, lda, ta, b.packed, b.panel_rows, b.k0, M, N, K, C, ldc, alpha, acc);
   }
@@ -157,6 +293,22 @@ struct Common {
     for (int64_t r = 0; r < rows; ++r)
       simd::half_to_f32(src + ((row0 + r) * H + h) * dim, dt == DType::kBF16, buf + r * dim, dim);
     *ldx = dim;
+    return buf;
+  }
+
+  // dst[base .. base + n) = src[0 .. n) rounded to dt (vectorized; the rounding of store_from_f32).
+  static void store_row(void* dst, DType dt, int64_t base, const float* src, int64_t n) {
+    if (dt == DType::kF32)
+      std::memcpy(static_cast<float*>(dst) + base, src, static_cast<size_t>(n) * sizeof(float));
+    else if (dt == DType::kBF16)
+      cpu_convert::f32_to_bf16(src, static_cast<uint16_t*>(dst) + base, n);
+    else
+      cpu_convert::f32_to_f16(src, static_cast<uint16_t*>(dst) + base, n);
+  }
+  // src[base .. base + n) as f32: a pointer into src (f32) or converted into buf.
+  static const float* row_f32(const void* src, DType dt, int64_t base, int64_t n, float* buf) {
+    if (dt == DType::kF32) return static_cast<const float*>(src) + base;
+    simd::half_to_f32(static_cast<const uint16_t*>(src) + base, dt == DType::kBF16, buf, n);
     return buf;
   }
 
@@ -230,8 +382,15 @@ class Forward : Common {
       s.m = alloc<float>(keep_, rows);
       s.l = alloc<float>(keep_, rows);
       s.alpha = alloc<float>(keep_, static_cast<size_t>(bq));
-      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
-      s.vv.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.Dv)));
+      if (dot16) {
+        s.kt16 = alloc<uint32_t>(keep_, static_cast<size_t>(cpu_bf16_gemm::packed_words(p.D, bk)));
+        s.vv16 = alloc<uint32_t>(keep_, static_cast<size_t>(cpu_bf16_gemm::packed_words(bk, p.Dv)));
+        s.p16 = alloc<uint16_t>(keep_, static_cast<size_t>(bq * ld));
+        s.ptrs = alloc<const uint16_t*>(keep_, static_cast<size_t>(bk));
+        continue;
+      }
+      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(p.D, bk)));
+      s.vv.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(bk, p.Dv)));
       if (half) {
         s.q = alloc<float>(keep_, rows * static_cast<size_t>(p.D));
         s.k = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
@@ -254,6 +413,10 @@ class Forward : Common {
   struct Scratch {
     float *S, *O, *m, *l, *alpha, *q = nullptr, *k = nullptr, *v = nullptr;
     BOp kt, vv;  // Kᵀ and V of the current kv tile
+    // bf16 dot route: Kᵀ and V packed for cpu_bf16_gemm, P rounded to bf16, row pointers.
+    uint32_t *kt16 = nullptr, *vv16 = nullptr;
+    uint16_t* p16 = nullptr;
+    const uint16_t** ptrs = nullptr;
   };
 
   // Keys [*lo, *hi) that some row of q block b may see (empty: *lo >= *hi).
@@ -287,7 +450,9 @@ class Forward : Common {
     }
     const int64_t r0 = it.qb0 * bq, rows = std::min(it.qb1 * bq, sq) - r0;  // rows of the item
     int64_t ldq = 0, ldk = 0, ldv = 0;
-    const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + r0, h, rows, s.q, &ldq);
+    const float* Q = dot16 ? nullptr : rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + r0, h, rows, s.q, &ldq);
+    const uint16_t* Q16 = dot16 ? row16(p.q, p.Hq, p.D, qbeg + r0, h) : nullptr;
+    const int64_t ldq16 = p.Hq * p.D;
     std::fill(s.m, s.m + rows, kNegInf);
     std::fill(s.l, s.l + rows, 0.0f);
     std::fill(s.O, s.O + rows * p.Dv, 0.0f);
@@ -300,6 +465,11 @@ class Forward : Common {
       bool packed = false;
       for (int64_t b = 0; b < nb; ++b) {
         if (blo[b] >= bhi[b] || blo[b] >= j0 + nk || bhi[b] <= j0) continue;  // tile outside the block's span
+        if (!packed && dot16) {
+          pack16(p.k, p.Hkv, p.D, kbeg + j0, kvh, nk, true, s.ptrs, s.kt16);
+          pack16(p.v, p.Hkv, p.Dv, kbeg + j0, kvh, nk, false, s.ptrs, s.vv16);
+          packed = true;
+        }
         if (!packed) {
           const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
           const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
@@ -308,13 +478,20 @@ class Forward : Common {
           packed = true;
         }
         const int64_t i0 = (it.qb0 + b) * bq, mq = std::min(bq, sq - i0), off = i0 - r0;
-        mm(Q + off * ldq, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
+        if (dot16)
+          cpu_bf16_gemm::gemm(mq, nk, p.D, Q16 + off * ldq16, ldq16, s.kt16, scale, false, s.S, ld);
+        else
+          mm(Q + off * ldq, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
         transform_tile(n, h, i0, mq, j0, nk, s.S);
         mask_tile(n, i0, mq, j0, nk, s.S);
-        simd::online_softmax(s.S, mq, nk, ld, s.m + off, s.l + off, s.alpha);
+        simd::online_softmax(s.S, mq, nk, ld, s.m + off, s.l + off, s.alpha, dot16 ? s.p16 : nullptr);
         float* O = s.O + off * p.Dv;
         simd::scale_rows(O, mq, p.Dv, p.Dv, s.alpha);
-        mm(s.S, ld, false, s.vv, mq, p.Dv, nk, O, p.Dv, 1.0f, true);
+        if (dot16) {  // P rounded to bf16 by the softmax (l summed the f32 P)
+          cpu_bf16_gemm::gemm(mq, p.Dv, nk, s.p16, ld, s.vv16, 1.0f, true, O, p.Dv);
+        } else {
+          mm(s.S, ld, false, s.vv, mq, p.Dv, nk, O, p.Dv, 1.0f, true);
+        }
       }
     }
     TESSERA_TRACE_SCOPE("attn.fwd.store");  // O / l and lse, to the end of the item
@@ -322,13 +499,9 @@ class Forward : Common {
       const bool seen = s.l[r] > 0.0f;
       const float inv = seen ? 1.0f / s.l[r] : 0.0f;
       const int64_t base = ((qbeg + r0 + r) * p.Hq + h) * p.Dv;
-      const float* o = s.O + r * p.Dv;
-      if (out_.o_dtype == DType::kF32) {
-        float* dst = static_cast<float*>(out_.o) + base;
-        for (int64_t c = 0; c < p.Dv; ++c) dst[c] = o[c] * inv;
-      } else {
-        for (int64_t c = 0; c < p.Dv; ++c) store_from_f32(out_.o, out_.o_dtype, base + c, o[c] * inv);
-      }
+      float* o = s.O + r * p.Dv;
+      for (int64_t c = 0; c < p.Dv; ++c) o[c] *= inv;
+      store_row(out_.o, out_.o_dtype, base, o, p.Dv);
       out_.lse[p.lse_index(n, h, r0 + r)] = seen ? s.m[r] + std::log(s.l[r]) : kNegInf;
     }
   }
@@ -389,7 +562,10 @@ class Backward : Common {
     // Q and dO of the group's heads are packed once per item (not once per q tile and kv block)
     // when that fits kPrepackBytes per thread (TESSERA_ATTENTION_CPU_PREPACK=0: never; a test seam).
     const int64_t heads = head_split_ ? (G + chunks_ - 1) / chunks_ : G;  // most heads of one item
-    prepack_ = !blas && env::flag("TESSERA_ATTENTION_CPU_PREPACK", true) &&
+    // The bf16 dot route also needs dO in bf16 and Qᵀ, dOᵀ of the item's heads within the budget.
+    dot16 = dot16 && in_.grad_o_dtype == DType::kBF16 &&
+            static_cast<size_t>(heads * (p.D + p.Dv) * max_sq) * sizeof(uint16_t) <= kPrepackBytes;
+    prepack_ = !blas && !prim && !dot16 && env::flag("TESSERA_ATTENTION_CPU_PREPACK", true) &&
                static_cast<size_t>(heads * (simd::packed_floats(max_sq, p.D) + simd::packed_floats(max_sq, p.Dv))) *
                        sizeof(float) <= kPrepackBytes;
     scratch_.resize(static_cast<size_t>(T));
@@ -399,12 +575,14 @@ class Backward : Common {
       if (p.softcap > 0.0) s.P = alloc<float>(keep_, static_cast<size_t>(bq * ld));
       s.dK = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
       s.dV = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
-      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.D, bk)));
-      s.vt.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(p.Dv, bk)));
-      s.kk.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bk, p.D)));
-      s.qq.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bq, p.D)));
-      s.dd.packed = alloc<float>(keep_, static_cast<size_t>(simd::packed_floats(bq, p.Dv)));
+      if (dot16) alloc_bf16(s, heads, max_sq);
+      s.kt.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(p.D, bk)));
+      s.vt.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(p.Dv, bk)));
+      s.kk.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(bk, p.D)));
+      s.qq.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(bq, p.D)));
+      s.dd.packed = alloc<float>(keep_, static_cast<size_t>(packed_floats(bq, p.Dv)));
       s.delta = alloc<float>(keep_, static_cast<size_t>(max_sq * G));
+      s.rows = alloc<float>(keep_, static_cast<size_t>(2 * p.Dv));
       if (half) {
         s.q = alloc<float>(keep_, static_cast<size_t>(bq * p.D));
         s.k = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
@@ -438,7 +616,47 @@ class Backward : Common {
     BOp kt, vt, kk;  // Kᵀ, Vᵀ, K of the current kv block
     BOp qq, dd;      // Q, dO of the current q tile
     float *qfull = nullptr, *dofull = nullptr;  // prepacked Q, dO of the item's heads
+    float* rows = nullptr;                       // a row of o and of dO as f32 (Δ)
+    // bf16 dot route: Kᵀ, Vᵀ, K of the kv block packed for cpu_bf16_gemm; P and dS rounded to
+    // bf16 and packed by rows; Qᵀ, dOᵀ [dim × sq] of the item's heads; dKᵀ, dVᵀ [dim × nk].
+    uint32_t *kt16 = nullptr, *vt16 = nullptr, *kk16 = nullptr, *p16pk = nullptr, *ds16pk = nullptr;
+    uint16_t *p16 = nullptr, *ds16 = nullptr, *qT = nullptr, *doT = nullptr;
+    float *dKt = nullptr, *dVt = nullptr;
+    const uint16_t** ptrs = nullptr;
   };
+
+  void alloc_bf16(Scratch& s, int64_t heads, int64_t max_sq) {
+    using cpu_bf16_gemm::packed_words;
+    auto words = [&](int64_t K, int64_t N) { return alloc<uint32_t>(keep_, static_cast<size_t>(packed_words(K, N))); };
+    s.kt16 = words(p.D, bk), s.vt16 = words(p.Dv, bk), s.kk16 = words(bk, p.D);
+    s.p16pk = words(bq, bk), s.ds16pk = words(bq, bk);
+    s.p16 = alloc<uint16_t>(keep_, static_cast<size_t>(bq * ld));
+    s.ds16 = alloc<uint16_t>(keep_, static_cast<size_t>(bq * ld));
+    s.qT = alloc<uint16_t>(keep_, static_cast<size_t>(heads * p.D * max_sq));
+    s.doT = alloc<uint16_t>(keep_, static_cast<size_t>(heads * p.Dv * max_sq));
+    s.dKt = alloc<float>(keep_, static_cast<size_t>(p.D * bk));
+    s.dVt = alloc<float>(keep_, static_cast<size_t>(p.Dv * bk));
+    s.ptrs = alloc<const uint16_t*>(keep_, static_cast<size_t>(std::max(bq, bk)));
+  }
+
+  // bf16 dot route, after P (f32, exp taken) of a tile of head h, rows i0.. of sequence n: the
+  // four products with P and dS rounded to bf16; dKᵀ, dVᵀ accumulate transposed (ld nk).
+  // g: the head within the group (Δ, dq), slot: its place among the item's heads (Qᵀ, dOᵀ).
+  void products16(Scratch& s, int64_t n, int64_t h, int64_t g, int64_t slot, int64_t i0, int64_t mq, int64_t nk,
+                  const float* P, const float* Tcap, float inv_c, float* dq, int64_t dq_ld) const {
+    const int64_t sq = p.q_len(n);
+    const float scale = static_cast<float>(p.scale);
+    const uint16_t* qT = s.qT + slot * p.D * sq + i0;
+    const uint16_t* doT = s.doT + slot * p.Dv * sq + i0;
+    pack_tile16(s.p16, mq, nk, s.ptrs, s.p16pk);  // P rounded to bf16 by exp_rows
+    cpu_bf16_gemm::gemm(p.Dv, nk, mq, doT, sq, s.p16pk, 1.0f, true, s.dVt, nk);  // dVᵀ += dOᵀ·P
+    const uint16_t* dO = row16(in_.grad_o, p.Hq, p.Dv, p.q_begin(n) + i0, h);
+    cpu_bf16_gemm::gemm(mq, nk, p.Dv, dO, p.Hq * p.Dv, s.vt16, 1.0f, false, s.dP, ld);  // dP = dO·Vᵀ
+    simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c, s.ds16);
+    pack_tile16(s.ds16, mq, nk, s.ptrs, s.ds16pk);
+    cpu_bf16_gemm::gemm(p.D, nk, mq, qT, sq, s.ds16pk, scale, true, s.dKt, nk);      // dKᵀ += Qᵀ·dS
+    cpu_bf16_gemm::gemm(mq, p.D, nk, s.ds16, ld, s.kk16, scale, true, dq, dq_ld);   // dQ += dS·K
+  }
 
   // Stores heads [g0, g1) of an f32 [rows][G][D] dq accumulator of (sequence n, kv head kvh).
   void store_dq(int64_t n, int64_t kvh, const float* acc, int64_t g0, int64_t g1) const {
@@ -446,8 +664,7 @@ class Backward : Common {
     for (int64_t i = 0; i < p.q_len(n); ++i)
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t base = ((qbeg + i) * p.Hq + kvh * G + g) * p.D;
-        const float* a = acc + (i * G + g) * p.D;
-        for (int64_t c = 0; c < p.D; ++c) store_from_f32(out_.dq, out_.dq_dtype, base + c, a[c]);
+        store_row(out_.dq, out_.dq_dtype, base, acc + (i * G + g) * p.D, p.D);
       }
   }
 
@@ -482,13 +699,7 @@ class Backward : Common {
   }
 
   void store_kv(void* dst, DType dt, int64_t dim, int64_t krow0, int64_t kvh, int64_t nk, const float* acc) const {
-    for (int64_t j = 0; j < nk; ++j) {
-      const int64_t base = ((krow0 + j) * p.Hkv + kvh) * dim;
-      if (dt == DType::kF32)
-        std::memcpy(static_cast<float*>(dst) + base, acc + j * dim, static_cast<size_t>(dim) * sizeof(float));
-      else
-        for (int64_t c = 0; c < dim; ++c) store_from_f32(dst, dt, base + c, acc[j * dim + c]);
-    }
+    for (int64_t j = 0; j < nk; ++j) store_row(dst, dt, ((krow0 + j) * p.Hkv + kvh) * dim, acc + j * dim, dim);
   }
 
   void item(Scratch& s, const Item& it) const {
@@ -502,14 +713,8 @@ class Backward : Common {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t i = 0; i < sq; ++i) {
         const int64_t base = ((qbeg + i) * p.Hq + kvh * G + g) * p.Dv;
-        float d = 0.0f;
-        if (in_.o_dtype == DType::kF32 && in_.grad_o_dtype == DType::kF32) {
-          d = simd::dot(static_cast<const float*>(in_.o) + base, static_cast<const float*>(in_.grad_o) + base, p.Dv);
-        } else {
-          for (int64_t c = 0; c < p.Dv; ++c)
-            d += load_as_f32(in_.o, in_.o_dtype, base + c) * load_as_f32(in_.grad_o, in_.grad_o_dtype, base + c);
-        }
-        s.delta[g * sq + i] = d;
+        s.delta[g * sq + i] = simd::dot(row_f32(in_.o, in_.o_dtype, base, p.Dv, s.rows),
+                                        row_f32(in_.grad_o, in_.grad_o_dtype, base, p.Dv, s.rows + p.Dv), p.Dv);
       }
     // The dq accumulator: the f32 output itself, this item's partial, or the thread's buffer.
     float* dq;
@@ -525,6 +730,13 @@ class Backward : Common {
     const int64_t nb = (sk + bk - 1) / bk;
     const int64_t kb0 = kv_split_ ? it.chunk * nb / chunks_ : 0, kb1 = kv_split_ ? (it.chunk + 1) * nb / chunks_ : nb;
     const int64_t qsz = simd::packed_floats(sq, p.D), dsz = simd::packed_floats(sq, p.Dv);
+    if (dot16)  // Qᵀ and dOᵀ [dim × sq] of the item's heads, bf16
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t h = kvh * G + g;
+        transpose_bf16(row16(p.q, p.Hq, p.D, qbeg, h), p.Hq * p.D, sq, p.D, s.qT + (g - g0) * p.D * sq, sq);
+        transpose_bf16(row16(in_.grad_o, p.Hq, p.Dv, qbeg, h), p.Hq * p.Dv, sq, p.Dv, s.doT + (g - g0) * p.Dv * sq,
+                       sq);
+      }
     if (prepack_)
       for (int64_t g = g0; g < g1; ++g)
         for (int64_t r0 = 0; r0 < sq; r0 += bq) {
@@ -540,14 +752,22 @@ class Backward : Common {
     for (int64_t kb = kb0; kb < kb1; ++kb) {
       TESSERA_TRACE_SCOPE_I("attn.bwd.kv_block", kb);  // pack K, V; five products per q tile; store dK, dV
       const int64_t j0 = kb * bk, nk = std::min(bk, sk - j0);
-      int64_t ldk = 0, ldv = 0;
-      const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
-      const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
-      pack(s.kt, K, ldk, true, p.D, nk);
-      pack(s.vt, V, ldv, true, p.Dv, nk);
-      pack(s.kk, K, ldk, false, nk, p.D);
-      std::fill(s.dK, s.dK + nk * p.D, 0.0f);
-      std::fill(s.dV, s.dV + nk * p.Dv, 0.0f);
+      if (dot16) {
+        pack16(p.k, p.Hkv, p.D, kbeg + j0, kvh, nk, true, s.ptrs, s.kt16);
+        pack16(p.v, p.Hkv, p.Dv, kbeg + j0, kvh, nk, true, s.ptrs, s.vt16);
+        pack16(p.k, p.Hkv, p.D, kbeg + j0, kvh, nk, false, s.ptrs, s.kk16);
+        std::fill(s.dKt, s.dKt + p.D * nk, 0.0f);
+        std::fill(s.dVt, s.dVt + p.Dv * nk, 0.0f);
+      } else {
+        int64_t ldk = 0, ldv = 0;
+        const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, kbeg + j0, kvh, nk, s.k, &ldk);
+        const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, kbeg + j0, kvh, nk, s.v, &ldv);
+        pack(s.kt, K, ldk, true, p.D, nk);
+        pack(s.vt, V, ldv, true, p.Dv, nk);
+        pack(s.kk, K, ldk, false, nk, p.D);
+        std::fill(s.dK, s.dK + nk * p.D, 0.0f);
+        std::fill(s.dV, s.dV + nk * p.Dv, 0.0f);
+      }
       // Rows whose allowed keys meet this block (contiguous: the ranges are monotone in i).
       int64_t ilo = sq, ihi = 0;
       for (int64_t i = 0; i < sq; ++i) {
@@ -564,16 +784,22 @@ class Backward : Common {
         for (int64_t i0 = ilo; i0 < ihi; i0 += bq) {
           const int64_t mq = std::min(bq, ihi - i0);
           int64_t ldq = 0, lddo = 0;
-          const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
-          const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + i0, h, mq, s.dO, &lddo);
-          if (prepack_) {
-            s.qq = {Q, ldq, false, s.qfull + (g - g0) * qsz, sq, i0};
-            s.dd = {dO, lddo, false, s.dofull + (g - g0) * dsz, sq, i0};
+          const float *Q = nullptr, *dO = nullptr;
+          if (dot16) {
+            cpu_bf16_gemm::gemm(mq, nk, p.D, row16(p.q, p.Hq, p.D, qbeg + i0, h), p.Hq * p.D, s.kt16, scale, false,
+                                s.S, ld);
           } else {
-            pack(s.qq, Q, ldq, false, mq, p.D);
-            pack(s.dd, dO, lddo, false, mq, p.Dv);
+            Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qbeg + i0, h, mq, s.q, &ldq);
+            dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qbeg + i0, h, mq, s.dO, &lddo);
+            if (prepack_) {
+              s.qq = {Q, ldq, false, s.qfull + (g - g0) * qsz, sq, i0};
+              s.dd = {dO, lddo, false, s.dofull + (g - g0) * dsz, sq, i0};
+            } else {
+              pack(s.qq, Q, ldq, false, mq, p.D);
+              pack(s.dd, dO, lddo, false, mq, p.Dv);
+            }
+            mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
           }
-          mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
           float* P = s.S;
           const float* Tcap = nullptr;
           if (p.softcap > 0.0) {
@@ -587,13 +813,21 @@ class Backward : Common {
             simd::alibi(P, mq, nk, ld, p.slope(n, h), static_cast<float>(i0 + off - j0));
           }
           mask_tile(n, i0, mq, j0, nk, P);
-          simd::exp_rows(P, mq, nk, ld, lse + i0);
+          simd::exp_rows(P, mq, nk, ld, lse + i0, dot16 ? s.p16 : nullptr);
+          if (dot16) {
+            products16(s, n, h, g, g - g0, i0, mq, nk, P, Tcap, inv_c, dq + i0 * dq_ld + g * p.D, dq_ld);
+            continue;
+          }
           mm(P, ld, true, s.dd, nk, p.Dv, mq, s.dV, p.Dv, 1.0f, true);                       // dV += Pᵀ·dO
           mm(dO, lddo, false, s.vt, mq, nk, p.Dv, s.dP, ld, 1.0f, false);                    // dP = dO·Vᵀ
           simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c);
           mm(s.dP, ld, true, s.qq, nk, p.D, mq, s.dK, p.D, scale, true);                     // dK += dSᵀ·Q
           mm(s.dP, ld, false, s.kk, mq, p.D, nk, dq + i0 * dq_ld + g * p.D, dq_ld, scale, true);  // dQ += dS·K
         }
+      }
+      if (dot16) {  // dKᵀ, dVᵀ back to rows
+        transpose_f32(s.dKt, nk, p.D, nk, s.dK, p.D);
+        transpose_f32(s.dVt, nk, p.Dv, nk, s.dV, p.Dv);
       }
       if (head_split_) {  // into this item's partials, reduced after the workers join
         std::memcpy(it.partial + j0 * p.D, s.dK, static_cast<size_t>(nk * p.D) * sizeof(float));
@@ -623,8 +857,9 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "optimized CPU backend: flash-style q x kv tiles, Highway micro-kernel products + online softmax, "
-           "FA2 backward (deterministic); D, Dv <= 256; extra memory O(threads x tile)";
+    return "optimized CPU backend: flash-style q x kv tiles, register-blocked micro-kernel products (AVX-512 f32, "
+           "AVX512-BF16 dot for bf16) + online softmax, FA2 backward (deterministic); D, Dv <= 256; "
+           "extra memory O(threads x tile)";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {

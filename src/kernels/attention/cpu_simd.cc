@@ -131,6 +131,19 @@ void GemmPacked(const float* A, int64_t lda, bool trans_a, const float* Bp, int6
     GemmT<false>(A, lda, Bp, panel_rows, k0, M, N, K, C, ldc, alpha, acc);
 }
 
+// bf16(v) stored as Lanes(df) uint16 at dst (aligned with the f32 tile: ld is a multiple of
+// kPad): the rounding of cpu_convert::f32_to_bf16 (u + 0x7fff + ((u >> 16) & 1), high half; a
+// NaN keeps its high half with the quiet bit set).
+HWY_INLINE void StoreBf16(DF, VF v, uint16_t* dst) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> d16;
+  const auto u = hn::BitCast(du, v);
+  const auto rounded = hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u))));
+  const auto is_nan = hn::Gt(hn::And(u, hn::Set(du, 0x7fffffffu)), hn::Set(du, 0x7f800000u));
+  const auto r = hn::ShiftRight<16>(hn::IfThenElse(is_nan, hn::Or(u, hn::Set(du, 0x00400000u)), rounded));
+  hn::StoreU(hn::TruncateTo(d16, r), d16, dst);
+}
+
 // Number of floats processed per row: n rounded up to whole vectors (within the padding).
 HWY_INLINE int64_t Cols(DF df, int64_t n) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
@@ -162,7 +175,7 @@ void Alibi(float* S, int64_t rows, int64_t n, int64_t ld, float slope, float cen
   }
 }
 
-void OnlineSoftmax(float* S, int64_t rows, int64_t n, int64_t ld, float* m, float* l, float* alpha) {
+void OnlineSoftmax(float* S, int64_t rows, int64_t n, int64_t ld, float* m, float* l, float* alpha, uint16_t* P16) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), cols = Cols(df, n);
   const float ninf = -std::numeric_limits<float>::infinity();  // −inf
@@ -178,8 +191,12 @@ void OnlineSoftmax(float* S, int64_t rows, int64_t n, int64_t ld, float* m, floa
     if (j < cols) m0 = hn::Max(m0, hn::Load(df, s + j));
     const float mt = hn::GetLane(hn::MaxOfLanes(df, hn::Max(m0, m1)));
     const float mnew = mt > m[r] ? mt : m[r];
+    uint16_t* p16 = P16 ? P16 + r * ld : nullptr;
     if (!(mnew > ninf)) {  // nothing seen yet: P row 0, state unchanged
-      for (j = 0; j < cols; j += N) hn::Store(hn::Zero(df), df, s + j);
+      for (j = 0; j < cols; j += N) {
+        hn::Store(hn::Zero(df), df, s + j);
+        if (p16) StoreBf16(df, hn::Zero(df), p16 + j);
+      }
       alpha[r] = 1.0f;
       continue;
     }
@@ -188,14 +205,22 @@ void OnlineSoftmax(float* S, int64_t rows, int64_t n, int64_t ld, float* m, floa
     for (j = 0; j + 2 * N <= cols; j += 2 * N) {
       const auto p0 = Exp(df, hn::Sub(hn::Load(df, s + j), vm));
       const auto p1 = Exp(df, hn::Sub(hn::Load(df, s + j + N), vm));
-      hn::Store(p0, df, s + j);
-      hn::Store(p1, df, s + j + N);
+      if (p16) {
+        StoreBf16(df, p0, p16 + j);
+        StoreBf16(df, p1, p16 + j + N);
+      } else {
+        hn::Store(p0, df, s + j);
+        hn::Store(p1, df, s + j + N);
+      }
       a0 = hn::Add(a0, p0);
       a1 = hn::Add(a1, p1);
     }
     if (j < cols) {
       const auto p0 = Exp(df, hn::Sub(hn::Load(df, s + j), vm));
-      hn::Store(p0, df, s + j);
+      if (p16)
+        StoreBf16(df, p0, p16 + j);
+      else
+        hn::Store(p0, df, s + j);
       a0 = hn::Add(a0, p0);
     }
     const float sum = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1)));
@@ -206,24 +231,32 @@ void OnlineSoftmax(float* S, int64_t rows, int64_t n, int64_t ld, float* m, floa
   }
 }
 
-void ExpRows(float* P, int64_t rows, int64_t n, int64_t ld, const float* lse) {
+void ExpRows(float* P, int64_t rows, int64_t n, int64_t ld, const float* lse, uint16_t* P16) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), cols = Cols(df, n);
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
     float* p = P + r * ld;
+    uint16_t* p16 = P16 ? P16 + r * ld : nullptr;
     if (!(lse[r] > ninf)) {
-      for (int64_t j = 0; j < cols; j += N) hn::Store(hn::Zero(df), df, p + j);
+      for (int64_t j = 0; j < cols; j += N) {
+        hn::Store(hn::Zero(df), df, p + j);
+        if (p16) StoreBf16(df, hn::Zero(df), p16 + j);
+      }
       continue;
     }
     for (int64_t j = n; j < cols; ++j) p[j] = ninf;
     const auto vl = hn::Set(df, lse[r]);
-    for (int64_t j = 0; j < cols; j += N) hn::Store(Exp(df, hn::Sub(hn::Load(df, p + j), vl)), df, p + j);
+    for (int64_t j = 0; j < cols; j += N) {
+      const auto e = Exp(df, hn::Sub(hn::Load(df, p + j), vl));
+      hn::Store(e, df, p + j);
+      if (p16) StoreBf16(df, e, p16 + j);
+    }
   }
 }
 
 void DsRows(const float* P, float* dP, const float* T, int64_t rows, int64_t n, int64_t ld, const float* delta,
-            float inv_c) {
+            float inv_c, uint16_t* dS16) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), cols = Cols(df, n);
   const auto one = hn::Set(df, 1.0f), vinv = hn::Set(df, inv_c);
@@ -231,16 +264,26 @@ void DsRows(const float* P, float* dP, const float* T, int64_t rows, int64_t n, 
     const float* p = P + r * ld;
     float* dp = dP + r * ld;
     const auto vd = hn::Set(df, delta[r]);
+    uint16_t* ds16 = dS16 ? dS16 + r * ld : nullptr;
     if (T) {
       const float* t = T + r * ld;
       for (int64_t j = 0; j < cols; j += N) {
         const auto u = hn::Mul(hn::Load(df, t + j), vinv);
         const auto g = hn::Mul(hn::Load(df, p + j), hn::Sub(hn::Load(df, dp + j), vd));
-        hn::Store(hn::Mul(g, hn::NegMulAdd(u, u, one)), df, dp + j);
+        const auto ds = hn::Mul(g, hn::NegMulAdd(u, u, one));
+        if (ds16)
+          StoreBf16(df, ds, ds16 + j);
+        else
+          hn::Store(ds, df, dp + j);
       }
     } else {
-      for (int64_t j = 0; j < cols; j += N)
-        hn::Store(hn::Mul(hn::Load(df, p + j), hn::Sub(hn::Load(df, dp + j), vd)), df, dp + j);
+      for (int64_t j = 0; j < cols; j += N) {
+        const auto ds = hn::Mul(hn::Load(df, p + j), hn::Sub(hn::Load(df, dp + j), vd));
+        if (ds16)
+          StoreBf16(df, ds, ds16 + j);
+        else
+          hn::Store(ds, df, dp + j);
+      }
     }
   }
 }
@@ -297,15 +340,15 @@ void softcap(float* S, int64_t rows, int64_t n, int64_t ld, float c) { HWY_DYNAM
 void alibi(float* S, int64_t rows, int64_t n, int64_t ld, float slope, float center0) {
   HWY_DYNAMIC_DISPATCH(Alibi)(S, rows, n, ld, slope, center0);
 }
-void online_softmax(float* S, int64_t rows, int64_t n, int64_t ld, float* m, float* l, float* alpha) {
-  HWY_DYNAMIC_DISPATCH(OnlineSoftmax)(S, rows, n, ld, m, l, alpha);
+void online_softmax(float* S, int64_t rows, int64_t n, int64_t ld, float* m, float* l, float* alpha, uint16_t* P16) {
+  HWY_DYNAMIC_DISPATCH(OnlineSoftmax)(S, rows, n, ld, m, l, alpha, P16);
 }
-void exp_rows(float* P, int64_t rows, int64_t n, int64_t ld, const float* lse) {
-  HWY_DYNAMIC_DISPATCH(ExpRows)(P, rows, n, ld, lse);
+void exp_rows(float* P, int64_t rows, int64_t n, int64_t ld, const float* lse, uint16_t* P16) {
+  HWY_DYNAMIC_DISPATCH(ExpRows)(P, rows, n, ld, lse, P16);
 }
 void ds_rows(const float* P, float* dP, const float* T, int64_t rows, int64_t n, int64_t ld, const float* delta,
-             float inv_c) {
-  HWY_DYNAMIC_DISPATCH(DsRows)(P, dP, T, rows, n, ld, delta, inv_c);
+             float inv_c, uint16_t* dS16) {
+  HWY_DYNAMIC_DISPATCH(DsRows)(P, dP, T, rows, n, ld, delta, inv_c, dS16);
 }
 void scale_rows(float* Y, int64_t rows, int64_t n, int64_t ld, const float* a) {
   HWY_DYNAMIC_DISPATCH(ScaleRows)(Y, rows, n, ld, a);

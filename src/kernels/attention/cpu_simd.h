@@ -50,16 +50,19 @@ void alibi(float* S, int64_t rows, int64_t n, int64_t ld, float slope, float cen
 // −inf entries (masked) become exactly 0. A row with m' = −inf (nothing seen yet) becomes all
 // zeros with alpha 1. exp is a Cephes-style f32 exp (range reduction by ln 2 in two parts,
 // degree-5 polynomial, < 2 ulp), exact 0 below −87.3.
-void online_softmax(float* S, int64_t rows, int64_t n, int64_t ld, float* m, float* l, float* alpha);
+// With P16 (bf16 tile, row stride ld): P goes there rounded to bf16 (nearest even, as
+// cpu_convert::f32_to_bf16) instead of into S, and l still sums the f32 P.
+void online_softmax(float* S, int64_t rows, int64_t n, int64_t ld, float* m, float* l, float* alpha,
+                    uint16_t* P16 = nullptr);
 
 // Backward: P[r][j] ← exp(P[r][j] − lse[r]) in place; 0 for −inf entries and for rows whose lse
-// is −inf.
-void exp_rows(float* P, int64_t rows, int64_t n, int64_t ld, const float* lse);
+// is −inf. With P16, also P rounded to bf16 there (row stride ld).
+void exp_rows(float* P, int64_t rows, int64_t n, int64_t ld, const float* lse, uint16_t* P16 = nullptr);
 
 // Backward: dS = P ∘ (dP − delta[r]) (∘ (1 − (T/c)²) when T, the soft-capped scores, is given),
-// in place in dP.
+// in place in dP; with dS16, dS rounded to bf16 goes there (row stride ld) instead, dP is kept.
 void ds_rows(const float* P, float* dP, const float* T, int64_t rows, int64_t n, int64_t ld,
-             const float* delta, float inv_c);
+             const float* delta, float inv_c, uint16_t* dS16 = nullptr);
 
 // Y[r][0..n) *= a[r].
 void scale_rows(float* Y, int64_t rows, int64_t n, int64_t ld, const float* a);

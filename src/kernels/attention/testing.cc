@@ -161,7 +161,7 @@ CaseData CaseData::to(Device device) const {
 // from the double-precision oracle come from (a) f32 arithmetic: dot products of length D, exp
 // in f32, sums of up to Sk probabilities — relative errors ~ sqrt(n)·2^-24 < 1e-5 here; (b) a
 // backend that rounds P and dS to the input dtype before its matrix products (as FlashAttention
-// does on tensor cores; the cpu backend does not), an error of one unit roundoff u per term of a
+// does on tensor cores, and the cpu backend on its bf16 dot route), an error of one unit roundoff u per term of a
 // sum of signed terms, hence ≲ u·max|x| for the whole tensor; and (c) rounding the stored output
 // to its dtype, which both the oracle and the implementation do, so their stored values can
 // differ by one ulp = 2u relative.

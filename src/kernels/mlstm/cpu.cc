@@ -35,6 +35,9 @@
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "core/env.h"
 #include "core/memory.h"
@@ -166,8 +169,9 @@ struct ThreadBufs {
   float *w = nullptr, *den = nullptr, *den_raw = nullptr, *ddr = nullptr;  // [L]
   float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
   float* ones = nullptr;               // [L] of 1
-  float* dn = nullptr;                 // [DK]: Δn_j of a forward in place (else unused)
+  float* dn = nullptr;                 // [DK]: Δn_j (a forward in place, a folded chain step)
   float *pk = nullptr, *pk2 = nullptr;  // packed B operands (cpu_f32_gemm), each up to K × N = max(L, DK, DV)²
+  const float* pk_v = nullptr;          // pk holds V packed from here (pack_v), else nullptr
   float* xt = nullptr;                  // [max(DK, DV), L]: a product formed transposed (Xᵀ, scᵀ)
 };
 
@@ -177,6 +181,7 @@ struct Ctx {
   int64_t Lc, NC, DK, DV;
   float scale;
   bool kern;  // use_kernel_gemm()
+  int team;   // threads sharing a head (Plan::size)
 };
 
 // The order between a team's chunks of one head: forward, "C_j is final" (published j once the
@@ -281,11 +286,25 @@ const float* chunk_state_operand(const ChunkRef& c, float* n1) {
   return ka;
 }
 
+// V's columns y0 .. y0 + ny of the chunk packed into pk, unless pk holds them already (the fused
+// pass's state product and P·V share one pack; every other use of pk clears pk_v).
+void pack_v(const ChunkRef& c) {
+  if (c.tb.pk_v == c.v() + c.y0) return;
+  f32::pack(false, c.L, c.ny, c.v() + c.y0, c.cx.DV, c.tb.pk);
+  c.tb.pk_v = c.v() + c.y0;
+}
+
+// pk taken for another operand.
+float* pk_other(const ChunkRef& c) {
+  c.tb.pk_v = nullptr;
+  return c.tb.pk;
+}
+
 // ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A into C1, n1.
 void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
   const float* ka = chunk_state_operand(c, n1);
   if (c.cx.kern) {
-    f32::pack(false, c.L, c.ny, c.v() + c.y0, c.cx.DV, c.tb.pk);
+    pack_v(c);
     f32::gemm(f32::Tri::kNone, true, c.cx.DK, c.ny, c.L, 1.f, ka, c.cx.DK, c.tb.pk, 0.f, C1, c.ny);
     return;
   }
@@ -334,6 +353,40 @@ void chunk_state_in_place(const ChunkRef& c) {
   for (int64_t x = 0; x < DK; ++x) n[x] = f.b * c.tb.dn[x] + (f.a != 0.f ? f.a * n[x] : 0.f);
 }
 
+// The chain steps' element loops on the micro-kernel route (the CPU has AVX-512F: cx.kern). The
+// library is built for baseline x86-64, where std::fma is a call into libm per element and the
+// plain loops run 4 lanes wide; v0.4's forward chain step alone was ~13 % of a fused call's time
+// in those calls (perf, v0.5). Each lane rounds as the scalar expression it replaces, so the bits
+// are the same.
+#if defined(__x86_64__)
+// out = fma(a, x, b·y) (the in-place update's micro-kernel store: chunk_state_in_place).
+__attribute__((target("avx512f"))) void fma_axpby_avx512(int64_t n, float a, const float* x, float b, const float* y,
+                                                         float* out) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  int64_t e = 0;
+  for (; e + 16 <= n; e += 16)
+    _mm512_storeu_ps(out + e, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + e), _mm512_mul_ps(vb, _mm512_loadu_ps(y + e))));
+  for (; e < n; ++e) out[e] = std::fma(a, x[e], b * y[e]);
+}
+// y += a·x, the product rounded before the sum (as the plain loop: chunk_grad_chain).
+__attribute__((target("avx512f"))) void axpy_avx512(int64_t n, float a, const float* x, float* y) {
+  const __m512 va = _mm512_set1_ps(a);
+  int64_t e = 0;
+  for (; e + 16 <= n; e += 16)
+    _mm512_storeu_ps(y + e, _mm512_add_ps(_mm512_loadu_ps(y + e), _mm512_mul_ps(va, _mm512_loadu_ps(x + e))));
+  for (; e < n; ++e) y[e] += a * x[e];
+}
+#endif
+
+// y += a·x on the kernel's route (AVX-512) or the plain loop; the same bits either way.
+void axpy(bool kern, int64_t n, float a, const float* x, float* y) {
+#if defined(__x86_64__)
+  if (kern) return axpy_avx512(n, a, x, y);
+#endif
+  (void)kern;
+  for (int64_t e = 0; e < n; ++e) y[e] += a * x[e];
+}
+
 // The chain step: C_{j+1} = a C_j + b ΔC_j, n likewise, m_{j+1}; C_j final.
 void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
   const int64_t DK = c.cx.DK, N = DK * c.ny;
@@ -342,7 +395,11 @@ void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
   float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);  // C_j's slot itself when in place
   const float *C0 = c.C(c.j), *n0 = c.n(c.j);
   if (a != 0.f && c.cx.kern) {  // rounded as chunk_state_in_place's micro-kernel store: fma(a, C, b·ΔC)
+#if defined(__x86_64__)
+    fma_axpby_avx512(N, a, C0, b, dC, C1);
+#else
     for (int64_t e = 0; e < N; ++e) C1[e] = std::fma(a, C0[e], b * dC[e]);
+#endif
     for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x] + a * n0[x];
   } else if (a != 0.f) {
     for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e] + a * C0[e];
@@ -351,6 +408,23 @@ void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
     for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e];
     for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x];
   }
+}
+
+// The chain step and the chunk's own part in one product, for a thread that owns the head (a team
+// of one): C_{j+1} = a C_j + b Kᵀdiag(A)V through gemm_from's store, fma(a, C_j, b·acc) — the
+// same bits as chunk_state_local then chunk_state_chain (b·ΔC_j with ΔC_j = acc rounds the same),
+// without writing ΔC_j and reading it back (v0.5: 2 × 256 KiB less state traffic per chunk at D =
+// 256).
+void chunk_state_folded(const ChunkRef& c) {
+  TESSERA_TRACE_SCOPE("mlstm.cpu.state_folded");
+  const int64_t DK = c.cx.DK;
+  const float* ka = chunk_state_operand(c, c.tb.dn);
+  const StepFactors f = chain_factors(c);
+  pack_v(c);
+  f32::gemm_from(f32::Tri::kNone, true, DK, c.ny, c.L, f.b, ka, DK, c.tb.pk, f.a, c.C(c.j), c.ny, c.C(c.j + 1), c.ny);
+  float *n1 = c.n(c.j + 1), *dn = c.tb.dn;
+  const float* n0 = c.n(c.j);
+  for (int64_t x = 0; x < DK; ++x) n1[x] = f.a != 0.f ? f.b * dn[x] + f.a * n0[x] : f.b * dn[x];
 }
 
 // The fused pass's copy of a chunk's E, P, w, den, den_raw, qn and m_t (HeadBufs::saved): stored by
@@ -414,7 +488,7 @@ void chunk_output(const ChunkRef& c, float* h) {
     return;
   }
   // V packed once for P·V and the state update after it (chunk_state_in_place); C_j packed.
-  f32::pack(false, L, c.ny, c.v() + c.y0, DV, tb.pk);
+  pack_v(c);
   f32::gemm(f32::Tri::kLowerA, false, L, c.ny, L, 1.f, tb.P, L, tb.pk, 0.f, h + c.y0, DV);
   if (!inter) return;
   f32::pack(false, DK, c.ny, c.C(c.j), c.ny, tb.pk2);
@@ -445,6 +519,15 @@ void sweep_chunk(const ChunkRef& c, Chain& chain, int64_t seq, bool need_last) {
     chain.publish(seq, c.j + 1);
     return;
   }
+  if (c.cx.kern && c.cx.team == 1) {  // nobody to overlap with: the chain step inside the product
+    if (c.j == 0)
+      initial_state(c);
+    else
+      chain.wait(seq, c.j);  // returns at once: the team's one member published chunk j − 1
+    chunk_state_folded(c);
+    chain.publish(seq, c.j + 1);
+    return;
+  }
   {
     TESSERA_TRACE_SCOPE("mlstm.cpu.state_local");
     chunk_state_local(c, c.C(c.j + 1), c.n(c.j + 1));
@@ -465,7 +548,7 @@ struct GradOut {
 // packed (L columns: small), then Y = (Yᵀ)ᵀ — B itself (a chunk state, N × K = DK × DV) is read in
 // place instead of being packed transposed (devlog v0.4: 80 against OpenBLAS's 90 µs at D = 256).
 void abt_via_transpose(const ChunkRef& c, int64_t L, int64_t N, int64_t K, const float* A, const float* B, float* Y) {
-  f32::pack(true, K, L, A, K, c.tb.pk);
+  f32::pack(true, K, L, A, K, pk_other(c));
   f32::gemm(f32::Tri::kNone, false, N, L, K, 1.f, B, K, c.tb.pk, 0.f, c.tb.xt, L);
   f32::transpose(N, L, c.tb.xt, L, Y, N);
 }
@@ -537,7 +620,7 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
   tri_tb(L, DK, scale, tb.dP, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
   tri_ttb(L, DK, scale, tb.dP, c.q(), DK, 0.f, g.dk, DK);
   if (c.cx.kern) {  // dNum packed once for Pᵀ·dNum and dC_j below
-    f32::pack(false, L, DV, tb.dnum, DV, tb.pk);
+    f32::pack(false, L, DV, tb.dnum, DV, pk_other(c));
     f32::gemm(f32::Tri::kUpperA, true, L, DV, L, 1.f, tb.P, L, tb.pk, 0.f, g.dv, DV);
   } else {
     tri_ttb(L, DV, 1.f, tb.P, tb.dnum, DV, 0.f, g.dv, DV);
@@ -573,8 +656,8 @@ void chunk_grad_chain(const ChunkRef& c) {
   const int64_t DK = c.cx.DK, N = DK * c.cx.DV;
   float *C0 = c.C(c.j), *n0 = c.n(c.j);
   const float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);
-  for (int64_t e = 0; e < N; ++e) C0[e] += a * C1[e];
-  for (int64_t x = 0; x < DK; ++x) n0[x] += a * n1[x];
+  axpy(c.cx.kern, N, a, C1, C0);
+  axpy(c.cx.kern, DK, a, n1, n0);
 }
 
 // Through the state at the chunk's end, C_{j+1} = a C_j + Σ_s A_s k_s v_sᵀ (A_s = E_{last,s}):
@@ -676,8 +759,8 @@ struct Team {
 template <class Fwd, class Rev, class Fin>
 void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, bool fused = false) {
   const int64_t Lc = std::min(chunk_of(p), p.S), NC = (p.S + Lc - 1) / Lc, DK = p.DK, DV = p.DV;
-  const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK)), use_kernel_gemm()};
   const Plan pl = plan_of(p, NC, reverse);
+  const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK)), use_kernel_gemm(), pl.size};
   const int T = pl.size * pl.teams;
   std::vector<memory::HostBuffer> keep;
   std::vector<std::unique_ptr<Team>> teams;
@@ -700,7 +783,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, 
     b.w = alloc<float>(keep, Lc), b.den = alloc<float>(keep, Lc), b.den_raw = alloc<float>(keep, Lc), b.ddr = alloc<float>(keep, Lc);
     b.qn = alloc<float>(keep, Lc), b.cs = alloc<float>(keep, Lc), b.ones = alloc<float>(keep, Lc);
     std::fill_n(b.ones, Lc, 1.f);
-    if (!reverse && pl.size == 1) b.dn = alloc<float>(keep, DK);
+    b.dn = alloc<float>(keep, DK);
     if (cx.kern) {
       const int64_t most = std::max({Lc, DK, DV}), n = f32::packed_floats(most, most);  // K × N ≤ most × most
       b.pk = alloc<float>(keep, n), b.pk2 = alloc<float>(keep, n), b.xt = alloc<float>(keep, std::max(DK, DV) * Lc);

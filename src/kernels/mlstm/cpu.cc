@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <mutex>
 #include <numeric>
 #include <cmath>
 #include <limits>
@@ -139,11 +140,69 @@ void advise_huge_pages(void* p, int64_t bytes) {
 #endif
 }
 
-template <class T>
-T* alloc(std::vector<memory::HostBuffer>& keep, int64_t count) {
-  keep.push_back(memory::host_alloc(static_cast<size_t>(std::max<int64_t>(1, count)) * sizeof(T)));
-  return memory::as<T>(keep.back());
-}
+// A call's scratch is carved out of one block (v0.5; v0.4 made ~30 host_alloc calls). An Arena
+// without a base only measures: run_heads carves twice, once to size the block, once into it.
+struct Arena {
+  uintptr_t base = 0;
+  size_t used = 0;
+  template <class T>
+  T* take(int64_t count) {
+    const size_t off = used;
+    used += (size_t(std::max<int64_t>(1, count)) * sizeof(T) + 63) / 64 * 64;  // 64-byte aligned, own lines
+    return reinterpret_cast<T*>(base + off);
+  }
+};
+
+// The last call's block is kept for the next (v0.5). Allocated per call, the 17–38 MiB of chunk
+// states went back to the OS after each call (glibc trims its heap once two teams' states are
+// freed) and every call faulted its pages in again, zeroed: 5–7 % of a fused call's CPU time at
+// B=1, NH=4, S=2048, D=256 on 2 threads (perf: clear_page, page faults). One block is cached, the
+// last one released; a call takes it when it fits without more than 1/16 to spare (the same shape
+// again, as in a training loop), else allocates its own, as does a call that finds it taken
+// (concurrent calls). The
+// memory counters (memory::current_bytes, the bench's xtraMiB) count the block while a call holds
+// it, not while it waits in the cache: each call's extra memory reads the same, reused or not.
+// TESSERA_MLSTM_CPU_KEEP_SCRATCH=0: allocate and free per call (v0.4's behaviour).
+class ScratchLease {
+ public:
+  explicit ScratchLease(size_t bytes) {
+    Cache& c = cache();
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (c.buf && c.bytes >= bytes && c.bytes <= bytes + bytes / 16) {
+        buf_ = std::move(c.buf), bytes_ = c.bytes;
+        buf_.get_deleter().bytes = c.counted;  // counted again while this call holds it
+        memory::note_alloc(memory::Space::kHost, c.counted);
+      }
+    }
+    if (!buf_) buf_ = memory::host_alloc(bytes), bytes_ = bytes;
+  }
+  ~ScratchLease() {
+    if (!env::flag("TESSERA_MLSTM_CPU_KEEP_SCRATCH", true)) return;
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.counted = buf_.get_deleter().bytes;
+    memory::note_free(memory::Space::kHost, c.counted);
+    buf_.get_deleter().bytes = 0;  // idle in the cache: not counted (its deleter then counts nothing off)
+    c.buf = std::move(buf_), c.bytes = bytes_;  // the block cached before is freed
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  uintptr_t base() const { return reinterpret_cast<uintptr_t>(buf_.get()); }
+
+ private:
+  struct Cache {
+    std::mutex mu;
+    memory::HostBuffer buf;
+    size_t bytes = 0, counted = 0;  // asked for; counted by host_alloc (rounded up)
+  };
+  static Cache& cache() {
+    static Cache* c = new Cache;  // never destroyed: no exit-time order with memory's counters
+    return *c;
+  }
+  memory::HostBuffer buf_;
+  size_t bytes_ = 0;
+};
 
 // What a team keeps for the head it is on: the chunk-start states and the gate sums of every step.
 struct HeadBufs {
@@ -762,33 +821,39 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, 
   const Plan pl = plan_of(p, NC, reverse);
   const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK)), use_kernel_gemm(), pl.size};
   const int T = pl.size * pl.teams;
-  std::vector<memory::HostBuffer> keep;
   std::vector<std::unique_ptr<Team>> teams;
-  for (int t = 0; t < pl.teams; ++t) {
-    teams.push_back(std::make_unique<Team>(NC, pl.size));
-    HeadBufs& h = teams.back()->hb;
-    h.in_place = !reverse && pl.size == 1;
-    const int64_t slots = h.in_place ? 1 : NC + 1;
-    h.C = alloc<float>(keep, slots * DK * DV), h.n = alloc<float>(keep, slots * DK);
-    advise_huge_pages(h.C, slots * DK * DV * int64_t(sizeof(float)));
-    h.cum = alloc<double>(keep, p.S), h.gl = alloc<double>(keep, p.S), h.lmax = alloc<double>(keep, p.S);
-    h.seg = alloc<int32_t>(keep, p.S), h.hs = alloc<uint8_t>(keep, p.S), h.m = alloc<double>(keep, NC + 1);
-    if (fused) h.saved = alloc<float>(keep, NC * (2 * Lc * Lc + 5 * Lc)), h.saved_mt = alloc<double>(keep, NC * Lc);
-  }
+  for (int t = 0; t < pl.teams; ++t) teams.push_back(std::make_unique<Team>(NC, pl.size));
   std::vector<ThreadBufs> tbs(T);
-  for (ThreadBufs& b : tbs) {
-    b.E = alloc<float>(keep, Lc * Lc), b.P = alloc<float>(keep, Lc * Lc), b.dP = alloc<float>(keep, Lc * Lc);
-    b.dnum = alloc<float>(keep, Lc * DV), b.sc = alloc<float>(keep, Lc * std::max(DK, DV));
-    b.mt = alloc<double>(keep, Lc);
-    b.w = alloc<float>(keep, Lc), b.den = alloc<float>(keep, Lc), b.den_raw = alloc<float>(keep, Lc), b.ddr = alloc<float>(keep, Lc);
-    b.qn = alloc<float>(keep, Lc), b.cs = alloc<float>(keep, Lc), b.ones = alloc<float>(keep, Lc);
-    std::fill_n(b.ones, Lc, 1.f);
-    b.dn = alloc<float>(keep, DK);
-    if (cx.kern) {
-      const int64_t most = std::max({Lc, DK, DV}), n = f32::packed_floats(most, most);  // K × N ≤ most × most
-      b.pk = alloc<float>(keep, n), b.pk2 = alloc<float>(keep, n), b.xt = alloc<float>(keep, std::max(DK, DV) * Lc);
+  const int64_t slots = !reverse && pl.size == 1 ? 1 : NC + 1;  // a forward on one thread: in place
+  auto carve = [&](Arena& ar) {
+    for (auto& team : teams) {
+      HeadBufs& h = team->hb;
+      h.in_place = slots == 1;
+      h.C = ar.take<float>(slots * DK * DV), h.n = ar.take<float>(slots * DK);
+      h.cum = ar.take<double>(p.S), h.gl = ar.take<double>(p.S), h.lmax = ar.take<double>(p.S);
+      h.seg = ar.take<int32_t>(p.S), h.hs = ar.take<uint8_t>(p.S), h.m = ar.take<double>(NC + 1);
+      if (fused) h.saved = ar.take<float>(NC * (2 * Lc * Lc + 5 * Lc)), h.saved_mt = ar.take<double>(NC * Lc);
     }
-  }
+    for (ThreadBufs& b : tbs) {
+      b.E = ar.take<float>(Lc * Lc), b.P = ar.take<float>(Lc * Lc), b.dP = ar.take<float>(Lc * Lc);
+      b.dnum = ar.take<float>(Lc * DV), b.sc = ar.take<float>(Lc * std::max(DK, DV));
+      b.mt = ar.take<double>(Lc);
+      b.w = ar.take<float>(Lc), b.den = ar.take<float>(Lc), b.den_raw = ar.take<float>(Lc), b.ddr = ar.take<float>(Lc);
+      b.qn = ar.take<float>(Lc), b.cs = ar.take<float>(Lc), b.ones = ar.take<float>(Lc);
+      b.dn = ar.take<float>(DK);
+      if (cx.kern) {
+        const int64_t most = std::max({Lc, DK, DV}), n = f32::packed_floats(most, most);  // K × N ≤ most × most
+        b.pk = ar.take<float>(n), b.pk2 = ar.take<float>(n), b.xt = ar.take<float>(std::max(DK, DV) * Lc);
+      }
+    }
+  };
+  Arena size;
+  carve(size);
+  const ScratchLease scratch(size.used);
+  Arena ar{scratch.base()};
+  carve(ar);
+  for (auto& team : teams) advise_huge_pages(team->hb.C, slots * DK * DV * int64_t(sizeof(float)));
+  for (ThreadBufs& b : tbs) std::fill_n(b.ones, Lc, 1.f);
   cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
     Team& team = *teams[tid / pl.size];
     const int rank = tid % pl.size;

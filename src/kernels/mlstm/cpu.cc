@@ -686,18 +686,12 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
   }
   // Own part of dC_j = Q̂ᵀ diag(w) dNum, dn_j = Σ_t w_t ddr_t q̂_t (C_j, n_j are not needed again).
   // The zero state's (the first chunk without an initial state) is not needed at all: no dc0.
-  if (zero_state(c)) return;
+  // The micro-kernel's route forms it together with the chain step, once dC_{j+1} is final
+  // (chunk_grad_state_folded).
+  if (zero_state(c) || c.cx.kern) return;
   std::fill(nj, nj + DK, 0.f);
   if (!inter) {
     std::fill(Cj, Cj + DK * DV, 0.f);
-    return;
-  }
-  if (c.cx.kern) {  // dC_j = scale (diag(w) Q̂)ᵀ dNum, w folded into a copy of the queries
-    for (int64_t t = 0; t < L; ++t) {
-      const float w = tb.w[t], wd = scale * w * tb.ddr[t];
-      for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = w * c.q()[t * DK + x], nj[x] += wd * c.q()[t * DK + x];
-    }
-    f32::gemm(f32::Tri::kNone, true, DK, DV, L, scale, tb.sc, DK, tb.pk, 0.f, Cj, DV);
     return;
   }
   for (int64_t t = 0; t < L; ++t) {
@@ -706,6 +700,31 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
     for (int64_t x = 0; x < DK; ++x) nj[x] += wd * c.q()[t * DK + x];
   }
   sgemm(true, false, DK, DV, L, scale, c.q(), DK, tb.dnum, DV, 0.f, Cj, DV);
+}
+
+// The micro-kernel's route (v0.5): dC_j = scale (diag(w) Q̂)ᵀ dNum + a_j dC_{j+1} in one product
+// (gemm_from's store, fma(a_j, dC_{j+1}, scale·acc)) written over C_j, dn_j = Σ_t w_t ddr_t q̂_t +
+// a_j dn_{j+1}; dNum still packed in pk by chunk_backward_local. v0.4 wrote the own part, then read
+// it back with dC_{j+1} for the chain step (2 × 256 KiB more state traffic per chunk at D = 256).
+// Needs dC_{j+1} final, for every team size alike, so that the bits do not depend on the threads.
+void chunk_grad_state_folded(const ChunkRef& c) {
+  TESSERA_TRACE_SCOPE("mlstm.cpu.grad_state_folded");
+  if (zero_state(c)) return;  // no dc0: the zero state's gradient is not needed
+  const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
+  const float scale = c.cx.scale, a = c.tb.w[L - 1];
+  ThreadBufs& tb = c.tb;
+  float *Cj = c.C(c.j), *nj = c.n(c.j);
+  std::fill(nj, nj + DK, 0.f);
+  if (!any_nonzero(tb.w, L)) {  // no step reads C_j (then a_j = 0 too)
+    std::fill(Cj, Cj + DK * DV, 0.f);
+    return;
+  }
+  for (int64_t t = 0; t < L; ++t) {  // w folded into a copy of the queries
+    const float w = tb.w[t], wd = scale * w * tb.ddr[t];
+    for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = w * c.q()[t * DK + x], nj[x] += wd * c.q()[t * DK + x];
+  }
+  f32::gemm_from(f32::Tri::kNone, true, DK, DV, L, scale, tb.sc, DK, tb.pk, a, c.C(c.j + 1), DV, Cj, DV);
+  if (a != 0.f) axpy(true, DK, a, c.n(c.j + 1), nj);
 }
 
 // The reverse chain step: dC_j += a_j dC_{j+1} (a_j = w at the chunk's last step).
@@ -950,7 +969,10 @@ class Cpu final : public Implementation {
         grad_top(c, a);
       else
         chain.wait_reverse(seq, NC - c.j);  // dC_{j+1} is final
-      chunk_grad_chain(c);
+      if (c.cx.kern)
+        chunk_grad_state_folded(c);
+      else
+        chunk_grad_chain(c);
       chain.publish_reverse(seq, NC - c.j + 1);
       if (c.j == 0 && a.dc0) {
         std::copy_n(c.C(0), p.DK * p.DV, a.dc0 + c.bh * p.DK * p.DV);

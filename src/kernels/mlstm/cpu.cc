@@ -415,8 +415,7 @@ void chunk_state_in_place(const ChunkRef& c) {
 // The chain steps' element loops on the micro-kernel route (the CPU has AVX-512F: cx.kern). The
 // library is built for baseline x86-64, where std::fma is a call into libm per element and the
 // plain loops run 4 lanes wide; v0.4's forward chain step alone was ~13 % of a fused call's time
-// in those calls (perf, v0.5). Each lane rounds as the scalar expression it replaces, so the bits
-// are the same.
+// in those calls (perf, v0.5).
 #if defined(__x86_64__)
 // out = fma(a, x, b·y) (the in-place update's micro-kernel store: chunk_state_in_place).
 __attribute__((target("avx512f"))) void fma_axpby_avx512(int64_t n, float a, const float* x, float b, const float* y,
@@ -427,17 +426,19 @@ __attribute__((target("avx512f"))) void fma_axpby_avx512(int64_t n, float a, con
     _mm512_storeu_ps(out + e, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + e), _mm512_mul_ps(vb, _mm512_loadu_ps(y + e))));
   for (; e < n; ++e) out[e] = std::fma(a, x[e], b * y[e]);
 }
-// y += a·x, the product rounded before the sum (as the plain loop: chunk_grad_chain).
+// y = fma(a, x, y): one rounding (GCC contracts a product and a sum in AVX-512 code anyway, so
+// it is written as it runs); the plain loop of baseline x86-64 rounds twice.
 __attribute__((target("avx512f"))) void axpy_avx512(int64_t n, float a, const float* x, float* y) {
   const __m512 va = _mm512_set1_ps(a);
   int64_t e = 0;
   for (; e + 16 <= n; e += 16)
-    _mm512_storeu_ps(y + e, _mm512_add_ps(_mm512_loadu_ps(y + e), _mm512_mul_ps(va, _mm512_loadu_ps(x + e))));
-  for (; e < n; ++e) y[e] += a * x[e];
+    _mm512_storeu_ps(y + e, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + e), _mm512_loadu_ps(y + e)));
+  for (; e < n; ++e) y[e] = std::fma(a, x[e], y[e]);
 }
 #endif
 
-// y += a·x on the kernel's route (AVX-512) or the plain loop; the same bits either way.
+// y += a·x on the kernel's route (AVX-512, fma: the same bits for every thread count, the last bit
+// apart from the plain loop's) or the plain loop.
 void axpy(bool kern, int64_t n, float a, const float* x, float* y) {
 #if defined(__x86_64__)
   if (kern) return axpy_avx512(n, a, x, y);

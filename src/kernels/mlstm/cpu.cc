@@ -159,9 +159,9 @@ struct Arena {
 // B=1, NH=4, S=2048, D=256 on 2 threads (perf: clear_page, page faults). One block is cached, the
 // last one released; a call takes it when it fits without more than 1/16 to spare (the same shape
 // again, as in a training loop), else allocates its own, as does a call that finds it taken
-// (concurrent calls). The
-// memory counters (memory::current_bytes, the bench's xtraMiB) count the block while a call holds
-// it, not while it waits in the cache: each call's extra memory reads the same, reused or not.
+// (concurrent calls). The memory counters (memory::current_bytes, the bench's xtraMiB) count the
+// block while a call holds it, not while it waits in the cache: each call's extra memory reads the
+// same, reused or not.
 // TESSERA_MLSTM_CPU_KEEP_SCRATCH=0: allocate and free per call (v0.4's behaviour).
 class ScratchLease {
  public:

@@ -37,7 +37,7 @@ KRange k_range(Tri tri, int64_t i0, int64_t rows, int64_t K) {
 int64_t keep_cols(Tri tri, int64_t i, int64_t N) { return tri == Tri::kLowerC ? std::min(N, i + 1) : N; }
 
 void gemm_portable(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                   const float* packed, float beta, float* C, int64_t ldc) {
+                   const float* packed, float beta, const float* Cin, int64_t ldci, float* C, int64_t ldc) {
   for (int64_t i = 0; i < M; ++i) {
     const KRange kr = k_range(tri, i, 1, K);
     const int64_t keep = keep_cols(tri, i, N);
@@ -50,7 +50,7 @@ void gemm_portable(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float
       const float* b = packed + (n / kPanel) * K * kPanel + n % kPanel;
       float s = 0.0f;
       for (int64_t k = kr.lo; k < kr.hi; ++k) s += (trans_a ? A[k * lda + i] : A[i * lda + k]) * b[k * kPanel];
-      c = alpha * s + (beta != 0.0f ? beta * c : 0.0f);
+      c = alpha * s + (beta != 0.0f ? beta * Cin[i * ldci + n] : 0.0f);
     }
   }
 }
@@ -61,7 +61,7 @@ void gemm_portable(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float
 // those ≥ keep0 + i as 0 (kLowerC; keep0 ≥ cols otherwise).
 template <int MR, int NV, bool TA>
 TESSERA_F32_TARGET void tile(KRange kr, const float* A, int64_t lda, const float* panel, int64_t cols, int64_t keep0,
-                             float alpha, float beta, float* C, int64_t ldc) {
+                             float alpha, float beta, const float* Cin, int64_t ldci, float* C, int64_t ldc) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
@@ -87,7 +87,7 @@ TESSERA_F32_TARGET void tile(KRange kr, const float* A, int64_t lda, const float
     for (int i = 0; i < MR; ++i) {
       float* c = C + i * ldc + 16 * v;
       __m512 r = _mm512_mul_ps(acc[i][v], va);
-      if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, c), r);
+      if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, Cin + i * ldci + 16 * v), r);
       const int64_t live = keep0 + i - 16 * v;  // lanes < live keep their value
       if (live < 16) r = _mm512_maskz_mov_ps(cpu_avx512::lanes16(live), r);
       _mm512_mask_storeu_ps(c, m, r);
@@ -101,14 +101,15 @@ constexpr int kMR = 6, kNV = int(kPanel / 16);  // 24 accumulators + 4 B vectors
 // panel's columns cols .. width set to 0 (kLowerC's blocks past the diagonal).
 template <int MR, bool TA>
 TESSERA_F32_TARGET void rows_tile(KRange kr, const float* A, int64_t lda, const float* panel, int64_t cols,
-                                  int64_t width, int64_t keep0, float alpha, float beta, float* C, int64_t ldc) {
+                                  int64_t width, int64_t keep0, float alpha, float beta, const float* Cin, int64_t ldci,
+                                  float* C, int64_t ldc) {
   static_assert(kNV == 4, "the switch covers 1..4 vectors");
   switch ((cols + 15) / 16) {
     case 0: break;
-    case 1: tile<MR, 1, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, C, ldc); break;
-    case 2: tile<MR, 2, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, C, ldc); break;
-    case 3: tile<MR, 3, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, C, ldc); break;
-    default: tile<MR, kNV, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, C, ldc); break;
+    case 1: tile<MR, 1, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, Cin, ldci, C, ldc); break;
+    case 2: tile<MR, 2, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, Cin, ldci, C, ldc); break;
+    case 3: tile<MR, 3, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, Cin, ldci, C, ldc); break;
+    default: tile<MR, kNV, TA>(kr, A, lda, panel, cols, keep0, alpha, beta, Cin, ldci, C, ldc); break;
   }
   if (cols < width)
     for (int i = 0; i < MR; ++i) std::fill(C + i * ldc + cols, C + i * ldc + width, 0.0f);
@@ -116,17 +117,19 @@ TESSERA_F32_TARGET void rows_tile(KRange kr, const float* A, int64_t lda, const 
 
 template <int MR, bool TA>
 TESSERA_F32_TARGET void tail_rows(int64_t rows, KRange kr, const float* A, int64_t lda, const float* panel, int64_t cols,
-                                  int64_t width, int64_t keep0, float alpha, float beta, float* C, int64_t ldc) {
+                                  int64_t width, int64_t keep0, float alpha, float beta, const float* Cin, int64_t ldci,
+                                  float* C, int64_t ldc) {
   if constexpr (MR > 0) {
-    if (rows == MR) return rows_tile<MR, TA>(kr, A, lda, panel, cols, width, keep0, alpha, beta, C, ldc);
-    tail_rows<MR - 1, TA>(rows, kr, A, lda, panel, cols, width, keep0, alpha, beta, C, ldc);
+    if (rows == MR) return rows_tile<MR, TA>(kr, A, lda, panel, cols, width, keep0, alpha, beta, Cin, ldci, C, ldc);
+    tail_rows<MR - 1, TA>(rows, kr, A, lda, panel, cols, width, keep0, alpha, beta, Cin, ldci, C, ldc);
   }
 }
 
 // Every row of one panel (columns c0 .. c0 + width), kMR rows at a time.
 template <bool TA>
 TESSERA_F32_TARGET void panel_rows(Tri tri, int64_t M, int64_t K, const float* A, int64_t lda, const float* panel,
-                                   int64_t c0, int64_t width, float alpha, float beta, float* C, int64_t ldc) {
+                                   int64_t c0, int64_t width, float alpha, float beta, const float* Cin, int64_t ldci,
+                                   float* C, int64_t ldc) {
   for (int64_t i0 = 0; i0 < M; i0 += kMR) {
     const int64_t rows = std::min<int64_t>(kMR, M - i0);
     const KRange kr = k_range(tri, i0, rows, K);
@@ -136,18 +139,20 @@ TESSERA_F32_TARGET void panel_rows(Tri tri, int64_t M, int64_t K, const float* A
     const int64_t keep0 = lower_c ? i0 + 1 - c0 : width;
     const float* a = TA ? A + i0 : A + i0 * lda;
     float* c = C + i0 * ldc + c0;
-    if (rows == kMR) rows_tile<kMR, TA>(kr, a, lda, panel, cols, width, keep0, alpha, beta, c, ldc);
-    else tail_rows<kMR - 1, TA>(rows, kr, a, lda, panel, cols, width, keep0, alpha, beta, c, ldc);
+    const float* ci = Cin + i0 * ldci + c0;
+    if (rows == kMR) rows_tile<kMR, TA>(kr, a, lda, panel, cols, width, keep0, alpha, beta, ci, ldci, c, ldc);
+    else tail_rows<kMR - 1, TA>(rows, kr, a, lda, panel, cols, width, keep0, alpha, beta, ci, ldci, c, ldc);
   }
 }
 
 TESSERA_F32_TARGET void gemm_avx512(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                                    int64_t lda, const float* packed, float beta, float* C, int64_t ldc) {
+                                    int64_t lda, const float* packed, float beta, const float* Cin, int64_t ldci, float* C,
+                                    int64_t ldc) {
   for (int64_t p = 0; p < panels_of(N); ++p) {
     const int64_t c0 = p * kPanel, width = std::min(kPanel, N - c0);
     const float* panel = packed + p * K * kPanel;
-    if (trans_a) panel_rows<true>(tri, M, K, A, lda, panel, c0, width, alpha, beta, C, ldc);
-    else panel_rows<false>(tri, M, K, A, lda, panel, c0, width, alpha, beta, C, ldc);
+    if (trans_a) panel_rows<true>(tri, M, K, A, lda, panel, c0, width, alpha, beta, Cin, ldci, C, ldc);
+    else panel_rows<false>(tri, M, K, A, lda, panel, c0, width, alpha, beta, Cin, ldci, C, ldc);
   }
 }
 
@@ -225,18 +230,24 @@ void pack(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float
   }
 }
 
-void gemm(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* packed, float beta, float* C, int64_t ldc) {
+void gemm_from(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+               const float* packed, float beta, const float* Cin, int64_t ldci, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     for (int64_t i = 0; i < M; ++i)
-      for (int64_t n = 0; n < N; ++n) C[i * ldc + n] = beta != 0.0f && n < keep_cols(tri, i, N) ? beta * C[i * ldc + n] : 0.0f;
+      for (int64_t n = 0; n < N; ++n)
+        C[i * ldc + n] = beta != 0.0f && n < keep_cols(tri, i, N) ? beta * Cin[i * ldci + n] : 0.0f;
     return;
   }
 #if defined(__x86_64__)
-  if (available()) return gemm_avx512(tri, trans_a, M, N, K, alpha, A, lda, packed, beta, C, ldc);
+  if (available()) return gemm_avx512(tri, trans_a, M, N, K, alpha, A, lda, packed, beta, Cin, ldci, C, ldc);
 #endif
-  gemm_portable(tri, trans_a, M, N, K, alpha, A, lda, packed, beta, C, ldc);
+  gemm_portable(tri, trans_a, M, N, K, alpha, A, lda, packed, beta, Cin, ldci, C, ldc);
+}
+
+void gemm(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* packed, float beta, float* C, int64_t ldc) {
+  gemm_from(tri, trans_a, M, N, K, alpha, A, lda, packed, beta, C, ldc, C, ldc);
 }
 
 }  // namespace tessera::cpu_f32_gemm

@@ -47,6 +47,14 @@ void pack(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float
 void gemm(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* packed, float beta, float* C, int64_t ldc);
 
+// C = alpha·op(A)·B + beta·Cin: gemm with the beta term read from another matrix of C's shape
+// (row i at Cin + i·ldci) — C_out = b·ΔC + a·C_in in one pass instead of a product and an axpy
+// (mlstm's chain step). Each element is formed exactly as gemm forms it from the old value, so
+// gemm_from(…, C, ldc, C, ldc) is gemm, and gemm_from into C equals gemm on a copy of Cin, bit for bit. Cin is C itself or does not overlap it; beta = 0: Cin is not
+// read. kLowerC's zeros as in gemm.
+void gemm_from(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+               const float* packed, float beta, const float* Cin, int64_t ldci, float* C, int64_t ldc);
+
 // dst[c][r] = src[r][c] for r < rows, c < cols (src row r at src + r·lds, dst row c at dst + c·ldd):
 // a product's output wanted the other way round (mlstm: Xᵀ = C·dNumᵀ formed, X read).
 void transpose(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd);

@@ -8,7 +8,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/memory.h"
 #include "kernels/mlstm/testing.h"
+#include "primitives/cpu_f32_gemm.h"
 #include "tessera/mlstm.h"
 
 namespace tessera {
@@ -182,6 +184,38 @@ TEST(MlstmCpu, FusedPassAsTwoCalls) {
   ::unsetenv("TESSERA_MLSTM_CPU_FUSED");
 }
 
+// v0.5: a call's scratch is one block, kept for the next call of the same size (cpu.cc
+// ScratchLease). The next call finds the last call's values in it: the same inputs give the same
+// bits on a reused block (twice), after a call of another shape in between, and with
+// TESSERA_MLSTM_CPU_KEEP_SCRATCH=0 (a fresh block per call); the kept block is not counted by the
+// memory counters once the call returns (the bench's extra memory stays the call's own).
+TEST(MlstmCpu, ScratchKeptBetweenCalls) {
+  auto run = [](const CaseSpec& c) {
+    const mlstm::testing::CaseData d = mlstm::testing::make_case(c);
+    auto out = [](const Tensor& like) { return Tensor::empty(DType::kF32, like.shape()); };
+    Tensor h = out(d.v), dq = out(d.q), dk = out(d.k), dv = out(d.v), di = out(d.i), df = out(d.f);
+    mlstm::Options opt = c.opt;
+    opt.implementation = "cpu";
+    const size_t before = memory::current_bytes(memory::Space::kHost);
+    mlstm::forward_backward(d.inputs(), h.view(), {}, d.dh.view(), {dq.view(), dk.view(), dv.view(), di.view(), df.view()}, opt);
+    EXPECT_EQ(memory::current_bytes(memory::Space::kHost), before) << "scratch still counted after the call";
+    std::vector<float> all;
+    for (const Tensor* t : {&h, &dq, &dk, &dv, &di, &df}) all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
+    return all;
+  };
+  CaseSpec a, b;
+  a.B = 1, a.NH = 3, a.S = 90, a.DK = 24, a.DV = 40, a.resets = "inside", a.seed = 5;
+  a.opt.chunk_size = 16, a.opt.num_threads = 2;
+  b = a, b.S = 33, b.DV = 16, b.seed = 6;
+  const std::vector<float> first = run(a);
+  EXPECT_EQ(run(a), first);
+  run(b);
+  EXPECT_EQ(run(a), first);
+  ::setenv("TESSERA_MLSTM_CPU_KEEP_SCRATCH", "0", 1);
+  EXPECT_EQ(run(a), first);
+  ::unsetenv("TESSERA_MLSTM_CPU_KEEP_SCRATCH");
+}
+
 // v0.4's two routes for the chunk products (cpu.cc use_kernel_gemm): the kernel-owned micro-kernel
 // (primitives/cpu_f32_gemm, the default where the CPU has AVX-512) and OpenBLAS for every product
 // (TESSERA_MLSTM_CPU_GEMM=blas, v0.3's route). Head dims past the micro-kernel's 64-column panels
@@ -215,7 +249,9 @@ TEST(MlstmCpu, KernelGemmAndBlasRoutes) {
           expect_parity(c, Pass::kFused);
           // bf16 inputs: other values. The bits on the blas route: OpenBLAS rounds a part of the
           // columns (65 of 130) differently from all of them, so only the kernel route keeps them.
-          if (threads == 3 || blas) continue;
+          // Without the micro-kernel (no AVX-512F, or TESSERA_CPU_F32_GEMM=0 in the environment)
+          // the "kernel" route is the blas route: parity above, no bits.
+          if (threads == 3 || blas || !cpu_f32_gemm::available()) continue;
           c.seed = 7;  // the same inputs on 1 and 2 threads
           const mlstm::testing::CaseData d = mlstm::testing::make_case(c);
           auto out = [](const Tensor& like) { return Tensor::empty(DType::kF32, like.shape()); };

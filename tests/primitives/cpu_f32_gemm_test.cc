@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "core/random.h"
@@ -141,6 +142,43 @@ TEST(CpuF32Gemm, MlstmShapes) {
   check({Tri::kLowerC, false, 64, 64, 256, 0.0625f, 0.0f}, 5);  // Q̂ Kᵀ
   check({Tri::kLowerA, false, 40, 256, 40, 1.0f, 1.0f}, 6);
   check({Tri::kUpperA, true, 40, 256, 40, 1.0f, 0.0f}, 7);
+}
+
+// gemm_from: the beta term read from Cin, C only written — the same bits as gemm on a copy of Cin
+// (the contract: each element formed the same way), C's old values (NaN) never read, Cin never
+// written; beta = 0 reads nothing of Cin (NaN there too); K = 0 is beta·Cin.
+TEST(CpuF32Gemm, GemmFromTakesTheBetaTermFromCin) {
+  uint64_t seed = 300;
+  for (Tri tri : {Tri::kNone, Tri::kLowerA, Tri::kUpperA, Tri::kLowerC})
+    for (bool ta : {false, true})
+      for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{7, 17, 7}, {13, 70, 13}, {64, 256, 64}, {5, 3, 0}})
+        for (float beta : {0.0f, 0.75f}) {
+          if (tri == Tri::kLowerC && beta != 0.0f) continue;  // kLowerC takes beta = 0 only
+          const int64_t Kc = tri == Tri::kNone ? K + 3 : K == 0 ? 0 : M, lda = (ta ? M : Kc) + 1, ldc = N + 2, ldi = N + 5;
+          std::vector<float> A = matrix(ta ? Kc : M, ta ? M : Kc, lda, seed++);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t k = 0; k < Kc; ++k)
+              (ta ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)]) = op_a({tri, ta, M, N, Kc, 1.0f, 0.0f}, A, lda, i, k);
+          const std::vector<float> B = matrix(Kc, N, N, seed++);
+          const std::vector<float> Cin = beta != 0.0f ? matrix(M, N, ldi, seed++) : std::vector<float>(size_t(M * ldi), kNaN);
+          both_paths([&](bool portable) {
+            std::vector<float> packed(size_t(std::max<int64_t>(1, g::packed_floats(Kc, N))));
+            g::pack(false, Kc, N, B.data(), N, packed.data());
+            std::vector<float> want(size_t(M * ldc), kNaN), got(size_t(M * ldc), kNaN), in = Cin;
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t n = 0; n < N; ++n) want[size_t(i * ldc + n)] = Cin[size_t(i * ldi + n)];
+            g::gemm(tri, ta, M, N, Kc, -0.5f, A.data(), lda, packed.data(), beta, want.data(), ldc);
+            g::gemm_from(tri, ta, M, N, Kc, -0.5f, A.data(), lda, packed.data(), beta, in.data(), ldi, got.data(), ldc);
+            for (size_t e = 0; e < got.size(); ++e)
+              if (!(std::isnan(want[e]) && std::isnan(got[e])))
+                ASSERT_EQ(got[e], want[e]) << "tri " << int(tri) << " ta " << ta << " M " << M << " N " << N << " K " << Kc
+                                           << " beta " << beta << " e " << e << " portable " << portable;
+            for (size_t e = 0; e < in.size(); ++e)
+              if (!(std::isnan(in[e]) && std::isnan(Cin[e]))) ASSERT_EQ(in[e], Cin[e]) << "Cin written";
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t n = N; n < ldc; ++n) ASSERT_TRUE(std::isnan(got[size_t(i * ldc + n)])) << "padding written";
+          });
+        }
 }
 
 TEST(CpuF32Gemm, TransposeOverTailsBothPaths) {

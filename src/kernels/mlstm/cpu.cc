@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <mutex>
 #include <numeric>
 #include <cmath>
 #include <limits>
@@ -34,6 +35,9 @@
 
 #ifdef __linux__
 #include <sys/mman.h>
+#endif
+#if defined(__x86_64__)
+#include <immintrin.h>
 #endif
 
 #include "core/env.h"
@@ -136,11 +140,69 @@ void advise_huge_pages(void* p, int64_t bytes) {
 #endif
 }
 
-template <class T>
-T* alloc(std::vector<memory::HostBuffer>& keep, int64_t count) {
-  keep.push_back(memory::host_alloc(static_cast<size_t>(std::max<int64_t>(1, count)) * sizeof(T)));
-  return memory::as<T>(keep.back());
-}
+// A call's scratch is carved out of one block (v0.5; v0.4 made ~30 host_alloc calls). An Arena
+// without a base only measures: run_heads carves twice, once to size the block, once into it.
+struct Arena {
+  uintptr_t base = 0;
+  size_t used = 0;
+  template <class T>
+  T* take(int64_t count) {
+    const size_t off = used;
+    used += (size_t(std::max<int64_t>(1, count)) * sizeof(T) + 63) / 64 * 64;  // 64-byte aligned, own lines
+    return reinterpret_cast<T*>(base + off);
+  }
+};
+
+// The last call's block is kept for the next (v0.5). Allocated per call, the 17–38 MiB of chunk
+// states went back to the OS after each call (glibc trims its heap once two teams' states are
+// freed) and every call faulted its pages in again, zeroed: 5–7 % of a fused call's CPU time at
+// B=1, NH=4, S=2048, D=256 on 2 threads (perf: clear_page, page faults). One block is cached, the
+// last one released; a call takes it when it fits without more than 1/16 to spare (the same shape
+// again, as in a training loop), else allocates its own, as does a call that finds it taken
+// (concurrent calls). The memory counters (memory::current_bytes, the bench's xtraMiB) count the
+// block while a call holds it, not while it waits in the cache: each call's extra memory reads the
+// same, reused or not.
+// TESSERA_MLSTM_CPU_KEEP_SCRATCH=0: allocate and free per call (v0.4's behaviour).
+class ScratchLease {
+ public:
+  explicit ScratchLease(size_t bytes) {
+    Cache& c = cache();
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (c.buf && c.bytes >= bytes && c.bytes <= bytes + bytes / 16) {
+        buf_ = std::move(c.buf), bytes_ = c.bytes;
+        buf_.get_deleter().bytes = c.counted;  // counted again while this call holds it
+        memory::note_alloc(memory::Space::kHost, c.counted);
+      }
+    }
+    if (!buf_) buf_ = memory::host_alloc(bytes), bytes_ = bytes;
+  }
+  ~ScratchLease() {
+    if (!env::flag("TESSERA_MLSTM_CPU_KEEP_SCRATCH", true)) return;
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.counted = buf_.get_deleter().bytes;
+    memory::note_free(memory::Space::kHost, c.counted);
+    buf_.get_deleter().bytes = 0;  // idle in the cache: not counted (its deleter then counts nothing off)
+    c.buf = std::move(buf_), c.bytes = bytes_;  // the block cached before is freed
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  uintptr_t base() const { return reinterpret_cast<uintptr_t>(buf_.get()); }
+
+ private:
+  struct Cache {
+    std::mutex mu;
+    memory::HostBuffer buf;
+    size_t bytes = 0, counted = 0;  // asked for; counted by host_alloc (rounded up)
+  };
+  static Cache& cache() {
+    static Cache* c = new Cache;  // never destroyed: no exit-time order with memory's counters
+    return *c;
+  }
+  memory::HostBuffer buf_;
+  size_t bytes_ = 0;
+};
 
 // What a team keeps for the head it is on: the chunk-start states and the gate sums of every step.
 struct HeadBufs {
@@ -166,8 +228,9 @@ struct ThreadBufs {
   float *w = nullptr, *den = nullptr, *den_raw = nullptr, *ddr = nullptr;  // [L]
   float *qn = nullptr, *cs = nullptr;  // [L]: q̂_t·n_j; column sums of dD
   float* ones = nullptr;               // [L] of 1
-  float* dn = nullptr;                 // [DK]: Δn_j of a forward in place (else unused)
+  float* dn = nullptr;                 // [DK]: Δn_j (a forward in place, a folded chain step)
   float *pk = nullptr, *pk2 = nullptr;  // packed B operands (cpu_f32_gemm), each up to K × N = max(L, DK, DV)²
+  const float* pk_v = nullptr;          // pk holds V packed from here (pack_v), else nullptr
   float* xt = nullptr;                  // [max(DK, DV), L]: a product formed transposed (Xᵀ, scᵀ)
 };
 
@@ -177,6 +240,7 @@ struct Ctx {
   int64_t Lc, NC, DK, DV;
   float scale;
   bool kern;  // use_kernel_gemm()
+  int team;   // threads sharing a head (Plan::size)
 };
 
 // The order between a team's chunks of one head: forward, "C_j is final" (published j once the
@@ -281,11 +345,25 @@ const float* chunk_state_operand(const ChunkRef& c, float* n1) {
   return ka;
 }
 
+// V's columns y0 .. y0 + ny of the chunk packed into pk, unless pk holds them already (the fused
+// pass's state product and P·V share one pack; every other use of pk clears pk_v).
+void pack_v(const ChunkRef& c) {
+  if (c.tb.pk_v == c.v() + c.y0) return;
+  f32::pack(false, c.L, c.ny, c.v() + c.y0, c.cx.DV, c.tb.pk);
+  c.tb.pk_v = c.v() + c.y0;
+}
+
+// pk taken for another operand.
+float* pk_other(const ChunkRef& c) {
+  c.tb.pk_v = nullptr;
+  return c.tb.pk;
+}
+
 // ΔC_j = Kᵀ diag(A) V, Δn_j = Kᵀ A into C1, n1.
 void chunk_state_local(const ChunkRef& c, float* C1, float* n1) {
   const float* ka = chunk_state_operand(c, n1);
   if (c.cx.kern) {
-    f32::pack(false, c.L, c.ny, c.v() + c.y0, c.cx.DV, c.tb.pk);
+    pack_v(c);
     f32::gemm(f32::Tri::kNone, true, c.cx.DK, c.ny, c.L, 1.f, ka, c.cx.DK, c.tb.pk, 0.f, C1, c.ny);
     return;
   }
@@ -334,6 +412,41 @@ void chunk_state_in_place(const ChunkRef& c) {
   for (int64_t x = 0; x < DK; ++x) n[x] = f.b * c.tb.dn[x] + (f.a != 0.f ? f.a * n[x] : 0.f);
 }
 
+// The chain steps' element loops on the micro-kernel route (the CPU has AVX-512F: cx.kern). The
+// library is built for baseline x86-64, where std::fma is a call into libm per element and the
+// plain loops run 4 lanes wide; v0.4's forward chain step alone was ~13 % of a fused call's time
+// in those calls (perf, v0.5).
+#if defined(__x86_64__)
+// out = fma(a, x, b·y) (the in-place update's micro-kernel store: chunk_state_in_place).
+__attribute__((target("avx512f"))) void fma_axpby_avx512(int64_t n, float a, const float* x, float b, const float* y,
+                                                         float* out) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  int64_t e = 0;
+  for (; e + 16 <= n; e += 16)
+    _mm512_storeu_ps(out + e, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + e), _mm512_mul_ps(vb, _mm512_loadu_ps(y + e))));
+  for (; e < n; ++e) out[e] = std::fma(a, x[e], b * y[e]);
+}
+// y = fma(a, x, y): one rounding (GCC contracts a product and a sum in AVX-512 code anyway, so
+// it is written as it runs); the plain loop of baseline x86-64 rounds twice.
+__attribute__((target("avx512f"))) void axpy_avx512(int64_t n, float a, const float* x, float* y) {
+  const __m512 va = _mm512_set1_ps(a);
+  int64_t e = 0;
+  for (; e + 16 <= n; e += 16)
+    _mm512_storeu_ps(y + e, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + e), _mm512_loadu_ps(y + e)));
+  for (; e < n; ++e) y[e] = std::fma(a, x[e], y[e]);
+}
+#endif
+
+// y += a·x on the kernel's route (AVX-512, fma: the same bits for every thread count, the last bit
+// apart from the plain loop's) or the plain loop.
+void axpy(bool kern, int64_t n, float a, const float* x, float* y) {
+#if defined(__x86_64__)
+  if (kern) return axpy_avx512(n, a, x, y);
+#endif
+  (void)kern;
+  for (int64_t e = 0; e < n; ++e) y[e] += a * x[e];
+}
+
 // The chain step: C_{j+1} = a C_j + b ΔC_j, n likewise, m_{j+1}; C_j final.
 void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
   const int64_t DK = c.cx.DK, N = DK * c.ny;
@@ -342,7 +455,11 @@ void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
   float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);  // C_j's slot itself when in place
   const float *C0 = c.C(c.j), *n0 = c.n(c.j);
   if (a != 0.f && c.cx.kern) {  // rounded as chunk_state_in_place's micro-kernel store: fma(a, C, b·ΔC)
+#if defined(__x86_64__)
+    fma_axpby_avx512(N, a, C0, b, dC, C1);
+#else
     for (int64_t e = 0; e < N; ++e) C1[e] = std::fma(a, C0[e], b * dC[e]);
+#endif
     for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x] + a * n0[x];
   } else if (a != 0.f) {
     for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e] + a * C0[e];
@@ -351,6 +468,23 @@ void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
     for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e];
     for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x];
   }
+}
+
+// The chain step and the chunk's own part in one product, for a thread that owns the head (a team
+// of one): C_{j+1} = a C_j + b Kᵀdiag(A)V through gemm_from's store, fma(a, C_j, b·acc) — the
+// same bits as chunk_state_local then chunk_state_chain (b·ΔC_j with ΔC_j = acc rounds the same),
+// without writing ΔC_j and reading it back (v0.5: 2 × 256 KiB less state traffic per chunk at D =
+// 256).
+void chunk_state_folded(const ChunkRef& c) {
+  TESSERA_TRACE_SCOPE("mlstm.cpu.state_folded");
+  const int64_t DK = c.cx.DK;
+  const float* ka = chunk_state_operand(c, c.tb.dn);
+  const StepFactors f = chain_factors(c);
+  pack_v(c);
+  f32::gemm_from(f32::Tri::kNone, true, DK, c.ny, c.L, f.b, ka, DK, c.tb.pk, f.a, c.C(c.j), c.ny, c.C(c.j + 1), c.ny);
+  float *n1 = c.n(c.j + 1), *dn = c.tb.dn;
+  const float* n0 = c.n(c.j);
+  for (int64_t x = 0; x < DK; ++x) n1[x] = f.a != 0.f ? f.b * dn[x] + f.a * n0[x] : f.b * dn[x];
 }
 
 // The fused pass's copy of a chunk's E, P, w, den, den_raw, qn and m_t (HeadBufs::saved): stored by
@@ -414,7 +548,7 @@ void chunk_output(const ChunkRef& c, float* h) {
     return;
   }
   // V packed once for P·V and the state update after it (chunk_state_in_place); C_j packed.
-  f32::pack(false, L, c.ny, c.v() + c.y0, DV, tb.pk);
+  pack_v(c);
   f32::gemm(f32::Tri::kLowerA, false, L, c.ny, L, 1.f, tb.P, L, tb.pk, 0.f, h + c.y0, DV);
   if (!inter) return;
   f32::pack(false, DK, c.ny, c.C(c.j), c.ny, tb.pk2);
@@ -445,6 +579,15 @@ void sweep_chunk(const ChunkRef& c, Chain& chain, int64_t seq, bool need_last) {
     chain.publish(seq, c.j + 1);
     return;
   }
+  if (c.cx.kern && c.cx.team == 1) {  // nobody to overlap with: the chain step inside the product
+    if (c.j == 0)
+      initial_state(c);
+    else
+      chain.wait(seq, c.j);  // returns at once: the team's one member published chunk j − 1
+    chunk_state_folded(c);
+    chain.publish(seq, c.j + 1);
+    return;
+  }
   {
     TESSERA_TRACE_SCOPE("mlstm.cpu.state_local");
     chunk_state_local(c, c.C(c.j + 1), c.n(c.j + 1));
@@ -465,7 +608,7 @@ struct GradOut {
 // packed (L columns: small), then Y = (Yᵀ)ᵀ — B itself (a chunk state, N × K = DK × DV) is read in
 // place instead of being packed transposed (devlog v0.4: 80 against OpenBLAS's 90 µs at D = 256).
 void abt_via_transpose(const ChunkRef& c, int64_t L, int64_t N, int64_t K, const float* A, const float* B, float* Y) {
-  f32::pack(true, K, L, A, K, c.tb.pk);
+  f32::pack(true, K, L, A, K, pk_other(c));
   f32::gemm(f32::Tri::kNone, false, N, L, K, 1.f, B, K, c.tb.pk, 0.f, c.tb.xt, L);
   f32::transpose(N, L, c.tb.xt, L, Y, N);
 }
@@ -537,25 +680,19 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
   tri_tb(L, DK, scale, tb.dP, c.k(), DK, inter ? 1.f : 0.f, g.dq, DK);
   tri_ttb(L, DK, scale, tb.dP, c.q(), DK, 0.f, g.dk, DK);
   if (c.cx.kern) {  // dNum packed once for Pᵀ·dNum and dC_j below
-    f32::pack(false, L, DV, tb.dnum, DV, tb.pk);
+    f32::pack(false, L, DV, tb.dnum, DV, pk_other(c));
     f32::gemm(f32::Tri::kUpperA, true, L, DV, L, 1.f, tb.P, L, tb.pk, 0.f, g.dv, DV);
   } else {
     tri_ttb(L, DV, 1.f, tb.P, tb.dnum, DV, 0.f, g.dv, DV);
   }
   // Own part of dC_j = Q̂ᵀ diag(w) dNum, dn_j = Σ_t w_t ddr_t q̂_t (C_j, n_j are not needed again).
   // The zero state's (the first chunk without an initial state) is not needed at all: no dc0.
-  if (zero_state(c)) return;
+  // The micro-kernel's route forms it together with the chain step, once dC_{j+1} is final
+  // (chunk_grad_state_folded).
+  if (zero_state(c) || c.cx.kern) return;
   std::fill(nj, nj + DK, 0.f);
   if (!inter) {
     std::fill(Cj, Cj + DK * DV, 0.f);
-    return;
-  }
-  if (c.cx.kern) {  // dC_j = scale (diag(w) Q̂)ᵀ dNum, w folded into a copy of the queries
-    for (int64_t t = 0; t < L; ++t) {
-      const float w = tb.w[t], wd = scale * w * tb.ddr[t];
-      for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = w * c.q()[t * DK + x], nj[x] += wd * c.q()[t * DK + x];
-    }
-    f32::gemm(f32::Tri::kNone, true, DK, DV, L, scale, tb.sc, DK, tb.pk, 0.f, Cj, DV);
     return;
   }
   for (int64_t t = 0; t < L; ++t) {
@@ -566,6 +703,31 @@ void chunk_backward_local(const ChunkRef& c, const float* dh, const GradOut& g, 
   sgemm(true, false, DK, DV, L, scale, c.q(), DK, tb.dnum, DV, 0.f, Cj, DV);
 }
 
+// The micro-kernel's route (v0.5): dC_j = scale (diag(w) Q̂)ᵀ dNum + a_j dC_{j+1} in one product
+// (gemm_from's store, fma(a_j, dC_{j+1}, scale·acc)) written over C_j, dn_j = Σ_t w_t ddr_t q̂_t +
+// a_j dn_{j+1}; dNum still packed in pk by chunk_backward_local. v0.4 wrote the own part, then read
+// it back with dC_{j+1} for the chain step (2 × 256 KiB more state traffic per chunk at D = 256).
+// Needs dC_{j+1} final, for every team size alike, so that the bits do not depend on the threads.
+void chunk_grad_state_folded(const ChunkRef& c) {
+  TESSERA_TRACE_SCOPE("mlstm.cpu.grad_state_folded");
+  if (zero_state(c)) return;  // no dc0: the zero state's gradient is not needed
+  const int64_t L = c.L, DK = c.cx.DK, DV = c.cx.DV;
+  const float scale = c.cx.scale, a = c.tb.w[L - 1];
+  ThreadBufs& tb = c.tb;
+  float *Cj = c.C(c.j), *nj = c.n(c.j);
+  std::fill(nj, nj + DK, 0.f);
+  if (!any_nonzero(tb.w, L)) {  // no step reads C_j (then a_j = 0 too)
+    std::fill(Cj, Cj + DK * DV, 0.f);
+    return;
+  }
+  for (int64_t t = 0; t < L; ++t) {  // w folded into a copy of the queries
+    const float w = tb.w[t], wd = scale * w * tb.ddr[t];
+    for (int64_t x = 0; x < DK; ++x) tb.sc[t * DK + x] = w * c.q()[t * DK + x], nj[x] += wd * c.q()[t * DK + x];
+  }
+  f32::gemm_from(f32::Tri::kNone, true, DK, DV, L, scale, tb.sc, DK, tb.pk, a, c.C(c.j + 1), DV, Cj, DV);
+  if (a != 0.f) axpy(true, DK, a, c.n(c.j + 1), nj);
+}
+
 // The reverse chain step: dC_j += a_j dC_{j+1} (a_j = w at the chunk's last step).
 void chunk_grad_chain(const ChunkRef& c) {
   const float a = c.tb.w[c.L - 1];
@@ -573,8 +735,8 @@ void chunk_grad_chain(const ChunkRef& c) {
   const int64_t DK = c.cx.DK, N = DK * c.cx.DV;
   float *C0 = c.C(c.j), *n0 = c.n(c.j);
   const float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);
-  for (int64_t e = 0; e < N; ++e) C0[e] += a * C1[e];
-  for (int64_t x = 0; x < DK; ++x) n0[x] += a * n1[x];
+  axpy(c.cx.kern, N, a, C1, C0);
+  axpy(c.cx.kern, DK, a, n1, n0);
 }
 
 // Through the state at the chunk's end, C_{j+1} = a C_j + Σ_s A_s k_s v_sᵀ (A_s = E_{last,s}):
@@ -676,36 +838,42 @@ struct Team {
 template <class Fwd, class Rev, class Fin>
 void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, bool fused = false) {
   const int64_t Lc = std::min(chunk_of(p), p.S), NC = (p.S + Lc - 1) / Lc, DK = p.DK, DV = p.DV;
-  const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK)), use_kernel_gemm()};
   const Plan pl = plan_of(p, NC, reverse);
+  const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK)), use_kernel_gemm(), pl.size};
   const int T = pl.size * pl.teams;
-  std::vector<memory::HostBuffer> keep;
   std::vector<std::unique_ptr<Team>> teams;
-  for (int t = 0; t < pl.teams; ++t) {
-    teams.push_back(std::make_unique<Team>(NC, pl.size));
-    HeadBufs& h = teams.back()->hb;
-    h.in_place = !reverse && pl.size == 1;
-    const int64_t slots = h.in_place ? 1 : NC + 1;
-    h.C = alloc<float>(keep, slots * DK * DV), h.n = alloc<float>(keep, slots * DK);
-    advise_huge_pages(h.C, slots * DK * DV * int64_t(sizeof(float)));
-    h.cum = alloc<double>(keep, p.S), h.gl = alloc<double>(keep, p.S), h.lmax = alloc<double>(keep, p.S);
-    h.seg = alloc<int32_t>(keep, p.S), h.hs = alloc<uint8_t>(keep, p.S), h.m = alloc<double>(keep, NC + 1);
-    if (fused) h.saved = alloc<float>(keep, NC * (2 * Lc * Lc + 5 * Lc)), h.saved_mt = alloc<double>(keep, NC * Lc);
-  }
+  for (int t = 0; t < pl.teams; ++t) teams.push_back(std::make_unique<Team>(NC, pl.size));
   std::vector<ThreadBufs> tbs(T);
-  for (ThreadBufs& b : tbs) {
-    b.E = alloc<float>(keep, Lc * Lc), b.P = alloc<float>(keep, Lc * Lc), b.dP = alloc<float>(keep, Lc * Lc);
-    b.dnum = alloc<float>(keep, Lc * DV), b.sc = alloc<float>(keep, Lc * std::max(DK, DV));
-    b.mt = alloc<double>(keep, Lc);
-    b.w = alloc<float>(keep, Lc), b.den = alloc<float>(keep, Lc), b.den_raw = alloc<float>(keep, Lc), b.ddr = alloc<float>(keep, Lc);
-    b.qn = alloc<float>(keep, Lc), b.cs = alloc<float>(keep, Lc), b.ones = alloc<float>(keep, Lc);
-    std::fill_n(b.ones, Lc, 1.f);
-    if (!reverse && pl.size == 1) b.dn = alloc<float>(keep, DK);
-    if (cx.kern) {
-      const int64_t most = std::max({Lc, DK, DV}), n = f32::packed_floats(most, most);  // K × N ≤ most × most
-      b.pk = alloc<float>(keep, n), b.pk2 = alloc<float>(keep, n), b.xt = alloc<float>(keep, std::max(DK, DV) * Lc);
+  const int64_t slots = !reverse && pl.size == 1 ? 1 : NC + 1;  // a forward on one thread: in place
+  auto carve = [&](Arena& ar) {
+    for (auto& team : teams) {
+      HeadBufs& h = team->hb;
+      h.in_place = slots == 1;
+      h.C = ar.take<float>(slots * DK * DV), h.n = ar.take<float>(slots * DK);
+      h.cum = ar.take<double>(p.S), h.gl = ar.take<double>(p.S), h.lmax = ar.take<double>(p.S);
+      h.seg = ar.take<int32_t>(p.S), h.hs = ar.take<uint8_t>(p.S), h.m = ar.take<double>(NC + 1);
+      if (fused) h.saved = ar.take<float>(NC * (2 * Lc * Lc + 5 * Lc)), h.saved_mt = ar.take<double>(NC * Lc);
     }
-  }
+    for (ThreadBufs& b : tbs) {
+      b.E = ar.take<float>(Lc * Lc), b.P = ar.take<float>(Lc * Lc), b.dP = ar.take<float>(Lc * Lc);
+      b.dnum = ar.take<float>(Lc * DV), b.sc = ar.take<float>(Lc * std::max(DK, DV));
+      b.mt = ar.take<double>(Lc);
+      b.w = ar.take<float>(Lc), b.den = ar.take<float>(Lc), b.den_raw = ar.take<float>(Lc), b.ddr = ar.take<float>(Lc);
+      b.qn = ar.take<float>(Lc), b.cs = ar.take<float>(Lc), b.ones = ar.take<float>(Lc);
+      b.dn = ar.take<float>(DK);
+      if (cx.kern) {
+        const int64_t most = std::max({Lc, DK, DV}), n = f32::packed_floats(most, most);  // K × N ≤ most × most
+        b.pk = ar.take<float>(n), b.pk2 = ar.take<float>(n), b.xt = ar.take<float>(std::max(DK, DV) * Lc);
+      }
+    }
+  };
+  Arena size;
+  carve(size);
+  const ScratchLease scratch(size.used);
+  Arena ar{scratch.base()};
+  carve(ar);
+  for (auto& team : teams) advise_huge_pages(team->hb.C, slots * DK * DV * int64_t(sizeof(float)));
+  for (ThreadBufs& b : tbs) std::fill_n(b.ones, Lc, 1.f);
   cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
     Team& team = *teams[tid / pl.size];
     const int rank = tid % pl.size;
@@ -802,7 +970,10 @@ class Cpu final : public Implementation {
         grad_top(c, a);
       else
         chain.wait_reverse(seq, NC - c.j);  // dC_{j+1} is final
-      chunk_grad_chain(c);
+      if (c.cx.kern)
+        chunk_grad_state_folded(c);
+      else
+        chunk_grad_chain(c);
       chain.publish_reverse(seq, NC - c.j + 1);
       if (c.j == 0 && a.dc0) {
         std::copy_n(c.C(0), p.DK * p.DV, a.dc0 + c.bh * p.DK * p.DV);

@@ -18,6 +18,7 @@ std::string declared_key(const Declared& d, const DeclaredCall& c, const std::st
   std::string k = d.kernel + "|impl=" + c.implementation + "|device=" + device_kind + "|dtype=" + dtype_name(c.dtype);
   for (size_t i = 0; i < c.dims.size() && i < d.buckets.front().dims.size(); ++i)
     k += "|" + d.buckets.front().dims[i].name + "=" + std::to_string(c.dims[i]);
+  if (!c.variant.empty()) k += "|" + c.variant;
   k += std::string("|op=") + pass_name(c.pass);
   if (c.device == DeviceType::kCPU) k += "|threads=" + std::to_string(c.threads);
   return k + "|version=" + TESSERA_VERSION;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/exec.h"
@@ -72,6 +73,7 @@ struct DeclaredCall {
   Pass pass = Pass::kForward;
   int threads = 1;             // CPU: part of the cache key
   Params given;                // the call's options by name (0: choose)
+  std::string variant;         // more of the call in the cache key ("transpose_rhs=on"); "" for none
   bool autotune_on_miss = true;
 };
 
@@ -94,6 +96,7 @@ struct Buffer {
   DType dtype = DType::kF32;
   Shape shape;
 };
+inline Buffer buffer_of(std::string name, const TensorView& t) { return {std::move(name), t.data, t.dtype, t.shape}; }
 // The buffers as borrowed tensors (Tensor::borrow), the absent ones left out.
 OutputsFn borrowed_outputs(std::vector<Buffer> buffers);
 
@@ -116,7 +119,8 @@ std::string dispatch_declared(const Registry& registry, const Declared& d, const
   });
 }
 
-// The cache key: kernel, implementation, device kind, dtype, exact dims, pass, threads, version.
+// The cache key: kernel, implementation, device kind, dtype, exact dims, variant, pass, threads,
+// version.
 std::string declared_key(const Declared& d, const DeclaredCall& call, const std::string& device_kind);
 
 }  // namespace tessera::tune

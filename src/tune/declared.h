@@ -49,6 +49,9 @@ struct Declared {
   // order of sums (mla_decode rounds P to bf16 against each split's own running max). Unset or
   // 0: the output dtype's default (tune/verify.h).
   std::function<double(DType)> rtol;
+  // Optional: the default of an implementation that is not tuned, where each has its own (a
+  // device backend's fixed tiles: attention's cuda and cudnn). Unset: the first candidate.
+  std::function<Params(const std::string& implementation)> default_of;
   // Multiply-adds of one call at this shape: autotune-on-miss runs only from min_work on.
   std::function<double(const std::vector<int64_t>& dims)> work;
   double min_work = double(int64_t{1} << 30);

@@ -107,6 +107,16 @@ TEST(GroupedMatmulTuning, TheCallsSizesAreValidatedFirst) {
   EXPECT_NO_THROW(validate_block_sizes("reference", {0, 4}));
 }
 
+TEST(GroupedMatmulTuning, CheckedInTableCoversEveryBucketAndIsValid) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
+  for (const tune::TableEntry& e : tuned_table()) {
+    const BlockSizes bs{tune::param(e.params, "m").value_or(0), tune::param(e.params, "n").value_or(0)};
+    EXPECT_NO_THROW(validate_block_sizes(e.implementation, bs)) << e.implementation << " " << e.bucket;
+    const auto& b = tuning().buckets;
+    EXPECT_TRUE(std::any_of(b.begin(), b.end(), [&](const tune::Bucket& x) { return x.name == e.bucket; })) << e.bucket;
+  }
+}
+
 // The on-miss sweep times the real kernel (gmm, and tgmm alone), picks one of the candidates,
 // and checks every candidate's output against the default's.
 TEST(GroupedMatmulTuning, AutotuneOnMissTimesTheRealKernel) {

@@ -103,7 +103,8 @@ void check_dout(const TensorView& dout, const Problem& p, const Options& opt) {
   if (opt.check_finite) args.finite(dout, "dout");
 }
 
-// The block sizes: the call's (each implementation validates them before anything runs), else
+// The block sizes: the call's (the implementation validates them, and whatever else it is given,
+// before anything runs), else
 // the tuned table's, else autotune-on-miss (timing this call into `outputs`), else the default.
 // tgmm alone and transpose_rhs have best sizes of their own: they are part of the cache key.
 template <class Body>
@@ -120,6 +121,7 @@ std::string dispatch_call(const Problem& p, const Options& opt, Pass op, bool tg
   return t_last_impl = tune::dispatch_declared(registry(), tuning(), opt, p, c, outputs, at,
                                                [&](const Implementation& impl, const BlockSizes& bs) {
                                                  if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
+                                                 impl.validate_block_sizes(bs);  // a table row too
                                                  body(impl, bs);
                                                });
 }

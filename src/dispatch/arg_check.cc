@@ -37,6 +37,20 @@ void ArgCheck::dtype(const TensorView& t, DType want, const std::string& what) c
   if (t.dtype != want) fail(what + " must be " + dtype_name(want) + ", got " + dtype_name(t.dtype));
 }
 
+void ArgCheck::floating(const TensorView& t, const std::string& what) const {
+  if (!is_float(t.dtype)) fail(what + " must be f32, bf16 or f16, got " + dtype_name(t.dtype));
+}
+
+void ArgCheck::integer(const TensorView& t, const std::string& what) const {
+  if (t.dtype != DType::kI32 && t.dtype != DType::kI64) fail(what + " must be int32 or int64, got " + dtype_name(t.dtype));
+}
+
+void ArgCheck::host(const TensorView& t, const std::string& what) const {
+  if (t.device.type != DeviceType::kCPU) fail(what + " must be in host memory (also for device inputs), got " + t.device.str());
+  contiguous(t, what);
+  data(t, what);
+}
+
 void ArgCheck::tensor(const TensorView& t, const Device& d, const Shape& s, DType dt, const std::string& what) const {
   shape(t, s, what);
   dtype(t, dt, what);

@@ -39,6 +39,13 @@ class ArgCheck {
   void shape(const TensorView& t, const Shape& want, const std::string& what) const;
   // "<what> must be D, got E"
   void dtype(const TensorView& t, DType want, const std::string& what) const;
+  // "<what> must be f32, bf16 or f16, got D"
+  void floating(const TensorView& t, const std::string& what) const;
+  // "<what> must be int32 or int64, got D" (sizes, masks)
+  void integer(const TensorView& t, const std::string& what) const;
+  // An index, size or mask tensor the API reads on the host whatever the device of the others:
+  // "<what> must be in host memory (also for device inputs), got D", then contiguous with data.
+  void host(const TensorView& t, const std::string& what) const;
   // shape, dtype, then plain
   void tensor(const TensorView& t, const Device& d, const Shape& shape, DType dt, const std::string& what) const;
   // An output (or upstream gradient) in f32 or the inputs' dtype `input`: "<what> must be f32 or

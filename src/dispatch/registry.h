@@ -172,6 +172,14 @@ class Registry final : public RegistryView {
     return find(name);
   }
 
+  // find(name), or Error(kNotFound) "<kernel>: unknown implementation '<name>'" (a kernel's public
+  // validate_block_sizes(implementation, sizes)).
+  const Impl& require(const std::string& name) const {
+    const Impl* impl = find(name);
+    check(impl != nullptr, ErrorCode::kNotFound, kernel_ + ": unknown implementation '" + name + "'");
+    return *impl;
+  }
+
   // Runs `body(const Impl&)` on the implementation the rules of dispatch.h choose for
   // `requested` (ExecOptions::implementation) on `device`; `supports(const Impl&)` says
   // whether one can take the call. Returns the name of the one that ran.

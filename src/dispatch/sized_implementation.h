@@ -1,8 +1,9 @@
 // Tessera internal: the implementation base of a kernel whose block sizes are a struct of its own
-// (attention's q/kv tiles, grouped_matmul's m/n), tuned through traits (tune/adapter.h). What the
-// generic choice asks of an implementation, written once; a kernel's Implementation derives from
+// (linear_cross_entropy's b/h/v, tuned through traits: tune/adapter.h; attention's q/kv, whose
+// tuning is declared but whose backends keep their own defaults and checks). What the generic
+// choice asks of an implementation, written once; a kernel's Implementation derives from
 // SizedImplementation<Problem, BlockSizes> and adds its entry points. C++17: device modules
-// include it. (A kernel whose block sizes are call options declares them instead: tune/declared.h.)
+// include it. (A new kernel declares its tuning instead: tune/declared.h.)
 #pragma once
 
 #include <string>

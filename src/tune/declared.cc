@@ -18,6 +18,7 @@ std::string declared_key(const Declared& d, const DeclaredCall& c, const std::st
   std::string k = d.kernel + "|impl=" + c.implementation + "|device=" + device_kind + "|dtype=" + dtype_name(c.dtype);
   for (size_t i = 0; i < c.dims.size() && i < d.buckets.front().dims.size(); ++i)
     k += "|" + d.buckets.front().dims[i].name + "=" + std::to_string(c.dims[i]);
+  if (!c.variant.empty()) k += "|" + c.variant;
   k += std::string("|op=") + pass_name(c.pass);
   if (c.device == DeviceType::kCPU) k += "|threads=" + std::to_string(c.threads);
   return k + "|version=" + TESSERA_VERSION;
@@ -61,8 +62,9 @@ Choice choose_declared(const Declared& d, const DeclaredCall& c, const std::func
   r.kernel = d.kernel;
   r.implementation = c.implementation;
   r.what = d.kernel + " " + c.implementation + " " + dtype_name(c.dtype) + " " + pass_name(c.pass);
-  r.explicit_sizes = given_options(d, c, cands.front());
-  r.defaults = cands.front();
+  const bool own_default = d.default_of && !d.tunable(c.implementation);
+  r.defaults = own_default ? d.default_of(c.implementation) : cands.front();
+  r.explicit_sizes = given_options(d, c, r.defaults);
   r.tunable = d.tunable(c.implementation);
   // The joint check where declared; each implementation validates its own limits when it runs.
   r.validate = [&d, &c](const Params& p) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/exec.h"
@@ -48,6 +49,9 @@ struct Declared {
   // order of sums (mla_decode rounds P to bf16 against each split's own running max). Unset or
   // 0: the output dtype's default (tune/verify.h).
   std::function<double(DType)> rtol;
+  // Optional: the default of an implementation that is not tuned, where each has its own (a
+  // device backend's fixed tiles: attention's cuda and cudnn). Unset: the first candidate.
+  std::function<Params(const std::string& implementation)> default_of;
   // Multiply-adds of one call at this shape: autotune-on-miss runs only from min_work on.
   std::function<double(const std::vector<int64_t>& dims)> work;
   double min_work = double(int64_t{1} << 30);
@@ -72,6 +76,7 @@ struct DeclaredCall {
   Pass pass = Pass::kForward;
   int threads = 1;             // CPU: part of the cache key
   Params given;                // the call's options by name (0: choose)
+  std::string variant;         // more of the call in the cache key ("transpose_rhs=on"); "" for none
   bool autotune_on_miss = true;
 };
 
@@ -94,6 +99,7 @@ struct Buffer {
   DType dtype = DType::kF32;
   Shape shape;
 };
+inline Buffer buffer_of(std::string name, const TensorView& t) { return {std::move(name), t.data, t.dtype, t.shape}; }
 // The buffers as borrowed tensors (Tensor::borrow), the absent ones left out.
 OutputsFn borrowed_outputs(std::vector<Buffer> buffers);
 
@@ -116,7 +122,8 @@ std::string dispatch_declared(const Registry& registry, const Declared& d, const
   });
 }
 
-// The cache key: kernel, implementation, device kind, dtype, exact dims, pass, threads, version.
+// The cache key: kernel, implementation, device kind, dtype, exact dims, variant, pass, threads,
+// version.
 std::string declared_key(const Declared& d, const DeclaredCall& call, const std::string& device_kind);
 
 }  // namespace tessera::tune

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "dispatch/arg_check.h"
+#include "dispatch/host_f32.h"
 #include "tessera/error.h"
 
 namespace tessera::dispatch {
@@ -38,6 +39,39 @@ TEST(ArgCheck, EachCheckNamesTheKernelAndTheArgument) {
   null.data = nullptr;
   EXPECT_EQ((message_of([&] { a.plain(null, cpu, "y"); })), "foo: y has no data (null pointer)");
   EXPECT_EQ((message_of([&] { a.need(false, "no"); })), "foo: no");
+}
+
+TEST(ArgCheck, DtypeKindsAndHostTensors) {
+  const ArgCheck a{"foo", "x"};
+  const Tensor f = Tensor::zeros(DType::kBF16, {2}), i = Tensor::zeros(DType::kI64, {2});
+  EXPECT_EQ((message_of([&] { a.floating(f.view(), "x"); })), "");
+  EXPECT_EQ((message_of([&] { a.floating(i.view(), "x"); })), "foo: x must be f32, bf16 or f16, got i64");
+  EXPECT_EQ((message_of([&] { a.integer(i.view(), "s"); })), "");
+  EXPECT_EQ((message_of([&] { a.integer(f.view(), "s"); })), "foo: s must be int32 or int64, got bf16");
+  EXPECT_EQ((message_of([&] { a.host(i.view(), "s"); })), "");
+  TensorView dev = i.view();
+  dev.device = Device{DeviceType::kCUDA, 0};
+  EXPECT_EQ((message_of([&] { a.host(dev, "s"); })), "foo: s must be in host memory (also for device inputs), got cuda:0");
+}
+
+// dispatch/host_f32.h: f32 views of host tensors (the caller's buffer when f32), and back.
+TEST(HostF32, InputsOutputsAndRoundedGradients) {
+  Tensor f = Tensor::empty(DType::kF32, {3}), b = Tensor::empty(DType::kBF16, {3});
+  for (int i = 0; i < 3; ++i) f.data_as<float>()[i] = 1.0f + 0x1p-12f * float(i), store_from_f32(b.data(), DType::kBF16, i, 1.5f * float(i));
+  EXPECT_EQ(as_f32(f.view()).ptr, f.data_as<float>());
+  const F32In in = as_f32(b.view());
+  EXPECT_EQ(in.ptr[2], 3.0f);
+  EXPECT_EQ(as_f32(TensorView{}).ptr, nullptr);
+  const F32Out out = as_f32_out(b.view());
+  out.ptr[1] = 2.0f;
+  out.finish();
+  EXPECT_EQ(load_as_f32(b.data(), DType::kBF16, 1), 2.0f);
+  EXPECT_EQ(as_f32_out(f.view()).ptr, f.data_as<float>());
+  Tensor keep;
+  const TensorView r = in_dtype(f.view(), DType::kBF16, keep);
+  EXPECT_EQ(r.dtype, DType::kBF16);
+  EXPECT_EQ(load_as_f32(r.data, DType::kBF16, 2), 1.0f);  // 1 + 2^-11 rounds to 1 in bf16
+  EXPECT_EQ(in_dtype(b.view(), DType::kBF16, keep).data, b.data());  // already in the dtype
 }
 
 TEST(ArgCheck, OutputsAreF32OrTheInputsDtype) {

@@ -80,6 +80,20 @@ TEST(DeclaredTuning, AnUntunableImplementationGetsTheDefault) {
   EXPECT_EQ(ch.source, "default");
 }
 
+// An implementation with defaults of its own (a device backend's fixed tiles) gets those; the
+// tunable one still starts from the first candidate.
+TEST(DeclaredTuning, AnImplementationsOwnDefault) {
+  Declared d = toy();
+  d.default_of = [](const std::string& impl) { return Params{{"block", impl == "cuda" ? 4 : 8}}; };
+  DeclaredCall c = call(5000);
+  c.implementation = "cuda";
+  EXPECT_EQ(param(choose_declared(d, c, planted, {}).params, "block"), 4);
+  c.given = {{"block", 16}};
+  EXPECT_EQ(param(choose_declared(d, c, planted, {}).params, "block"), 16);  // options still win
+  const ScopedEnv off("TESSERA_AUTOTUNE", "0");
+  EXPECT_EQ(param(choose_declared(d, call(5000), planted, {}).params, "block"), 8);
+}
+
 TEST(DeclaredTuning, AMissAutotunesBigProblemsOnceAndCachesTheWinner) {
   const TempDir dir;
   const ScopedEnv cache("TESSERA_CACHE_DIR", dir.path().c_str());

@@ -1,13 +1,19 @@
-// grouped_matmul block-size selection: buckets, fitting, the cache key, the generic choice with
-// the real backends (tuned table, autotune on miss on the real kernel, tgmm alone included).
+// grouped_matmul's declared block sizes (tuning.cc): buckets, candidates, the cache key, and the
+// choice with the real backends (the call's sizes validated before anything is written, the
+// tuned table, autotune on a miss timing the real kernel, tgmm alone included).
 #include <gtest/gtest.h>
 
-#include "kernels/grouped_matmul/tuning.h"
+#include <algorithm>
+
+#include "core/random.h"
+#include "cpu_backend.h"
+#include "kernels/grouped_matmul/impl.h"
 #include "kernels/grouped_matmul/testing.h"
-#include "kernels/grouped_matmul/tuning.h"
 #include "tessera/error.h"
 #include "tessera/version.h"
 #include "tune/autotune.h"
+#include "tune/declared.h"
+#include "tune/device_kind.h"
 #include "tune/tune_test_util.h"
 
 namespace tessera::grouped_matmul {
@@ -16,91 +22,142 @@ namespace {
 using testing_tune::ScopedEnv;
 using testing_tune::TempDir;
 
-Problem shape(int64_t M, int64_t K, int64_t N, int64_t G, DType dt = DType::kF32) {
-  return shape_only_problem(M, K, N, G, dt, Device{DeviceType::kCPU, 0});
+std::string bucket(int64_t M, int64_t K, int64_t N, int64_t G) {
+  const tune::Bucket* b = tune::match_bucket(tuning().buckets, {M, K, N, G});
+  return b ? b->name : "(none)";
 }
 
 TEST(GroupedMatmulBuckets, GroupCountsLandInTheirBuckets) {
-  EXPECT_EQ(bucket_for(shape(4096, 1024, 2048, 8))->name, "g8");
-  EXPECT_EQ(bucket_for(shape(10, 3, 3, 1))->name, "g8");
-  EXPECT_EQ(bucket_for(shape(4096, 1024, 2048, 64))->name, "g64");
-  EXPECT_EQ(bucket_for(shape(65536, 2048, 1536, 128))->name, "g64");
-  for (const auto& b : tuning_buckets()) {
+  EXPECT_EQ(bucket(4096, 1024, 2048, 8), "g8");
+  EXPECT_EQ(bucket(10, 3, 3, 1), "g8");
+  EXPECT_EQ(bucket(4096, 1024, 2048, 64), "g64");
+  EXPECT_EQ(bucket(65536, 2048, 1536, 128), "g64");
+  for (const auto& b : tuning().buckets) {
     const auto s = tune::representative_shape(b);
-    EXPECT_EQ(bucket_for(shape(s[0], s[1], s[2], s[3]))->name, b.name);
+    EXPECT_EQ(bucket(s[0], s[1], s[2], s[3]), b.name);
   }
 }
 
-TEST(GroupedMatmulBuckets, FitParamsAndKey) {
-  EXPECT_EQ(fit_to_shape({512, 512}, shape(40, 16, 24, 4)), (BlockSizes{16, 24}));    // largest group 10, K 16
-  EXPECT_EQ(fit_to_shape({512, 512}, shape(4096, 64, 2048, 2)), (BlockSizes{512, 512}));
-  EXPECT_EQ(from_params(to_params({3, 5})), (BlockSizes{3, 5}));
-  EXPECT_THROW(from_params({{"m", 1}}), Error);
-  const Implementation* ref = find_implementation("reference");
-  const Problem p = shape(1000, 64, 32, 8);
-  const std::string k = autotune_key(*ref, p, Pass::kForward, "dev");
+TEST(GroupedMatmulBuckets, CandidatesKeyAndWork) {
+  const std::vector<tune::Params> c = tuning().candidates({2048, 512, 1024, 8}, 2);
+  ASSERT_EQ(c.size(), 16u);
+  EXPECT_EQ(c.front(), (tune::Params{{"m", 512}, {"n", 512}}));  // the default first
+  EXPECT_TRUE(tuning().tunable("cpu"));
+  EXPECT_FALSE(tuning().tunable("reference"));
+  tune::DeclaredCall call;
+  call.implementation = "cpu";
+  call.dims = {1000, 64, 32, 8};
+  call.variant = "transpose_rhs=off";
+  const std::string k = tune::declared_key(tuning(), call, "dev");
   EXPECT_NE(k.find("version=" TESSERA_VERSION), std::string::npos);
-  EXPECT_EQ(autotune_key(*ref, shape(600, 64, 32, 8), Pass::kForward, "dev"), k);  // same M class and skew class
-  EXPECT_NE(autotune_key(*ref, shape(1000, 64, 32, 9), Pass::kForward, "dev"), k);
-  EXPECT_NE(autotune_key(*ref, shape(1000, 64, 32, 8, DType::kBF16), Pass::kForward, "dev"), k);
-  EXPECT_NE(autotune_key(*ref, p, Pass::kBackward, "dev"), k);
-  Problem t = p;
-  t.transpose_rhs = true;
-  EXPECT_NE(autotune_key(*ref, t, Pass::kForward, "dev"), k);
-  Problem skew = p;
-  skew.begin = {0, 900, 910, 920, 930, 940, 950, 960, 1000};  // one group of 900 rows
-  EXPECT_NE(autotune_key(*ref, skew, Pass::kForward, "dev"), k);
-  EXPECT_TRUE(worth_autotuning(shape(4096, 1024, 2048, 8)));
-  EXPECT_FALSE(worth_autotuning(shape(512, 128, 256, 8)));
+  for (auto change : std::vector<void (*)(tune::DeclaredCall&)>{
+           [](tune::DeclaredCall& c) { c.dims[3] = 9; }, [](tune::DeclaredCall& c) { c.dtype = DType::kBF16; },
+           [](tune::DeclaredCall& c) { c.pass = Pass::kBackward; },
+           [](tune::DeclaredCall& c) { c.variant = "transpose_rhs=on"; }}) {
+    tune::DeclaredCall other = call;
+    change(other);
+    EXPECT_NE(tune::declared_key(tuning(), other, "dev"), k);
+  }
+  EXPECT_GE(tuning().work({4096, 1024, 2048, 8}), tuning().min_work);
+  EXPECT_LT(tuning().work({512, 128, 256, 8}), tuning().min_work);
 }
 
-TEST(GroupedMatmulTuning, TableHitIsFittedAndOptionsWin) {
-  const Implementation* cpu = find_implementation("cpu");
-  if (!cpu) GTEST_SKIP() << "built without the cpu backend";
+std::vector<tune::TableEntry> g_rows;
+const std::vector<tune::TableEntry>& rows() { return g_rows; }
+
+TEST(GroupedMatmulTuning, TableHitAndOptionsWin) {
   ScopedEnv table_on("TESSERA_TUNED_TABLE", nullptr);
-  const std::vector<tune::TableEntry> table = {
-      {"cpu", "fake:device", "f32", "g8", {{"m", 256}, {"n", 1024}}, "", "", 0, ""}};
-  TuningHooks h;
-  h.table = &table;
-  h.device_kind = "fake:device";
-  Options opt;
-  opt.autotune_on_miss = false;
-  auto c = choose_block_sizes(*cpu, shape(4096, 512, 2048, 4), opt, Pass::kFused, h);
-  EXPECT_EQ(c.source, "tuned table");
-  EXPECT_EQ(c.sizes, (BlockSizes{256, 1024}));
-  EXPECT_EQ(choose_block_sizes(*cpu, shape(64, 16, 100, 4), opt, Pass::kFused, h).sizes, (BlockSizes{16, 100}));
-  EXPECT_EQ(choose_block_sizes(*cpu, shape(4096, 512, 2048, 64), opt, Pass::kFused, h).source, "default");
-  opt.block_sizes = BlockSizes{0, 4};
-  EXPECT_THROW(choose_block_sizes(*cpu, shape(64, 16, 100, 4), opt, Pass::kFused, h), Error);
+  ScopedEnv off("TESSERA_AUTOTUNE", "0");
+  g_rows = {{"cpu", tune::default_device_kind(DeviceType::kCPU), "f32", "g8", {{"m", 256}, {"n", 1024}}, "", "", 0, ""}};
+  tune::Declared d = tuning();
+  d.table = rows;
+  tune::DeclaredCall c;
+  c.implementation = "cpu";
+  c.dims = {4096, 512, 2048, 4};
+  tune::Choice ch = tune::choose_declared(d, c, {}, {});
+  EXPECT_EQ(ch.source, "tuned table");
+  EXPECT_EQ(ch.params, (tune::Params{{"m", 256}, {"n", 1024}}));
+  c.dims = {4096, 512, 2048, 64};  // the other bucket: a miss
+  EXPECT_EQ(tune::choose_declared(d, c, {}, {}).source, "default");
+  c.given = {{"m", 32}, {"n", 16}};
+  ch = tune::choose_declared(d, c, {}, {});
+  EXPECT_EQ(ch.source, "options");
+  EXPECT_EQ(ch.params, c.given);
+  g_rows.clear();
 }
 
-// The on-miss sweep times the real kernel for every op, tgmm alone included (its problem has no
-// rhs), picks one of the candidates, and persists it.
+// Sizes the cpu backend refuses fail the call before any output is written, 0 included (which
+// the declaration would read as "choose").
+TEST(GroupedMatmulTuning, TheCallsSizesAreValidatedFirst) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
+  testing::CaseSpec s;
+  const testing::CaseData d = testing::make_case(s);
+  Options o = testing::options_of(s);
+  o.implementation = "cpu";
+  Tensor out = Tensor::empty(DType::kF32, {s.M, s.N});
+  std::fill_n(out.data_as<float>(), out.numel(), 7.0f);
+  for (BlockSizes bs : {BlockSizes{0, 4}, BlockSizes{4, -1}, BlockSizes{65537, 4}}) {
+    o.block_sizes = bs;
+    EXPECT_THROW(gmm(d.inputs(), out.view(), o), Error) << bs.str();
+    for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.data_as<float>()[i], 7.0f);
+  }
+  o.block_sizes = BlockSizes{5, 3};
+  EXPECT_EQ(gmm(d.inputs(), out.view(), o), "cpu");
+  EXPECT_THROW(validate_block_sizes("cpu", {0, 4}), Error);
+  EXPECT_NO_THROW(validate_block_sizes("reference", {0, 4}));
+}
+
+TEST(GroupedMatmulTuning, CheckedInTableCoversEveryBucketAndIsValid) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
+  for (const tune::TableEntry& e : tuned_table()) {
+    const BlockSizes bs{tune::param(e.params, "m").value_or(0), tune::param(e.params, "n").value_or(0)};
+    EXPECT_NO_THROW(validate_block_sizes(e.implementation, bs)) << e.implementation << " " << e.bucket;
+    const auto& b = tuning().buckets;
+    EXPECT_TRUE(std::any_of(b.begin(), b.end(), [&](const tune::Bucket& x) { return x.name == e.bucket; })) << e.bucket;
+  }
+}
+
+// The on-miss sweep times the real kernel (gmm, and tgmm alone), picks one of the candidates,
+// and checks every candidate's output against the default's.
 TEST(GroupedMatmulTuning, AutotuneOnMissTimesTheRealKernel) {
-  const Implementation* cpu = find_implementation("cpu");
-  if (!cpu) GTEST_SKIP() << "built without the cpu backend";
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
+  const Implementation& cpu = registry().require("cpu");
   tune::clear_autotune_memo();
   TempDir dir;
+  ScopedEnv cache("TESSERA_CACHE_DIR", dir.path().c_str());
   ScopedEnv on("TESSERA_AUTOTUNE", "1");
   ScopedEnv table_on("TESSERA_TUNED_TABLE", nullptr);
-  TuningHooks h;
-  const std::vector<tune::TableEntry> empty;
-  h.table = &empty;
-  h.cache_dir = dir.path();
-  h.min_autotune_work = 0;
-  OwnedProblem o = make_random_problem(96, 24, 40, 3, DType::kBF16, Device{DeviceType::kCPU, 0});
-  const std::vector<BlockSizes> candidates = tune::candidates_for<Tuning>(*cpu, o.problem);
+  tune::Declared d = tuning();
+  d.min_work = 0;
+  d.table = rows;  // empty
+  const DType dt = DType::kBF16;
+  Problem p;
+  p.M = 96, p.K = 24, p.N = 40, p.G = 3, p.begin = {0, 30, 30, 90};
+  p.dtype = dt, p.device = Device::cpu(), p.num_threads = 2;
+  const Tensor lhs = random_uniform(dt, {p.M, p.K}, 1.0f, 1), rhs = random_uniform(dt, {p.G, p.K, p.N}, 1.0f, 2);
+  const Tensor dout = random_uniform(dt, {p.M, p.N}, 1.0f, 3);
+  Tensor out = Tensor::empty(dt, {p.M, p.N}), drhs = Tensor::empty(dt, {p.G, p.K, p.N});
+  const std::vector<tune::Params> cands = d.candidates({p.M, p.K, p.N, p.G}, 2);
   for (bool tgmm_alone : {false, true}) {
-    Problem p = o.problem;
-    if (tgmm_alone) p.rhs = nullptr;
-    for (Pass pass : {Pass::kForward, Pass::kBackward, Pass::kFused}) {
-      if (tgmm_alone && pass != Pass::kBackward) continue;
-      const BlockSizeChoice c = choose_block_sizes(*cpu, p, Options{}, pass, h);
-      EXPECT_EQ(c.source, "autotune") << pass_name(pass);
-      bool known = false;
-      for (const BlockSizes& b : candidates) known = known || fit_to_shape(b, p) == c.sizes;
-      EXPECT_TRUE(known) << c.sizes.str();
-    }
+    tune::DeclaredCall c;
+    c.implementation = "cpu";
+    c.dtype = dt;
+    c.dims = {p.M, p.K, p.N, p.G};
+    c.threads = p.num_threads;
+    c.pass = tgmm_alone ? Pass::kBackward : Pass::kForward;
+    c.variant = tgmm_alone ? "tgmm" : "";
+    size_t runs = 0;
+    const auto once = [&](const tune::Params& s) {
+      const BlockSizes bs{*tune::param(s, "m"), *tune::param(s, "n")};
+      ++runs;
+      if (tgmm_alone) cpu.tgmm(p, bs, {lhs.data(), dout.data(), drhs.data(), dt});
+      else cpu.gmm(p, bs, {lhs.data(), rhs.data(), out.data(), dt});
+    };
+    const tune::Choice ch = tune::choose_declared(
+        d, c, once, tune::borrowed_outputs({tune::buffer_of(tgmm_alone ? "drhs" : "out", (tgmm_alone ? drhs : out).view())}));
+    EXPECT_EQ(ch.source, "autotune");
+    EXPECT_NE(std::find(cands.begin(), cands.end(), ch.params), cands.end()) << tune::params_str(ch.params);
+    EXPECT_GE(runs, cands.size());
   }
 }
 

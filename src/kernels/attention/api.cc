@@ -5,10 +5,10 @@
 #include <limits>
 
 #include "dispatch/arg_check.h"
-#include "kernels/attention/tuning.h"
 #include "kernels/attention/impl.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
+#include "tune/declared.h"
 
 namespace tessera::attention {
 namespace {
@@ -203,9 +203,27 @@ BackwardIn check_saved(const Inputs& in, const Problem& p, const BackwardInputs&
   return {s.o.data, s.o.dtype, static_cast<const float*>(s.lse.data), s.grad_o.data, s.grad_o.dtype};
 }
 
+// The block sizes: the call's (validated by the implementation that runs, before anything is
+// written), else the tuned table's, else autotune-on-miss (timing this call into `outputs`), else
+// the implementation's default; clamped to the call's lengths.
 template <class Body>
-std::string dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
-  return t_last_impl = tune::dispatch_sized<Tuning>(registry(), p, opt, op, body);
+std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const std::vector<tune::Buffer>& outputs,
+                          Body&& body) {
+  tune::DeclaredCall c;
+  c.dtype = p.dtype;
+  c.dims = {p.N, std::max(p.Sq, p.Sk), p.Hq, std::max(p.D, p.Dv)};
+  c.pass = op;
+  c.threads = p.num_threads;
+  if (opt.block_sizes) c.given = {{"q", opt.block_sizes->q}, {"kv", opt.block_sizes->kv}};
+  c.variant = autotune_variant(p);
+  const auto at = [&p](const tune::Params& s) {
+    return sanitize_for_shape({*tune::param(s, "q"), *tune::param(s, "kv")}, p);
+  };
+  return t_last_impl = tune::dispatch_declared(registry(), tuning(), opt, p, c, outputs, at,
+                                               [&](const Implementation& impl, const BlockSizes& bs) {
+                                                 if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
+                                                 body(impl, bs);
+                                               });
 }
 
 // Calls with nothing to compute. No query rows: nothing to write but dk = dv = 0. No keys: every
@@ -235,13 +253,20 @@ bool trivial_backward(const Problem& p, const Gradients& g) {
 
 const std::string& last_implementation() { return t_last_impl; }
 
+std::string BlockSizes::str() const { return "q=" + num(q) + ",kv=" + num(kv); }
+
+void validate_block_sizes(const std::string& implementation, const BlockSizes& bs) {
+  registry().require(implementation).validate_block_sizes(bs);
+}
+
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
   const Problem p = normalize(in, opt);
   const ForwardOut fo = check_forward_outputs(in, p, out);
   if (trivial_forward(p, out)) return t_last_impl;
-  return dispatch_call(p, opt, Pass::kForward, [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
+  return dispatch_call(p, opt, Pass::kForward, {tune::buffer_of("o", out.o), tune::buffer_of("lse", out.lse)},
+                       [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
 }
 
 std::string backward(const Inputs& in, const BackwardInputs& saved, const Gradients& grads, const Options& opt) {
@@ -249,7 +274,10 @@ std::string backward(const Inputs& in, const BackwardInputs& saved, const Gradie
   const BackwardIn bi = check_saved(in, p, saved, opt);
   const GradOut go = check_gradients(in, p, grads);
   if (trivial_backward(p, grads)) return t_last_impl;
-  return dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, bi, go); });
+  const std::vector<tune::Buffer> outs{tune::buffer_of("dq", grads.dq), tune::buffer_of("dk", grads.dk),
+                                       tune::buffer_of("dv", grads.dv)};
+  return dispatch_call(p, opt, Pass::kBackward, outs,
+                       [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, bi, go); });
 }
 
 std::string forward_backward(const Inputs& in, const TensorView& grad_o, const ForwardOutputs& out,
@@ -263,7 +291,10 @@ std::string forward_backward(const Inputs& in, const TensorView& grad_o, const F
     return t_last_impl;
   }
   const BackwardIn bi{out.o.data, out.o.dtype, fo.lse, grad_o.data, grad_o.dtype};
-  return dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
+  const std::vector<tune::Buffer> outs{tune::buffer_of("o", out.o), tune::buffer_of("lse", out.lse),
+                                       tune::buffer_of("dq", grads.dq), tune::buffer_of("dk", grads.dk),
+                                       tune::buffer_of("dv", grads.dv)};
+  return dispatch_call(p, opt, Pass::kFused, outs, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.forward(p, bs, fo);
     impl.backward(p, bs, bi, go);
   });

@@ -15,6 +15,11 @@
 #include "dispatch/sized_implementation.h"
 #include "tessera/attention.h"
 
+namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
+struct Declared;
+struct TableEntry;
+}  // namespace tessera::tune
+
 namespace tessera::attention {
 
 using dispatch::Availability;
@@ -114,6 +119,15 @@ class Implementation : public dispatch::SizedImplementation<Problem, BlockSizes>
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
 const Implementation* find_implementation(const std::string& name);  // nullptr if unknown
+
+// The block sizes' tuning (tuning.cc) and its checked-in table (tuned_table.cc, generated); the
+// sizes a call runs with, never larger than its lengths (rounded up to 16) nor below 1.
+const tune::Declared& tuning();
+const std::vector<tune::TableEntry>& tuned_table();
+BlockSizes sanitize_for_shape(const BlockSizes& bs, const Problem& p);
+// What else than the dims (B, S, H, D) sets the best tiles, for the autotune key: the exact
+// lengths, heads and head dims, varlen, causal, window, softcap, ALiBi, segments.
+std::string autotune_variant(const Problem& p);
 
 std::unique_ptr<Implementation> make_reference_implementation();  // reference.cc
 // Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on.

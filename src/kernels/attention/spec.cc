@@ -7,9 +7,8 @@
 #include "kernels/attention/baseline.h"
 #include "kernels/attention/impl.h"
 #include "kernels/attention/testing.h"
-#include "kernels/attention/tuning.h"
 #include "kernels/registry.h"
-#include "kernels/tune_spec.h"
+#include "kernels/declared_tune.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
 
@@ -44,6 +43,9 @@ std::vector<kernels::CheckCase> check_cases(bool quick) {
 }
 
 // ---- call (Python bindings) ----
+BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "q").value_or(0), tune::param(p, "kv").value_or(0)}; }
+tune::Params to_params(const BlockSizes& b) { return {{"q", b.q}, {"kv", b.kv}}; }
+
 // Option names are the C++ Options fields; scale 0 means the default 1/sqrt(D).
 Options call_options(const kernels::CallArgs& a) {
   Options opt = kernels::exec_options<Options>(a);
@@ -256,7 +258,7 @@ kernels::KernelSpec make_spec() {
   k.bench = kernels::bench_spec_of({{"causal", K::kFlag, "causal mask", "false", {}},
                                     {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}},
                                    make_bench_problem);
-  k.tune = kernels::make_tune_spec<Tuning>();
+  k.tune = kernels::declared_tune_spec(tuning(), spec);
   k.call = call_spec();
   return k;
 }

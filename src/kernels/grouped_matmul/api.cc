@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "dispatch/arg_check.h"
-#include "kernels/grouped_matmul/tuning.h"
 #include "kernels/grouped_matmul/impl.h"
+#include "tune/declared.h"
 #include "tessera/error.h"
 #include "tessera/grouped_matmul.h"
 
@@ -26,11 +26,9 @@ Shape rhs_shape(int64_t G, int64_t K, int64_t N, bool transpose) {
 // The local groups' row offsets from group_sizes (validated: host int32/int64 [G_total], sizes
 // >= 0, Σ <= M, G_total = G without an offset, offset + G <= G_total with one).
 std::vector<int64_t> group_rows(const TensorView& gs, int64_t G, int64_t M, const Options& opt) {
-  if (gs.dtype != DType::kI32 && gs.dtype != DType::kI64)
-    args.fail(std::string("group_sizes must be int32 or int64, got ") + dtype_name(gs.dtype));
+  args.integer(gs, "group_sizes");
   if (gs.ndim() != 1) args.fail("group_sizes must be 1-D [G], got " + shape_str(gs.shape));
-  if (gs.device.type != DeviceType::kCPU) args.fail("group_sizes must be in host memory, got " + gs.device.str());
-  if (!gs.is_contiguous() || (gs.data == nullptr && gs.numel() > 0)) args.fail("group_sizes must be contiguous host data");
+  args.host(gs, "group_sizes");
   const int64_t total = gs.shape[0];
   const int64_t offset = opt.group_offset.value_or(0);
   if (!opt.group_offset && total != G)
@@ -57,7 +55,7 @@ std::vector<int64_t> group_rows(const TensorView& gs, int64_t G, int64_t M, cons
 // [K, N] matrices.
 Problem make_problem(const TensorView& lhs, int64_t G, int64_t K, int64_t N, const TensorView& gs,
                      const Options& opt) {
-  if (!is_float(lhs.dtype)) args.fail(std::string("lhs must be f32, bf16 or f16, got ") + dtype_name(lhs.dtype));
+  args.floating(lhs, "lhs");
   if (lhs.ndim() != 2) args.fail("lhs must be 2-D [M, K], got " + shape_str(lhs.shape));
   Problem p;
   p.device = lhs.device;
@@ -69,7 +67,6 @@ Problem make_problem(const TensorView& lhs, int64_t G, int64_t K, int64_t N, con
   p.G = G;
   if (lhs.shape[1] != K) args.fail("lhs has K=" + num(lhs.shape[1]) + " columns but the group matrices have K=" + num(K));
   p.begin = group_rows(gs, G, p.M, opt);
-  p.lhs = lhs.data;
   p.transpose_rhs = opt.transpose_rhs;
   p.num_threads = resolve_num_threads(opt.num_threads);
   p.stream = opt.stream;
@@ -95,7 +92,6 @@ Problem normalize(const Inputs& in, const Options& opt) {
   Problem p = make_problem(in.lhs, in.rhs.shape[0], K, N, in.group_sizes, opt);
   require_same_dtype(in.rhs, p, "rhs");
   args.plain(in.rhs, p.device, "rhs");
-  p.rhs = in.rhs.data;
   if (opt.check_finite) args.finite(in.rhs, "rhs");
   return p;
 }
@@ -107,15 +103,32 @@ void check_dout(const TensorView& dout, const Problem& p, const Options& opt) {
   if (opt.check_finite) args.finite(dout, "dout");
 }
 
+// The block sizes: the call's (the implementation validates them, and whatever else it is given,
+// before anything runs), else
+// the tuned table's, else autotune-on-miss (timing this call into `outputs`), else the default.
+// tgmm alone and transpose_rhs have best sizes of their own: they are part of the cache key.
 template <class Body>
-std::string dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
-  return t_last_impl = tune::dispatch_sized<Tuning>(registry(), p, opt, op, body);
+std::string dispatch_call(const Problem& p, const Options& opt, Pass op, bool tgmm_alone,
+                          const std::vector<tune::Buffer>& outputs, Body&& body) {
+  tune::DeclaredCall c;
+  c.dtype = p.dtype;
+  c.dims = {p.M, p.K, p.N, p.G};
+  c.pass = op;
+  c.threads = p.num_threads;
+  if (opt.block_sizes) c.given = {{"m", opt.block_sizes->m}, {"n", opt.block_sizes->n}};
+  c.variant = std::string("transpose_rhs=") + (p.transpose_rhs ? "on" : "off") + (tgmm_alone ? "|tgmm" : "");
+  const auto at = [](const tune::Params& s) { return BlockSizes{*tune::param(s, "m"), *tune::param(s, "n")}; };
+  return t_last_impl = tune::dispatch_declared(registry(), tuning(), opt, p, c, outputs, at,
+                                               [&](const Implementation& impl, const BlockSizes& bs) {
+                                                 if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
+                                                 impl.validate_block_sizes(bs);  // a table row too
+                                                 body(impl, bs);
+                                               });
 }
 
 // dlhs is a gmm of dout against rhs transposed: K and N swap, and so does rhs's layout.
-Problem transposed(const Problem& p, const void* dout) {
+Problem transposed(const Problem& p) {
   Problem q = p;
-  q.lhs = dout;
   std::swap(q.K, q.N);
   q.transpose_rhs = !p.transpose_rhs;
   return q;
@@ -123,7 +136,7 @@ Problem transposed(const Problem& p, const void* dout) {
 
 void run_backward(const Implementation& impl, const BlockSizes& bs, const Problem& p, const Inputs& in,
                   const TensorView& dout, const TensorView& dlhs, const TensorView& drhs) {
-  impl.gmm(transposed(p, dout.data), bs, {dout.data, in.rhs.data, dlhs.data, dlhs.dtype});
+  impl.gmm(transposed(p), bs, {dout.data, in.rhs.data, dlhs.data, dlhs.dtype});
   impl.tgmm(p, bs, {in.lhs.data, dout.data, drhs.data, drhs.dtype});
 }
 
@@ -131,12 +144,19 @@ void run_backward(const Implementation& impl, const BlockSizes& bs, const Proble
 
 const std::string& last_implementation() { return t_last_impl; }
 
+std::string BlockSizes::str() const { return "m=" + num(m) + ",n=" + num(n); }
+
+void validate_block_sizes(const std::string& implementation, const BlockSizes& bs) {
+  registry().require(implementation).validate_block_sizes(bs);
+}
+
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string gmm(const Inputs& in, const TensorView& out, const Options& opt) {
   const Problem p = normalize(in, opt);
   args.output(out, p.dtype, {p.M, p.N}, p.device, "out");
-  return dispatch_call(p, opt, Pass::kForward, [&](const Implementation& impl, const BlockSizes& bs) {
+  return dispatch_call(p, opt, Pass::kForward, false, {tune::buffer_of("out", out)},
+                       [&](const Implementation& impl, const BlockSizes& bs) {
     impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
   });
 }
@@ -147,7 +167,8 @@ std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView
   const Problem p = make_problem(lhs, drhs.shape[0], K, N, group_sizes, opt);
   check_dout(dout, p, opt);
   args.output(drhs, p.dtype, rhs_shape(p.G, K, N, p.transpose_rhs), p.device, "drhs");
-  return dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) {
+  return dispatch_call(p, opt, Pass::kBackward, true, {tune::buffer_of("drhs", drhs)},
+                       [&](const Implementation& impl, const BlockSizes& bs) {
     impl.tgmm(p, bs, {lhs.data, dout.data, drhs.data, drhs.dtype});
   });
 }
@@ -158,7 +179,8 @@ std::string backward(const Inputs& in, const TensorView& dout, const TensorView&
   check_dout(dout, p, opt);
   args.output(dlhs, p.dtype, {p.M, p.K}, p.device, "dlhs");
   args.output(drhs, p.dtype, in.rhs.shape, p.device, "drhs");
-  return dispatch_call(p, opt, Pass::kBackward, [&](const Implementation& impl, const BlockSizes& bs) {
+  return dispatch_call(p, opt, Pass::kBackward, false, {tune::buffer_of("dlhs", dlhs), tune::buffer_of("drhs", drhs)},
+                       [&](const Implementation& impl, const BlockSizes& bs) {
     run_backward(impl, bs, p, in, dout, dlhs, drhs);
   });
 }
@@ -170,7 +192,9 @@ std::string forward_backward(const Inputs& in, const TensorView& dout, const Ten
   check_dout(dout, p, opt);
   args.output(dlhs, p.dtype, {p.M, p.K}, p.device, "dlhs");
   args.output(drhs, p.dtype, in.rhs.shape, p.device, "drhs");
-  return dispatch_call(p, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
+  const std::vector<tune::Buffer> outs{tune::buffer_of("out", out), tune::buffer_of("dlhs", dlhs),
+                                       tune::buffer_of("drhs", drhs)};
+  return dispatch_call(p, opt, Pass::kFused, false, outs, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
     run_backward(impl, bs, p, in, dout, dlhs, drhs);
   });

@@ -181,18 +181,9 @@ class Cpu final : public Implementation {
       return Availability::no("M, K and N must each fit a BLAS int (<= 2^31 - 1)");
     return Availability::yes();
   }
-  BlockSizes default_block_sizes(const Problem&) const override { return {}; }
   void validate_block_sizes(const BlockSizes& bs) const override {
     check(bs.m >= 1 && bs.m <= kMaxBlock && bs.n >= 1 && bs.n <= kMaxBlock, ErrorCode::kInvalidArgument,
           std::string(kKernelName) + " cpu: block sizes m and n must be in [1, 65536], got " + bs.str());
-  }
-  bool tunable() const override { return true; }
-  std::vector<BlockSizes> candidate_block_sizes(const Problem&) const override {
-    std::vector<BlockSizes> out{BlockSizes{}};
-    for (int64_t m : {128, 256, 512, 1024})
-      for (int64_t n : {256, 512, 1024, 2048})
-        if (!(BlockSizes{m, n} == BlockSizes{})) out.push_back({m, n});
-    return out;
   }
 
   void gmm(const Problem& p, const BlockSizes& bs, const GmmArgs& x) const override {

@@ -43,12 +43,7 @@ class Cuda final : public primitives::CudaBackend<Implementation> {
 
 
   Availability supports(const Problem& p) const override { return cuda_checks::device_support(p, "cuda", false); }
-  BlockSizes default_block_sizes(const Problem&) const override { return {}; }
   void validate_block_sizes(const BlockSizes&) const override {}  // cuBLAS chooses its own tiles
-  void synchronize(const Problem& p) const override {
-    cuda::DeviceGuard g(p.device.index);
-    cuda::check(cudaStreamSynchronize(stream_of(p)), "grouped_matmul cuda: cudaStreamSynchronize");
-  }
 
   void gmm(const Problem& p, const BlockSizes&, const GmmArgs& x) const override {
     TESSERA_NVTX_RANGE("gmm.cuda.gmm");

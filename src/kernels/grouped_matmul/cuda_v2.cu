@@ -139,12 +139,7 @@ class CudaV2 final : public primitives::CudaBackend<Implementation> {
 
 
   Availability supports(const Problem& p) const override { return cc::device_support(p, kImpl, true); }
-  BlockSizes default_block_sizes(const Problem&) const override { return {}; }
   void validate_block_sizes(const BlockSizes&) const override {}  // cuBLAS chooses its own tiles
-  void synchronize(const Problem& p) const override {
-    cuda::DeviceGuard g(p.device.index);
-    cuda::check(cudaStreamSynchronize(stream_of(p)), "grouped_matmul cuda_v2: cudaStreamSynchronize");
-  }
 
   void gmm(const Problem& p, const BlockSizes& bs, const GmmArgs& x) const override {
     TESSERA_NVTX_RANGE("gmm.cuda_v2.gmm");

@@ -14,8 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/sized_implementation.h"
+#include "dispatch/registry.h"
 #include "tessera/grouped_matmul.h"
+
+namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
+struct Declared;
+struct TableEntry;
+}  // namespace tessera::tune
 
 namespace tessera::grouped_matmul {
 
@@ -28,9 +33,6 @@ struct Problem {
   bool transpose_rhs = false;   // b / c per group stored [N, K] instead of [K, N]
   DType dtype = DType::kF32;    // of a, b, d
   Device device;
-  // The user's inputs, for the tuner's timed runs (implementations take theirs from the args):
-  const void* lhs = nullptr;  // [M, K]
-  const void* rhs = nullptr;  // [G, K, N] (or [G, N, K]); nullptr for a tgmm call
 
   int num_threads = 1;  // resolved by the API: >= 1
   void* stream = nullptr;
@@ -59,10 +61,12 @@ struct TgmmArgs {
   DType c_dtype = DType::kF32;
 };
 
-// name, description, device type, availability and version status come from the generic base;
-// supports, block sizes, device kind and synchronize from dispatch/sized_implementation.h.
-class Implementation : public dispatch::SizedImplementation<Problem, BlockSizes> {
+// name, description, device type, availability and version status come from the generic base.
+class Implementation : public dispatch::ImplementationBase {
  public:
+  virtual Availability supports(const Problem& p) const = 0;  // cheap: device, dtypes, dims
+  // Throws Error(kInvalidArgument) naming the broken constraint.
+  virtual void validate_block_sizes(const BlockSizes& bs) const = 0;
   virtual void gmm(const Problem& p, const BlockSizes& bs, const GmmArgs& args) const = 0;
   virtual void tgmm(const Problem& p, const BlockSizes& bs, const TgmmArgs& args) const = 0;
 };
@@ -71,6 +75,10 @@ class Implementation : public dispatch::SizedImplementation<Problem, BlockSizes>
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
 const Implementation* find_implementation(const std::string& name);  // nullptr if unknown
+
+// The block sizes' tuning (tuning.cc) and its checked-in table (tuned_table.cc, generated).
+const tune::Declared& tuning();
+const std::vector<tune::TableEntry>& tuned_table();
 
 std::unique_ptr<Implementation> make_reference_implementation();  // reference.cc
 // Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on.

@@ -22,7 +22,6 @@ class Reference final : public Implementation {
       return Availability::no("inputs are on " + p.device.str() + ", reference runs on host memory");
     return Availability::yes();
   }
-  BlockSizes default_block_sizes(const Problem&) const override { return {}; }
   void validate_block_sizes(const BlockSizes&) const override {}  // unblocked: ignores them
 
   // c[r, n] = Σ_k a[r, k] · b[g][k, n] for rows r of local group g; 0 for every other row.

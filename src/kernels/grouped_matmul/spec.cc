@@ -2,12 +2,12 @@
 // place the generic tools (CLI, parity suite, bench) learn about this kernel.
 
 #include "core/random.h"
+#include "dispatch/host_f32.h"
 #include "harness/blas.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "kernels/grouped_matmul/testing.h"
-#include "kernels/grouped_matmul/tuning.h"
+#include "kernels/declared_tune.h"
 #include "kernels/registry.h"
-#include "kernels/tune_spec.h"
 #include "tessera/error.h"
 #include "tessera/grouped_matmul.h"
 
@@ -21,6 +21,9 @@ using harness::OptionSpec;
 using K = OptionSpec::Kind;
 
 // ---- call (Python bindings) ----
+BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "m").value_or(0), tune::param(p, "n").value_or(0)}; }
+tune::Params to_params(const BlockSizes& b) { return {{"m", b.m}, {"n", b.n}}; }
+
 // Option names are the C++ Options fields; group_offset -1 means unset.
 Options call_options(const kernels::CallArgs& a) {
   Options opt = kernels::exec_options<Options>(a);
@@ -63,19 +66,11 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   const Options opt = call_options(a);
   const Inputs in{need(a, "lhs"), need(a, "rhs"), need(a, "group_sizes")};
   const kernels::CallOutputs checked(call_outputs(a), out, a, kKernelName);  // the count
-  // Frameworks hand upstream gradients in f32; the kernel takes dout in the inputs' dtype (the
-  // gradient of a bf16 output is bf16 in autograd too): rounded once here.
+  // The kernel takes dout in the inputs' dtype (the gradient of a bf16 output is bf16 in autograd
+  // too): an f32 one from a framework is rounded once here.
   Tensor dout_copy;
-  TensorView dout;
-  if (a.pass != Pass::kForward) {
-    dout = need(a, "grad_out");
-    if (dout.dtype != in.lhs.dtype && is_float(dout.dtype) && dout.device.type == DeviceType::kCPU && dout.is_contiguous()) {
-      dout_copy = Tensor::empty(in.lhs.dtype, dout.shape);
-      for (int64_t i = 0; i < dout.numel(); ++i)
-        store_from_f32(dout_copy.data(), in.lhs.dtype, i, load_as_f32(dout.data, dout.dtype, i));
-      dout = dout_copy.view();
-    }
-  }
+  const TensorView dout =
+      a.pass == Pass::kForward ? TensorView{} : dispatch::in_dtype(need(a, "grad_out"), in.lhs.dtype, dout_copy);
   switch (a.pass) {
     case Pass::kForward: return gmm(in, out[0], opt);
     case Pass::kBackward: return backward(in, dout, out[0], out[1], opt);
@@ -278,7 +273,7 @@ kernels::KernelSpec make_spec() {
                                      "group sizes: balanced (M/G each) or skewed (one group 70 % of the rows, two empty)",
                                      "balanced", {}}},
                                    make_bench_problem);
-  k.tune = kernels::make_tune_spec<Tuning>();
+  k.tune = kernels::declared_tune_spec(tuning(), spec);
   k.call = call_spec();
   return k;
 }

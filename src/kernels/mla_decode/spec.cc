@@ -42,9 +42,9 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   check(a.pass == Pass::kForward, ErrorCode::kInvalidArgument, std::string(kKernelName) + ": forward only");
-  check(out.size() == 2, ErrorCode::kInvalidArgument, std::string(kKernelName) + ": forward writes o and lse");
+  const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
   const Inputs in{need(a, "q"), need(a, "kv_cache"), need(a, "page_table"), need(a, "cache_seqlens")};
-  return forward(in, {out[0], out[1]}, call_options(a));
+  return forward(in, {o["o"], o["lse"]}, call_options(a));
 }
 
 kernels::CallSpec call_spec() {

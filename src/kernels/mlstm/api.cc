@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "dispatch/host_f32.h"
 #include "kernels/mlstm/impl.h"
 #include "tune/declared.h"
 #include "tessera/error.h"
@@ -14,7 +15,11 @@ namespace {
   throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": " + msg);
 }
 
-bool given(const TensorView& t) { return t.data != nullptr || !t.shape.empty(); }
+using dispatch::as_f32;
+using dispatch::as_f32_out;
+using dispatch::F32In;
+using dispatch::F32Out;
+using dispatch::given;
 
 // Every array of a call lives on q's device `dev` (host memory, or one CUDA device for the cuda
 // backend).
@@ -34,54 +39,6 @@ void need_f32(const char* name, const TensorView& t) {
 void need_dtype_or_f32(const char* name, const TensorView& t, DType like) {
   if (t.dtype != like && t.dtype != DType::kF32)
     fail(std::string(name) + " must be " + dtype_name(like) + " or f32, got " + t.str());
-}
-
-bool finite(const TensorView& t) {
-  if (t.device.type != DeviceType::kCPU) return true;  // device data is not inspected here
-  for (int64_t j = 0; j < t.numel(); ++j)
-    if (!std::isfinite(load_as_f32(t.data, t.dtype, j))) return false;
-  return true;
-}
-
-// An input as f32: the caller's buffer when it is f32 already, else a converted copy.
-struct F32In {
-  Tensor copy;
-  const float* ptr = nullptr;
-};
-F32In as_f32(const TensorView& t) {
-  F32In r;
-  if (!given(t)) return r;
-  if (t.dtype == DType::kF32) {
-    r.ptr = t.data_as<const float>();
-    return r;
-  }
-  r.copy = Tensor::empty(DType::kF32, t.shape);
-  for (int64_t j = 0; j < t.numel(); ++j) r.copy.data_as<float>()[j] = load_as_f32(t.data, t.dtype, j);
-  r.ptr = r.copy.data_as<const float>();
-  return r;
-}
-
-// An output as f32: the caller's buffer when it is f32, else a scratch array stored back by finish().
-struct F32Out {
-  TensorView user;
-  Tensor scratch;
-  float* ptr = nullptr;
-  void finish() const {
-    if (!scratch.defined()) return;
-    for (int64_t j = 0; j < user.numel(); ++j) store_from_f32(user.data, user.dtype, j, scratch.data_as<float>()[j]);
-  }
-};
-F32Out as_f32_out(const TensorView& t) {
-  F32Out r;
-  r.user = t;
-  if (!given(t)) return r;
-  if (t.dtype == DType::kF32) {
-    r.ptr = t.data_as<float>();
-    return r;
-  }
-  r.scratch = Tensor::zeros(DType::kF32, t.shape);
-  r.ptr = r.scratch.data_as<float>();
-  return r;
 }
 
 // The validated inputs in f32, with the Problem pointing into them.
@@ -132,7 +89,7 @@ void prepare(const Inputs& in, const Options& opt, Prepared& r) {
                                                              {"i", &in.i},      {"f", &in.f},   {"c0", &in.c0},
                                                              {"n0", &in.n0},    {"m0", &in.m0}};
     for (const auto& [name, t] : all)
-      if (given(*t) && !finite(*t)) fail(std::string(name) + " contains NaN or Inf");
+      if (given(*t) && !dispatch::all_finite(*t)) fail(std::string(name) + " contains NaN or Inf");
   }
   r.qkv = q.dtype, r.gates = in.i.dtype;
   Problem& p = r.p;
@@ -260,7 +217,7 @@ void check_backward_args(const Inputs& in, const Prepared& r, const Options& opt
     need_shape("dc0", g.dc0, in.c0.shape, p.device), need_f32("dc0", g.dc0);
     need_shape("dn0", g.dn0, in.n0.shape, p.device), need_f32("dn0", g.dn0);
   }
-  if (opt.check_finite && !finite(dh)) fail("dh contains NaN or Inf");
+  if (opt.check_finite && !dispatch::all_finite(dh)) fail("dh contains NaN or Inf");
 }
 
 // The backward's arguments as the backends take them (f32 copies and scratch where needed; device

@@ -32,15 +32,10 @@ Options call_options(const kernels::CallArgs& a) {
   return opt;
 }
 
-TensorView opt_tensor(const kernels::CallArgs& a, const char* name) {
-  const TensorView* t = a.tensor(name);
-  return t ? *t : TensorView{};
-}
-
 Inputs call_inputs(const kernels::CallArgs& a) {
   auto need = [&](const char* n) { return kernels::required(a, kKernelName, n); };
-  return {need("q"), need("k"), need("v"), need("i"), need("f"), opt_tensor(a, "resets"),
-          opt_tensor(a, "c0"), opt_tensor(a, "n0"), opt_tensor(a, "m0")};
+  return {need("q"), need("k"), need("v"), need("i"), need("f"), a.tensor_or_empty("resets"),
+          a.tensor_or_empty("c0"), a.tensor_or_empty("n0"), a.tensor_or_empty("m0")};
 }
 
 // Shapes only (data may be absent under jit and fake tensors); the call validates everything.
@@ -72,22 +67,13 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   const Options opt = call_options(a);
   const Inputs in = call_inputs(a);
-  const std::vector<kernels::OutputDesc> want = call_outputs(a);
-  check(out.size() == want.size(), ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": " + pass_name(a.pass) + " writes " + std::to_string(want.size()) +
-            " outputs, got " + std::to_string(out.size()));
-  size_t j = 0;
-  TensorView h;
-  LastStates last;
-  if (a.pass != Pass::kBackward) {
-    h = out[j++];
-    if (a.options.flag("return_last_states")) last = {out[j], out[j + 1], out[j + 2]}, j += 3;
-  }
+  const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
+  const TensorView h = o["h"];
+  const LastStates last{o["c_last"], o["n_last"], o["m_last"]};
   if (a.pass == Pass::kForward) return forward(in, h, last, opt);
-  Grads g{out[j], out[j + 1], out[j + 2], out[j + 3], out[j + 4], {}, {}};
-  if (j + 7 == out.size()) g.dc0 = out[j + 5], g.dn0 = out[j + 6];
+  const Grads g{o["dq"], o["dk"], o["dv"], o["di"], o["df"], o["dc0"], o["dn0"]};
   const TensorView dh = kernels::required(a, kKernelName, "grad_h");
-  const TensorView dcl = opt_tensor(a, "grad_c_last"), dnl = opt_tensor(a, "grad_n_last");
+  const TensorView dcl = a.tensor_or_empty("grad_c_last"), dnl = a.tensor_or_empty("grad_n_last");
   if (a.pass == Pass::kFused) return forward_backward(in, h, last, dh, g, opt, dcl, dnl);  // cpu: states formed once
   return backward(in, dh, g, opt, dcl, dnl);
 }

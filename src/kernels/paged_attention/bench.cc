@@ -34,9 +34,9 @@ struct Settings {
   }
 };
 
-class PagedBench final : public harness::BenchProblem {
+class PagedBench final : public kernels::CallBenchProblem {
  public:
-  PagedBench(const Settings& s, uint64_t seed, bool with_data) : s_(s) {
+  PagedBench(const Settings& s, uint64_t seed, bool with_data) : CallBenchProblem(spec), s_(s) {
     if (!with_data) return;
     const int64_t P = s.N * s.pages();
     q_ = random_uniform(s.dtype, {s.T(), s.H, s.D}, 1.0f, seed * 5 + 1);
@@ -115,13 +115,10 @@ class PagedBench final : public harness::BenchProblem {
     return out;
   }
 
-  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
+  CallData call_data() const override {
     harness::OptionValues o;
     o.set("causal", "true");
-    return kernels::bind_call(spec().call,
-                              {{"q", q_}, {"k_cache", k_}, {"v_cache", v_}, {"page_table", pt_}, {"kv_lens", kl_},
-                               {"cu_q_lens", cq_}},
-                              o, implementation, dev, pass, exec);
+    return {{{"q", q_}, {"k_cache", k_}, {"v_cache", v_}, {"page_table", pt_}, {"kv_lens", kl_}, {"cu_q_lens", cq_}}, o};
   }
 
  private:

@@ -18,18 +18,10 @@ namespace {
 
 using K = harness::OptionSpec::Kind;
 
-std::vector<kernels::CheckCase> check_cases(bool quick) {
-  return kernels::check_cases_of(testing::check_grid(quick),
-                                 [](const testing::CaseSpec& c, const std::string& impl, Pass, Device dev) {
-                                   return testing::check_parity(c, impl, dev);
-                                 });
-}
-
 // ---- call: the signature `tessera run` and the Python functions are derived from ----
 // scale 0 means the default 1/sqrt(D).
 Options call_options(const kernels::CallArgs& a) {
-  Options opt;
-  static_cast<ExecOptions&>(opt) = a.exec;
+  Options opt = kernels::exec_options<Options>(a);
   const harness::OptionValues& o = a.options;
   if (o.real("scale") != 0.0) opt.scale = o.real("scale");
   opt.softcap = o.real("softcap");
@@ -59,9 +51,8 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   check(a.pass == Pass::kForward, ErrorCode::kUnsupported, std::string(kKernelName) + ": forward only");
-  check(out.size() == 2, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": forward writes 2 outputs (o, lse), got " + std::to_string(out.size()));
-  return forward(call_inputs(a), {out[0], out[1]}, call_options(a));
+  const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
+  return forward(call_inputs(a), {o["o"], o["lse"]}, call_options(a));
 }
 
 kernels::CallSpec call_spec() {
@@ -93,12 +84,9 @@ kernels::KernelSpec make_spec() {
   k.passes = {Pass::kForward};
   k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = check_cases;
-  k.bench.options = bench_options();
-  k.bench.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) {
-    return make_bench_problem(shape, dt, o, seed, true);
-  };
-  k.bench.make_cost_model = [](const auto& shape, DType dt, const auto& o) { return make_bench_problem(shape, dt, o, 0, false); };
+  k.check_grid = kernels::check_grid_of(testing::check_grid, [](const testing::CaseSpec& c, const std::string& impl,
+                                                                Pass, Device dev) { return testing::check_parity(c, impl, dev); });
+  k.bench = kernels::bench_spec_of(bench_options(), make_bench_problem);
   k.call = call_spec();
   return k;
 }

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "dispatch/arg_check.h"
+#include "dispatch/host_f32.h"
 #include "kernels/slstm/impl.h"
 #include "tune/declared.h"
 #include "tessera/error.h"
@@ -31,14 +32,13 @@ void require_positive_n0(const TensorView& n0) {
 // What the API owns for one call: the resets as 0/1 bytes, dh in f32.
 struct Owned {
   std::vector<uint8_t> resets;
-  Tensor dh;
+  dispatch::F32In dh;
 };
 
 Problem normalize(const Inputs& in, const Options& opt, Owned& own) {
   const TensorView& wx = in.wx;
   if (wx.ndim() != 5 || wx.shape[2] != 4) args.fail("wx must be [B, S, 4, NH, DH] (gates i, f, z, o), got " + shape_str(wx.shape));
-  if (wx.dtype != DType::kF32 && wx.dtype != DType::kBF16 && wx.dtype != DType::kF16)
-    args.fail("wx must be f32, bf16 or f16, got " + std::string(dtype_name(wx.dtype)));
+  args.floating(wx, "wx");
   Problem p;
   p.B = wx.shape[0], p.S = wx.shape[1], p.NH = wx.shape[3], p.DH = wx.shape[4];
   if (p.S == 0) args.fail("S = 0: a sequence needs at least one step");
@@ -52,12 +52,9 @@ Problem normalize(const Inputs& in, const Options& opt, Owned& own) {
   if (given(in.resets)) {
     const TensorView& rs = in.resets;
     // Tessera's DType has no bool or uint8 yet: masks come as int32 / int64 (callers cast).
-    if (rs.dtype != DType::kI32 && rs.dtype != DType::kI64)
-      args.fail("resets must be int32 or int64, got " + std::string(dtype_name(rs.dtype)));
+    args.integer(rs, "resets");
     if (rs.shape != Shape{p.B, p.S}) args.fail("resets must be [B, S] = " + shape_str({p.B, p.S}) + ", got " + shape_str(rs.shape));
-    // Read on the host whatever the device (the API converts them; a device backend copies them).
-    if (rs.device.type != DeviceType::kCPU) args.fail("resets must be in host memory (also for device inputs), got " + rs.device.str());
-    args.plain(rs, rs.device, "resets");
+    args.host(rs, "resets");  // the API converts them; a device backend copies them
     own.resets.assign(static_cast<size_t>(p.B * p.S), 0);
     for (int64_t i = 0; i < p.B * p.S; ++i)
       own.resets[static_cast<size_t>(i)] = rs.dtype == DType::kI32 ? rs.data_as<const int32_t>()[i] != 0
@@ -132,12 +129,9 @@ void set_backward(Problem& p, const Inputs& in, const Upstream& up, const Grads&
     p.dh0 = g.dh0.data_as<float>(), p.dc0 = g.dc0.data_as<float>(), p.dn0 = g.dn0.data_as<float>();
   }
   p.dh_given = up.dh.data, p.dh_dtype = up.dh.dtype;
-  if (up.dh.dtype == DType::kF32) {
-    p.dh = up.dh.data_as<const float>();
-  } else if (p.device.type == DeviceType::kCPU) {  // rounded values widened once
-    own.dh = Tensor::empty(DType::kF32, hs);
-    for (int64_t i = 0; i < own.dh.numel(); ++i) own.dh.data_as<float>()[i] = load_as_f32(up.dh.data, up.dh.dtype, i);
-    p.dh = own.dh.data_as<const float>();
+  if (up.dh.dtype == DType::kF32 || p.device.type == DeviceType::kCPU) {  // rounded values widened once
+    own.dh = dispatch::as_f32(up.dh);
+    p.dh = own.dh.ptr;
   }
   p.backward = true;
 }

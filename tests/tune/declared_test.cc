@@ -48,10 +48,10 @@ DeclaredCall call(int64_t n, int64_t block = 0) {
   return c;
 }
 
-// A run that is fastest at block 32 (3.2 ms), slowest at the default 8 (5.6 ms): sleeps, so
-// that a loaded machine cannot reorder them.
+// A run that is fastest at block 32 (16 ms), slowest at the default 8 (28 ms): sleeps 4 ms apart
+// at least, so that a loaded machine cannot reorder them (0.4 ms apart, 100 µs per step, once did).
 void planted(const Params& p) {
-  std::this_thread::sleep_for(std::chrono::microseconds(100 * (64 - param(p, "block").value())));
+  std::this_thread::sleep_for(std::chrono::microseconds(500 * (64 - param(p, "block").value())));
 }
 
 TEST(DeclaredTuning, AnExplicitOptionIsUsedAsGiven) {

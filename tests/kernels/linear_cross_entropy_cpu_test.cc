@@ -23,6 +23,7 @@
 
 #include "core/memory.h"
 #include "primitives/cpu_bf16_gemm.h"
+#include "primitives/cpu_f32_gemm.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "tessera/error.h"
@@ -98,7 +99,7 @@ TEST(LinearCrossEntropyCpu, OddShapesEveryOption) {
 // The cases: tails of every tile (H odd and not a multiple of 32, V odd and not a multiple of
 // the 32-column panel or the vocab block, an odd vocab block (rounded up to even), h blocks with
 // odd starts), B = 1, several token blocks, 1-3 threads, both layouts, every option.
-std::vector<lt::CaseSpec> bf16_tail_cases() {
+std::vector<lt::CaseSpec> tail_cases(DType dtype) {
   std::vector<lt::CaseSpec> out;
   uint64_t seed = 1700;
   struct Shape3 {
@@ -111,6 +112,7 @@ std::vector<lt::CaseSpec> bf16_tail_cases() {
       {33, 67, 301, BlockSizes{8, 33, 35}, 2},      // odd h and v blocks, 5 token blocks
       {70, 96, 1031, BlockSizes{32, 64, 96}, 3},    // V prime, a thread with a short range
       {40, 129, 130, BlockSizes{40, 129, 130}, 2},  // one block each, H one past 4·32
+      {20, 100, 1100, BlockSizes{20, 512, 2048}, 2},  // f32: vocab chunks capped at 512, dx rows in 48s
   };
   for (const Shape3& sh : shapes)
     for (WLayout l : {WLayout::kHV, WLayout::kVH})
@@ -119,8 +121,8 @@ std::vector<lt::CaseSpec> bf16_tail_cases() {
         c.lead = {sh.B};
         c.H = sh.H;
         c.V = sh.V;
-        c.dtype = DType::kBF16;
-        c.bias_dtype = DType::kBF16;
+        c.dtype = dtype;
+        c.bias_dtype = dtype;
         c.memory_layout = l;
         c.transposed_view = opts == 1 && l == WLayout::kVH;
         c.opt.block_sizes = sh.bs;
@@ -145,15 +147,35 @@ std::vector<lt::CaseSpec> bf16_tail_cases() {
 
 TEST(LinearCrossEntropyCpu, Bf16TailsEveryOption) {
   if (!cpu_bf16_gemm::available()) GTEST_LOG_(INFO) << "no AVX512-BF16 here: the f32 route runs these";
-  for (const lt::CaseSpec& c : bf16_tail_cases()) expect_parity(c, "bf16 dot route");
+  for (const lt::CaseSpec& c : tail_cases(DType::kBF16)) expect_parity(c, "bf16 dot route");
 }
 
 // The f32 route (TESSERA_CPU_BF16_DOT=0: bf16 converted to f32 chunks, OpenBLAS sgemm) stays
 // available for side-by-side timing and on CPUs without AVX512-BF16: the same cases.
 TEST(LinearCrossEntropyCpu, Bf16F32RouteStillPasses) {
   ::setenv("TESSERA_CPU_BF16_DOT", "0", 1);
-  for (const lt::CaseSpec& c : bf16_tail_cases()) expect_parity(c, "bf16 f32 route");
+  for (const lt::CaseSpec& c : tail_cases(DType::kBF16)) expect_parity(c, "bf16 f32 route");
   ::unsetenv("TESSERA_CPU_BF16_DOT");
+}
+
+// f32 runs its three GEMMs on cpu_f32_gemm's packed AVX-512 micro-kernel where the CPU has
+// AVX-512F (the pk route), else on OpenBLAS sgemm. Both are f32 products with f32 sums over
+// K = H, tokens or V in a different order than the reference's f64 sums: a few units of 2^-24
+// times K relative to the sum of magnitudes, far inside the harness's 2e-4; a wrong panel,
+// tail, chunk slot or transposition would be O(1) off. The cases (the bf16 ones): B = 1 and
+// token blocks that are not multiples of the 64-token panel, H tails of the 48-row dx blocks
+// and of the 64-column panels, vocab chunks capped at 512 with short tails per thread, 1-3
+// threads, both layouts and a transposed view, every option, f32 and bf16 gradients.
+TEST(LinearCrossEntropyCpu, F32TailsEveryOption) {
+  if (!cpu_f32_gemm::available()) GTEST_LOG_(INFO) << "no AVX-512F here: OpenBLAS runs these";
+  for (const lt::CaseSpec& c : tail_cases(DType::kF32)) expect_parity(c, "f32 pk route");
+}
+
+// TESSERA_CPU_F32_GEMM=0: the OpenBLAS route (kept for side-by-side timing), the same cases.
+TEST(LinearCrossEntropyCpu, F32BlasRouteStillPasses) {
+  ::setenv("TESSERA_CPU_F32_GEMM", "0", 1);
+  for (const lt::CaseSpec& c : tail_cases(DType::kF32)) expect_parity(c, "f32 OpenBLAS route");
+  ::unsetenv("TESSERA_CPU_F32_GEMM");
 }
 
 // Peer bug: dw accumulated in bf16 across token chunks drifts. 1024 identical rows (same x,
@@ -418,10 +440,13 @@ TEST(LinearCrossEntropyCpu, ScratchMemoryIsBounded) {
   };
   const size_t f64 = peak_for(64, false), f1024 = peak_for(1024, false);
   EXPECT_EQ(f64, f1024);
-  EXPECT_LE(f1024, size_t{2} * 64 * 256 * 4 + 64 * 1024);
+  // Per thread a b×v tile and (f32 pk route) a packed h×v chunk of w.
+  EXPECT_LE(f1024, size_t{2} * (64 * 256 + 32 * 256) * 4 + 64 * 1024);
   const size_t fused = peak_for(1024, true);
   EXPECT_EQ(fused, peak_for(128, true));
-  EXPECT_LE(fused, size_t{64} * 2048 * 4 + 64 * 1024);
+  // The slab (pk: V × b rounded up to the 64-token panel, here the same), per thread a packed
+  // b×v chunk of dz, and x_blkᵀ and dxᵀ (H × b each).
+  EXPECT_LE(fused, size_t{64} * 2048 * 4 + size_t{2} * 64 * 256 * 4 + 2 * 32 * 64 * 4 + 64 * 1024);
 }
 
 // The dot route's scratch is bounded by the block sizes, not by B, and holds nothing of w's size:

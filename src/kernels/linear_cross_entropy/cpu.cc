@@ -250,6 +250,7 @@ struct Call {
   void logits_tile_pk(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z, int64_t ldz) const;
   void dw_pk(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block);
   void phase_b2_pk(int tid, int64_t b0, int64_t nb);
+  void store_dx(int64_t b0, int64_t nb, const Range& r) const;
   void finish(int tid);
 };
 
@@ -538,27 +539,33 @@ void Call::phase_b2_dot(int tid, int64_t b0, int64_t nb) {
 // Every GEMM is cpu_f32_gemm::gemm: C = op(A) (f32, read in place) · B (packed into 64-column panels).
 //   logits  Z = x_blk · w[:, chunk]          A = x itself; B = w chunk, hb rows at a time (hv: rows
 //                                            copied; vh: transposed by the packer)
-//   dw      hv: dw[:, chunk] += x_blkᵀ · dz   A = x read transposed in place; B = dz chunk packed
-//           vh: dw[chunk, :] += dzᵀ · x_blk   A = dz read transposed in place; B = x_blk packed (xpk32)
-//   dx      dxᵀ[range] = w[range, :] · dzᵀ    A = w itself (vh: read transposed); B = dz packed
-//                                            with tokens as columns, in the chunk's own slab slot
-// so w is packed once per token block (for the logits only), chunk by chunk into a per-thread
-// buffer, and never copied whole; dz is not rounded (f32 throughout, like the OpenBLAS route).
+//   dw      hv: dw[:, chunk] += x_blkᵀ · dz   A = x_blkᵀ (xt32); B = dz chunk packed
+//           vh: dw[chunk, :] += dzᵀ · x_blk   A = dz chunkᵀ (per thread); B = x_blk packed (xpk32)
+//   dx      hv: dxᵀ[range] = w[range, :] · dzᵀ   A = w itself; B = dz packed with tokens as
+//                                               columns, in the chunk's own slab slot
+//           vh: dx[:, range] = dz · w[:, range]  A = dz in its slot; B = w chunk packed (rows copied)
+// so w is packed once per token block (hv for the logits; vh for the logits and again for dx),
+// chunk by chunk into a per-thread buffer, and never copied whole; every A is read along rows
+// (an A read transposed strides a whole row per k and thrashes the caches); dz is not rounded
+// (f32 throughout, like the OpenBLAS route).
 // The chunks are at most kPkMaxCols wide; the dx GEMM's sum over chunks runs in phase B1's order.
 
-// Scratch of the pk route: a per-thread packed chunk (w: hb × vb, dz: bb × vb either way round),
-// and for gradients dxᵀ [H × bb] and (vh) x_blk packed [bb × H]; the slab itself is V × bbp.
+// Scratch of the pk route: a per-thread packed chunk (w: hb × vb either way round, dz: bb × vb
+// either way round), and for gradients hv x_blkᵀ and dxᵀ [H × bb], vh x_blk packed [bb × H]; the
+// slab itself is V × bbp.
 void Call::setup_pk() {
   namespace g = cpu_f32_gemm;
-  pk_floats = std::max({g::packed_floats(hb, vb), grads ? g::packed_floats(bb, vb) : 0,
-                        grads ? g::packed_floats(vb, bb) : 0});
+  pk_floats = std::max({g::packed_floats(hb, vb), grads ? g::packed_floats(vb, hb) : 0,
+                        grads ? g::packed_floats(bb, vb) : 0, grads ? g::packed_floats(vb, bb) : 0});
   pkw = alloc<float>(pkw_buf, static_cast<size_t>(T) * static_cast<size_t>(pk_floats));
   if (!grads) return;
-  dxt = alloc<float>(dxt_buf, static_cast<size_t>(p.H) * static_cast<size_t>(bb));
-  if (p.layout == WLayout::kVH)
+  const auto uHbb = static_cast<size_t>(p.H) * static_cast<size_t>(bb);
+  if (p.layout == WLayout::kVH) {
     xpk32 = alloc<float>(xpk32_buf, static_cast<size_t>(g::packed_floats(bb, p.H)));
-  else
-    xt32 = alloc<float>(xt32_buf, static_cast<size_t>(p.H) * static_cast<size_t>(bb));
+  } else {
+    xt32 = alloc<float>(xt32_buf, uHbb);
+    dxt = alloc<float>(dxt_buf, uHbb);
+  }
 }
 
 // The dw GEMM's x operand, thread tid's share of H: hv x_blkᵀ (its rows run along the tokens, so
@@ -595,8 +602,8 @@ void Call::logits_tile_pk(int tid, const float* xb, int64_t nb, int64_t v0, int6
   }
 }
 
-// After the dz chunk [nb × n] in slot(v0) is final: the dw GEMM, then the chunk packed in place
-// (through this thread's buffer) with the tokens as columns, B of phase B2's dx GEMM.
+// After the dz chunk [nb × n] in slot(v0) is final: the dw GEMM, then (hv) the chunk packed in
+// place (through this thread's buffer) with the tokens as columns, B of phase B2's dx GEMM.
 void Call::dw_pk(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block) {
   namespace g = cpu_f32_gemm;
   float* D = slot(v0);
@@ -607,16 +614,19 @@ void Call::dw_pk(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block) {
     TESSERA_TRACE_SCOPE("lce.gemm.dw");
     g::gemm(g::Tri::kNone, false, p.H, n, nb, 1.0f, xt32, bb, pkc, beta, dw32 + v0, p.V);
   } else {  // dw[v0:v0+n, :] (n × H) += Dᵀ · x_blk
+    g::transpose(nb, n, D, n, pkc, nb);
     TESSERA_TRACE_SCOPE("lce.gemm.dw");
-    g::gemm(g::Tri::kNone, true, n, p.H, nb, 1.0f, D, n, xpk32, beta, dw32 + v0 * p.H, p.H);
+    g::gemm(g::Tri::kNone, false, n, p.H, nb, 1.0f, pkc, nb, xpk32, beta, dw32 + v0 * p.H, p.H);
+    return;  // phase B2 reads D as it is
   }
   TESSERA_TRACE_SCOPE("lce.pack_dz");
   g::pack(true, n, nb, D, n, pkc);  // packed_floats(n, nb) ≤ n · bbp: the slot holds it
   std::memcpy(D, pkc, static_cast<size_t>(g::packed_floats(n, nb)) * sizeof(float));
 }
 
-// dx of this token block for the thread's hidden range: dxᵀ[range] = Σ_chunks w[range, chunk] ·
-// dz[:, chunk]ᵀ over phase B1's chunks in its order, then transposed into dx.
+// dx of this token block for the thread's hidden range, a sum over phase B1's chunks in its
+// order: hv dxᵀ[range] = Σ w[range, chunk] · dz[:, chunk]ᵀ, then transposed into dx; vh
+// dx[:, range] = Σ dz[:, chunk] · w[chunk, range].
 void Call::phase_b2_pk(int tid, int64_t b0, int64_t nb) {
   TESSERA_TRACE_SCOPE_I("lce.phase_b2", b0);
   namespace g = cpu_f32_gemm;
@@ -624,6 +634,28 @@ void Call::phase_b2_pk(int tid, int64_t b0, int64_t nb) {
   if (r.size() == 0) return;
   const bool hv = p.layout == WLayout::kHV;
   const auto* w = static_cast<const float*>(p.w);
+  float* dxf = dxs ? dxs : static_cast<float*>(gout->dx) + b0 * p.H;
+  if (!hv) {
+    float* pkc = pkw_of(tid);
+    bool first = true;
+    for (int k = 0; k < T; ++k) {
+      const Range rv = split(p.V, k, T, 16);
+      for (int64_t v0 = rv.begin; v0 < rv.end; v0 += vb, first = false) {
+        const int64_t n = std::min(vb, rv.end - v0);
+        for (int64_t h0 = r.begin; h0 < r.end; h0 += hb) {
+          const int64_t hc = std::min(hb, r.end - h0);
+          {
+            TESSERA_TRACE_SCOPE("lce.pack_w");
+            g::pack(false, n, hc, w + v0 * p.H + h0, p.H, pkc);
+          }
+          TESSERA_TRACE_SCOPE("lce.gemm.dx");
+          g::gemm(g::Tri::kNone, false, nb, hc, n, 1.0f, slot(v0), n, pkc, first ? 0.0f : 1.0f, dxf + h0, p.H);
+        }
+      }
+    }
+    store_dx(b0, nb, r);
+    return;
+  }
   bool first = true;
   for (int k = 0; k < T; ++k) {
     const Range rv = split(p.V, k, T, 16);
@@ -632,19 +664,21 @@ void Call::phase_b2_pk(int tid, int64_t b0, int64_t nb) {
       TESSERA_TRACE_SCOPE("lce.gemm.dx");
       for (int64_t h0 = r.begin; h0 < r.end; h0 += kPkDxRows) {  // rows of w that stay in the L2 for every panel
         const int64_t m = std::min(kPkDxRows, r.end - h0);
-        const float* A = hv ? w + h0 * p.V + v0 : w + v0 * p.H + h0;
-        g::gemm(g::Tri::kNone, !hv, m, nb, n, 1.0f, A, hv ? p.V : p.H, slot(v0), first ? 0.0f : 1.0f,
-                dxt + h0 * bb, bb);
+        const float* A = w + h0 * p.V + v0;
+        g::gemm(g::Tri::kNone, false, m, nb, n, 1.0f, A, p.V, slot(v0), first ? 0.0f : 1.0f, dxt + h0 * bb, bb);
       }
     }
   }
-  float* dxf = dxs ? dxs : static_cast<float*>(gout->dx) + b0 * p.H;
   g::transpose(r.size(), nb, dxt + r.begin * bb, bb, dxf + r.begin, p.H);
-  if (dxs) {
-    for (int64_t i = 0; i < nb; ++i)
-      for (int64_t h = r.begin; h < r.end; ++h)
-        store_from_f32(gout->dx, gout->dx_dtype, (b0 + i) * p.H + h, dxs[i * p.H + h]);
-  }
+  store_dx(b0, nb, r);
+}
+
+// dx not f32: the thread's columns of dxs stored in dx's dtype.
+void Call::store_dx(int64_t b0, int64_t nb, const Range& r) const {
+  if (!dxs) return;
+  for (int64_t i = 0; i < nb; ++i)
+    for (int64_t h = r.begin; h < r.end; ++h)
+      store_from_f32(gout->dx, gout->dx_dtype, (b0 + i) * p.H + h, dxs[i * p.H + h]);
 }
 
 // Row t's logits z[0..n) of vocab columns v0.. (bias and soft cap applied here, in place) into

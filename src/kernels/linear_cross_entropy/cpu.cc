@@ -28,6 +28,10 @@
 //   the three GEMMs run on cpu_bf16_gemm's packed vdpbf16ps micro-kernel, w packed chunk by
 //   chunk (never whole), dz rounded to bf16 for dw / dx; forward alone packs each chunk of w
 //   once per call. TESSERA_CPU_BF16_DOT=0 selects the f32 route instead.
+//   f32 on a CPU with AVX-512F (the "pk route", below `---- the f32 packed route`): the three
+//   GEMMs run on cpu_f32_gemm's packed FMA micro-kernel instead of sgemm, in vocab chunks of at
+//   most kPkMaxCols, the slab chunk-major; w packed chunk by chunk per token block, never whole.
+//   TESSERA_CPU_F32_GEMM=0 keeps OpenBLAS (the v0.3 route).
 //   f16 (and bf16 on the f32 route): x_blk is converted to f32 once per token block (b×H); w is
 //   converted per (h-block × v-block) chunk into a per-thread buffer, never as a whole.
 //   Gradients accumulate in f32; a bf16/f16 dw output needs an f32 accumulator of w's size

@@ -438,15 +438,38 @@ TEST(LinearCrossEntropyCpu, ScratchMemoryIsBounded) {
     }
     return memory::peak_bytes(memory::Space::kHost) - before;
   };
-  const size_t f64 = peak_for(64, false), f1024 = peak_for(1024, false);
-  EXPECT_EQ(f64, f1024);
-  // Per thread a b×v tile and (f32 pk route) a packed h×v chunk of w.
-  EXPECT_LE(f1024, size_t{2} * (64 * 256 + 32 * 256) * 4 + 64 * 1024);
+  // Several token blocks: per thread a b×v tile and (f32 pk route) w packed once per call, its
+  // range of w (here all of w: 32 × 2048 floats; capped at 32 MiB, F32LargeWPacksPerTokenBlock).
+  const size_t f128 = peak_for(128, false), f1024 = peak_for(1024, false);
+  EXPECT_EQ(f128, f1024);
+  EXPECT_LE(f1024, size_t{2} * (64 * 256 + 32 * 256) * 4 + 32 * 2048 * 4 + 64 * 1024);
   const size_t fused = peak_for(1024, true);
   EXPECT_EQ(fused, peak_for(128, true));
   // The slab (pk: V × b rounded up to the 64-token panel, here the same), per thread a packed
-  // b×v chunk of dz, and x_blkᵀ and dxᵀ (H × b each).
-  EXPECT_LE(fused, size_t{64} * 2048 * 4 + size_t{2} * 64 * 256 * 4 + 2 * 32 * 64 * 4 + 64 * 1024);
+  // b×v chunk of dz, x_blkᵀ and dxᵀ (H × b each), and w packed once.
+  EXPECT_LE(fused, size_t{64} * 2048 * 4 + size_t{2} * 64 * 256 * 4 + 2 * 32 * 64 * 4 + 32 * 2048 * 4 + 64 * 1024);
+}
+
+// The pk route packs w once per call while every thread's packed range of w fits 32 MiB together
+// (kOnceBudgetBytes, the bf16 pack-once forward's cap) and per token block past it. Here 2
+// threads × 9 chunks × 2 pieces of 512 × 512 floats = 37.7 MiB: per token block (3 of them), so
+// the scratch stays at the slab and a packed chunk per thread (~4 MiB), with the same parity.
+TEST(LinearCrossEntropyCpu, F32LargeWPacksPerTokenBlock) {
+  if (!cpu_f32_gemm::available()) GTEST_SKIP() << "no AVX-512F: the OpenBLAS route";
+  lt::CaseSpec c;
+  c.lead = {3};
+  c.H = 1024;
+  c.V = 8256;
+  c.f32_grads = true;
+  c.ignore_fraction = 0.0;
+  c.opt.block_sizes = BlockSizes{1, 512, 512};
+  c.opt.num_threads = 2;
+  expect_parity(c, "w past the pack-once budget");
+  const lt::CaseData d = lt::make_case(c);
+  memory::reset_peak(memory::Space::kHost);
+  const size_t before = memory::current_bytes(memory::Space::kHost);
+  run_fused(c, d, 2);
+  EXPECT_LT(memory::peak_bytes(memory::Space::kHost) - before, size_t{16} << 20);
 }
 
 // The dot route's scratch is bounded by the block sizes, not by B, and holds nothing of w's size:

@@ -205,8 +205,14 @@ struct Call {
 
   // f32 packed route (pk): the slab is chunk-major (chunk v0's slot at slab + v0·bbp: the logits
   // [nb × n] row-major, then dz, then dz packed for dx); nothing of w's size is allocated.
-  memory::HostBuffer pkw_buf, xpk32_buf, xt32_buf;
+  memory::HostBuffer pkw_buf, xpk32_buf, xt32_buf, wonce_buf;
   int64_t pk_floats = 0;
+  // Several token blocks and all of a thread's range of w packed within kOnceBudgetBytes (all
+  // threads together, as the bf16 pack-once forward): each piece of w is packed on the first
+  // token block and kept for the others. Else (w large: 128 MiB at H = 1024, V = 32768) per block.
+  bool w_once = false;
+  int64_t once_piece = 0, once_thread = 0;  // floats of a packed h × v piece; of one thread's pieces
+  float* wonce = nullptr;                   // [T][once_thread]
   float* pkw = nullptr;    // [T][pk_floats] a packed chunk of w (or dz) per thread
   float* xpk32 = nullptr;  // vh: x_blk packed (K = tokens, N = H): B of the dw GEMM
   float* xt32 = nullptr;   // hv: x_blkᵀ [H × bb]: A of the dw GEMM
@@ -251,7 +257,8 @@ struct Call {
   float* pkw_of(int tid) const { return pkw + tid * pk_floats; }
   float* slot(int64_t v0) const { return slab + v0 * bbp; }
   void prepare_x_pk(int tid, const float* xb, int64_t nb);
-  void logits_tile_pk(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z, int64_t ldz) const;
+  void logits_tile_pk(int tid, const float* xb, int64_t b0, int64_t nb, int64_t v0, int64_t n, float* Z,
+                      int64_t ldz) const;
   void dw_pk(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block);
   void phase_b2_pk(int tid, int64_t b0, int64_t nb);
   void store_dx(int64_t b0, int64_t nb, const Range& r) const;
@@ -562,6 +569,12 @@ void Call::setup_pk() {
   pk_floats = std::max({g::packed_floats(hb, vb), grads ? g::packed_floats(vb, hb) : 0,
                         grads ? g::packed_floats(bb, vb) : 0, grads ? g::packed_floats(vb, bb) : 0});
   pkw = alloc<float>(pkw_buf, static_cast<size_t>(T) * static_cast<size_t>(pk_floats));
+  const int64_t range = split(p.V, 0, T, 16).size();  // the first thread's range is the largest
+  once_piece = g::packed_floats(hb, vb);
+  once_thread = (range + vb - 1) / vb * ((p.H + hb - 1) / hb) * once_piece;
+  const size_t once_floats = static_cast<size_t>(T) * static_cast<size_t>(once_thread);
+  w_once = p.B > bb && once_floats * sizeof(float) <= kOnceBudgetBytes;
+  if (w_once) wonce = alloc<float>(wonce_buf, once_floats);
   if (!grads) return;
   const auto uHbb = static_cast<size_t>(p.H) * static_cast<size_t>(bb);
   if (p.layout == WLayout::kVH) {
@@ -586,15 +599,18 @@ void Call::prepare_x_pk(int tid, const float* xb, int64_t nb) {
     g::pack(false, nb, r.size(), xb + r.begin, p.H, xpk32 + r.begin * nb);
 }
 
-// Z[nb × n] (row stride ldz) = x_blk · w[:, v0 : v0+n], K = H in pieces of hb (each packed once).
-void Call::logits_tile_pk(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z,
+// Z[nb × n] (row stride ldz) = x_blk · w[:, v0 : v0+n], K = H in pieces of hb, each packed for
+// this token block or (w_once) on the first and kept.
+void Call::logits_tile_pk(int tid, const float* xb, int64_t b0, int64_t nb, int64_t v0, int64_t n, float* Z,
                           int64_t ldz) const {
   namespace g = cpu_f32_gemm;
   const auto* w = static_cast<const float*>(p.w);
-  float* pkc = pkw_of(tid);
+  const int64_t chunk = (v0 - split(p.V, tid, T, 16).begin) / vb;  // of this thread's range
   for (int64_t h0 = 0; h0 < p.H; h0 += hb) {
     const int64_t hc = std::min(hb, p.H - h0);
-    {
+    float* pkc = w_once ? wonce + tid * once_thread + (chunk * ((p.H + hb - 1) / hb) + h0 / hb) * once_piece
+                        : pkw_of(tid);
+    if (!w_once || b0 == 0) {
       TESSERA_TRACE_SCOPE("lce.pack_w");
       if (p.layout == WLayout::kHV)
         g::pack(false, hc, n, w + h0 * p.V + v0, p.V, pkc);
@@ -757,7 +773,7 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
       ldz = vb;
     }
     if (pk)
-      logits_tile_pk(tid, xb, nb, v0, n, Z, ldz);
+      logits_tile_pk(tid, xb, b0, nb, v0, n, Z, ldz);
     else if (dot)
       logits_tile_dot(tid, b0, nb, v0, n, Z, ldz);
     else

@@ -66,7 +66,12 @@ TESSERA_F32_TARGET void tile(KRange kr, const float* A, int64_t lda, const float
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) {
+      acc[i][v] = _mm512_setzero_ps();
+      // C's lines are loaded (beta ≠ 0) or written after the k loop: fetched meanwhile. A C of
+      // strided rows (a large accumulator, one page per row) otherwise stalls every tile on DRAM.
+      _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc + 16 * v), _MM_HINT_T0);
+    }
   for (int64_t k = kr.lo; k < kr.hi; ++k) {
     __m512 b[NV];
 #pragma GCC unroll 4
@@ -217,14 +222,21 @@ void pack(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float
 #if defined(__x86_64__)
   if (trans_b && available()) return pack_trans_avx512(K, N, B, ldb, packed);
 #endif
+  if (!trans_b) {  // row by row, front to back: a strided B (rows of a large matrix) is read once, in order
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t p = 0; p < panels_of(N); ++p) {
+        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+        float* dst = packed + (p * K + k) * kPanel;
+        std::memcpy(dst, B + k * ldb + n0, size_t(cols) * sizeof(float));
+        std::fill(dst + cols, dst + kPanel, 0.0f);
+      }
+    return;
+  }
   for (int64_t p = 0; p < panels_of(N); ++p) {
     const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
     float* dst = packed + p * K * kPanel;
     for (int64_t k = 0; k < K; ++k, dst += kPanel) {
-      if (trans_b)
-        for (int64_t c = 0; c < cols; ++c) dst[c] = B[(n0 + c) * ldb + k];
-      else
-        std::memcpy(dst, B + k * ldb + n0, size_t(cols) * sizeof(float));
+      for (int64_t c = 0; c < cols; ++c) dst[c] = B[(n0 + c) * ldb + k];
       std::fill(dst + cols, dst + kPanel, 0.0f);
     }
   }

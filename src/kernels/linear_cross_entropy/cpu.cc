@@ -28,6 +28,10 @@
 //   the three GEMMs run on cpu_bf16_gemm's packed vdpbf16ps micro-kernel, w packed chunk by
 //   chunk (never whole), dz rounded to bf16 for dw / dx; forward alone packs each chunk of w
 //   once per call. TESSERA_CPU_BF16_DOT=0 selects the f32 route instead.
+//   f32 on a CPU with AVX-512F (the "pk route", below `---- the f32 packed route`): the three
+//   GEMMs run on cpu_f32_gemm's packed FMA micro-kernel instead of sgemm, in vocab chunks of at
+//   most kPkMaxCols, the slab chunk-major; w packed chunk by chunk per token block, never whole.
+//   TESSERA_CPU_F32_GEMM=0 keeps OpenBLAS (the v0.3 route).
 //   f16 (and bf16 on the f32 route): x_blk is converted to f32 once per token block (b×H); w is
 //   converted per (h-block × v-block) chunk into a per-thread buffer, never as a whole.
 //   Gradients accumulate in f32; a bf16/f16 dw output needs an f32 accumulator of w's size
@@ -58,6 +62,7 @@
 #include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
 #include "primitives/cpu_convert.h"
+#include "primitives/cpu_f32_gemm.h"
 #include "kernels/linear_cross_entropy/cpu_rows.h"
 #include "kernels/linear_cross_entropy/cpu_simd.h"
 #include "kernels/linear_cross_entropy/impl.h"
@@ -77,6 +82,12 @@ constexpr size_t kSlabTargetBytes = size_t{32} << 20;  // default b keeps the b�
 // while those chunks of all threads fit this; above it (many threads, large H · v) the forward
 // packs per token block instead (phase_a), whose scratch does not grow with H.
 constexpr size_t kOnceBudgetBytes = size_t{32} << 20;
+// f32 packed route: a vocab chunk is at most this wide, so that a packed panel of the dx GEMM's
+// dz (chunk rows × 64 tokens, 128 KiB) and of w (h rows × 64) stay in the L2 beside their A.
+constexpr int64_t kPkMaxCols = 512;
+// and the dx GEMM takes w in blocks of this many rows (48 × 512 floats, 96 KiB), which stay in
+// the L2 while every panel of the chunk's packed dz passes over them.
+constexpr int64_t kPkDxRows = 48;
 
 using BlasSingleThreaded = cpu_blas::SingleThreaded;  // OpenBLAS single-threaded while we run
 
@@ -153,6 +164,8 @@ struct Call {
   int64_t bb = 1, vb = 1, hb = 1;  // effective block sizes
   bool half = false;               // bf16 / f16 inputs
   bool dot = false;                // bf16 on the AVX512-BF16 dot product (cpu_bf16_gemm), see below
+  bool pk = false;                 // f32 on the packed AVX-512 micro-kernel (cpu_f32_gemm), see below
+  int64_t bbp = 1;                 // pk: bb rounded up to cpu_f32_gemm::kPanel (a slab slot's rows)
   bool fwd_once = false;           // dot forward: each w chunk packed once per call, all tokens
   int64_t vo = 1;                  // fwd_once: columns of a packed chunk, min(vb, a thread's range)
   int64_t rb = 1;                  // rows of the per-row state: bb, or B when fwd_once
@@ -188,7 +201,21 @@ struct Call {
   uint32_t* dzp = nullptr;           // hv: dz packed, pairs along V, columns = tokens (B of dxᵀ)
   uint16_t* dz16 = nullptr;          // [bb][V]   vh: dz in bf16 (A of the dx GEMM)
   uint16_t* dzt = nullptr;           // [T][vb*bb] vh: a dz chunkᵀ in bf16 (A of the dw GEMM)
-  float* dxt = nullptr;              // [H][bb]   hv: dxᵀ
+  float* dxt = nullptr;              // [H][bb]   hv: dxᵀ (pk: both layouts)
+
+  // f32 packed route (pk): the slab is chunk-major (chunk v0's slot at slab + v0·bbp: the logits
+  // [nb × n] row-major, then dz, then dz packed for dx); nothing of w's size is allocated.
+  memory::HostBuffer pkw_buf, xpk32_buf, xt32_buf, wonce_buf;
+  int64_t pk_floats = 0;
+  // Several token blocks and all of a thread's range of w packed within kOnceBudgetBytes (all
+  // threads together, as the bf16 pack-once forward): each piece of w is packed on the first
+  // token block and kept for the others. Else (w large: 128 MiB at H = 1024, V = 32768) per block.
+  bool w_once = false;
+  int64_t once_piece = 0, once_thread = 0;  // floats of a packed h × v piece; of one thread's pieces
+  float* wonce = nullptr;                   // [T][once_thread]
+  float* pkw = nullptr;    // [T][pk_floats] a packed chunk of w (or dz) per thread
+  float* xpk32 = nullptr;  // vh: x_blk packed (K = tokens, N = H): B of the dw GEMM
+  float* xt32 = nullptr;   // hv: x_blkᵀ [H × bb]: A of the dw GEMM
 
   Call(const Problem& prob, Mode m) : p(prob), mode(m) {}
 
@@ -205,7 +232,7 @@ struct Call {
   size_t once_words() const {
     return static_cast<size_t>((p.H + hb - 1) / hb * cpu_bf16_gemm::packed_words(hb, vo));
   }
-  int64_t slab_step(const Range& r) const { return grads && !half ? std::max<int64_t>(1, r.size()) : vb; }
+  int64_t slab_step(const Range& r) const { return grads && !half && !pk ? std::max<int64_t>(1, r.size()) : vb; }
   const float* w_block(int tid, int64_t h0, int64_t hc, int64_t v0, int64_t n, int64_t* ld) const;
   void logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z,
                    int64_t ldz) const;
@@ -226,6 +253,15 @@ struct Call {
   void logits_tile_dot(int tid, int64_t b0, int64_t nb, int64_t v0, int64_t n, float* Z, int64_t ldz) const;
   void dw_dot(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block);
   void phase_b2_dot(int tid, int64_t b0, int64_t nb);
+  void setup_pk();
+  float* pkw_of(int tid) const { return pkw + tid * pk_floats; }
+  float* slot(int64_t v0) const { return slab + v0 * bbp; }
+  void prepare_x_pk(int tid, const float* xb, int64_t nb);
+  void logits_tile_pk(int tid, const float* xb, int64_t b0, int64_t nb, int64_t v0, int64_t n, float* Z,
+                      int64_t ldz) const;
+  void dw_pk(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block);
+  void phase_b2_pk(int tid, int64_t b0, int64_t nb);
+  void store_dx(int64_t b0, int64_t nb, const Range& r) const;
   void finish(int tid);
 };
 
@@ -264,6 +300,11 @@ void Call::setup(const BlockSizes& bs) {
   half = p.dtype != DType::kF32;
   dot = p.dtype == DType::kBF16 && cpu_bf16_gemm::available();
   if (dot) vb += vb & 1;  // even: every vocab chunk starts on a pair (dzp's layout)
+  pk = p.dtype == DType::kF32 && cpu_f32_gemm::available();
+  if (pk) {
+    vb = std::min(vb, kPkMaxCols);
+    bbp = (bb + cpu_f32_gemm::kPanel - 1) / cpu_f32_gemm::kPanel * cpu_f32_gemm::kPanel;
+  }
   grads = mode != Mode::kForward;
   vo = std::min(vb, split(p.V, 0, T, 16).size());  // the first thread's range is the largest
   fwd_once = dot && !grads && static_cast<size_t>(T) * once_words() * sizeof(uint32_t) <= kOnceBudgetBytes;
@@ -281,12 +322,16 @@ void Call::setup(const BlockSizes& bs) {
   row_lse = alloc<double>(row_buf, ubb);
   row_scale = alloc<float>(row_scale_buf, ubb);
   rowloss = alloc<double>(rowloss_buf, static_cast<size_t>(rb));
-  if (grads)
+  if (grads && pk)
+    slab = alloc_huge<float>(slab_buf, static_cast<size_t>(bbp) * uV);
+  else if (grads)
     slab = dot ? alloc_huge<float>(slab_buf, ubb * uV) : alloc<float>(slab_buf, ubb * uV);
   else
     tile = alloc<float>(tile_buf, static_cast<size_t>(T) * ubb * static_cast<size_t>(vb));
   if (dot) {
     setup_dot();
+  } else if (pk) {
+    setup_pk();
   } else if (half) {
     xconv = alloc<float>(xconv_buf, ubb * uH);
     wconv = alloc<float>(wconv_buf, static_cast<size_t>(T) * static_cast<size_t>(hb * vb));
@@ -501,6 +546,161 @@ void Call::phase_b2_dot(int tid, int64_t b0, int64_t nb) {
   }
 }
 
+// ---- the f32 packed route (pk) -----------------------------------------------------------------
+// Every GEMM is cpu_f32_gemm::gemm: C = op(A) (f32, read in place) · B (packed into 64-column panels).
+//   logits  Z = x_blk · w[:, chunk]          A = x itself; B = w chunk, hb rows at a time (hv: rows
+//                                            copied; vh: transposed by the packer)
+//   dw      hv: dw[:, chunk] += x_blkᵀ · dz   A = x_blkᵀ (xt32); B = dz chunk packed
+//           vh: dw[chunk, :] += dzᵀ · x_blk   A = dz chunkᵀ (per thread); B = x_blk packed (xpk32)
+//   dx      hv: dxᵀ[range] = w[range, :] · dzᵀ   A = w itself; B = dz packed with tokens as
+//                                               columns, in the chunk's own slab slot
+//           vh: dx[:, range] = dz · w[:, range]  A = dz in its slot; B = w chunk packed (rows copied)
+// so w is packed once per token block (hv for the logits; vh for the logits and again for dx),
+// chunk by chunk into a per-thread buffer, and never copied whole; every A is read along rows
+// (an A read transposed strides a whole row per k and thrashes the caches); dz is not rounded
+// (f32 throughout, like the OpenBLAS route).
+// The chunks are at most kPkMaxCols wide; the dx GEMM's sum over chunks runs in phase B1's order.
+
+// Scratch of the pk route: a per-thread packed chunk (w: hb × vb either way round, dz: bb × vb
+// either way round), and for gradients hv x_blkᵀ and dxᵀ [H × bb], vh x_blk packed [bb × H]; the
+// slab itself is V × bbp.
+void Call::setup_pk() {
+  namespace g = cpu_f32_gemm;
+  pk_floats = std::max({g::packed_floats(hb, vb), grads ? g::packed_floats(vb, hb) : 0,
+                        grads ? g::packed_floats(bb, vb) : 0, grads ? g::packed_floats(vb, bb) : 0});
+  pkw = alloc<float>(pkw_buf, static_cast<size_t>(T) * static_cast<size_t>(pk_floats));
+  const int64_t range = split(p.V, 0, T, 16).size();  // the first thread's range is the largest
+  once_piece = g::packed_floats(hb, vb);
+  once_thread = (range + vb - 1) / vb * ((p.H + hb - 1) / hb) * once_piece;
+  const size_t once_floats = static_cast<size_t>(T) * static_cast<size_t>(once_thread);
+  w_once = p.B > bb && once_floats * sizeof(float) <= kOnceBudgetBytes;
+  if (w_once) wonce = alloc<float>(wonce_buf, once_floats);
+  if (!grads) return;
+  const auto uHbb = static_cast<size_t>(p.H) * static_cast<size_t>(bb);
+  if (p.layout == WLayout::kVH) {
+    xpk32 = alloc<float>(xpk32_buf, static_cast<size_t>(g::packed_floats(bb, p.H)));
+  } else {
+    xt32 = alloc<float>(xt32_buf, uHbb);
+    dxt = alloc<float>(dxt_buf, uHbb);
+  }
+}
+
+// The dw GEMM's x operand, thread tid's share of H: hv x_blkᵀ (its rows run along the tokens, so
+// the GEMM reads six sequential rows; x_blk read transposed in place strides H per token and
+// thrashes the caches), vh x_blk packed (K = tokens, N = H).
+void Call::prepare_x_pk(int tid, const float* xb, int64_t nb) {
+  TESSERA_TRACE_SCOPE("lce.pack_x");
+  namespace g = cpu_f32_gemm;
+  const Range r = split(p.H, tid, T, g::kPanel);
+  if (r.size() == 0) return;
+  if (p.layout == WLayout::kHV)
+    g::transpose(nb, r.size(), xb + r.begin, p.H, xt32 + r.begin * bb, bb);
+  else
+    g::pack(false, nb, r.size(), xb + r.begin, p.H, xpk32 + r.begin * nb);
+}
+
+// Z[nb × n] (row stride ldz) = x_blk · w[:, v0 : v0+n], K = H in pieces of hb, each packed for
+// this token block or (w_once) on the first and kept.
+void Call::logits_tile_pk(int tid, const float* xb, int64_t b0, int64_t nb, int64_t v0, int64_t n, float* Z,
+                          int64_t ldz) const {
+  namespace g = cpu_f32_gemm;
+  const auto* w = static_cast<const float*>(p.w);
+  const int64_t chunk = (v0 - split(p.V, tid, T, 16).begin) / vb;  // of this thread's range
+  for (int64_t h0 = 0; h0 < p.H; h0 += hb) {
+    const int64_t hc = std::min(hb, p.H - h0);
+    float* pkc = w_once ? wonce + tid * once_thread + (chunk * ((p.H + hb - 1) / hb) + h0 / hb) * once_piece
+                        : pkw_of(tid);
+    if (!w_once || b0 == 0) {
+      TESSERA_TRACE_SCOPE("lce.pack_w");
+      if (p.layout == WLayout::kHV)
+        g::pack(false, hc, n, w + h0 * p.V + v0, p.V, pkc);
+      else
+        g::pack(true, hc, n, w + v0 * p.H + h0, p.H, pkc);
+    }
+    TESSERA_TRACE_SCOPE("lce.gemm.logits");
+    g::gemm(g::Tri::kNone, false, nb, n, hc, 1.0f, xb + h0, p.H, pkc, h0 > 0 ? 1.0f : 0.0f, Z, ldz);
+  }
+}
+
+// After the dz chunk [nb × n] in slot(v0) is final: the dw GEMM, then (hv) the chunk packed in
+// place (through this thread's buffer) with the tokens as columns, B of phase B2's dx GEMM.
+void Call::dw_pk(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block) {
+  namespace g = cpu_f32_gemm;
+  float* D = slot(v0);
+  float* pkc = pkw_of(tid);
+  const float beta = first_block ? 0.0f : 1.0f;
+  if (p.layout == WLayout::kHV) {  // dw[:, v0:v0+n] (H × n) += x_blkᵀ · D
+    g::pack(false, nb, n, D, n, pkc);
+    TESSERA_TRACE_SCOPE("lce.gemm.dw");
+    g::gemm(g::Tri::kNone, false, p.H, n, nb, 1.0f, xt32, bb, pkc, beta, dw32 + v0, p.V);
+  } else {  // dw[v0:v0+n, :] (n × H) += Dᵀ · x_blk
+    g::transpose(nb, n, D, n, pkc, nb);
+    TESSERA_TRACE_SCOPE("lce.gemm.dw");
+    g::gemm(g::Tri::kNone, false, n, p.H, nb, 1.0f, pkc, nb, xpk32, beta, dw32 + v0 * p.H, p.H);
+    return;  // phase B2 reads D as it is
+  }
+  TESSERA_TRACE_SCOPE("lce.pack_dz");
+  g::pack(true, n, nb, D, n, pkc);  // packed_floats(n, nb) ≤ n · bbp: the slot holds it
+  std::memcpy(D, pkc, static_cast<size_t>(g::packed_floats(n, nb)) * sizeof(float));
+}
+
+// dx of this token block for the thread's hidden range, a sum over phase B1's chunks in its
+// order: hv dxᵀ[range] = Σ w[range, chunk] · dz[:, chunk]ᵀ, then transposed into dx; vh
+// dx[:, range] = Σ dz[:, chunk] · w[chunk, range].
+void Call::phase_b2_pk(int tid, int64_t b0, int64_t nb) {
+  TESSERA_TRACE_SCOPE_I("lce.phase_b2", b0);
+  namespace g = cpu_f32_gemm;
+  const Range r = split(p.H, tid, T, 16);
+  if (r.size() == 0) return;
+  const bool hv = p.layout == WLayout::kHV;
+  const auto* w = static_cast<const float*>(p.w);
+  float* dxf = dxs ? dxs : static_cast<float*>(gout->dx) + b0 * p.H;
+  if (!hv) {
+    float* pkc = pkw_of(tid);
+    bool first = true;
+    for (int k = 0; k < T; ++k) {
+      const Range rv = split(p.V, k, T, 16);
+      for (int64_t v0 = rv.begin; v0 < rv.end; v0 += vb, first = false) {
+        const int64_t n = std::min(vb, rv.end - v0);
+        for (int64_t h0 = r.begin; h0 < r.end; h0 += hb) {
+          const int64_t hc = std::min(hb, r.end - h0);
+          {
+            TESSERA_TRACE_SCOPE("lce.pack_w");
+            g::pack(false, n, hc, w + v0 * p.H + h0, p.H, pkc);
+          }
+          TESSERA_TRACE_SCOPE("lce.gemm.dx");
+          g::gemm(g::Tri::kNone, false, nb, hc, n, 1.0f, slot(v0), n, pkc, first ? 0.0f : 1.0f, dxf + h0, p.H);
+        }
+      }
+    }
+    store_dx(b0, nb, r);
+    return;
+  }
+  bool first = true;
+  for (int k = 0; k < T; ++k) {
+    const Range rv = split(p.V, k, T, 16);
+    for (int64_t v0 = rv.begin; v0 < rv.end; v0 += vb, first = false) {
+      const int64_t n = std::min(vb, rv.end - v0);
+      TESSERA_TRACE_SCOPE("lce.gemm.dx");
+      for (int64_t h0 = r.begin; h0 < r.end; h0 += kPkDxRows) {  // rows of w that stay in the L2 for every panel
+        const int64_t m = std::min(kPkDxRows, r.end - h0);
+        const float* A = w + h0 * p.V + v0;
+        g::gemm(g::Tri::kNone, false, m, nb, n, 1.0f, A, p.V, slot(v0), first ? 0.0f : 1.0f, dxt + h0 * bb, bb);
+      }
+    }
+  }
+  g::transpose(r.size(), nb, dxt + r.begin * bb, bb, dxf + r.begin, p.H);
+  store_dx(b0, nb, r);
+}
+
+// dx not f32: the thread's columns of dxs stored in dx's dtype.
+void Call::store_dx(int64_t b0, int64_t nb, const Range& r) const {
+  if (!dxs) return;
+  for (int64_t i = 0; i < nb; ++i)
+    for (int64_t h = r.begin; h < r.end; ++h)
+      store_from_f32(gout->dx, gout->dx_dtype, (b0 + i) * p.H + h, dxs[i * p.H + h]);
+}
+
 // Row t's logits z[0..n) of vocab columns v0.. (bias and soft cap applied here, in place) into
 // its online statistics s (cpu_rows.h, shared with the versions).
 void Call::row_stats(RowPartial& s, float* z, int64_t n, int64_t v0, int64_t t) const {
@@ -562,14 +762,19 @@ void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
     const int64_t n = std::min(step, r.end - v0);
     float* Z;
     int64_t ldz;
-    if (grads) {
+    if (grads && pk) {
+      Z = slot(v0);
+      ldz = n;
+    } else if (grads) {
       Z = slab + v0;
       ldz = p.V;
     } else {
       Z = tile + static_cast<int64_t>(tid) * bb * vb;
       ldz = vb;
     }
-    if (dot)
+    if (pk)
+      logits_tile_pk(tid, xb, b0, nb, v0, n, Z, ldz);
+    else if (dot)
       logits_tile_dot(tid, b0, nb, v0, n, Z, ldz);
     else
       logits_tile(tid, xb, nb, v0, n, Z, ldz);
@@ -648,9 +853,10 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
   const int64_t step = slab_step(r);
   for (int64_t v0 = r.begin; v0 < r.end; v0 += step) {
     const int64_t n = std::min(step, r.end - v0);
-    float* D = slab + v0;
+    float* D = pk ? slot(v0) : slab + v0;
+    const int64_t ldd = pk ? n : p.V;
     for (int64_t i = 0; i < nb; ++i) {
-      float* z = D + i * p.V;
+      float* z = D + i * ldd;
       const float scale = row_scale[i];
       if (scale == 0.0f) {  // ignored row, zero weight or zero upstream gradient
         std::memset(z, 0, static_cast<size_t>(n) * sizeof(float));
@@ -684,6 +890,10 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
     }
     if (dot) {
       dw_dot(tid, nb, v0, n, first_block);
+      continue;
+    }
+    if (pk) {
+      dw_pk(tid, nb, v0, n, first_block);
       continue;
     }
     const float beta = first_block ? 0.0f : 1.0f;
@@ -752,6 +962,8 @@ void Call::worker(int tid, Barrier& bar) {
     const float* xb = static_cast<const float*>(p.x) + b0 * p.H;
     if (dot) {
       if (grads) prepare_x_dot(tid, b0, nb);  // read after phase A's barrier
+    } else if (pk) {
+      if (grads) prepare_x_pk(tid, xb, nb);   // read after phase A's barrier
     } else if (half) {
       const Range rows = split(nb, tid, T, 1);
       const auto* x = static_cast<const uint16_t*>(p.x);
@@ -771,6 +983,8 @@ void Call::worker(int tid, Barrier& bar) {
       bar.arrive_and_wait();
       if (dot)
         phase_b2_dot(tid, b0, nb);
+      else if (pk)
+        phase_b2_pk(tid, b0, nb);
       else
         phase_b2(tid, b0, nb);
       bar.arrive_and_wait();
@@ -820,7 +1034,8 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "optimized CPU backend: blocked OpenBLAS sgemm tiles (bf16: AVX512-BF16 packed micro-kernel) + "
+    return "optimized CPU backend: packed AVX-512 f32 micro-kernel tiles (OpenBLAS sgemm without AVX-512; bf16: "
+           "AVX512-BF16 packed micro-kernel; f16: OpenBLAS) + "
            "Highway SIMD online softmax, threads own vocab ranges (deterministic); extra memory in backward ~ b*V*4 "
            "bytes (bf16 dot route b*V*6, plus an f32 H*V accumulator when dw is bf16/f16)";
   }

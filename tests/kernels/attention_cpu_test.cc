@@ -8,10 +8,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/memory.h"
 #include "hwy/targets.h"
 #include "kernels/attention/testing.h"
+#include "primitives/cpu_bf16_gemm.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
 
@@ -76,11 +78,21 @@ TEST(AttentionCpu, HighwayMicroKernel) {
 
 // bf16 inputs run on the AVX512-BF16 dot product by default where the CPU has it (P and dS
 // rounded to bf16: the grid's tolerances allow one bf16 rounding per product term, testing.cc);
-// TESSERA_ATTENTION_CPU_BF16_DOT=0 keeps the f32 route, which must pass the same grid, and so must
-// the portable cpu_bf16_gemm loop (TESSERA_CPU_BF16_DOT=0 turns the route off too). Odd blocks:
-// odd K for the pairs of the dot product (q = 5 rows in dKᵀ += Qᵀ·dS), tails of every panel.
+// TESSERA_ATTENTION_CPU_BF16_DOT=0 (or the primitives' TESSERA_CPU_BF16_DOT=0) keeps the f32 route,
+// which must pass the same grid. Odd blocks: odd K for the pairs of the dot product (q = 5 rows in
+// dKᵀ += Qᵀ·dS), tails of every panel. Then the dot route must really have run: its f32 o differs
+// from the f32 route's (P rounded to bf16) where the CPU has AVX512-BF16.
+std::vector<float> o_f32_of(const at::CaseSpec& c) {
+  const at::CaseData d = at::make_case(c);
+  Tensor o = Tensor::empty(DType::kF32, at::o_shape(c)), lse = Tensor::empty(DType::kF32, at::lse_shape(c));
+  Options opt = c.opt;
+  opt.implementation = "cpu";
+  forward(d.inputs(), {o.view(), lse.view()}, opt);
+  return std::vector<float>(o.data_as<float>(), o.data_as<float>() + o.numel());
+}
+
 TEST(AttentionCpu, Bf16DotRouteAndF32Route) {
-  for (const char* env : {"TESSERA_ATTENTION_CPU_BF16_DOT", "TESSERA_CPU_BF16_DOT", ""}) {
+  for (const char* env : {"TESSERA_ATTENTION_CPU_BF16_DOT", ""}) {
     if (*env) setenv(env, "0", 1);
     int k = 0;
     for (at::CaseSpec c : at::check_grid(/*quick=*/true)) {
@@ -92,6 +104,16 @@ TEST(AttentionCpu, Bf16DotRouteAndF32Route) {
     }
     if (*env) unsetenv(env);
   }
+  at::CaseSpec c;
+  c.dtype = DType::kBF16;
+  const std::vector<float> dot = o_f32_of(c);
+  setenv("TESSERA_ATTENTION_CPU_BF16_DOT", "0", 1);
+  const std::vector<float> f32 = o_f32_of(c);
+  unsetenv("TESSERA_ATTENTION_CPU_BF16_DOT");
+  double worst = 0;
+  for (size_t i = 0; i < dot.size(); ++i) worst = std::max(worst, double(std::abs(dot[i] - f32[i])));
+  if (cpu_bf16_gemm::available()) EXPECT_GT(worst, 0.0) << "the bf16 dot route did not run";
+  EXPECT_LT(worst, 1e-2);  // |v| <= 1: P's bf16 rounding moves o by <= 2^-9 · max|v| (plus f32 sums)
 }
 
 // The SIMD kernels on narrower instruction sets than this machine's best (Highway dispatches at

@@ -201,6 +201,7 @@ class GmmBench final : public kernels::CallBenchProblem {
     c.pass = pass;
     c.description = "all M rows as one group against rhs[0] through the cpu implementation: the floor";
     c.cost = cost(pass, c.name);
+    c.roofline_dtype = dtype_name(s_.dtype);  // bf16: against the bf16 dot-product peak
     auto out = std::make_shared<Tensor>(Tensor::empty(s_.dtype, {s_.M, s_.N}));
     auto one = std::make_shared<Tensor>(Tensor::empty(DType::kI64, {1}));
     one->data_as<int64_t>()[0] = s_.M;

@@ -150,12 +150,24 @@ TEST(LinearCrossEntropyCpu, Bf16TailsEveryOption) {
   for (const lt::CaseSpec& c : tail_cases(DType::kBF16)) expect_parity(c, "bf16 dot route");
 }
 
+// Sets NAME=0 for a scope, unset again however the scope ends (an exception included), so a
+// failing test cannot leave the rest of the binary on another route.
+class EnvOff {
+ public:
+  explicit EnvOff(const char* name) : name_(name) { ::setenv(name, "0", 1); }
+  ~EnvOff() { ::unsetenv(name_); }
+  EnvOff(const EnvOff&) = delete;
+  EnvOff& operator=(const EnvOff&) = delete;
+
+ private:
+  const char* name_;
+};
+
 // The f32 route (TESSERA_CPU_BF16_DOT=0: bf16 converted to f32 chunks, OpenBLAS sgemm) stays
 // available for side-by-side timing and on CPUs without AVX512-BF16: the same cases.
 TEST(LinearCrossEntropyCpu, Bf16F32RouteStillPasses) {
-  ::setenv("TESSERA_CPU_BF16_DOT", "0", 1);
+  const EnvOff off("TESSERA_CPU_BF16_DOT");
   for (const lt::CaseSpec& c : tail_cases(DType::kBF16)) expect_parity(c, "bf16 f32 route");
-  ::unsetenv("TESSERA_CPU_BF16_DOT");
 }
 
 // f32 runs its three GEMMs on cpu_f32_gemm's packed AVX-512 micro-kernel where the CPU has
@@ -173,9 +185,8 @@ TEST(LinearCrossEntropyCpu, F32TailsEveryOption) {
 
 // TESSERA_CPU_F32_GEMM=0: the OpenBLAS route (kept for side-by-side timing), the same cases.
 TEST(LinearCrossEntropyCpu, F32BlasRouteStillPasses) {
-  ::setenv("TESSERA_CPU_F32_GEMM", "0", 1);
+  const EnvOff off("TESSERA_CPU_F32_GEMM");
   for (const lt::CaseSpec& c : tail_cases(DType::kF32)) expect_parity(c, "f32 OpenBLAS route");
-  ::unsetenv("TESSERA_CPU_F32_GEMM");
 }
 
 // Peer bug: dw accumulated in bf16 across token chunks drifts. 1024 identical rows (same x,

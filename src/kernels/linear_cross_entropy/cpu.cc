@@ -1037,7 +1037,8 @@ class Cpu final : public Implementation {
     return "optimized CPU backend: packed AVX-512 f32 micro-kernel tiles (OpenBLAS sgemm without AVX-512; bf16: "
            "AVX512-BF16 packed micro-kernel; f16: OpenBLAS) + "
            "Highway SIMD online softmax, threads own vocab ranges (deterministic); extra memory in backward ~ b*V*4 "
-           "bytes (bf16 dot route b*V*6, plus an f32 H*V accumulator when dw is bf16/f16)";
+           "bytes (f32 on the AVX-512 route: b rounded up to 64 rows, "
+           "bf16 dot route b*V*6, plus an f32 H*V accumulator when dw is bf16/f16)";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {

@@ -162,10 +162,15 @@ struct Arena {
 // (concurrent calls). The memory counters (memory::current_bytes, the bench's xtraMiB) count the
 // block while a call holds it, not while it waits in the cache: each call's extra memory reads the
 // same, reused or not.
-// TESSERA_MLSTM_CPU_KEEP_SCRATCH=0: allocate and free per call (v0.4's behaviour).
+// Blocks over 64 MiB are not kept. TESSERA_MLSTM_CPU_KEEP_SCRATCH=0: allocate and free per call
+// (v0.4's behaviour).
 class ScratchLease {
  public:
-  explicit ScratchLease(size_t bytes) {
+  // Blocks over this are never cached (S = 65536 would otherwise keep hundreds of MiB held).
+  static constexpr size_t kMaxCachedBytes = size_t{64} << 20;
+
+  explicit ScratchLease(size_t bytes)
+      : keep_(bytes <= kMaxCachedBytes && env::flag("TESSERA_MLSTM_CPU_KEEP_SCRATCH", true)) {
     Cache& c = cache();
     {
       std::lock_guard<std::mutex> lock(c.mu);
@@ -178,7 +183,7 @@ class ScratchLease {
     if (!buf_) buf_ = memory::host_alloc(bytes), bytes_ = bytes;
   }
   ~ScratchLease() {
-    if (!env::flag("TESSERA_MLSTM_CPU_KEEP_SCRATCH", true)) return;
+    if (!keep_) return;
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
     c.counted = buf_.get_deleter().bytes;
@@ -200,6 +205,7 @@ class ScratchLease {
     static Cache* c = new Cache;  // never destroyed: no exit-time order with memory's counters
     return *c;
   }
+  const bool keep_;  // read once, in the constructor: nothing that can throw in the destructor
   memory::HostBuffer buf_;
   size_t bytes_ = 0;
 };

@@ -8,26 +8,14 @@ head-wise recurrent weights); the outputs are compared before timing.
 """
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import torch
 
 import tessera
 import tessera.torch  # noqa: F401 - registers the custom ops
+from torch_timing import wall  # bench/, beside this script
 
-
-def wall(fn, warmup, iters):
-    fn()
-    for _ in range(warmup):
-        fn()
-    runs = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        runs.append((time.perf_counter() - t0) * 1e3)
-    return {"median_ms": statistics.median(runs), "min_ms": min(runs), "max_ms": max(runs)}
 
 
 def xlstm_call(wx, r, b):

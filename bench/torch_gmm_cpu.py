@@ -10,25 +10,13 @@ Run it in the same minutes as `tessera roofline` and the bench, with the same th
 """
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 from torch_gmm_baseline import route  # the bench's group sizes (bench/, beside this script)
+from torch_timing import wall
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
-
-
-def median_ms(fn, iters):
-    fn()  # warm-up: oneDNN picks and caches its kernels on the first calls
-    fn()
-    runs = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        runs.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(runs)
 
 
 def peers(M, K, N, G, routing, dt):
@@ -66,7 +54,7 @@ def main():
         for dname in a.dtype.split(","):
             for name, fn in peers(M, K, N, G, a.routing, DTYPES[dname]).items():
                 try:
-                    ms = median_ms(fn, a.iters)
+                    ms = wall(fn, 1, a.iters)["median_ms"]  # oneDNN picks its kernels on the first calls
                 except RuntimeError as e:  # an op this build does not have on CPU
                     rows.append({"peer": name, "shape": shape, "dtype": dname, "error": str(e).splitlines()[0]})
                     continue

@@ -166,6 +166,29 @@ int thread_count(const Problem& p, size_t items) {
   return static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(p.num_threads, static_cast<int64_t>(items)), 1, kMaxThreads));
 }
 
+// A tgmm item's block of drhs[g]: [kc, nc] at (k0, c0) with stride N, or [nc, kc] at (c0, k0)
+// with stride K (transpose_rhs). Products accumulate in C: the output itself when it is f32, else
+// the thread's f32 buffer, rounded into the output by store().
+struct TgmmBlock {
+  int64_t off, ld, rows, cols, ldC;
+  bool out_f32;
+  float* C;
+  float* buf;
+  TgmmBlock(const Problem& p, const TgmmArgs& x, const Item& it, float* cbuf) : buf(cbuf) {
+    const int64_t kc = it.r1 - it.r0, nc = it.c1 - it.c0, K = p.K, N = p.N;
+    const bool t = p.transpose_rhs;
+    off = t ? it.g * N * K + it.c0 * K + it.r0 : it.g * K * N + it.r0 * N + it.c0;
+    ld = t ? K : N, rows = t ? nc : kc, cols = t ? kc : nc;
+    out_f32 = x.c_dtype == DType::kF32;
+    C = out_f32 ? static_cast<float*>(x.c) + off : cbuf;
+    ldC = out_f32 ? ld : cols;
+  }
+  void zero(const TgmmArgs& x) const { zero_block(x.c, x.c_dtype, off, ld, rows, cols); }
+  void store(const TgmmArgs& x) const {
+    if (!out_f32) from_f32(buf, rows, cols, x.c, x.c_dtype, off, ld);
+  }
+};
+
 class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
@@ -306,17 +329,13 @@ class Cpu final : public Implementation {
   static void tgmm_item_dot(const Problem& p, const TgmmArgs& x, const Item& it, uint16_t* tbuf, uint32_t* packed,
                             std::vector<const uint16_t*>& ptrs, float* cbuf) {
     TESSERA_TRACE_SCOPE_I("gmm.tgmm.item", it.g);
-    const int64_t kc = it.r1 - it.r0, nc = it.c1 - it.c0, K = p.K, N = p.N, R = p.rows(it.g);
+    const int64_t K = p.K, N = p.N, R = p.rows(it.g);
     const bool trans = p.transpose_rhs;
-    const int64_t c_off = trans ? it.g * N * K + it.c0 * K + it.r0 : it.g * K * N + it.r0 * N + it.c0;
-    const int64_t ldc = trans ? K : N, crows = trans ? nc : kc, ccols = trans ? kc : nc;
-    if (R == 0) {
-      zero_block(x.c, x.c_dtype, c_off, ldc, crows, ccols);
-      return;
-    }
-    const bool out_f32 = x.c_dtype == DType::kF32;
-    float* C = out_f32 ? static_cast<float*>(x.c) + c_off : cbuf;
-    const int64_t ldC = out_f32 ? ldc : ccols;
+    const TgmmBlock b(p, x, it, cbuf);
+    if (R == 0) return b.zero(x);
+    const int64_t crows = b.rows, ccols = b.cols;
+    float* const C = b.C;
+    const int64_t ldC = b.ldC;
     // Rows of C index the transposed operand's columns; columns of C the packed operand's.
     const uint16_t* tsrc = trans ? bits(x.d) + it.c0 : bits(x.a) + it.r0;
     const uint16_t* psrc = trans ? bits(x.a) + it.r0 : bits(x.d) + it.c0;
@@ -331,7 +350,7 @@ class Cpu final : public Implementation {
       TESSERA_TRACE_SCOPE("gmm.gemm");
       cpu_bf16_gemm::gemm(crows, ccols, rb, tbuf, rb, packed, 1.0f, r > 0, C, ldC);
     }
-    if (!out_f32) from_f32(cbuf, crows, ccols, x.c, x.c_dtype, c_off, ldc);
+    b.store(x);
   }
 
   // drhs[g][k0:k1, c0:c1] = a[rows of g, k0:k1]ᵀ · d[rows of g, c0:c1] (stored transposed with
@@ -340,18 +359,10 @@ class Cpu final : public Implementation {
     TESSERA_TRACE_SCOPE_I("gmm.tgmm.item", it.g);
     const int64_t kc = it.r1 - it.r0, nc = it.c1 - it.c0, K = p.K, N = p.N, R = p.rows(it.g);
     const bool trans = p.transpose_rhs;
-    // The item's block of drhs[g]: [kc, nc] at (k0, c0) with stride N, or [nc, kc] at (c0, k0)
-    // with stride K.
-    const int64_t c_off = trans ? it.g * N * K + it.c0 * K + it.r0 : it.g * K * N + it.r0 * N + it.c0;
-    const int64_t ldc = trans ? K : N;
-    const int64_t crows = trans ? nc : kc, ccols = trans ? kc : nc;
-    if (R == 0) {
-      zero_block(x.c, x.c_dtype, c_off, ldc, crows, ccols);
-      return;
-    }
-    const bool out_f32 = x.c_dtype == DType::kF32;
-    float* C = out_f32 ? static_cast<float*>(x.c) + c_off : cbuf;
-    const int64_t ldC = out_f32 ? ldc : ccols;
+    const TgmmBlock b(p, x, it, cbuf);
+    if (R == 0) return b.zero(x);
+    float* const C = b.C;
+    const int64_t ldC = b.ldC;
     const int64_t row0 = p.begin[it.g];
     const int64_t step = p.dtype == DType::kF32 ? R : kRowBlock;
     for (int64_t r = 0; r < R; r += step) {
@@ -374,7 +385,7 @@ class Cpu final : public Implementation {
       else
         cpu_blas::sgemm(true, false, kc, nc, rb, 1.0f, A, lda, D, ldd, beta, C, ldC);
     }
-    if (!out_f32) from_f32(cbuf, crows, ccols, x.c, x.c_dtype, c_off, ldc);
+    b.store(x);
   }
 };
 

@@ -119,15 +119,9 @@ TEST(AttentionCpuTuning, TheCallsSizesAreValidatedFirst) {
   EXPECT_EQ(ch.params, c.given);
 }
 
-std::vector<tune::TableEntry> g_rows;
-const std::vector<tune::TableEntry>& rows() { return g_rows; }
-
 TEST(AttentionCpuTuning, TableHitAndMisses) {
-  ScopedEnv table_on("TESSERA_TUNED_TABLE", nullptr);
-  ScopedEnv off("TESSERA_AUTOTUNE", "0");
-  g_rows = {{"cpu", tune::default_device_kind(DeviceType::kCPU), "f32", "d128", {{"q", 256}, {"kv", 512}}, "", "", 0, ""}};
-  tune::Declared d = tuning();
-  d.table = rows;
+  const testing_tune::OneRowTable table(tuning(), "f32", "d128", {{"q", 256}, {"kv", 512}});
+  const tune::Declared& d = table.declared();
   tune::DeclaredCall c;
   c.implementation = "cpu";
   c.dims = {1, 100, 4, 128};
@@ -138,7 +132,6 @@ TEST(AttentionCpuTuning, TableHitAndMisses) {
   c.dtype = DType::kF32;
   c.dims = {1, 100, 4, 64};  // another bucket: a miss
   EXPECT_EQ(tune::choose_declared(d, c, {}, {}).source, "default");
-  g_rows.clear();
 }
 
 // The real cpu backend: autotune on a miss times the public call itself (each candidate as the
@@ -158,7 +151,7 @@ TEST(AttentionCpuTuning, AutotuneOnMissKeepsResultsRight) {
   Tensor o = Tensor::empty(DType::kF32, {1, 70, 2, 32}), lse = Tensor::empty(DType::kF32, {1, 2, 70});
   tune::Declared d = tuning();
   d.min_work = 0;
-  d.table = rows;  // empty
+  d.table = testing_tune::no_rows;  // every call a miss
   tune::DeclaredCall c;
   c.implementation = "cpu";
   c.dims = {1, 70, 2, 32};

@@ -62,15 +62,9 @@ TEST(GroupedMatmulBuckets, CandidatesKeyAndWork) {
   EXPECT_LT(tuning().work({512, 128, 256, 8}), tuning().min_work);
 }
 
-std::vector<tune::TableEntry> g_rows;
-const std::vector<tune::TableEntry>& rows() { return g_rows; }
-
 TEST(GroupedMatmulTuning, TableHitAndOptionsWin) {
-  ScopedEnv table_on("TESSERA_TUNED_TABLE", nullptr);
-  ScopedEnv off("TESSERA_AUTOTUNE", "0");
-  g_rows = {{"cpu", tune::default_device_kind(DeviceType::kCPU), "f32", "g8", {{"m", 256}, {"n", 1024}}, "", "", 0, ""}};
-  tune::Declared d = tuning();
-  d.table = rows;
+  const testing_tune::OneRowTable table(tuning(), "f32", "g8", {{"m", 256}, {"n", 1024}});
+  const tune::Declared& d = table.declared();
   tune::DeclaredCall c;
   c.implementation = "cpu";
   c.dims = {4096, 512, 2048, 4};
@@ -83,7 +77,6 @@ TEST(GroupedMatmulTuning, TableHitAndOptionsWin) {
   ch = tune::choose_declared(d, c, {}, {});
   EXPECT_EQ(ch.source, "options");
   EXPECT_EQ(ch.params, c.given);
-  g_rows.clear();
 }
 
 // Sizes the cpu backend refuses fail the call before any output is written, 0 included (which
@@ -129,7 +122,7 @@ TEST(GroupedMatmulTuning, AutotuneOnMissTimesTheRealKernel) {
   ScopedEnv table_on("TESSERA_TUNED_TABLE", nullptr);
   tune::Declared d = tuning();
   d.min_work = 0;
-  d.table = rows;  // empty
+  d.table = testing_tune::no_rows;  // every call a miss
   const DType dt = DType::kBF16;
   Problem p;
   p.M = 96, p.K = 24, p.N = 40, p.G = 3, p.begin = {0, 30, 30, 90};

@@ -89,6 +89,11 @@ const TensorView& required(const CallArgs& a, const std::string& kernel, const c
   return *t;
 }
 
+OutputDesc output_of(const dispatch::Dims& d, const std::string& name, const std::string& dims, const std::string& dtype) {
+  const Shape shape = d.shape(dims);
+  return {name, d.dtype(dtype), shape, contiguous_strides(shape)};
+}
+
 Tensor allocate_output(const OutputDesc& d, Device device) {
   if (d.strides.empty() || d.strides == contiguous_strides(d.shape)) return Tensor::zeros(d.dtype, d.shape, device);
   int64_t n = 1;

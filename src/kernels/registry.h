@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "dispatch/registry.h"
+#include "dispatch/tensor_rules.h"
 #include "harness/bench.h"
 #include "harness/grid.h"
 #include "harness/options.h"
@@ -176,6 +177,10 @@ class CallOutputs {
   std::vector<std::string> names_;
   std::vector<TensorView> out_;
 };
+
+// A contiguous output declared by its dims and dtype rule against a call's bound tensors
+// (dispatch/tensor_rules.h): output_of(d, "o", "T,Hq,Dv", "=q").
+OutputDesc output_of(const dispatch::Dims& d, const std::string& name, const std::string& dims, const std::string& dtype);
 
 // The tensor a caller allocates for `d` on `device` (zeros; d.strides honoured: a gradient in a
 // transposed weight's layout gets that layout).

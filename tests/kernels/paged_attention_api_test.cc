@@ -74,7 +74,7 @@ TEST(PagedAttentionApi, LengthErrorsNameTheSequence) {
 }
 
 TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
-  expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kBF16, d.k_cache.shape()); }, {"share one dtype"});
+  expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kBF16, d.k_cache.shape()); }, {"k_cache must be f32 like q, got bf16"});
   expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kI32, d.q.shape()); }, {"q must be f32, bf16 or f16"});
   expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI64, d.page_table.shape()); }, {"page_table must be i32"});
   expect_error([](auto& d, auto&) { d.kv_lens = Tensor::empty(DType::kI32, {2}); }, {"kv_lens must have shape [3]"});
@@ -82,10 +82,10 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI32, {2, 4}); }, {"page_table must have shape [3, 4]"});
   expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kF32, {6, 3, 16}); }, {"Hq=3 is not a multiple of Hkv=2"},
                {6, 3, 16}, {6, 3});
-  expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kF32, {6, 4, 8}); }, {"k_cache's head dim 16 differs"});
+  expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kF32, {6, 4, 8}); }, {"k_cache must be [P, page_size, Hkv, D=8], got [9, 4, 2, 16]"});
   expect_error([](auto& d, auto&) { d.v_cache = Tensor::empty(DType::kF32, {d.v_cache.shape()[0], 3, 2, 16}); },
-               {"must match k_cache"});
-  expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kF32, {4, 4, 2}); }, {"k_cache must be [P, page_size, Hkv, D]"});
+               {"v_cache must be [P=9, page_size=4, Hkv=2, Dv], got [9, 3, 2, 16]"});
+  expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kF32, {4, 4, 2}); }, {"k_cache must be [P, page_size, Hkv, D=16], got [4, 4, 2]"});
   expect_error([](auto& d, auto&) { d.sinks = Tensor::empty(DType::kF32, {3}); }, {"sinks must be [Hq=4]"});
   expect_error([](auto& d, auto&) { d.sinks = Tensor::empty(DType::kBF16, {4}); }, {"sinks must be f32"});
   expect_error([](auto&, auto&) {}, {"o must have shape [6, 4, 16]"}, {6, 4, 8});

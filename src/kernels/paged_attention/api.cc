@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "dispatch/arg_check.h"
+#include "dispatch/tensor_rules.h"
 #include "kernels/paged_attention/impl.h"
 #include "tessera/error.h"
 
@@ -20,31 +21,36 @@ void require_index(const TensorView& t, const Shape& shape, const char* what) {
   args.host(t, what);
 }
 
+// The tensors by their dims; page_table, kv_lens and cu_q_lens are checked by check_sequences
+// (cu_q_lens is [N + 1]).
+const dispatch::TensorRules kRules{kKernelName,
+                                   {{"q", "T,Hq,D", "float"},
+                                    {"k_cache", "P,page_size,Hkv,D", "=q"},
+                                    {"v_cache", "P,page_size,Hkv,Dv", "=q"},
+                                    {"sinks", "Hq", "f32"}}};
+
+}  // namespace
+
+dispatch::Dims bind_tensors(const Inputs& in, dispatch::BindMode mode) {
+  return kRules.bind(
+      {{"q", in.q}, {"k_cache", in.k_cache}, {"v_cache", in.v_cache}, {"sinks", in.sinks.value_or(TensorView{})}}, mode);
+}
+
+namespace {
+
 void check_shapes(const Inputs& in, Problem& p) {
-  const TensorView &q = in.q, &k = in.k_cache, &v = in.v_cache;
-  args.floating(q, "q");
-  if (k.dtype != q.dtype || v.dtype != q.dtype)
-    args.fail(std::string("q, k_cache and v_cache must share one dtype, got q ") + dtype_name(q.dtype) + ", k_cache " +
-        dtype_name(k.dtype) + ", v_cache " + dtype_name(v.dtype));
-  if (q.ndim() != 3) args.fail("q must be [T, Hq, D], got " + shape_str(q.shape));
-  if (k.ndim() != 4) args.fail("k_cache must be [P, page_size, Hkv, D], got " + shape_str(k.shape));
-  if (v.ndim() != 4) args.fail("v_cache must be [P, page_size, Hkv, Dv], got " + shape_str(v.shape));
-  p.device = q.device;
-  p.dtype = q.dtype;
-  args.plain(q, p.device, "q");
-  args.plain(k, p.device, "k_cache");
-  args.plain(v, p.device, "v_cache");
-  p.T = q.shape[0], p.Hq = q.shape[1], p.D = q.shape[2];
-  p.P = k.shape[0], p.page_size = k.shape[1], p.Hkv = k.shape[2], p.Dv = v.shape[3];
+  const dispatch::Dims d = bind_tensors(in, dispatch::BindMode::kFull);
+  p.device = d.device();
+  p.dtype = in.q.dtype;
+  p.T = d["T"], p.Hq = d["Hq"], p.D = d["D"];
+  p.P = d["P"], p.page_size = d["page_size"], p.Hkv = d["Hkv"], p.Dv = d["Dv"];
   if (p.Hq < 1 || p.Hkv < 1) args.fail("head counts must be >= 1, got Hq=" + num(p.Hq) + ", Hkv=" + num(p.Hkv));
   if (p.D < 1 || p.Dv < 1) args.fail("head dims must be >= 1, got D=" + num(p.D) + ", Dv=" + num(p.Dv));
   if (p.page_size < 1) args.fail("page_size (k_cache's axis 1) must be >= 1, got " + num(p.page_size));
-  if (k.shape[3] != p.D) args.fail("k_cache's head dim " + num(k.shape[3]) + " differs from q's D=" + num(p.D));
   if (p.Hq % p.Hkv != 0)
     args.fail("Hq=" + num(p.Hq) + " is not a multiple of Hkv=" + num(p.Hkv) + " (query head h reads kv head h / (Hq/Hkv))");
-  if (v.shape[0] != p.P || v.shape[1] != p.page_size || v.shape[2] != p.Hkv)
-    args.fail("v_cache " + shape_str(v.shape) + " must match k_cache " + shape_str(k.shape) + " in all but the last axis");
-  p.q = q.data, p.k = k.data, p.v = v.data;
+  p.q = in.q.data, p.k = in.k_cache.data, p.v = in.v_cache.data;
+  if (in.sinks) p.sinks = static_cast<const float*>(in.sinks->data);
 }
 
 // page_table [N, max_pages], kv_lens [N], cu_q_lens [N+1]: every entry a sequence reads.
@@ -88,13 +94,6 @@ Problem normalize(const Inputs& in, const Options& opt) {
   Problem p;
   check_shapes(in, p);
   check_sequences(in, p);
-  if (in.sinks) {
-    const TensorView& s = *in.sinks;
-    if (s.dtype != DType::kF32) args.fail(std::string("sinks must be f32, got ") + dtype_name(s.dtype));
-    if (s.shape != Shape{p.Hq}) args.fail("sinks must be [Hq=" + num(p.Hq) + "], got " + shape_str(s.shape));
-    args.plain(s, p.device, "sinks");
-    p.sinks = static_cast<const float*>(s.data);
-  }
   // The backends compute in f32: a finite double past FLT_MAX would become inf there.
   constexpr double kMax = std::numeric_limits<float>::max();
   if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0.0 && *opt.scale <= kMax))
@@ -137,12 +136,10 @@ std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
 }
 
 Result compute(const Inputs& in, const Options& opt) {
-  check(in.q.ndim() == 3 && in.v_cache.ndim() == 4, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": q must be [T, Hq, D] and v_cache [P, page_size, Hkv, Dv], got " + shape_str(in.q.shape) + " and " +
-            shape_str(in.v_cache.shape));
+  const dispatch::Dims d = bind_tensors(in, dispatch::BindMode::kShapesOnly);
   Result r;
-  r.o = Tensor::empty(in.q.dtype, {in.q.shape[0], in.q.shape[1], in.v_cache.shape[3]}, in.q.device);
-  r.lse = Tensor::empty(DType::kF32, {in.q.shape[0], in.q.shape[1]}, in.q.device);
+  r.o = Tensor::empty(in.q.dtype, d.shape("T,Hq,Dv"), in.q.device);
+  r.lse = Tensor::empty(DType::kF32, d.shape("T,Hq"), in.q.device);
   r.implementation = forward(in, {r.o.view(), r.lse.view()}, opt);
   return r;
 }

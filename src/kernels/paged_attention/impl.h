@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dispatch/registry.h"
+#include "dispatch/tensor_rules.h"
 #include "tessera/paged_attention.h"
 
 namespace tessera::paged_attention {
@@ -63,6 +64,10 @@ class Implementation : public dispatch::ImplementationBase {
 
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
+
+// q, k_cache, v_cache and sinks bound to their declared dims (api.cc): the API's checks and the
+// call's output shapes (spec.cc) come from this one declaration.
+dispatch::Dims bind_tensors(const Inputs& in, dispatch::BindMode mode);
 
 std::unique_ptr<Implementation> make_reference_implementation();
 std::unique_ptr<Implementation> make_cpu_implementation();

@@ -41,12 +41,8 @@ Inputs call_inputs(const kernels::CallArgs& a) {
 
 // Shapes only (data may be absent under jit and fake tensors); the call validates the rest.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const Inputs in = call_inputs(a);
-  check(in.q.ndim() == 3 && in.v_cache.ndim() == 4, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": q must be [T, Hq, D] and v_cache [P, page_size, Hkv, Dv], got " +
-            shape_str(in.q.shape) + " and " + shape_str(in.v_cache.shape));
-  const Shape os{in.q.shape[0], in.q.shape[1], in.v_cache.shape[3]}, ls{in.q.shape[0], in.q.shape[1]};
-  return {{"o", in.q.dtype, os, contiguous_strides(os)}, {"lse", DType::kF32, ls, contiguous_strides(ls)}};
+  const dispatch::Dims d = bind_tensors(call_inputs(a), dispatch::BindMode::kShapesOnly);
+  return {kernels::output_of(d, "o", "T,Hq,Dv", "=q"), kernels::output_of(d, "lse", "T,Hq", "f32")};
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {

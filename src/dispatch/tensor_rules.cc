@@ -1,0 +1,121 @@
+#include "dispatch/tensor_rules.h"
+
+#include <cctype>
+#include <stdexcept>
+
+#include <sstream>
+
+namespace tessera::dispatch {
+
+namespace {
+bool is_number(const std::string& s) { return !s.empty() && std::isdigit(static_cast<unsigned char>(s[0])); }
+
+// "=q|f32" -> {"q", true}; "=q" -> {"q", false}; anything else -> {"", false}.
+std::pair<std::string, bool> like_of(const std::string& rule) {
+  if (rule.empty() || rule[0] != '=') return {"", false};
+  const size_t bar = rule.find('|');
+  if (bar == std::string::npos) return {rule.substr(1), false};
+  if (rule.substr(bar + 1) != "f32") throw std::logic_error("tensor rule: only '=x|f32' is known, got " + rule);
+  return {rule.substr(1, bar - 1), true};
+}
+}  // namespace
+
+std::vector<std::string> dim_names(const std::string& dims) {
+  std::vector<std::string> out;
+  if (dims.empty()) return out;
+  std::stringstream in(dims);
+  for (std::string f; std::getline(in, f, ',');) {
+    const size_t a = f.find_first_not_of(' '), b = f.find_last_not_of(' ');
+    out.push_back(a == std::string::npos ? std::string() : f.substr(a, b - a + 1));
+  }
+  return out;
+}
+
+TensorRules::TensorRules(std::string kernel, std::vector<TensorRule> rules)
+    : rules_(std::move(rules)), args_(std::move(kernel), rules_.empty() ? std::string() : rules_.front().name) {}
+
+Dims TensorRules::bind(std::initializer_list<std::pair<const char*, TensorView>> views, BindMode mode) const {
+  Dims d(args_, mode);
+  for (const auto& [name, view] : views) {
+    bool known = false;
+    for (const TensorRule& r : rules_) known = known || r.name == name;
+    if (!known) throw std::logic_error(args_.kernel() + ": no tensor rule for '" + name + "'");
+  }
+  for (const TensorRule& r : rules_)
+    for (const auto& [name, view] : views)
+      if (r.name == name && given(view)) d.check(view, r);
+  return d;
+}
+
+int64_t Dims::operator[](const std::string& name) const {
+  const auto it = sizes_.find(name);
+  if (it == sizes_.end()) throw std::logic_error(args_->kernel() + ": dim '" + name + "' is not bound");
+  return it->second;
+}
+
+Shape Dims::shape(const std::string& dims) const {
+  Shape s;
+  for (const std::string& n : dim_names(dims)) s.push_back(is_number(n) ? std::stoll(n) : (*this)[n]);
+  return s;
+}
+
+DType Dims::dtype(const std::string& rule) const {
+  const std::string like = like_of(rule).first;
+  if (like.empty()) return parse_dtype(rule);
+  const auto it = dtypes_.find(like);
+  if (it == dtypes_.end()) throw std::logic_error(args_->kernel() + ": '" + like + "' is not bound (rule " + rule + ")");
+  return it->second;
+}
+
+std::string Dims::spelled(const std::string& dims) const {
+  std::string s = "[";
+  for (const std::string& n : dim_names(dims)) {
+    s += (s.size() > 1 ? ", " : "") + n;
+    if (!is_number(n) && has(n)) s += "=" + std::to_string(sizes_.at(n));
+  }
+  return s + "]";
+}
+
+void Dims::check(const TensorView& t, const TensorRule& rule) {
+  check_dims(t, rule);
+  check_dtype(t, rule);
+  if (mode_ == BindMode::kFull) check_place(t, rule);
+  dtypes_[rule.name] = t.dtype;
+}
+
+void Dims::check_dims(const TensorView& t, const TensorRule& rule) {
+  const std::vector<std::string> names = dim_names(rule.dims);
+  const auto wrong = [&] { args_->fail(rule.name + " must be " + spelled(rule.dims) + ", got " + shape_str(t.shape)); };
+  if (t.ndim() != static_cast<int64_t>(names.size())) wrong();
+  std::map<std::string, int64_t> fresh;  // bound by this tensor: a repeated name must agree with itself
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& n = names[i];
+    const int64_t size = t.shape[i];
+    if (is_number(n) ? size != std::stoll(n) : (has(n) && sizes_.at(n) != size) || (fresh.count(n) && fresh[n] != size))
+      wrong();
+    if (!is_number(n) && !has(n)) fresh[n] = size;
+  }
+  for (const auto& [n, size] : fresh) sizes_[n] = size;
+}
+
+void Dims::check_dtype(const TensorView& t, const TensorRule& rule) const {
+  const std::string& r = rule.dtype;
+  if (r == "any") return;
+  if (r == "float") return args_->floating(t, rule.name);
+  if (r == "int") return args_->integer(t, rule.name);
+  const auto [like, or_f32] = like_of(r);
+  if (like.empty()) return args_->dtype(t, parse_dtype(r), rule.name);
+  const DType want = dtype(r);
+  if (t.dtype == want || (or_f32 && t.dtype == DType::kF32)) return;
+  if (or_f32 && want != DType::kF32)
+    args_->fail(rule.name + " must be f32 or " + dtype_name(want) + " (" + like + "'s dtype), got " + dtype_name(t.dtype));
+  args_->fail(rule.name + " must be " + dtype_name(want) + " like " + like + ", got " + dtype_name(t.dtype));
+}
+
+void Dims::check_place(const TensorView& t, const TensorRule& rule) {
+  if (rule.host) return args_->host(t, rule.name);
+  if (!placed_) device_ = t.device, placed_ = true;
+  args_->plain(t, device_, rule.name);
+}
+
+}  // namespace tessera::dispatch

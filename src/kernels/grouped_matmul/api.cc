@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "dispatch/arg_check.h"
+#include "dispatch/tensor_rules.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "tune/declared.h"
 #include "tessera/error.h"
@@ -16,11 +17,14 @@ namespace {
 using dispatch::num;
 const dispatch::ArgCheck args{kKernelName, "lhs"};
 
-thread_local std::string t_last_impl;
-
-// [G, K, N], or [G, N, K] with transpose_rhs.
-Shape rhs_shape(int64_t G, int64_t K, int64_t N, bool transpose) {
-  return transpose ? Shape{G, N, K} : Shape{G, K, N};
+// The tensors by their dims: rhs and its gradient are [G, K, N], or [G, N, K] with transpose_rhs.
+// tgmm has no rhs: drhs gives G, K and N.
+dispatch::TensorRules rules_of(const char* rhs) {
+  return {kKernelName, {{"lhs", "M,K", "float"}, {"rhs", rhs, "=lhs"}, {"drhs", rhs, "=lhs|f32"}, {"dout", "M,N", "=lhs"}}};
+}
+const dispatch::TensorRules& rules(bool transpose_rhs) {
+  static const dispatch::TensorRules plain = rules_of("G,K,N"), transposed = rules_of("G,N,K");
+  return transpose_rhs ? transposed : plain;
 }
 
 // The local groups' row offsets from group_sizes (validated: host int32/int64 [G_total], sizes
@@ -51,22 +55,22 @@ std::vector<int64_t> group_rows(const TensorView& gs, int64_t G, int64_t M, cons
   return begin;
 }
 
+}  // namespace
+
+dispatch::Dims bind_tensors(const Inputs& in, const Options& opt, dispatch::BindMode mode) {
+  return rules(opt.transpose_rhs).bind({{"lhs", in.lhs}, {"rhs", in.rhs}}, mode);
+}
+
+namespace {
+
 // The common part of gmm and tgmm: lhs [M, K] and group_sizes against G local groups of
-// [K, N] matrices.
-Problem make_problem(const TensorView& lhs, int64_t G, int64_t K, int64_t N, const TensorView& gs,
-                     const Options& opt) {
-  args.floating(lhs, "lhs");
-  if (lhs.ndim() != 2) args.fail("lhs must be 2-D [M, K], got " + shape_str(lhs.shape));
+// [K, N] matrices, the dims bound from lhs and rhs (or drhs).
+Problem make_problem(const dispatch::Dims& d, const TensorView& lhs, const TensorView& gs, const Options& opt) {
   Problem p;
-  p.device = lhs.device;
+  p.device = d.device();
   p.dtype = lhs.dtype;
-  args.plain(lhs, p.device, "lhs");
-  p.M = lhs.shape[0];
-  p.K = K;
-  p.N = N;
-  p.G = G;
-  if (lhs.shape[1] != K) args.fail("lhs has K=" + num(lhs.shape[1]) + " columns but the group matrices have K=" + num(K));
-  p.begin = group_rows(gs, G, p.M, opt);
+  p.M = d["M"], p.K = d["K"], p.N = d["N"], p.G = d["G"];
+  p.begin = group_rows(gs, p.G, p.M, opt);
   p.transpose_rhs = opt.transpose_rhs;
   p.num_threads = resolve_num_threads(opt.num_threads);
   p.stream = opt.stream;
@@ -75,32 +79,23 @@ Problem make_problem(const TensorView& lhs, int64_t G, int64_t K, int64_t N, con
   return p;
 }
 
-// K, N from a [G, K, N] (or [G, N, K]) tensor.
-std::pair<int64_t, int64_t> k_n_of(const TensorView& t, bool transpose, const char* what) {
-  if (t.ndim() != 3)
-    args.fail(std::string(what) + " must be 3-D " + (transpose ? "[G, N, K]" : "[G, K, N]") + ", got " + shape_str(t.shape));
-  return transpose ? std::pair{t.shape[2], t.shape[1]} : std::pair{t.shape[1], t.shape[2]};
-}
+dispatch::Dims bind(const Inputs& in, const Options& opt) { return bind_tensors(in, opt, dispatch::BindMode::kFull); }
 
-void require_same_dtype(const TensorView& t, const Problem& p, const char* what) {
-  if (t.dtype != p.dtype)
-    args.fail(std::string(what) + " must have lhs's dtype " + dtype_name(p.dtype) + ", got " + dtype_name(t.dtype));
-}
-
-Problem normalize(const Inputs& in, const Options& opt) {
-  const auto [K, N] = k_n_of(in.rhs, opt.transpose_rhs, "rhs");
-  Problem p = make_problem(in.lhs, in.rhs.shape[0], K, N, in.group_sizes, opt);
-  require_same_dtype(in.rhs, p, "rhs");
-  args.plain(in.rhs, p.device, "rhs");
+Problem normalize(const dispatch::Dims& d, const Inputs& in, const Options& opt) {
+  Problem p = make_problem(d, in.lhs, in.group_sizes, opt);
   if (opt.check_finite) args.finite(in.rhs, "rhs");
   return p;
 }
 
-void check_dout(const TensorView& dout, const Problem& p, const Options& opt) {
-  require_same_dtype(dout, p, "dout");
-  if (dout.shape != Shape{p.M, p.N}) args.fail("dout must have shape " + shape_str({p.M, p.N}) + ", got " + shape_str(dout.shape));
-  args.plain(dout, p.device, "dout");
+void check_dout(dispatch::Dims& d, const TensorView& dout, const Options& opt) {
+  d.check(dout, "dout", "M,N", "=lhs");
   if (opt.check_finite) args.finite(dout, "dout");
+}
+
+// The gradients' rules (dlhs like lhs; drhs in rhs's layout).
+void check_grads(dispatch::Dims& d, const TensorView& dlhs, const TensorView& drhs, const Options& opt) {
+  d.check(dlhs, "dlhs", "M,K", "=lhs|f32");
+  d.check(drhs, "drhs", opt.transpose_rhs ? "G,N,K" : "G,K,N", "=lhs|f32");
 }
 
 // The block sizes: the call's (the implementation validates them, and whatever else it is given,
@@ -118,12 +113,12 @@ std::string dispatch_call(const Problem& p, const Options& opt, Pass op, bool tg
   if (opt.block_sizes) c.given = {{"m", opt.block_sizes->m}, {"n", opt.block_sizes->n}};
   c.variant = std::string("transpose_rhs=") + (p.transpose_rhs ? "on" : "off") + (tgmm_alone ? "|tgmm" : "");
   const auto at = [](const tune::Params& s) { return BlockSizes{*tune::param(s, "m"), *tune::param(s, "n")}; };
-  return t_last_impl = tune::dispatch_declared(registry(), tuning(), opt, p, c, outputs, at,
-                                               [&](const Implementation& impl, const BlockSizes& bs) {
-                                                 if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
-                                                 impl.validate_block_sizes(bs);  // a table row too
-                                                 body(impl, bs);
-                                               });
+  return tune::dispatch_declared(registry(), tuning(), opt, p, c, outputs, at,
+                                 [&](const Implementation& impl, const BlockSizes& bs) {
+                                   if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
+                                   impl.validate_block_sizes(bs);  // a table row too
+                                   body(impl, bs);
+                                 });
 }
 
 // dlhs is a gmm of dout against rhs transposed: K and N swap, and so does rhs's layout.
@@ -142,8 +137,6 @@ void run_backward(const Implementation& impl, const BlockSizes& bs, const Proble
 
 }  // namespace
 
-const std::string& last_implementation() { return t_last_impl; }
-
 std::string BlockSizes::str() const { return "m=" + num(m) + ",n=" + num(n); }
 
 void validate_block_sizes(const std::string& implementation, const BlockSizes& bs) {
@@ -153,8 +146,9 @@ void validate_block_sizes(const std::string& implementation, const BlockSizes& b
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string gmm(const Inputs& in, const TensorView& out, const Options& opt) {
-  const Problem p = normalize(in, opt);
-  args.output(out, p.dtype, {p.M, p.N}, p.device, "out");
+  dispatch::Dims d = bind(in, opt);
+  const Problem p = normalize(d, in, opt);
+  d.check(out, "out", "M,N", "=lhs|f32");
   return dispatch_call(p, opt, Pass::kForward, false, {tune::buffer_of("out", out)},
                        [&](const Implementation& impl, const BlockSizes& bs) {
     impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
@@ -163,10 +157,9 @@ std::string gmm(const Inputs& in, const TensorView& out, const Options& opt) {
 
 std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView& group_sizes, const TensorView& drhs,
                  const Options& opt) {
-  const auto [K, N] = k_n_of(drhs, opt.transpose_rhs, "drhs");
-  const Problem p = make_problem(lhs, drhs.shape[0], K, N, group_sizes, opt);
-  check_dout(dout, p, opt);
-  args.output(drhs, p.dtype, rhs_shape(p.G, K, N, p.transpose_rhs), p.device, "drhs");
+  dispatch::Dims d = rules(opt.transpose_rhs).bind({{"lhs", lhs}, {"drhs", drhs}, {"dout", dout}});
+  const Problem p = make_problem(d, lhs, group_sizes, opt);
+  if (opt.check_finite) args.finite(dout, "dout");
   return dispatch_call(p, opt, Pass::kBackward, true, {tune::buffer_of("drhs", drhs)},
                        [&](const Implementation& impl, const BlockSizes& bs) {
     impl.tgmm(p, bs, {lhs.data, dout.data, drhs.data, drhs.dtype});
@@ -175,10 +168,10 @@ std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView
 
 std::string backward(const Inputs& in, const TensorView& dout, const TensorView& dlhs, const TensorView& drhs,
                      const Options& opt) {
-  const Problem p = normalize(in, opt);
-  check_dout(dout, p, opt);
-  args.output(dlhs, p.dtype, {p.M, p.K}, p.device, "dlhs");
-  args.output(drhs, p.dtype, in.rhs.shape, p.device, "drhs");
+  dispatch::Dims d = bind(in, opt);
+  const Problem p = normalize(d, in, opt);
+  check_dout(d, dout, opt);
+  check_grads(d, dlhs, drhs, opt);
   return dispatch_call(p, opt, Pass::kBackward, false, {tune::buffer_of("dlhs", dlhs), tune::buffer_of("drhs", drhs)},
                        [&](const Implementation& impl, const BlockSizes& bs) {
     run_backward(impl, bs, p, in, dout, dlhs, drhs);
@@ -187,11 +180,11 @@ std::string backward(const Inputs& in, const TensorView& dout, const TensorView&
 
 std::string forward_backward(const Inputs& in, const TensorView& dout, const TensorView& out, const TensorView& dlhs,
                              const TensorView& drhs, const Options& opt) {
-  const Problem p = normalize(in, opt);
-  args.output(out, p.dtype, {p.M, p.N}, p.device, "out");
-  check_dout(dout, p, opt);
-  args.output(dlhs, p.dtype, {p.M, p.K}, p.device, "dlhs");
-  args.output(drhs, p.dtype, in.rhs.shape, p.device, "drhs");
+  dispatch::Dims d = bind(in, opt);
+  const Problem p = normalize(d, in, opt);
+  d.check(out, "out", "M,N", "=lhs|f32");
+  check_dout(d, dout, opt);
+  check_grads(d, dlhs, drhs, opt);
   const std::vector<tune::Buffer> outs{tune::buffer_of("out", out), tune::buffer_of("dlhs", dlhs),
                                        tune::buffer_of("drhs", drhs)};
   return dispatch_call(p, opt, Pass::kFused, false, outs, [&](const Implementation& impl, const BlockSizes& bs) {
@@ -203,12 +196,10 @@ std::string forward_backward(const Inputs& in, const TensorView& dout, const Ten
 namespace {
 
 Result make_outputs(const Inputs& in, const Options& opt, bool with_grad) {
-  const auto [K, N] = k_n_of(in.rhs, opt.transpose_rhs, "rhs");
-  if (in.lhs.ndim() != 2) args.fail("lhs must be 2-D [M, K], got " + shape_str(in.lhs.shape));
-  (void)K;
+  const dispatch::Dims d = bind_tensors(in, opt, dispatch::BindMode::kShapesOnly);
   Result r;
   const Device dev = in.lhs.device;
-  r.out = Tensor::empty(in.lhs.dtype, {in.lhs.shape[0], N}, dev);
+  r.out = Tensor::empty(in.lhs.dtype, d.shape("M,N"), dev);
   if (with_grad) {
     r.dlhs = Tensor::empty(in.lhs.dtype, in.lhs.shape, dev);
     r.drhs = Tensor::empty(in.lhs.dtype, in.rhs.shape, dev);

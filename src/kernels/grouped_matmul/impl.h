@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dispatch/registry.h"
+#include "dispatch/tensor_rules.h"
 #include "tessera/grouped_matmul.h"
 
 namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
@@ -79,6 +80,10 @@ const Implementation* find_implementation(const std::string& name);  // nullptr 
 // The block sizes' tuning (tuning.cc) and its checked-in table (tuned_table.cc, generated).
 const tune::Declared& tuning();
 const std::vector<tune::TableEntry>& tuned_table();
+
+// lhs and rhs bound to their declared dims M, K, N, G (api.cc): the API's checks and the call's
+// output shapes (spec.cc) come from this one declaration.
+dispatch::Dims bind_tensors(const Inputs& in, const Options& opt, dispatch::BindMode mode);
 
 std::unique_ptr<Implementation> make_reference_implementation();  // reference.cc
 // Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on.

@@ -42,22 +42,12 @@ const TensorView& need(const kernels::CallArgs& a, const char* name) { return ke
 // tensors); the call itself validates everything else.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   const Options opt = call_options(a);
-  const TensorView &lhs = need(a, "lhs"), &rhs = need(a, "rhs");
-  check(lhs.ndim() == 2 && rhs.ndim() == 3, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": lhs must be [M, K] and rhs [G, K, N] (or [G, N, K]), got " +
-            shape_str(lhs.shape) + " and " + shape_str(rhs.shape));
-  check(is_float(lhs.dtype) && rhs.dtype == lhs.dtype, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": lhs and rhs must share one of f32, bf16, f16, got " + dtype_name(lhs.dtype) +
-            " and " + dtype_name(rhs.dtype));
-  const int64_t K = rhs.shape[opt.transpose_rhs ? 2 : 1], N = rhs.shape[opt.transpose_rhs ? 1 : 2];
-  check(lhs.shape[1] == K, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": lhs has K=" + std::to_string(lhs.shape[1]) + " columns but rhs has K=" + std::to_string(K));
+  const dispatch::Dims d = bind_tensors({need(a, "lhs"), need(a, "rhs"), {}}, opt, dispatch::BindMode::kShapesOnly);
   std::vector<kernels::OutputDesc> out;
-  auto add = [&](const char* name, const Shape& shape) { out.push_back({name, lhs.dtype, shape, contiguous_strides(shape)}); };
-  if (a.pass != Pass::kBackward) add("out", {lhs.shape[0], N});
+  if (a.pass != Pass::kBackward) out.push_back(kernels::output_of(d, "out", "M,N", "=lhs"));
   if (a.pass != Pass::kForward) {
-    add("dlhs", lhs.shape);
-    add("drhs", rhs.shape);
+    out.push_back(kernels::output_of(d, "dlhs", "M,K", "=lhs"));
+    out.push_back(kernels::output_of(d, "drhs", opt.transpose_rhs ? "G,N,K" : "G,K,N", "=lhs"));
   }
   return out;
 }

@@ -46,15 +46,23 @@ const dispatch::ArgCheck& args() { return rules().args(); }
 bool on_device(const Problem& p) { return p.device.type != DeviceType::kCPU; }
 DevIn dev_in(const TensorView& t) { return {given(t) ? t.data : nullptr, t.dtype}; }
 DevOut dev_out(const TensorView& t) { return {t.data, t.dtype}; }
+// An output the backends write in f32 (the caller's, or the scratch stored back after the call).
+tune::Buffer f32_buffer(const char* name, const F32Out& o) { return {name, o.ptr, DType::kF32, o.user.shape}; }
 
-// The validated inputs (in f32 once converted), with the Problem pointing into them.
-struct Prepared {
+// One call: its bound dims, its Problem and what the API owns for it (f32 copies of inputs and
+// f32 scratch for outputs in other dtypes, resets as 0/1 bytes). The Problem points into it: not
+// copied. Every check (constructor, check_forward, check_backward) runs before convert and bind.
+struct Call {
   dispatch::Dims d;
   Problem p;
-  F32In q, k, v, i, f, c0, n0, m0;
+  F32In q, k, v, i, f, c0, n0, m0, dh, dcl, dnl;
+  F32Out h, dq, dk, dv, di, df;
   std::vector<uint8_t> resets;
+  ForwardOut out;
+  BackwardArgs a;
+  std::vector<tune::Buffer> outs;  // the f32 outputs the backends write, for autotune-on-miss
 
-  Prepared(const Inputs& in, const Options& opt) : d(bind_inputs(in, dispatch::BindMode::kFull)) {
+  Call(const Inputs& in, const Options& opt) : d(bind_inputs(in, dispatch::BindMode::kFull)) {
     p.B = d["B"], p.NH = d["NH"], p.S = d["S"], p.DK = d["DHQK"], p.DV = d["DHV"];
     args().need(p.S >= 1, "S must be >= 1 (q is " + in.q.str() + ")");
     args().need(p.B >= 1 && p.NH >= 1 && p.DK >= 1 && p.DV >= 1,
@@ -74,10 +82,31 @@ struct Prepared {
     p.num_threads = resolve_num_threads(opt.num_threads);
     p.stream = opt.stream;
   }
-  DType qkv() const { return d.dtype("=q"); }
   void check(const char* name, const TensorView& t) { dispatch::check_rule(d, rules(), name, t); }
 
-  // After every check passed.
+  // h and the last states (c, n, m: all three or none).
+  void check_forward(const TensorView& h_view, const LastStates& last) {
+    check("h", h_view);
+    const int n = int(given(last.c)) + int(given(last.n)) + int(given(last.m));
+    args().need(n == 0 || n == 3, "the last states c, n and m go together: give all three or none");
+    if (n == 3) check("c_last", last.c), check("n_last", last.n), check("m_last", last.m);
+  }
+
+  // dh, the upstream gradients of the last states and the gradients.
+  void check_backward(const Inputs& in, const Options& opt, const TensorView& dh_view, const Grads& g,
+                      const TensorView& dc_last, const TensorView& dn_last) {
+    check("dh", dh_view);
+    if (given(dc_last)) check("dc_last", dc_last);
+    if (given(dn_last)) check("dn_last", dn_last);
+    check("dq", g.dq), check("dk", g.dk), check("dv", g.dv), check("di", g.di), check("df", g.df);
+    const bool state = given(in.c0);
+    if (state != given(g.dc0) || state != given(g.dn0))
+      args().fail(state ? "dc0 and dn0 are required with an initial state" : "dc0 and dn0 are written only with an initial state");
+    if (state) check("dc0", g.dc0), check("dn0", g.dn0);
+    if (opt.check_finite) args().finite(dh_view, "dh");
+  }
+
+  // The inputs as the backends take them: f32 host arrays, or a device call's own (impl.h).
   void convert(const Inputs& in) {
     if (on_device(p)) {  // nothing converted: the device backend reads every dtype
       p.dev = {dev_in(in.q), dev_in(in.k), dev_in(in.v), dev_in(in.i), dev_in(in.f), dev_in(in.resets)};
@@ -94,13 +123,41 @@ struct Prepared {
     p.resets = resets.data();
   }
 
+  // The forward's outputs (h through an f32 scratch where it is not f32; the states are f32).
+  void bind_forward(const TensorView& h_view, const LastStates& last) {
+    if (!on_device(p)) h = as_f32_out(h_view);
+    out.h = h.ptr;
+    if (on_device(p)) out.h_dev = dev_out(h_view);
+    out.c_last = last.c.data_as<float>(), out.n_last = last.n.data_as<float>(), out.m_last = last.m.data_as<float>();
+    outs.insert(outs.end(), {f32_buffer("h", h), tune::buffer_of("c_last", last.c), tune::buffer_of("n_last", last.n),
+                             tune::buffer_of("m_last", last.m)});
+  }
+
+  // The backward's arguments (f32 copies and scratch where needed; device calls: nothing converted).
+  void bind_backward(const TensorView& dh_view, const Grads& g, const TensorView& dc_last, const TensorView& dn_last) {
+    if (on_device(p)) {
+      a.dh_dev = dev_in(dh_view);
+      a.dq_dev = dev_out(g.dq), a.dk_dev = dev_out(g.dk), a.dv_dev = dev_out(g.dv);
+      a.di_dev = dev_out(g.di), a.df_dev = dev_out(g.df);
+    } else {
+      dh = as_f32(dh_view);
+      dq = as_f32_out(g.dq), dk = as_f32_out(g.dk), dv = as_f32_out(g.dv), di = as_f32_out(g.di), df = as_f32_out(g.df);
+    }
+    dcl = as_f32(dc_last), dnl = as_f32(dn_last);
+    a.dh = dh.ptr, a.dc_last = dcl.ptr, a.dn_last = dnl.ptr;
+    a.dq = dq.ptr, a.dk = dk.ptr, a.dv = dv.ptr, a.di = di.ptr, a.df = df.ptr;
+    a.dc0 = g.dc0.data_as<float>(), a.dn0 = g.dn0.data_as<float>();
+    outs.insert(outs.end(), {f32_buffer("dq", dq), f32_buffer("dk", dk), f32_buffer("dv", dv), f32_buffer("di", di),
+                             f32_buffer("df", df), tune::buffer_of("dc0", g.dc0), tune::buffer_of("dn0", g.dn0)});
+  }
+
   // Runs `pass` on the implementation the registry picks, at the chunk length it takes: the call's
   // (chunk_size > 0), else the tuned table's, else autotune-on-miss (timing `run` itself into
-  // `outs`, the call's f32 buffers), else the default.
+  // `outs`), else the default; then stores the f32 scratch back in the caller's dtypes.
   template <class Run>
-  std::string run_tuned(const Options& opt, Pass pass, const std::vector<tune::Buffer>& outs, Run&& run) const {
+  std::string run(const Options& opt, Pass pass, Run&& body) {
     tune::DeclaredCall c;
-    c.dtype = qkv();
+    c.dtype = d.dtype("=q");
     c.dims = {p.B, p.NH, p.S, p.DK, p.DV};
     c.pass = pass;
     c.threads = p.num_threads;
@@ -110,80 +167,9 @@ struct Prepared {
       t.chunk = tune::param(cand, "chunk_size").value_or(0);
       return t;
     };
-    return tune::dispatch_declared(registry(), tuning(), opt, p, c, outs, at, run);
-  }
-};
-
-// h and the last states checked (before anything is converted or written); the count of last states.
-int check_forward_outputs(Prepared& r, const TensorView& h, const LastStates& last) {
-  r.check("h", h);
-  const int outs = int(given(last.c)) + int(given(last.n)) + int(given(last.m));
-  args().need(outs == 0 || outs == 3, "the last states c, n and m go together: give all three or none");
-  if (outs == 3) r.check("c_last", last.c), r.check("n_last", last.n), r.check("m_last", last.m);
-  return outs;
-}
-
-// The forward's outputs as the backends take them (h through an f32 scratch where it is not f32).
-struct ForwardBind {
-  F32Out h;
-  ForwardOut out;
-  ForwardBind(const Problem& p, const TensorView& h_view, const LastStates& last, int outs) {
-    if (!on_device(p)) h = as_f32_out(h_view);
-    out.h = h.ptr;
-    if (on_device(p)) out.h_dev = dev_out(h_view);
-    if (outs == 3) out.c_last = last.c.data_as<float>(), out.n_last = last.n.data_as<float>(), out.m_last = last.m.data_as<float>();
-  }
-  std::vector<tune::Buffer> buffers(const Problem& p) const {
-    return {{"h", out.h, DType::kF32, {p.B, p.NH, p.S, p.DV}},
-            {"c_last", out.c_last, DType::kF32, {p.B, p.NH, p.DK, p.DV}},
-            {"n_last", out.n_last, DType::kF32, {p.B, p.NH, p.DK}},
-            {"m_last", out.m_last, DType::kF32, {p.B, p.NH}}};
-  }
-};
-
-// dh, the upstream gradients of the last states and the gradients checked.
-void check_backward_args(const Inputs& in, Prepared& r, const Options& opt, const TensorView& dh, const Grads& g,
-                         const TensorView& dc_last, const TensorView& dn_last) {
-  r.check("dh", dh);
-  if (given(dc_last)) r.check("dc_last", dc_last);
-  if (given(dn_last)) r.check("dn_last", dn_last);
-  r.check("dq", g.dq), r.check("dk", g.dk), r.check("dv", g.dv), r.check("di", g.di), r.check("df", g.df);
-  const bool state = given(in.c0);
-  if (state != given(g.dc0) || state != given(g.dn0))
-    args().fail(state ? "dc0 and dn0 are required with an initial state" : "dc0 and dn0 are written only with an initial state");
-  if (state) r.check("dc0", g.dc0), r.check("dn0", g.dn0);
-  if (opt.check_finite) args().finite(dh, "dh");
-}
-
-// The backward's arguments as the backends take them (f32 copies and scratch where needed; device
-// calls: nothing converted, dc_last, dn_last are f32).
-struct BackwardBind {
-  F32In dh32, dcl, dnl;
-  F32Out dq, dk, dv, di, df;
-  BackwardArgs a;
-  BackwardBind(const Inputs& in, const Problem& p, const TensorView& dh, const Grads& g, const TensorView& dc_last,
-               const TensorView& dn_last) {
-    if (!on_device(p)) {
-      dh32 = as_f32(dh);
-      dq = as_f32_out(g.dq), dk = as_f32_out(g.dk), dv = as_f32_out(g.dv), di = as_f32_out(g.di), df = as_f32_out(g.df);
-    } else {
-      a.dh_dev = dev_in(dh);
-      a.dq_dev = dev_out(g.dq), a.dk_dev = dev_out(g.dk), a.dv_dev = dev_out(g.dv);
-      a.di_dev = dev_out(g.di), a.df_dev = dev_out(g.df);
-    }
-    dcl = as_f32(dc_last), dnl = as_f32(dn_last);
-    a.dh = dh32.ptr, a.dc_last = dcl.ptr, a.dn_last = dnl.ptr;
-    a.dq = dq.ptr, a.dk = dk.ptr, a.dv = dv.ptr, a.di = di.ptr, a.df = df.ptr;
-    if (given(in.c0)) a.dc0 = g.dc0.data_as<float>(), a.dn0 = g.dn0.data_as<float>();
-  }
-  std::vector<tune::Buffer> buffers(const Problem& p) const {
-    const Shape qk{p.B, p.NH, p.S, p.DK}, gs{p.B, p.NH, p.S};
-    return {{"dq", a.dq, DType::kF32, qk}, {"dk", a.dk, DType::kF32, qk}, {"dv", a.dv, DType::kF32, {p.B, p.NH, p.S, p.DV}},
-            {"di", a.di, DType::kF32, gs}, {"df", a.df, DType::kF32, gs},
-            {"dc0", a.dc0, DType::kF32, {p.B, p.NH, p.DK, p.DV}}, {"dn0", a.dn0, DType::kF32, {p.B, p.NH, p.DK}}};
-  }
-  void finish() const {
-    for (const F32Out* o : {&dq, &dk, &dv, &di, &df}) o->finish();
+    const std::string ran = tune::dispatch_declared(registry(), tuning(), opt, p, c, outs, at, body);
+    for (const F32Out* o : {&h, &dq, &dk, &dv, &di, &df}) o->finish();
+    return ran;
   }
 };
 
@@ -192,44 +178,29 @@ struct BackwardBind {
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string forward(const Inputs& in, const TensorView& h, const LastStates& last, const Options& opt) {
-  Prepared r(in, opt);
-  const int outs = check_forward_outputs(r, h, last);
-  r.convert(in);
-  const ForwardBind fb(r.p, h, last, outs);
-  const std::string ran = r.run_tuned(opt, Pass::kForward, fb.buffers(r.p),
-                                     [&](const Implementation& impl, const Problem& t) { impl.forward(t, fb.out); });
-  fb.h.finish();
-  return ran;
+  Call c(in, opt);
+  c.check_forward(h, last);
+  c.convert(in), c.bind_forward(h, last);
+  return c.run(opt, Pass::kForward, [&](const Implementation& impl, const Problem& t) { impl.forward(t, c.out); });
 }
 
 std::string backward(const Inputs& in, const TensorView& dh, const Grads& g, const Options& opt,
                      const TensorView& dc_last, const TensorView& dn_last) {
-  Prepared r(in, opt);
-  check_backward_args(in, r, opt, dh, g, dc_last, dn_last);
-  r.convert(in);
-  const BackwardBind bb(in, r.p, dh, g, dc_last, dn_last);
-  const std::string ran = r.run_tuned(opt, Pass::kBackward, bb.buffers(r.p),
-                                     [&](const Implementation& impl, const Problem& t) { impl.backward(t, bb.a); });
-  bb.finish();
-  return ran;
+  Call c(in, opt);
+  c.check_backward(in, opt, dh, g, dc_last, dn_last);
+  c.convert(in), c.bind_backward(dh, g, dc_last, dn_last);
+  return c.run(opt, Pass::kBackward, [&](const Implementation& impl, const Problem& t) { impl.backward(t, c.a); });
 }
 
+// The cpu backend forms the chunk states once for both passes.
 std::string forward_backward(const Inputs& in, const TensorView& h, const LastStates& last, const TensorView& dh,
                              const Grads& g, const Options& opt, const TensorView& dc_last, const TensorView& dn_last) {
-  Prepared r(in, opt);
-  const int outs = check_forward_outputs(r, h, last);
-  check_backward_args(in, r, opt, dh, g, dc_last, dn_last);
-  r.convert(in);
-  const ForwardBind fb(r.p, h, last, outs);
-  const BackwardBind bb(in, r.p, dh, g, dc_last, dn_last);
-  std::vector<tune::Buffer> outs_all = fb.buffers(r.p), grads = bb.buffers(r.p);
-  outs_all.insert(outs_all.end(), grads.begin(), grads.end());
-  const std::string ran = r.run_tuned(opt, Pass::kFused, outs_all, [&](const Implementation& impl, const Problem& t) {
-    impl.forward_backward(t, fb.out, bb.a);
+  Call c(in, opt);
+  c.check_forward(h, last), c.check_backward(in, opt, dh, g, dc_last, dn_last);
+  c.convert(in), c.bind_forward(h, last), c.bind_backward(dh, g, dc_last, dn_last);
+  return c.run(opt, Pass::kFused, [&](const Implementation& impl, const Problem& t) {
+    impl.forward_backward(t, c.out, c.a);
   });
-  fb.h.finish();
-  bb.finish();
-  return ran;
 }
 
 }  // namespace tessera::mlstm

@@ -58,6 +58,7 @@ struct Call {
   Problem p;
   std::vector<uint8_t> resets;
   dispatch::F32In dh;
+  std::vector<tune::Buffer> outs;  // the outputs checked, for autotune-on-miss
 
   Call(const Inputs& in, const Options& opt) : d(bind_inputs(in, dispatch::BindMode::kFull)) {
     p.B = d["B"], p.S = d["S"], p.NH = d["NH"], p.DH = d["DH"];
@@ -84,14 +85,16 @@ struct Call {
     p.stream = opt.stream;
   }
   void check(const char* name, const TensorView& t) { dispatch::check_rule(d, rules(), name, t); }
+  void output(const char* name, const TensorView& t) { check(name, t), outs.push_back(tune::buffer_of(name, t)); }
 
   void outputs(const Outputs& out) {
-    check("h", out.h);
+    output("h", out.h);
     p.h = out.h.data_as<float>();
     const int last = int(given(out.h_last)) + int(given(out.c_last)) + int(given(out.n_last)) + int(given(out.m_last));
     args().need(last == 0 || last == 4, "the last state is h_last, c_last, n_last and m_last together, got " + num(last));
     if (last == 0) return;
-    check("h_last", out.h_last), check("c_last", out.c_last), check("n_last", out.n_last), check("m_last", out.m_last);
+    output("h_last", out.h_last), output("c_last", out.c_last);
+    output("n_last", out.n_last), output("m_last", out.m_last);
     p.h_last = out.h_last.data_as<float>(), p.c_last = out.c_last.data_as<float>();
     p.n_last = out.n_last.data_as<float>(), p.m_last = out.m_last.data_as<float>();
   }
@@ -104,13 +107,13 @@ struct Call {
       if (given(*t)) check(name, *t);
     p.dh_last = up.dh_last.data_as<const float>(), p.dc_last = up.dc_last.data_as<const float>();
     p.dn_last = up.dn_last.data_as<const float>();
-    check("dwx", g.dwx), check("dr", g.dr), check("db", g.db);
+    output("dwx", g.dwx), output("dr", g.dr), output("db", g.db);
     p.dwx = g.dwx.data, p.dr = g.dr.data, p.db = g.db.data;
     const int d0 = int(given(g.dh0)) + int(given(g.dc0)) + int(given(g.dn0));
     if (p.has_initial() && d0 != 3) args().fail("with an initial state, dh0, dc0 and dn0 are required");
     if (!p.has_initial() && d0 != 0) args().fail("dh0, dc0 and dn0 are written only with an initial state (h0, c0, n0, m0)");
     if (p.has_initial()) {
-      check("dh0", g.dh0), check("dc0", g.dc0), check("dn0", g.dn0);
+      output("dh0", g.dh0), output("dc0", g.dc0), output("dn0", g.dn0);
       p.dh0 = g.dh0.data_as<float>(), p.dc0 = g.dc0.data_as<float>(), p.dn0 = g.dn0.data_as<float>();
     }
     p.dh_given = up.dh.data, p.dh_dtype = up.dh.dtype;
@@ -130,13 +133,6 @@ struct Call {
     c.pass = p.backward ? (p.h ? Pass::kFused : Pass::kBackward) : Pass::kForward;
     c.threads = p.num_threads;
     c.given = {{"batch_block", p.batch_block}};
-    const Shape st{p.B, p.NH, p.DH};
-    const std::vector<tune::Buffer> outs = {
-        {"h", p.h, DType::kF32, {p.B, p.S, p.NH, p.DH}}, {"h_last", p.h_last, DType::kF32, st},
-        {"c_last", p.c_last, DType::kF32, st}, {"n_last", p.n_last, DType::kF32, st},
-        {"m_last", p.m_last, DType::kF32, st}, {"dwx", p.dwx, p.dtype, {p.B, p.S, 4, p.NH, p.DH}},
-        {"dr", p.dr, p.dtype, {4, p.NH, p.DH, p.DH}}, {"db", p.db, p.dtype, {4, p.NH, p.DH}},
-        {"dh0", p.dh0, DType::kF32, st}, {"dc0", p.dc0, DType::kF32, st}, {"dn0", p.dn0, DType::kF32, st}};
     const auto at = [this](const tune::Params& cand) {
       Problem q = p;
       q.batch_block = tune::param(cand, "batch_block").value_or(0);

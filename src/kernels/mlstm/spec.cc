@@ -1,9 +1,9 @@
 // mlstm: its registration with the kernel registry — the only place the CLI, the parity suite,
 // the bench and the Python bindings learn about this kernel (docs/ADDING_A_KERNEL.md).
-#include "dispatch/glue_rnn.h"
 #include "kernels/mlstm/impl.h"
 #include "kernels/mlstm/testing.h"
 #include "kernels/declared_tune.h"
+#include "kernels/glue_rnn.h"
 #include "kernels/registry.h"
 
 namespace tessera::mlstm {
@@ -39,10 +39,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   const Inputs in = call_inputs(a);
   const dispatch::Dims d = bind_inputs(in, dispatch::BindMode::kShapesOnly);
   std::vector<kernels::OutputDesc> out;
-  auto add = [&](const char* name) {
-    const dispatch::TensorRule& r = dispatch::rule_of(rules(), name);
-    out.push_back(kernels::output_of(d, name, r.dims, r.dtype));
-  };
+  auto add = [&](const char* name) { out.push_back(kernels::declared_output(d, rules(), name)); };
   if (a.pass != Pass::kBackward) {
     add("h");
     if (a.options.flag("return_last_states")) add("c_last"), add("n_last"), add("m_last");
@@ -91,25 +88,23 @@ kernels::CallSpec call_spec() {
   return s;
 }
 
-kernels::KernelSpec make_spec() {
-  kernels::KernelSpec k;
-  k.name = kKernelName;
-  k.description = "mLSTM (xLSTM matrix-memory cell): chunkwise forward and backward with resets";
-  k.dims = {"B", "NH", "S", "DHQK", "DHV"};
-  k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
-  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
-  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
-  k.bench = kernels::bench_spec_of({}, make_bench_problem);
-  k.call = call_spec();
-  k.tune = kernels::declared_tune_spec(tuning(), spec);
-  return k;
-}
-
 }  // namespace
 
 const kernels::KernelSpec& spec() {
-  static const kernels::KernelSpec s = make_spec();
+  static const kernels::KernelSpec s = [] {
+    kernels::KernelSpec k;
+    k.name = kKernelName;
+    k.description = "mLSTM (xLSTM matrix-memory cell): chunkwise forward and backward with resets";
+    k.dims = {"B", "NH", "S", "DHQK", "DHV"};
+    k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
+    k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+    k.implementations = []() -> dispatch::RegistryView& { return registry(); };
+    k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
+    k.bench = kernels::bench_spec_of({}, make_bench_problem);
+    k.call = call_spec();
+    k.tune = kernels::declared_tune_spec(tuning(), spec);
+    return k;
+  }();
   return s;
 }
 

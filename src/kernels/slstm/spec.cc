@@ -1,11 +1,10 @@
 // slstm: the registration — the only place the CLI, the parity suite and the bindings learn
 // about this kernel (docs/ADDING_A_KERNEL.md).
-#include "dispatch/glue_rnn.h"
 #include "kernels/declared_tune.h"
+#include "kernels/glue_rnn.h"
 #include "kernels/registry.h"
 #include "kernels/slstm/impl.h"
 #include "kernels/slstm/testing.h"
-#include "tessera/error.h"
 
 namespace tessera::slstm {
 
@@ -33,10 +32,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   const Inputs in = call_inputs(a);
   const dispatch::Dims d = bind_inputs(in, dispatch::BindMode::kShapesOnly);
   std::vector<kernels::OutputDesc> out;
-  auto add = [&](const char* name) {
-    const dispatch::TensorRule& r = dispatch::rule_of(rules(), name);
-    out.push_back(kernels::output_of(d, name, r.dims, r.dtype));
-  };
+  auto add = [&](const char* name) { out.push_back(kernels::declared_output(d, rules(), name)); };
   if (a.pass != Pass::kBackward) {
     add("h");
     if (a.options.flag("return_last_states")) add("h_last"), add("c_last"), add("n_last"), add("m_last");
@@ -55,16 +51,10 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
   const Outputs fo{o["h"], o["h_last"], o["c_last"], o["n_last"], o["m_last"]};
   const Grads g{o["dwx"], o["dr"], o["db"], o["dh0"], o["dc0"], o["dn0"]};
-  const auto up = [&] {
-    return Upstream{need(a, "grad_h"), a.tensor_or_empty("grad_h_last"), a.tensor_or_empty("grad_c_last"),
+  if (a.pass == Pass::kForward) return forward(in, fo, opt);
+  const Upstream up{need(a, "grad_h"), a.tensor_or_empty("grad_h_last"), a.tensor_or_empty("grad_c_last"),
                     a.tensor_or_empty("grad_n_last")};
-  };
-  switch (a.pass) {
-    case Pass::kForward: return forward(in, fo, opt);
-    case Pass::kBackward: return backward(in, up(), g, opt);
-    case Pass::kFused: return forward_backward(in, up(), fo, g, opt);
-  }
-  throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
+  return a.pass == Pass::kFused ? forward_backward(in, up, fo, g, opt) : backward(in, up, g, opt);
 }
 
 kernels::CallSpec call_spec() {

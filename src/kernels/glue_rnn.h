@@ -11,7 +11,8 @@ namespace tessera::kernels {
 
 // The contiguous output `name` with the dims and dtype of its rule in `rules`, against a call's
 // bound inputs: declared_output(d, rules(), "h").
-inline OutputDesc declared_output(const dispatch::Dims& d, const dispatch::TensorRules& rules, const std::string& name) {
+inline OutputDesc declared_output(const dispatch::Dims& d, const dispatch::TensorRules& rules,
+                                  const std::string& name) {
   const dispatch::TensorRule& r = dispatch::rule_of(rules, name);
   return output_of(d, name, r.dims, r.dtype);
 }

@@ -46,7 +46,8 @@ TEST(GlueRnn, DeclaredOutputTakesTheRulesDimsAndDtype) {
   const Tensor q = Tensor::zeros(DType::kBF16, {2, 3});
   Dims d = rules().bind({{"q", q.view()}});
   d.set("D", 4);
-  const kernels::OutputDesc h = kernels::declared_output(d, rules(), "h"), last = kernels::declared_output(d, rules(), "last");
+  const kernels::OutputDesc h = kernels::declared_output(d, rules(), "h");
+  const kernels::OutputDesc last = kernels::declared_output(d, rules(), "last");
   EXPECT_EQ(h.name, "h");
   EXPECT_EQ(h.dtype, DType::kBF16);  // "=q|f32" allocates q's dtype
   EXPECT_EQ(h.shape, (Shape{2, 3, 4}));

@@ -63,10 +63,7 @@ struct Outputs {
 
 struct Upstream {
   TensorView dh;                         // [B, S, NH, DH] f32 (or the inputs' dtype)
-  TensorView dh_last;  // [B, NH, DH] f32, optional
-  // [B, NH, DH] f32, optional: upstream gradients of c_last and n_last with m held (exactly what a
-  // next call's dc0 / dn0 are: chaining calls carries the gradient through the state).
-  TensorView dc_last, dn_last;
+  TensorView dh_last, dc_last, dn_last;  // [B, NH, DH] f32, optional (c, n with m held: BACKWARD above)
 };
 
 struct Grads {

@@ -73,7 +73,7 @@ def test_numpy_backward_cpu_matches_reference():
 
 def test_numpy_errors():
     d = problem()
-    with pytest.raises(ValueError, match="r must have shape"):
+    with pytest.raises(ValueError, match=r"r must be \[4, NH="):
         tessera.slstm(d["wx"], d["r"][:, :, :3], d["b"])
     with pytest.raises(ValueError, match="together"):
         tessera.slstm(**d, h0=np.zeros((B, NH, DH), np.float32))

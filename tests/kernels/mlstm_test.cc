@@ -258,26 +258,29 @@ TEST(MlstmApi, ErrorsNameTheProblem) {
   };
   mlstm::Inputs in = ok;
   in.q = f32(q, {1, 2, 2});
-  has(call(in, hv), "q must be [B, NH, S, DHQK]");
+  has(call(in, hv), "q must be [B, NH, S, DHQK], got [1, 2, 2]");
   in = ok, in.q = f32(q, {1, 1, 0, 2}), in.k = f32(k, {1, 1, 0, 2}), in.v = f32(v, {1, 1, 0, 2});
+  in.i = f32(i, {1, 1, 0}), in.f = f32(f, {1, 1, 0});
   has(call(in, hv), "S must be >= 1");
   in = ok, in.k = f32(k, {1, 1, 2, 1});
-  has(call(in, hv), "k must be [1, 1, 2, 2]");
+  has(call(in, hv), "k must be [B=1, NH=1, S=2, DHQK=2], got [1, 1, 2, 1]");
   in = ok, in.v = TensorView(v.data(), DType::kBF16, {1, 1, 2, 2});
-  has(call(in, hv), "q, k and v must share one dtype");
+  has(call(in, hv), "v must be f32 like q, got bf16");
   in = ok, in.i = f32(i, {1, 2});
-  has(call(in, hv), "i must be [1, 1, 2]");
+  has(call(in, hv), "i must be [B=1, NH=1, S=2], got [1, 2]");
+  in = ok, in.f = TensorView(f.data(), DType::kBF16, {1, 1, 2});
+  has(call(in, hv), "f must be f32 like i, got bf16");
   std::vector<int32_t> r(4);
   in = ok, in.resets = TensorView(r.data(), DType::kI32, {2, 2});
-  has(call(in, hv), "resets must be [1, 2]");
+  has(call(in, hv), "resets must be [B=1, S=2], got [2, 2]");
   in = ok, in.resets = f32(i, {1, 2});
-  has(call(in, hv), "resets must be i32 or i64");
+  has(call(in, hv), "resets must be int32 or int64, got f32");
   std::vector<float> c0(4), n0(2), m0(1);
   in = ok, in.c0 = f32(c0, {1, 1, 2, 2});
   has(call(in, hv), "c0, n0 and m0 go together");
   in = ok, in.c0 = f32(c0, {1, 1, 2, 2}), in.n0 = f32(n0, {1, 1, 2}), in.m0 = f32(m0, {1});
-  has(call(in, hv), "m0 must be [1, 1]");
-  has(call(ok, f32(h, {1, 1, 2, 1})), "h must be [1, 1, 2, 2]");
+  has(call(in, hv), "m0 must be [B=1, NH=1], got [1]");
+  has(call(ok, f32(h, {1, 1, 2, 1})), "h must be [B=1, NH=1, S=2, DHV=2], got [1, 1, 2, 1]");
   mlstm::Options o;
   o.eps = -1;
   has(call(ok, hv, o), "eps must be finite and >= 0");
@@ -296,12 +299,12 @@ TEST(MlstmApi, ErrorsNameTheProblem) {
   // Every array lives on q's device; a device call runs on the cuda backend or fails by name
   // (here: no usable device, or host memory labelled cuda:0 refused by the backend).
   in = ok, in.k.device = Device::cuda();
-  has(call(in, hv), "k must be on q's device cpu");
+  has(call(in, hv), "k is on cuda:0 but q is on cpu");
   in = ok;
   for (TensorView* t : {&in.q, &in.k, &in.v, &in.i, &in.f}) t->device = Device::cuda();
   TensorView hd = hv;
   hd.device = Device::cuda();
-  has(call(in, hv), "h must be on q's device cuda:0");
+  has(call(in, hv), "h is on cpu but q is on cuda:0");
   EXPECT_NE(call(in, hd), "accepted");
 }
 

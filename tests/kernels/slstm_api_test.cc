@@ -75,15 +75,15 @@ TEST(SlstmApi, BadInputsAreErrorsThatTouchNothing) {
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.wx = wx_gates3.view(); }, "wx must be [B, S, 4, NH, DH]");
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.wx = wx_s0.view(); }, "S = 0");
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.wx = wx_i32.view(); }, "wx must be f32, bf16 or f16");
-  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.r = r_bad.view(); }, "r must have shape [4, 2, 8, 8]");
+  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.r = r_bad.view(); }, "r must be [4, NH=2, DH=8, DH=8], got [4, 2, 8, 7]");
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.r = r_bf16.view(); }, "r must be f32");
-  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.b = b_bad.view(); }, "b must have shape");
-  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.resets = rs_bad.view(); }, "resets must be [B, S]");
+  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.b = b_bad.view(); }, "b must be [4, NH=2, DH=8], got [4, 2, 9]");
+  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.resets = rs_bad.view(); }, "resets must be [B=2, S=5], got [2, 4]");
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.resets = rs_f32.view(); }, "resets must be int32 or int64");
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.m0 = {}; }, "h0, c0, n0 and m0 together");
-  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.c0 = st_bad.view(); }, "c0 must have shape");
-  expect_rejected([&](Inputs&, Upstream& up, Fixture&) { up.dh = dh_bad.view(); }, "dh must have h's shape");
-  expect_rejected([&](Inputs&, Upstream& up, Fixture&) { up.dh_last = st_bad.view(); }, "dh_last must have shape");
+  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.c0 = st_bad.view(); }, "c0 must be [B=2, NH=2, DH=8], got [2, 2, 9]");
+  expect_rejected([&](Inputs&, Upstream& up, Fixture&) { up.dh = dh_bad.view(); }, "dh must be [B=2, S=5, NH=2, DH=8], got [2, 5, 2, 9]");
+  expect_rejected([&](Inputs&, Upstream& up, Fixture&) { up.dh_last = st_bad.view(); }, "dh_last must be [B=2, NH=2, DH=8], got [2, 2, 9]");
   // n0 <= 0 (or NaN) could make h = c/0 (n_t = n0 where I underflows): named, with the element.
   Tensor n0_zero = Tensor::zeros(DType::kF32, {2, 2, 8}), n0_neg = Tensor::zeros(DType::kF32, {2, 2, 8});
   for (int64_t i = 0; i < 32; ++i) n0_zero.data_as<float>()[i] = n0_neg.data_as<float>()[i] = 1.0f;
@@ -115,7 +115,7 @@ TEST(SlstmApi, BadOutputsAreErrorsThatTouchNothing) {
   };
   Outputs out = f.out();
   out.h = h_bad.view();
-  rejected(out, f.grads(), "h must have shape");
+  rejected(out, f.grads(), "h must be [B=2, S=5, NH=2, DH=8], got [2, 5, 2, 7]");
   out = f.out(), out.m_last = {};
   rejected(out, f.grads(), "h_last, c_last, n_last and m_last together");
   Grads g = f.grads();

@@ -7,12 +7,12 @@
 #include "harness/blas.h"
 #include "kernels/mlstm/impl.h"
 #include "kernels/registry.h"
-#include "tessera/error.h"
 #include "tune/declared.h"
 
 namespace tessera::mlstm {
 
 const kernels::KernelSpec& spec();
+void quadratic_baseline(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& i, const Tensor& f);  // baseline.cc
 
 namespace {
 
@@ -21,9 +21,9 @@ struct Dims {
   DType dtype = DType::kF32;
 };
 
-class MlstmBench final : public harness::BenchProblem {
+class MlstmBench final : public kernels::CallBenchProblem {
  public:
-  MlstmBench(const Dims& d, uint64_t seed, bool with_data) : d_(d), chunk_(bench_chunk(d)) {
+  MlstmBench(const Dims& d, uint64_t seed, bool with_data) : CallBenchProblem(spec), d_(d), chunk_(bench_chunk(d)) {
     if (!with_data) return;  // cost model only (`tessera bench --predict`)
     q_ = random_uniform(d.dtype, {d.B, d.NH, d.S, d.DK}, 1.0f, seed * 8 + 1);
     k_ = random_uniform(d.dtype, {d.B, d.NH, d.S, d.DK}, 1.0f, seed * 8 + 2);
@@ -113,9 +113,7 @@ class MlstmBench final : public harness::BenchProblem {
     return c;
   }
 
-  // The parallel quadratic form through the BLAS, per head: D [S, S] = cum_t − cum_s + i_s (s ≤ t),
-  // m_t = max(cum_t, max_s D_ts) (the zero initial state's m = 0 decayed), P = (Q̂Kᵀ) ∘ e^{D − m},
-  // h = P·V / (max(|rowsum P|, e^{−m}) + eps): two S×S sgemms, S² floats of memory per head.
+  // The parallel (quadratic) form through the BLAS (baseline.cc), forward only.
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int) override {
     std::vector<harness::BaselineCall> out;
     if (d_.dtype != DType::kF32 || !harness::blas::available()) return out;
@@ -127,16 +125,12 @@ class MlstmBench final : public harness::BenchProblem {
       c.description = "parallel (quadratic) form: S×S decay matrix, Q̂Kᵀ and P·V through the BLAS, per head";
       const double S = double(d_.S);
       c.cost.add({"Q̂Kᵀ and P·V, S×S", 2 * S * S * double(d_.DK + d_.DV) * double(d_.B * d_.NH), 0.0, S * S, false});
-      c.run = [this] { quadratic(); };
+      c.run = [this] { quadratic_baseline(q_, k_, v_, i_, f_); };
       out.push_back(std::move(c));
     }
     return out;
   }
 
-  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass, const ExecOptions& exec) override {
-    const CallData c = call_data();
-    return kernels::bind_call(spec().call, c.tensors, c.options, implementation, dev, pass, exec);
-  }
   CallData call_data() const override {
     CallData c{{{"q", q_}, {"k", k_}, {"v", v_}, {"i", i_}, {"f", f_}, {"grad_h", dh_}}, {}};
     c.options.set("chunk_size", std::to_string(chunk_));
@@ -144,37 +138,6 @@ class MlstmBench final : public harness::BenchProblem {
   }
 
  private:
-  void quadratic() {
-    const int64_t S = d_.S, DK = d_.DK, DV = d_.DV;
-    std::vector<float> P(size_t(S * S)), qs(size_t(S * DK)), h(size_t(S * DV));
-    std::vector<double> cum(static_cast<size_t>(S)), m(static_cast<size_t>(S));
-    for (int64_t bh = 0; bh < d_.B * d_.NH; ++bh) {
-      const float *q = q_.data_as<float>() + bh * S * DK, *k = k_.data_as<float>() + bh * S * DK;
-      const float *v = v_.data_as<float>() + bh * S * DV, *ig = i_.data_as<float>() + bh * S, *fg = f_.data_as<float>() + bh * S;
-      double acc = 0.0;
-      for (int64_t t = 0; t < S; ++t) {
-        acc += std::min(double(fg[t]), 0.0) - std::log1p(std::exp(-std::fabs(double(fg[t]))));
-        cum[size_t(t)] = acc;
-      }
-      for (int64_t j = 0; j < S * DK; ++j) qs[size_t(j)] = q[j] / std::sqrt(float(DK));
-      harness::blas::sgemm(false, true, S, S, DK, 1.f, qs.data(), DK, k, DK, 0.f, P.data(), S);
-      for (int64_t t = 0; t < S; ++t) {
-        double mt = cum[size_t(t)];
-        for (int64_t s = 0; s <= t; ++s) mt = std::max(mt, cum[size_t(t)] - cum[size_t(s)] + ig[s]);
-        m[size_t(t)] = mt;
-        for (int64_t s = 0; s < S; ++s)
-          P[size_t(t * S + s)] *= s <= t ? float(std::exp(cum[size_t(t)] - cum[size_t(s)] + ig[s] - mt)) : 0.f;
-      }
-      harness::blas::sgemm(false, false, S, DV, S, 1.f, P.data(), S, v, DV, 0.f, h.data(), DV);
-      for (int64_t t = 0; t < S; ++t) {
-        float den = 0.f;
-        for (int64_t s = 0; s <= t; ++s) den += P[size_t(t * S + s)];
-        den = std::max(std::fabs(den), float(std::exp(-m[size_t(t)]))) + 1e-6f;
-        for (int64_t y = 0; y < DV; ++y) h[size_t(t * DV + y)] /= den;
-      }
-    }
-  }
-
   // The chunk the rows run and their FLOPs count: the tuned table's for cpu at this shape, else
   // the default — passed to every call explicitly, so that an autotune inside a timed call cannot
   // run another chunk than the cost model counts.
@@ -196,8 +159,8 @@ class MlstmBench final : public harness::BenchProblem {
 
 }  // namespace
 
-std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype, uint64_t seed,
-                                                          bool with_data) {
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
+                                                          const harness::OptionValues&, uint64_t seed, bool with_data) {
   Dims d;
   d.B = shape.dim("B"), d.NH = shape.dim("NH"), d.S = shape.dim("S"), d.DK = shape.dim("DHQK"), d.DV = shape.dim("DHV");
   d.dtype = dtype;

@@ -1,9 +1,8 @@
 // Tessera internal: the contract between the mlstm API and its implementations.
 //
-// api.cc validates the user's views and hands implementations one Problem over f32 host arrays
-// (inputs in other dtypes are converted once, outputs converted back), contiguous, row-major:
-// q, k [B, NH, S, DK], v [B, NH, S, DV], i, f [B, NH, S], resets [B, S] as 0/1 bytes,
-// c0 [B, NH, DK, DV], n0 [B, NH, DK], m0 [B, NH]. Absent optional arrays are nullptr.
+// api.cc validates the user's views and hands implementations one Problem over f32 host arrays in
+// the public header's shapes (DK = DHQK, DV = DHV; resets as 0/1 bytes), contiguous, row-major
+// (inputs in other dtypes converted once, outputs converted back); absent optional ones nullptr.
 // A device call (device not the CPU: the cuda backend) converts nothing: the f32 pointers of the
 // f32 arrays (states, their gradients, c_last …) are the caller's device pointers, and the arrays
 // that may be another dtype are handed over as they are in `dev` (q, k, v, i, f, resets, h, dh,

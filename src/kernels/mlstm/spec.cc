@@ -3,30 +3,25 @@
 #include "kernels/mlstm/impl.h"
 #include "kernels/mlstm/testing.h"
 #include "kernels/declared_tune.h"
+#include "kernels/glue_rnn.h"
 #include "kernels/registry.h"
-#include "tessera/error.h"
 
 namespace tessera::mlstm {
 
 const kernels::KernelSpec& spec();
-std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype, uint64_t seed,
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
+                                                          const harness::OptionValues&, uint64_t seed,
                                                           bool with_data);  // bench.cc
+const dispatch::TensorRules& rules();  // api.cc
+dispatch::Dims bind_inputs(const Inputs& in, dispatch::BindMode mode);
 
 namespace {
 
 using harness::OptionSpec;
 using K = OptionSpec::Kind;
 
-std::vector<kernels::CheckCase> check_cases(bool quick) {
-  return kernels::check_cases_of(testing::check_grid(quick),
-                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device dev) {
-                                   return testing::check_parity(c, impl, pass, dev);
-                                 });
-}
-
 Options call_options(const kernels::CallArgs& a) {
-  Options opt;
-  static_cast<ExecOptions&>(opt) = a.exec;
+  Options opt = kernels::exec_options<Options>(a);
   opt.eps = a.options.real("eps");
   opt.chunk_size = a.options.integer("chunk_size");
   return opt;
@@ -38,28 +33,20 @@ Inputs call_inputs(const kernels::CallArgs& a) {
           a.tensor_or_empty("c0"), a.tensor_or_empty("n0"), a.tensor_or_empty("m0")};
 }
 
-// Shapes only (data may be absent under jit and fake tensors); the call validates everything.
+// Shapes only (data may be absent under jit and fake tensors), each output as api.cc declares it;
+// the call validates everything.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   const Inputs in = call_inputs(a);
-  check(in.q.ndim() == 4 && in.v.ndim() == 4 && in.i.ndim() == 3 && in.f.ndim() == 3, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": q, k must be [B, NH, S, DHQK], v [B, NH, S, DHV], i and f [B, NH, S], got " +
-            in.q.str() + ", " + in.v.str() + ", " + in.i.str());
-  const int64_t B = in.q.shape[0], NH = in.q.shape[1], S = in.q.shape[2], DK = in.q.shape[3], DV = in.v.shape[3];
+  const dispatch::Dims d = bind_inputs(in, dispatch::BindMode::kShapesOnly);
   std::vector<kernels::OutputDesc> out;
-  auto add = [&](const char* name, DType dt, const Shape& shape) { out.push_back({name, dt, shape, contiguous_strides(shape)}); };
-  const DType qd = is_float(in.q.dtype) ? in.q.dtype : DType::kF32, gd = is_float(in.i.dtype) ? in.i.dtype : DType::kF32;
+  auto add = [&](const char* name) { out.push_back(kernels::declared_output(d, rules(), name)); };
   if (a.pass != Pass::kBackward) {
-    add("h", qd, {B, NH, S, DV});
-    if (a.options.flag("return_last_states")) {
-      add("c_last", DType::kF32, {B, NH, DK, DV});
-      add("n_last", DType::kF32, {B, NH, DK});
-      add("m_last", DType::kF32, {B, NH});
-    }
+    add("h");
+    if (a.options.flag("return_last_states")) add("c_last"), add("n_last"), add("m_last");
   }
   if (a.pass != Pass::kForward) {
-    add("dq", qd, in.q.shape), add("dk", qd, in.k.shape), add("dv", qd, in.v.shape);
-    add("di", gd, in.i.shape), add("df", gd, in.f.shape);
-    if (in.c0.data || !in.c0.shape.empty()) add("dc0", DType::kF32, in.c0.shape), add("dn0", DType::kF32, in.n0.shape);
+    add("dq"), add("dk"), add("dv"), add("di"), add("df");
+    if (dispatch::given(in.c0)) add("dc0"), add("dn0");
   }
   return out;
 }
@@ -101,30 +88,23 @@ kernels::CallSpec call_spec() {
   return s;
 }
 
-kernels::KernelSpec make_spec() {
-  kernels::KernelSpec k;
-  k.name = kKernelName;
-  k.description = "mLSTM (xLSTM matrix-memory cell): chunkwise forward and backward with resets";
-  k.dims = {"B", "NH", "S", "DHQK", "DHV"};
-  k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
-  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
-  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = check_cases;
-  k.bench.make_problem = [](const harness::GridShape& shape, DType dt, const harness::OptionValues&, uint64_t seed) {
-    return make_bench_problem(shape, dt, seed, true);
-  };
-  k.bench.make_cost_model = [](const harness::GridShape& shape, DType dt, const harness::OptionValues&) {
-    return make_bench_problem(shape, dt, 0, false);
-  };
-  k.call = call_spec();
-  k.tune = kernels::declared_tune_spec(tuning(), spec);
-  return k;
-}
-
 }  // namespace
 
 const kernels::KernelSpec& spec() {
-  static const kernels::KernelSpec s = make_spec();
+  static const kernels::KernelSpec s = [] {
+    kernels::KernelSpec k;
+    k.name = kKernelName;
+    k.description = "mLSTM (xLSTM matrix-memory cell): chunkwise forward and backward with resets";
+    k.dims = {"B", "NH", "S", "DHQK", "DHV"};
+    k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
+    k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+    k.implementations = []() -> dispatch::RegistryView& { return registry(); };
+    k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
+    k.bench = kernels::bench_spec_of({}, make_bench_problem);
+    k.call = call_spec();
+    k.tune = kernels::declared_tune_spec(tuning(), spec);
+    return k;
+  }();
   return s;
 }
 

@@ -1,12 +1,16 @@
 // slstm: the registration — the only place the CLI, the parity suite and the bindings learn
 // about this kernel (docs/ADDING_A_KERNEL.md).
 #include "kernels/declared_tune.h"
+#include "kernels/glue_rnn.h"
 #include "kernels/registry.h"
 #include "kernels/slstm/impl.h"
 #include "kernels/slstm/testing.h"
-#include "tessera/error.h"
 
 namespace tessera::slstm {
+
+const dispatch::TensorRules& rules();  // api.cc
+dispatch::Dims bind_inputs(const Inputs& in, dispatch::BindMode mode);
+
 namespace {
 
 using K = harness::OptionSpec::Kind;
@@ -22,25 +26,20 @@ Inputs call_inputs(const kernels::CallArgs& a) {
   return in;
 }
 
-// Shapes only (data may be absent under jit and fake tensors); the call validates the rest.
+// Shapes only (data may be absent under jit and fake tensors), each output as api.cc declares it;
+// the call validates the rest.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   const Inputs in = call_inputs(a);
-  check(in.wx.ndim() == 5 && in.wx.shape[2] == 4, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": wx must be [B, S, 4, NH, DH], got " + shape_str(in.wx.shape));
-  const int64_t B = in.wx.shape[0], S = in.wx.shape[1], NH = in.wx.shape[3], DH = in.wx.shape[4];
+  const dispatch::Dims d = bind_inputs(in, dispatch::BindMode::kShapesOnly);
   std::vector<kernels::OutputDesc> out;
-  auto add = [&](const char* name, DType dt, const Shape& shape) { out.push_back({name, dt, shape, contiguous_strides(shape)}); };
+  auto add = [&](const char* name) { out.push_back(kernels::declared_output(d, rules(), name)); };
   if (a.pass != Pass::kBackward) {
-    add("h", DType::kF32, {B, S, NH, DH});
-    if (a.options.flag("return_last_states"))
-      for (const char* n : {"h_last", "c_last", "n_last", "m_last"}) add(n, DType::kF32, {B, NH, DH});
+    add("h");
+    if (a.options.flag("return_last_states")) add("h_last"), add("c_last"), add("n_last"), add("m_last");
   }
   if (a.pass != Pass::kForward) {
-    add("dwx", in.wx.dtype, in.wx.shape);
-    add("dr", in.r.dtype, in.r.shape);
-    add("db", in.b.dtype, in.b.shape);
-    if (a.tensor("h0"))
-      for (const char* n : {"dh0", "dc0", "dn0"}) add(n, DType::kF32, {B, NH, DH});
+    add("dwx"), add("dr"), add("db");
+    if (dispatch::given(in.h0)) add("dh0"), add("dc0"), add("dn0");
   }
   return out;
 }
@@ -52,16 +51,10 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
   const Outputs fo{o["h"], o["h_last"], o["c_last"], o["n_last"], o["m_last"]};
   const Grads g{o["dwx"], o["dr"], o["db"], o["dh0"], o["dc0"], o["dn0"]};
-  const auto up = [&] {
-    return Upstream{need(a, "grad_h"), a.tensor_or_empty("grad_h_last"), a.tensor_or_empty("grad_c_last"),
+  if (a.pass == Pass::kForward) return forward(in, fo, opt);
+  const Upstream up{need(a, "grad_h"), a.tensor_or_empty("grad_h_last"), a.tensor_or_empty("grad_c_last"),
                     a.tensor_or_empty("grad_n_last")};
-  };
-  switch (a.pass) {
-    case Pass::kForward: return forward(in, fo, opt);
-    case Pass::kBackward: return backward(in, up(), g, opt);
-    case Pass::kFused: return forward_backward(in, up(), fo, g, opt);
-  }
-  throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
+  return a.pass == Pass::kFused ? forward_backward(in, up, fo, g, opt) : backward(in, up, g, opt);
 }
 
 kernels::CallSpec call_spec() {

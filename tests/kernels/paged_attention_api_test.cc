@@ -77,9 +77,10 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kBF16, d.k_cache.shape()); }, {"k_cache must be f32 like q, got bf16"});
   expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kI32, d.q.shape()); }, {"q must be f32, bf16 or f16"});
   expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI64, d.page_table.shape()); }, {"page_table must be i32"});
-  expect_error([](auto& d, auto&) { d.kv_lens = Tensor::empty(DType::kI32, {2}); }, {"kv_lens must have shape [3]"});
-  expect_error([](auto& d, auto&) { d.cu_q_lens = Tensor::empty(DType::kI32, {2, 2}); }, {"cu_q_lens must be 1-D"});
-  expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI32, {2, 4}); }, {"page_table must have shape [3, 4]"});
+  expect_error([](auto& d, auto&) { d.kv_lens = Tensor::empty(DType::kI32, {2}); }, {"kv_lens must be [N=3], got [2]"});
+  expect_error([](auto& d, auto&) { d.cu_q_lens = Tensor::empty(DType::kI32, {2, 2}); }, {"cu_q_lens must be [N+1=4], got [2, 2]"});
+  // N binds from page_table, the first tensor that names it.
+  expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI32, {2, 4}); }, {"kv_lens must be [N=2], got [3]"});
   expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kF32, {6, 3, 16}); }, {"Hq=3 is not a multiple of Hkv=2"},
                {6, 3, 16}, {6, 3});
   expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kF32, {6, 4, 8}); }, {"k_cache must be [P, page_size, Hkv, D=8], got [9, 4, 2, 16]"});
@@ -88,8 +89,8 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kF32, {4, 4, 2}); }, {"k_cache must be [P, page_size, Hkv, D=16], got [4, 4, 2]"});
   expect_error([](auto& d, auto&) { d.sinks = Tensor::empty(DType::kF32, {3}); }, {"sinks must be [Hq=4]"});
   expect_error([](auto& d, auto&) { d.sinks = Tensor::empty(DType::kBF16, {4}); }, {"sinks must be f32"});
-  expect_error([](auto&, auto&) {}, {"o must have shape [6, 4, 16]"}, {6, 4, 8});
-  expect_error([](auto&, auto&) {}, {"lse must have shape [6, 4]"}, {6, 4, 16}, {4, 6});
+  expect_error([](auto&, auto&) {}, {"o must be [T=6, Hq=4, Dv=16], got [6, 4, 8]"}, {6, 4, 8});
+  expect_error([](auto&, auto&) {}, {"lse must be [T=6, Hq=4], got [4, 6]"}, {6, 4, 16}, {4, 6});
   expect_error([](auto&, auto& o) { o.scale = 0.0; }, {"scale must be finite in f32 and > 0"});
   expect_error([](auto&, auto& o) { o.softcap = -1.0; }, {"softcap must be finite in f32 and >= 0"});
   expect_error([](auto&, auto& o) { o.scale = 1e39; }, {"scale must be finite in f32 and > 0"});   // inf in f32

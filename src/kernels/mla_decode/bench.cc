@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "core/random.h"
+#include "kernels/glue_mla.h"
 #include "kernels/mla_decode/impl.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
@@ -33,12 +34,8 @@ class MlaBench final : public kernels::CallBenchProblem {
     const int64_t np = s_.pages(), P = s_.B * np;
     q_ = random_uniform(s_.dtype, {s_.B, s_.Sq, s_.Hq, s_.D}, 1.0f, seed * 5 + 1);
     kv_ = random_uniform(s_.dtype, {P, s_.page_size, 1, s_.D}, 1.0f, seed * 5 + 2);
-    pt_ = Tensor::empty(DType::kI32, {s_.B, np});
+    pt_ = kernels::shuffled_page_table(s_.B, np, seed * 5 + 3);
     L_ = Tensor::empty(DType::kI32, {s_.B});
-    int32_t* pt = pt_.data_as<int32_t>();
-    for (int64_t i = 0; i < P; ++i) pt[i] = static_cast<int32_t>(i);
-    for (int64_t i = P - 1; i > 0; --i)
-      std::swap(pt[i], pt[random_bits(seed * 5 + 3, static_cast<uint64_t>(i)) % static_cast<uint64_t>(i + 1)]);
     for (int64_t b = 0; b < s_.B; ++b) L_.data_as<int32_t>()[b] = static_cast<int32_t>(s_.T);
   }
 
@@ -79,19 +76,13 @@ class MlaBench final : public kernels::CallBenchProblem {
   }
 
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
-    std::vector<harness::BaselineCall> out;
-    for (Pass pass : passes) {
-      if (pass != Pass::kForward) continue;
-      harness::BaselineCall c;
-      c.name = "gather+attention";
-      c.pass = pass;
-      c.description = "gather pages into contiguous k [B, T, 1, D] and v [B, T, 1, Dv], then attention (Hkv = 1)";
-      c.roofline_dtype = dtype_name(s_.dtype);
-      c.cost = cost(pass, c.name);
-      c.run = gather_attention_baseline(q_, kv_, pt_, s_.T, s_.Dv, s_.causal, threads);
-      out.push_back(std::move(c));
-    }
-    return out;
+    harness::BaselineCall c;
+    c.name = "gather+attention";
+    c.description = "gather pages into contiguous k [B, T, 1, D] and v [B, T, 1, Dv], then attention (Hkv = 1)";
+    c.roofline_dtype = dtype_name(s_.dtype);
+    c.cost = cost(Pass::kForward, c.name);
+    c.run = gather_attention_baseline(q_, kv_, pt_, s_.T, s_.Dv, s_.causal, threads);
+    return kernels::forward_baseline(passes, std::move(c));
   }
 
  private:

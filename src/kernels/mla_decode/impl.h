@@ -3,12 +3,10 @@
 
 #include <memory>
 #include <optional>
-#include <string>
 #include <vector>
 
 #include "dispatch/registry.h"
 #include "dispatch/tensor_rules.h"
-#include "tessera/dtype.h"
 #include "tessera/mla_decode.h"
 
 namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)

@@ -4,12 +4,10 @@
 // Shape: N sequences of kv_len S each (causal), the first `prefill` of them prefilling Q new
 // tokens, the others decoding one; H query heads, H / gqa kv heads, head dim D (= Dv); pages of
 // `page_size` slots in a shuffled order.
-#include <algorithm>
 #include <functional>
-#include <numeric>
-#include <random>
 
 #include "core/random.h"
+#include "kernels/glue_mla.h"
 #include "kernels/paged_attention/impl.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
@@ -46,11 +44,7 @@ class PagedBench final : public kernels::CallBenchProblem {
     q_ = random_uniform(s.dtype, {s.T(), s.H, s.D}, 1.0f, seed * 5 + 1);
     k_ = random_uniform(s.dtype, {P, s.page_size, s.Hkv, s.D}, 1.0f, seed * 5 + 2);
     v_ = random_uniform(s.dtype, {P, s.page_size, s.Hkv, s.D}, 1.0f, seed * 5 + 3);
-    std::vector<int32_t> perm(static_cast<size_t>(P));
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
-    pt_ = Tensor::empty(DType::kI32, {s.N, s.pages()});
-    std::copy(perm.begin(), perm.end(), pt_.data_as<int32_t>());
+    pt_ = kernels::shuffled_page_table(s.N, s.pages(), seed);
     kl_ = Tensor::empty(DType::kI32, {s.N});
     cq_ = Tensor::empty(DType::kI32, {s.N + 1});
     cq_.data_as<int32_t>()[0] = 0;
@@ -83,17 +77,13 @@ class PagedBench final : public kernels::CallBenchProblem {
 
   // Gather every sequence's pages into contiguous k, v, then attention's varlen forward (cpu).
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
-    std::vector<harness::BaselineCall> out;
-    if (std::find(passes.begin(), passes.end(), Pass::kForward) == passes.end()) return out;
     harness::BaselineCall c;
     c.name = "gather+attention";
-    c.pass = Pass::kForward;
     c.description = "copy the pages into contiguous k, v, then attention (varlen, causal, cpu)";
     c.roofline_dtype = dtype_name(s_.dtype);
     c.cost = cost(Pass::kForward, c.name);
     c.run = gather_attention_baseline(q_, k_, v_, pt_, cq_, s_.S, threads);
-    out.push_back(std::move(c));
-    return out;
+    return kernels::forward_baseline(passes, std::move(c));
   }
 
   CallData call_data() const override {

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <string>
 
 #include "dispatch/registry.h"
 #include "dispatch/tensor_rules.h"

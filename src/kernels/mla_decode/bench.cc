@@ -17,8 +17,7 @@ std::function<void()> gather_attention_baseline(const Tensor& q, const Tensor& k
 
 namespace {
 
-using harness::OptionSpec;
-using K = OptionSpec::Kind;
+using K = harness::OptionSpec::Kind;
 
 struct Settings {
   int64_t B = 0, Sq = 0, Hq = 0, T = 0, D = 576, Dv = 512, page_size = 64;

@@ -105,15 +105,10 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
 }  // namespace
 
 dispatch::Dims bind_tensors(const Inputs& in, dispatch::BindMode mode) {
-  return kRules.bind({{"q", in.q},
-                      {"k_cache", in.k_cache},
-                      {"v_cache", in.v_cache},
-                      {"sinks", in.sinks.value_or(TensorView{})},
-                      {"page_table", in.page_table},
-                      {"kv_lens", in.kv_lens}},
+  return kRules.bind({{"q", in.q}, {"k_cache", in.k_cache}, {"v_cache", in.v_cache},
+                      {"sinks", in.sinks.value_or(TensorView{})}, {"page_table", in.page_table}, {"kv_lens", in.kv_lens}},
                      mode);
 }
-
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 

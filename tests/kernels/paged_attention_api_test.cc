@@ -98,6 +98,29 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto&, auto& o) { o.window = -2; }, {"window must be >= 0 or -1"});
 }
 
+// Places: the caches, sinks and outputs on q's device, the index arrays in host memory.
+TEST(PagedAttentionApi, PlaceErrors) {
+  const testing::CaseData d = testing::make_case(base());
+  const auto rejects = [&](const std::function<void(Inputs&, Outputs&)>& broken, const std::string& want) {
+    Tensor o = sentinel(DType::kF32, {6, 4, 16}), lse = sentinel(DType::kF32, {6, 4});
+    Inputs in = d.inputs();
+    Outputs out{o.view(), lse.view()};
+    broken(in, out);
+    try {
+      forward(in, out);
+      ADD_FAILURE() << "no error; wanted " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(untouched(o));
+    EXPECT_TRUE(untouched(lse));
+  };
+  rejects([](Inputs& in, Outputs&) { in.v_cache.device = Device::cuda(); }, "v_cache is on cuda:0 but q is on cpu");
+  rejects([](Inputs& in, Outputs&) { in.kv_lens.device = Device::cuda(); }, "kv_lens must be in host memory");
+  rejects([](Inputs& in, Outputs&) { in.cu_q_lens.device = Device::cuda(); }, "cu_q_lens must be in host memory");
+  rejects([](Inputs&, Outputs& out) { out.lse.device = Device::cuda(); }, "lse is on cuda:0 but q is on cpu");
+}
+
 // check_finite (the CLI's default) scans q and the sinks, never the caches (their unused slots
 // may hold NaN: the contract); a −inf sink is a sink that takes nothing, not an error.
 TEST(PagedAttentionApi, CheckFiniteSkipsTheCachesAndAllowsMinusInfSinks) {

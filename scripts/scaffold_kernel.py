@@ -7,12 +7,14 @@ Writes, from the repository root (or --root):
 
   include/tessera/NAME.h            the contract: Options : ExecOptions, forward(x, y, opt)
                                     (a placeholder y = f(x) over x [N, D] f32: change it)
-  src/kernels/NAME/impl.h           Problem, Implementation, the registry, the factories
-  src/kernels/NAME/api.cc           validation (an error touches no output) and dispatch
+  src/kernels/NAME/impl.h           Problem, Implementation, the registry, the factories, its
+                                    tensors declared as dispatch::TensorRules
+  src/kernels/NAME/api.cc           validation from the rules (an error touches no output), dispatch
   src/kernels/NAME/reference.cc     the oracle: NOT WRITTEN (it throws until you write it)
   src/kernels/NAME/implementations.cc  the registry, default order
   src/kernels/NAME/spec.cc          the registration (KernelSpec): dims N,D, pass forward, f32
-  tests/kernels/NAME_test.cc        hand values for the reference: fails until it is written
+  tests/kernels/NAME_test.cc        hand values for the reference: fails until it is written;
+                                    a wrong output shape rejected by the tensor rules
   docs/kernels/NAME.md              what it computes, its limits, the devlog
 
 and adds `tessera_add_kernel(NAME ...)` to CMakeLists.txt and the spec to src/kernels/registry.cc.
@@ -33,6 +35,7 @@ HEADER = """// Tessera: {name} — {description}.
 // y of the same shape. State the math here, its options, its limits.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "tessera/exec.h"
@@ -42,9 +45,9 @@ namespace tessera::{name} {{
 
 struct Options : ExecOptions {{}};
 
-// x [N, D] f32, y [N, D] f32 (written). Throws Error(kInvalidArgument) before touching y when a
-// shape, dtype or device is wrong.
-void forward(const TensorView& x, const TensorView& y, const Options& opt = {{}});
+// x [N, D] f32, y [N, D] f32 (written). Returns the implementation that ran. Throws
+// Error(kInvalidArgument) before touching y when a shape, dtype or device is wrong.
+std::string forward(const TensorView& x, const TensorView& y, const Options& opt = {{}});
 
 std::vector<ImplementationInfo> implementations();
 
@@ -55,9 +58,9 @@ IMPL_H = """// Tessera internal: the contract between the {name} API and its imp
 #pragma once
 
 #include <memory>
-#include <string>
 
 #include "dispatch/registry.h"
+#include "dispatch/tensor_rules.h"
 #include "tessera/{name}.h"
 
 namespace tessera::{name} {{
@@ -82,6 +85,10 @@ class Implementation : public dispatch::ImplementationBase {{
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
 
+// Each tensor by its named dims, dtype rule and place (dispatch/tensor_rules.h): the API's checks
+// (api.cc) and the call's output shapes (spec.cc) derive from this one declaration.
+inline const dispatch::TensorRules kRules{{kKernelName, {{{{"x", "N,D", "f32"}}}}}};
+
 std::unique_ptr<Implementation> make_reference_implementation();
 
 }}  // namespace tessera::{name}
@@ -89,38 +96,21 @@ std::unique_ptr<Implementation> make_reference_implementation();
 
 API_CC = """// {name}: validation and dispatch. Every check runs before any output is touched.
 #include "kernels/{name}/impl.h"
-#include "tessera/error.h"
 
 namespace tessera::{name} {{
-namespace {{
-
-void fail(const std::string& msg) {{ throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": " + msg); }}
-
-Problem normalize(const TensorView& x, const TensorView& y, const Options& opt) {{
-  if (x.ndim() != 2) fail("x must be [N, D], got " + x.str());
-  if (x.dtype != DType::kF32 || y.dtype != DType::kF32) fail("x and y must be f32, got " + x.str() + ", " + y.str());
-  if (y.shape != x.shape) fail("y must have x's shape, got " + y.str() + " for x " + x.str());
-  if (!x.is_contiguous() || !y.is_contiguous()) fail("x and y must be contiguous");
-  if (x.device != y.device) fail("x and y must be on the same device");
-  Problem p;
-  p.N = x.shape[0];
-  p.D = x.shape[1];
-  p.device = x.device;
-  p.x = x.data_as<const float>();
-  p.y = y.data_as<float>();
-  p.num_threads = resolve_num_threads(opt.num_threads);
-  return p;
-}}
-
-}}  // namespace
 
 std::vector<ImplementationInfo> implementations() {{ return registry().infos(); }}
 
-void forward(const TensorView& x, const TensorView& y, const Options& opt) {{
-  const Problem p = normalize(x, y, opt);
-  registry().dispatch(
-      opt.implementation, p.device.type, [&](const Implementation& impl) {{ return impl.supports(p); }},
-      [&](const Implementation& impl) {{ impl.forward(p); }});
+std::string forward(const TensorView& x, const TensorView& y, const Options& opt) {{
+  dispatch::Dims d = kRules.bind({{{{"x", x}}}});
+  d.check(y, "y", "N,D", "f32");  // the output: x's dims, on x's device
+  Problem p;
+  p.N = d["N"], p.D = d["D"];
+  p.device = d.device();
+  p.x = x.data_as<const float>();
+  p.y = y.data_as<float>();
+  p.num_threads = resolve_num_threads(opt.num_threads);
+  return registry().dispatch_problem(opt.implementation, p, [&](const Implementation& impl) {{ impl.forward(p); }});
 }}
 
 }}  // namespace tessera::{name}
@@ -196,17 +186,16 @@ const kernels::KernelSpec& spec() {{
         -> std::unique_ptr<harness::BenchProblem> {{
       throw Error(ErrorCode::kUnsupported, std::string(kKernelName) + ": no benchmark problem yet (bench.cc)");
     }};
-    // The signature: `tessera run`, the Python functions and their help are derived from it.
+    // The signature: `tessera run`, the Python functions and their help are derived from it. The
+    // output shapes come from the tensor rules, shapes only (no data under jit / fake tensors).
     k.call.inputs = {{{{"x", "input [N, D] (f32)", true, false}}}};
     k.call.outputs = [](const kernels::CallArgs& a) {{
       const TensorView& x = kernels::required(a, kKernelName, "x");
-      return std::vector<kernels::OutputDesc>{{{{"y", DType::kF32, x.shape, contiguous_strides(x.shape)}}}};
+      const dispatch::Dims d = kRules.bind({{{{"x", x}}}}, dispatch::BindMode::kShapesOnly);
+      return std::vector<kernels::OutputDesc>{{kernels::output_of(d, "y", "N,D", "f32")}};
     }};
-    k.call.call = [](const kernels::CallArgs& a, const std::vector<TensorView>& out) -> std::string {{
-      Options opt;
-      static_cast<ExecOptions&>(opt) = a.exec;
-      forward(kernels::required(a, kKernelName, "x"), out.at(0), opt);
-      return "reference";  // TODO: the implementation that ran, once there are several
+    k.call.call = [](const kernels::CallArgs& a, const std::vector<TensorView>& out) {{
+      return forward(kernels::required(a, kKernelName, "x"), out.at(0), kernels::exec_options<Options>(a));
     }};
     return k;
   }}();
@@ -219,8 +208,10 @@ const kernels::KernelSpec& spec() {{
 TEST_CC = """// {name}: the reference against hand values. Fails until the reference is written.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
+#include "tessera/error.h"
 #include "tessera/{name}.h"
 
 namespace tessera {{
@@ -236,6 +227,19 @@ TEST({Name}Reference, MatchesHandValues) {{
   ASSERT_NO_THROW({name}::forward(TensorView(x.data(), DType::kF32, {{2, 3}}),
                                   TensorView(y.data(), DType::kF32, {{2, 3}}), opt));
   for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-6) << i;
+}}
+
+// The tensor rules (impl.h) reject a y of another shape before anything runs, in one line.
+TEST({Name}Api, WrongOutputShapeIsRejectedUntouched) {{
+  std::vector<float> x(6, 1.0f), y(4, -1.0f);
+  try {{
+    {name}::forward(TensorView(x.data(), DType::kF32, {{2, 3}}), TensorView(y.data(), DType::kF32, {{2, 2}}));
+    ADD_FAILURE() << "accepted";
+  }} catch (const Error& e) {{
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(std::string(e.what()), "{name}: y must be [N=2, D=3], got [2, 2]");
+  }}
+  for (float v : y) EXPECT_EQ(v, -1.0f);
 }}
 
 }}  // namespace

@@ -7,8 +7,6 @@
 //   page_table    [B, max_pages]  int32     host memory; entry p of batch b is the page that holds
 //                                           that sequence's keys p·page_size … (p+1)·page_size − 1
 //   cache_seqlens [B]             int32     host memory; L_b keys in the cache for batch b
-// Options: dv (Dv ≤ D, default 512: the values are the FIRST Dv dims of each cached entry),
-// causal, scale (default 1/√D).
 //
 // For batch b, query row i (0 ≤ i < Sq) of head h, and key position j (0 ≤ j < L_b), with
 //   c_j = kv_cache[page_table[b, j / page_size], j % page_size, 0, :]   (D values)
@@ -19,7 +17,6 @@
 // A row that sees no key (L_b = 0, or causal with L_b − Sq + i < 0) has o = 0 and lse = −inf.
 // Every Hq head shares the one latent head (multi-query over the latent).
 //
-// Outputs: o [B, Sq, Hq, Dv] in f32 or q's dtype, lse [B, Sq, Hq] f32.
 // Limits: only the first ceil(L_b / page_size) entries of page_table's row b are read (the rest
 // may hold anything); they must be page ids in [0, P). L_b ≤ max_pages · page_size. Cache
 // entries past L_b in a page are never read (they may hold NaN). Pages may be shared between

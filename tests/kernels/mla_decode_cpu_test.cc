@@ -9,8 +9,8 @@
 
 #include "core/random.h"
 #include "kernels/mla_decode/cpu_stages.h"
-#include "kernels/mla_decode/bench.h"
 #include "kernels/mla_decode/testing.h"
+#include "kernels/registry.h"
 #include "primitives/cpu_bf16_gemm.h"
 
 namespace tessera::mla_decode {
@@ -142,6 +142,9 @@ TEST(MlaDecodeCpu, QuickGridMatchesReference) {
 }  // namespace tessera::mla_decode
 
 namespace tessera::mla_decode {
+
+const kernels::KernelSpec& spec();  // spec.cc
+
 namespace {
 
 // The bench cost model (`tessera bench --predict`): 2·pairs·(D + Dv) useful FLOPs, the cache

@@ -175,13 +175,22 @@ TEST(MlaDecodeApi, ShapesAndDtypes) {
   rejects([&] { call(TensorView(h.q.data(), DType::kF32, {1, 1, 2}), kv, pt, L, o, lse); }, "q must be");
   rejects([&] { call(q, TensorView(h.kv.data(), DType::kF32, {3, 1, 2}), pt, L, o, lse); }, "kv_cache must be");
   rejects([&] { call(q, TensorView(h.kv.data(), DType::kF32, {1, 3, 2, 1}), pt, L, o, lse); }, "kv_cache must be");
-  rejects([&] { call(q, TensorView(h.kv.data(), DType::kBF16, {3, 1, 1, 2}), pt, L, o, lse); }, "share one of");
-  rejects([&] { call(q, TensorView(h.kv.data(), DType::kF32, {6, 1, 1, 1}), pt, L, o, lse); }, "D=1");
+  rejects([&] { call(q, TensorView(h.kv.data(), DType::kBF16, {3, 1, 1, 2}), pt, L, o, lse); }, "kv_cache must be f32 like q");
+  rejects([&] { call(q, TensorView(h.kv.data(), DType::kF32, {6, 1, 1, 1}), pt, L, o, lse); }, "D=2]");
   rejects([&] { call(q, kv, TensorView(h.pt.data(), DType::kI64, {1, 1}), L, o, lse); }, "page_table must be");
   rejects([&] { call(q, kv, pt, TensorView(h.pt.data(), DType::kI32, {2}), o, lse); }, "cache_seqlens must be");
   rejects([&] { call(q, kv, pt, L, TensorView(h.o.data(), DType::kF32, {1, 1, 1, 2}), lse); }, "o must be");
   rejects([&] { call(q, kv, pt, L, TensorView(h.o.data(), DType::kF16, {1, 1, 1, 1}), lse); }, "o must be f32");
   rejects([&] { call(q, kv, pt, L, o, TensorView(h.lse.data(), DType::kF32, {1, 1})); }, "lse must be");
+  // Places: kv_cache, o and lse on q's device; page_table and cache_seqlens in host memory.
+  const auto on_cuda = [](TensorView t) {
+    t.device = Device::cuda();
+    return t;
+  };
+  rejects([&] { call(q, on_cuda(kv), pt, L, o, lse); }, "kv_cache is on cuda:0 but q is on cpu");
+  rejects([&] { call(q, kv, on_cuda(pt), L, o, lse); }, "page_table must be in host memory");
+  rejects([&] { call(q, kv, pt, on_cuda(L), o, lse); }, "cache_seqlens must be in host memory");
+  rejects([&] { call(q, kv, pt, L, on_cuda(o), lse); }, "o is on cuda:0 but q is on cpu");
 }
 
 }  // namespace

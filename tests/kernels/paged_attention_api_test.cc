@@ -77,9 +77,10 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kBF16, d.k_cache.shape()); }, {"k_cache must be f32 like q, got bf16"});
   expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kI32, d.q.shape()); }, {"q must be f32, bf16 or f16"});
   expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI64, d.page_table.shape()); }, {"page_table must be i32"});
-  expect_error([](auto& d, auto&) { d.kv_lens = Tensor::empty(DType::kI32, {2}); }, {"kv_lens must have shape [3]"});
-  expect_error([](auto& d, auto&) { d.cu_q_lens = Tensor::empty(DType::kI32, {2, 2}); }, {"cu_q_lens must be 1-D"});
-  expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI32, {2, 4}); }, {"page_table must have shape [3, 4]"});
+  expect_error([](auto& d, auto&) { d.kv_lens = Tensor::empty(DType::kI32, {2}); }, {"kv_lens must be [N=3], got [2]"});
+  expect_error([](auto& d, auto&) { d.cu_q_lens = Tensor::empty(DType::kI32, {2, 2}); }, {"cu_q_lens must be [N+1=4], got [2, 2]"});
+  // N binds from page_table, the first tensor that names it.
+  expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI32, {2, 4}); }, {"kv_lens must be [N=2], got [3]"});
   expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kF32, {6, 3, 16}); }, {"Hq=3 is not a multiple of Hkv=2"},
                {6, 3, 16}, {6, 3});
   expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kF32, {6, 4, 8}); }, {"k_cache must be [P, page_size, Hkv, D=8], got [9, 4, 2, 16]"});
@@ -88,13 +89,36 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kF32, {4, 4, 2}); }, {"k_cache must be [P, page_size, Hkv, D=16], got [4, 4, 2]"});
   expect_error([](auto& d, auto&) { d.sinks = Tensor::empty(DType::kF32, {3}); }, {"sinks must be [Hq=4]"});
   expect_error([](auto& d, auto&) { d.sinks = Tensor::empty(DType::kBF16, {4}); }, {"sinks must be f32"});
-  expect_error([](auto&, auto&) {}, {"o must have shape [6, 4, 16]"}, {6, 4, 8});
-  expect_error([](auto&, auto&) {}, {"lse must have shape [6, 4]"}, {6, 4, 16}, {4, 6});
+  expect_error([](auto&, auto&) {}, {"o must be [T=6, Hq=4, Dv=16], got [6, 4, 8]"}, {6, 4, 8});
+  expect_error([](auto&, auto&) {}, {"lse must be [T=6, Hq=4], got [4, 6]"}, {6, 4, 16}, {4, 6});
   expect_error([](auto&, auto& o) { o.scale = 0.0; }, {"scale must be finite in f32 and > 0"});
   expect_error([](auto&, auto& o) { o.softcap = -1.0; }, {"softcap must be finite in f32 and >= 0"});
   expect_error([](auto&, auto& o) { o.scale = 1e39; }, {"scale must be finite in f32 and > 0"});   // inf in f32
   expect_error([](auto&, auto& o) { o.softcap = 1e39; }, {"softcap must be finite in f32 and >= 0"});
   expect_error([](auto&, auto& o) { o.window = -2; }, {"window must be >= 0 or -1"});
+}
+
+// Places: the caches, sinks and outputs on q's device, the index arrays in host memory.
+TEST(PagedAttentionApi, PlaceErrors) {
+  const testing::CaseData d = testing::make_case(base());
+  const auto rejects = [&](const std::function<void(Inputs&, Outputs&)>& broken, const std::string& want) {
+    Tensor o = sentinel(DType::kF32, {6, 4, 16}), lse = sentinel(DType::kF32, {6, 4});
+    Inputs in = d.inputs();
+    Outputs out{o.view(), lse.view()};
+    broken(in, out);
+    try {
+      forward(in, out);
+      ADD_FAILURE() << "no error; wanted " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(untouched(o));
+    EXPECT_TRUE(untouched(lse));
+  };
+  rejects([](Inputs& in, Outputs&) { in.v_cache.device = Device::cuda(); }, "v_cache is on cuda:0 but q is on cpu");
+  rejects([](Inputs& in, Outputs&) { in.kv_lens.device = Device::cuda(); }, "kv_lens must be in host memory");
+  rejects([](Inputs& in, Outputs&) { in.cu_q_lens.device = Device::cuda(); }, "cu_q_lens must be in host memory");
+  rejects([](Inputs&, Outputs& out) { out.lse.device = Device::cuda(); }, "lse is on cuda:0 but q is on cpu");
 }
 
 // check_finite (the CLI's default) scans q and the sinks, never the caches (their unused slots

@@ -62,6 +62,13 @@ with tempfile.TemporaryDirectory(prefix="tessera_scaffold_") as root:
     check("the reference is not written yet" in read(root, "src/kernels/demo_op/reference.cc"),
           "the reference throws until written")
     check("TEST(DemoOpReference, MatchesHandValues)" in read(root, "tests/kernels/demo_op_test.cc"), "placeholder test")
+    check('inline const dispatch::TensorRules kRules{kKernelName, {{"x", "N,D", "f32"}}};'
+          in read(root, "src/kernels/demo_op/impl.h"), "tensors declared as rules in impl.h")
+    check('kRules.bind({{"x", x}});' in read(root, "src/kernels/demo_op/api.cc"), "api.cc validates from the rules")
+    check('kernels::output_of(d, "y", "N,D", "f32")' in read(root, "src/kernels/demo_op/spec.cc"),
+          "the call's output shape from the rules")
+    check('"demo_op: y must be [N=2, D=3], got [2, 2]"' in read(root, "tests/kernels/demo_op_test.cc"),
+          "a rejection test in the rules' words")
 
     rc, out = run(root, "demo_op")
     check(rc == 1 and "exists already" in out and "nothing written" in out, f"second scaffold refused: {out}")

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "dispatch/arg_check.h"
+#include "dispatch/tensor_rules.h"
 #include "kernels/mla_decode/impl.h"
 #include "tune/declared.h"
 #include "tessera/error.h"
@@ -12,28 +13,12 @@ namespace {
 using dispatch::num;
 const dispatch::ArgCheck args{kKernelName, "q"};
 
-void check_views(const Inputs& in, const Outputs& out) {
-  const TensorView &q = in.q, &kv = in.kv_cache, &pt = in.page_table, &sl = in.cache_seqlens;
-  args.need(q.ndim() == 4, "q must be [B, Sq, Hq, D], got " + q.str());
-  args.need(kv.ndim() == 4 && kv.shape[2] == 1, "kv_cache must be [P, page_size, 1, D] (one latent head), got " + kv.str());
-  args.need(is_float(q.dtype) && kv.dtype == q.dtype,
-       "q and kv_cache must share one of f32, bf16, f16, got " + q.str() + " and " + kv.str());
-  args.need(kv.shape[3] == q.shape[3], "kv_cache has D=" + num(kv.shape[3]) + " but q has D=" + num(q.shape[3]));
-  args.need(q.shape[3] >= 1 && q.shape[3] <= 1024, "D must be in [1, 1024], got " + num(q.shape[3]));
-  args.need(kv.shape[1] >= 1, "page_size must be >= 1, got " + kv.str());
-  args.need(pt.ndim() == 2 && pt.dtype == DType::kI32 && pt.shape[0] == q.shape[0],
-       "page_table must be int32 [B=" + num(q.shape[0]) + ", max_pages], got " + pt.str());
-  args.need(sl.ndim() == 1 && sl.dtype == DType::kI32 && sl.shape[0] == q.shape[0],
-       "cache_seqlens must be int32 [B=" + num(q.shape[0]) + "], got " + sl.str());
-  args.need(pt.device.type == DeviceType::kCPU && sl.device.type == DeviceType::kCPU,
-       "page_table and cache_seqlens must be in host memory (they are validated before anything runs)");
-  args.need(out.lse.dtype == DType::kF32, "lse must be f32, got " + out.lse.str());
-  args.need(out.o.dtype == DType::kF32 || out.o.dtype == q.dtype, "o must be f32 or q's dtype, got " + out.o.str());
-  args.need(kv.device == q.device && out.o.device == q.device && out.lse.device == q.device,
-       "q, kv_cache, o and lse must be on one device");
-  for (const TensorView* t : {&q, &kv, &pt, &sl, &out.o, &out.lse})
-    args.need(t->is_contiguous() && (t->numel() == 0 || t->data != nullptr), "every tensor must be contiguous with data, got " + t->str());
-}
+// The tensors by their dims; cache_seqlens and the page ids it makes read are checked by check_pages.
+const dispatch::TensorRules kRules{kKernelName,
+                                   {{"q", "B,Sq,Hq,D", "float"},
+                                    {"kv_cache", "P,page_size,1,D", "=q"},
+                                    {"page_table", "B,max_pages", "i32", true},
+                                    {"cache_seqlens", "B", "i32", true}}};
 
 // Lengths and the page ids every visible key reads, batch by batch.
 void check_pages(const Problem& p) {
@@ -51,20 +36,18 @@ void check_pages(const Problem& p) {
 }
 
 Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
-  check_views(in, out);
+  dispatch::Dims d = bind_tensors(in, opt.dv, dispatch::BindMode::kFull);
+  args.need(d["page_size"] >= 1, "page_size must be >= 1, got " + in.kv_cache.str());
+  d.check(out.o, "o", "B,Sq,Hq,Dv", "=q|f32");
+  d.check(out.lse, "lse", "B,Sq,Hq", "f32");
   Problem p;
-  p.B = in.q.shape[0], p.Sq = in.q.shape[1], p.Hq = in.q.shape[2], p.D = in.q.shape[3];
-  p.P = in.kv_cache.shape[0], p.page_size = in.kv_cache.shape[1], p.max_pages = in.page_table.shape[1];
-  args.need(opt.dv >= 1 && opt.dv <= p.D, "dv must be in [1, D=" + num(p.D) + "], got " + num(opt.dv));
-  p.Dv = opt.dv;
-  args.need(out.o.shape == Shape{p.B, p.Sq, p.Hq, p.Dv},
-       "o must be " + shape_str({p.B, p.Sq, p.Hq, p.Dv}) + ", got " + out.o.str());
-  args.need(out.lse.shape == Shape{p.B, p.Sq, p.Hq}, "lse must be " + shape_str({p.B, p.Sq, p.Hq}) + ", got " + out.lse.str());
+  p.B = d["B"], p.Sq = d["Sq"], p.Hq = d["Hq"], p.D = d["D"], p.Dv = d["Dv"];
+  p.P = d["P"], p.page_size = d["page_size"], p.max_pages = d["max_pages"];
   p.scale = opt.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.D)));
   args.need(std::isfinite(p.scale) && p.scale > 0, "scale must be finite and > 0, got " + std::to_string(p.scale));
   args.need(!opt.block_sizes || opt.block_sizes->split_keys >= 0,
        "block_sizes.split_keys must be >= 0 (0: automatic), got " + num(opt.block_sizes ? opt.block_sizes->split_keys : 0));
-  p.dtype = in.q.dtype, p.o_dtype = out.o.dtype, p.device = in.q.device;
+  p.dtype = in.q.dtype, p.o_dtype = out.o.dtype, p.device = d.device();
   p.q = in.q.data, p.kv = in.kv_cache.data;
   p.page_table = static_cast<const int32_t*>(in.page_table.data);
   p.seqlens = static_cast<const int32_t*>(in.cache_seqlens.data);
@@ -78,6 +61,15 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
 }
 
 }  // namespace
+
+dispatch::Dims bind_tensors(const Inputs& in, int64_t dv, dispatch::BindMode mode) {
+  dispatch::Dims d = kRules.bind(
+      {{"q", in.q}, {"kv_cache", in.kv_cache}, {"page_table", in.page_table}, {"cache_seqlens", in.cache_seqlens}}, mode);
+  args.need(d["D"] >= 1 && d["D"] <= 1024, "D must be in [1, 1024], got " + num(d["D"]));
+  args.need(dv >= 1 && dv <= d["D"], "dv must be in [1, D=" + num(d["D"]) + "], got " + num(dv));
+  d.set("Dv", dv);
+  return d;
+}
 
 std::string BlockSizes::str() const { return "split_keys=" + std::to_string(split_keys); }
 
@@ -102,7 +94,7 @@ std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
   };
   return tune::dispatch_declared(
       registry(), tuning(), opt, p, c,
-      {{"o", p.o, p.o_dtype, {p.B, p.Sq, p.Hq, p.Dv}}, {"lse", p.lse, DType::kF32, {p.B, p.Sq, p.Hq}}}, at,
+      {tune::buffer_of("o", out.o), tune::buffer_of("lse", out.lse)}, at,
       [](const Implementation& impl, const Problem& q) { impl.forward(q); });
 }
 

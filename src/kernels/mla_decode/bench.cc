@@ -1,21 +1,23 @@
 // mla_decode: the benchmark problem. Dims B (sequences), Sq (queries per sequence), Hq (query
 // heads), T (cached keys per sequence); options d, dv, page_size, causal. Pages are shuffled.
-// Baseline: gather each sequence's keys out of its pages into contiguous k and v (values = the
-// first dv dims), then tessera's attention with Hkv = 1 (the gather is timed with it).
-#include "kernels/mla_decode/bench.h"
-
-#include <cstring>
+// Baseline: gather + attention (baseline.cc).
+#include <functional>
 
 #include "core/random.h"
+#include "kernels/glue_mla.h"
 #include "kernels/mla_decode/impl.h"
-#include "tessera/attention.h"
+#include "kernels/registry.h"
 #include "tessera/error.h"
 
 namespace tessera::mla_decode {
+
+const kernels::KernelSpec& spec();
+std::function<void()> gather_attention_baseline(const Tensor& q, const Tensor& kv, const Tensor& page_table, int64_t T,
+                                                int64_t Dv, bool causal, int threads);  // baseline.cc
+
 namespace {
 
-using harness::OptionSpec;
-using K = OptionSpec::Kind;
+using K = harness::OptionSpec::Kind;
 
 struct Settings {
   int64_t B = 0, Sq = 0, Hq = 0, T = 0, D = 576, Dv = 512, page_size = 64;
@@ -31,12 +33,8 @@ class MlaBench final : public kernels::CallBenchProblem {
     const int64_t np = s_.pages(), P = s_.B * np;
     q_ = random_uniform(s_.dtype, {s_.B, s_.Sq, s_.Hq, s_.D}, 1.0f, seed * 5 + 1);
     kv_ = random_uniform(s_.dtype, {P, s_.page_size, 1, s_.D}, 1.0f, seed * 5 + 2);
-    pt_ = Tensor::empty(DType::kI32, {s_.B, np});
+    pt_ = kernels::shuffled_page_table(s_.B, np, seed * 5 + 3);
     L_ = Tensor::empty(DType::kI32, {s_.B});
-    int32_t* pt = pt_.data_as<int32_t>();
-    for (int64_t i = 0; i < P; ++i) pt[i] = static_cast<int32_t>(i);
-    for (int64_t i = P - 1; i > 0; --i)
-      std::swap(pt[i], pt[random_bits(seed * 5 + 3, static_cast<uint64_t>(i)) % static_cast<uint64_t>(i + 1)]);
     for (int64_t b = 0; b < s_.B; ++b) L_.data_as<int32_t>()[b] = static_cast<int32_t>(s_.T);
   }
 
@@ -77,47 +75,16 @@ class MlaBench final : public kernels::CallBenchProblem {
   }
 
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
-    std::vector<harness::BaselineCall> out;
-    for (Pass pass : passes) {
-      if (pass != Pass::kForward) continue;
-      harness::BaselineCall c;
-      c.name = "gather+attention";
-      c.pass = pass;
-      c.description = "gather pages into contiguous k [B, T, 1, D] and v [B, T, 1, Dv], then attention (Hkv = 1)";
-      c.roofline_dtype = dtype_name(s_.dtype);
-      c.cost = cost(pass, c.name);
-      auto k = std::make_shared<Tensor>(Tensor::empty(s_.dtype, {s_.B, s_.T, 1, s_.D}));
-      auto v = std::make_shared<Tensor>(Tensor::empty(s_.dtype, {s_.B, s_.T, 1, s_.Dv}));
-      auto o = std::make_shared<Tensor>(Tensor::empty(DType::kF32, {s_.B, s_.Sq, s_.Hq, s_.Dv}));
-      auto lse = std::make_shared<Tensor>(Tensor::empty(DType::kF32, {s_.B, s_.Hq, s_.Sq}));
-      c.run = [this, k, v, o, lse, threads] {
-        gather(*k, *v);
-        attention::Options opt;
-        opt.causal = s_.causal;
-        opt.num_threads = threads;
-        opt.implementation = "cpu";
-        attention::Inputs in;
-        in.q = q_.view(), in.k = k->view(), in.v = v->view();
-        attention::forward(in, {o->view(), lse->view()}, opt);
-      };
-      out.push_back(std::move(c));
-    }
-    return out;
+    harness::BaselineCall c;
+    c.name = "gather+attention";
+    c.description = "gather pages into contiguous k [B, T, 1, D] and v [B, T, 1, Dv], then attention (Hkv = 1)";
+    c.roofline_dtype = dtype_name(s_.dtype);
+    c.cost = cost(Pass::kForward, c.name);
+    c.run = gather_attention_baseline(q_, kv_, pt_, s_.T, s_.Dv, s_.causal, threads);
+    return kernels::forward_baseline(passes, std::move(c));
   }
 
  private:
-  void gather(Tensor& k, Tensor& v) const {
-    const size_t esz = dtype_size(s_.dtype);
-    const int32_t* pt = pt_.data_as<int32_t>();
-    const auto* cache = static_cast<const char*>(kv_.data());
-    for (int64_t b = 0; b < s_.B; ++b)
-      for (int64_t j = 0; j < s_.T; ++j) {
-        const char* e = cache + ((int64_t{pt[b * s_.pages() + j / s_.page_size]} * s_.page_size + j % s_.page_size) * s_.D) * esz;
-        std::memcpy(static_cast<char*>(k.data()) + (b * s_.T + j) * s_.D * esz, e, static_cast<size_t>(s_.D) * esz);
-        std::memcpy(static_cast<char*>(v.data()) + (b * s_.T + j) * s_.Dv * esz, e, static_cast<size_t>(s_.Dv) * esz);
-      }
-  }
-
   Settings s_;
   Tensor q_, kv_, pt_, L_;
 };

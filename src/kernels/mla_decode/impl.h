@@ -3,11 +3,10 @@
 
 #include <memory>
 #include <optional>
-#include <string>
 #include <vector>
 
 #include "dispatch/registry.h"
-#include "tessera/dtype.h"
+#include "dispatch/tensor_rules.h"
 #include "tessera/mla_decode.h"
 
 namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
@@ -60,6 +59,10 @@ class Implementation : public dispatch::ImplementationBase {
 
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
+
+// q, kv_cache, page_table and cache_seqlens bound to their declared dims, with dv checked as Dv
+// (api.cc): the API's checks and the call's output shapes (spec.cc) come from this one declaration.
+dispatch::Dims bind_tensors(const Inputs& in, int64_t dv, dispatch::BindMode mode);
 
 // The split length's tuning (tuning.cc) and its checked-in table (tuned_table.cc, generated).
 const tune::Declared& tuning();

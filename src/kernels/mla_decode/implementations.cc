@@ -7,8 +7,7 @@ namespace tessera::mla_decode {
 Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry(kKernelName);  // never destroyed: device modules hold pointers
-    // cuda.cu lives in the CUDA device module: declared here, registered by the module when a
-    // CUDA device is first used; listed as unavailable, with the reason, where it cannot load.
+    // cuda.cu: in the CUDA device module, declared here (dispatch/registry.h: add_module_implementation).
     reg->add_module_implementation("cuda", DeviceType::kCUDA,
                                    "NVIDIA GPUs: split-KV partial attention then the lse combine, from the CUDA "
                                    "module libtessera_cuda.so");

@@ -1,17 +1,19 @@
 // mla_decode: the registration — the only place the CLI, the parity suite and the bindings learn
 // about this kernel (docs/ADDING_A_KERNEL.md): its signature (call), check grid and bench.
 #include "kernels/mla_decode/impl.h"
-#include "kernels/mla_decode/bench.h"
 #include "kernels/mla_decode/testing.h"
 #include "kernels/declared_tune.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 
 namespace tessera::mla_decode {
+
+const kernels::KernelSpec& spec();
+kernels::BenchSpec bench_spec();  // bench.cc
+
 namespace {
 
-using harness::OptionSpec;
-using K = OptionSpec::Kind;
+using K = harness::OptionSpec::Kind;
 
 BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "split_keys").value_or(0)}; }
 tune::Params to_params(const BlockSizes& b) { return {{"split_keys", b.split_keys}}; }
@@ -28,23 +30,20 @@ Options call_options(const kernels::CallArgs& a) {
   return opt;
 }
 
+Inputs call_inputs(const kernels::CallArgs& a) {
+  return {need(a, "q"), need(a, "kv_cache"), need(a, "page_table"), need(a, "cache_seqlens")};
+}
+
 // Shapes only (data may be absent under jit / fake tensors); the call validates everything.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const TensorView& q = need(a, "q");
-  check(q.ndim() == 4, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": q must be [B, Sq, Hq, D], got " + shape_str(q.shape));
-  const int64_t dv = a.options.integer("dv");
-  check(dv >= 1 && dv <= q.shape[3], ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": dv must be in [1, D=" + std::to_string(q.shape[3]) + "], got " + std::to_string(dv));
-  const Shape os{q.shape[0], q.shape[1], q.shape[2], dv}, ls{q.shape[0], q.shape[1], q.shape[2]};
-  return {{"o", DType::kF32, os, contiguous_strides(os)}, {"lse", DType::kF32, ls, contiguous_strides(ls)}};
+  const dispatch::Dims d = bind_tensors(call_inputs(a), a.options.integer("dv"), dispatch::BindMode::kShapesOnly);
+  return {kernels::output_of(d, "o", "B,Sq,Hq,Dv", "f32"), kernels::output_of(d, "lse", "B,Sq,Hq", "f32")};
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   check(a.pass == Pass::kForward, ErrorCode::kInvalidArgument, std::string(kKernelName) + ": forward only");
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
-  const Inputs in{need(a, "q"), need(a, "kv_cache"), need(a, "page_table"), need(a, "cache_seqlens")};
-  return forward(in, {o["o"], o["lse"]}, call_options(a));
+  return forward(call_inputs(a), {o["o"], o["lse"]}, call_options(a));
 }
 
 kernels::CallSpec call_spec() {

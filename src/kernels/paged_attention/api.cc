@@ -14,36 +14,22 @@ namespace {
 using dispatch::num;
 const dispatch::ArgCheck args{kKernelName, "q"};
 
-// An index tensor: i32 of this shape, in host memory.
-void require_index(const TensorView& t, const Shape& shape, const char* what) {
-  args.dtype(t, DType::kI32, what);
-  args.shape(t, shape, what);
-  args.host(t, what);
-}
-
-// The tensors by their dims; page_table, kv_lens and cu_q_lens are checked by check_sequences
-// (cu_q_lens is [N + 1]).
+// The tensors by their dims; cu_q_lens ([N + 1]) and the entries of the index tensors are checked
+// by check_sequences.
 const dispatch::TensorRules kRules{kKernelName,
                                    {{"q", "T,Hq,D", "float"},
                                     {"k_cache", "P,page_size,Hkv,D", "=q"},
                                     {"v_cache", "P,page_size,Hkv,Dv", "=q"},
-                                    {"sinks", "Hq", "f32"}}};
+                                    {"sinks", "Hq", "f32"},
+                                    {"page_table", "N,max_pages", "i32", true},
+                                    {"kv_lens", "N", "i32", true}}};
 
-}  // namespace
-
-dispatch::Dims bind_tensors(const Inputs& in, dispatch::BindMode mode) {
-  return kRules.bind(
-      {{"q", in.q}, {"k_cache", in.k_cache}, {"v_cache", in.v_cache}, {"sinks", in.sinks.value_or(TensorView{})}}, mode);
-}
-
-namespace {
-
-void check_shapes(const Inputs& in, Problem& p) {
-  const dispatch::Dims d = bind_tensors(in, dispatch::BindMode::kFull);
+void check_shapes(const Inputs& in, const dispatch::Dims& d, Problem& p) {
   p.device = d.device();
   p.dtype = in.q.dtype;
   p.T = d["T"], p.Hq = d["Hq"], p.D = d["D"];
   p.P = d["P"], p.page_size = d["page_size"], p.Hkv = d["Hkv"], p.Dv = d["Dv"];
+  p.N = d["N"], p.max_pages = d["max_pages"];
   if (p.Hq < 1 || p.Hkv < 1) args.fail("head counts must be >= 1, got Hq=" + num(p.Hq) + ", Hkv=" + num(p.Hkv));
   if (p.D < 1 || p.Dv < 1) args.fail("head dims must be >= 1, got D=" + num(p.D) + ", Dv=" + num(p.Dv));
   if (p.page_size < 1) args.fail("page_size (k_cache's axis 1) must be >= 1, got " + num(p.page_size));
@@ -53,17 +39,11 @@ void check_shapes(const Inputs& in, Problem& p) {
   if (in.sinks) p.sinks = static_cast<const float*>(in.sinks->data);
 }
 
-// page_table [N, max_pages], kv_lens [N], cu_q_lens [N+1]: every entry a sequence reads.
-void check_sequences(const Inputs& in, Problem& p) {
-  const TensorView& cu = in.cu_q_lens;
-  if (cu.ndim() != 1 || cu.shape[0] < 1) args.fail("cu_q_lens must be 1-D [N+1], got " + shape_str(cu.shape));
-  p.N = cu.shape[0] - 1;
-  require_index(cu, {p.N + 1}, "cu_q_lens");
-  require_index(in.kv_lens, {p.N}, "kv_lens");
-  if (in.page_table.ndim() != 2) args.fail("page_table must be [N, max_pages], got " + shape_str(in.page_table.shape));
-  p.max_pages = in.page_table.shape[1];
-  require_index(in.page_table, {p.N, p.max_pages}, "page_table");
-  p.cu_q = static_cast<const int32_t*>(cu.data);
+// cu_q_lens [N+1], then every entry of it, kv_lens [N] and page_table [N, max_pages] a sequence reads.
+void check_sequences(const Inputs& in, dispatch::Dims& d, Problem& p) {
+  d.set("N+1", p.N + 1);
+  d.check(in.cu_q_lens, {"cu_q_lens", "N+1", "i32", true});
+  p.cu_q = static_cast<const int32_t*>(in.cu_q_lens.data);
   p.kv_lens = static_cast<const int32_t*>(in.kv_lens.data);
   p.page_table = static_cast<const int32_t*>(in.page_table.data);
   if (p.cu_q[0] != 0) args.fail("sequence 0: cu_q_lens[0] must be 0, got " + num(p.cu_q[0]));
@@ -90,10 +70,11 @@ void check_sequences(const Inputs& in, Problem& p) {
         num(p.N) + "]=" + num(p.cu_q[p.N]) + " must equal the rows of q (T=" + num(p.T) + ")");
 }
 
-Problem normalize(const Inputs& in, const Options& opt) {
+Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
+  dispatch::Dims d = bind_tensors(in, dispatch::BindMode::kFull);
   Problem p;
-  check_shapes(in, p);
-  check_sequences(in, p);
+  check_shapes(in, d, p);
+  check_sequences(in, d, p);
   // The backends compute in f32: a finite double past FLT_MAX would become inf there.
   constexpr double kMax = std::numeric_limits<float>::max();
   if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0.0 && *opt.scale <= kMax))
@@ -113,24 +94,26 @@ Problem normalize(const Inputs& in, const Options& opt) {
     if (in.sinks) args.need(dispatch::all_finite(*in.sinks, /*allow_neg_inf=*/true), "sinks contain NaN or +Inf");
     // The caches are not scanned: their unused slots may hold anything (the contract).
   }
-  return p;
-}
-
-void check_outputs(const Outputs& out, Problem& p) {
-  args.output(out.o, p.dtype, {p.T, p.Hq, p.Dv}, p.device, "o");
-  args.output(out.lse, DType::kF32, {p.T, p.Hq}, p.device, "lse");
+  d.check(out.o, "o", "T,Hq,Dv", "=q|f32");
+  d.check(out.lse, "lse", "T,Hq", "f32");
   p.o = out.o.data;
   p.o_f32 = out.o.dtype == DType::kF32;
   p.lse = static_cast<float*>(out.lse.data);
+  return p;
 }
 
 }  // namespace
 
+dispatch::Dims bind_tensors(const Inputs& in, dispatch::BindMode mode) {
+  return kRules.bind({{"q", in.q}, {"k_cache", in.k_cache}, {"v_cache", in.v_cache},
+                      {"sinks", in.sinks.value_or(TensorView{})}, {"page_table", in.page_table}, {"kv_lens", in.kv_lens}},
+                     mode);
+}
+
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
-  Problem p = normalize(in, opt);
-  check_outputs(out, p);
+  const Problem p = normalize(in, out, opt);
   if (p.T == 0) return "(empty)";
   return registry().dispatch_problem(opt.implementation, p, [&](const Implementation& impl) { impl.forward(p); });
 }

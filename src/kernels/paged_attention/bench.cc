@@ -1,21 +1,23 @@
-// paged_attention: the benchmark problem, its cost model and the gather-then-attention baseline.
+// paged_attention: the benchmark problem and its cost model; the gather-then-attention baseline
+// is baseline.cc's.
 //
 // Shape: N sequences of kv_len S each (causal), the first `prefill` of them prefilling Q new
 // tokens, the others decoding one; H query heads, H / gqa kv heads, head dim D (= Dv); pages of
 // `page_size` slots in a shuffled order.
-#include <algorithm>
-#include <numeric>
-#include <random>
+#include <functional>
 
 #include "core/random.h"
+#include "kernels/glue_mla.h"
 #include "kernels/paged_attention/impl.h"
 #include "kernels/registry.h"
-#include "tessera/attention.h"
 #include "tessera/error.h"
 
 namespace tessera::paged_attention {
 
 const kernels::KernelSpec& spec();
+std::function<void()> gather_attention_baseline(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                                const Tensor& page_table, const Tensor& cu_q_lens, int64_t S,
+                                                int threads);  // baseline.cc
 
 namespace {
 
@@ -42,11 +44,7 @@ class PagedBench final : public kernels::CallBenchProblem {
     q_ = random_uniform(s.dtype, {s.T(), s.H, s.D}, 1.0f, seed * 5 + 1);
     k_ = random_uniform(s.dtype, {P, s.page_size, s.Hkv, s.D}, 1.0f, seed * 5 + 2);
     v_ = random_uniform(s.dtype, {P, s.page_size, s.Hkv, s.D}, 1.0f, seed * 5 + 3);
-    std::vector<int32_t> perm(static_cast<size_t>(P));
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
-    pt_ = Tensor::empty(DType::kI32, {s.N, s.pages()});
-    std::copy(perm.begin(), perm.end(), pt_.data_as<int32_t>());
+    pt_ = kernels::shuffled_page_table(s.N, s.pages(), seed);
     kl_ = Tensor::empty(DType::kI32, {s.N});
     cq_ = Tensor::empty(DType::kI32, {s.N + 1});
     cq_.data_as<int32_t>()[0] = 0;
@@ -77,42 +75,15 @@ class PagedBench final : public kernels::CallBenchProblem {
     return c;
   }
 
-  // Gather every sequence's pages into contiguous k, v ([Σ kv_len, Hkv, D]), then attention's
-  // varlen forward (cpu): the same math without paging.
+  // Gather every sequence's pages into contiguous k, v, then attention's varlen forward (cpu).
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
-    std::vector<harness::BaselineCall> out;
-    if (std::find(passes.begin(), passes.end(), Pass::kForward) == passes.end()) return out;
-    const int64_t rows = s_.N * s_.S;
-    gk_ = Tensor::empty(s_.dtype, {rows, s_.Hkv, s_.D});
-    gv_ = Tensor::empty(s_.dtype, {rows, s_.Hkv, s_.D});
-    ck_ = Tensor::empty(DType::kI32, {s_.N + 1});
-    for (int64_t i = 0; i <= s_.N; ++i) ck_.data_as<int32_t>()[i] = static_cast<int32_t>(i * s_.S);
-    bo_ = Tensor::empty(s_.dtype, {s_.T(), s_.H, s_.D});
-    blse_ = Tensor::empty(DType::kF32, {s_.H, s_.T()});
     harness::BaselineCall c;
     c.name = "gather+attention";
-    c.pass = Pass::kForward;
     c.description = "copy the pages into contiguous k, v, then attention (varlen, causal, cpu)";
     c.roofline_dtype = dtype_name(s_.dtype);
     c.cost = cost(Pass::kForward, c.name);
-    c.run = [this, threads] {
-      const size_t row_bytes = static_cast<size_t>(s_.Hkv * s_.D) * dtype_size(s_.dtype);
-      const int32_t* pt = pt_.data_as<int32_t>();
-      for (int64_t s = 0; s < s_.N; ++s)
-        for (int64_t p = 0; p < s_.pages(); ++p) {
-          const int64_t n = std::min(s_.page_size, s_.S - p * s_.page_size), dst = s * s_.S + p * s_.page_size;
-          const int64_t src = static_cast<int64_t>(pt[s * s_.pages() + p]) * s_.page_size;
-          std::memcpy(gk_.data_as<char>() + dst * row_bytes, k_.data_as<char>() + src * row_bytes, n * row_bytes);
-          std::memcpy(gv_.data_as<char>() + dst * row_bytes, v_.data_as<char>() + src * row_bytes, n * row_bytes);
-        }
-      attention::Inputs in;
-      in.q = q_.view(), in.k = gk_.view(), in.v = gv_.view(), in.cu_seqlens_q = cq_.view(), in.cu_seqlens_k = ck_.view();
-      attention::Options opt;
-      opt.causal = true, opt.num_threads = threads;
-      attention::forward(in, {bo_.view(), blse_.view()}, opt);
-    };
-    out.push_back(std::move(c));
-    return out;
+    c.run = gather_attention_baseline(q_, k_, v_, pt_, cq_, s_.S, threads);
+    return kernels::forward_baseline(passes, std::move(c));
   }
 
   CallData call_data() const override {
@@ -124,7 +95,6 @@ class PagedBench final : public kernels::CallBenchProblem {
  private:
   Settings s_;
   Tensor q_, k_, v_, pt_, kl_, cq_;
-  Tensor gk_, gv_, ck_, bo_, blse_;  // the baseline's
 };
 
 }  // namespace

@@ -1,14 +1,12 @@
 // Tessera internal: the contract between the paged_attention API and its implementations.
 //
 // api.cc validates the user's views (page ids, lengths, offsets: every one, before anything runs)
-// and hands every implementation the same Problem: flat sizes, raw pointers and the resolved
-// options. The index arrays are host memory whatever the device of q and the caches.
+// and hands every implementation the same Problem: flat sizes, raw pointers and the resolved options.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <string>
 
 #include "dispatch/registry.h"
 #include "dispatch/tensor_rules.h"

@@ -57,6 +57,7 @@ constexpr int64_t kRowBlock = 1024;  // tgmm, bf16/f16: rows converted per step
 constexpr int64_t kMaxBlock = 1 << 16;
 constexpr int64_t kPanel = cpu_f32_gemm::kPanel;  // f32 micro-kernel: columns per packed panel
 constexpr int64_t kMaxSpan = 4096;                // tgmm on it: rows of the output per item at most
+constexpr int64_t kSliceRows = 12;                // gmm on it: rows per product between prefetches (2 register blocks)
 
 // dst [rows, cols] (row stride cols) = f32(src[r·ld + c]) for the block at element offset `off`.
 void to_f32(const void* src, DType t, int64_t off, int64_t ld, int64_t rows, int64_t cols, float* dst) {
@@ -151,6 +152,17 @@ void pack_strided_rows(const uint16_t* base, int64_t ld, int64_t K, int64_t N, u
   for (int64_t k = 0; k < K; ++k) ptrs[static_cast<size_t>(k)] = base + k * ld;
   cpu_bf16_gemm::pack_rows(ptrs.data(), K, N, packed);
 }
+
+// Rows of `width` floats at base + r·ld, r < rows: the part of a packed panel's source in DRAM.
+struct PanelSource {
+  const float* base;
+  int64_t ld, rows, width;
+  // Prefetches (for L2) the lines of rows [rows·i / parts, rows·(i + 1) / parts).
+  void prefetch(int64_t i, int64_t parts) const {
+    for (int64_t r = rows * i / parts; r < rows * (i + 1) / parts; ++r)
+      for (int64_t c = 0; c < width; c += 16) __builtin_prefetch(base + r * ld + c, 0, 2);
+  }
+};
 
 // The f32 route on the packed micro-kernel: f32 in and out, AVX-512F, TESSERA_CPU_F32_GEMM not 0.
 bool f32_kernel(const Problem& p, DType out) {
@@ -335,23 +347,33 @@ class Cpu final : public Implementation {
     for_items(p, items, T, [&](const Item& it, int tid) { gmm_item_kernel(p, x, it, s.b[tid]); });
   }
 
-  // c[r0:r1, c0:c1] = a[r0:r1, :] · b[g][:, c0:c1], one packed panel of b[g] at a time.
+  // c[r0:r1, c0:c1] = a[r0:r1, :] · b[g][:, c0:c1], one packed panel of b[g] at a time. rhs
+  // comes from DRAM once (G·K·N values: 512 MiB at G = 64, K = 1024, N = 2048) and the rows of a
+  // small group take little longer to run than a panel to load, so while a panel's rows run,
+  // kSliceRows at a time, the next panel's source lines are prefetched into L2 a part per slice.
   static void gmm_item_kernel(const Problem& p, const GmmArgs& x, const Item& it, float* packed) {
     TESSERA_TRACE_SCOPE_I("gmm.gmm.item", it.g);
     namespace f32 = cpu_f32_gemm;
-    const int64_t K = p.K, N = p.N;
+    const int64_t K = p.K, N = p.N, rows = it.r1 - it.r0;
     const bool trans = p.transpose_rhs;
     const float* A = static_cast<const float*>(x.a) + it.r0 * K;
     const float* B = static_cast<const float*>(x.b) + it.g * K * N;
     float* C = static_cast<float*>(x.c) + it.r0 * N;
+    const int64_t slices = (rows + kSliceRows - 1) / kSliceRows;
     for (int64_t c0 = it.c0; c0 < it.c1; c0 += kPanel) {
-      const int64_t w = std::min(kPanel, it.c1 - c0);
+      const int64_t w = std::min(kPanel, it.c1 - c0), next = c0 + kPanel, wn = std::min(kPanel, it.c1 - next);
       {
         TESSERA_TRACE_SCOPE("gmm.pack");
         f32::pack(trans, K, w, trans ? B + c0 * K : B + c0, trans ? K : N, packed);
       }
+      // The next panel's source: K rows of wn values, or (transposed) wn rows of K values.
+      const PanelSource src{trans ? B + next * K : B + next, trans ? K : N, trans ? wn : K, trans ? K : wn};
       TESSERA_TRACE_SCOPE("gmm.gemm");
-      f32::gemm(f32::Tri::kNone, false, it.r1 - it.r0, w, K, 1.0f, A, K, packed, 0.0f, C + c0, N);
+      for (int64_t i = 0; i < slices; ++i) {
+        if (wn > 0) src.prefetch(i, slices);
+        const int64_t r0 = i * kSliceRows, rn = std::min(kSliceRows, rows - r0);
+        f32::gemm(f32::Tri::kNone, false, rn, w, K, 1.0f, A + r0 * K, K, packed, 0.0f, C + r0 * N + c0, N);
+      }
     }
   }
 

@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -186,10 +187,12 @@ std::vector<std::pair<int64_t, int64_t>> split_count(int64_t n, int64_t parts, i
   return out;
 }
 
-// Parts to cut each of `units` pieces of work into for two items per thread (1 when there are enough).
-int64_t parts_for_threads(const Problem& p, int64_t units) {
-  const int64_t want = 2 * std::max(1, p.num_threads);
-  return units <= 0 ? 1 : std::max<int64_t>(1, (want + units - 1) / units);
+// Parts to cut an item of `work` into so that none is over a (2·threads)-th of the call's `total`
+// (1 when it is not): few groups, or one group of most rows (skewed routing), still keep every
+// thread busy; many groups stay one item per column chunk.
+int64_t parts_for_threads(const Problem& p, double work, double total) {
+  const double share = total / (2.0 * std::max(1, p.num_threads));
+  return share <= 0 ? 1 : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(work / share)));
 }
 
 struct DotScratch {
@@ -331,12 +334,11 @@ class Cpu final : public Implementation {
   // kPanel-aligned chunk of ≤ n columns).
   void gmm_kernel(const Problem& p, const BlockSizes& bs, const GmmArgs& x) const {
     const auto chunks = split_panels(p.N, bs.n);
-    int64_t live = 0;
-    for (int64_t g = 0; g < p.G; ++g) live += p.rows(g) > 0;
-    const int64_t parts = parts_for_threads(p, live * static_cast<int64_t>(chunks.size()));
+    if (chunks.empty()) return;
+    const double total = double(p.row_hi() - p.row_lo()) * double(p.N), width = double(chunks.front().second);
     std::vector<Item> items;
     for (int64_t g = 0; g < p.G; ++g)
-      for (auto [r0, r1] : split_count(p.rows(g), parts, p.M))
+      for (auto [r0, r1] : split_count(p.rows(g), parts_for_threads(p, double(p.rows(g)) * width, total), p.M))
         for (auto [c0, c1] : chunks)
           items.push_back({g, p.begin[g] + r0, p.begin[g] + r1, c0, c1, double(r1 - r0) * double(c1 - c0)});
     if (items.empty()) return;
@@ -386,12 +388,15 @@ class Cpu final : public Implementation {
     const bool t = p.transpose_rhs;
     const int64_t span = t ? p.N : p.K, width = t ? p.K : p.N;  // C's rows, C's columns
     const auto chunks = split_panels(width, bs.n);
-    const int64_t parts = parts_for_threads(p, p.G * static_cast<int64_t>(chunks.size()));
-    const auto spans = split_count(span, parts, kMaxSpan);
+    if (chunks.empty() || span == 0) return;
+    const double total = double(p.row_hi() - p.row_lo()) * double(span) * double(width);
+    const double chunk = double(chunks.front().second);
     std::vector<Item> items;
+    int64_t most_rows = 0;  // of C in an item: the transposed block's
     for (int64_t g = 0; g < p.G; ++g)
-      for (auto [s0, s1] : spans)
+      for (auto [s0, s1] : split_count(span, parts_for_threads(p, double(p.rows(g)) * double(span) * chunk, total), kMaxSpan))
         for (auto [c0, c1] : chunks) {
+          most_rows = std::max(most_rows, s1 - s0);
           const double work = double(std::max<int64_t>(p.rows(g), 1)) * double(s1 - s0) * double(c1 - c0);
           items.push_back(t ? Item{g, c0, c1, s0, s1, work} : Item{g, s0, s1, c0, c1, work});
         }
@@ -399,8 +404,6 @@ class Cpu final : public Implementation {
     sort_heaviest_first(items);
     const int T = thread_count(p, items.size());
     const int64_t rb = std::min<int64_t>(kRowBlock, std::max<int64_t>(1, p.M));
-    int64_t most_rows = 0;
-    for (auto [s0, s1] : spans) most_rows = std::max(most_rows, s1 - s0);
     Scratch s;
     s.make(T, static_cast<size_t>(rb * most_rows), static_cast<size_t>(cpu_f32_gemm::packed_floats(rb, kPanel)), 0);
     for_items(p, items, T, [&](const Item& it, int tid) { tgmm_item_kernel(p, x, it, s.a[tid], s.b[tid]); });

@@ -403,7 +403,8 @@ class Cpu final : public Implementation {
     if (items.empty()) return;
     sort_heaviest_first(items);
     const int T = thread_count(p, items.size());
-    const int64_t rb = std::min<int64_t>(kRowBlock, std::max<int64_t>(1, p.M));
+    int64_t rb = 1;  // rows of a block: the largest group's, up to kRowBlock
+    for (int64_t g = 0; g < p.G; ++g) rb = std::max(rb, std::min(kRowBlock, p.rows(g)));
     Scratch s;
     s.make(T, static_cast<size_t>(rb * most_rows), static_cast<size_t>(cpu_f32_gemm::packed_floats(rb, kPanel)), 0);
     for_items(p, items, T, [&](const Item& it, int tid) { tgmm_item_kernel(p, x, it, s.a[tid], s.b[tid]); });

@@ -16,9 +16,9 @@
 //
 // f32 on the packed AVX-512 FMA micro-kernel (primitives/cpu_f32_gemm; TESSERA_CPU_F32_GEMM=0 or
 // a CPU without AVX-512F selects the OpenBLAS route above). Items are (group, kPanel-aligned
-// column chunk of ≤ n columns) over the whole group — split into row parts only where the call
-// has fewer than two items per thread — so a group's rhs panel is packed once and every row of
-// the group runs against it (the block size m is not used). gmm packs one kPanel-column panel
+// column chunk of ≤ max(n, kPanel) columns) over the whole group — cut into row parts only
+// where one is over a (2·threads)-th of the call's work — so a group's rhs panel is packed once
+// and every row of the group runs against it (the block size m is not used). gmm packs one kPanel-column panel
 // of rhs[g] at a time (K·kPanel floats, in L2) and runs the item's lhs rows, read in place,
 // against it. tgmm: C's rows index the operand it transposes (lhs columns; dout's with
 // transpose_rhs), whole (≤ kMaxSpan per item); its columns the operand it packs, in chunks; per
@@ -331,7 +331,7 @@ class Cpu final : public Implementation {
 
  private:
   // gmm on the f32 micro-kernel: items (group, its rows — in parts only for threads —, a
-  // kPanel-aligned chunk of ≤ n columns).
+  // kPanel-aligned chunk of ≤ max(n, kPanel) columns).
   void gmm_kernel(const Problem& p, const BlockSizes& bs, const GmmArgs& x) const {
     const auto chunks = split_panels(p.N, bs.n);
     if (chunks.empty()) return;
@@ -382,8 +382,8 @@ class Cpu final : public Implementation {
   // tgmm on the f32 micro-kernel. The output block [crows × ccols] of drhs[g] (TgmmBlock): its
   // rows index the operand that is transposed (lhs columns, or dout's with transpose_rhs),
   // whole up to kMaxSpan and in parts only for threads; its columns the packed operand's, in
-  // kPanel-aligned chunks of ≤ n. Items are (group, rows part, columns chunk) in Item's (K, N)
-  // coordinates.
+  // kPanel-aligned chunks of ≤ max(n, kPanel). Items are (group, rows part, columns chunk) in
+  // Item's (K, N) coordinates.
   void tgmm_kernel(const Problem& p, const BlockSizes& bs, const TgmmArgs& x) const {
     const bool t = p.transpose_rhs;
     const int64_t span = t ? p.N : p.K, width = t ? p.K : p.N;  // C's rows, C's columns

@@ -2,13 +2,17 @@
 // that cut groups, K and N into tails; bitwise determinism across thread counts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "kernels/grouped_matmul/testing.h"
 #include "primitives/cpu_bf16_gemm.h"
+#include "primitives/cpu_f32_gemm.h"
 #include "tessera/grouped_matmul.h"
 
 namespace tessera::grouped_matmul {
@@ -105,25 +109,107 @@ TEST(GroupedMatmulCpu, Bf16DotAndF32RoutesAgree) {
   else ::unsetenv("TESSERA_CPU_BF16_DOT");
 }
 
-TEST(GroupedMatmulCpu, BitwiseTheSameForAnyThreadCount) {
-  testing::CaseSpec s;
-  s.M = 300, s.K = 40, s.N = 70, s.sizes = {120, 0, 3, 90, 60};
-  s.dtype = DType::kBF16;
-  s.opt.block_sizes = BlockSizes{32, 16};
-  const testing::CaseData d = testing::make_case(s);
-  Options o = testing::options_of(s);
-  o.implementation = "cpu";
-  Result base;
-  for (int threads : {1, 2, 3, 8}) {
-    o.num_threads = threads;
-    const Result r = compute_with_grad(d.inputs(), d.dout.view(), o);
-    ASSERT_EQ(r.implementation, "cpu");
-    if (threads == 1) {
-      base = r;
-      continue;
+// Sets an environment variable for a scope and puts the outer value back.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* outer = std::getenv(name);
+    had_ = outer != nullptr;
+    if (had_) saved_ = outer;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) ::setenv(name_, saved_.c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string saved_;
+};
+
+// f32 runs on the packed AVX-512 micro-kernel (cpu_f32_gemm) where the CPU has AVX-512F;
+// TESSERA_CPU_F32_GEMM=0 keeps OpenBLAS. Both routes against the reference (every pass, the
+// grid's tolerance: f32 sums of ≤ 2,500 terms in [-1, 1], see testing.cc) on shapes that leave
+// tails everywhere: odd K and N (past the 64-column panel and its 16-lane vectors), groups of
+// 0, 1 and 5 rows (under the 6-row register block), a group longer than the 1,024-row tgmm
+// block (accumulated over row blocks), block sizes that cut N below a panel (n = 5) and past
+// one (n = 65), and a single group on 3 threads (rows cut into parts for the threads).
+std::vector<testing::CaseSpec> f32_route_cases() {
+  std::vector<testing::CaseSpec> out;
+  for (bool t : {false, true}) {
+    testing::CaseSpec s;
+    s.label = "f32routes";
+    s.transpose_rhs = t;
+    s.M = 209, s.K = 67, s.N = 131, s.sizes = {70, 0, 1, 5, 13, 0, 113};  // Σ = 202: 7 rows past the sum
+    for (std::optional<BlockSizes> bs : {std::optional<BlockSizes>{}, {BlockSizes{7, 5}}, {BlockSizes{64, 65}}}) {
+      s.opt.block_sizes = bs;
+      out.push_back(s);
     }
-    for (auto [a, b] : {std::pair{&r.out, &base.out}, {&r.dlhs, &base.dlhs}, {&r.drhs, &base.drhs}})
-      EXPECT_EQ(std::memcmp(a->data(), b->data(), a->view().nbytes()), 0) << threads << " threads";
+    testing::CaseSpec one = s;
+    one.opt.block_sizes.reset();
+    one.opt.num_threads = 3;
+    one.sizes = {190};
+    out.push_back(one);
+    testing::CaseSpec long_group = s;
+    long_group.opt.block_sizes.reset();
+    long_group.M = 2600, long_group.K = 9, long_group.N = 70, long_group.sizes = {2500, 0, 99};
+    out.push_back(long_group);
+  }
+  return out;
+}
+
+TEST(GroupedMatmulCpu, F32KernelAndBlasRoutes) {
+  bool kernel_runs = false;
+  {
+    const ScopedEnv on("TESSERA_CPU_F32_GEMM", "1");
+    kernel_runs = cpu_f32_gemm::available();
+  }
+  double worst_all = 0;
+  for (const testing::CaseSpec& s : f32_route_cases()) {
+    std::vector<float> got[2];
+    for (int kernel : {1, 0}) {
+      const ScopedEnv route("TESSERA_CPU_F32_GEMM", kernel ? "1" : "0");
+      SCOPED_TRACE(std::string(kernel ? "kernel " : "blas ") + s.name());
+      expect_parity(s);
+      got[kernel] = gmm_and_tgmm(s);
+    }
+    double worst = 0;
+    for (size_t i = 0; i < got[0].size(); ++i) {
+      // |terms| ≤ 1, sums of ≤ 2,500 of them in another order: f32 differences well under 1e-3.
+      ASSERT_NEAR(got[1][i], got[0][i], 1e-3) << s.name() << " " << i;
+      worst = std::max(worst, double(std::abs(got[1][i] - got[0][i])));
+    }
+    worst_all = std::max(worst_all, worst);
+  }
+  // The micro-kernel sums in k order with one rounding per FMA; OpenBLAS's Zen kernel often does
+  // too (some cases agree bit for bit), but not everywhere: some element differs where the
+  // kernel route ran.
+  if (kernel_runs) EXPECT_GT(worst_all, 0.0) << "the kernel route did not run";
+}
+
+TEST(GroupedMatmulCpu, BitwiseTheSameForAnyThreadCount) {
+  for (DType dt : {DType::kBF16, DType::kF32}) {  // f32: on the micro-kernel, rows cut into parts by thread count
+    testing::CaseSpec s;
+    s.M = 300, s.K = 40, s.N = 70, s.sizes = {120, 0, 3, 90, 60};
+    s.dtype = dt;
+    s.opt.block_sizes = BlockSizes{32, 16};
+    const testing::CaseData d = testing::make_case(s);
+    Options o = testing::options_of(s);
+    o.implementation = "cpu";
+    Result base;
+    for (int threads : {1, 2, 3, 8}) {
+      o.num_threads = threads;
+      const Result r = compute_with_grad(d.inputs(), d.dout.view(), o);
+      ASSERT_EQ(r.implementation, "cpu");
+      if (threads == 1) {
+        base = r;
+        continue;
+      }
+      for (auto [a, b] : {std::pair{&r.out, &base.out}, {&r.dlhs, &base.dlhs}, {&r.drhs, &base.drhs}})
+        EXPECT_EQ(std::memcmp(a->data(), b->data(), a->view().nbytes()), 0) << dtype_name(dt) << " " << threads << " threads";
+    }
   }
 }
 

@@ -14,15 +14,29 @@
 // time) and packs dout's rows. Products of two bf16 are exact in f32 and the sums are f32, as in
 // the f32 route: the results differ from it only in the order of the sums.
 //
+// f32 on the packed AVX-512 FMA micro-kernel (primitives/cpu_f32_gemm; TESSERA_CPU_F32_GEMM=0 or
+// a CPU without AVX-512F selects the OpenBLAS route above). Items are (group, kPanel-aligned
+// column chunk of ≤ max(n, kPanel) columns) over the whole group — cut into row parts only
+// where one is over a (2·threads)-th of the call's work — so a group's rhs panel is packed once
+// and every row of the group runs against it (the block size m is not used). gmm packs one kPanel-column panel
+// of rhs[g] at a time (K·kPanel floats, in L2) and runs the item's lhs rows, read in place,
+// against it. tgmm: C's rows index the operand it transposes (lhs columns; dout's with
+// transpose_rhs), whole (≤ kMaxSpan per item); its columns the operand it packs, in chunks; per
+// kRowBlock rows of the group the transposed block is formed once and each packed panel
+// accumulates into the output. Sums are f32 in k order with one rounding per FMA (the route
+// differs from OpenBLAS in the order of the sums only).
+//
 // Threads: std::thread, items handed out by an atomic counter, heaviest first; OpenBLAS at one
 // thread meanwhile (primitives/cpu_threads.h). Determinism: every output element is computed by
 // exactly one item, whose arithmetic does not depend on the thread that runs it, so results are
 // bitwise identical for any thread count.
 // Memory: per thread, for bf16/f16, m·K + K·n + m·n floats (gmm) or (kRowBlock + m)·… floats
-// (tgmm); none for f32 in and out.
+// (tgmm); for f32 on OpenBLAS none; on the micro-kernel K·kPanel floats (gmm) or kRowBlock ·
+// (kMaxSpan + kPanel) floats at most (tgmm).
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -31,6 +45,7 @@
 #include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
 #include "primitives/cpu_convert.h"
+#include "primitives/cpu_f32_gemm.h"
 #include "primitives/cpu_threads.h"
 #include "kernels/grouped_matmul/impl.h"
 #include "tessera/error.h"
@@ -41,6 +56,9 @@ namespace {
 constexpr int kMaxThreads = 256;
 constexpr int64_t kRowBlock = 1024;  // tgmm, bf16/f16: rows converted per step
 constexpr int64_t kMaxBlock = 1 << 16;
+constexpr int64_t kPanel = cpu_f32_gemm::kPanel;  // f32 micro-kernel: columns per packed panel
+constexpr int64_t kMaxSpan = 4096;                // tgmm on it: rows of the output per item at most
+constexpr int64_t kSliceRows = 12;                // gmm on it: rows per product between prefetches (2 register blocks)
 
 // dst [rows, cols] (row stride cols) = f32(src[r·ld + c]) for the block at element offset `off`.
 void to_f32(const void* src, DType t, int64_t off, int64_t ld, int64_t rows, int64_t cols, float* dst) {
@@ -136,6 +154,47 @@ void pack_strided_rows(const uint16_t* base, int64_t ld, int64_t K, int64_t N, u
   cpu_bf16_gemm::pack_rows(ptrs.data(), K, N, packed);
 }
 
+// Rows of `width` floats at base + r·ld, r < rows: the part of a packed panel's source in DRAM.
+struct PanelSource {
+  const float* base;
+  int64_t ld, rows, width;
+  // Prefetches (for L2) the lines of rows [rows·i / parts, rows·(i + 1) / parts).
+  void prefetch(int64_t i, int64_t parts) const {
+    for (int64_t r = rows * i / parts; r < rows * (i + 1) / parts; ++r)
+      for (int64_t c = 0; c < width; c += 16) __builtin_prefetch(base + r * ld + c, 0, 2);
+  }
+};
+
+// The f32 route on the packed micro-kernel: f32 in and out, AVX-512F, TESSERA_CPU_F32_GEMM not 0.
+bool f32_kernel(const Problem& p, DType out) {
+  return p.dtype == DType::kF32 && out == DType::kF32 && cpu_f32_gemm::available();
+}
+
+// [0, n) in ceil(n / block) near-equal parts whose bounds are multiples of kPanel (the last ends at n).
+std::vector<std::pair<int64_t, int64_t>> split_panels(int64_t n, int64_t block) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (n <= 0) return out;
+  for (auto [a, b] : split((n + kPanel - 1) / kPanel, std::max<int64_t>(1, block / kPanel)))
+    out.emplace_back(a * kPanel, std::min(n, b * kPanel));
+  return out;
+}
+
+// [0, n) in `parts` near-equal parts (at least ceil(n / most), at most n; none for n = 0).
+std::vector<std::pair<int64_t, int64_t>> split_count(int64_t n, int64_t parts, int64_t most) {
+  parts = std::min(n, std::max({parts, int64_t(1), (n + most - 1) / most}));
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t i = 0; i < parts; ++i) out.emplace_back(n * i / parts, n * (i + 1) / parts);
+  return out;
+}
+
+// Parts to cut an item of `work` into so that none is over a (2·threads)-th of the call's `total`
+// (1 when it is not): few groups, or one group of most rows (skewed routing), still keep every
+// thread busy; many groups stay one item per column chunk.
+int64_t parts_for_threads(const Problem& p, double work, double total) {
+  const double share = total / (2.0 * std::max(1, p.num_threads));
+  return share <= 0 ? 1 : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(work / share)));
+}
+
 struct DotScratch {
   std::vector<memory::HostBuffer> keep;
   std::vector<uint32_t*> packed;
@@ -193,8 +252,8 @@ class Cpu final : public Implementation {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "OpenBLAS sgemm per (group, row block, column tile) (bf16: the AVX512-BF16 dot product), threads over "
-           "tiles, deterministic";
+    return "packed AVX-512 FMA micro-kernel per (group, column chunk) for f32 (else OpenBLAS sgemm per (group, row "
+           "block, column tile)); bf16: the AVX512-BF16 dot product; threads over tiles, deterministic";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {
@@ -213,6 +272,7 @@ class Cpu final : public Implementation {
     TESSERA_TRACE_SCOPE("gmm.gmm");
     zero_block(x.c, x.c_dtype, 0, p.N, p.row_lo(), p.N);
     zero_block(x.c, x.c_dtype, p.row_hi() * p.N, p.N, p.M - p.row_hi(), p.N);
+    if (f32_kernel(p, x.c_dtype)) return gmm_kernel(p, bs, x);
     std::vector<Item> items;
     for (int64_t g = 0; g < p.G; ++g) {
       if (p.rows(g) == 0) continue;
@@ -241,6 +301,7 @@ class Cpu final : public Implementation {
 
   void tgmm(const Problem& p, const BlockSizes& bs, const TgmmArgs& x) const override {
     TESSERA_TRACE_SCOPE("gmm.tgmm");
+    if (f32_kernel(p, x.c_dtype)) return tgmm_kernel(p, bs, x);
     std::vector<Item> items;
     for (int64_t g = 0; g < p.G; ++g)
       for (auto [k0, k1] : split(p.K, bs.m))
@@ -269,6 +330,119 @@ class Cpu final : public Implementation {
   }
 
  private:
+  // gmm on the f32 micro-kernel: items (group, its rows — in parts only for threads —, a
+  // kPanel-aligned chunk of ≤ max(n, kPanel) columns).
+  void gmm_kernel(const Problem& p, const BlockSizes& bs, const GmmArgs& x) const {
+    const auto chunks = split_panels(p.N, bs.n);
+    if (chunks.empty()) return;
+    const double total = double(p.row_hi() - p.row_lo()) * double(p.N), width = double(chunks.front().second);
+    std::vector<Item> items;
+    for (int64_t g = 0; g < p.G; ++g)
+      for (auto [r0, r1] : split_count(p.rows(g), parts_for_threads(p, double(p.rows(g)) * width, total), p.M))
+        for (auto [c0, c1] : chunks)
+          items.push_back({g, p.begin[g] + r0, p.begin[g] + r1, c0, c1, double(r1 - r0) * double(c1 - c0)});
+    if (items.empty()) return;
+    sort_heaviest_first(items);
+    const int T = thread_count(p, items.size());
+    Scratch s;
+    s.make(T, 0, static_cast<size_t>(cpu_f32_gemm::packed_floats(p.K, kPanel)), 0);
+    for_items(p, items, T, [&](const Item& it, int tid) { gmm_item_kernel(p, x, it, s.b[tid]); });
+  }
+
+  // c[r0:r1, c0:c1] = a[r0:r1, :] · b[g][:, c0:c1], one packed panel of b[g] at a time. rhs
+  // comes from DRAM once (G·K·N values: 512 MiB at G = 64, K = 1024, N = 2048) and the rows of a
+  // small group take little longer to run than a panel to load, so while a panel's rows run,
+  // kSliceRows at a time, the next panel's source lines are prefetched into L2 a part per slice.
+  static void gmm_item_kernel(const Problem& p, const GmmArgs& x, const Item& it, float* packed) {
+    TESSERA_TRACE_SCOPE_I("gmm.gmm.item", it.g);
+    namespace f32 = cpu_f32_gemm;
+    const int64_t K = p.K, N = p.N, rows = it.r1 - it.r0;
+    const bool trans = p.transpose_rhs;
+    const float* A = static_cast<const float*>(x.a) + it.r0 * K;
+    const float* B = static_cast<const float*>(x.b) + it.g * K * N;
+    float* C = static_cast<float*>(x.c) + it.r0 * N;
+    const int64_t slices = (rows + kSliceRows - 1) / kSliceRows;
+    for (int64_t c0 = it.c0; c0 < it.c1; c0 += kPanel) {
+      const int64_t w = std::min(kPanel, it.c1 - c0), next = c0 + kPanel, wn = std::min(kPanel, it.c1 - next);
+      {
+        TESSERA_TRACE_SCOPE("gmm.pack");
+        f32::pack(trans, K, w, trans ? B + c0 * K : B + c0, trans ? K : N, packed);
+      }
+      // The next panel's source: K rows of wn values, or (transposed) wn rows of K values.
+      const PanelSource src{trans ? B + next * K : B + next, trans ? K : N, trans ? wn : K, trans ? K : wn};
+      TESSERA_TRACE_SCOPE("gmm.gemm");
+      for (int64_t i = 0; i < slices; ++i) {
+        if (wn > 0) src.prefetch(i, slices);
+        const int64_t r0 = i * kSliceRows, rn = std::min(kSliceRows, rows - r0);
+        f32::gemm(f32::Tri::kNone, false, rn, w, K, 1.0f, A + r0 * K, K, packed, 0.0f, C + r0 * N + c0, N);
+      }
+    }
+  }
+
+  // tgmm on the f32 micro-kernel. The output block [crows × ccols] of drhs[g] (TgmmBlock): its
+  // rows index the operand that is transposed (lhs columns, or dout's with transpose_rhs),
+  // whole up to kMaxSpan and in parts only for threads; its columns the packed operand's, in
+  // kPanel-aligned chunks of ≤ max(n, kPanel). Items are (group, rows part, columns chunk) in
+  // Item's (K, N) coordinates.
+  void tgmm_kernel(const Problem& p, const BlockSizes& bs, const TgmmArgs& x) const {
+    const bool t = p.transpose_rhs;
+    const int64_t span = t ? p.N : p.K, width = t ? p.K : p.N;  // C's rows, C's columns
+    const auto chunks = split_panels(width, bs.n);
+    if (chunks.empty() || span == 0) return;
+    const double total = double(p.row_hi() - p.row_lo()) * double(span) * double(width);
+    const double chunk = double(chunks.front().second);
+    std::vector<Item> items;
+    int64_t most_rows = 0;  // of C in an item: the transposed block's
+    for (int64_t g = 0; g < p.G; ++g)
+      for (auto [s0, s1] : split_count(span, parts_for_threads(p, double(p.rows(g)) * double(span) * chunk, total), kMaxSpan))
+        for (auto [c0, c1] : chunks) {
+          most_rows = std::max(most_rows, s1 - s0);
+          const double work = double(std::max<int64_t>(p.rows(g), 1)) * double(s1 - s0) * double(c1 - c0);
+          items.push_back(t ? Item{g, c0, c1, s0, s1, work} : Item{g, s0, s1, c0, c1, work});
+        }
+    if (items.empty()) return;
+    sort_heaviest_first(items);
+    const int T = thread_count(p, items.size());
+    int64_t rb = 1;  // rows of a block: the largest group's, up to kRowBlock
+    for (int64_t g = 0; g < p.G; ++g) rb = std::max(rb, std::min(kRowBlock, p.rows(g)));
+    Scratch s;
+    s.make(T, static_cast<size_t>(rb * most_rows), static_cast<size_t>(cpu_f32_gemm::packed_floats(rb, kPanel)), 0);
+    for_items(p, items, T, [&](const Item& it, int tid) { tgmm_item_kernel(p, x, it, s.a[tid], s.b[tid]); });
+  }
+
+  // drhs[g] block (+)= Tᵀ-side · packed over the group's rows, kRowBlock at a time: T = the
+  // item's columns of the transposed operand (rb × crows, transposed to crows × rb), each kPanel
+  // columns of the packed operand's item columns packed in turn.
+  static void tgmm_item_kernel(const Problem& p, const TgmmArgs& x, const Item& it, float* tbuf, float* packed) {
+    TESSERA_TRACE_SCOPE_I("gmm.tgmm.item", it.g);
+    namespace f32 = cpu_f32_gemm;
+    const int64_t K = p.K, N = p.N, R = p.rows(it.g);
+    const bool trans = p.transpose_rhs;
+    const TgmmBlock b(p, x, it, nullptr);
+    if (R == 0) return b.zero(x);
+    const float* a = static_cast<const float*>(x.a);
+    const float* d = static_cast<const float*>(x.d);
+    const float* tsrc = trans ? d + it.c0 : a + it.r0;
+    const float* psrc = trans ? a + it.r0 : d + it.c0;
+    const int64_t ldt = trans ? N : K, ldp = trans ? K : N;
+    for (int64_t r = 0, row0 = p.begin[it.g]; r < R; r += kRowBlock) {
+      const int64_t rb = std::min(kRowBlock, R - r);
+      {
+        TESSERA_TRACE_SCOPE("gmm.pack");
+        f32::transpose(rb, b.rows, tsrc + (row0 + r) * ldt, ldt, tbuf, rb);
+      }
+      for (int64_t c0 = 0; c0 < b.cols; c0 += kPanel) {
+        const int64_t w = std::min(kPanel, b.cols - c0);
+        {
+          TESSERA_TRACE_SCOPE("gmm.pack");
+          f32::pack(false, rb, w, psrc + (row0 + r) * ldp + c0, ldp, packed);
+        }
+        TESSERA_TRACE_SCOPE("gmm.gemm");
+        f32::gemm(f32::Tri::kNone, false, b.rows, w, rb, 1.0f, tbuf, rb, packed, r > 0 ? 1.0f : 0.0f, b.C + c0, b.ldC);
+      }
+    }
+  }
+
   // c[r0:r1, c0:c1] = a[r0:r1, :] · b[g][:, c0:c1].
   static void gmm_item(const Problem& p, const GmmArgs& x, const Item& it, float* abuf, float* bbuf, float* cbuf) {
     TESSERA_TRACE_SCOPE_I("gmm.gmm.item", it.g);

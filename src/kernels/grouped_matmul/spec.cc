@@ -154,16 +154,14 @@ class GmmBench final : public kernels::CallBenchProblem {
   }
 
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
+    // The floor in every dtype: all rows as one group on the cpu backend's own micro-kernels
+    // (dense-gemm); f32 also prints OpenBLAS beside it (dense-blas: one sgemm, the previous floor).
     std::vector<harness::BaselineCall> out;
-    if (s_.dtype != DType::kF32) {  // bf16/f16: the floor on the cpu backend's own micro-kernels
-      for (Pass pass : passes)
-        if (pass == Pass::kForward) out.push_back(one_group_baseline(pass, threads));
-      return out;
-    }
-    if (!harness::blas::available()) return out;
     for (Pass pass : passes) {
       if (pass != Pass::kForward) continue;  // the baselines time the forward product
-      out.push_back(baseline("dense-gemm", "one sgemm of all M rows against rhs[0]: the floor", true, pass));
+      out.push_back(one_group_baseline(pass, threads));
+      if (s_.dtype != DType::kF32 || !harness::blas::available()) continue;
+      out.push_back(baseline("dense-blas", "one OpenBLAS sgemm of all M rows against rhs[0]", true, pass));
       out.push_back(baseline("blas-loop", "one sgemm per non-empty group (OpenBLAS threads)", false, pass));
     }
     return out;
@@ -182,9 +180,10 @@ class GmmBench final : public kernels::CallBenchProblem {
   }
 
  private:
-  // The dense floor in bf16/f16: all M rows as one group against rhs[0], through the cpu
-  // implementation (bf16 on the AVX512-BF16 dot product, f16 through f32 sgemm), so the rate the
-  // grouped call is compared with runs on the same micro-kernel and the same tiles.
+  // The dense floor: all M rows as one group against rhs[0], through the cpu implementation
+  // (f32 on the packed AVX-512 FMA micro-kernel, bf16 on the AVX512-BF16 dot product, f16
+  // through f32 sgemm), so the rate the grouped call is compared with runs on the same
+  // micro-kernel and the same tiles.
   harness::BaselineCall one_group_baseline(Pass pass, int threads) {
     harness::BaselineCall c;
     c.name = "dense-gemm";

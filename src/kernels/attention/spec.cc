@@ -59,8 +59,9 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   std::vector<kernels::OutputDesc> out;
   if (a.pass != Pass::kBackward)
     out = {kernels::output_of(d, "o", o_dims(varlen), "=q"), kernels::output_of(d, "lse", lse_dims(varlen), "f32")};
-  for (const auto& [name, t] : {std::pair<const char*, TensorView>{"dq", in.q}, {"dk", in.k}, {"dv", in.v}})
-    if (a.pass != Pass::kForward) out.push_back({name, t.dtype, t.shape, contiguous_strides(t.shape)});
+  if (a.pass != Pass::kForward)  // gradients like their inputs
+    for (const auto& [name, t] : {std::pair<const char*, TensorView>{"dq", in.q}, {"dk", in.k}, {"dv", in.v}})
+      out.push_back({name, t.dtype, t.shape, contiguous_strides(t.shape)});
   return out;
 }
 

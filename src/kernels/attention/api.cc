@@ -113,9 +113,7 @@ Problem normalize(const Inputs& in, const dispatch::Dims& d, const Options& opt)
 
 ForwardOut check_forward_outputs(const dispatch::Dims& d, const Problem& p, const ForwardOutputs& out) {
   args.output(out.o, p.dtype, d.shape(o_dims(p.varlen)), p.device, "o");
-  args.dtype(out.lse, DType::kF32, "lse");
-  args.shape(out.lse, d.shape(lse_dims(p.varlen)), "lse");
-  args.plain(out.lse, p.device, "lse");
+  args.tensor(out.lse, p.device, d.shape(lse_dims(p.varlen)), DType::kF32, "lse");
   return {out.o.data, out.o.dtype, static_cast<float*>(out.lse.data)};
 }
 

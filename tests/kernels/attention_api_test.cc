@@ -124,6 +124,7 @@ TEST(AttentionApi, DtypeAndShapeMismatches) {
       I, "Hq=3 is not a multiple of Hkv=2");
   expect_rejected([](Fixture& f, Inputs& in) { in.q = TensorView(f.q.data(), DType::kF32, {1, 3, 2, 4}, {24, 1, 12, 3}); },
                   I, "q must be contiguous");
+  expect_rejected([](Fixture&, Inputs& in) { in.k = TensorView{}; }, I, "q, k and v are required");
 }
 
 TEST(AttentionApi, OptionValues) {

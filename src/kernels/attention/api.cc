@@ -194,6 +194,7 @@ void validate_block_sizes(const std::string& implementation, const BlockSizes& b
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 dispatch::Dims bind_tensors(const Inputs& in, dispatch::BindMode mode) {
+  if (!dispatch::given(in.q) || !dispatch::given(in.k) || !dispatch::given(in.v)) args.fail("q, k and v are required");
   if (in.cu_seqlens_q.has_value() != in.cu_seqlens_k.has_value())
     args.fail("cu_seqlens_q and cu_seqlens_k must be given together (the varlen form)");
   if (in.segment_ids_q.has_value() != in.segment_ids_k.has_value())

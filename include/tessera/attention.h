@@ -104,8 +104,6 @@ Result compute_with_grad(const Inputs& in, const TensorView& grad_o, const Optio
 // ---- introspection ----
 using tessera::ImplementationInfo;  // tessera/exec.h
 std::vector<ImplementationInfo> implementations();
-// Deprecated: the calls return the implementation that ran. The last one on this thread ("" if none).
-const std::string& last_implementation();
 
 // Throws Error(kInvalidArgument) naming the broken constraint (kNotFound for an unknown name).
 void validate_block_sizes(const std::string& implementation, const BlockSizes& bs);

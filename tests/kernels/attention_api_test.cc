@@ -94,8 +94,7 @@ TEST(AttentionApi, ValidProblemRunsAllThreePasses) {
   EXPECT_FALSE(untouched(f.o));
   backward(f.inputs(), f.saved(), f.grads(), f.opt);
   EXPECT_FALSE(untouched(f.dk));
-  forward_backward(f.inputs(), f.grad_o, f.fout(), f.grads(), f.opt);
-  EXPECT_EQ(last_implementation(), "reference");
+  EXPECT_EQ(forward_backward(f.inputs(), f.grad_o, f.fout(), f.grads(), f.opt), "reference");
 }
 
 TEST(AttentionApi, DtypeAndShapeMismatches) {
@@ -103,15 +102,15 @@ TEST(AttentionApi, DtypeAndShapeMismatches) {
   expect_rejected([](Fixture& f, Inputs& in) { f.q = Tensor::zeros(DType::kI32, {1, 3, 2, 4}); in.q = f.q; }, I,
                   "q must be f32, bf16 or f16");
   expect_rejected([](Fixture& f, Inputs& in) { f.k = Tensor::zeros(DType::kBF16, {1, 5, 1, 4}); in.k = f.k; }, I,
-                  "must share one dtype");
+                  "k must be f32 like q, got bf16");
   expect_rejected([](Fixture& f, Inputs& in) { f.q = Tensor::zeros(DType::kF32, {3, 2, 4}); in.q = f.q; }, I,
-                  "q must be [B, S, H, D]");
+                  "q must be [B, Sq, Hq, D], got [3, 2, 4]");
   expect_rejected([](Fixture& f, Inputs& in) { f.k = Tensor::zeros(DType::kF32, {2, 5, 1, 4}); in.k = f.k; }, I,
-                  "k's batch 2 differs");
+                  "k must be [B=1, Sk, Hkv, D=4], got [2, 5, 1, 4]");
   expect_rejected([](Fixture& f, Inputs& in) { f.k = Tensor::zeros(DType::kF32, {1, 5, 1, 5}); in.k = f.k; }, I,
-                  "k's head dim 5 differs from q's D=4");
+                  "k must be [B=1, Sk, Hkv, D=4], got [1, 5, 1, 5]");
   expect_rejected([](Fixture& f, Inputs& in) { f.v = Tensor::zeros(DType::kF32, {1, 4, 1, 3}); in.v = f.v; }, I,
-                  "must match k");
+                  "v must be [B=1, Sk=5, Hkv=1, Dv], got [1, 4, 1, 3]");
   expect_rejected(
       [](Fixture& f, Inputs& in) {
         f.k = Tensor::zeros(DType::kF32, {1, 5, 2, 4});
@@ -125,6 +124,7 @@ TEST(AttentionApi, DtypeAndShapeMismatches) {
       I, "Hq=3 is not a multiple of Hkv=2");
   expect_rejected([](Fixture& f, Inputs& in) { in.q = TensorView(f.q.data(), DType::kF32, {1, 3, 2, 4}, {24, 1, 12, 3}); },
                   I, "q must be contiguous");
+  expect_rejected([](Fixture&, Inputs& in) { in.k = TensorView{}; }, I, "q, k and v are required");
 }
 
 TEST(AttentionApi, OptionValues) {
@@ -148,7 +148,7 @@ TEST(AttentionApi, AlibiAndSegmentIds) {
                   I, "segment_ids_k must be [B=1, Sk=5]");
   expect_rejected([](Fixture&, Inputs& in) { in.segment_ids_k.reset(); }, I, "must be given together");
   expect_rejected([](Fixture& f, Inputs& in) { f.seg_q = Tensor::zeros(DType::kI64, {1, 3}); in.segment_ids_q = f.seg_q.view(); },
-                  I, "segment ids must be i32");
+                  I, "segment_ids_q must be i32, got i64");
 }
 
 // The varlen form: q [T, H, D] with cu_seqlens.
@@ -174,7 +174,8 @@ TEST(AttentionApi, VarlenValidation) {
                   "cu_seqlens_q must be non-decreasing", 1);
   expect_rejected([&](Fixture& f, Inputs& in) { varlen(f, in, {0, 2}, {0, 5}); }, I,
                   "cu_seqlens_q[N=1] must equal the rows of q (3)", 1);
-  expect_rejected([&](Fixture& f, Inputs& in) { varlen(f, in, {0, 3}, {0, 1, 5}); }, I, "must have the same length", 1);
+  expect_rejected([&](Fixture& f, Inputs& in) { varlen(f, in, {0, 3}, {0, 1, 5}); }, I, "cu_seqlens_k must be [N+1=2], got [3]", 1);
+  expect_rejected([&](Fixture& f, Inputs& in) { varlen(f, in, {}, {}); }, I, "cu_seqlens_q must be [N+1] with N >= 0", 1);
   expect_rejected([&](Fixture& f, Inputs& in) {
     varlen(f, in, {0, 3}, {0, 5});
     in.cu_seqlens_k.reset();
@@ -256,8 +257,7 @@ TEST(AttentionApi, DispatchAndBackendLimits) {
   // Default order: the cpu backend for host inputs; the reference when the cpu cannot run it.
   Fixture f;
   f.opt.implementation = "";
-  forward(f.inputs(), f.fout(), f.opt);
-  EXPECT_EQ(last_implementation(), "cpu");
+  EXPECT_EQ(forward(f.inputs(), f.fout(), f.opt), "cpu");
 #endif
   bool found = false;
   for (const auto& info : implementations()) found |= info.name == "reference" && info.available;

@@ -36,9 +36,9 @@ const std::vector<att::ImplementationInfo>& infos() {
 // varlen outside a graph capture): a refusal is a failure, printed with its reason.
 void expect_parity(const at::CaseSpec& spec, Pass pass) {
   const at::ParityReport r = at::check_parity(spec, "cuda", pass, Device::cuda());
-  TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, r.str());
-  ASSERT_TRUE(r.ran) << r.str();
-  EXPECT_TRUE(r.ok()) << r.str();
+  TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, at::report_str(r));
+  ASSERT_TRUE(r.ran) << at::report_str(r);
+  EXPECT_TRUE(r.ok()) << at::report_str(r);
 }
 
 std::vector<unsigned char> bytes_of(const Tensor& t) {

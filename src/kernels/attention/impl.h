@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dispatch/sized_implementation.h"
+#include "dispatch/tensor_rules.h"
 #include "tessera/attention.h"
 
 namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
@@ -114,6 +115,12 @@ class Implementation : public dispatch::SizedImplementation<Problem, BlockSizes>
   virtual void backward(const Problem& p, const BlockSizes& bs, const BackwardIn& in,
                         const GradOut& out) const = 0;
 };
+
+// The inputs bound to their form's rules (api.cc; dims named as in tessera/attention.h, varlen
+// Tq, Tk and N+1); o's and lse's dims in that form.
+dispatch::Dims bind_tensors(const Inputs& in, dispatch::BindMode mode);
+inline const char* o_dims(bool varlen) { return varlen ? "Tq,Hq,Dv" : "B,Sq,Hq,Dv"; }
+inline const char* lse_dims(bool varlen) { return varlen ? "Hq,Tq" : "B,Hq,Sq"; }
 
 // The registry of this kernel, in default dispatch order (implementations.cc).
 using Registry = dispatch::Registry<Implementation>;

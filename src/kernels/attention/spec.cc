@@ -1,9 +1,6 @@
 // attention: its registration with the kernel registry (src/kernels/registry.h) — the only
 // place the generic tools (CLI, parity suite, bench, tune) learn about this kernel.
-#include <cmath>
-
 #include "core/random.h"
-#include "dispatch/dispatch.h"
 #include "kernels/attention/baseline.h"
 #include "kernels/attention/impl.h"
 #include "kernels/attention/testing.h"
@@ -20,27 +17,6 @@ namespace {
 
 using harness::OptionSpec;
 using K = OptionSpec::Kind;
-
-// ---- check ----
-harness::ParityReport to_harness(const testing::ParityReport& r) {
-  harness::ParityReport h;
-  h.case_name = r.case_name;
-  h.implementation = r.implementation;
-  h.pass = pass_name(r.pass);
-  h.ran = r.ran;
-  h.skipped = r.skipped;
-  h.error = r.error;
-  for (const auto& f : r.fields) h.fields.push_back({f.field, f.dev});
-  return h;
-}
-
-std::vector<kernels::CheckCase> check_cases(bool quick) {
-  return kernels::check_cases_of(testing::check_grid(quick),
-                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device dev) {
-                                   // Device implementations get device copies of the inputs (testing.cc).
-                                   return to_harness(testing::check_parity(c, impl, pass, dev));
-                                 });
-}
 
 // ---- call (Python bindings) ----
 BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "q").value_or(0), tune::param(p, "kv").value_or(0)}; }
@@ -78,23 +54,14 @@ Inputs call_inputs(const kernels::CallArgs& a) {
 // Shapes only (data may be absent under jit and fake tensors); the call validates the rest.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   const Inputs in = call_inputs(a);
-  check(in.q.ndim() >= 3 && in.k.ndim() == in.q.ndim() && in.v.ndim() == in.q.ndim(), ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": q, k, v must be [B, S, H, D] (or [T, H, D] with cu_seqlens), got " +
-            shape_str(in.q.shape) + ", " + shape_str(in.k.shape) + ", " + shape_str(in.v.shape));
+  const dispatch::Dims d = bind_tensors(in, dispatch::BindMode::kShapesOnly);
+  const bool varlen = in.cu_seqlens_q.has_value();
   std::vector<kernels::OutputDesc> out;
-  auto add = [&](const char* name, DType dt, const Shape& shape) { out.push_back({name, dt, shape, contiguous_strides(shape)}); };
-  if (a.pass != Pass::kBackward) {
-    Shape os = in.q.shape;
-    os.back() = in.v.shape.back();
-    const int64_t Hq = in.q.shape[in.q.ndim() - 2];
-    add("o", in.q.dtype, os);
-    add("lse", DType::kF32, in.q.ndim() == 3 ? Shape{Hq, in.q.shape[0]} : Shape{in.q.shape[0], Hq, in.q.shape[1]});
-  }
-  if (a.pass != Pass::kForward) {
-    add("dq", in.q.dtype, in.q.shape);
-    add("dk", in.k.dtype, in.k.shape);
-    add("dv", in.v.dtype, in.v.shape);
-  }
+  if (a.pass != Pass::kBackward)
+    out = {kernels::output_of(d, "o", o_dims(varlen), "=q"), kernels::output_of(d, "lse", lse_dims(varlen), "f32")};
+  if (a.pass != Pass::kForward)  // gradients like their inputs
+    for (const auto& [name, t] : {std::pair<const char*, TensorView>{"dq", in.q}, {"dk", in.k}, {"dv", in.v}})
+      out.push_back({name, t.dtype, t.shape, contiguous_strides(t.shape)});
   return out;
 }
 
@@ -200,13 +167,7 @@ class AttentionBench final : public kernels::CallBenchProblem {
     for (Pass pass : passes) {
       if (pass == Pass::kBackward) continue;  // the baseline times forward and fused
       MaterializedBaseline m = make_materialized_baseline(bin, pass);
-      harness::BaselineCall c;
-      c.name = "blas-materialized";
-      c.pass = pass;
-      c.description = m.description;
-      c.cost = cost(pass, c.name);
-      c.run = m.run;
-      out.push_back(std::move(c));
+      out.push_back({"blas-materialized", pass, m.description, "f32", cost(pass, "blas-materialized"), m.run, {}});
     }
     return out;
   }
@@ -254,7 +215,7 @@ kernels::KernelSpec make_spec() {
   k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
   k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = check_cases;
+  k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
   k.bench = kernels::bench_spec_of({{"causal", K::kFlag, "causal mask", "false", {}},
                                     {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}},
                                    make_bench_problem);

@@ -191,17 +191,10 @@ Tolerances tolerances(const CaseSpec& s) {
   return t;
 }
 
-bool ParityReport::ok() const {
-  if (!ran) return skipped;
-  for (const auto& f : fields)
-    if (!f.dev.ok()) return false;
-  return true;
-}
-
-std::string ParityReport::str() const {
-  std::string s = case_name + " [" + pass_name(pass) + "]";
-  if (!ran) return s + " did not run: " + error;
-  for (const auto& f : fields) s += "\n  " + f.field + ": " + f.dev.str();
+std::string report_str(const ParityReport& r) {
+  std::string s = r.case_name + " [" + r.pass + "]";
+  if (!r.ran) return s + " did not run: " + r.error;
+  for (const auto& f : r.fields) s += "\n  " + f.field + ": " + f.dev.str();
   return s;
 }
 
@@ -274,7 +267,7 @@ ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass,
   ParityReport r;
   r.case_name = s.name();
   r.implementation = impl;
-  r.pass = pass;
+  r.pass = pass_name(pass);
   const CaseData d = make_case(s);
   Outputs want = make_outputs(s, d), got = make_outputs(s, d);
   CaseSpec ref = s;

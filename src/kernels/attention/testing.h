@@ -51,22 +51,9 @@ struct Tolerances {
 };
 Tolerances tolerances(const CaseSpec& spec);
 
-struct FieldReport {
-  std::string field;  // "o", "lse", "dq", "dk", "dv"
-  harness::Deviation dev;
-};
-
-struct ParityReport {
-  std::string case_name;
-  std::string implementation;
-  Pass pass = Pass::kForward;
-  bool ran = false;      // false: the implementation could not run (see error)
-  bool skipped = false;  // could not run because it does not support these inputs
-  std::string error;
-  std::vector<FieldReport> fields;
-  bool ok() const;
-  std::string str() const;  // "case [pass]" and each field's deviation, or why it did not run
-};
+using harness::ParityReport;
+// "case [pass]" and each field's deviation, or why it did not run (test messages).
+std::string report_str(const ParityReport& r);
 
 // Runs `implementation` and the reference on the same case and compares every output. For
 // Pass::kBackward both are given the reference forward's o and lse. The reference runs on host

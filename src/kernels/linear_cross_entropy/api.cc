@@ -4,16 +4,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "core/env.h"
 #include "core/log.h"
 #include "dispatch/dispatch.h"
-#include "kernels/linear_cross_entropy/tuning.h"
 #include "kernels/linear_cross_entropy/compact.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
+#include "tune/declared.h"
 
 namespace tessera::linear_cross_entropy {
 namespace {
@@ -395,16 +396,65 @@ void zero_fill_dw(const TensorView& dw) {
   zero_fill(TensorView(dw.data, dw.dtype, {dw.numel()}, dw.device));
 }
 
+int64_t pow2_class(int64_t x) {
+  int64_t c = 1;
+  while (c < x) c *= 2;
+  return c;
+}
+
+// What the autotune-on-miss check compares between candidates (the raw outputs of `q`; null
+// ones are left out): the forward's statistics, the gradients; never the argmax (a near-tie may
+// flip with the summation order).
+std::vector<tune::Buffer> checked(const Problem& q, const ForwardOut* f, const GradOut* g) {
+  std::vector<tune::Buffer> o;
+  const Shape rows{q.B};
+  if (f)
+    o.insert(o.end(), {{"loss", f->loss, DType::kF32, {q.reduction == Reduction::kNone ? q.B : 1}},
+                       {"lse", f->lse, DType::kF32, rows},
+                       {"label_logit", f->label_logit, DType::kF32, rows},
+                       {"logit_sum", f->logit_sum, DType::kF32, rows}});
+  if (g)
+    o.insert(o.end(), {{"dx", g->dx, g->dx_dtype, {q.B, q.H}},
+                       {"dw", g->dw, g->dw_dtype, {q.H * q.V}},
+                       {"dbias", g->dbias, g->dbias_dtype, {q.V}}});
+  return o;
+}
+
+// The block sizes of a call on `impl` (tuning.cc): the call's own (validated by impl before
+// anything is written, used as given), else the tuned table's or an autotuned result (timing
+// `run` into the call's `outputs`), clamped to the shape, else impl's default for this problem.
+// B keys the choice by its power-of-two class: the count of kept tokens varies from batch to batch.
+BlockSizes block_sizes(const Implementation& impl, const Problem& p, const Options& opt, Pass op,
+                       const std::vector<tune::Buffer>& outputs, const std::function<void(const BlockSizes&)>& run) {
+  if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
+  tune::DeclaredCall c;
+  c.implementation = impl.name();
+  c.device = impl.device_type();
+  c.dtype = p.dtype;
+  c.dims = {pow2_class(p.B), p.H, p.V};
+  c.pass = op;
+  c.threads = p.num_threads;
+  if (opt.block_sizes) c.given = to_params(*opt.block_sizes);
+  c.variant = autotune_variant(p);
+  c.autotune_on_miss = opt.autotune_on_miss;
+  const auto at = [&p](const tune::Params& s) { return sanitize_for_shape(from_params(s), p); };
+  const auto once = [&](const tune::Params& s) { run(at(s)); };
+  const tune::Choice ch = tune::choose_declared(tuning(impl.name()), c, once, tune::borrowed_outputs(outputs));
+  const BlockSizes bs = ch.source == "options"   ? *opt.block_sizes
+                        : ch.source == "default" ? impl.default_block_sizes(p)
+                                                 : at(ch.params);
+  log::debug(kName + ": " + impl.name() + " with block sizes " + bs.str() + " (" + ch.source + ")");
+  return bs;
+}
+
 // Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
-std::string dispatch_call(const Problem& p, const Options& opt, Pass op, Body&& body) {
-  return t_last_impl = registry().dispatch(
-      opt.implementation, p.device.type, [&](const Implementation& impl) { return impl.supports(p); },
-      [&](const Implementation& impl) {
-        const BlockSizeChoice bs = choose_block_sizes(impl, p, opt, op);
-        log::debug(kName + ": " + impl.name() + " with block sizes " + bs.sizes.str() + " (" + bs.source + ")");
-        body(impl, bs.sizes);
-      });
+std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const std::vector<tune::Buffer>& outputs,
+                          Body&& body) {
+  return t_last_impl = registry().dispatch_problem(opt.implementation, p, [&](const Implementation& impl) {
+    const auto run = [&](const BlockSizes& bs) { body(impl, bs); };
+    run(block_sizes(impl, p, opt, op, outputs, run));
+  });
 }
 
 }  // namespace
@@ -490,8 +540,8 @@ std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& 
     zero_fill(out.loss);
     ran = t_last_impl = "(empty batch)";
   } else {
-    ran = dispatch_call(q, opt, Pass::kForward,
-                  [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(q, bs, qo); });
+    ran = dispatch_call(q, opt, Pass::kForward, checked(q, &qo, nullptr),
+                       [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(q, bs, qo); });
   }
   if (c) c->scatter_forward(fo);
   write_metrics(p, fo, out);
@@ -529,7 +579,7 @@ std::string forward_partial(const Inputs& in, const PartialOutputs& out, const O
   const Problem p = normalize(in, opt);
   const ForwardOut fo = check_partial_outputs(in, p, out);
   if (p.B == 0) return t_last_impl = "(empty batch)";
-  return dispatch_call(p, opt, Pass::kForward,
+  return dispatch_call(p, opt, Pass::kForward, checked(p, &fo, nullptr),
                        [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
 }
 
@@ -556,8 +606,8 @@ std::string backward_impl(const Inputs& in, const TensorView& grad_loss, const s
     if (grads.dbias) zero_fill(*grads.dbias);
     ran = t_last_impl = "(empty batch)";
   } else {
-    ran = dispatch_call(q, opt, Pass::kBackward,
-                  [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(q, bs, qi, qo); });
+    ran = dispatch_call(q, opt, Pass::kBackward, checked(q, nullptr, &qo),
+                       [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(q, bs, qi, qo); });
   }
   if (c) c->scatter_backward(go);
   return ran;
@@ -596,7 +646,7 @@ std::string forward_backward(const Inputs& in, const TensorView& grad_loss, cons
     if (grads.dbias) zero_fill(*grads.dbias);
     ran = t_last_impl = "(empty batch)";
   } else {
-    ran = dispatch_call(q, opt, Pass::kFused, [&](const Implementation& impl, const BlockSizes& bs) {
+    ran = dispatch_call(q, opt, Pass::kFused, checked(q, &qfo, &qgo), [&](const Implementation& impl, const BlockSizes& bs) {
       impl.forward_backward(q, bs, qi, qfo, qgo);
     });
   }

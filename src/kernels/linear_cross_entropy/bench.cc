@@ -78,16 +78,20 @@ class LceBench final : public harness::BenchProblem {
 
   harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass,
                           const ExecOptions& exec) override {
+    const CallData c = call_data();
+    return kernels::bind_call(spec().call, c.tensors, c.options, implementation, dev, pass, exec);
+  }
+
+  CallData call_data() const override {
     Tensor one = Tensor::empty(DType::kF32, {});
     one.data_as<float>()[0] = 1.0f;
-    std::vector<std::pair<std::string, Tensor>> in = {{"x", x_}, {"w", w_}, {"labels", labels_}, {"grad_loss", one}};
-    if (s_.bias) in.push_back({"bias", bias_});
-    if (s_.class_weights) in.push_back({"class_weights", class_weights_});
-    harness::OptionValues o;
-    o.set("w_layout", w_layout_name(s_.layout));
-    o.set("soft_cap", kernels::option_text(s_.soft_cap));
-    o.set("label_smoothing", kernels::option_text(s_.label_smoothing));
-    return kernels::bind_call(spec().call, in, o, implementation, dev, pass, exec);
+    CallData c{{{"x", x_}, {"w", w_}, {"labels", labels_}, {"grad_loss", one}}, {}};
+    if (s_.bias) c.tensors.push_back({"bias", bias_});
+    if (s_.class_weights) c.tensors.push_back({"class_weights", class_weights_});
+    c.options.set("w_layout", w_layout_name(s_.layout));
+    c.options.set("soft_cap", kernels::option_text(s_.soft_cap));
+    c.options.set("label_smoothing", kernels::option_text(s_.label_smoothing));
+    return c;
   }
 
   // The materialized baseline computes the plain loss (with the soft cap and ignored rows); with

@@ -7,11 +7,17 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dispatch/registry.h"
 #include "dispatch/sized_implementation.h"
 #include "tessera/linear_cross_entropy.h"
+
+namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
+struct Declared;
+struct TableEntry;
+}  // namespace tessera::tune
 
 namespace tessera::linear_cross_entropy {
 
@@ -137,6 +143,20 @@ void validate_metadata(const Inputs& in, const Options& opt);
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
 const Implementation* find_implementation(const std::string& name);  // nullptr if unknown
+
+// The block sizes' tuning (tuning.cc): cuda's declaration (its chunk b) or the host backends';
+// the checked-in table (tuned_table.cc, generated); tuned sizes clamped to the shape (each of b,
+// h, v at most its dimension rounded up to 16; never grown); the options besides the dims that
+// key an autotuned result (layout, bias, soft cap, label smoothing, argmax).
+const tune::Declared& tuning(const std::string& implementation);
+const std::vector<tune::TableEntry>& tuned_table();
+BlockSizes sanitize_for_shape(const BlockSizes& bs, const Problem& p);
+std::string autotune_variant(const Problem& p);
+// The sizes as tune::Params ({b, h, v}; spelled out here for the C++17 cuda.cu) and back
+// (Error(kInvalidArgument) if one of b, h, v is missing).
+using TuneParams = std::vector<std::pair<std::string, int64_t>>;
+TuneParams to_params(const BlockSizes& bs);
+BlockSizes from_params(const TuneParams& p);
 
 // Factories (each backend's file defines its own).
 std::unique_ptr<Implementation> make_reference_implementation();

@@ -3,13 +3,15 @@
 #include "kernels/linear_cross_entropy/bench.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
-#include "kernels/linear_cross_entropy/tuning.h"
 #include "kernels/registry.h"
-#include "kernels/tune_spec.h"
+#include "kernels/declared_tune.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera::linear_cross_entropy {
+
+const kernels::KernelSpec& spec();
+
 namespace {
 
 using harness::OptionSpec;
@@ -158,6 +160,17 @@ kernels::CallSpec call_spec() {
   return s;
 }
 
+// ---- tune: the host backends' declaration and cuda's (tuning.cc), one table ----
+kernels::TuneSpec tune_spec() {
+  kernels::TuneSpec t = kernels::declared_tune_spec(tuning("cpu"), spec);
+  t.tunable = [](const std::string& impl) { return tuning(impl).tunable(impl); };
+  t.job = [host = t.job, cuda = kernels::declared_tune_spec(tuning("cuda"), spec).job](
+              const std::string& impl, const std::vector<int64_t>& shape, DType dt, Pass pass, bool with_data) {
+    return (impl == "cuda" ? cuda : host)(impl, shape, dt, pass, with_data);
+  };
+  return t;
+}
+
 kernels::KernelSpec make_spec() {
   kernels::KernelSpec k;
   k.name = kKernelName;
@@ -172,7 +185,7 @@ kernels::KernelSpec make_spec() {
     return make_bench_problem(shape, dt, o, seed);
   };
   k.bench.make_cost_model = make_bench_cost_model;
-  k.tune = kernels::make_tune_spec<Tuning>();
+  k.tune = tune_spec();
   k.call = call_spec();
   return k;
 }

@@ -1,6 +1,5 @@
 // linear_cross_entropy: its registration with the kernel registry (src/kernels/registry.h) —
 // the only place the generic tools (CLI, parity suite, bench, tune) learn about this kernel.
-#include "kernels/linear_cross_entropy/bench.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "kernels/registry.h"
@@ -11,6 +10,10 @@
 namespace tessera::linear_cross_entropy {
 
 const kernels::KernelSpec& spec();
+// bench.cc
+std::vector<harness::OptionSpec> bench_options();
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
+                                                          const harness::OptionValues& o, uint64_t seed, bool with_data);
 
 namespace {
 
@@ -180,11 +183,7 @@ kernels::KernelSpec make_spec() {
   k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   k.implementations = []() -> dispatch::RegistryView& { return registry(); };
   k.check_grid = check_cases;
-  k.bench.options = bench_options();
-  k.bench.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) {
-    return make_bench_problem(shape, dt, o, seed);
-  };
-  k.bench.make_cost_model = make_bench_cost_model;
+  k.bench = kernels::bench_spec_of(bench_options(), make_bench_problem);
   k.tune = tune_spec();
   k.call = call_spec();
   return k;

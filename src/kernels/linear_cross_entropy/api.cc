@@ -252,14 +252,11 @@ ForwardOut check_forward_outputs(const Inputs& in, const Problem& p, const Forwa
 
 // Token accuracy needs the argmax: when the caller did not ask for it, the forward writes it
 // into scratch (the backends compute it in the same pass as the statistics: no extra pass).
-struct ArgmaxScratch {
-  Tensor t;
-};
-void want_argmax_for_accuracy(const ForwardOutputs& out, Problem& p, ForwardOut& fo, ArgmaxScratch& s) {
+void want_argmax_for_accuracy(const ForwardOutputs& out, Problem& p, ForwardOut& fo, Tensor& scratch) {
   if (!out.accuracy || p.want_argmax) return;
-  s.t = Tensor::empty(DType::kI64, {p.B}, p.device);
+  scratch = Tensor::empty(DType::kI64, {p.B}, p.device);
   p.want_argmax = true;
-  fo.argmax = s.t.data_as<int64_t>();
+  fo.argmax = scratch.data_as<int64_t>();
 }
 
 // z_loss and accuracy from the forward's lse and argmax (host; checked by check_forward_outputs).
@@ -428,37 +425,24 @@ std::string run(const Call& k, const Options& opt, Pass pass, bool every_row) {
 
 }  // namespace
 
-const char* reduction_name(Reduction r) noexcept {
-  switch (r) {
-    case Reduction::kNone: return "none";
-    case Reduction::kSum: return "sum";
-    case Reduction::kMean: return "mean";
-  }
-  return "?";
+namespace {
+// The names of an enum's values, in order; parse throws "unknown <what> 's' (expected <list>)".
+template <class E, size_t N>
+E parse_name(const char* const (&names)[N], const std::string& s, const char* what, const char* list) {
+  for (size_t i = 0; i < N; ++i)
+    if (s == names[i]) return static_cast<E>(i);
+  throw Error(ErrorCode::kInvalidArgument, std::string("unknown ") + what + " '" + s + "' (expected " + list + ")");
 }
+constexpr const char* kReductions[] = {"none", "sum", "mean"};  // Reduction's order
+constexpr const char* kLayouts[] = {"auto", "hv", "vh"};        // WLayout's order
+}  // namespace
 
+const char* reduction_name(Reduction r) noexcept { return size_t(r) < 3 ? kReductions[size_t(r)] : "?"; }
 Reduction parse_reduction(const std::string& s) {
-  if (s == "none") return Reduction::kNone;
-  if (s == "sum") return Reduction::kSum;
-  if (s == "mean") return Reduction::kMean;
-  throw Error(ErrorCode::kInvalidArgument, "unknown reduction '" + s + "' (expected none, sum or mean)");
+  return parse_name<Reduction>(kReductions, s, "reduction", "none, sum or mean");
 }
-
-const char* w_layout_name(WLayout l) noexcept {
-  switch (l) {
-    case WLayout::kAuto: return "auto";
-    case WLayout::kHV: return "hv";
-    case WLayout::kVH: return "vh";
-  }
-  return "?";
-}
-
-WLayout parse_w_layout(const std::string& s) {
-  if (s == "auto") return WLayout::kAuto;
-  if (s == "hv") return WLayout::kHV;
-  if (s == "vh") return WLayout::kVH;
-  throw Error(ErrorCode::kInvalidArgument, "unknown w layout '" + s + "' (expected auto, hv or vh)");
-}
+const char* w_layout_name(WLayout l) noexcept { return size_t(l) < 3 ? kLayouts[size_t(l)] : "?"; }
+WLayout parse_w_layout(const std::string& s) { return parse_name<WLayout>(kLayouts, s, "w layout", "auto, hv or vh"); }
 
 const std::string& last_implementation() { return t_last_impl; }
 
@@ -493,7 +477,7 @@ std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& 
   refuse_partial(opt, "forward");
   Call k{normalize(in, opt)};
   k.fo = check_forward_outputs(in, k.p, out);
-  ArgmaxScratch scratch;
+  Tensor scratch;
   want_argmax_for_accuracy(out, k.p, k.fo, scratch);
   k.loss = out.loss;
   const std::string ran = run(k, opt, Pass::kForward, out.argmax.has_value());
@@ -572,7 +556,7 @@ std::string forward_backward(const Inputs& in, const TensorView& grad_loss, cons
   refuse_partial(opt, "forward_backward");
   Call k{normalize(in, opt)};
   k.fo = check_forward_outputs(in, k.p, out);
-  ArgmaxScratch scratch;
+  Tensor scratch;
   want_argmax_for_accuracy(out, k.p, k.fo, scratch);
   check_backward(in, grad_loss, grads, k);
   k.loss = out.loss;

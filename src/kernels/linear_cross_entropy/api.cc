@@ -20,8 +20,6 @@ namespace {
 const std::string kName = kKernelName;
 const dispatch::ArgCheck args{kName, "x"};  // every tensor lives where x does
 
-thread_local std::string t_last_impl;
-
 WLayout resolve_w_layout(const TensorView& w, int64_t H, WLayout requested, int64_t* V) {
   if (w.ndim() != 2) args.fail("w must be 2-D ([H, V] or [V, H]), got " + w.str());
   const int64_t r = w.shape[0], c = w.shape[1];
@@ -378,7 +376,7 @@ BlockSizes block_sizes(const Implementation& impl, const Problem& p, const Optio
 template <class Body>
 std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const std::vector<tune::Buffer>& outputs,
                           Body&& body) {
-  return t_last_impl = registry().dispatch_problem(opt.implementation, p, [&](const Implementation& impl) {
+  return registry().dispatch_problem(opt.implementation, p, [&](const Implementation& impl) {
     const auto run = [&](const BlockSizes& bs) { body(impl, bs); };
     run(block_sizes(impl, p, opt, op, outputs, run));
   });
@@ -409,7 +407,6 @@ std::string run(const Call& k, const Options& opt, Pass pass, bool every_row) {
     if (k.loss) zero_fill(*k.loss);
     if (k.dw) zero_fill_dw(*k.dw);
     if (k.dbias) zero_fill(*k.dbias);
-    t_last_impl = ran;
   } else {
     ran = dispatch_call(q, opt, pass, checked(q, fwd ? &fo : nullptr, bwd ? &go : nullptr),
                         [&](const Implementation& impl, const BlockSizes& bs) {
@@ -443,8 +440,6 @@ Reduction parse_reduction(const std::string& s) {
 }
 const char* w_layout_name(WLayout l) noexcept { return size_t(l) < 3 ? kLayouts[size_t(l)] : "?"; }
 WLayout parse_w_layout(const std::string& s) { return parse_name<WLayout>(kLayouts, s, "w layout", "auto, hv or vh"); }
-
-const std::string& last_implementation() { return t_last_impl; }
 
 void validate_metadata(const Inputs& in, const Options& opt) {
   // normalize() on copies that claim device memory at a dummy address: device data is never

@@ -173,8 +173,6 @@ Result compute_with_grad(const Inputs& in, const Options& opt = {});
 // ---- introspection ----
 using tessera::ImplementationInfo;
 std::vector<ImplementationInfo> implementations();
-// Deprecated: the calls return the implementation that ran. The last one on this thread ("" if none).
-const std::string& last_implementation();
 
 // Validates block sizes for a named implementation; throws Error(kInvalidArgument) naming the
 // broken constraint.

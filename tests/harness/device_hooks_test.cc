@@ -12,7 +12,6 @@
 #include "harness/device_hooks.h"
 #include "kernels/registry.h"
 #include "harness/roofline.h"
-#include "kernels/linear_cross_entropy/bench.h"
 #include "tessera/error.h"
 
 namespace th = tessera::harness;

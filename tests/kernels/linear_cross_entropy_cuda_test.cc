@@ -22,8 +22,10 @@
 #include "kernels/cuda_test_util.h"
 #include "kernels/linear_cross_entropy/cuda_plan.h"
 #include "kernels/linear_cross_entropy/testing.h"
-#include "kernels/linear_cross_entropy/tuning.h"
-#include "tune/adapter.h"
+#include "kernels/linear_cross_entropy/impl.h"
+#include "kernels/registry.h"
+#include "tune/device_kind.h"
+#include "tune/sweep.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
 
@@ -1130,34 +1132,35 @@ TEST(LceCuda, ScratchBeyondTheKeepIsReturnedAtSynchronization) {
   ASSERT_EQ(cudaStreamDestroy(st), cudaSuccess);
 }
 
-// Issue #30, 8: cuda is tunable. The tuner's timed run works on the device for every candidate
-// (synchronize() waits for the stream, so the times cover the device work), and the device kind
-// is the GPU's name and SM count.
+// Issue #30, 8: cuda is tunable. `tessera tune`'s timed run works on the device for every
+// candidate (the run synchronizes the device, so the times cover the device work), each candidate's
+// device outputs are checked against the default's, and the device kind is the GPU's name and SM count.
 TEST(LceCuda, TunerTimesEveryCandidateOnTheDevice) {
   SKIP_WITHOUT_GPU();
   const lce::Implementation* impl = lce::find_implementation("cuda");
   ASSERT_NE(impl, nullptr);
-  const lce::OwnedProblem o = lce::make_random_problem(4096, 256, 32000, DType::kBF16, Device::cuda(), 1);
-  const auto cands = tessera::tune::candidates_for<lce::Tuning>(*impl, o.problem);
-  ASSERT_GE(cands.size(), 2u) << "default plus smaller chunks";
-  const tessera::tune::Runner runner = lce::make_timed_run(*impl, o.problem, Pass::kFused);
-  for (const lce::BlockSizes& c : cands) {
-    const double s = runner.run(lce::to_params(c));
-    EXPECT_GT(s, 1e-6) << c.str();
-    EXPECT_LT(s, 10.0) << c.str();
+  const tessera::kernels::KernelSpec& k = tessera::kernels::get(lce::kKernelName);
+  ASSERT_TRUE(k.tune.tunable("cuda"));
+  const tessera::kernels::TuneJob job = k.tune.job("cuda", {4096, 256, 32000}, DType::kBF16, Pass::kFused, true);
+  ASSERT_GE(job.candidates.size(), 2u) << "default plus smaller chunks";
+  const tessera::tune::Runner runner = job.make_run();
+  for (const tessera::tune::Params& c : job.candidates) {
+    const double s = runner.run(c);
+    EXPECT_GT(s, 1e-6) << tessera::tune::params_str(c);
+    EXPECT_LT(s, 10.0) << tessera::tune::params_str(c);
   }
-  // The sweep checks every candidate's device outputs against the default's (tune/verify.h).
-  std::vector<tessera::tune::Params> params;
-  for (const lce::BlockSizes& c : cands) params.push_back(lce::to_params(c));
   tessera::tune::SweepPolicy once;
   once.warmup = 0;
   once.repeats = 1;
-  const tessera::tune::SweepResult r = tessera::tune::sweep(params, runner, once);
+  const tessera::tune::SweepResult r = tessera::tune::sweep(job.candidates, runner, once);
   EXPECT_EQ(r.reference, 0);
   EXPECT_EQ(r.unchecked, "");
   for (const auto& m : r.measurements)
     EXPECT_TRUE(m.ok() && m.checked()) << tessera::tune::params_str(m.candidate) << ": " << m.failure;
-  const std::string kind = impl->device_kind(o.problem);
+  lce::Problem p;
+  p.device = Device::cuda();
+  const std::string kind = impl->device_kind(p);
+  EXPECT_EQ(job.device_kind, tessera::tune::default_device_kind(tessera::DeviceType::kCUDA));
   EXPECT_EQ(kind, tessera::cuda::device_kind(0));
   EXPECT_EQ(kind.rfind("cuda:", 0), 0u) << kind;
   EXPECT_NE(kind, "cuda:unknown");

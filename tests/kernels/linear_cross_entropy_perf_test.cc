@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "harness/blas.h"
-#include "kernels/linear_cross_entropy/bench.h"
-#include "kernels/linear_cross_entropy/cost.h"
+#include "harness/options.h"
+#include "tessera/linear_cross_entropy.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 #include "cpu_backend.h"
@@ -14,10 +14,21 @@
 namespace tessera::linear_cross_entropy {
 namespace {
 
+harness::GridShape shape(const char* name, int64_t B, int64_t H, int64_t V) {
+  return {name, {{"B", B}, {"H", H}, {"V", V}}, {}};
+}
+
+// The bench problem's cost model (`tessera bench --predict`), with bench flags ("bias", "true").
+harness::Cost cost(int64_t B, int64_t H, int64_t V, Pass pass, const std::string& impl, DType dt = DType::kF32,
+                   const std::vector<std::pair<std::string, std::string>>& flags = {}) {
+  const kernels::KernelSpec& k = kernels::get(kKernelName);
+  harness::OptionValues o = harness::defaults_of(k.bench.options);
+  for (const auto& [name, value] : flags) o.set(name, value);
+  return k.bench.make_cost_model(shape("c", B, H, V), dt, o)->cost(pass, impl);
+}
+
 TEST(LinearCrossEntropyCost, ForwardKnownShape) {
-  CostShape s;
-  s.B = 4, s.H = 8, s.V = 16;  // f32, i64 labels, mean, no bias / cap
-  const auto c = cost(s, Pass::kForward, "cpu");
+  const auto c = cost(4, 8, 16, Pass::kForward, "cpu");  // f32, i64 labels, mean, no bias / cap
   const double gemm = 2.0 * 4 * 8 * 16;  // 1024
   // GEMM + online logsumexp (3 per logit) + row loss (6 per token).
   EXPECT_DOUBLE_EQ(c.flops_useful, gemm + 3 * 64 + 6 * 4);
@@ -26,48 +37,50 @@ TEST(LinearCrossEntropyCost, ForwardKnownShape) {
   EXPECT_DOUBLE_EQ(c.bytes, 128 + 512 + 32 + 4 + 16);
   EXPECT_DOUBLE_EQ(c.transcendentals, 64 + 4);  // exp per logit, log per row
   EXPECT_DOUBLE_EQ(c.arithmetic_intensity(), c.flops_useful / c.bytes);
+  // Label smoothing's Σz: one more flop per logit.
+  EXPECT_DOUBLE_EQ(cost(4, 8, 16, Pass::kForward, "cpu", DType::kF32, {{"label-smoothing", "0.1"}}).flops_useful,
+                   c.flops_useful + 64);
 }
 
 TEST(LinearCrossEntropyCost, BackwardRecomputesAndSoftCapCountsTanh) {
-  CostShape s;
-  s.B = 4, s.H = 8, s.V = 16, s.soft_cap = 30.0, s.bias = true;
+  const std::vector<std::pair<std::string, std::string>> flags{{"soft-cap", "30"}, {"bias", "true"}};
   const double gemm = 2.0 * 4 * 8 * 16, BV = 64;
-  const auto b = cost(s, Pass::kBackward, "cpu");
-  EXPECT_EQ(issued_gemms("cpu", Pass::kBackward), 3);
-  EXPECT_EQ(useful_gemms(Pass::kBackward), 2);
-  // Issued − useful = the recomputed logits: GEMM + bias add + soft cap (2 flops).
+  const auto b = cost(4, 8, 16, Pass::kBackward, "cpu", DType::kF32, flags);
+  // Issued − useful = the recomputed logits (3 GEMMs issued, 2 useful): GEMM + bias add + soft cap (2 flops).
   EXPECT_DOUBLE_EQ(b.flops_issued - b.flops_useful, gemm + BV + 2 * BV);
   // Useful: 2 GEMMs + dz (4) + soft cap derivative (3) + dbias (1) per logit.
   EXPECT_DOUBLE_EQ(b.flops_useful, 2 * gemm + (4 + 3 + 1) * BV);
   EXPECT_DOUBLE_EQ(b.transcendentals, BV /*tanh*/ + BV /*exp*/);
   // Reads x, w, labels, bias, lse, grad_loss; writes dx, dw, dbias (f32).
   EXPECT_DOUBLE_EQ(b.bytes, 128 + 512 + 32 + 64 + 16 + 4 + 128 + 512 + 64);
+  EXPECT_FALSE(b.assumptions.empty());
 
-  const auto f = cost(s, Pass::kForward, "cpu");
+  const auto f = cost(4, 8, 16, Pass::kForward, "cpu", DType::kF32, flags);
   EXPECT_DOUBLE_EQ(f.transcendentals, BV /*tanh*/ + BV /*exp*/ + 4 /*log*/);
+  // The GEMM floor counts the useful GEMMs: 1, 2, 3.
+  const auto floor = kernels::get(kKernelName).bench.make_cost_model(shape("c", 4, 8, 16), DType::kF32,
+                                                                     harness::defaults_of(kernels::get(kKernelName).bench.options))
+                         ->gemm_floor();
+  ASSERT_TRUE(floor.has_value());
+  EXPECT_EQ(floor->count(Pass::kForward), 1);
+  EXPECT_EQ(floor->count(Pass::kBackward), 2);
+  EXPECT_EQ(floor->count(Pass::kFused), 3);
 }
 
 TEST(LinearCrossEntropyCost, FusedIssuedGemmsPerImplementation) {
-  CostShape s;
-  s.B = 32, s.H = 64, s.V = 128, s.dtype = DType::kBF16, s.grad_dtype = DType::kBF16;
   const double gemm = 2.0 * 32 * 64 * 128;
-  const auto ref = cost(s, Pass::kFused, "reference");
-  const auto cpu = cost(s, Pass::kFused, "cpu");
+  const auto ref = cost(32, 64, 128, Pass::kFused, "reference", DType::kBF16);
+  const auto cpu = cost(32, 64, 128, Pass::kFused, "cpu", DType::kBF16);
   EXPECT_DOUBLE_EQ(ref.flops_useful, cpu.flops_useful);
   EXPECT_DOUBLE_EQ(ref.flops_issued - ref.flops_useful, gemm);  // 4 issued, 3 useful
   EXPECT_DOUBLE_EQ(cpu.flops_issued, cpu.flops_useful);         // assumed 3 issued
   EXPECT_GE(cpu.flops_useful, 3 * gemm);
   EXPECT_FALSE(cpu.assumptions.empty());
   // bf16 storage halves x / w / dx / dw bytes.
-  s.dtype = s.grad_dtype = DType::kF32;
-  const auto f32 = cost(s, Pass::kFused, "cpu");
+  const auto f32 = cost(32, 64, 128, Pass::kFused, "cpu");
   EXPECT_DOUBLE_EQ(f32.bytes - cpu.bytes, 2.0 * (32 * 64 + 64 * 128) * 2);
   EXPECT_THROW(parse_pass("sideways"), Error);
   EXPECT_EQ(parse_pass("fused"), Pass::kFused);
-}
-
-harness::GridShape shape(const char* name, int64_t B, int64_t H, int64_t V) {
-  return {name, {{"B", B}, {"H", H}, {"V", V}}, {}};
 }
 
 // Through the generic driver, as `tessera bench linear_cross_entropy` runs it.

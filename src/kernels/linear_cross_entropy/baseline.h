@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "kernels/linear_cross_entropy/cost.h"
+#include "tessera/exec.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera::linear_cross_entropy {

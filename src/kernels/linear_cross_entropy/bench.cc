@@ -1,10 +1,15 @@
-#include "kernels/linear_cross_entropy/bench.h"
-
+// linear_cross_entropy: its benchmark problem for `tessera bench` (and `tessera tune`'s timed
+// calls), through its signature (call_data).
+//
+// Inputs: x, w uniform (w scaled by 3/√H so logits have unit variance), labels uniform in [0, V)
+// (a share of them ignore_index with --ignored), optional bias and class weights; no token
+// weights, mean reduction, no z-loss. The floor is the plain GEMM x·W of the same shape (1 per
+// forward, 2 per backward, 3 fused); the baseline is the BLAS-materialized loss (baseline.h).
 #include <cmath>
+#include <memory>
 
 #include "core/random.h"
 #include "kernels/linear_cross_entropy/baseline.h"
-#include "kernels/linear_cross_entropy/cost.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
@@ -26,9 +31,9 @@ struct Settings {
   bool class_weights = false;  // random per-class weights in [0.5, 1.5)
 };
 
-class LceBench final : public harness::BenchProblem {
+class LceBench final : public kernels::CallBenchProblem {
  public:
-  LceBench(const Settings& s, uint64_t seed, bool with_data) : s_(s) {
+  LceBench(const Settings& s, uint64_t seed, bool with_data) : CallBenchProblem(spec), s_(s) {
     if (!with_data) return;  // cost model only
     x_ = random_uniform(s.dtype, {s.B, s.H}, 1.0f, seed * 3 + 1);
     const float ws = 3.0f / std::sqrt(static_cast<float>(s.H));
@@ -60,34 +65,81 @@ class LceBench final : public harness::BenchProblem {
 
   double work() const override { return static_cast<double>(s_.B) * s_.H * s_.V; }
 
+  // The cost model, term by term so that a reader can check it against the kernel's math
+  // (include/tessera/linear_cross_entropy.h). Per logit (B·V of them), forward: bias add 1 flop;
+  // soft cap c·tanh(z/c) 2 flops + 1 tanh; online logsumexp (max, subtract, add) 3 flops + 1 exp;
+  // label smoothing's Σz 1 flop. Per token: 1 log, ~6 flops for the loss. Backward, per logit:
+  // p = exp(z − lse) 1 flop + 1 exp, dz = scale·(k·p − ε/V − [j=y]) 3 flops; the soft cap's
+  // derivative 1 − (z/c)² and product 3 flops; dbias column sum 1 flop. GEMMs 2·B·H·V flops each.
+  // A recomputed GEMM also recomputes its epilogue (bias, soft cap): issued, not useful. Bytes are
+  // the minimum traffic: each input read once, each output written once; nothing B×V.
   harness::Cost cost(Pass pass, const std::string& implementation) const override {
-    CostShape cs;
-    cs.B = s_.B, cs.H = s_.H, cs.V = s_.V, cs.dtype = s_.dtype, cs.bias = s_.bias;
-    cs.bias_dtype = s_.dtype, cs.soft_cap = s_.soft_cap, cs.grad_dtype = s_.dtype;
-    cs.label_smoothing = s_.label_smoothing;
-    return linear_cross_entropy::cost(cs, pass, implementation);
+    harness::Cost c;
+    const double B = double(s_.B), H = double(s_.H), V = double(s_.V), BV = B * V, gemm = 2.0 * B * H * V;
+    const double in = double(dtype_size(s_.dtype));
+    const bool cap = s_.soft_cap > 0.0, fwd = pass != Pass::kBackward, bwd = pass != Pass::kForward;
+    const auto logits = [&](const std::string& why, bool recompute) {  // GEMM plus epilogue
+      c.add({why + ": logits GEMM x·W", gemm, 0, 0, recompute});
+      if (s_.bias) c.add({why + ": bias add", BV, 0, 0, recompute});
+      if (cap) c.add({why + ": soft cap c·tanh(z/c)", 2 * BV, 0, BV, recompute});
+    };
+    if (fwd) {
+      logits("forward", false);
+      c.add({"forward: online logsumexp", 3 * BV, 0, BV + B, false});
+      if (s_.label_smoothing > 0.0) c.add({"forward: label smoothing sum of logits", BV, 0, 0, false});
+      c.add({"forward: row loss", 6 * B, 0, 0, false});
+    }
+    // Backward alone recomputes the logits (3 GEMMs issued, 2 useful); fused issues 3 (logits once
+    // per token chunk, then dx and dw), except the reference's forward + backward: 4.
+    const bool ref = implementation == "reference";
+    if (pass == Pass::kBackward || (pass == Pass::kFused && ref))
+      logits(pass == Pass::kBackward ? "backward (recomputed)" : "fused (recomputed)", true);
+    if (bwd) {
+      c.add({"backward: softmax gradient dz", 4 * BV, 0, BV, false});
+      if (cap) c.add({"backward: soft cap derivative", 3 * BV, 0, 0, false});
+      c.add({"backward: dx = dz·Wᵀ GEMM", gemm, 0, 0, false});
+      c.add({"backward: dw = xᵀ·dz GEMM", gemm, 0, 0, false});
+      if (s_.bias) c.add({"backward: dbias column sum", BV, 0, 0, false});
+    }
+    c.add({"read x", 0, B * H * in, 0, false});
+    c.add({"read w", 0, H * V * in, 0, false});
+    c.add({"read labels", 0, B * 8, 0, false});
+    if (s_.bias) c.add({"read bias", 0, V * in, 0, false});
+    if (fwd) c.add({"write loss", 0, 4, 0, false}), c.add({"write lse", 0, B * 4, 0, false});
+    if (pass == Pass::kBackward) c.add({"read lse", 0, B * 4, 0, false});
+    if (bwd) {
+      c.add({"read grad_loss", 0, 4, 0, false});
+      c.add({"write dx", 0, B * H * in, 0, false});
+      c.add({"write dw", 0, H * V * in, 0, false});
+      if (s_.bias) c.add({"write dbias", 0, V * in, 0, false});
+    }
+    if (pass == Pass::kFused)
+      c.assumptions.push_back(ref ? "reference fused = forward + backward with recomputation: 4 GEMMs issued"
+                                  : "fused assumed to issue 3 GEMMs (logits once per token chunk, then dx and dw); if '" +
+                                        implementation + "' recomputes, issued is 4");
+    if (pass == Pass::kBackward)
+      c.assumptions.push_back("backward recomputes the logits from x and W: 3 GEMMs issued, 2 useful");
+    return c;
   }
 
   std::optional<harness::GemmFloor> gemm_floor() const override {
     harness::GemmFloor g;
     g.M = s_.B, g.N = s_.V, g.K = s_.H, g.dtype = s_.dtype;
     g.b_transposed = s_.layout == WLayout::kVH;
-    g.count = [](Pass p) { return useful_gemms(p); };
+    g.count = [](Pass p) { return p == Pass::kForward ? 1 : p == Pass::kBackward ? 2 : 3; };  // the useful GEMMs
     return g;
   }
 
-  harness::BenchCall bind(const std::string& implementation, Device dev, Pass pass,
-                          const ExecOptions& exec) override {
+  CallData call_data() const override {
     Tensor one = Tensor::empty(DType::kF32, {});
     one.data_as<float>()[0] = 1.0f;
-    std::vector<std::pair<std::string, Tensor>> in = {{"x", x_}, {"w", w_}, {"labels", labels_}, {"grad_loss", one}};
-    if (s_.bias) in.push_back({"bias", bias_});
-    if (s_.class_weights) in.push_back({"class_weights", class_weights_});
-    harness::OptionValues o;
-    o.set("w_layout", w_layout_name(s_.layout));
-    o.set("soft_cap", kernels::option_text(s_.soft_cap));
-    o.set("label_smoothing", kernels::option_text(s_.label_smoothing));
-    return kernels::bind_call(spec().call, in, o, implementation, dev, pass, exec);
+    CallData c{{{"x", x_}, {"w", w_}, {"labels", labels_}, {"grad_loss", one}}, {}};
+    if (s_.bias) c.tensors.push_back({"bias", bias_});
+    if (s_.class_weights) c.tensors.push_back({"class_weights", class_weights_});
+    c.options.set("w_layout", w_layout_name(s_.layout));
+    c.options.set("soft_cap", kernels::option_text(s_.soft_cap));
+    c.options.set("label_smoothing", kernels::option_text(s_.label_smoothing));
+    return c;
   }
 
   // The materialized baseline computes the plain loss (with the soft cap and ignored rows); with
@@ -149,11 +201,6 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
         "--label-smoothing must be in [0, 1]");
   s.class_weights = o.flag("class-weights");
   return std::make_unique<LceBench>(s, seed, with_data);
-}
-
-std::unique_ptr<harness::BenchProblem> make_bench_cost_model(const harness::GridShape& shape, DType dtype,
-                                                             const harness::OptionValues& options) {
-  return make_bench_problem(shape, dtype, options, 0, false);
 }
 
 }  // namespace tessera::linear_cross_entropy

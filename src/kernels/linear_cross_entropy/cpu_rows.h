@@ -6,6 +6,31 @@
 
 #include "kernels/linear_cross_entropy/impl.h"
 
+namespace tessera::linear_cross_entropy {
+
+// loss_t of a non-ignored row from its lse, label logit and Σ_c σ_c·z_c (Σ z without class
+// weights): weight·[(1−ε)(lse − z_y) + λ·lse²] + smooth_weight·ε/V·(Σσ·lse − Σ σ·z).
+inline double row_loss_value(const Problem& p, int64_t t, double lse, double zy, double sigma_z) {
+  const double eps = p.label_smoothing;
+  const double main = (1.0 - eps) * (lse - zy) + p.z_loss_weight * lse * lse;
+  const double smooth = eps / p.vocab() * (p.smooth_total() * lse - sigma_z);
+  return static_cast<double>(p.weight(t)) * main + static_cast<double>(p.smooth_weight(t)) * smooth;
+}
+
+// d loss_t / d z_j = coef·p_j − offset·σ_j − label·[j == y]  (before the upstream gradient and
+// the soft cap's factor), for a non-ignored row with log-sum-exp lse.
+struct GradCoefs {
+  double coef = 0.0, offset = 0.0, label = 0.0;
+};
+inline GradCoefs grad_coefs(const Problem& p, int64_t t, double lse) {
+  const double eps = p.label_smoothing, V = p.vocab();
+  const double w = p.weight(t), s = p.smooth_weight(t);
+  return {w * (1.0 - eps + 2.0 * p.z_loss_weight * lse) + s * eps * p.smooth_total() / V, s * eps / V,
+          w * (1.0 - eps)};
+}
+
+}  // namespace tessera::linear_cross_entropy
+
 namespace tessera::linear_cross_entropy::cpu_rows {
 
 // One row's online statistics over the vocabulary tiles one thread owns (merged across threads

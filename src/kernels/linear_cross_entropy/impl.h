@@ -7,11 +7,17 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dispatch/registry.h"
 #include "dispatch/sized_implementation.h"
 #include "tessera/linear_cross_entropy.h"
+
+namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
+struct Declared;
+struct TableEntry;
+}  // namespace tessera::tune
 
 namespace tessera::linear_cross_entropy {
 
@@ -68,27 +74,6 @@ struct Problem {
   double vocab() const { return static_cast<double>(partial() ? V_total : V); }
 };
 
-// loss_t of a non-ignored row from its lse, label logit and Σ_c σ_c·z_c (Σ z without class
-// weights): weight·[(1−ε)(lse − z_y) + λ·lse²] + smooth_weight·ε/V·(Σσ·lse − Σ σ·z).
-inline double row_loss_value(const Problem& p, int64_t t, double lse, double zy, double sigma_z) {
-  const double eps = p.label_smoothing;
-  const double main = (1.0 - eps) * (lse - zy) + p.z_loss_weight * lse * lse;
-  const double smooth = eps / p.vocab() * (p.smooth_total() * lse - sigma_z);
-  return static_cast<double>(p.weight(t)) * main + static_cast<double>(p.smooth_weight(t)) * smooth;
-}
-
-// d loss_t / d z_j = coef·p_j − offset·σ_j − label·[j == y]  (before the upstream gradient and
-// the soft cap's factor), for a non-ignored row with log-sum-exp lse.
-struct GradCoefs {
-  double coef = 0.0, offset = 0.0, label = 0.0;
-};
-inline GradCoefs grad_coefs(const Problem& p, int64_t t, double lse) {
-  const double eps = p.label_smoothing, V = p.vocab();
-  const double w = p.weight(t), s = p.smooth_weight(t);
-  return {w * (1.0 - eps + 2.0 * p.z_loss_weight * lse) + s * eps * p.smooth_total() / V, s * eps / V,
-          w * (1.0 - eps)};
-}
-
 // Raw outputs. loss: B floats for kNone, 1 float for kSum / kMean. lse: B floats. argmax: B
 // int64 or nullptr. All on problem.device.
 struct ForwardOut {
@@ -137,6 +122,20 @@ void validate_metadata(const Inputs& in, const Options& opt);
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
 const Implementation* find_implementation(const std::string& name);  // nullptr if unknown
+
+// The block sizes' tuning (tuning.cc): cuda's declaration (its chunk b) or the host backends';
+// the checked-in table (tuned_table.cc, generated); tuned sizes clamped to the shape (each of b,
+// h, v at most its dimension rounded up to 16; never grown); the options besides the dims that
+// key an autotuned result (layout, bias, soft cap, label smoothing, argmax).
+const tune::Declared& tuning(const std::string& implementation);
+const std::vector<tune::TableEntry>& tuned_table();
+BlockSizes sanitize_for_shape(const BlockSizes& bs, const Problem& p);
+std::string autotune_variant(const Problem& p);
+// The sizes as tune::Params ({b, h, v}; spelled out here for the C++17 cuda.cu) and back
+// (Error(kInvalidArgument) if one of b, h, v is missing).
+using TuneParams = std::vector<std::pair<std::string, int64_t>>;
+TuneParams to_params(const BlockSizes& bs);
+BlockSizes from_params(const TuneParams& p);
 
 // Factories (each backend's file defines its own).
 std::unique_ptr<Implementation> make_reference_implementation();

@@ -1,33 +1,30 @@
 // linear_cross_entropy: its registration with the kernel registry (src/kernels/registry.h) —
 // the only place the generic tools (CLI, parity suite, bench, tune) learn about this kernel.
-#include "kernels/linear_cross_entropy/bench.h"
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
-#include "kernels/linear_cross_entropy/tuning.h"
+#include "dispatch/arg_check.h"
 #include "kernels/registry.h"
-#include "kernels/tune_spec.h"
+#include "kernels/declared_tune.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
 
 namespace tessera::linear_cross_entropy {
+
+const kernels::KernelSpec& spec();
+// bench.cc
+std::vector<harness::OptionSpec> bench_options();
+std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
+                                                          const harness::OptionValues& o, uint64_t seed, bool with_data);
+
 namespace {
 
 using harness::OptionSpec;
 using K = OptionSpec::Kind;
 
-// ---- check ----
-std::vector<kernels::CheckCase> check_cases(bool quick) {
-  return kernels::check_cases_of(testing::check_grid(quick),
-                                 [](const testing::CaseSpec& c, const std::string& impl, Pass pass, Device dev) {
-                                   return testing::check_parity(c, impl, pass, dev);
-                                 });
-}
-
 // ---- call (Python bindings) ----
 // Option names are the C++ Options fields, so Python keywords read like the C++ API.
 Options call_options(const kernels::CallArgs& a) {
-  Options opt;
-  static_cast<ExecOptions&>(opt) = a.exec;
+  Options opt = kernels::exec_options<Options>(a);
   opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
   const harness::OptionValues& o = a.options;
   opt.reduction = parse_reduction(o.str("reduction"));
@@ -88,13 +85,9 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   const Options opt = call_options(a);
   const Inputs in = call_inputs(a);
-  const std::vector<kernels::OutputDesc> want = call_outputs(a);
-  if (out.size() != want.size())
-    throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + ": " + pass_name(a.pass) + " writes " +
-                                                 std::to_string(want.size()) + " outputs, got " + std::to_string(out.size()));
-  auto find = [&](const char* name) -> std::optional<TensorView> {
-    for (size_t i = 0; i < want.size(); ++i)
-      if (want[i].name == name) return out[i];
+  const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
+  const auto find = [&o](const char* name) -> std::optional<TensorView> {
+    if (dispatch::given(o[name])) return o[name];
     return std::nullopt;
   };
   if (a.pass == Pass::kForward && opt.vocab_total > 0) {
@@ -158,6 +151,17 @@ kernels::CallSpec call_spec() {
   return s;
 }
 
+// ---- tune: the host backends' declaration and cuda's (tuning.cc), one table ----
+kernels::TuneSpec tune_spec() {
+  kernels::TuneSpec t = kernels::declared_tune_spec(tuning("cpu"), spec);
+  t.tunable = [](const std::string& impl) { return tuning(impl).tunable(impl); };
+  t.job = [host = t.job, cuda = kernels::declared_tune_spec(tuning("cuda"), spec).job](
+              const std::string& impl, const std::vector<int64_t>& shape, DType dt, Pass pass, bool with_data) {
+    return (impl == "cuda" ? cuda : host)(impl, shape, dt, pass, with_data);
+  };
+  return t;
+}
+
 kernels::KernelSpec make_spec() {
   kernels::KernelSpec k;
   k.name = kKernelName;
@@ -166,13 +170,9 @@ kernels::KernelSpec make_spec() {
   k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
   k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = check_cases;
-  k.bench.options = bench_options();
-  k.bench.make_problem = [](const auto& shape, DType dt, const auto& o, uint64_t seed) {
-    return make_bench_problem(shape, dt, o, seed);
-  };
-  k.bench.make_cost_model = make_bench_cost_model;
-  k.tune = kernels::make_tune_spec<Tuning>();
+  k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
+  k.bench = kernels::bench_spec_of(bench_options(), make_bench_problem);
+  k.tune = tune_spec();
   k.call = call_spec();
   return k;
 }

@@ -5,7 +5,7 @@
 // shape bucket (see tuning.cc), winning parameters; the comment above it says where and
 // when it was measured and the winner's median time on the bucket's representative
 // shape. Lookup: src/tune/table.h; sanitizing for the actual shape: the kernel's fit (tuning.cc).
-#include "kernels/linear_cross_entropy/tuning.h"
+#include "tune/table.h"
 
 namespace tessera::linear_cross_entropy {
 

@@ -1,6 +1,7 @@
 // attention: the public API. Validates every input and output before anything runs (an error
 // touches no output), normalizes the dense and varlen forms into one Problem, picks block sizes
 // and dispatches with the fallback rules of src/dispatch.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -152,13 +153,15 @@ std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const s
   c.threads = p.num_threads;
   if (opt.block_sizes) c.given = {{"q", opt.block_sizes->q}, {"kv", opt.block_sizes->kv}};
   c.variant = autotune_variant(p);
-  const auto at = [&p](const tune::Params& s) {
-    return sanitize_for_shape({*tune::param(s, "q"), *tune::param(s, "kv")}, p);
-  };
+  const auto at = [](const tune::Params& s) { return BlockSizes{*tune::param(s, "q"), *tune::param(s, "kv")}; };
+  // Only a tunable implementation's sizes are fitted to the lengths: cuda and cudnn have fixed
+  // tiles of their own (a q=16,kv=32 clamped to kv=16 for 9 keys is refused by cuda).
+  const std::vector<std::string>& tunable = tuning().implementations;
   return tune::dispatch_declared(registry(), tuning(), opt, p, c, outputs, at,
                                  [&](const Implementation& impl, const BlockSizes& bs) {
                                    if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
-                                   body(impl, bs);
+                                   const bool fit = std::count(tunable.begin(), tunable.end(), impl.name()) > 0;
+                                   body(impl, fit ? sanitize_for_shape(bs, p) : bs);
                                  });
 }
 

@@ -132,8 +132,11 @@ TEST(RooflineMeasured, Bf16DotPeakWhereTheCpuHasIt) {
   if (!g) GTEST_SKIP() << method;
   const auto f = measure_cpu_peak_gflops("f32_fma_avx512", 1, 0.05, nullptr);
   ASSERT_TRUE(f.has_value());  // AVX512-BF16 implies AVX-512F
-  // One vdpbf16ps does twice an FMA's flops; every CPU with it issues at least half as many.
-  EXPECT_GT(*g, 0.8 * *f) << method;
+  // One vdpbf16ps does twice an FMA's flops, but CPUs issue it at different rates: a Zen 4 at
+  // the FMA's (2x the f32 rate), the H200 host's Xeon at 0.6x of its f32 FMA rate (measured
+  // there 65 vs 108 GFLOP/s on one thread, 2026-11-26). A loop bound by the instruction's
+  // latency instead (a broken measurement: one accumulator) gives ~1/16 of the throughput.
+  EXPECT_GT(*g, 0.25 * *f) << method;
   EXPECT_EQ(measure_cpu_peak_gflops("no_such_line", 1, 0.01, &method), std::nullopt);
   EXPECT_NE(method.find("no no_such_line loop"), std::string::npos);
 }

@@ -3,7 +3,6 @@
 #include <cctype>
 #include <stdexcept>
 
-#include <sstream>
 
 namespace tessera::dispatch {
 
@@ -23,12 +22,14 @@ std::pair<std::string, bool> like_of(const std::string& rule) {
 std::vector<std::string> dim_names(const std::string& dims) {
   std::vector<std::string> out;
   if (dims.empty()) return out;
-  std::stringstream in(dims);
-  for (std::string f; std::getline(in, f, ',');) {
+  for (size_t start = 0;;) {  // no stringstream: every call of every kernel binds its rules
+    const size_t comma = dims.find(',', start);
+    const std::string f = dims.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     const size_t a = f.find_first_not_of(' '), b = f.find_last_not_of(' ');
     out.push_back(a == std::string::npos ? std::string() : f.substr(a, b - a + 1));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
   }
-  return out;
 }
 
 TensorRules::TensorRules(std::string kernel, std::vector<TensorRule> rules)

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,6 +94,20 @@ class Dims {
   Device device_;
   bool placed_ = false;
 };
+
+// A call's inputs, outputs and upstream gradients can share one TensorRules: the API checks an
+// output against its own declaration once the inputs bound its dims (check_rule(d, kRules, "h", h)).
+// The rule `name` of `rules`; a name without a rule is a bug (std::logic_error).
+inline const TensorRule& rule_of(const TensorRules& rules, const std::string& name) {
+  for (const TensorRule& r : rules.rules())
+    if (r.name == name) return r;
+  throw std::logic_error(rules.args().kernel() + ": no tensor rule for '" + name + "'");
+}
+
+// Checks `t` (given or not: an absent required tensor fails on its rank) against the rule `name`.
+inline void check_rule(Dims& d, const TensorRules& rules, const std::string& name, const TensorView& t) {
+  d.check(t, rule_of(rules, name));
+}
 
 // The comma-separated fields of a dims rule ("B,NH,S" -> {"B", "NH", "S"}; "" -> {}).
 std::vector<std::string> dim_names(const std::string& dims);

@@ -1,4 +1,4 @@
-#include "kernels/glue_mla.h"
+#include "kernels/bench_glue.h"
 
 #include <algorithm>
 #include <numeric>

@@ -1,5 +1,5 @@
-// Tessera internal: bench glue that paged-cache kernels (mla_decode, paged_attention) shared by
-// copy; to be folded into kernels/registry.h.
+// Tessera internal: pieces of bench problems that several kernels share (mla_decode's and
+// paged_attention's benches: a forward baseline, a scattered page table).
 #pragma once
 
 #include <cstdint>

@@ -182,6 +182,14 @@ class CallOutputs {
 // (dispatch/tensor_rules.h): output_of(d, "o", "T,Hq,Dv", "=q").
 OutputDesc output_of(const dispatch::Dims& d, const std::string& name, const std::string& dims, const std::string& dtype);
 
+// The contiguous output `name` with the dims and dtype of its rule in `rules`, against a call's
+// bound inputs: declared_output(d, rules(), "h").
+inline OutputDesc declared_output(const dispatch::Dims& d, const dispatch::TensorRules& rules,
+                                  const std::string& name) {
+  const dispatch::TensorRule& r = dispatch::rule_of(rules, name);
+  return output_of(d, name, r.dims, r.dtype);
+}
+
 // The tensor a caller allocates for `d` on `device` (zeros; d.strides honoured: a gradient in a
 // transposed weight's layout gets that layout).
 Tensor allocate_output(const OutputDesc& d, Device device);

@@ -1,4 +1,4 @@
-// kernels/glue_mla.h: the forward-only baseline list and the shuffled page table of the paged
+// kernels/bench_glue.h: the forward-only baseline list and the shuffled page table of the paged
 // kernels' benches.
 #include <gtest/gtest.h>
 
@@ -6,12 +6,12 @@
 #include <numeric>
 #include <vector>
 
-#include "kernels/glue_mla.h"
+#include "kernels/bench_glue.h"
 
 namespace tessera::kernels {
 namespace {
 
-TEST(GlueMla, ForwardBaselineOnlyWhenTheForwardIsTimed) {
+TEST(BenchGlue, ForwardBaselineOnlyWhenTheForwardIsTimed) {
   harness::BaselineCall c;
   c.name = "plain";
   c.pass = Pass::kBackward;  // set to forward
@@ -23,7 +23,7 @@ TEST(GlueMla, ForwardBaselineOnlyWhenTheForwardIsTimed) {
   EXPECT_TRUE(forward_baseline({}, c).empty());
 }
 
-TEST(GlueMla, ShuffledPageTableIsAPermutationFixedBySeed) {
+TEST(BenchGlue, ShuffledPageTableIsAPermutationFixedBySeed) {
   const Tensor t = shuffled_page_table(3, 5, 7);
   EXPECT_EQ(t.dtype(), DType::kI32);
   EXPECT_EQ(t.shape(), (Shape{3, 5}));

@@ -1,12 +1,12 @@
-// dispatch/glue_rnn.h: an output or upstream gradient checked against its own declared rule;
-// kernels/glue_rnn.h: an output's shape and dtype from its rule.
+// dispatch/tensor_rules.h / registry.h: an output or upstream gradient checked against its own declared rule;
+// kernels/tensor_rules.h / registry.h: an output's shape and dtype from its rule.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 #include <string>
 
-#include "dispatch/glue_rnn.h"
-#include "kernels/glue_rnn.h"
+#include "dispatch/tensor_rules.h"
+#include "kernels/registry.h"
 #include "tessera/error.h"
 
 namespace tessera::dispatch {
@@ -26,13 +26,13 @@ std::string check_h(Dims& d, const TensorView& h) {
   return "";
 }
 
-TEST(GlueRnn, RuleOfFindsTheDeclarationAndRefusesAnUnknownName) {
+TEST(TensorRulesLookup, RuleOfFindsTheDeclarationAndRefusesAnUnknownName) {
   EXPECT_EQ(rule_of(rules(), "h").dims, "B,S,D");
   EXPECT_EQ(rule_of(rules(), "last").dtype, "f32");
   EXPECT_THROW(rule_of(rules(), "nope"), std::logic_error);
 }
 
-TEST(GlueRnn, CheckRuleBindsNewDimsAndChecksTheBoundOnes) {
+TEST(TensorRulesLookup, CheckRuleBindsNewDimsAndChecksTheBoundOnes) {
   const Tensor q = Tensor::zeros(DType::kBF16, {2, 3});
   Dims d = rules().bind({{"q", q.view()}});
   EXPECT_EQ(check_h(d, Tensor::zeros(DType::kF32, {2, 3, 5}).view()), "");  // binds D = 5; f32 allowed
@@ -42,7 +42,7 @@ TEST(GlueRnn, CheckRuleBindsNewDimsAndChecksTheBoundOnes) {
   EXPECT_EQ(check_h(d, TensorView{}), "foo: h must be [B=2, S=3, D=5], got []");  // a required output absent
 }
 
-TEST(GlueRnn, DeclaredOutputTakesTheRulesDimsAndDtype) {
+TEST(TensorRulesLookup, DeclaredOutputTakesTheRulesDimsAndDtype) {
   const Tensor q = Tensor::zeros(DType::kBF16, {2, 3});
   Dims d = rules().bind({{"q", q.view()}});
   d.set("D", 4);

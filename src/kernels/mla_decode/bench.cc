@@ -4,7 +4,7 @@
 #include <functional>
 
 #include "core/random.h"
-#include "kernels/glue_mla.h"
+#include "kernels/bench_glue.h"
 #include "kernels/mla_decode/impl.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "dispatch/glue_rnn.h"
+#include "dispatch/tensor_rules.h"
 #include "dispatch/host_f32.h"
 #include "kernels/mlstm/impl.h"
 #include "tune/declared.h"

@@ -3,7 +3,7 @@
 #include "kernels/mlstm/impl.h"
 #include "kernels/mlstm/testing.h"
 #include "kernels/declared_tune.h"
-#include "kernels/glue_rnn.h"
+#include "kernels/registry.h"
 #include "kernels/registry.h"
 
 namespace tessera::mlstm {

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/glue_rnn.h"
+#include "dispatch/tensor_rules.h"
 #include "dispatch/host_f32.h"
 #include "kernels/slstm/impl.h"
 #include "tune/declared.h"

@@ -1,7 +1,7 @@
 // slstm: the registration — the only place the CLI, the parity suite and the bindings learn
 // about this kernel (docs/ADDING_A_KERNEL.md).
 #include "kernels/declared_tune.h"
-#include "kernels/glue_rnn.h"
+#include "kernels/registry.h"
 #include "kernels/registry.h"
 #include "kernels/slstm/impl.h"
 #include "kernels/slstm/testing.h"

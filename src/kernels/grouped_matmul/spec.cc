@@ -1,5 +1,6 @@
 // grouped_matmul: its registration with the kernel registry (src/kernels/registry.h) — the only
 // place the generic tools (CLI, parity suite, bench) learn about this kernel.
+#include <functional>
 
 #include "core/random.h"
 #include "dispatch/host_f32.h"
@@ -14,6 +15,9 @@
 namespace tessera::grouped_matmul {
 
 const kernels::KernelSpec& spec();
+// baseline.cc: the dense floor on the cpu implementation (G = 1) and the OpenBLAS loops.
+std::function<void()> one_group_baseline(const Tensor& lhs, const Tensor& rhs, int64_t N, int threads);
+std::function<void()> blas_baseline(const Tensor& lhs, const Tensor& rhs, std::vector<int64_t> sizes, bool dense);
 
 namespace {
 
@@ -159,10 +163,16 @@ class GmmBench final : public kernels::CallBenchProblem {
     std::vector<harness::BaselineCall> out;
     for (Pass pass : passes) {
       if (pass != Pass::kForward) continue;  // the baselines time the forward product
-      out.push_back(one_group_baseline(pass, threads));
+      harness::BaselineCall dense =
+          baseline("dense-gemm", "all M rows as one group against rhs[0] through the cpu implementation: the floor", pass);
+      dense.roofline_dtype = dtype_name(s_.dtype);  // bf16: against the bf16 dot-product peak
+      dense.run = one_group_baseline(lhs_, rhs_, s_.N, threads);
+      out.push_back(std::move(dense));
       if (s_.dtype != DType::kF32 || !harness::blas::available()) continue;
-      out.push_back(baseline("dense-blas", "one OpenBLAS sgemm of all M rows against rhs[0]", true, pass));
-      out.push_back(baseline("blas-loop", "one sgemm per non-empty group (OpenBLAS threads)", false, pass));
+      out.push_back(baseline("dense-blas", "one OpenBLAS sgemm of all M rows against rhs[0]", pass));
+      out.back().run = blas_baseline(lhs_, rhs_, {}, true);
+      out.push_back(baseline("blas-loop", "one sgemm per non-empty group (OpenBLAS threads)", pass));
+      out.back().run = blas_baseline(lhs_, rhs_, s_.sizes, false);
     }
     return out;
   }
@@ -180,57 +190,12 @@ class GmmBench final : public kernels::CallBenchProblem {
   }
 
  private:
-  // The dense floor: all M rows as one group against rhs[0], through the cpu implementation
-  // (f32 on the packed AVX-512 FMA micro-kernel, bf16 on the AVX512-BF16 dot product, f16
-  // through f32 sgemm), so the rate the grouped call is compared with runs on the same
-  // micro-kernel and the same tiles.
-  harness::BaselineCall one_group_baseline(Pass pass, int threads) {
-    harness::BaselineCall c;
-    c.name = "dense-gemm";
-    c.pass = pass;
-    c.description = "all M rows as one group against rhs[0] through the cpu implementation: the floor";
-    c.cost = cost(pass, c.name);
-    c.roofline_dtype = dtype_name(s_.dtype);  // bf16: against the bf16 dot-product peak
-    auto out = std::make_shared<Tensor>(Tensor::empty(s_.dtype, {s_.M, s_.N}));
-    auto one = std::make_shared<Tensor>(Tensor::empty(DType::kI64, {1}));
-    one->data_as<int64_t>()[0] = s_.M;
-    const Tensor lhs = lhs_, rhs = rhs_;  // shared storage: rhs[0] is its first K·N values
-    const Shape w0{1, s_.K, s_.N};
-    c.run = [lhs, rhs, w0, out, one, threads] {
-      Options opt;
-      opt.implementation = "cpu";
-      opt.num_threads = threads;
-      const TensorView r0(rhs.data(), rhs.dtype(), w0);
-      gmm({lhs.view(), r0, one->view()}, out->view(), opt);
-    };
-    return c;
-  }
-
-  harness::BaselineCall baseline(const std::string& name, const std::string& what, bool dense, Pass pass) {
+  harness::BaselineCall baseline(const std::string& name, const std::string& what, Pass pass) {
     harness::BaselineCall c;
     c.name = name;
     c.pass = pass;
     c.description = what;
     c.cost = cost(pass, name);
-    auto out = std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {s_.M, s_.N}));
-    const float* a = lhs_.data_as<float>();
-    const float* w = rhs_.data_as<float>();
-    const Settings s = s_;
-    c.run = [a, w, out, s, dense] {
-      float* o = out->data_as<float>();
-      if (dense) {
-        harness::blas::sgemm(false, false, s.M, s.N, s.K, 1.f, a, s.K, w, s.N, 0.f, o, s.N);
-        return;
-      }
-      int64_t r = 0;
-      for (int64_t g = 0; g < s.G; ++g) {
-        const int64_t rows = s.sizes[static_cast<size_t>(g)];
-        if (rows > 0)
-          harness::blas::sgemm(false, false, rows, s.N, s.K, 1.f, a + r * s.K, s.K, w + g * s.K * s.N, s.N, 0.f,
-                               o + r * s.N, s.N);
-        r += rows;
-      }
-    };
     return c;
   }
 

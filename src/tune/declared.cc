@@ -63,7 +63,7 @@ Choice choose_declared(const Declared& d, const DeclaredCall& c, const std::func
   r.implementation = c.implementation;
   r.what = d.kernel + " " + c.implementation + " " + dtype_name(c.dtype) + " " + pass_name(c.pass);
   const bool own_default = d.default_of && !d.tunable(c.implementation);
-  r.defaults = own_default ? d.default_of(c.implementation) : cands.front();
+  r.defaults = c.default_sizes ? *c.default_sizes : own_default ? d.default_of(c.implementation) : cands.front();
   r.explicit_sizes = given_options(d, c, r.defaults);
   r.tunable = d.tunable(c.implementation);
   // The joint check where declared; each implementation validates its own limits when it runs.

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,6 +79,10 @@ struct DeclaredCall {
   Params given;                // the call's options by name (0: choose)
   std::string variant;         // more of the call in the cache key ("transpose_rhs=on"); "" for none
   bool autotune_on_miss = true;
+  // The implementation's own default for this problem where it depends on more than the dims
+  // (linear_cross_entropy's cpu: another tile for bf16 on the AVX512-BF16 route). Unset: the
+  // declaration's default_of, else the first candidate. Reported as the "default" choice.
+  std::optional<Params> default_sizes;
 };
 
 // The tuned options for `call`: every option the call gave (> 0) is kept; when all are 0, the

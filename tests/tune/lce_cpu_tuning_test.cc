@@ -108,5 +108,29 @@ TEST(LceCpuTuning, CheckedInTableIsUsedOnItsMachine) {
       << "device kind " << cpu->device_kind(p) << "\n" << log.capture.text();
 }
 
+// A miss that takes the default reports the sizes that ran: the implementation's own default for
+// the problem (bf16 on the AVX512-BF16 route: v = 512, not the declaration's f32 2048).
+TEST(LceCpuTuning, ADefaultChoiceReportsTheImplementationsOwnDefault) {
+  const Implementation* cpu = find_implementation("cpu");
+  if (!cpu) GTEST_SKIP() << "built without the cpu backend";
+  const ScopedEnv no_table("TESSERA_TUNED_TABLE", "0");
+  for (const DType dt : {DType::kF32, DType::kBF16}) {
+    testing::CaseSpec spec;
+    spec.lead = {8};
+    spec.H = 16;
+    spec.V = 3000;  // far too small to autotune
+    spec.dtype = dt;
+    spec.opt.implementation = "cpu";
+    const testing::CaseData data = make_case(spec);
+    Problem p;
+    p.B = 8, p.H = 16, p.V = 3000, p.dtype = dt;
+    tune::ChoiceRecorder rec;
+    (void)compute(data.inputs(), spec.opt);
+    ASSERT_EQ(rec.records().size(), 1u) << dtype_name(dt);
+    EXPECT_EQ(rec.records()[0].source, "default");
+    EXPECT_EQ(rec.records()[0].params, to_params(cpu->default_block_sizes(p))) << dtype_name(dt);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::linear_cross_entropy

@@ -362,6 +362,7 @@ BlockSizes block_sizes(const Implementation& impl, const Problem& p, const Optio
   if (opt.block_sizes) c.given = to_params(*opt.block_sizes);
   c.variant = autotune_variant(p);
   c.autotune_on_miss = opt.autotune_on_miss;
+  c.default_sizes = to_params(impl.default_block_sizes(p));  // what runs (and is reported) by default
   const auto at = [&p](const tune::Params& s) { return sanitize_for_shape(from_params(s), p); };
   const auto once = [&](const tune::Params& s) { run(at(s)); };
   const tune::Choice ch = tune::choose_declared(tuning(impl.name()), c, once, tune::borrowed_outputs(outputs));

@@ -76,9 +76,18 @@ struct Param {
   std::string kernel;
   Pass pass;
   std::string flag;  // a flag option turned on ("" for none)
+  bool host_only_on_device = false;  // the host-only inputs too (python/tests/test_cuda.py moves every input)
 };
 
-void PrintTo(const Param& p, std::ostream* os) { *os << p.kernel << "/" << pass_name(p.pass) << "/" << p.flag; }
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << p.kernel << "/" << pass_name(p.pass) << "/" << p.flag << (p.host_only_on_device ? "/host_only_on_device" : "");
+}
+
+bool has_host_only(const kernels::CallSpec& s) {
+  for (const kernels::CallInput& in : s.inputs)
+    if (in.host_only) return true;
+  return false;
+}
 
 std::vector<Param> all_params() {
   std::vector<Param> out;
@@ -86,6 +95,7 @@ std::vector<Param> all_params() {
     if (!k->call.call) continue;
     for (Pass p : k->passes) {
       out.push_back({k->name, p, ""});
+      if (has_host_only(k->call)) out.push_back({k->name, p, "", true});
       for (const harness::OptionSpec& o : k->call.options)
         if (o.kind == harness::OptionSpec::Kind::kFlag) out.push_back({k->name, p, o.name});
     }
@@ -110,7 +120,7 @@ TEST_P(DeviceViewsAreNotReadOnTheHost, CallEndsInAnError) {
   DeviceViews dev;
   for (const auto& [name, t] : data.tensors) {
     if (prm.pass == Pass::kForward && name.rfind("grad_", 0) == 0) continue;  // upstream gradients: not forward's
-    args.tensors.push_back({name, host_only(k.call, name) ? t.view() : dev.make(t.dtype(), t.shape(), t.view().strides)});
+    args.tensors.push_back({name, host_only(k.call, name) && !prm.host_only_on_device ? t.view() : dev.make(t.dtype(), t.shape(), t.view().strides)});
   }
   std::vector<kernels::OutputDesc> descs;
   try {
@@ -132,7 +142,8 @@ TEST_P(DeviceViewsAreNotReadOnTheHost, CallEndsInAnError) {
 INSTANTIATE_TEST_SUITE_P(AllKernels, DeviceViewsAreNotReadOnTheHost, ::testing::ValuesIn(all_params()),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return info.param.kernel + "_" + pass_name(info.param.pass) +
-                                  (info.param.flag.empty() ? "" : "_" + info.param.flag);
+                                  (info.param.flag.empty() ? "" : "_" + info.param.flag) +
+                                  (info.param.host_only_on_device ? "_host_only_on_device" : "");
                          });
 
 }  // namespace

@@ -130,6 +130,7 @@ nb::list describe_inputs(const std::vector<kernels::CallInput>& in) {
     d["help"] = i.help;
     d["required"] = i.required;
     d["differentiable"] = i.differentiable;
+    d["host_only"] = i.host_only;
     out.append(d);
   }
   return out;

@@ -97,6 +97,7 @@ class Input:
     help: str
     required: bool
     differentiable: bool
+    host_only: bool = False  # read on the host whatever the device (group sizes, page tables)
 
 
 @dataclass
@@ -193,8 +194,8 @@ def _load() -> Dict[str, Kernel]:
     for d in _ext.kernels():
         opts = tuple(Option(o["name"], o["kind"], o["help"], _typed_default(o["kind"], o["default"]),
                             tuple(o["choices"])) for o in d["options"])
-        ins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"]) for i in d["inputs"])
-        gins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"]) for i in d["grad_inputs"])
+        ins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"]) for i in d["inputs"])
+        gins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"]) for i in d["grad_inputs"])
         out[d["name"]] = Kernel(d["name"], d["description"], tuple(d["passes"]), ins, gins, opts,
                                 tuple(d["forward_outputs"]), tuple(d["saved_outputs"]), d["implementations"])
     return out

@@ -82,6 +82,13 @@ def _descs(k: Kernel, pass_: str, tensors: Dict[str, torch.Tensor], options: Dic
     return _ext.outputs(k.name, pass_, metas, options)
 
 
+def _views(k: Kernel, tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The call's views: detached (DLPack refuses tensors that require grad); the inputs the
+    kernel reads on the host (group sizes, page tables, lengths) copied there from a GPU."""
+    host = {i.name for i in k.inputs if i.host_only}
+    return {n: (t.detach().cpu() if n in host else t.detach()) for n, t in tensors.items()}
+
+
 def _device(tensors: Dict[str, torch.Tensor]) -> torch.device:
     return next(iter(tensors.values())).device
 
@@ -94,7 +101,7 @@ def _register(k: Kernel, pass_: str, op_name: str):
         dev = _device(tensors)
         outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev) for _, d, s, st in _descs(k, pass_, tensors, options)]
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
-        views = {n: t.detach() for n, t in tensors.items()}  # DLPack refuses tensors that require grad
+        views = _views(k, tensors)
         _ext.call(k.name, pass_, views, outs, options, implementation, 0, stream)
         return outs
 
@@ -180,7 +187,7 @@ def _register_fused(k: Kernel, op_name: str):
     def impl(*args, **kwargs):
         tensors, options, implementation, dev, outs = fused_args(args, kwargs)
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
-        views = {n: t.detach() for n, t in tensors.items()}  # DLPack refuses tensors that require grad
+        views = _views(k, tensors)
         _ext.call(k.name, "fused", views, outs, options, implementation, 0, stream)
         return outs
 

@@ -3,24 +3,19 @@
 
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "dispatch/arg_check.h"
 #include "dispatch/host_f32.h"
+#include "core/invalid_argument.h"
 #include "tessera/error.h"
 
 namespace tessera::dispatch {
 namespace {
 
-// The message of the Error(kInvalidArgument) `f` throws ("" when it throws none).
 template <class F>
 std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    return e.what();
-  }
-  return "";
+  return testing_errors::invalid_argument_message(std::forward<F>(f));
 }
 
 TEST(ArgCheck, EachCheckNamesTheKernelAndTheArgument) {

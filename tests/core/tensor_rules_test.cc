@@ -4,8 +4,10 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "dispatch/tensor_rules.h"
+#include "core/invalid_argument.h"
 #include "tessera/error.h"
 
 namespace tessera::dispatch {
@@ -13,13 +15,7 @@ namespace {
 
 template <class F>
 std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    return e.what();
-  }
-  return "";
+  return testing_errors::invalid_argument_message(std::forward<F>(f));
 }
 
 const TensorRules& rules() {

@@ -45,7 +45,8 @@
 #      ATTN_SHAPES (attention B,S,H,D list separated by spaces; default "4,4096,16,128"),
 #      STAGE_BUDGET_S (default 530: a step that would start past it is skipped and said so),
 #      STAGE_CAPS (with --deadline, in the order to run; default "build:240 test:300 sanitize:90 bench:600"),
-#      SANITIZE_TOOLS (default "memcheck initcheck racecheck synccheck"),
+#      SANITIZE_TOOLS (default "memcheck initcheck racecheck synccheck"), SANITIZE_EXCLUDE_<tool> (more
+#      gtest patterns kept out of that tool alone, ':'-separated),
 #      GPU_CHECK_PYTHON=0 (the test stage skips the Python extension and its CUDA-tensor tests),
 #      GPU_CHECK_NO_GPU=1 (act as if no GPU were present), GPU_CHECK_BUILD_DIR, GPU_CHECK_DEPS_DIR
 #      (the script's own test, tests/scripts/gpu_check_test.sh).
@@ -226,6 +227,14 @@ stage_test() {
     echo "[$stage] tests SUITE (timeout 240s): one process per suite that tessera_cuda_tests --gtest_list_tests lists"
   fi
   rm -f "$out"/tests/*.json "$out/tests/python.xml"  # a suite that dies this time must not show last time's
+  # The Python extension compiles (niced) while the GPU suites run; its step below waits for it.
+  local pyrc=$out/tests/python_build.rc pyargs=("$root/build/gpu-py" "$root/build/gpu-pkg" -DCMAKE_PREFIX_PATH="$deps/usr"
+    "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" "${cudnn_args[@]}")
+  rm -f "$pyrc"
+  if [ "${GPU_CHECK_PYTHON:-1}" = 1 ] && [ "$plan" = 0 ]; then
+    (timeout -k 10 300 nice -n 10 bash "$root/scripts/gpu_python_package.sh" "${pyargs[@]}" < /dev/null \
+      > "$out/tests/python_build.log" 2>&1; echo $? > "$pyrc") &
+  fi
   for s in $(cuda_suites); do
     step "tests $s" 240 "tests/${s//\//_}.log" "$build/tests/tessera_cuda_tests" --gtest_filter="$s.*" \
       --gtest_output="json:$out/tests/${s//\//_}.json"
@@ -236,9 +245,10 @@ stage_test() {
   fi
   # Python: CUDA tensors through tessera.torch against CPU tensors (python/tests/test_cuda.py).
   if [ "${GPU_CHECK_PYTHON:-1}" = 1 ]; then
-    step "python extension" 240 tests/python_build.log bash "$root/scripts/gpu_python_package.sh" "$root/build/gpu-py" \
-      "$root/build/gpu-pkg" -DCMAKE_PREFIX_PATH="$deps/usr" "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" \
-      "${cudnn_args[@]}" &&
+    step "python extension (log: tests/python_build.log)" 240 tests/python_build_wait.log bash -c \
+      'while [ ! -f "$1" ]; do sleep 1; done; cat "${1%.rc}.log" | tail -5; exit "$(cat "$1")"' _ "$pyrc" &&
+      { step "python probe (where a crash is)" 200 tests/python_probe.log bash "$root/scripts/gpu_python_probe.sh" \
+          "$root/build/gpu-pkg"; true; } &&
       step "tests (Python, CUDA tensors)" 180 tests/python.log env TESSERA_REQUIRE_CUDA=1 \
         PYTHONPATH="$root/build/gpu-pkg:$root/python/tests" python3 -m pytest -q -rs -p no:cacheprovider \
         "$root/python/tests/test_cuda.py" --junitxml="$out/tests/python.xml"
@@ -263,8 +273,9 @@ stage_sanitize() {
   local share=$(((budget - (SECONDS - started) - 10) / ${#tools[@]}))
   mkdir -p "$out/sanitize"
   for tool in "${tools[@]}"; do
+    local more=SANITIZE_EXCLUDE_$tool  # e.g. SANITIZE_EXCLUDE_racecheck='*Lce*': that tool only
     step "compute-sanitizer $tool" "$share" "sanitize/$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      "${only[@]}" "$build/tests/tessera_cuda_tests" --gtest_filter="-$SANITIZE_EXCLUDE" --gtest_brief=1
+      "${only[@]}" "$build/tests/tessera_cuda_tests" --gtest_filter="-$SANITIZE_EXCLUDE${!more:+:${!more}}" --gtest_brief=1
   done
 }
 

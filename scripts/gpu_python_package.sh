@@ -2,6 +2,7 @@
 # The Python extension built against this machine's python3 (its PyTorch, JAX), CUDA on, no BLAS
 # CPU backend, in its own build folder (PIC; no C++ tests or tools), then staged as an importable
 # package: PYTHONPATH=OUT_DIR makes `import tessera` load it. Used by gpu_check.sh's test stage.
+# Host code carries debug info (-g, same code): a crash's backtrace (gpu_python_probe.sh) names lines.
 #   scripts/gpu_python_package.sh BUILD_DIR OUT_DIR [extra cmake -D arguments...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,6 +12,7 @@ shift 2
 if [ ! -f "$pybuild/build.ninja" ]; then
   cmake -S "$root" -B "$pybuild" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_CPU_BACKEND=OFF \
     -DTESSERA_BUILD_PYTHON=ON -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_TOOLS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
+    -DCMAKE_CXX_FLAGS=-g \
     -DPython_EXECUTABLE="$(command -v python3)" "$@"
 fi
 # tessera_cuda too: the extension does not link the CUDA module, libtessera loads it from its own

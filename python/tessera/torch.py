@@ -122,6 +122,7 @@ def _register_autograd(k: Kernel):
     bwd_op = getattr(torch.ops.tessera, k.name + "_backward")
 
     def setup_context(ctx, inputs, output):
+        ctx.n_inputs = len(inputs)  # the arguments given: trailing defaults may be left out (torch 2.11)
         named = _defaults(k)
         named.update(zip(fwd_names, inputs))
         tensor_names = [t.name for t in k.inputs if named[t.name] is not None]
@@ -166,7 +167,8 @@ def _register_autograd(k: Kernel):
             if named.get(name) is not None:
                 by_name[name] = outs[i]
                 i += 1
-        return tuple(by_name.get(a) if a in diff else None for a in fwd_names)
+        # One gradient per argument given (torch checks the structure against the inputs).
+        return tuple(by_name.get(a) if a in diff else None for a in fwd_names[:ctx.n_inputs])
 
     torch.library.register_autograd("tessera::" + k.name, backward, setup_context=setup_context, lib=_lib)
 
@@ -202,6 +204,7 @@ def _register_fused(k: Kernel, op_name: str):
     diff = [t.name for t in k.inputs if t.differentiable]
 
     def setup_context(ctx, inputs, output):
+        ctx.n_inputs = len(inputs)  # as in _register_autograd
         named = dict(zip(fwd_names, inputs))
         ctx.given = [n for n in diff if named.get(n) is not None]
         grads = output[len(output) - len(ctx.given):]
@@ -214,10 +217,10 @@ def _register_fused(k: Kernel, op_name: str):
         g = grads[0]
         saved = dict(zip(ctx.given, ctx.saved_tensors))
         if g is None:
-            return tuple(None for _ in fwd_names)
+            return tuple(None for _ in fwd_names[:ctx.n_inputs])
         if not _is_one(g):
             saved = {n: d * g.to(torch.float32) for n, d in saved.items()}
-        return tuple(saved.get(a) for a in fwd_names)
+        return tuple(saved.get(a) for a in fwd_names[:ctx.n_inputs])
 
     torch.library.register_autograd("tessera::" + op_name, backward, setup_context=setup_context, lib=_lib)
 

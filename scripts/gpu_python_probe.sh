@@ -23,6 +23,8 @@ echo "extension: $so"
 ldd "$so" 2>&1
 lib=$(ldd "$so" | awk '/libtessera\.so/ {print $3}')
 [ -n "$lib" ] && { echo "libtessera: $lib"; ls -la "$(dirname "$lib")"; }
+echo "NEEDED (one shared libstdc++ for the process, cmake/SharedLibstdcxx.cmake):"
+readelf -d "$so" ${lib:+"$lib"} 2>&1 | grep NEEDED
 
 # The _ext.outputs call of test_cuda.py's first case (linear_cross_entropy, fused), after the steps
 # that PROBE_STEPS names: torch (import torch), impls (tessera.implementations), tensors (the case's

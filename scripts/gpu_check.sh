@@ -44,7 +44,7 @@
 #      BENCH_SHAPES (linear_cross_entropy B x H x V list, e.g. "8192x4096x128256,8192x2304x256000"),
 #      ATTN_SHAPES (attention B,S,H,D list separated by spaces; default "4,4096,16,128"),
 #      STAGE_BUDGET_S (default 530: a step that would start past it is skipped and said so),
-#      STAGE_CAPS (with --deadline, in the order to run; default "build:240 test:300 sanitize:90 bench:600"),
+#      STAGE_CAPS (with --deadline, in the order to run; default "build:240 test:300 sanitize:240 bench:600"),
 #      SANITIZE_TOOLS (default "memcheck initcheck racecheck synccheck"), SANITIZE_EXCLUDE_<tool> (more
 #      gtest patterns kept out of that tool alone, ':'-separated),
 #      GPU_CHECK_PYTHON=0 (the test stage skips the Python extension and its CUDA-tensor tests),
@@ -409,7 +409,7 @@ run_stage() {
 if [ "$stage" = all ] && [ -n "$deadline" ]; then
   # One call for everything: each stage gets its cap or what is left of the deadline, in order.
   end=$deadline  # SECONDS counts from the script's start: the preflight is inside the deadline
-  for cap in ${STAGE_CAPS:-build:240 test:300 sanitize:90 bench:600}; do
+  for cap in ${STAGE_CAPS:-build:240 test:300 sanitize:240 bench:600}; do
     stage=${cap%%:*}; budget=$((end - SECONDS)); started=$SECONDS
     [ "${cap#*:}" -lt "$budget" ] && budget=${cap#*:}
     if [ "$budget" -lt 20 ]; then note "stage $stage skipped: the deadline of ${deadline}s is spent"; status=1; continue; fi

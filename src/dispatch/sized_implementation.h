@@ -1,6 +1,6 @@
 // Tessera internal: the implementation base of a kernel whose block sizes are a struct of its own
-// (linear_cross_entropy's b/h/v, tuned through traits: tune/adapter.h; attention's q/kv, whose
-// tuning is declared but whose backends keep their own defaults and checks). What the generic
+// (linear_cross_entropy's b/h/v and attention's q/kv: their tuning is declared, but their
+// backends keep their own defaults and checks). What the generic
 // choice asks of an implementation, written once; a kernel's Implementation derives from
 // SizedImplementation<Problem, BlockSizes> and adds its entry points. C++17: device modules
 // include it. (A new kernel declares its tuning instead: tune/declared.h.)

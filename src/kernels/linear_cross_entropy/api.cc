@@ -12,6 +12,7 @@
 #include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
+#include "tune/bucket.h"
 #include "tune/declared.h"
 
 namespace tessera::linear_cross_entropy {
@@ -321,12 +322,6 @@ void zero_fill_dw(const TensorView& dw) {
   zero_fill(TensorView(dw.data, dw.dtype, {dw.numel()}, dw.device));
 }
 
-int64_t pow2_class(int64_t x) {
-  int64_t c = 1;
-  while (c < x) c *= 2;
-  return c;
-}
-
 // What the autotune-on-miss check compares between candidates (the raw outputs of `q`; null
 // ones are left out): the forward's statistics, the gradients; never the argmax (a near-tie may
 // flip with the summation order).
@@ -356,7 +351,7 @@ BlockSizes block_sizes(const Implementation& impl, const Problem& p, const Optio
   c.implementation = impl.name();
   c.device = impl.device_type();
   c.dtype = p.dtype;
-  c.dims = {pow2_class(p.B), p.H, p.V};
+  c.dims = {tune::pow2_class(p.B), p.H, p.V};
   c.pass = op;
   c.threads = p.num_threads;
   if (opt.block_sizes) c.given = to_params(*opt.block_sizes);

@@ -156,6 +156,14 @@ std::vector<testing::CaseSpec> f32_route_cases() {
     long_group.opt.block_sizes.reset();
     long_group.M = 2600, long_group.K = 9, long_group.N = 70, long_group.sizes = {2500, 0, 99};
     out.push_back(long_group);
+    // Groups of <= 128 rows run K in chunks of 256 (600 = 256 + 256 + 88), the output summing
+    // them; the 129-row group and the 250-row one (cut into row parts on 3 threads) take K whole.
+    testing::CaseSpec deep = s;
+    deep.opt.block_sizes.reset();
+    deep.M = 520, deep.K = 600, deep.N = 131, deep.sizes = {5, 0, 128, 129, 1, 250};  // Σ = 513
+    out.push_back(deep);
+    deep.opt.num_threads = 3;
+    out.push_back(deep);
   }
   return out;
 }
@@ -190,9 +198,11 @@ TEST(GroupedMatmulCpu, F32KernelAndBlasRoutes) {
 }
 
 TEST(GroupedMatmulCpu, BitwiseTheSameForAnyThreadCount) {
-  for (DType dt : {DType::kBF16, DType::kF32}) {  // f32: on the micro-kernel, rows cut into parts by thread count
+  // f32: on the micro-kernel, rows cut into parts by thread count; with K = 600 the groups of
+  // <= 128 rows run K in chunks (decided per group, not per part: the 250 rows split by threads too).
+  for (auto [dt, K] : {std::pair{DType::kBF16, int64_t{40}}, {DType::kF32, int64_t{40}}, {DType::kF32, int64_t{600}}}) {
     testing::CaseSpec s;
-    s.M = 300, s.K = 40, s.N = 70, s.sizes = {120, 0, 3, 90, 60};
+    s.M = 600, s.K = K, s.N = 70, s.sizes = {120, 0, 3, 90, 60, 250};
     s.dtype = dt;
     s.opt.block_sizes = BlockSizes{32, 16};
     const testing::CaseData d = testing::make_case(s);
@@ -208,7 +218,8 @@ TEST(GroupedMatmulCpu, BitwiseTheSameForAnyThreadCount) {
         continue;
       }
       for (auto [a, b] : {std::pair{&r.out, &base.out}, {&r.dlhs, &base.dlhs}, {&r.drhs, &base.drhs}})
-        EXPECT_EQ(std::memcmp(a->data(), b->data(), a->view().nbytes()), 0) << dtype_name(dt) << " " << threads << " threads";
+        EXPECT_EQ(std::memcmp(a->data(), b->data(), a->view().nbytes()), 0)
+            << dtype_name(dt) << " K=" << K << " " << threads << " threads";
     }
   }
 }

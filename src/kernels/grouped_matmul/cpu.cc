@@ -19,12 +19,14 @@
 // column chunk of ≤ max(n, kPanel) columns) over the whole group — cut into row parts only
 // where one is over a (2·threads)-th of the call's work — so a group's rhs panel is packed once
 // and every row of the group runs against it (the block size m is not used). gmm packs one kPanel-column panel
-// of rhs[g] at a time (K·kPanel floats, in L2) and runs the item's lhs rows, read in place,
-// against it. tgmm: C's rows index the operand it transposes (lhs columns; dout's with
+// of rhs[g] at a time (K·kPanel floats, in L2; for groups of ≤ kChunkedRows rows in chunks of
+// kKChunk rows of rhs, the output accumulating over them) and runs the item's lhs rows, read in
+// place, against it. tgmm: C's rows index the operand it transposes (lhs columns; dout's with
 // transpose_rhs), whole (≤ kMaxSpan per item); its columns the operand it packs, in chunks; per
 // kRowBlock rows of the group the transposed block is formed once and each packed panel
-// accumulates into the output. Sums are f32 in k order with one rounding per FMA (the route
-// differs from OpenBLAS in the order of the sums only).
+// accumulates into the output. Sums are f32 in k order with one rounding per FMA (a chunked gmm
+// group's item adds each chunk's sum to the output: one more rounding per chunk; the route differs from
+// OpenBLAS in the order of the sums only).
 //
 // Threads: std::thread, items handed out by an atomic counter, heaviest first; OpenBLAS at one
 // thread meanwhile (primitives/cpu_threads.h). Determinism: every output element is computed by
@@ -59,6 +61,8 @@ constexpr int64_t kMaxBlock = 1 << 16;
 constexpr int64_t kPanel = cpu_f32_gemm::kPanel;  // f32 micro-kernel: columns per packed panel
 constexpr int64_t kMaxSpan = 4096;                // tgmm on it: rows of the output per item at most
 constexpr int64_t kSliceRows = 12;                // gmm on it: rows per product between prefetches (2 register blocks)
+constexpr int64_t kKChunk = 256;                  // gmm on it: rows of b per packed chunk, for groups of
+constexpr int64_t kChunkedRows = 128;             // at most this many rows (else the whole K: c stays in L2)
 
 // dst [rows, cols] (row stride cols) = f32(src[r·ld + c]) for the block at element offset `off`.
 void to_f32(const void* src, DType t, int64_t off, int64_t ld, int64_t rows, int64_t cols, float* dst) {
@@ -349,10 +353,15 @@ class Cpu final : public Implementation {
     for_items(p, items, T, [&](const Item& it, int tid) { gmm_item_kernel(p, x, it, s.b[tid]); });
   }
 
-  // c[r0:r1, c0:c1] = a[r0:r1, :] · b[g][:, c0:c1], one packed panel of b[g] at a time. rhs
-  // comes from DRAM once (G·K·N values: 512 MiB at G = 64, K = 1024, N = 2048) and the rows of a
-  // small group take little longer to run than a panel to load, so while a panel's rows run,
-  // kSliceRows at a time, the next panel's source lines are prefetched into L2 a part per slice.
+  // c[r0:r1, c0:c1] = a[r0:r1, :] · b[g][:, c0:c1], one packed panel of b[g] at a time; for a
+  // group of at most kChunkedRows rows each panel in chunks of kKChunk rows of b (c accumulates over
+  // the chunks). rhs comes from DRAM once (G·K·N values: 512 MiB at G = 64, K = 1024, N = 2048) and
+  // the rows of a small group take little longer to run than a chunk to load, so while a chunk's
+  // rows run, kSliceRows at a time, the next chunk's source lines are prefetched into L2 a part per
+  // slice. Unchunked, a K × 64 panel (256 KiB at K = 1024), the next one and the group's rows of a
+  // overflowed L2 and the prefetched lines were gone when they were packed (the trace's gmm.pack:
+  // 24 ms of 105 per call at G = 64, DRAM speed); chunked, a larger group would re-read its c from
+  // beyond L2 once per chunk (slower at 512 rows and more, measured).
   static void gmm_item_kernel(const Problem& p, const GmmArgs& x, const Item& it, float* packed) {
     TESSERA_TRACE_SCOPE_I("gmm.gmm.item", it.g);
     namespace f32 = cpu_f32_gemm;
@@ -362,19 +371,29 @@ class Cpu final : public Implementation {
     const float* B = static_cast<const float*>(x.b) + it.g * K * N;
     float* C = static_cast<float*>(x.c) + it.r0 * N;
     const int64_t slices = (rows + kSliceRows - 1) / kSliceRows;
+    const int64_t kc_max = p.rows(it.g) <= kChunkedRows ? kKChunk : K;  // by the group: any thread count, same sums
+    // The chunk [k0, k0 + kc) of the panel at column c0, w columns wide: where it starts in b[g].
+    const auto chunk = [&](int64_t c0, int64_t k0) { return trans ? B + c0 * K + k0 : B + k0 * N + c0; };
     for (int64_t c0 = it.c0; c0 < it.c1; c0 += kPanel) {
-      const int64_t w = std::min(kPanel, it.c1 - c0), next = c0 + kPanel, wn = std::min(kPanel, it.c1 - next);
-      {
-        TESSERA_TRACE_SCOPE("gmm.pack");
-        f32::pack(trans, K, w, trans ? B + c0 * K : B + c0, trans ? K : N, packed);
-      }
-      // The next panel's source: K rows of wn values, or (transposed) wn rows of K values.
-      const PanelSource src{trans ? B + next * K : B + next, trans ? K : N, trans ? wn : K, trans ? K : wn};
-      TESSERA_TRACE_SCOPE("gmm.gemm");
-      for (int64_t i = 0; i < slices; ++i) {
-        if (wn > 0) src.prefetch(i, slices);
-        const int64_t r0 = i * kSliceRows, rn = std::min(kSliceRows, rows - r0);
-        f32::gemm(f32::Tri::kNone, false, rn, w, K, 1.0f, A + r0 * K, K, packed, 0.0f, C + r0 * N + c0, N);
+      const int64_t w = std::min(kPanel, it.c1 - c0);
+      for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+        const int64_t kc = std::min(kc_max, K - k0);
+        {
+          TESSERA_TRACE_SCOPE("gmm.pack");
+          f32::pack(trans, kc, w, chunk(c0, k0), trans ? K : N, packed);
+        }
+        // The next chunk: this panel's next rows of b, else the next panel's first.
+        const bool same = k0 + kc < K;
+        const int64_t nc = same ? c0 : c0 + kPanel, nk = same ? k0 + kc : 0;
+        const int64_t nw = std::min(kPanel, it.c1 - nc), nkc = std::min(kc_max, K - nk);
+        const PanelSource src{chunk(nc, nk), trans ? K : N, trans ? nw : nkc, trans ? nkc : nw};
+        TESSERA_TRACE_SCOPE("gmm.gemm");
+        for (int64_t i = 0; i < slices; ++i) {
+          if (nw > 0) src.prefetch(i, slices);
+          const int64_t r0 = i * kSliceRows, rn = std::min(kSliceRows, rows - r0);
+          f32::gemm(f32::Tri::kNone, false, rn, w, kc, 1.0f, A + r0 * K + k0, K, packed, k0 > 0 ? 1.0f : 0.0f,
+                    C + r0 * N + c0, N);
+        }
       }
     }
   }

@@ -9,8 +9,9 @@
 // rows for bf16/f16, accumulating in f32. An empty group's matrix is zeroed.
 //
 // bf16 on the AVX512-BF16 dot product (primitives/cpu_bf16_gemm; TESSERA_CPU_BF16_DOT=0 or a CPU
-// without it selects the f32 route above): gmm packs its item's columns of rhs[g] and reads the
-// lhs rows in place; tgmm transposes its item's lhs columns (bf16, a block of kRowBlock rows at a
+// without it selects the f32 route above): gmm packs its item's columns of rhs[g] (for groups of
+// ≤ kChunkedRows rows in chunks of kKChunk × kDotCols, prefetched one ahead, as on the f32 route)
+// and reads the lhs rows in place; tgmm transposes its item's lhs columns (bf16, a block of kRowBlock rows at a
 // time) and packs dout's rows. Products of two bf16 are exact in f32 and the sums are f32, as in
 // the f32 route: the results differ from it only in the order of the sums.
 //
@@ -63,6 +64,7 @@ constexpr int64_t kMaxSpan = 4096;                // tgmm on it: rows of the out
 constexpr int64_t kSliceRows = 12;                // gmm on it: rows per product between prefetches (2 register blocks)
 constexpr int64_t kKChunk = 256;                  // gmm on it: rows of b per packed chunk, for groups of
 constexpr int64_t kChunkedRows = 128;             // at most this many rows (else the whole K: c stays in L2)
+constexpr int64_t kDotCols = 256;                 // bf16 dot route, chunked: columns per packed chunk (128 KiB)
 
 // dst [rows, cols] (row stride cols) = f32(src[r·ld + c]) for the block at element offset `off`.
 void to_f32(const void* src, DType t, int64_t off, int64_t ld, int64_t rows, int64_t cols, float* dst) {
@@ -158,14 +160,16 @@ void pack_strided_rows(const uint16_t* base, int64_t ld, int64_t K, int64_t N, u
   cpu_bf16_gemm::pack_rows(ptrs.data(), K, N, packed);
 }
 
-// Rows of `width` floats at base + r·ld, r < rows: the part of a packed panel's source in DRAM.
+// Rows of `width` elements at base + r·ld, r < rows: the part of a packed chunk's source in DRAM.
+template <class T>
 struct PanelSource {
-  const float* base;
+  const T* base;
   int64_t ld, rows, width;
   // Prefetches (for L2) the lines of rows [rows·i / parts, rows·(i + 1) / parts).
   void prefetch(int64_t i, int64_t parts) const {
+    constexpr int64_t line = 64 / sizeof(T);
     for (int64_t r = rows * i / parts; r < rows * (i + 1) / parts; ++r)
-      for (int64_t c = 0; c < width; c += 16) __builtin_prefetch(base + r * ld + c, 0, 2);
+      for (int64_t c = 0; c < width; c += line) __builtin_prefetch(base + r * ld + c, 0, 2);
   }
 };
 
@@ -386,7 +390,7 @@ class Cpu final : public Implementation {
         const bool same = k0 + kc < K;
         const int64_t nc = same ? c0 : c0 + kPanel, nk = same ? k0 + kc : 0;
         const int64_t nw = std::min(kPanel, it.c1 - nc), nkc = std::min(kc_max, K - nk);
-        const PanelSource src{chunk(nc, nk), trans ? K : N, trans ? nw : nkc, trans ? nkc : nw};
+        const PanelSource<float> src{chunk(nc, nk), trans ? K : N, trans ? nw : nkc, trans ? nkc : nw};
         TESSERA_TRACE_SCOPE("gmm.gemm");
         for (int64_t i = 0; i < slices; ++i) {
           if (nw > 0) src.prefetch(i, slices);
@@ -499,21 +503,66 @@ class Cpu final : public Implementation {
                            std::vector<const uint16_t*>& ptrs, float* cbuf) {
     TESSERA_TRACE_SCOPE_I("gmm.gmm.item", it.g);
     const int64_t rows = it.r1 - it.r0, cols = it.c1 - it.c0, K = p.K, N = p.N;
-    {
-      TESSERA_TRACE_SCOPE("gmm.pack");
-      if (p.transpose_rhs) {  // rhs[g] is [N, K]: the item's columns are rows of it
-        ptrs.resize(static_cast<size_t>(cols));
-        for (int64_t c = 0; c < cols; ++c) ptrs[static_cast<size_t>(c)] = bits(x.b) + it.g * N * K + (it.c0 + c) * K;
-        cpu_bf16_gemm::pack_cols(ptrs.data(), K, cols, packed);
-      } else {
-        pack_strided_rows(bits(x.b) + it.g * K * N + it.c0, N, K, cols, packed, ptrs);
-      }
-    }
-    TESSERA_TRACE_SCOPE("gmm.gemm");  // and the store of a bf16/f16 output
     const bool out_f32 = x.c_dtype == DType::kF32;
     float* C = out_f32 ? static_cast<float*>(x.c) + it.r0 * N + it.c0 : cbuf;
-    cpu_bf16_gemm::gemm(rows, cols, K, bits(x.a) + it.r0 * K, K, packed, 1.0f, false, C, out_f32 ? N : cols);
+    const int64_t ldc = out_f32 ? N : cols;
+    if (p.rows(it.g) <= kChunkedRows) {
+      gmm_item_dot_chunked(p, x, it, packed, ptrs, C, ldc);
+    } else {
+      {
+        TESSERA_TRACE_SCOPE("gmm.pack");
+        pack_dot(p, x, it.g, it.c0, cols, 0, K, packed, ptrs);
+      }
+      TESSERA_TRACE_SCOPE("gmm.gemm");
+      cpu_bf16_gemm::gemm(rows, cols, K, bits(x.a) + it.r0 * K, K, packed, 1.0f, false, C, ldc);
+    }
+    TESSERA_TRACE_SCOPE("gmm.store");  // of a bf16/f16 output
     if (!out_f32) from_f32(cbuf, rows, cols, x.c, x.c_dtype, it.r0 * N + it.c0, N);
+  }
+
+  // Packs rows [k0, k0 + kc) of columns [c0, c0 + w) of rhs[g] for the bf16 dot product.
+  static void pack_dot(const Problem& p, const GmmArgs& x, int64_t g, int64_t c0, int64_t w, int64_t k0, int64_t kc,
+                       uint32_t* packed, std::vector<const uint16_t*>& ptrs) {
+    const int64_t K = p.K, N = p.N;
+    if (p.transpose_rhs) {  // rhs[g] is [N, K]: the item's columns are rows of it
+      ptrs.resize(static_cast<size_t>(w));
+      for (int64_t c = 0; c < w; ++c) ptrs[static_cast<size_t>(c)] = bits(x.b) + g * N * K + (c0 + c) * K + k0;
+      cpu_bf16_gemm::pack_cols(ptrs.data(), kc, w, packed);
+    } else {
+      pack_strided_rows(bits(x.b) + g * K * N + k0 * N + c0, N, kc, w, packed, ptrs);
+    }
+  }
+
+  // gmm_item_dot for a small group (as gmm_item_kernel): chunks of kKChunk rows × kDotCols columns
+  // of rhs[g], the next chunk's source prefetched while the group's rows run against this one.
+  static void gmm_item_dot_chunked(const Problem& p, const GmmArgs& x, const Item& it, uint32_t* packed,
+                                   std::vector<const uint16_t*>& ptrs, float* C, int64_t ldc) {
+    const int64_t rows = it.r1 - it.r0, K = p.K, N = p.N;
+    const bool trans = p.transpose_rhs;
+    const uint16_t* B = bits(x.b) + it.g * K * N;
+    const int64_t slices = (rows + kSliceRows - 1) / kSliceRows;
+    for (int64_t c0 = it.c0; c0 < it.c1; c0 += kDotCols) {
+      const int64_t w = std::min(kDotCols, it.c1 - c0);
+      for (int64_t k0 = 0; k0 < K; k0 += kKChunk) {
+        const int64_t kc = std::min(kKChunk, K - k0);
+        {
+          TESSERA_TRACE_SCOPE("gmm.pack");
+          pack_dot(p, x, it.g, c0, w, k0, kc, packed, ptrs);
+        }
+        const bool same = k0 + kc < K;  // the next chunk: this column block's next rows, else the next block's first
+        const int64_t nc = same ? c0 : c0 + kDotCols, nk = same ? k0 + kc : 0;
+        const int64_t nw = std::min(kDotCols, it.c1 - nc), nkc = std::min(kKChunk, K - nk);
+        const PanelSource<uint16_t> src{trans ? B + nc * K + nk : B + nk * N + nc, trans ? K : N, trans ? nw : nkc,
+                                        trans ? nkc : nw};
+        TESSERA_TRACE_SCOPE("gmm.gemm");
+        for (int64_t i = 0; i < slices; ++i) {
+          if (nw > 0) src.prefetch(i, slices);
+          const int64_t r0 = i * kSliceRows, rn = std::min(kSliceRows, rows - r0);
+          cpu_bf16_gemm::gemm(rn, w, kc, bits(x.a) + (it.r0 + r0) * K + k0, K, packed, 1.0f, k0 > 0,
+                              C + r0 * ldc + (c0 - it.c0), ldc);
+        }
+      }
+    }
   }
 
   // tgmm_item on the bf16 dot product, kRowBlock rows of the group at a time: C (+)= Tᵀ-side ·

@@ -206,6 +206,36 @@ TEST(GroupedMatmulCpu, F32KernelAndBlasRoutes) {
   if (kernel_runs) EXPECT_GT(worst_all, 0.0) << "the kernel route did not run";
 }
 
+// f16 (and bf16 without the dot product) converted into the f32 micro-kernel's panels where it
+// runs, or into buffers for OpenBLAS (TESSERA_CPU_F32_GEMM=0): the f32 route's shapes in f16, with
+// f16 outputs on every other case; both routes against the reference and each other.
+TEST(GroupedMatmulCpu, HalfInputsOnPanelsAndBlasRoutes) {
+  bool kernel_runs = false;
+  {
+    const ScopedEnv on("TESSERA_CPU_F32_GEMM", "1");
+    kernel_runs = cpu_f32_gemm::available();
+  }
+  double worst_all = 0;
+  bool f32_out = false;
+  for (testing::CaseSpec s : f32_route_cases()) {
+    s.dtype = DType::kF16;
+    s.f32_outputs = f32_out = !f32_out;
+    std::vector<float> got[2];
+    for (int kernel : {1, 0}) {
+      const ScopedEnv route("TESSERA_CPU_F32_GEMM", kernel ? "1" : "0");
+      SCOPED_TRACE(std::string(kernel ? "panels " : "blas ") + s.name() + (s.f32_outputs ? " f32 out" : " f16 out"));
+      expect_parity(s);
+      got[kernel] = gmm_and_tgmm(s);
+    }
+    for (size_t i = 0; i < got[0].size(); ++i) {
+      // f32 sums in another order (well under 1e-3), then maybe rounded to neighbouring f16 values.
+      ASSERT_NEAR(got[1][i], got[0][i], 1e-3 + (s.f32_outputs ? 0.0 : std::abs(got[0][i]) * 0x1p-10)) << s.name() << " " << i;
+      worst_all = std::max(worst_all, double(std::abs(got[1][i] - got[0][i])));
+    }
+  }
+  if (kernel_runs) EXPECT_GT(worst_all, 0.0) << "the panels route did not run";
+}
+
 TEST(GroupedMatmulCpu, BitwiseTheSameForAnyThreadCount) {
   // f32: on the micro-kernel, rows cut into parts by thread count; with K = 600 the groups of
   // <= 128 rows run K in chunks (decided per group, not per part: the 250 rows split by threads too).

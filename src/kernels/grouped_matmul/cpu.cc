@@ -3,7 +3,9 @@
 // gmm: the output rows of the local groups are cut into work items (group, ≤ m rows, ≤ n
 // columns); each item is one OpenBLAS sgemm of its rows of lhs against its columns of rhs[g]
 // (f32 inputs are read in place; bf16/f16 rows and rhs columns are converted to f32 into the
-// thread's buffers first). Rows outside every local group are zeroed.
+// thread's buffers first). Rows outside every local group are zeroed. Where the f32 micro-kernel
+// runs (below), bf16/f16 gmm runs on it instead: the item's rows converted once, rhs[g] converted
+// straight into its packed panels, a chunk at a time (gmm_item_panels).
 // tgmm: items (group, ≤ m rows of drhs[g], ≤ n columns); each is lhs[rows of g]ᵀ · dout[rows of
 // g] over the group's rows — in place for f32 in one sgemm, in blocks of kRowBlock converted
 // rows for bf16/f16, accumulating in f32. An empty group's matrix is zeroed.
@@ -303,6 +305,11 @@ class Cpu final : public Implementation {
       });
       return;
     }
+    if (!in_f32 && cpu_f32_gemm::available()) {  // f16 (bf16 without the dot): converted into f32 panels
+      s.make(T, mb * static_cast<size_t>(p.K), 2 * static_cast<size_t>(kPanel * p.K), out_f32 ? 0 : mb * nb);
+      for_items(p, items, T, [&](const Item& it, int tid) { gmm_item_panels(p, x, it, s.a[tid], s.b[tid], s.c[tid]); });
+      return;
+    }
     s.make(T, in_f32 ? 0 : mb * p.K, in_f32 ? 0 : nb * p.K, out_f32 ? 0 : mb * nb);
     for_items(p, items, T, [&](const Item& it, int tid) { gmm_item(p, x, it, s.a[tid], s.b[tid], s.c[tid]); });
   }
@@ -494,6 +501,63 @@ class Cpu final : public Implementation {
                       static_cast<float*>(x.c) + it.r0 * N + it.c0, N);
     } else {
       cpu_blas::sgemm(false, trans, rows, cols, K, 1.0f, A, lda, B, ldb, 0.0f, cbuf, cols);
+      from_f32(cbuf, rows, cols, x.c, x.c_dtype, it.r0 * N + it.c0, N);
+    }
+  }
+
+  // gmm_item for bf16/f16 inputs on the f32 micro-kernel: the item's lhs rows converted to f32 once,
+  // rhs[g] converted straight into packed f32 panels (a panel is kc rows of kPanel floats: the
+  // converted rows themselves; transposed, through a [w, kc] block and f32::pack), a chunk at a
+  // time (K in kKChunk rows for groups of <= kChunkedRows rows) with the next chunk's source
+  // prefetched while the rows run; the output accumulates over the chunks.
+  static void gmm_item_panels(const Problem& p, const GmmArgs& x, const Item& it, float* abuf, float* bbuf,
+                              float* cbuf) {
+    TESSERA_TRACE_SCOPE_I("gmm.gmm.item", it.g);
+    namespace f32 = cpu_f32_gemm;
+    const int64_t rows = it.r1 - it.r0, cols = it.c1 - it.c0, K = p.K, N = p.N;
+    const bool trans = p.transpose_rhs, out_f32 = x.c_dtype == DType::kF32;
+    {
+      TESSERA_TRACE_SCOPE("gmm.pack");
+      to_f32(x.a, p.dtype, it.r0 * K, K, rows, K, abuf);
+    }
+    float* C = out_f32 ? static_cast<float*>(x.c) + it.r0 * N + it.c0 : cbuf;
+    const int64_t ldc = out_f32 ? N : cols, kc_max = p.rows(it.g) <= kChunkedRows ? kKChunk : K;
+    const uint16_t* B = bits(x.b) + it.g * K * N;
+    const auto at = [&](int64_t c0, int64_t k0) { return trans ? B + c0 * K + k0 : B + k0 * N + c0; };
+    const int64_t slices = (rows + kSliceRows - 1) / kSliceRows;
+    float *panel = bbuf, *tblock = bbuf + kPanel * K;
+    for (int64_t c0 = it.c0; c0 < it.c1; c0 += kPanel) {
+      const int64_t w = std::min(kPanel, it.c1 - c0);
+      for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+        const int64_t kc = std::min(kc_max, K - k0);
+        {
+          TESSERA_TRACE_SCOPE("gmm.pack");
+          if (trans) {
+            to_f32(x.b, p.dtype, at(c0, k0) - bits(x.b), K, w, kc, tblock);  // [w, kc]
+            f32::pack(true, kc, w, tblock, kc, panel);
+          } else {
+            to_f32(x.b, p.dtype, at(c0, k0) - bits(x.b), N, kc, w, panel);  // [kc, w]: the panel when w = kPanel
+            if (w < kPanel) {  // the last, narrower panel: padded by pack
+              f32::pack(false, kc, w, panel, w, tblock);
+              std::swap(panel, tblock);
+            }
+          }
+        }
+        const bool same = k0 + kc < K;  // the next chunk: this panel's next rows, else the next panel's first
+        const int64_t nc = same ? c0 : c0 + kPanel, nk = same ? k0 + kc : 0;
+        const int64_t nw = std::min(kPanel, it.c1 - nc), nkc = std::min(kc_max, K - nk);
+        const PanelSource<uint16_t> src{at(nc, nk), trans ? K : N, trans ? nw : nkc, trans ? nkc : nw};
+        TESSERA_TRACE_SCOPE("gmm.gemm");
+        for (int64_t i = 0; i < slices; ++i) {
+          if (nw > 0) src.prefetch(i, slices);
+          const int64_t r0 = i * kSliceRows, rn = std::min(kSliceRows, rows - r0);
+          f32::gemm(f32::Tri::kNone, false, rn, w, kc, 1.0f, abuf + r0 * K + k0, K, panel, k0 > 0 ? 1.0f : 0.0f,
+                    C + r0 * ldc + (c0 - it.c0), ldc);
+        }
+      }
+    }
+    if (!out_f32) {
+      TESSERA_TRACE_SCOPE("gmm.store");
       from_f32(cbuf, rows, cols, x.c, x.c_dtype, it.r0 * N + it.c0, N);
     }
   }

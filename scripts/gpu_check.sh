@@ -231,9 +231,12 @@ stage_test() {
   local pyrc=$out/tests/python_build.rc pyargs=("$root/build/gpu-py" "$root/build/gpu-pkg" -DCMAKE_PREFIX_PATH="$deps/usr"
     "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" "${cudnn_args[@]}")
   rm -f "$pyrc"
+  local pypid=""
   if [ "${GPU_CHECK_PYTHON:-1}" = 1 ] && [ "$plan" = 0 ]; then
+    # The rc appears whole (written, then renamed); the subshell holds none of the script's output.
     (timeout -k 10 300 nice -n 10 bash "$root/scripts/gpu_python_package.sh" "${pyargs[@]}" < /dev/null \
-      > "$out/tests/python_build.log" 2>&1; echo $? > "$pyrc") &
+      > "$out/tests/python_build.log" 2>&1; echo $? > "$pyrc.tmp"; mv "$pyrc.tmp" "$pyrc") > /dev/null 2>&1 &
+    pypid=$!
   fi
   for s in $(cuda_suites); do
     step "tests $s" 240 "tests/${s//\//_}.log" "$build/tests/tessera_cuda_tests" --gtest_filter="$s.*" \
@@ -253,6 +256,13 @@ stage_test() {
         PYTHONPATH="$root/build/gpu-pkg:$root/python/tests" python3 -m pytest -q -rs -p no:cacheprovider \
         "$root/python/tests/test_cuda.py" --junitxml="$out/tests/python.xml"
   fi
+  # A build the stage did not wait for (its wait step skipped or cut) must not run on into the next stage.
+  # (timeout, its child, passes the TERM on to the build.)
+  if [ -n "$pypid" ] && kill -0 "$pypid" 2> /dev/null; then
+    pkill -TERM -P "$pypid" 2> /dev/null
+    kill "$pypid" 2> /dev/null
+  fi
+  true
 }
 
 stage_sanitize() {

@@ -122,7 +122,6 @@ def _register_autograd(k: Kernel):
     bwd_op = getattr(torch.ops.tessera, k.name + "_backward")
 
     def setup_context(ctx, inputs, output):
-        ctx.n_inputs = len(inputs)  # the arguments given: trailing defaults may be left out (torch 2.11)
         named = _defaults(k)
         named.update(zip(fwd_names, inputs))
         tensor_names = [t.name for t in k.inputs if named[t.name] is not None]
@@ -167,8 +166,10 @@ def _register_autograd(k: Kernel):
             if named.get(name) is not None:
                 by_name[name] = outs[i]
                 i += 1
-        # One gradient per argument given (torch checks the structure against the inputs).
-        return tuple(by_name.get(a) if a in diff else None for a in fwd_names[:ctx.n_inputs])
+        # One gradient per argument the caller gave: PyTorch 2.11 checks the count against them
+        # (trailing defaults left out); setup_context's inputs are always all of them, with the
+        # defaults filled in, so they cannot tell.
+        return tuple(by_name.get(a) if a in diff else None for a in fwd_names[:len(ctx.needs_input_grad)])
 
     torch.library.register_autograd("tessera::" + k.name, backward, setup_context=setup_context, lib=_lib)
 
@@ -204,7 +205,6 @@ def _register_fused(k: Kernel, op_name: str):
     diff = [t.name for t in k.inputs if t.differentiable]
 
     def setup_context(ctx, inputs, output):
-        ctx.n_inputs = len(inputs)  # as in _register_autograd
         named = dict(zip(fwd_names, inputs))
         ctx.given = [n for n in diff if named.get(n) is not None]
         grads = output[len(output) - len(ctx.given):]
@@ -216,11 +216,12 @@ def _register_fused(k: Kernel, op_name: str):
             grads = grads[0]
         g = grads[0]
         saved = dict(zip(ctx.given, ctx.saved_tensors))
+        given = fwd_names[:len(ctx.needs_input_grad)]  # one gradient per argument given (as above)
         if g is None:
-            return tuple(None for _ in fwd_names[:ctx.n_inputs])
+            return tuple(None for _ in given)
         if not _is_one(g):
             saved = {n: d * g.to(torch.float32) for n, d in saved.items()}
-        return tuple(saved.get(a) for a in fwd_names[:ctx.n_inputs])
+        return tuple(saved.get(a) for a in given)
 
     torch.library.register_autograd("tessera::" + op_name, backward, setup_context=setup_context, lib=_lib)
 

@@ -30,6 +30,21 @@ TEST(GroupedMatmulCpu, CheckGrid) {
   for (const testing::CaseSpec& s : testing::check_grid(false)) expect_parity(s);
 }
 
+// K = 0: every product is an empty sum, the output zero (the chunked routes run no chunk at all,
+// so the backend must write the zeros itself; outputs are NaN-filled before the call). N = 0: the
+// backward's dlhs is a gmm with an empty sum too. Every dtype, both rhs layouts.
+TEST(GroupedMatmulCpu, EmptySumsAreZero) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (bool t : {false, true})
+      for (auto [K, N] : {std::pair<int64_t, int64_t>{0, 70}, {40, 0}}) {
+        testing::CaseSpec s;
+        s.label = "empty_sums";
+        s.dtype = dt, s.transpose_rhs = t;
+        s.M = 30, s.K = K, s.N = N, s.sizes = {10, 0, 15};
+        expect_parity(s);
+      }
+}
+
 TEST(GroupedMatmulCpu, BlockSizesThatLeaveTailsEverywhere) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (BlockSizes bs : {BlockSizes{1, 1}, BlockSizes{7, 5}, BlockSizes{64, 3}, BlockSizes{3, 64}}) {
@@ -89,10 +104,10 @@ TEST(GroupedMatmulCpu, Bf16DotAndF32RoutesAgree) {
   base.f32_outputs = true;
   base.M = 1300, base.K = 37, base.N = 45, base.sizes = {1100, 0, 13, 187};
   base.opt.block_sizes = BlockSizes{256, 32};
-  // Groups of <= 128 rows run K in chunks of 256 and the columns in blocks of 256 (600 = 256 +
-  // 256 + 88; 300 = 256 + 44), the 129- and 250-row groups whole; f32 and bf16 outputs.
+  // Groups of <= 128 rows run K in chunks of 256 and the columns in blocks of 256 (601 = 256 +
+  // 256 + 89, odd: the last pair half empty; 300 = 256 + 44), the 129- and 250-row groups whole; f32 and bf16 outputs.
   testing::CaseSpec deep = base;
-  deep.M = 530, deep.K = 600, deep.N = 300, deep.sizes = {5, 0, 128, 129, 1, 250};
+  deep.M = 530, deep.K = 601, deep.N = 300, deep.sizes = {5, 0, 128, 129, 1, 250};
   deep.opt.block_sizes.reset();
   testing::CaseSpec deep_bf16_out = deep;
   deep_bf16_out.f32_outputs = false;
@@ -165,11 +180,11 @@ std::vector<testing::CaseSpec> f32_route_cases() {
     long_group.opt.block_sizes.reset();
     long_group.M = 2600, long_group.K = 9, long_group.N = 70, long_group.sizes = {2500, 0, 99};
     out.push_back(long_group);
-    // Groups of <= 128 rows run K in chunks of 256 (600 = 256 + 256 + 88), the output summing
+    // Groups of <= 128 rows run K in chunks of 256 (601 = 256 + 256 + 89), the output summing
     // them; the 129-row group and the 250-row one (cut into row parts on 3 threads) take K whole.
     testing::CaseSpec deep = s;
     deep.opt.block_sizes.reset();
-    deep.M = 520, deep.K = 600, deep.N = 131, deep.sizes = {5, 0, 128, 129, 1, 250};  // Σ = 513
+    deep.M = 520, deep.K = 601, deep.N = 131, deep.sizes = {5, 0, 128, 129, 1, 250};  // Σ = 513
     out.push_back(deep);
     deep.opt.num_threads = 3;
     out.push_back(deep);

@@ -14,8 +14,11 @@ trap 'rm -rf "$tmp"' EXIT
 
 problem() {  # library -> "" when it has one shared libstdc++, else why not
   local lib=$1
-  readelf -d "$lib" 2> /dev/null | grep -q 'NEEDED.*\[libstdc++\.so\.6\]' || { echo "does not need libstdc++.so.6"; return; }
-  local own; own=$(nm -D --defined-only "$lib" 2> /dev/null | grep -c -E ' (_ZNSo9_M_insertIlEERSoT_|_ZNSt6locale7classicEv)$')
+  local dyn syms  # whole outputs first: grep -q would close a pipe early (SIGPIPE under pipefail)
+  dyn=$(readelf -d "$lib" 2> /dev/null)
+  grep -q 'NEEDED.*\[libstdc++\.so\.6\]' <<< "$dyn" || { echo "does not need libstdc++.so.6"; return; }
+  syms=$(nm -D --defined-only "$lib" 2> /dev/null)
+  local own; own=$(grep -c -E ' (_ZNSo9_M_insertIlEERSoT_|_ZNSt6locale7classicEv)$' <<< "$syms")
   [ "$own" = 0 ] || echo "defines libstdc++'s own symbols (a static copy)"
 }
 

@@ -282,6 +282,10 @@ class Cpu final : public Implementation {
     TESSERA_TRACE_SCOPE("gmm.gmm");
     zero_block(x.c, x.c_dtype, 0, p.N, p.row_lo(), p.N);
     zero_block(x.c, x.c_dtype, p.row_hi() * p.N, p.N, p.M - p.row_hi(), p.N);
+    if (p.K == 0) {  // empty sums: zero (the chunked routes would not write at all)
+      zero_block(x.c, x.c_dtype, p.row_lo() * p.N, p.N, p.row_hi() - p.row_lo(), p.N);
+      return;
+    }
     if (f32_kernel(p, x.c_dtype)) return gmm_kernel(p, bs, x);
     std::vector<Item> items;
     for (int64_t g = 0; g < p.G; ++g) {
@@ -397,7 +401,7 @@ class Cpu final : public Implementation {
         const bool same = k0 + kc < K;
         const int64_t nc = same ? c0 : c0 + kPanel, nk = same ? k0 + kc : 0;
         const int64_t nw = std::min(kPanel, it.c1 - nc), nkc = std::min(kc_max, K - nk);
-        const PanelSource<float> src{chunk(nc, nk), trans ? K : N, trans ? nw : nkc, trans ? nkc : nw};
+        const PanelSource<float> src{nw > 0 ? chunk(nc, nk) : B, trans ? K : N, trans ? nw : nkc, trans ? nkc : nw};
         TESSERA_TRACE_SCOPE("gmm.gemm");
         for (int64_t i = 0; i < slices; ++i) {
           if (nw > 0) src.prefetch(i, slices);
@@ -546,7 +550,7 @@ class Cpu final : public Implementation {
         const bool same = k0 + kc < K;  // the next chunk: this panel's next rows, else the next panel's first
         const int64_t nc = same ? c0 : c0 + kPanel, nk = same ? k0 + kc : 0;
         const int64_t nw = std::min(kPanel, it.c1 - nc), nkc = std::min(kc_max, K - nk);
-        const PanelSource<uint16_t> src{at(nc, nk), trans ? K : N, trans ? nw : nkc, trans ? nkc : nw};
+        const PanelSource<uint16_t> src{nw > 0 ? at(nc, nk) : B, trans ? K : N, trans ? nw : nkc, trans ? nkc : nw};
         TESSERA_TRACE_SCOPE("gmm.gemm");
         for (int64_t i = 0; i < slices; ++i) {
           if (nw > 0) src.prefetch(i, slices);
@@ -616,8 +620,8 @@ class Cpu final : public Implementation {
         const bool same = k0 + kc < K;  // the next chunk: this column block's next rows, else the next block's first
         const int64_t nc = same ? c0 : c0 + kDotCols, nk = same ? k0 + kc : 0;
         const int64_t nw = std::min(kDotCols, it.c1 - nc), nkc = std::min(kKChunk, K - nk);
-        const PanelSource<uint16_t> src{trans ? B + nc * K + nk : B + nk * N + nc, trans ? K : N, trans ? nw : nkc,
-                                        trans ? nkc : nw};
+        const PanelSource<uint16_t> src{nw <= 0 ? B : trans ? B + nc * K + nk : B + nk * N + nc, trans ? K : N,
+                                        trans ? nw : nkc, trans ? nkc : nw};
         TESSERA_TRACE_SCOPE("gmm.gemm");
         for (int64_t i = 0; i < slices; ++i) {
           if (nw > 0) src.prefetch(i, slices);

@@ -175,6 +175,32 @@ struct PanelSource {
   }
 };
 
+// The chunk after rows [k0, k0 + kc) of the column block at c0 (blocks of `step` columns up to
+// c1, chunks of at most kc_max of K rows): the same block's next rows, else the next block's first;
+// w <= 0 when there is none.
+struct NextChunk {
+  int64_t c0, k0, w, kc;
+  NextChunk(int64_t c0_, int64_t k0_, int64_t kc_, int64_t K, int64_t c1, int64_t step, int64_t kc_max) {
+    const bool same = k0_ + kc_ < K;
+    c0 = same ? c0_ : c0_ + step, k0 = same ? k0_ + kc_ : 0;
+    w = std::min(step, c1 - c0), kc = std::min(kc_max, K - k0);
+  }
+};
+
+// A small group's rows against one packed chunk, kSliceRows at a time (product(r0, rn)), the next
+// chunk's source (rows × width at base, row stride ld; none when width or rows <= 0) prefetched a
+// part per slice: the rows of a small group take little longer to run than a chunk to load.
+template <class T, class F>
+void rows_with_prefetch(int64_t rows, const T* base, int64_t ld, int64_t src_rows, int64_t width, F&& product) {
+  const int64_t slices = (rows + kSliceRows - 1) / kSliceRows;
+  const PanelSource<T> src{base, ld, src_rows, width};
+  for (int64_t i = 0; i < slices; ++i) {
+    if (src_rows > 0 && width > 0) src.prefetch(i, slices);
+    const int64_t r0 = i * kSliceRows;
+    product(r0, std::min(kSliceRows, rows - r0));
+  }
+}
+
 // The f32 route on the packed micro-kernel: f32 in and out, AVX-512F, TESSERA_CPU_F32_GEMM not 0.
 bool f32_kernel(const Problem& p, DType out) {
   return p.dtype == DType::kF32 && out == DType::kF32 && cpu_f32_gemm::available();
@@ -385,7 +411,6 @@ class Cpu final : public Implementation {
     const float* A = static_cast<const float*>(x.a) + it.r0 * K;
     const float* B = static_cast<const float*>(x.b) + it.g * K * N;
     float* C = static_cast<float*>(x.c) + it.r0 * N;
-    const int64_t slices = (rows + kSliceRows - 1) / kSliceRows;
     const int64_t kc_max = p.rows(it.g) <= kChunkedRows ? kKChunk : K;  // by the group: any thread count, same sums
     // The chunk [k0, k0 + kc) of the panel at column c0, w columns wide: where it starts in b[g].
     const auto chunk = [&](int64_t c0, int64_t k0) { return trans ? B + c0 * K + k0 : B + k0 * N + c0; };
@@ -397,18 +422,13 @@ class Cpu final : public Implementation {
           TESSERA_TRACE_SCOPE("gmm.pack");
           f32::pack(trans, kc, w, chunk(c0, k0), trans ? K : N, packed);
         }
-        // The next chunk: this panel's next rows of b, else the next panel's first.
-        const bool same = k0 + kc < K;
-        const int64_t nc = same ? c0 : c0 + kPanel, nk = same ? k0 + kc : 0;
-        const int64_t nw = std::min(kPanel, it.c1 - nc), nkc = std::min(kc_max, K - nk);
-        const PanelSource<float> src{nw > 0 ? chunk(nc, nk) : B, trans ? K : N, trans ? nw : nkc, trans ? nkc : nw};
+        const NextChunk n(c0, k0, kc, K, it.c1, kPanel, kc_max);
         TESSERA_TRACE_SCOPE("gmm.gemm");
-        for (int64_t i = 0; i < slices; ++i) {
-          if (nw > 0) src.prefetch(i, slices);
-          const int64_t r0 = i * kSliceRows, rn = std::min(kSliceRows, rows - r0);
-          f32::gemm(f32::Tri::kNone, false, rn, w, kc, 1.0f, A + r0 * K + k0, K, packed, k0 > 0 ? 1.0f : 0.0f,
-                    C + r0 * N + c0, N);
-        }
+        rows_with_prefetch(rows, n.w > 0 ? chunk(n.c0, n.k0) : B, trans ? K : N, trans ? n.w : n.kc,
+                           trans ? n.kc : n.w, [&](int64_t r0, int64_t rn) {
+                             f32::gemm(f32::Tri::kNone, false, rn, w, kc, 1.0f, A + r0 * K + k0, K, packed,
+                                       k0 > 0 ? 1.0f : 0.0f, C + r0 * N + c0, N);
+                           });
       }
     }
   }
@@ -528,7 +548,6 @@ class Cpu final : public Implementation {
     const int64_t ldc = out_f32 ? N : cols, kc_max = p.rows(it.g) <= kChunkedRows ? kKChunk : K;
     const uint16_t* B = bits(x.b) + it.g * K * N;
     const auto at = [&](int64_t c0, int64_t k0) { return trans ? B + c0 * K + k0 : B + k0 * N + c0; };
-    const int64_t slices = (rows + kSliceRows - 1) / kSliceRows;
     float *panel = bbuf, *tblock = bbuf + kPanel * K;
     for (int64_t c0 = it.c0; c0 < it.c1; c0 += kPanel) {
       const int64_t w = std::min(kPanel, it.c1 - c0);
@@ -547,17 +566,13 @@ class Cpu final : public Implementation {
             }
           }
         }
-        const bool same = k0 + kc < K;  // the next chunk: this panel's next rows, else the next panel's first
-        const int64_t nc = same ? c0 : c0 + kPanel, nk = same ? k0 + kc : 0;
-        const int64_t nw = std::min(kPanel, it.c1 - nc), nkc = std::min(kc_max, K - nk);
-        const PanelSource<uint16_t> src{nw > 0 ? at(nc, nk) : B, trans ? K : N, trans ? nw : nkc, trans ? nkc : nw};
+        const NextChunk n(c0, k0, kc, K, it.c1, kPanel, kc_max);
         TESSERA_TRACE_SCOPE("gmm.gemm");
-        for (int64_t i = 0; i < slices; ++i) {
-          if (nw > 0) src.prefetch(i, slices);
-          const int64_t r0 = i * kSliceRows, rn = std::min(kSliceRows, rows - r0);
-          f32::gemm(f32::Tri::kNone, false, rn, w, kc, 1.0f, abuf + r0 * K + k0, K, panel, k0 > 0 ? 1.0f : 0.0f,
-                    C + r0 * ldc + (c0 - it.c0), ldc);
-        }
+        rows_with_prefetch(rows, n.w > 0 ? at(n.c0, n.k0) : B, trans ? K : N, trans ? n.w : n.kc, trans ? n.kc : n.w,
+                           [&](int64_t r0, int64_t rn) {
+                             f32::gemm(f32::Tri::kNone, false, rn, w, kc, 1.0f, abuf + r0 * K + k0, K, panel,
+                                       k0 > 0 ? 1.0f : 0.0f, C + r0 * ldc + (c0 - it.c0), ldc);
+                           });
       }
     }
     if (!out_f32) {
@@ -608,7 +623,6 @@ class Cpu final : public Implementation {
     const int64_t rows = it.r1 - it.r0, K = p.K, N = p.N;
     const bool trans = p.transpose_rhs;
     const uint16_t* B = bits(x.b) + it.g * K * N;
-    const int64_t slices = (rows + kSliceRows - 1) / kSliceRows;
     for (int64_t c0 = it.c0; c0 < it.c1; c0 += kDotCols) {
       const int64_t w = std::min(kDotCols, it.c1 - c0);
       for (int64_t k0 = 0; k0 < K; k0 += kKChunk) {
@@ -617,18 +631,13 @@ class Cpu final : public Implementation {
           TESSERA_TRACE_SCOPE("gmm.pack");
           pack_dot(p, x, it.g, c0, w, k0, kc, packed, ptrs);
         }
-        const bool same = k0 + kc < K;  // the next chunk: this column block's next rows, else the next block's first
-        const int64_t nc = same ? c0 : c0 + kDotCols, nk = same ? k0 + kc : 0;
-        const int64_t nw = std::min(kDotCols, it.c1 - nc), nkc = std::min(kKChunk, K - nk);
-        const PanelSource<uint16_t> src{nw <= 0 ? B : trans ? B + nc * K + nk : B + nk * N + nc, trans ? K : N,
-                                        trans ? nw : nkc, trans ? nkc : nw};
+        const NextChunk n(c0, k0, kc, K, it.c1, kDotCols, kKChunk);
+        const uint16_t* next = n.w <= 0 ? B : trans ? B + n.c0 * K + n.k0 : B + n.k0 * N + n.c0;
         TESSERA_TRACE_SCOPE("gmm.gemm");
-        for (int64_t i = 0; i < slices; ++i) {
-          if (nw > 0) src.prefetch(i, slices);
-          const int64_t r0 = i * kSliceRows, rn = std::min(kSliceRows, rows - r0);
+        rows_with_prefetch(rows, next, trans ? K : N, trans ? n.w : n.kc, trans ? n.kc : n.w, [&](int64_t r0, int64_t rn) {
           cpu_bf16_gemm::gemm(rn, w, kc, bits(x.a) + (it.r0 + r0) * K + k0, K, packed, 1.0f, k0 > 0,
                               C + r0 * ldc + (c0 - it.c0), ldc);
-        }
+        });
       }
     }
   }

@@ -280,6 +280,12 @@ stage_sanitize() {
   # (SANITIZE_TOOLS=racecheck scripts/gpu_check.sh --stage sanitize --out SAME_DIR).
   local tools=(${SANITIZE_TOOLS:-memcheck initcheck racecheck synccheck}) tool
   [ ${#tools[@]} -gt 0 ] || { note "SANITIZE_TOOLS names no tool: no sanitizer runs"; status=1; return; }
+  # initcheck first on the probe alone (tests/cuda/sanitizer_probe_test.cc): does this tool see
+  # cuBLAS's stores? Its answer says how to read initcheck's reports on LCE's logits scratch.
+  if [[ " ${tools[*]} " == *" initcheck "* ]]; then
+    step "compute-sanitizer initcheck, the cuBLAS probe alone" 60 "sanitize/initcheck_probe.log" compute-sanitizer \
+      --tool initcheck --error-exitcode 3 "$build/tests/tessera_cuda_tests" --gtest_filter='SanitizerProbe.*'
+  fi
   local share=$(((budget - (SECONDS - started) - 10) / ${#tools[@]}))
   mkdir -p "$out/sanitize"
   for tool in "${tools[@]}"; do

@@ -103,6 +103,34 @@ grep -q "| test | tests (CPU suite) | SKIPPED (stage budget of 22s spent) |" "$t
   fail "no skipped row after the budget: $(grep '| test |' "$tmp/fake2/summary.md")"
 grep -q "| test | tests FakeA | ok |" "$tmp/fake2/summary.md" || fail "the GPU suites did not run first"
 
+# The sanitize stage on the fake machine (a fake compute-sanitizer that logs its arguments):
+# initcheck runs without the kernel filter (it does not see the stores of kernels left out),
+# the others with it; racecheck runs one process per suite; a slow suite is cut by the tool's share
+# and the suites after it are recorded as skipped.
+cat > "$fake/bin/compute-sanitizer" <<'FAKE'
+#!/bin/bash
+if [ "$1" = --help ]; then echo "  --kernel-name arg"; exit 0; fi
+echo "ARGS $*"
+case "$*" in *racecheck*Grid/FakeB*) sleep "${FAKE_RACE_SLEEP:-0}" ;; esac
+echo "========= ERROR SUMMARY: 0 errors"
+FAKE
+chmod +x "$fake/bin/compute-sanitizer"
+run_sanitize() {  # out-dir extra-env...
+  local d=$1; shift
+  env PATH="$fake/bin:$PATH" GPU_CHECK_BUILD_DIR="$fake/build" GPU_CHECK_DEPS_DIR="$fake/deps" "$@" \
+    bash "$script" --stage sanitize --out "$d" 2>&1
+}
+out=$(run_sanitize "$tmp/san1" SANITIZE_TOOLS="memcheck initcheck racecheck"); rc=$?
+expect_rc 0 $rc "fake sanitize: $out"
+grep -q -- "--kernel-name kns=tessera" "$tmp/san1/sanitize/memcheck.log" || fail "memcheck without the kernel filter"
+grep -q -- "--kernel-name" "$tmp/san1/sanitize/initcheck.log" && fail "initcheck with the kernel filter"
+grep -q -- "--gtest_filter=FakeA\.\*-" "$tmp/san1/sanitize/racecheck/FakeA.log" || fail "racecheck FakeA: $(cat "$tmp/san1/sanitize/racecheck/FakeA.log" 2>&1)"
+grep -q -- "--gtest_filter=Grid/FakeB\.\*-" "$tmp/san1/sanitize/racecheck/Grid_FakeB.log" || fail "racecheck Grid/FakeB: one process per suite"
+out=$(run_sanitize "$tmp/san2" SANITIZE_TOOLS="racecheck" FAKE_RACE_SLEEP=60 STAGE_BUDGET_S=40); rc=$?
+expect_rc 1 $rc "fake sanitize, a suite past the tool's share"
+grep -qE "\| sanitize \| compute-sanitizer racecheck Grid/FakeB \| TIMEOUT" "$tmp/san2/summary.md" ||
+  fail "no TIMEOUT row for the slow suite: $(grep '| sanitize |' "$tmp/san2/summary.md")"
+
 # --stage all --deadline S: the four stages in one call, in order (what a short GPU lease runs).
 out=$(bash "$script" --stage all --deadline 2>&1); expect_rc 2 $? "--deadline without a value"
 out=$(TESSERA_BIN=$cli bash "$script" --stage all --deadline 300 --plan --out "$tmp/plan_all" 2>&1)

@@ -27,7 +27,11 @@ struct ExecOptions {
   int num_threads = 0;           // CPU backends: 0 = resolve_num_threads(0)
   bool autotune_on_miss = true;  // also disabled by TESSERA_AUTOTUNE=0
   void* stream = nullptr;        // CUDA backends: cudaStream_t; nullptr = default stream
-  size_t memory_budget = 0;      // bytes of extra device memory a backend may use; 0 = default
+  // Bytes of extra memory (device or host scratch) a backend may use; 0 = its default (cuda
+  // backends: their documented default budget; host backends: no limit). The kernel's doc says
+  // what each backend does under it (linear_cross_entropy cpu: a 16-bit dw's gradients in
+  // vocabulary slices instead of a w-sized f32 accumulator).
+  size_t memory_budget = 0;
   // Reject NaN/Inf in the floating-point inputs before running (host data only). Off by
   // default: a scan of every input on every call is a cost no peer library charges a
   // training loop; the CLI's `run` turns it on for users' files.

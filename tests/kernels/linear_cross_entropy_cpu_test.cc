@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/memory.h"
@@ -205,20 +207,91 @@ TEST(LinearCrossEntropyCpu, Bf16DwAccumulatesInF32AcrossTokenBlocks) {
   const Inputs in{x.view(), w.view(), std::nullopt, labels.view(), std::nullopt};
   Tensor g = Tensor::empty(DType::kF32, {});
   g.data_as<float>()[0] = 1.0f;
-  auto dw_of = [&](const std::string& impl) {
+  auto dw_of = [&](const std::string& impl, size_t budget) {
     Options o;
     o.reduction = Reduction::kSum;
     o.implementation = impl;
+    o.memory_budget = budget;
     o.block_sizes = BlockSizes{1, 8, 8};
     Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, {B});
     Tensor dx = Tensor::empty(dt, {B, H}), dw = Tensor::empty(dt, {H, V});
     forward_backward(in, g.view(), {loss.view(), lse.view(), std::nullopt}, {dx.view(), dw.view(), std::nullopt}, o);
     return dw;
   };
-  const Tensor got = dw_of("cpu"), want = dw_of("reference");
-  for (int64_t i = 0; i < H * V; ++i) {
-    const double a = load_as_f32(got.data(), dt, i), b = load_as_f32(want.data(), dt, i);
-    EXPECT_LE(std::fabs(a - b), std::ldexp(std::fabs(b), -7) + 1e-6) << "dw[" << i << "]";
+  const Tensor want = dw_of("reference", 0);
+  for (size_t budget : {size_t{0}, size_t{1}}) {  // 1: the vocab slices (cpu_vocab_slices.h)
+    const Tensor got = dw_of("cpu", budget);
+    for (int64_t i = 0; i < H * V; ++i) {
+      const double a = load_as_f32(got.data(), dt, i), b = load_as_f32(want.data(), dt, i);
+      EXPECT_LE(std::fabs(a - b), std::ldexp(std::fabs(b), -7) + 1e-6) << "dw[" << i << "] budget " << budget;
+    }
+  }
+}
+
+// Options::memory_budget below the f32 accumulator of a 16-bit dw (4·H·V): the gradients run in
+// vocabulary slices (cpu_vocab_slices.h). A budget of 1 byte gives the narrowest slices (64
+// columns): every case has several, the last a tail (V = 283, 301, 1031, 130, 1100), and the
+// tolerances are the grid's (each dw element is still one f32 sum over every token, rounded
+// once; dx sums the slices' shares in f32).
+TEST(LinearCrossEntropyCpu, SixteenBitDwInVocabSlicesUnderABudget) {
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (lt::CaseSpec c : tail_cases(dt)) {
+      c.f32_grads = false;  // a 16-bit dw: the case the slices are for
+      c.opt.memory_budget = 1;
+      for (Pass pass : {Pass::kBackward, Pass::kFused}) {
+        const lt::ParityReport r = lt::check_parity(c, "cpu", pass);
+        ASSERT_TRUE(r.ran) << r.case_name << ": " << r.error;
+        for (const auto& f : r.fields)
+          EXPECT_TRUE(f.dev.ok()) << "slices " << r.case_name << " " << tessera::pass_name(pass) << " " << f.field
+                                  << ": " << f.dev.str();
+      }
+    }
+}
+
+// The slices' scratch: the backend's accumulator of one slice, w's and dw's slice copies and two
+// f32 B×H dx buffers, well under the 8 MiB accumulator of the whole w; the same gradients as
+// without a budget up to the grid's bf16 tolerance.
+TEST(LinearCrossEntropyCpu, VocabSlicesBoundTheDwScratch) {
+  lt::CaseSpec s;
+  s.lead = {64};
+  s.H = 256;
+  s.V = 8192;
+  s.dtype = DType::kBF16;
+  s.memory_layout = WLayout::kHV;
+  s.opt.skip_ignored = false;
+  s.opt.block_sizes = BlockSizes{64, 256, 512};
+  const lt::CaseData d = lt::make_case(s);
+  auto run = [&](size_t budget, size_t* peak) {
+    Options o = s.opt;
+    o.implementation = "cpu";
+    o.num_threads = 2;
+    o.memory_budget = budget;
+    Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, s.lead);
+    Tensor dx = Tensor::empty(DType::kBF16, d.x.shape()), dw = Tensor::empty(DType::kBF16, d.w.shape());
+    memory::reset_peak(memory::Space::kHost);
+    const size_t before = memory::current_bytes(memory::Space::kHost);
+    forward_backward(d.inputs(), d.grad_loss.view(), {loss.view(), lse.view(), std::nullopt},
+                     {dx.view(), dw.view(), std::nullopt}, o);
+    *peak = memory::peak_bytes(memory::Space::kHost) - before;
+    return std::pair{dx, dw};
+  };
+  size_t whole = 0, sliced = 0;
+  const auto [dx0, dw0] = run(0, &whole);
+  // Slices of 768 columns (11, the last 512): (4 MiB − 8·B·H − 2 MiB reserved) / (8·H + 6·b).
+  const size_t budget = size_t{4} << 20;
+  const auto [dx1, dw1] = run(budget, &sliced);
+  EXPECT_GE(whole, size_t{4} * 256 * 8192) << "without a budget: the f32 accumulator of all of dw";
+  EXPECT_LE(sliced, budget) << "whole " << whole;
+  EXPECT_LT(sliced, whole / 2) << "sliced " << sliced;
+  for (const auto& [got, want, name] : {std::tuple{&dx1, &dx0, "dx"}, std::tuple{&dw1, &dw0, "dw"}}) {
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < want->numel(); ++i) {
+      const double a = load_as_f32(got->data(), DType::kBF16, i), b = load_as_f32(want->data(), DType::kBF16, i);
+      worst = std::max(worst, std::fabs(a - b));
+      scale = std::max(scale, std::fabs(b));
+    }
+    EXPECT_GT(scale, 0.0) << name;
+    EXPECT_LE(worst, std::ldexp(scale, -7)) << name << ": two bf16 roundings of the same f32 sums";
   }
 }
 

@@ -56,7 +56,9 @@ TEST(MlstmCpu, ThreadCounts) {
 // 18 chunks (teams of 2, 3, 7 threads), and three heads of 9 chunks (one team of 2 taking the
 // heads in turn; one thread per head; three teams of 2). Every hand-over runs, and the results
 // are the same bits for every thread count: each chunk is computed the same way whichever
-// thread takes it, and the chain runs in one order.
+// thread takes it, and the chain runs in one order. On the micro-kernel route (AVX-512) only:
+// on OpenBLAS (an AVX2 Zen 3, 2026-11-26) the forward's split of a head's value columns
+// rounds a column block as sgemm's edge kernels do, so there the results agree to 1e-5.
 TEST(MlstmCpu, ThreadsShareAHead) {
   for (const auto& [NH, chunk] : {std::pair<int64_t, int64_t>{1, 4}, {3, 8}}) {
     std::vector<float> first;
@@ -80,7 +82,14 @@ TEST(MlstmCpu, ThreadsShareAHead) {
       for (const Tensor* t : {&h, &dq, &dk, &dv, &di, &df, &dc0, &dn0})
         all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
       if (first.empty()) first = all;
-      EXPECT_EQ(all, first) << "NH " << NH << ", " << threads << " threads";
+      if (cpu_f32_gemm::available()) {
+        EXPECT_EQ(all, first) << "NH " << NH << ", " << threads << " threads";
+      } else {  // OpenBLAS (no AVX-512): a column block of a product need not round as the whole does
+        ASSERT_EQ(all.size(), first.size());
+        for (size_t i = 0; i < all.size(); ++i)
+          ASSERT_NEAR(all[i], first[i], 1e-5 * (1.0 + std::fabs(first[i])))
+              << "NH " << NH << ", " << threads << " threads, value " << i;
+      }
     }
   }
 }

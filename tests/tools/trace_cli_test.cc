@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tools/cli_test_util.h"
@@ -129,6 +130,31 @@ TEST_F(BenchTrace, KernelScopesNestInsideTheirRowOnTheCallingThread) {
   EXPECT_LE(call.at("ts").get<double>() + call.at("dur").get<double>(),
             row.at("ts").get<double>() + row.at("dur").get<double>() + 1e-3);
   EXPECT_GE(items, 4);  // one item per group at least, per call
+}
+
+// --memory-budget-mib reaches the call (ExecOptions::memory_budget) and the JSON's settings: a bf16
+// fused LCE whose f32 dw accumulator (4·64·8192 bytes = 2 MiB) exceeds 1 MiB runs its gradients
+// in vocabulary slices (the trace's lce.vocab_slices scope), and without the flag it does not.
+TEST_F(BenchTrace, AMemoryBudgetReachesTheCallAndTheSettings) {
+  auto run = [&](const std::string& flag) {
+    const Cmd c = cli_test::run_cli("bench linear_cross_entropy --shape 16,64,8192 --dtype bf16 --impl cpu --pass fused "
+                                    "--repeats 1 --threads 1 --no-gemm --no-roofline -q " + flag + " --trace " +
+                                    p("t.json") + " --json " + p("b.json"));
+    EXPECT_EQ(c.code, 0) << c.out;
+    int slices = 0;
+    const json trace = read_json(p("t.json"));  // (a temporary's member would dangle in the loop)
+    for (const json& e : trace.at("traceEvents")) slices += e.at("name") == "lce.vocab_slices";
+    return std::pair{slices, read_json(p("b.json")).at("settings").at("memory_budget_mib").get<int64_t>()};
+  };
+  const auto [with, budget] = run("--memory-budget-mib 1");
+  EXPECT_GE(with, 1);
+  EXPECT_EQ(budget, 1);
+  const auto [without, none] = run("");
+  EXPECT_EQ(without, 0);
+  EXPECT_EQ(none, 0);
+  const Cmd bad = cli_test::run_cli("bench linear_cross_entropy --memory-budget-mib -1");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--memory-budget-mib"), std::string::npos) << bad.out;
 }
 
 TEST_F(BenchTrace, TheEventCapDropsAndSaysSo) {

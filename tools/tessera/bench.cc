@@ -25,6 +25,7 @@ struct BenchArgs {
   std::string impl, grid, grid_file, dtype, json, csv, roofline;
   std::vector<std::string> shapes, passes;
   int repeats = 7, threads = 0;
+  int64_t memory_budget_mib = 0;
   double max_seconds = 10;
   bool compare = false, no_gemm = false, include_reference = false, no_roofline = false, quiet = false,
        check_finite = false;
@@ -179,6 +180,7 @@ harness::BenchConfig make_config(const kernels::KernelSpec& k, const BenchArgs& 
   cfg.timing.min_repeats = std::min(3, a.repeats);
   cfg.timing.max_seconds = a.max_seconds;
   cfg.exec.num_threads = a.threads;
+  cfg.exec.memory_budget = static_cast<size_t>(a.memory_budget_mib) << 20;
   cfg.exec.check_finite = a.check_finite;
   cfg.gemm_baseline = !a.no_gemm;
   cfg.compare = a.compare;
@@ -201,7 +203,7 @@ void write_json(const kernels::KernelSpec& k, const BenchArgs& a, const harness:
   if (roof) doc["roofline"] = *roof;
   doc["roofline_source"] = roof_source.empty() ? "no ceilings (--no-roofline)" : roof_source;
   nlohmann::json settings = {{"grid", grid_desc}, {"repeats", a.repeats}, {"max_seconds", a.max_seconds},
-                             {"threads", a.threads}, {"check_finite", a.check_finite}};
+                             {"threads", a.threads}, {"memory_budget_mib", a.memory_budget_mib}, {"check_finite", a.check_finite}};
   for (const auto& [name, value] : options.all()) settings[name] = value;
   doc["settings"] = settings;
   doc["build"] = harness::build_json(k.name);  // what the compiler did (the report shows it)
@@ -334,6 +336,9 @@ void add_kernel(CLI::App* bench, const kernels::KernelSpec& k) {
   cmd->add_flag("--compare", a->compare, "Also time the kernel's baselines (e.g. the BLAS-materialized math)");
   cmd->add_flag("--no-gemm", a->no_gemm, "Do not time the plain GEMM floor");
   cmd->add_option("--threads", a->threads, "Threads for the implementations and the BLAS (default: all)");
+  cmd->add_option("--memory-budget-mib", a->memory_budget_mib,
+                  "Extra memory an implementation may use, MiB (ExecOptions::memory_budget; 0: its default)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--include-reference", a->include_reference, "Time the reference even on large shapes (slow)");
   cmd->add_option("--roofline", a->roofline, "Stored ceilings (default: the `tessera roofline` store)");
   cmd->add_flag("--no-roofline", a->no_roofline, "No ceilings: skip the fraction-of-roofline column");

@@ -25,6 +25,7 @@ struct RunArgs {
   std::string out, impl;
   bool grad = false;
   int threads = 0;
+  int64_t memory_budget_mib = 0;
 };
 
 std::string flag_names(const std::string& name, const std::vector<std::string>& aliases) {
@@ -131,6 +132,7 @@ Loaded load(const kernels::KernelSpec& k, const RunArgs& a, const harness::Optio
   l.args.options = options;
   l.args.exec.implementation = a.impl;
   l.args.exec.num_threads = a.threads;
+  l.args.exec.memory_budget = static_cast<size_t>(a.memory_budget_mib) << 20;
   l.args.exec.check_finite = true;  // users' files: reject NaN/Inf before computing
   for (const auto& [name, t] : l.tensors) l.args.tensors.push_back({name, t.view()});
   if (!a.grad) return l;
@@ -205,6 +207,9 @@ void add_kernel(CLI::App* run, const kernels::KernelSpec& k) {
   }
   cmd->add_option("--impl", a->impl, "implementation name or comma list (default: the dispatch order)");
   cmd->add_option("--threads", a->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--memory-budget-mib", a->memory_budget_mib,
+                  "Extra memory the implementation may use, MiB (ExecOptions::memory_budget; 0: its default)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--out", a->out, "output directory")->required();
   cmd->callback([a, options, &k] { run_kernel(k, *a, options()); });
 }

@@ -66,6 +66,7 @@
 #include "kernels/linear_cross_entropy/cpu_rows.h"
 #include "kernels/linear_cross_entropy/cpu_simd.h"
 #include "kernels/linear_cross_entropy/impl.h"
+#include "kernels/linear_cross_entropy/cpu_vocab_slices.h"
 #include "tessera/error.h"
 
 namespace tessera::linear_cross_entropy {
@@ -79,8 +80,9 @@ constexpr int kMaxThreads = 1024;
 constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;  // multiply-adds per token block
 constexpr size_t kSlabTargetBytes = size_t{32} << 20;  // default b keeps the b×V slab below this
 // The pack-once forward keeps, per thread, a vocab chunk of w packed over all of H: it runs only
-// while those chunks of all threads fit this; above it (many threads, large H · v) the forward
-// packs per token block instead (phase_a), whose scratch does not grow with H.
+// while those chunks of all threads fit this (and Options::memory_budget when set); above it
+// (many threads, large H · v) the forward packs per token block instead (phase_a), whose scratch
+// does not grow with H.
 constexpr size_t kOnceBudgetBytes = size_t{32} << 20;
 // f32 packed route: a vocab chunk is at most this wide, so that a packed panel of the dx GEMM's
 // dz (chunk rows × 64 tokens, 128 KiB) and of w (h rows × 64) stay in the L2 beside their A.
@@ -307,7 +309,8 @@ void Call::setup(const BlockSizes& bs) {
   }
   grads = mode != Mode::kForward;
   vo = std::min(vb, split(p.V, 0, T, 16).size());  // the first thread's range is the largest
-  fwd_once = dot && !grads && static_cast<size_t>(T) * once_words() * sizeof(uint32_t) <= kOnceBudgetBytes;
+  const size_t once_bytes = static_cast<size_t>(T) * once_words() * sizeof(uint32_t);
+  fwd_once = dot && !grads && once_bytes <= kOnceBudgetBytes && (p.memory_budget == 0 || once_bytes <= p.memory_budget);
   rb = fwd_once ? p.B : bb;
   need_stats = !(mode == Mode::kBackward && gin->lse != nullptr);
   const auto ubb = static_cast<size_t>(bb), uV = static_cast<size_t>(p.V),
@@ -1038,7 +1041,8 @@ class Cpu final : public Implementation {
            "AVX512-BF16 packed micro-kernel; f16: OpenBLAS) + "
            "Highway SIMD online softmax, threads own vocab ranges (deterministic); extra memory in backward ~ b*V*4 "
            "bytes (f32 on the AVX-512 route: b rounded up to 64 rows, "
-           "bf16 dot route b*V*6, plus an f32 H*V accumulator when dw is bf16/f16)";
+           "bf16 dot route b*V*6, plus an f32 H*V accumulator when dw is bf16/f16, or, when that exceeds "
+           "memory_budget, gradients in vocabulary slices: one more GEMM in a fused call)";
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {
@@ -1105,6 +1109,7 @@ class Cpu final : public Implementation {
 
   void backward(const Problem& p, const BlockSizes& bs, const GradIn& g, const GradOut& out) const override {
     validate_block_sizes(bs);
+    if (vocab_slices::needed(p, out)) return vocab_slices::backward(*this, p, bs, g, out);
     Call c(p, Mode::kBackward);
     c.gin = &g;
     c.gout = &out;
@@ -1115,6 +1120,7 @@ class Cpu final : public Implementation {
   void forward_backward(const Problem& p, const BlockSizes& bs, const GradIn& g, const ForwardOut& fout,
                         const GradOut& gout) const override {
     validate_block_sizes(bs);
+    if (vocab_slices::needed(p, gout)) return vocab_slices::forward_backward(*this, p, bs, g, fout, gout);
     Call c(p, Mode::kFused);
     c.fout = &fout;
     c.gin = &g;

@@ -152,9 +152,12 @@ TEST_F(BenchTrace, AMemoryBudgetReachesTheCallAndTheSettings) {
   const auto [without, none] = run("");
   EXPECT_EQ(without, 0);
   EXPECT_EQ(none, 0);
-  const Cmd bad = cli_test::run_cli("bench linear_cross_entropy --memory-budget-mib -1");
-  EXPECT_EQ(bad.code, 2) << bad.out;
-  EXPECT_NE(bad.out.find("--memory-budget-mib"), std::string::npos) << bad.out;
+  for (const std::string sub : {"bench linear_cross_entropy", "run linear_cross_entropy --x x.npy --w w.npy --labels y.npy"})
+    for (const std::string value : {"-1", "2000000000"}) {  // below 0; past 1 PiB (MiB << 20 would wrap)
+      const Cmd bad = cli_test::run_cli(sub + " --memory-budget-mib " + value);
+      EXPECT_EQ(bad.code, 2) << sub << " " << value << ": " << bad.out;
+      EXPECT_NE(bad.out.find("--memory-budget-mib"), std::string::npos) << sub << " " << value << ": " << bad.out;
+    }
 }
 
 TEST_F(BenchTrace, TheEventCapDropsAndSaysSo) {

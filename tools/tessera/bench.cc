@@ -338,7 +338,7 @@ void add_kernel(CLI::App* bench, const kernels::KernelSpec& k) {
   cmd->add_option("--threads", a->threads, "Threads for the implementations and the BLAS (default: all)");
   cmd->add_option("--memory-budget-mib", a->memory_budget_mib,
                   "Extra memory an implementation may use, MiB (ExecOptions::memory_budget; 0: its default)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));  // up to 1 PiB: MiB << 20 fits in size_t
   cmd->add_flag("--include-reference", a->include_reference, "Time the reference even on large shapes (slow)");
   cmd->add_option("--roofline", a->roofline, "Stored ceilings (default: the `tessera roofline` store)");
   cmd->add_flag("--no-roofline", a->no_roofline, "No ceilings: skip the fraction-of-roofline column");

@@ -209,7 +209,7 @@ void add_kernel(CLI::App* run, const kernels::KernelSpec& k) {
   cmd->add_option("--threads", a->threads, "CPU threads (default: all cores)");
   cmd->add_option("--memory-budget-mib", a->memory_budget_mib,
                   "Extra memory the implementation may use, MiB (ExecOptions::memory_budget; 0: its default)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));  // up to 1 PiB: MiB << 20 fits in size_t
   cmd->add_option("--out", a->out, "output directory")->required();
   cmd->callback([a, options, &k] { run_kernel(k, *a, options()); });
 }

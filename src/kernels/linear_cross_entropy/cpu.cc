@@ -1109,7 +1109,7 @@ class Cpu final : public Implementation {
 
   void backward(const Problem& p, const BlockSizes& bs, const GradIn& g, const GradOut& out) const override {
     validate_block_sizes(bs);
-    if (vocab_slices::needed(p, out)) return vocab_slices::backward(*this, p, bs, g, out);
+    if (vocab_slices::needed(p, bs, out)) return vocab_slices::backward(*this, p, bs, g, out);
     Call c(p, Mode::kBackward);
     c.gin = &g;
     c.gout = &out;
@@ -1120,7 +1120,7 @@ class Cpu final : public Implementation {
   void forward_backward(const Problem& p, const BlockSizes& bs, const GradIn& g, const ForwardOut& fout,
                         const GradOut& gout) const override {
     validate_block_sizes(bs);
-    if (vocab_slices::needed(p, gout)) return vocab_slices::forward_backward(*this, p, bs, g, fout, gout);
+    if (vocab_slices::needed(p, bs, gout)) return vocab_slices::forward_backward(*this, p, bs, g, fout, gout);
     Call c(p, Mode::kFused);
     c.fout = &fout;
     c.gin = &g;

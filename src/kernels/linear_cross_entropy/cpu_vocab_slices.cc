@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/log.h"
 #include "core/memory.h"
 #include "core/trace.h"
 #include "primitives/cpu_convert.h"
@@ -13,8 +14,7 @@ namespace tessera::linear_cross_entropy::vocab_slices {
 namespace {
 
 constexpr int64_t kAlign = 64;  // slice widths: whole cache lines of a 16-bit row, packer pairs
-// Left for the backend's per-thread packed chunks and x panels (~1 MiB at 2 threads, b = 256, h = 512).
-constexpr size_t kReserve = size_t{2} << 20;
+constexpr size_t kReserve = size_t{1} << 20;
 
 template <class T>
 T* alloc(memory::HostBuffer& buf, int64_t count) {
@@ -55,32 +55,106 @@ Problem slice_of(const Problem& p, int64_t c0, int64_t n, const void* w_slice, i
   q.label_dtype = DType::kI64;
   q.w = p.layout == WLayout::kHV ? w_slice : at(p.w, c0 * p.H, p.dtype);
   if (p.bias) q.bias = at(p.bias, c0, p.bias_dtype);
+  // The partial form's class weights are all V_total of them rotated to the slice; the cpu
+  // backward reads only entries [0, n) and the labels inside the slice (cpu_rows.cc), so the
+  // unrotated array from c0 on gives the same values.
   if (p.class_weights) q.class_weights = p.class_weights + c0;
   return q;
 }
 
-// The forward's lse when the caller gave none (loss and lse into scratch).
-const float* lse_of(const Implementation& impl, const Problem& p, const BlockSizes& bs, memory::HostBuffer& lse_buf,
-                    memory::HostBuffer& loss_buf) {
+// The backend's own scratch besides the slab and the dw accumulator: per thread a converted (f32
+// route) or packed (bf16 dot route) h × v chunk of w, the token block's x converted and dx
+// staged (b × H f32 each), and a little more. An estimate: the Call does not report its sizes.
+double backend_reserve(const Problem& p, const BlockSizes& bs) {
+  const double bb = static_cast<double>(std::min(bs.b, p.B)), h = static_cast<double>(std::min(bs.h, p.H)),
+               v = static_cast<double>(std::min(bs.v, p.V));
+  return std::max(1, p.num_threads) * 4.0 * h * v + 8.0 * bb * static_cast<double>(p.H) + static_cast<double>(kReserve);
+}
+
+// The route's own buffers, all allocated before anything is written (an allocation failure then
+// leaves every output untouched, as dispatch's fallback needs).
+struct Buffers {
+  memory::HostBuffer lse_buf, loss_buf, label_buf, sum_buf, share_buf, w_buf, dw_buf;
+  float *lse = nullptr, *loss = nullptr, *sum = nullptr, *share = nullptr;
+  int64_t* labels = nullptr;
+  uint16_t *w_slice = nullptr, *dw_slice = nullptr;
+
+  Buffers(const Problem& p, const GradOut& out, int64_t vc, bool need_lse) {
+    const int64_t BH = p.B * p.H;
+    const bool hv = p.layout == WLayout::kHV;
+    if (need_lse) {
+      lse = alloc<float>(lse_buf, p.B);
+      loss = alloc<float>(loss_buf, p.B);
+    }
+    labels = alloc<int64_t>(label_buf, p.B);
+    sum = out.dx_dtype == DType::kF32 ? static_cast<float*>(out.dx) : alloc<float>(sum_buf, BH);
+    if (p.V > vc) share = alloc<float>(share_buf, BH);
+    if (hv) {
+      w_slice = alloc<uint16_t>(w_buf, p.H * vc);
+      dw_slice = alloc<uint16_t>(dw_buf, p.H * vc);
+    }
+  }
+};
+
+// The forward's lse into b.lse (its loss into b.loss): for a backward given none.
+void forward_lse(const Implementation& impl, const Problem& p, const BlockSizes& bs, const Buffers& b) {
   Problem f = p;
   f.want_argmax = false;
   ForwardOut o;
-  o.lse = alloc<float>(lse_buf, p.B);
-  o.loss = alloc<float>(loss_buf, p.B);
+  o.lse = b.lse;
+  o.loss = b.loss;
   impl.forward(f, bs, o);
-  return o.lse;
+}
+
+void run_slices(const Implementation& impl, const Problem& p, const BlockSizes& bs, const GradIn& g,
+                const GradOut& out, int64_t vc, const Buffers& b) {
+  TESSERA_TRACE_SCOPE("lce.vocab_slices");
+  const int64_t BH = p.B * p.H;
+  const bool hv = p.layout == WLayout::kHV;
+  for (int64_t c0 = 0; c0 < p.V; c0 += vc) {
+    const int64_t n = std::min(vc, p.V - c0);
+    if (hv) gather_columns(p.w, p.H, p.V, c0, n, b.w_slice);
+    const Problem q = slice_of(p, c0, n, b.w_slice, b.labels);
+    GradOut o = out;
+    o.dx = c0 == 0 ? b.sum : b.share;  // the first slice's share is the start of the sum
+    o.dx_dtype = DType::kF32;
+    o.dw = hv ? static_cast<void*>(b.dw_slice) : at(out.dw, c0 * p.H, out.dw_dtype);
+    if (out.dbias) o.dbias = at(out.dbias, c0, out.dbias_dtype);
+    impl.backward(q, bs, g, o);
+    if (c0 > 0)
+      for (int64_t i = 0; i < BH; ++i) b.sum[i] += b.share[i];
+    if (hv) scatter_columns(b.dw_slice, p.H, p.V, c0, n, out.dw);
+  }
+  if (out.dx_dtype == DType::kBF16) cpu_convert::f32_to_bf16(b.sum, static_cast<uint16_t*>(out.dx), BH);
+  if (out.dx_dtype == DType::kF16) cpu_convert::f32_to_f16(b.sum, static_cast<uint16_t*>(out.dx), BH);
+}
+
+// The slice width, with a warning when the budget cannot hold even the fixed part.
+int64_t width(const Problem& p, const BlockSizes& bs) {
+  const int64_t vc = std::min(columns(p, bs), p.V);
+  if (vc == kAlign && p.V > kAlign)
+    log::warn_once(std::string(kKernelName) + " cpu: memory_budget (" + memory::bytes_str(p.memory_budget) +
+                   ") leaves no room beyond the two f32 B×H dx buffers and the backend's scratch: gradients in " +
+                   std::to_string((p.V + kAlign - 1) / kAlign) + " slices of " + std::to_string(kAlign) +
+                   " columns, slow and over the budget");
+  return vc;
 }
 
 }  // namespace
 
-bool needed(const Problem& p, const GradOut& out) {
-  return p.device.type == DeviceType::kCPU && !p.partial() && out.dw != nullptr && out.dw_dtype != DType::kF32 &&
-         p.memory_budget > 0 && 4.0 * static_cast<double>(p.H) * static_cast<double>(p.V) > static_cast<double>(p.memory_budget);
+bool needed(const Problem& p, const BlockSizes& bs, const GradOut& out) {
+  if (p.device.type != DeviceType::kCPU || p.partial() || out.dw == nullptr || out.dw_dtype == DType::kF32 ||
+      p.memory_budget == 0)
+    return false;
+  // The route without slices: the f32 accumulator of dw, the b×V slab (f32 + its bf16 copy), the rest.
+  const double H = static_cast<double>(p.H), V = static_cast<double>(p.V);
+  const double whole = 4.0 * H * V + 6.0 * static_cast<double>(std::min(bs.b, p.B)) * V + backend_reserve(p, bs);
+  return whole > static_cast<double>(p.memory_budget);
 }
 
-int64_t columns(const Problem& p, int64_t b) {
-  const double B = static_cast<double>(p.B), H = static_cast<double>(p.H), bb = static_cast<double>(std::min(b, p.B));
-  const double fixed = 8.0 * B * H + static_cast<double>(kReserve);
+int64_t columns(const Problem& p, const BlockSizes& bs) {
+  const double H = static_cast<double>(p.H), bb = static_cast<double>(std::min(bs.b, p.B));
+  const double fixed = 8.0 * static_cast<double>(p.B) * H + backend_reserve(p, bs);
   const double left = std::max(0.0, static_cast<double>(p.memory_budget) - fixed);
   const double per_column = (p.layout == WLayout::kHV ? 8.0 : 4.0) * H + 6.0 * bb;
   const auto vc = static_cast<int64_t>(left / per_column) / kAlign * kAlign;
@@ -89,44 +163,26 @@ int64_t columns(const Problem& p, int64_t b) {
 
 void backward(const Implementation& impl, const Problem& p, const BlockSizes& bs, const GradIn& g,
               const GradOut& out) {
-  TESSERA_TRACE_SCOPE("lce.vocab_slices");
-  memory::HostBuffer lse_buf, loss_buf, label_buf, sum_buf, share_buf, w_buf, dw_buf;
+  const int64_t vc = width(p, bs);
+  const Buffers b(p, out, vc, g.lse == nullptr);
   GradIn gi = g;
-  if (gi.lse == nullptr) gi.lse = lse_of(impl, p, bs, lse_buf, loss_buf);
-  const int64_t vc = std::min(columns(p, bs.b), p.V), BH = p.B * p.H;
-  const bool hv = p.layout == WLayout::kHV;
-  int64_t* labels = alloc<int64_t>(label_buf, p.B);
-  float* sum = out.dx_dtype == DType::kF32 ? static_cast<float*>(out.dx) : alloc<float>(sum_buf, BH);
-  float* share = p.V > vc ? alloc<float>(share_buf, BH) : nullptr;
-  uint16_t* w_slice = hv ? alloc<uint16_t>(w_buf, p.H * vc) : nullptr;
-  uint16_t* dw_slice = hv ? alloc<uint16_t>(dw_buf, p.H * vc) : nullptr;
-  for (int64_t c0 = 0; c0 < p.V; c0 += vc) {
-    const int64_t n = std::min(vc, p.V - c0);
-    if (hv) gather_columns(p.w, p.H, p.V, c0, n, w_slice);
-    const Problem q = slice_of(p, c0, n, w_slice, labels);
-    GradOut o = out;
-    o.dx = c0 == 0 ? sum : share;  // the first slice's share is the start of the sum
-    o.dx_dtype = DType::kF32;
-    o.dw = hv ? static_cast<void*>(dw_slice) : at(out.dw, c0 * p.H, out.dw_dtype);
-    if (out.dbias) o.dbias = at(out.dbias, c0, out.dbias_dtype);
-    impl.backward(q, bs, gi, o);
-    if (c0 > 0)
-      for (int64_t i = 0; i < BH; ++i) sum[i] += share[i];
-    if (hv) scatter_columns(dw_slice, p.H, p.V, c0, n, out.dw);
+  if (gi.lse == nullptr) {
+    forward_lse(impl, p, bs, b);
+    gi.lse = b.lse;
   }
-  if (out.dx_dtype == DType::kBF16) cpu_convert::f32_to_bf16(sum, static_cast<uint16_t*>(out.dx), BH);
-  if (out.dx_dtype == DType::kF16) cpu_convert::f32_to_f16(sum, static_cast<uint16_t*>(out.dx), BH);
+  run_slices(impl, p, bs, gi, out, vc, b);
 }
 
 void forward_backward(const Implementation& impl, const Problem& p, const BlockSizes& bs, const GradIn& g,
                       const ForwardOut& fout, const GradOut& out) {
-  memory::HostBuffer lse_buf;
+  const int64_t vc = width(p, bs);
+  const Buffers b(p, out, vc, fout.lse == nullptr);
   ForwardOut f = fout;
-  if (f.lse == nullptr) f.lse = alloc<float>(lse_buf, p.B);
+  if (f.lse == nullptr) f.lse = b.lse;
   impl.forward(p, bs, f);
   GradIn gi = g;
   gi.lse = f.lse;
-  backward(impl, p, bs, gi, out);
+  run_slices(impl, p, bs, gi, out, vc, b);
 }
 
 }  // namespace tessera::linear_cross_entropy::vocab_slices

@@ -6,22 +6,26 @@
 // (v0.12: the slice's w, labels relative to it, the global lse): each slice's dw is summed in f32
 // over every token and rounded once, as without slices (never a bf16 running sum: the peer bug
 // LinearCrossEntropyCpu.Bf16DwAccumulatesInF32AcrossTokenBlocks guards), and the slices' shares
-// of dx are summed in f32. A fused call first runs the forward for the lse: one more GEMM (4
-// instead of 3), the price of the bounded memory. Extra memory: the backend's accumulator of one
+// of dx are summed in f32. The lse comes from a forward first (a fused call's, or one run for a
+// backward given none): one more GEMM (4 instead of 3), the price of the bounded memory; a
+// backward given the forward's lse costs no more GEMMs than without slices. The route's own
+// buffers are allocated before anything is written. Extra memory: the backend's accumulator of one
 // slice (4·H·vc) and its slab of b tokens (6·b·vc), w's and dw's slice copies for an [H, V] w
-// (2·H·vc each), two f32 B×H dx buffers and 2 MiB for the backend's packed chunks; vc is the
-// widest multiple of 64 that keeps all of it within the budget (at least 64 columns: a budget
-// below the dx buffers is exceeded by them, and the slices are narrow).
+// (2·H·vc each), two f32 B×H dx buffers, and the backend's other scratch (estimated: per thread
+// an h × v f32 chunk, 8·b·H, 1 MiB); vc is the widest multiple of 64 that keeps all of it within
+// the budget (at least 64 columns: a budget below the fixed part is exceeded, and the slices are
+// narrow).
 #pragma once
 
 #include "kernels/linear_cross_entropy/impl.h"
 
 namespace tessera::linear_cross_entropy::vocab_slices {
 
-// Host problem, not the partial form, a 16-bit dw, memory_budget set and below 4·H·V.
-bool needed(const Problem& p, const GradOut& out);
-// The slice width vc for this problem and token block b (the rule above).
-int64_t columns(const Problem& p, int64_t b);
+// Host problem, not the partial form, a 16-bit dw, memory_budget set and below what the route
+// without slices needs (the 4·H·V accumulator, the b×V slab, the backend's other scratch).
+bool needed(const Problem& p, const BlockSizes& bs, const GradOut& out);
+// The slice width vc for this problem and block sizes (the rule above).
+int64_t columns(const Problem& p, const BlockSizes& bs);
 // backward() through impl, slice by slice (g.lse required: the forward's, as the partial form needs).
 void backward(const Implementation& impl, const Problem& p, const BlockSizes& bs, const GradIn& g,
               const GradOut& out);

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 #include "tessera/error.h"
 
 namespace tessera::tune {

@@ -50,7 +50,8 @@ std::vector<float> layout(int64_t K, int64_t N, B b) {
 }
 
 TEST(CpuF32Gemm, PackedLayoutBothPackersBothPaths) {
-  for (auto [K, N] : {std::pair<int64_t, int64_t>{1, 1}, {5, 17}, {16, 64}, {17, 65}, {33, 130}, {64, 256}}) {
+  for (auto kn : {std::pair<int64_t, int64_t>{1, 1}, {5, 17}, {16, 64}, {17, 65}, {33, 130}, {64, 256}}) {
+    const int64_t K = kn.first, N = kn.second;  // not a structured binding: clang 14 cannot capture one
     const int64_t ld = N + 3, ldt = K + 5;
     const std::vector<float> B = matrix(K, N, ld, 11), Bt = matrix(N, K, ldt, 12);
     const auto want = layout(K, N, [&](int64_t k, int64_t n) { return B[size_t(k * ld + n)]; });
@@ -151,8 +152,9 @@ TEST(CpuF32Gemm, GemmFromTakesTheBetaTermFromCin) {
   uint64_t seed = 300;
   for (Tri tri : {Tri::kNone, Tri::kLowerA, Tri::kUpperA, Tri::kLowerC})
     for (bool ta : {false, true})
-      for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{7, 17, 7}, {13, 70, 13}, {64, 256, 64}, {5, 3, 0}})
+      for (auto mnk : {std::tuple<int64_t, int64_t, int64_t>{7, 17, 7}, {13, 70, 13}, {64, 256, 64}, {5, 3, 0}})
         for (float beta : {0.0f, 0.75f}) {
+          const int64_t M = std::get<0>(mnk), N = std::get<1>(mnk), K = std::get<2>(mnk);  // clang 14 cannot capture a binding
           if (tri == Tri::kLowerC && beta != 0.0f) continue;  // kLowerC takes beta = 0 only
           const int64_t Kc = tri == Tri::kNone ? K + 3 : K == 0 ? 0 : M, lda = (ta ? M : Kc) + 1, ldc = N + 2, ldi = N + 5;
           std::vector<float> A = matrix(ta ? Kc : M, ta ? M : Kc, lda, seed++);
@@ -182,7 +184,8 @@ TEST(CpuF32Gemm, GemmFromTakesTheBetaTermFromCin) {
 }
 
 TEST(CpuF32Gemm, TransposeOverTailsBothPaths) {
-  for (auto [R, C] : {std::pair<int64_t, int64_t>{1, 1}, {5, 17}, {16, 16}, {17, 33}, {64, 256}, {256, 40}}) {
+  for (auto rc : {std::pair<int64_t, int64_t>{1, 1}, {5, 17}, {16, 16}, {17, 33}, {64, 256}, {256, 40}}) {
+    const int64_t R = rc.first, C = rc.second;  // not a structured binding: clang 14 cannot capture one
     const int64_t lds = C + 3, ldd = R + 2;
     const std::vector<float> src = matrix(R, C, lds, 21);
     both_paths([&](bool portable) {

@@ -5,6 +5,8 @@
 #include <map>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 #include "tessera/error.h"
 #include "tune/bucket.h"
 #include "tune/params.h"

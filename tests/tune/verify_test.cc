@@ -263,39 +263,55 @@ SweepPolicy once() {
   return p;
 }
 
-TEST(TuneVerifyKernels, EverySweepFindsAValidWinnerAndFlagsNoCandidate) {
+std::vector<std::string> tunable_kernels() {
+  std::vector<std::string> out;
+  for (const kernels::KernelSpec* k : kernels::all())
+    if (k->tune.buckets) out.push_back(k->name);
+  return out;
+}
+
+// One test per kernel (ctest runs them side by side: together they were the suite's longest test).
+class TuneVerifyEachKernel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TuneVerifyEachKernel, EverySweepFindsAValidWinnerAndFlagsNoCandidate) {
+  const kernels::KernelSpec& k = kernels::get(GetParam());
   size_t sweeps = 0;
-  for (const kernels::KernelSpec* k : kernels::all()) {
-    if (!k->tune.buckets) continue;
-    const auto shape = test_shape(k->tune.buckets().front());
-    for (const std::string& impl : tunable_here(*k))
-      for (DType dt : {DType::kF32, DType::kBF16})
-        for (Pass pass : k->passes) {
-          SCOPED_TRACE(k->name + " " + impl + " " + dtype_name(dt) + " " + pass_name(pass));
-          const kernels::TuneJob job = k->tune.job(impl, shape, dt, pass, true);
-          if (!job.support.ok) continue;
-          const Runner run = job.make_run();
-          ASSERT_TRUE(static_cast<bool>(run.outputs)) << "the adapter hands back its outputs";
-          const SweepResult r = sweep(job.candidates, run, once());
-          ++sweeps;
-          ASSERT_GE(r.best, 0);
-          EXPECT_EQ(r.reference, 0) << "the default ran and is the reference";
-          double worst = 0;
-          for (const auto& m : r.measurements) {
-            EXPECT_NE(m.status, Measurement::Status::kWrong) << params_str(m.candidate) << ": " << m.failure;
-            if (m.ok()) {
-              ASSERT_TRUE(m.checked()) << params_str(m.candidate);
-              if (m.tolerance > 0) worst = std::max(worst, m.max_abs_dev / m.tolerance);
-            }
+  const auto shape = test_shape(k.tune.buckets().front());
+  for (const std::string& impl : tunable_here(k))
+    for (DType dt : {DType::kF32, DType::kBF16})
+      for (Pass pass : k.passes) {
+        SCOPED_TRACE(k.name + " " + impl + " " + dtype_name(dt) + " " + pass_name(pass));
+        const kernels::TuneJob job = k.tune.job(impl, shape, dt, pass, true);
+        if (!job.support.ok) continue;
+        const Runner run = job.make_run();
+        ASSERT_TRUE(static_cast<bool>(run.outputs)) << "the adapter hands back its outputs";
+        const SweepResult r = sweep(job.candidates, run, once());
+        ++sweeps;
+        ASSERT_GE(r.best, 0);
+        EXPECT_EQ(r.reference, 0) << "the default ran and is the reference";
+        double worst = 0;
+        for (const auto& m : r.measurements) {
+          EXPECT_NE(m.status, Measurement::Status::kWrong) << params_str(m.candidate) << ": " << m.failure;
+          if (m.ok()) {
+            ASSERT_TRUE(m.checked()) << params_str(m.candidate);
+            if (m.tolerance > 0) worst = std::max(worst, m.max_abs_dev / m.tolerance);
           }
-          // Reordered sums stay within one last-bit flip of the largest value (half the
-          // tolerance of a 16-bit output; a tiny part of the f32 one).
-          EXPECT_LE(worst, 0.5) << "largest deviation / tolerance";
-          std::printf("%s %s %s %s: %zu candidates, worst deviation %.3g of the tolerance\n", k->name.c_str(),
-                      impl.c_str(), dtype_name(dt), pass_name(pass), r.measurements.size(), worst);
         }
-  }
-  if (sweeps == 0) GTEST_SKIP() << "no tunable implementation is built";
+        // Reordered sums stay within one last-bit flip of the largest value (half the
+        // tolerance of a 16-bit output; a tiny part of the f32 one).
+        EXPECT_LE(worst, 0.5) << "largest deviation / tolerance";
+        std::printf("%s %s %s %s: %zu candidates, worst deviation %.3g of the tolerance\n", k.name.c_str(),
+                    impl.c_str(), dtype_name(dt), pass_name(pass), r.measurements.size(), worst);
+      }
+  if (sweeps == 0) GTEST_SKIP() << "no tunable implementation of " << k.name << " is built";
+}
+
+INSTANTIATE_TEST_SUITE_P(TuneVerifyKernels, TuneVerifyEachKernel, ::testing::ValuesIn(tunable_kernels()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// Every kernel with buckets has its own test above: a kernel that gains buckets gains one.
+TEST(TuneVerifyKernels, EveryTunableKernelHasItsSweepTest) {
+  EXPECT_GE(tunable_kernels().size(), 3u) << "linear_cross_entropy, attention, grouped_matmul at least";
 }
 
 // A real kernel job whose fastest candidate is planted wrong (its dx corrupted after the call):

@@ -31,17 +31,7 @@ for t in "${targets[@]}"; do
 done
 
 # Debian's clang and its runtimes (libFuzzer, ASan, UBSan), when missing.
-bash scripts/install_deps.sh
-if [ -z "${CXX:-}" ]; then
-  missing=()
-  for p in clang libclang-rt-dev; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "fuzz.sh: installing ${missing[*]}"
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
-  fi
-fi
+if [ -z "${CXX:-}" ]; then bash scripts/install_deps.sh --clang; else bash scripts/install_deps.sh; fi
 cxx=${CXX:-clang++}
 build=${FUZZ_BUILD_DIR:-build/fuzz}
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
@@ -65,6 +55,8 @@ summary=()
 for t in "${targets[@]}"; do
   bin="$build/fuzz/tessera_fuzz_$t"
   seeds="$root/tests/fuzz/corpus/$t"
+  regressions=()  # past findings run first too: one that crashes again is a finding
+  [ -d "$root/tests/fuzz/regressions/$t" ] && regressions=("$root/tests/fuzz/regressions/$t")
   work="$build/corpus/$t"
   art="$build/artifacts/$t"
   log="$build/logs/$t.log"
@@ -76,7 +68,7 @@ for t in "${targets[@]}"; do
   scratch=$(mktemp -d)
   (cd "$scratch" && "$bin" -max_total_time="$secs" -timeout="${FUZZ_TIMEOUT_S:-10}" \
       -rss_limit_mb="${FUZZ_RSS_MB:-2048}" -print_final_stats=1 -artifact_prefix="$art/" \
-      "$work" "$seeds") >"$log" 2>&1 || rc=$?
+      "$work" "$seeds" "${regressions[@]}") >"$log" 2>&1 || rc=$?
   rm -rf "$scratch"
   end=$(date +%s.%N)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=release
 [ "${1:-}" = "--asan" ] && preset=asan
-bash scripts/install_deps.sh
+# The asan preset builds with clang (its libFuzzer targets are fuzzed in the same tree by CI).
+if [ "$preset" = asan ]; then bash scripts/install_deps.sh --clang; else bash scripts/install_deps.sh; fi
 # Disk: a fresh clone's CI needs ~10 GiB (release + asan builds ~3, the venv ~6: PyPI's torch brings
 # its CUDA libraries). Say so before a build fails halfway with ENOSPC (CI once did, in pip).
 free_gib=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')

@@ -32,10 +32,14 @@ if [ "$preset" = release ]; then
   "$venv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q "scikit-build-core>=0.10" "nanobind>=2.4"
   # Without a GPU the package's CUDA module could never run (its tests skip), and the release
   # build above has compiled every CUDA file already: the wheel leaves it out (~2 CPU-minutes).
-  cuda=()
-  nvidia-smi -L >/dev/null 2>&1 || cuda=(-C cmake.define.TESSERA_CUDA=OFF)
+  defs=()
+  nvidia-smi -L >/dev/null 2>&1 || defs=(-C cmake.define.TESSERA_CUDA=OFF)
+  # The release preset's compiler, named the same way: ccache hashes the driver's name (c++ and
+  # g++ differ), and with the same name and flags libtessera's objects come from the cache.
+  cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' build/release/CMakeCache.txt)
+  [ -n "$cxx" ] && defs+=(-C "cmake.define.CMAKE_CXX_COMPILER=$cxx")
   "$venv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q --no-build-isolation \
-    "${cuda[@]}" ".[test]"
+    "${defs[@]}" ".[test]"
   echo "test.sh: pip install .[test] took $(( $(date +%s) - t0 )) s"
   "$venv/bin/python" -m pytest python/tests -q -p no:cacheprovider
 fi

@@ -38,6 +38,12 @@ if [ "$preset" = release ]; then
   # g++ differ), and with the same name and flags libtessera's objects come from the cache.
   cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' build/release/CMakeCache.txt)
   [ -n "$cxx" ] && defs+=(-C "cmake.define.CMAKE_CXX_COMPILER=$cxx")
+  # A wheel tree configured with another compiler: CMake would drop its cache and scikit-build's
+  # settings with it (the wheel then came out without tessera._ext), so it starts again.
+  for cache in build/python/*/CMakeCache.txt; do
+    [ -f "$cache" ] && [ -n "$cxx" ] || continue
+    grep -q "^CMAKE_CXX_COMPILER:[A-Z]*=$cxx\$" "$cache" || { echo "test.sh: $(dirname "$cache") used another compiler: rebuilt"; rm -rf "$(dirname "$cache")"; }
+  done
   "$venv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q --no-build-isolation \
     "${defs[@]}" ".[test]"
   echo "test.sh: pip install .[test] took $(( $(date +%s) - t0 )) s"

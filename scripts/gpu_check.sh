@@ -47,7 +47,7 @@
 #      STAGE_CAPS (with --deadline, in the order to run; default "build:240 test:300 sanitize:240 bench:600"),
 #      SANITIZE_TOOLS (default "memcheck initcheck racecheck synccheck"), SANITIZE_EXCLUDE_<tool> (more
 #      gtest patterns kept out of that tool alone, ':'-separated), SANITIZE_PER_SUITE (tools run one
-#      process per suite, default "racecheck"),
+#      process per suite, the cuBLAS probe's suite first; default "initcheck racecheck"),
 #      GPU_CHECK_PYTHON=0 (the test stage skips the Python extension and its CUDA-tensor tests),
 #      GPU_CHECK_NO_GPU=1 (act as if no GPU were present), GPU_CHECK_BUILD_DIR, GPU_CHECK_DEPS_DIR
 #      (the script's own test, tests/scripts/gpu_check_test.sh).
@@ -290,7 +290,7 @@ stage_sanitize() {
     # read of a GEMM's output is "uninitialized" (docs/knowledge/anti-patterns/initcheck-with-a-kernel-filter.md).
     [ "$tool" = initcheck ] && filter=()
     local exclude="$SANITIZE_EXCLUDE${!more:+:${!more}}"
-    if [[ " ${SANITIZE_PER_SUITE-racecheck} " == *" $tool "* ]]; then
+    if [[ " ${SANITIZE_PER_SUITE-initcheck racecheck} " == *" $tool "* ]]; then
       sanitize_per_suite "$tool" "$share" "$exclude" "${filter[@]}"
       continue
     fi
@@ -301,13 +301,14 @@ stage_sanitize() {
 }
 
 # One process per GPU suite for a slow tool (racecheck: 150 s did not cover every suite in run7 of
-# 2026-11-26), each with what is left of the tool's share: a cut shows which suites were checked,
+# 2026-11-26; initcheck over the whole binary neither), each with what is left of the tool's share: a cut shows which suites were checked,
 # and one suite that hangs or faults costs only itself.
 sanitize_per_suite() {  # tool share exclude [filter args...]
   local tool=$1 share=$2 exclude=$3 s; shift 3
   local end=$((SECONDS + share))
   mkdir -p "$out/sanitize/$tool"
-  for s in $(cuda_suites); do
+  # The probe first: whether the tool sees cuBLAS's stores decides how LCE's reports read.
+  for s in $(cuda_suites | grep SanitizerProbe; cuda_suites | grep -v SanitizerProbe); do
     local left=$((end - SECONDS)) log="sanitize/$tool/${s//\//_}.log"
     if [ "$left" -lt 10 ]; then
       printf '%s\t%s\t%s\t%s\t%s\n' "$stage" "compute-sanitizer $tool $s" "SKIPPED (the tool's ${share}s are spent)" 0 "" >> "$out/steps.tsv"

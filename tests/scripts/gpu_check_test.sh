@@ -105,7 +105,7 @@ grep -q "| test | tests FakeA | ok |" "$tmp/fake2/summary.md" || fail "the GPU s
 
 # The sanitize stage on the fake machine (a fake compute-sanitizer that logs its arguments):
 # initcheck runs without the kernel filter (it does not see the stores of kernels left out),
-# the others with it; racecheck runs one process per suite; a slow suite is cut by the tool's share
+# the others with it; initcheck and racecheck run one process per suite; a slow suite is cut by the tool's share
 # and the suites after it are recorded as skipped.
 cat > "$fake/bin/compute-sanitizer" <<'FAKE'
 #!/bin/bash
@@ -123,7 +123,8 @@ run_sanitize() {  # out-dir extra-env...
 out=$(run_sanitize "$tmp/san1" SANITIZE_TOOLS="memcheck initcheck racecheck"); rc=$?
 expect_rc 0 $rc "fake sanitize: $out"
 grep -q -- "--kernel-name kns=tessera" "$tmp/san1/sanitize/memcheck.log" || fail "memcheck without the kernel filter"
-grep -q -- "--kernel-name" "$tmp/san1/sanitize/initcheck.log" && fail "initcheck with the kernel filter"
+grep -q -- "--kernel-name" "$tmp/san1/sanitize/initcheck/FakeA.log" && fail "initcheck with the kernel filter"
+grep -q -- "--gtest_filter=Grid/FakeB\.\*-" "$tmp/san1/sanitize/initcheck/Grid_FakeB.log" || fail "initcheck: one process per suite"
 grep -q -- "--gtest_filter=FakeA\.\*-" "$tmp/san1/sanitize/racecheck/FakeA.log" || fail "racecheck FakeA: $(cat "$tmp/san1/sanitize/racecheck/FakeA.log" 2>&1)"
 grep -q -- "--gtest_filter=Grid/FakeB\.\*-" "$tmp/san1/sanitize/racecheck/Grid_FakeB.log" || fail "racecheck Grid/FakeB: one process per suite"
 out=$(run_sanitize "$tmp/san2" SANITIZE_TOOLS="racecheck" FAKE_RACE_SLEEP=60 STAGE_BUDGET_S=40); rc=$?

@@ -168,11 +168,18 @@ Outputs run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, P
   const Inputs in = d.inputs();
   Outputs o;
   const Shape lead = s.lead;
-  o.loss = Tensor::empty(DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{}, dev);
-  o.lse = Tensor::empty(DType::kF32, lead, dev);
-  if (opt.return_argmax) o.argmax = Tensor::empty(DType::kI64, lead, dev);
-  ForwardOutputs fo{o.loss.view(), o.lse.view(), std::nullopt};
-  if (o.argmax.defined()) fo.argmax = o.argmax.view();
+  // Only the outputs the pass writes: a backward pass's never-written loss / lse on the device,
+  // copied back, is what compute-sanitizer initcheck reported (docs/gpu_results/2026-11-27-eighth).
+  ForwardOutputs fo;
+  if (pass != Pass::kBackward) {
+    o.loss = Tensor::empty(DType::kF32, opt.reduction == Reduction::kNone ? lead : Shape{}, dev);
+    o.lse = Tensor::empty(DType::kF32, lead, dev);
+    fo = ForwardOutputs{o.loss.view(), o.lse.view(), std::nullopt};
+    if (opt.return_argmax) {
+      o.argmax = Tensor::empty(DType::kI64, lead, dev);
+      fo.argmax = o.argmax.view();
+    }
+  }
   if (pass == Pass::kForward) {
     forward(in, fo, opt);
     return o;

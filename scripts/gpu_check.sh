@@ -56,7 +56,7 @@ set -uo pipefail
 # ---------------------------------------------------------------- the one list to edit ----
 # Implementation names that run on the GPU (`tessera list`), as an extended regex.
 GPU_IMPL_RE=${GPU_IMPL_RE:-'^(cuda|cudnn|cublas)'}
-# Bench runs, "kernel|variant|arguments". A discovered kernel without a line here gets one run on
+# Bench runs, "kernel|variant|arguments" (leading VAR=value words: the run's environment). A discovered kernel without a line here gets one run on
 # its `gpu` grid (bench/<kernel>.json), else on its default grid.
 lce_shapes="--shape 8192,4096,128256 --shape 8192,2304,256000"
 if [ -n "${BENCH_SHAPES:-}" ]; then  # "BxHxV,BxHxV": split on ',' first, then x -> ','
@@ -72,6 +72,7 @@ BENCH_RUNS=(
   "grouped_matmul|skewed|--grid gpu --routing skewed --pass forward,fused"
   "attention||$attn_shapes --dtype bf16 --pass forward,fused"
   "attention|causal|$attn_shapes --dtype bf16 --pass forward,fused --causal"
+  "attention|causal_nondet|TESSERA_CUDNN_DETERMINISTIC=0 $attn_shapes --dtype bf16 --pass fused --causal"
   "paged_attention|decode|--grid gpu"
   "paged_attention|mixed|--grid gpu --prefill 8"
 )
@@ -375,9 +376,11 @@ stage_bench() {
     while IFS= read -r run; do
       variant=${run%%|*}; args=${run#*|}
       name=$k${variant:+_$variant}
+      local envs=() rest=() w
       # shellcheck disable=SC2086  # args is a word list by design
-      step "bench $name ($impls)" 240 "bench/$name.log" "$tessera" bench "$k" --impl "$impls" $args \
-        --repeats "$iters" "${roof[@]}" --json "$out/bench/$name.json" --csv "$out/bench/$name.csv"
+      for w in $args; do if [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$w"); else rest+=("$w"); fi; done
+      step "bench $name ($impls)" 240 "bench/$name.log" env "${envs[@]}" "$tessera" bench "$k" --impl "$impls" \
+        "${rest[@]}" --repeats "$iters" "${roof[@]}" --json "$out/bench/$name.json" --csv "$out/bench/$name.csv"
     done < <(bench_runs_of "$k")
   done <<< "$listing"
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null || [ "$plan" = 1 ]; then
@@ -407,7 +410,7 @@ stage_bench() {
     case "$name" in
       linear_cross_entropy*) for p in peers_lce_torch peers_lce_fused; do [ -f "$out/bench/$p.json" ] && peers+=(--peers "$out/bench/$p.json"); done ;;
       grouped_matmul*) [ -f "$out/bench/peers_gmm.json" ] && peers+=(--peers "$out/bench/peers_gmm.json") ;;
-      attention_causal) [ -f "$out/bench/peers_attention_causal.json" ] && peers+=(--peers "$out/bench/peers_attention_causal.json") ;;
+      attention_causal*) [ -f "$out/bench/peers_attention_causal.json" ] && peers+=(--peers "$out/bench/peers_attention_causal.json") ;;
       attention) [ -f "$out/bench/peers_attention.json" ] && peers+=(--peers "$out/bench/peers_attention.json") ;;
     esac
     step "report $name" 60 "bench/report_$name.log" "$tessera" report "$j" "${peers[@]}" -o "$out/bench/report_$name.html"

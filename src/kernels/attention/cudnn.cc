@@ -19,6 +19,7 @@
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
+#include "core/env.h"
 #include "primitives/cuda_available.h"
 #include "core/log.h"
 #include "kernels/attention/cuda_access.h"
@@ -126,7 +127,11 @@ std::shared_ptr<const Plan> make_plan(const cp::PlanKey& k) {
       plan.error = build(*plan.graph, h.get(), &plan.workspace);
     } else {
       // Deterministic first (Tessera's backward is reproducible); cuDNN's fastest otherwise.
-      for (const bool det : {true, false}) {
+      // TESSERA_CUDNN_DETERMINISTIC=0 asks for the non-deterministic engine first: side-by-side
+      // timing of what determinism costs (PyTorch's SDPA takes it by default). Read at a plan's
+      // first build: set it before the first backward of a shape.
+      const bool det_first = env::flag("TESSERA_CUDNN_DETERMINISTIC", true);
+      for (const bool det : {det_first, !det_first}) {
         plan.graph = backward_graph(k, det);
         plan.error = build(*plan.graph, h.get(), &plan.workspace);
         plan.deterministic = det;

@@ -7,7 +7,7 @@
 //   outputs(kernel, pass, metas, options)
 //                                  what a pass writes, from shapes and dtypes only (to allocate
 //                                  outputs, and for torch's fake tensors / JAX's abstract eval)
-//   call(kernel, pass, tensors, outputs, options, implementation, num_threads, stream)
+//   call(kernel, pass, tensors, outputs, options, implementation, num_threads, stream, memory_budget)
 //                                  runs a pass on DLPack views taken zero-copy, writing the
 //                                  caller's preallocated outputs, with the GIL released
 //   view(array)                    how an array is seen through DLPack (tests prove no copy)
@@ -185,7 +185,7 @@ OutList outputs(const std::string& kernel, const std::string& pass, const std::m
 
 std::string call(const std::string& kernel, const std::string& pass, const std::map<std::string, Array>& tensors,
                  const std::vector<nb::ndarray<>>& outs, const std::map<std::string, std::string>& options,
-                 const std::string& implementation, int num_threads, uintptr_t stream) {
+                 const std::string& implementation, int num_threads, uintptr_t stream, uint64_t memory_budget) {
   const kernels::KernelSpec& k = kernels::get(kernel);
   kernels::CallArgs args;
   args.pass = parse_pass(pass);
@@ -194,6 +194,7 @@ std::string call(const std::string& kernel, const std::string& pass, const std::
   args.exec.implementation = implementation;
   args.exec.num_threads = num_threads;
   args.exec.stream = reinterpret_cast<void*>(stream);
+  args.exec.memory_budget = static_cast<size_t>(memory_budget);
   std::vector<TensorView> out;
   for (size_t i = 0; i < outs.size(); ++i) out.push_back(view_of(outs[i], "output " + std::to_string(i)));
   nb::gil_scoped_release release;  // the kernel runs without the GIL
@@ -249,7 +250,7 @@ NB_MODULE(_ext, m) {
   m.def("outputs", &python::outputs, "kernel"_a, "pass_"_a, "metas"_a, "options"_a,
         "The outputs (name, dtype, shape, strides) a pass writes for inputs of these dtypes and shapes");
   m.def("call", &python::call, "kernel"_a, "pass_"_a, "tensors"_a, "outputs"_a, "options"_a,
-        "implementation"_a = "", "num_threads"_a = 0, "stream"_a = 0,
+        "implementation"_a = "", "num_threads"_a = 0, "stream"_a = 0, "memory_budget"_a = 0,
         "Runs a pass on DLPack arrays (zero-copy), writing the preallocated outputs; returns the implementation");
   m.def("view", &python::view_info, "array"_a, "name"_a = "array", "How Tessera sees an array through DLPack (no copy)");
   m.def("ffi_targets", &python::ffi_targets, "XLA FFI handlers by platform");

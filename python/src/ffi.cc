@@ -3,9 +3,11 @@
 // the kernel registry like the rest of the extension:
 //   args:  the present tensors, named in order by the attribute `names` ("x,w,labels,grad_loss")
 //   rets:  the pass's outputs in the order CallSpec::outputs gives them
-//   attrs: kernel, pass, names, options ("reduction=mean;soft_cap=30"), implementation
+//   attrs: kernel, pass, names, options ("reduction=mean;soft_cap=30"), implementation,
+//          memory_budget (i64 bytes, 0: the backend's default)
 // XLA owns every buffer; the handler wraps them as TensorViews (no copy) and returns an ffi::Error
 // with Tessera's one-line message when the call is rejected.
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,7 +59,7 @@ TensorView view_of(const ffi::AnyBuffer& b, Device dev) {
 
 ffi::Error run(Device dev, void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel,
                std::string_view pass, std::string_view names, std::string_view options,
-               std::string_view implementation) {
+               std::string_view implementation, int64_t memory_budget) {
   try {
     const kernels::KernelSpec& k = kernels::get(std::string(kernel));
     kernels::CallArgs call;
@@ -79,6 +81,9 @@ ffi::Error run(Device dev, void* stream, ffi::RemainingArgs args, ffi::Remaining
     call.options = option_values(k.call, k.name, given);
     call.exec.implementation = std::string(implementation);
     call.exec.stream = stream;
+    if (memory_budget < 0)
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tessera: memory_budget must be >= 0 bytes");
+    call.exec.memory_budget = static_cast<size_t>(memory_budget);
     std::vector<TensorView> out;
     for (size_t i = 0; i < rets.size(); ++i) {
       auto r = rets.get<ffi::AnyBuffer>(i);
@@ -98,17 +103,18 @@ ffi::Error run(Device dev, void* stream, ffi::RemainingArgs args, ffi::Remaining
 }
 
 ffi::Error call_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel, std::string_view pass,
-                    std::string_view names, std::string_view options, std::string_view implementation) {
-  return run(Device::cpu(), nullptr, args, rets, kernel, pass, names, options, implementation);
+                    std::string_view names, std::string_view options, std::string_view implementation,
+                    int64_t memory_budget) {
+  return run(Device::cpu(), nullptr, args, rets, kernel, pass, names, options, implementation, memory_budget);
 }
 
 #ifdef TESSERA_HAVE_CUDA_BACKEND
 ffi::Error call_cuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel,
                      std::string_view pass, std::string_view names, std::string_view options,
-                     std::string_view implementation) {
+                     std::string_view implementation, int64_t memory_budget) {
   int device = 0;
   cudaGetDevice(&device);
-  return run(Device::cuda(device), stream, args, rets, kernel, pass, names, options, implementation);
+  return run(Device::cuda(device), stream, args, rets, kernel, pass, names, options, implementation, memory_budget);
 }
 #endif
 
@@ -122,7 +128,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCpu, call_cpu,
                                   .Attr<std::string_view>("pass_")
                                   .Attr<std::string_view>("names")
                                   .Attr<std::string_view>("options")
-                                  .Attr<std::string_view>("implementation"));
+                                  .Attr<std::string_view>("implementation")
+                                  .Attr<int64_t>("memory_budget"));
 
 #ifdef TESSERA_HAVE_CUDA_BACKEND
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCuda, call_cuda,
@@ -134,7 +141,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCuda, call_cuda,
                                   .Attr<std::string_view>("pass_")
                                   .Attr<std::string_view>("names")
                                   .Attr<std::string_view>("options")
-                                  .Attr<std::string_view>("implementation"));
+                                  .Attr<std::string_view>("implementation")
+                                  .Attr<int64_t>("memory_budget"));
 #endif
 
 nb::dict ffi_targets() {

@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from . import _ext
-from ._registry import KERNELS, Kernel, outputs, public_outputs, widen_mask
+from ._registry import KERNELS, Kernel, memory_budget_bytes, outputs, public_outputs, widen_mask
 
 __version__ = _ext.__version__
 __all__ = ["call", "kernels", "implementations"] + sorted(KERNELS)
@@ -78,13 +78,15 @@ def _empty(xp, dtype: str, shape, strides):
 
 
 def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Optional[str] = None,
-         num_threads: int = 0, **options) -> Dict[str, Any]:
+         num_threads: int = 0, memory_budget: Optional[int] = None, **options) -> Dict[str, Any]:
     """Runs one pass of a kernel on NumPy (or CuPy / any DLPack) arrays; returns every output by name.
 
     tensors: the kernel's inputs by name, plus for "backward" / "fused" the upstream gradients
-    (``grad_loss``) and optionally saved forward outputs (``lse``).
+    (``grad_loss``) and optionally saved forward outputs (``lse``). memory_budget: bytes of extra
+    memory the implementation may use (None: its default).
     """
     k = _kernel(kernel)
+    budget = memory_budget_bytes(memory_budget, k.name)
     given = {n: widen_mask(t) for n, t in tensors.items() if t is not None}
     opts = k.option_texts(options)
     metas = {}
@@ -97,7 +99,7 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
         import cupy as xp  # noqa: F811
         stream = xp.cuda.get_current_stream().ptr
     outs = [_empty(xp, d, s, st) for _, d, s, st in descs]
-    _ext.call(k.name, pass_, given, outs, opts, implementation or "", num_threads, stream)
+    _ext.call(k.name, pass_, given, outs, opts, implementation or "", num_threads, stream, memory_budget=budget)
     return {name: o for (name, _, _, _), o in zip(descs, outs)}
 
 
@@ -111,7 +113,8 @@ def _make(k: Kernel):
         if fw == "jax":
             from . import jax as tj
             return getattr(tj, k.name)(*args, **kwargs)
-        out = call(k.name, "forward", tensors, implementation=implementation, **options)
+        out = call(k.name, "forward", tensors, implementation=implementation, memory_budget=extras["memory_budget"],
+                   **options)
         if not all(n in out for n in k.forward_outputs):  # e.g. linear_cross_entropy's vocab_total
             raise ValueError(f"{k.name}: these options select a partial form (outputs {', '.join(out)}), not "
                              f"{', '.join(k.forward_outputs)}: run it with tessera.call, or use tessera.parallel")

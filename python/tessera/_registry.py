@@ -14,6 +14,7 @@ Conventions of a CallSpec that the front ends rely on:
 from __future__ import annotations
 
 import inspect
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -145,11 +146,13 @@ class Kernel:
         params += [P(o.name, P.KEYWORD_ONLY, default=o.default) for o in self.options]
         params += [P(f, P.KEYWORD_ONLY, default=False) for f in self.saved_flags]
         params += [P("implementation", P.KEYWORD_ONLY, default=None)]
+        params += [P("memory_budget", P.KEYWORD_ONLY, default=None)]
         params += list(extra)
         return inspect.Signature(params)
 
     def bind(self, args: Sequence[Any], kwargs: Dict[str, Any], extra: Sequence[inspect.Parameter] = ()):
-        """(tensors by name (None when absent), options as typed values, implementation, extras)."""
+        """(tensors by name (None when absent), options as typed values, implementation, extras);
+        extras["memory_budget"] is the checked budget in bytes (0: the backend's default)."""
         b = self.signature(extra).bind(*args, **kwargs)
         b.apply_defaults()
         a = b.arguments
@@ -160,6 +163,7 @@ class Kernel:
         options = {o.name: a[o.name] for o in self.options}
         extras = {p.name: a[p.name] for p in extra}
         extras.update({f: bool(a[f]) for f in self.saved_flags})
+        extras["memory_budget"] = memory_budget_bytes(a["memory_budget"], self.name)
         return tensors, options, a["implementation"] or "", extras
 
     def option_texts(self, options: Dict[str, Any]) -> Dict[str, str]:
@@ -186,7 +190,22 @@ class Kernel:
             lines.append(f"  return_{n}=False: also return the forward's {n} (last; no gradient flows through it)")
         lines.append("  implementation=None: an implementation name or a comma list "
                      "(default: the dispatch order; TESSERA_IMPLEMENTATION overrides it)")
+        lines.append("  memory_budget=None: bytes of extra memory (scratch) the implementation may use "
+                     "(None or 0: its default; what each backend does under it is in the kernel's docs)")
         return "\n".join(lines)
+
+
+def memory_budget_bytes(value: Any, kernel: str = "") -> int:
+    """ExecOptions::memory_budget from a Python value: None or 0 is the backend's default, else a
+    whole number of bytes (an int, a NumPy integer; not a bool or a float)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{kernel or 'tessera'}: memory_budget takes a whole number of bytes or None, "
+                        f"got {type(value).__name__}")
+    if value < 0 or value >= 2 ** 63:
+        raise ValueError(f"{kernel or 'tessera'}: memory_budget must be in [0, 2**63) bytes, got {value}")
+    return int(value)
 
 
 def _load() -> Dict[str, Kernel]:

@@ -19,13 +19,14 @@ and for CUDA when the extension was built with the CUDA backend.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _ext
-from ._registry import KERNELS, Kernel, dtype_name, outputs, public_outputs, widen_mask
+from ._registry import KERNELS, Kernel, dtype_name, memory_budget_bytes, outputs, public_outputs, widen_mask
 
 __all__ = sorted(KERNELS)
 
@@ -36,7 +37,11 @@ for _platform, _capsule in _ext.ffi_targets().items():
 _JNP = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32, "i64": jnp.int64}
 
 
-def _ffi(k: Kernel, pass_: str, tensors: Dict[str, Any], options: Tuple[Tuple[str, str], ...], implementation: str):
+# How a call runs, beside its options: (implementation, memory_budget in bytes; 0: the default).
+Exec = Tuple[str, int]
+
+
+def _ffi(k: Kernel, pass_: str, tensors: Dict[str, Any], options: Tuple[Tuple[str, str], ...], ex: Exec):
     """One pass through the FFI: {output name: array}. Shapes come from the C++ CallSpec."""
     names = [n for n, t in tensors.items() if t is not None]
     args = [tensors[n] for n in names]
@@ -45,7 +50,7 @@ def _ffi(k: Kernel, pass_: str, tensors: Dict[str, Any], options: Tuple[Tuple[st
     result = [jax.ShapeDtypeStruct(tuple(s), _JNP[d]) for _, d, s, _ in descs]
     outs = jax.ffi.ffi_call(_TARGET, result, vmap_method="sequential")(
         *args, kernel=k.name, pass_=pass_, names=",".join(names),
-        options=";".join(f"{n}={v}" for n, v in options), implementation=implementation)
+        options=";".join(f"{n}={v}" for n, v in options), implementation=ex[0], memory_budget=np.int64(ex[1]))
     # Inside shard_map the results vary over every mesh axis an input varies over (typed as
     # invariant, a result used beside varying values gets an implicit pvary, whose transpose sums
     # the cotangent over the devices: wrong gradients).
@@ -80,7 +85,7 @@ def _varying_like(g, primal):
 
 
 @functools.lru_cache(maxsize=None)
-def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[str, str], ...], implementation: str,
+def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[str, str], ...], ex: Exec,
                     saved_wanted: Tuple[str, ...] = ()):
     """A custom_vjp function of the present inputs (positional, in `present` order); the saved
     outputs in `saved_wanted` (lse) come last."""
@@ -108,15 +113,15 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
 
     @jax.custom_vjp
     def f(*args):
-        return primal_out(_ffi(k, "forward", dict(zip(present, args)), options, implementation), args)
+        return primal_out(_ffi(k, "forward", dict(zip(present, args)), options, ex), args)
 
     def fwd(*args):
         tensors = dict(zip(present, args))
         if fused_in_forward(args):  # loss and gradients at once, for an upstream gradient of 1
             tensors.update({"grad_" + n: jnp.ones((), jnp.float32) for n in k.forward_outputs})
-            out = _ffi(k, "fused", tensors, options, implementation)
+            out = _ffi(k, "fused", tensors, options, ex)
             return primal_out(out, args), (args, {}, {n: out["d" + n] for n in present if n in diff})
-        out = _ffi(k, "forward", tensors, options, implementation)
+        out = _ffi(k, "forward", tensors, options, ex)
         saved = {n: out[n] for n in k.saved_outputs if n in out}
         return primal_out(out, args), (args, saved, {})
 
@@ -138,7 +143,7 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
             if k.takes_grad(name):
                 tensors["grad_" + name] = jnp.asarray(gi, jnp.float32)
         tensors.update(saved)
-        grads = _ffi(k, "backward", tensors, options, implementation)
+        grads = _ffi(k, "backward", tensors, options, ex)
         return tuple(_varying_like(grads["d" + n], a) if n in diff else None for n, a in zip(present, args))
 
     f.defvjp(fwd, bwd)
@@ -148,11 +153,12 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
 def _make(k: Kernel):
     def fn(*args, **kwargs):
         tensors, options, implementation, extras = k.bind(args, kwargs)
+        ex = (implementation, extras["memory_budget"])
         present = tuple(n for n, t in tensors.items() if t is not None)
         arrays = [widen_mask(jnp.asarray(tensors[n])) for n in present]
         opts = tuple(sorted(k.option_texts(options).items()))
         wanted = k.wanted_saved(extras)
-        out = _differentiable(k.name, present, opts, implementation, wanted)(*arrays)
+        out = _differentiable(k.name, present, opts, ex, wanted)(*arrays)
         if not isinstance(out, tuple):
             return out
         # No gradient flows through an output whose cotangent the VJP ignores (a saved lse, m_last,
@@ -167,10 +173,12 @@ def _make(k: Kernel):
     return fn
 
 
-def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: str = "", **options):
+def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: str = "",
+         memory_budget: Optional[int] = None, **options):
     """One pass of a kernel on JAX arrays (jit-able, no autodiff): {output name: array}."""
     k = KERNELS[kernel]
-    return _ffi(k, pass_, tensors, tuple(sorted(k.option_texts(options).items())), implementation or "")
+    ex = (implementation or "", memory_budget_bytes(memory_budget, kernel))
+    return _ffi(k, pass_, tensors, tuple(sorted(k.option_texts(options).items())), ex)
 
 
 for _name, _k in KERNELS.items():

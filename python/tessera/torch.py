@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import _ext
-from ._registry import KERNELS, Kernel, dtype_name, widen_mask
+from ._registry import KERNELS, Kernel, dtype_name, memory_budget_bytes, widen_mask
 
 __all__ = sorted(KERNELS) + ["LinearCrossEntropyLoss"]
 
@@ -43,10 +43,10 @@ def _default_literal(o) -> str:
 
 
 def _arg_names(k: Kernel, pass_: str) -> List[str]:
-    """The op's arguments: required tensors, optional tensors, options, implementation."""
+    """The op's arguments: required tensors, optional tensors, options, implementation, memory_budget."""
     tensors = list(k.inputs) + (list(k.grad_inputs) if pass_ == "backward" else [])
     return ([t.name for t in tensors if t.required] + [t.name for t in tensors if not t.required] +
-            [o.name for o in k.options] + ["implementation"])
+            [o.name for o in k.options] + ["implementation", "memory_budget"])
 
 
 def _schema(k: Kernel, pass_: str) -> str:
@@ -54,7 +54,7 @@ def _schema(k: Kernel, pass_: str) -> str:
     args = [f"Tensor {t.name}" for t in tensors if t.required]
     args += [f"Tensor? {t.name}=None" for t in tensors if not t.required]
     args += [f"{_SCHEMA_TYPES[o.kind]} {o.name}={_default_literal(o)}" for o in k.options]
-    args += ['str implementation=""']
+    args += ['str implementation=""', "int memory_budget=0"]
     return "(" + ", ".join(args) + ") -> Tensor[]"
 
 
@@ -62,6 +62,7 @@ def _defaults(k: Kernel) -> Dict[str, Any]:
     d: Dict[str, Any] = {t.name: None for t in list(k.inputs) + list(k.grad_inputs) if not t.required}
     d.update({o.name: o.default for o in k.options})
     d["implementation"] = ""
+    d["memory_budget"] = 0
     return d
 
 
@@ -73,7 +74,7 @@ def _split(k: Kernel, pass_: str, args, kwargs):
     tensor_names = [t.name for t in k.inputs] + ([t.name for t in k.grad_inputs] if pass_ == "backward" else [])
     tensors = {n: widen_mask(named[n]) for n in tensor_names if named[n] is not None}
     options = k.option_texts({o.name: named[o.name] for o in k.options})
-    return tensors, options, named["implementation"]
+    return tensors, options, named["implementation"], memory_budget_bytes(named["memory_budget"], k.name)
 
 
 def _descs(k: Kernel, pass_: str, tensors: Dict[str, torch.Tensor], options: Dict[str, str]):
@@ -97,16 +98,16 @@ def _register(k: Kernel, pass_: str, op_name: str):
     _lib.define(op_name + _schema(k, pass_))
 
     def impl(*args, **kwargs):
-        tensors, options, implementation = _split(k, pass_, args, kwargs)
+        tensors, options, implementation, budget = _split(k, pass_, args, kwargs)
         dev = _device(tensors)
         outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev) for _, d, s, st in _descs(k, pass_, tensors, options)]
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
         views = _views(k, tensors)
-        _ext.call(k.name, pass_, views, outs, options, implementation, 0, stream)
+        _ext.call(k.name, pass_, views, outs, options, implementation, 0, stream, memory_budget=budget)
         return outs
 
     def fake(*args, **kwargs):
-        tensors, options, _ = _split(k, pass_, args, kwargs)
+        tensors, options, _, _ = _split(k, pass_, args, kwargs)
         dev = _device(tensors)
         return [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev) for _, d, s, st in _descs(k, pass_, tensors, options)]
 
@@ -181,17 +182,17 @@ def _register_fused(k: Kernel, op_name: str):
     _lib.define(op_name + _schema(k, "forward"))
 
     def fused_args(args, kwargs):
-        tensors, options, implementation = _split(k, "forward", args, kwargs)
+        tensors, options, implementation, budget = _split(k, "forward", args, kwargs)
         dev = _device(tensors)
         tensors["grad_loss"] = torch.ones((), dtype=torch.float32, device=dev)
         outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev) for _, d, s, st in _descs(k, "fused", tensors, options)]
-        return tensors, options, implementation, dev, outs
+        return tensors, options, implementation, budget, dev, outs
 
     def impl(*args, **kwargs):
-        tensors, options, implementation, dev, outs = fused_args(args, kwargs)
+        tensors, options, implementation, budget, dev, outs = fused_args(args, kwargs)
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
         views = _views(k, tensors)
-        _ext.call(k.name, "fused", views, outs, options, implementation, 0, stream)
+        _ext.call(k.name, "fused", views, outs, options, implementation, 0, stream, memory_budget=budget)
         return outs
 
     def fake(*args, **kwargs):
@@ -243,9 +244,9 @@ def _make(k: Kernel, op=None, drop_grads=False):
     req = [t.name for t in k.inputs if t.required]
     opt = [t.name for t in k.inputs if not t.required]
     params = req + ["*"] + [f"{n}=None" for n in opt] + [f"{o.name}={o.default!r}" for o in k.options]
-    params += [f"{f}=False" for f in k.saved_flags] + ["implementation=None"]
+    params += [f"{f}=False" for f in k.saved_flags] + ["implementation=None", "memory_budget=None"]
     call_args = req + opt + [f"float({o.name} or 0.0)" if o.kind == "float" else o.name for o in k.options]
-    call_args.append('implementation or ""')
+    call_args += ['implementation or ""', f"_budget(memory_budget, {k.name!r})"]
     nf, ns = len(k.forward_outputs), len(k.saved_only)
     diff = [t.name for t in k.inputs if t.differentiable]
     drop = (f"    outs = outs[:len(outs) - sum(t is not None for t in ({', '.join(diff)},))]\n" if drop_grads else "")
@@ -254,7 +255,7 @@ def _make(k: Kernel, op=None, drop_grads=False):
            f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"
            + "".join(f"    if {f}:\n        public.append(outs[{nf + i}])\n" for i, f in enumerate(k.saved_flags)) +
            f"    return public[0] if len(public) == 1 else tuple(public)\n")
-    scope = {"_op": op or getattr(torch.ops.tessera, k.name)}
+    scope = {"_op": op or getattr(torch.ops.tessera, k.name), "_budget": memory_budget_bytes}
     exec(src, scope)  # noqa: S102 - source built from the registry's names only
     fn = scope[k.name]
     fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + k.returns_doc()
@@ -326,7 +327,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     def __init__(self, ce_weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
                  lse_square_scale: float = 0.0, label_smoothing: float = 0.0, reduction: str = "mean",
                  softcap: Optional[float] = None, return_z_loss: bool = False,
-                 return_token_accuracy: bool = False, implementation: Optional[str] = None):
+                 return_token_accuracy: bool = False, implementation: Optional[str] = None,
+                 memory_budget: Optional[int] = None):
         super().__init__()
         self.return_z_loss = return_z_loss
         self.return_token_accuracy = return_token_accuracy
@@ -342,6 +344,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.reduction = reduction
         self.softcap = softcap
         self.implementation = implementation
+        self.memory_budget = memory_budget_bytes(memory_budget, "LinearCrossEntropyLoss")
 
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
                 bias: Optional[torch.Tensor] = None, token_weights: Optional[torch.Tensor] = None):
@@ -350,7 +353,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             reduction=self.reduction,
             ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
             z_loss_weight=self.lse_square_scale, soft_cap=self.softcap or 0.0, implementation=self.implementation,
-            return_z_loss=self.return_z_loss, return_token_accuracy=self.return_token_accuracy)
+            memory_budget=self.memory_budget or None, return_z_loss=self.return_z_loss, return_token_accuracy=self.return_token_accuracy)
         if not (self.return_z_loss or self.return_token_accuracy):
             return out
         rest = list(out[1:])

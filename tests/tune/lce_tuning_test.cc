@@ -89,6 +89,17 @@ TEST(LceBuckets, KeyHoldsWhatChangesTheWork) {
   EXPECT_TRUE(differs([](Problem&, tune::DeclaredCall& d) { d.pass = Pass::kFused; }));
   EXPECT_TRUE(differs([](Problem&, tune::DeclaredCall& d) { d.dims[2] = 32001; }));
   EXPECT_FALSE(differs([](Problem& q, tune::DeclaredCall&) { q.z_loss_weight = 0.1; }));  // same work
+  // A memory budget picks another route (vocabulary slices, cuda's chunk rows): its own entries,
+  // by power-of-two class; no budget keeps the old key.
+  EXPECT_TRUE(differs([](Problem& q, tune::DeclaredCall&) { q.memory_budget = size_t{64} << 20; }));
+  EXPECT_EQ(k.find("budget="), std::string::npos) << k;
+  Problem a = p, b = p, c2 = p;
+  a.memory_budget = (size_t{64} << 20) - 100;
+  b.memory_budget = size_t{64} << 20;
+  c2.memory_budget = (size_t{64} << 20) + 1;
+  EXPECT_EQ(autotune_variant(a), autotune_variant(b));
+  EXPECT_NE(autotune_variant(b), autotune_variant(c2));
+  EXPECT_NE(autotune_variant(b).find("|budget=67108864"), std::string::npos) << autotune_variant(b);
 }
 
 TEST(LceBuckets, CandidatesDefaultsAndWork) {

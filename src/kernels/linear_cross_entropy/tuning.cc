@@ -9,6 +9,7 @@
 
 #include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/error.h"
+#include "tune/bucket.h"
 #include "tune/declared.h"
 
 namespace tessera::linear_cross_entropy {
@@ -101,9 +102,15 @@ BlockSizes sanitize_for_shape(const BlockSizes& bs, const Problem& p) {
 
 std::string autotune_variant(const Problem& p) {
   const auto on = [](bool b) { return b ? "on" : "off"; };
-  return std::string("layout=") + w_layout_name(p.layout) + "|bias=" + (p.bias ? dtype_name(p.bias_dtype) : "none") +
-         "|soft_cap=" + on(p.soft_cap > 0) + "|label_smoothing=" + on(p.label_smoothing > 0) +
-         "|argmax=" + on(p.want_argmax);
+  std::string v = std::string("layout=") + w_layout_name(p.layout) + "|bias=" + (p.bias ? dtype_name(p.bias_dtype) : "none") +
+                  "|soft_cap=" + on(p.soft_cap > 0) + "|label_smoothing=" + on(p.label_smoothing > 0) +
+                  "|argmax=" + on(p.want_argmax);
+  // A memory budget changes the route (cpu: a 16-bit dw's gradients in vocabulary slices, the
+  // bf16 forward packing per block; cuda: its chunk rows): sizes timed under one class of budget
+  // are not the other's. By power-of-two class; no budget keeps the key it always had.
+  if (p.memory_budget > 0)
+    v += "|budget=" + std::to_string(tune::pow2_class(static_cast<int64_t>(std::min<size_t>(p.memory_budget, size_t{1} << 62))));
+  return v;
 }
 
 std::string BlockSizes::str() const { return tune::params_str(to_params(*this)); }

@@ -363,4 +363,6 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, lse_square_scale={self.lse_square_scale}, "
-                f"label_smoothing={self.label_smoothing}, reduction={self.reduction!r}, softcap={self.softcap}")
+                f"label_smoothing={self.label_smoothing}, reduction={self.reduction!r}, softcap={self.softcap}"
+                + (f", implementation={self.implementation!r}" if self.implementation else "")
+                + (f", memory_budget={self.memory_budget}" if self.memory_budget else ""))

@@ -43,6 +43,18 @@ def test_numpy_budget_keeps_the_values():
     assert "memory_budget=None" in tessera.linear_cross_entropy.__doc__
 
 
+def test_numpy_budget_reaches_the_kernel(capfd):
+    x, w, y = problem(4)  # f16: NumPy has no bf16 dtype; a 16-bit dw takes the slices all the same
+    t = {"x": x.astype(np.float16), "w": w.astype(np.float16), "labels": y, "grad_loss": np.float32(1.0)}
+    capfd.readouterr()
+    free = tessera.call("linear_cross_entropy", "backward", t, implementation="cpu")
+    assert not warned(capfd, 107)
+    tight = tessera.call("linear_cross_entropy", "backward", t, implementation="cpu", memory_budget=107)
+    assert warned(capfd, 107)
+    for name in ("dx", "dw"):
+        np.testing.assert_allclose(tight[name].astype(np.float32), free[name].astype(np.float32), rtol=2e-3, atol=1e-4)
+
+
 def test_torch_budget_reaches_the_kernel(capfd):
     torch = pytest.importorskip("torch")
     import tessera.torch as tt
@@ -51,7 +63,7 @@ def test_torch_budget_reaches_the_kernel(capfd):
     def grads(**kw):
         xt = torch.from_numpy(x).bfloat16().requires_grad_()
         wt = torch.from_numpy(w).bfloat16().requires_grad_()
-        tt.linear_cross_entropy(xt, wt, torch.from_numpy(y), implementation="cpu", **kw).backward()
+        tt.linear_cross_entropy(xt, wt, torch.from_numpy(y), implementation="cpu", **kw).sum().backward()
         return xt.grad.float(), wt.grad.float()
 
     capfd.readouterr()
@@ -62,6 +74,8 @@ def test_torch_budget_reaches_the_kernel(capfd):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-3)
     with pytest.raises(ValueError, match="memory_budget"):
         grads(memory_budget=-5)
+    grads(memory_budget=105, reduction="none")  # a loss per token: the forward op, then the backward op
+    assert warned(capfd, 105)
     loss = tt.LinearCrossEntropyLoss(memory_budget=103)
     xt = torch.from_numpy(x).bfloat16().requires_grad_()
     wt = torch.from_numpy(w).bfloat16().requires_grad_()
@@ -86,7 +100,11 @@ def test_jax_budget_reaches_the_kernel(capfd):
     assert warned(capfd, 104)
     for a, b in zip(tight, free):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-2, atol=1e-3)
-    out = tj.call("linear_cross_entropy", "forward", {"x": xj, "w": wj, "labels": yj}, memory_budget=1 << 20)
-    assert out["loss"].shape == ()
+    jax.grad(lambda a: tj.linear_cross_entropy(a, wj, yj, implementation="cpu", reduction="none",
+                                                memory_budget=108).astype(jnp.float32).sum())(xj)
+    assert warned(capfd, 108)  # per-token losses: the forward, then the backward through the FFI
+    t = {"x": xj, "w": wj, "labels": yj, "grad_loss": jnp.ones((), jnp.float32)}
+    tj.call("linear_cross_entropy", "backward", t, implementation="cpu", memory_budget=109)["dw"].block_until_ready()
+    assert warned(capfd, 109)
     with pytest.raises(TypeError, match="memory_budget"):
         tj.linear_cross_entropy(xj, wj, yj, memory_budget=2.0)

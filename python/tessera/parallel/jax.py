@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import jax as tj
+from .._registry import memory_budget_bytes
 from . import _vocab
 
 __all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "vocab_parallel_linear_cross_entropy"]
@@ -111,7 +112,7 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis
                                         z_loss_weight: float = 0.0, soft_cap: float = 0.0, w_layout: str = "auto",
                                         return_argmax: bool = False, return_z_loss: bool = False,
                                         return_token_accuracy: bool = False, return_lse: bool = False,
-                                        implementation: Optional[str] = None):
+                                        implementation: Optional[str] = None, memory_budget: Optional[int] = None):
     """``tessera.jax.linear_cross_entropy`` with the classifier split along the mesh axis
     ``axis_name`` (inside ``shard_map``): w_local holds classes [vocab_start, vocab_start + V_d) of
     V = V_d × axis size (``vocab_start`` may be traced, e.g. ``lax.axis_index("tp") * V_d``); bias
@@ -138,11 +139,13 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis
     aux = dict(labels=rel, token_weights=token_weights, class_weights=cw_rot, valid=valid, weight=weight, tw=tw,
                sigma_sum=jnp.asarray(sigma_sum, jnp.float32), start=jnp.asarray(vocab_start, jnp.int32))
     impl = implementation or ""
+    budget = memory_budget_bytes(memory_budget, "linear_cross_entropy")
 
     def stats(xx, ww, bb, a):
         t = dict(x=xx, w=ww, bias=bb, labels=a["labels"], token_weights=a["token_weights"],
                  class_weights=a["class_weights"])
-        out = tj.call("linear_cross_entropy", "forward", t, implementation=impl, return_argmax=want_argmax, **opts)
+        out = tj.call("linear_cross_entropy", "forward", t, implementation=impl, memory_budget=budget,
+                      return_argmax=want_argmax, **opts)
         m = jax.lax.pmax(out["lse"], axis_name)
         sums = jax.lax.psum(jnp.stack([jnp.exp(out["lse"] - m), out["label_logit"], out["logit_sum"]]), axis_name)
         return m + jnp.log(sums[0]), sums[1], sums[2], out
@@ -172,7 +175,7 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis
         xx, ww, bb, a, lse = res
         t = dict(x=xx, w=ww, bias=bb, labels=a["labels"], token_weights=a["token_weights"],
                  class_weights=a["class_weights"], grad_loss=jnp.asarray(gs[0], jnp.float32), lse=lse)
-        grads = tj.call("linear_cross_entropy", "backward", t, implementation=impl, **opts)
+        grads = tj.call("linear_cross_entropy", "backward", t, implementation=impl, memory_budget=budget, **opts)
         zeros = jax.tree_util.tree_map(_zero_cotangent, a)
         return jax.lax.psum(grads["dx"], axis_name), grads["dw"], grads.get("dbias"), zeros
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from .. import _ext
 from .. import torch as tt
-from .._registry import KERNELS, dtype_name
+from .._registry import KERNELS, dtype_name, memory_budget_bytes
 from . import _vocab
 
 __all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "vocab_parallel_linear_cross_entropy", "agree"]
@@ -230,7 +230,8 @@ def _gather_ragged(t: torch.Tensor, lengths: List[int], group) -> torch.Tensor:
 def _lce_options(o: dict, vocab_total: int, argmax: bool) -> dict:
     return dict(reduction=o["reduction"], ignore_index=_REL_IGNORE, label_smoothing=float(o["label_smoothing"]),
                 z_loss_weight=float(o["z_loss_weight"]), soft_cap=float(o["soft_cap"]), w_layout=o["w_layout"],
-                return_argmax=argmax, vocab_total=vocab_total, implementation=o["implementation"] or "")
+                return_argmax=argmax, vocab_total=vocab_total, implementation=o["implementation"] or "",
+                memory_budget=o["memory_budget"])
 
 
 class _VocabParallelLCE(torch.autograd.Function):
@@ -299,7 +300,7 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int,
                                         z_loss_weight: float = 0.0, soft_cap: float = 0.0, w_layout: str = "auto",
                                         return_argmax: bool = False, return_z_loss: bool = False,
                                         return_token_accuracy: bool = False, return_lse: bool = False,
-                                        implementation: Optional[str] = None):
+                                        implementation: Optional[str] = None, memory_budget: Optional[int] = None):
     """``tessera.torch.linear_cross_entropy`` with the classifier split over the ranks of ``group``.
 
     w_local holds classes [vocab_start, vocab_start + V_local) (either layout, as ``w_layout``);
@@ -322,8 +323,9 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int,
         v_box.append(_local_vocab(x, w_local, w_layout))
     _checked(check, group, dev)
     slices = _gather_ints([vocab_start, v_box[0]], group, dev)
+    budget = memory_budget_bytes(memory_budget, "linear_cross_entropy")
     opts = dict(reduction=reduction, label_smoothing=label_smoothing, z_loss_weight=z_loss_weight, soft_cap=soft_cap,
-                w_layout=w_layout, implementation=implementation)
+                w_layout=w_layout, implementation=implementation, memory_budget=budget)
     vt_box: List[int] = []
 
     def check_all():  # the slices, the labels and everything the kernel would refuse, before data moves
@@ -338,7 +340,8 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int,
     o = dict(group=group, vocab_start=int(vocab_start), vocab_total=vt, class_weights_full=cw_full, reduction=reduction,
              ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss_weight=z_loss_weight, soft_cap=soft_cap,
              w_layout=w_layout, return_argmax=return_argmax, return_z_loss=return_z_loss,
-             return_token_accuracy=return_token_accuracy, return_lse=return_lse, implementation=implementation)
+             return_token_accuracy=return_token_accuracy, return_lse=return_lse, implementation=implementation,
+             memory_budget=budget)
     out = _VocabParallelLCE.apply(x, w_local, bias, labels, token_weights, None, o)
     return out[0] if len(out) == 1 else out
 
@@ -349,7 +352,8 @@ def _check_kernel(x, w, labels, bias, token_weights, class_weights, opts: dict, 
     tensors = dict(x=x, w=w, labels=labels.to(torch.int64), bias=bias, token_weights=token_weights,
                    class_weights=None if class_weights is None else torch.empty(vt, dtype=torch.float32))
     metas = {n: (dtype_name(t.dtype), list(t.shape), list(t.stride())) for n, t in tensors.items() if t is not None}
-    options = {n: v for n, v in _lce_options(dict(opts), vt, argmax).items() if n != "implementation"}
+    options = {n: v for n, v in _lce_options(dict(opts), vt, argmax).items()
+               if n not in ("implementation", "memory_budget")}
     _ext.outputs(k.name, "forward", metas, k.option_texts(options))
 
 

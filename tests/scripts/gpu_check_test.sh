@@ -72,7 +72,14 @@ echo '{"tests":1,"failures":0,"testsuites":[{"name":"Cpu","testsuite":[{"name":"
 FAKE
 cat > "$fake/build/tests/tessera_cuda_tests" <<'FAKE'
 #!/bin/bash
-if [ "$1" = --gtest_list_tests ]; then printf 'FakeA.\n  one\nGrid/FakeB.\n  p/0  # GetParam() = 0\n'; exit 0; fi
+if [ "$1" = --gtest_list_tests ]; then  # --gtest_filter=SUITE.*-NEG: SUITE alone, none if NEG names SUITE.*
+  f=${2#--gtest_filter=}; pos=${f%%-*}; neg=${f#*-}; [ "$f" = "$neg" ] && neg=""
+  for t in 'FakeA.\n  one' 'Grid/FakeB.\n  p/0  # GetParam() = 0'; do
+    suite=${t%%.*}
+    [ -n "${2:-}" ] && { [ "$pos" = "$suite.*" ] || continue; [[ ":$neg:" == *":$suite.*:"* ]] && continue; }
+    printf "$t\n"
+  done; exit 0
+fi
 suite=${1#--gtest_filter=}; suite=${suite%.\*}; json=${2#--gtest_output=json:}
 [ "$TESSERA_CUDA_SYNC_CHECK" = 1 ] && [ "$TESSERA_AUTOTUNE" = 0 ] || { echo "env not set"; exit 5; }
 if [ "$suite" = Grid/FakeB ]; then
@@ -109,9 +116,12 @@ grep -q "| test | tests FakeA | ok |" "$tmp/fake2/summary.md" || fail "the GPU s
 # and the suites after it are recorded as skipped.
 cat > "$fake/bin/compute-sanitizer" <<'FAKE'
 #!/bin/bash
-if [ "$1" = --help ]; then echo "  --kernel-name arg"; exit 0; fi
+if [ "$1" = --help ]; then echo "  --kernel-name arg"; echo "  --require-cuda-init arg (=yes)"; exit 0; fi
 echo "ARGS $*"
 case "$*" in *racecheck*Grid/FakeB*) sleep "${FAKE_RACE_SLEEP:-0}" ;; esac
+if [ -n "${FAKE_TOOL_FAULT:-}" ]; then
+  printf '[ RUN      ] Grid/FakeB.p/0\n========= Internal Sanitizer Error: The Sanitizer failed to handle a hardware exception.\n'; exit 3
+fi
 echo "========= ERROR SUMMARY: 0 errors"
 FAKE
 chmod +x "$fake/bin/compute-sanitizer"
@@ -127,6 +137,15 @@ grep -q -- "--kernel-name" "$tmp/san1/sanitize/initcheck/FakeA.log" && fail "ini
 grep -q -- "--gtest_filter=Grid/FakeB\.\*-" "$tmp/san1/sanitize/initcheck/Grid_FakeB.log" || fail "initcheck: one process per suite"
 grep -q -- "--gtest_filter=FakeA\.\*-" "$tmp/san1/sanitize/racecheck/FakeA.log" || fail "racecheck FakeA: $(cat "$tmp/san1/sanitize/racecheck/FakeA.log" 2>&1)"
 grep -q -- "--gtest_filter=Grid/FakeB\.\*-" "$tmp/san1/sanitize/racecheck/Grid_FakeB.log" || fail "racecheck Grid/FakeB: one process per suite"
+grep -q -- "--require-cuda-init no" "$tmp/san1/sanitize/initcheck/FakeA.log" || fail "initcheck: a host-only suite would exit 255"
+# A suite whose every test is excluded for a tool is skipped, not run (it would exit 255 without
+# a CUDA call); the tool's own hardware-exception fault is named as such.
+out=$(run_sanitize "$tmp/san3" SANITIZE_TOOLS="racecheck" SANITIZE_EXCLUDE_racecheck='FakeA.*' FAKE_TOOL_FAULT=1); rc=$?
+expect_rc 1 $rc "fake sanitize, the tool faults"
+grep -q "| sanitize | compute-sanitizer racecheck FakeA | SKIPPED (every test excluded) |" "$tmp/san3/summary.md" ||
+  fail "an all-excluded suite was not skipped: $(grep '| sanitize |' "$tmp/san3/summary.md")"
+grep -q "racecheck Grid/FakeB: the tool faulted in Grid/FakeB.p/0" "$tmp/san3/summary.notes" ||
+  fail "no note of the tool's fault: $(cat "$tmp/san3/summary.notes" 2>&1)"
 out=$(run_sanitize "$tmp/san2" SANITIZE_TOOLS="racecheck" FAKE_RACE_SLEEP=60 STAGE_BUDGET_S=40); rc=$?
 expect_rc 1 $rc "fake sanitize, a suite past the tool's share"
 grep -qE "\| sanitize \| compute-sanitizer racecheck Grid/FakeB \| TIMEOUT" "$tmp/san2/summary.md" ||

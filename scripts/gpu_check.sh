@@ -72,6 +72,7 @@ BENCH_RUNS=(
   "grouped_matmul|skewed|--grid gpu --routing skewed --pass forward,fused"
   "attention||$attn_shapes --dtype bf16 --pass forward,fused"
   "attention|causal|$attn_shapes --dtype bf16 --pass forward,fused --causal"
+  "attention|nondet|TESSERA_CUDNN_DETERMINISTIC=0 $attn_shapes --dtype bf16 --pass fused"
   "attention|causal_nondet|TESSERA_CUDNN_DETERMINISTIC=0 $attn_shapes --dtype bf16 --pass fused --causal"
   "paged_attention|decode|--grid gpu"
   "paged_attention|mixed|--grid gpu --prefill 8"
@@ -427,7 +428,7 @@ stage_bench() {
       linear_cross_entropy*) for p in peers_lce_torch peers_lce_fused; do [ -f "$out/bench/$p.json" ] && peers+=(--peers "$out/bench/$p.json"); done ;;
       grouped_matmul*) [ -f "$out/bench/peers_gmm.json" ] && peers+=(--peers "$out/bench/peers_gmm.json") ;;
       attention_causal*) [ -f "$out/bench/peers_attention_causal.json" ] && peers+=(--peers "$out/bench/peers_attention_causal.json") ;;
-      attention) [ -f "$out/bench/peers_attention.json" ] && peers+=(--peers "$out/bench/peers_attention.json") ;;
+      attention|attention_nondet) [ -f "$out/bench/peers_attention.json" ] && peers+=(--peers "$out/bench/peers_attention.json") ;;
     esac
     step "report $name" 60 "bench/report_$name.log" "$tessera" report "$j" "${peers[@]}" -o "$out/bench/report_$name.html"
   done

@@ -9,6 +9,24 @@ namespace tessera::dispatch {
 
 void ArgCheck::fail(const std::string& msg) const { throw Error(ErrorCode::kInvalidArgument, kernel_ + ": " + msg); }
 
+namespace {
+constexpr double kF32Max = std::numeric_limits<float>::max();
+}  // namespace
+
+double ArgCheck::softmax_scale(const std::optional<double>& scale, int64_t D) const {
+  if (scale && !(*scale > 0.0 && *scale <= kF32Max))  // NaN fails both
+    fail("scale must be finite in f32 and > 0, got " + std::to_string(*scale));
+  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
+}
+
+void ArgCheck::nonnegative_f32(double v, const std::string& what, const std::string& note) const {
+  if (!(v >= 0.0 && v <= kF32Max)) fail(what + " must be finite in f32 and >= 0" + note + ", got " + std::to_string(v));
+}
+
+void ArgCheck::window(int64_t w, const std::string& what) const {
+  if (w < -1) fail(what + " must be >= 0 or -1 (unbounded), got " + std::to_string(w));
+}
+
 void ArgCheck::device(const TensorView& t, const Device& d, const std::string& what) const {
   if (t.device != d) fail(what + " is on " + t.device.str() + " but " + anchor_ + " is on " + d.str());
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "tessera/tensor.h"
@@ -54,6 +55,15 @@ class ArgCheck {
   // "<what> contains NaN or Inf" when a host element is NaN or ±Inf (-Inf allowed with
   // allow_neg_inf); device data is not inspected.
   void finite(const TensorView& t, const std::string& what, bool allow_neg_inf = false) const;
+
+  // Scalar options the backends use in f32, where a finite double past FLT_MAX is inf (a scale of
+  // 1e39 gave lse = inf, a softcap of 1e39 gave o = 0 and lse = -inf, before these were shared).
+  // "scale must be finite in f32 and > 0, got X"; returns it, or 1/sqrt(D) when none is given.
+  double softmax_scale(const std::optional<double>& scale, int64_t D) const;
+  // "<what> must be finite in f32 and >= 0<note>, got X" (soft caps: note " (0 disables it)")
+  void nonnegative_f32(double v, const std::string& what, const std::string& note = "") const;
+  // "<what> must be >= 0 or -1 (unbounded), got W"
+  void window(int64_t w, const std::string& what) const;
 
   const std::string& kernel() const { return kernel_; }
 

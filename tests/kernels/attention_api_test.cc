@@ -131,9 +131,13 @@ TEST(AttentionApi, OptionValues) {
   const auto I = ErrorCode::kInvalidArgument;
   expect_rejected([](Fixture& f, Inputs&) { f.opt.window_left = -2; }, I, "window_left must be >= 0 or -1");
   expect_rejected([](Fixture& f, Inputs&) { f.opt.window_right = -5; }, I, "window_right must be >= 0 or -1");
-  expect_rejected([](Fixture& f, Inputs&) { f.opt.scale = std::nan(""); }, I, "scale must be finite and > 0");
-  expect_rejected([](Fixture& f, Inputs&) { f.opt.scale = -1.0; }, I, "scale must be finite and > 0");
-  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = -1.0; }, I, "softcap must be finite and >= 0");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.scale = std::nan(""); }, I, "scale must be finite in f32 and > 0");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.scale = -1.0; }, I, "scale must be finite in f32 and > 0");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = -1.0; }, I, "softcap must be finite in f32 and >= 0");
+  // Finite doubles past FLT_MAX are inf in the f32 backends: they gave lse = inf (scale) and
+  // o = 0, lse = -inf (softcap) before the check was shared with paged_attention's.
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.scale = 1e39; }, I, "scale must be finite in f32 and > 0");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = 1e39; }, I, "softcap must be finite in f32 and >= 0");
 }
 
 TEST(AttentionApi, AlibiAndSegmentIds) {

@@ -166,6 +166,11 @@ TEST(LceApi, BadOptions) {
   expect_rejected([](Fixture& f, Inputs&) { f.opt.label_smoothing = 1.5; }, ErrorCode::kInvalidArgument, "label_smoothing");
   expect_rejected([](Fixture& f, Inputs&) { f.opt.z_loss_weight = -1; }, ErrorCode::kInvalidArgument, "z_loss_weight");
   expect_rejected([](Fixture& f, Inputs&) { f.opt.soft_cap = NAN; }, ErrorCode::kInvalidArgument, "soft_cap");
+  // Past FLT_MAX: inf in the cuda rows (and in the f32 logits a cap divides).
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.soft_cap = 1e39; }, ErrorCode::kInvalidArgument,
+                  "soft_cap must be finite in f32 and >= 0");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.z_loss_weight = 1e39; }, ErrorCode::kInvalidArgument,
+                  "z_loss_weight must be finite in f32 and >= 0");
 }
 
 TEST(LceApi, UnknownImplementationFailsBeforeRunning) {

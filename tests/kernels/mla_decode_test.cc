@@ -148,6 +148,8 @@ TEST(MlaDecodeApi, DvAndScale) {
   expect_rejected(h, bad, "scale");
   bad.scale = std::nan("");
   expect_rejected(h, bad, "scale");
+  bad.scale = 1e39;  // finite as a double, inf in the f32 backends
+  expect_rejected(h, bad, "scale must be finite in f32 and > 0");
 }
 
 TEST(MlaDecodeApi, ShapesAndDtypes) {

@@ -63,13 +63,10 @@ void check_alibi(const TensorView& a, Problem& p) {
 }
 
 void check_options(const Options& opt, Problem& p) {
-  if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0.0))
-    args.fail("scale must be finite and > 0, got " + std::to_string(*opt.scale));
-  if (!(opt.softcap >= 0.0) || !std::isfinite(opt.softcap))
-    args.fail("softcap must be finite and >= 0 (0 disables it), got " + std::to_string(opt.softcap));
-  if (opt.window_left < -1) args.fail("window_left must be >= 0 or -1 (unbounded), got " + num(opt.window_left));
-  if (opt.window_right < -1) args.fail("window_right must be >= 0 or -1 (unbounded), got " + num(opt.window_right));
-  p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
+  p.scale = args.softmax_scale(opt.scale, p.D);
+  args.nonnegative_f32(opt.softcap, "softcap", " (0 disables it)");
+  args.window(opt.window_left, "window_left");
+  args.window(opt.window_right, "window_right");
   p.softcap = opt.softcap;
   p.causal = opt.causal;
   p.window_left = opt.window_left;

@@ -194,10 +194,8 @@ void normalize_vectors(const Inputs& in, Problem& p) {
 void normalize_options(const Options& opt, Problem& p) {
   args.need(opt.label_smoothing >= 0.0 && opt.label_smoothing <= 1.0,
             "label_smoothing must be in [0, 1], got " + std::to_string(opt.label_smoothing));
-  args.need(opt.z_loss_weight >= 0.0 && std::isfinite(opt.z_loss_weight),
-            "z_loss_weight must be finite and >= 0, got " + std::to_string(opt.z_loss_weight));
-  args.need(opt.soft_cap >= 0.0 && std::isfinite(opt.soft_cap),
-            "soft_cap must be finite and >= 0 (0 disables it), got " + std::to_string(opt.soft_cap));
+  args.nonnegative_f32(opt.z_loss_weight, "z_loss_weight");  // the cuda rows take it in f32
+  args.nonnegative_f32(opt.soft_cap, "soft_cap", " (0 disables it)");
   p.reduction = opt.reduction;
   p.ignore_index = opt.ignore_index;
   p.label_smoothing = opt.label_smoothing;

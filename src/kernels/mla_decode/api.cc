@@ -1,5 +1,4 @@
 // mla_decode: validation and dispatch. Every check runs before any output is touched.
-#include <cmath>
 
 #include "dispatch/arg_check.h"
 #include "dispatch/tensor_rules.h"
@@ -43,8 +42,7 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   Problem p;
   p.B = d["B"], p.Sq = d["Sq"], p.Hq = d["Hq"], p.D = d["D"], p.Dv = d["Dv"];
   p.P = d["P"], p.page_size = d["page_size"], p.max_pages = d["max_pages"];
-  p.scale = opt.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.D)));
-  args.need(std::isfinite(p.scale) && p.scale > 0, "scale must be finite and > 0, got " + std::to_string(p.scale));
+  p.scale = args.softmax_scale(opt.scale, p.D);
   args.need(!opt.block_sizes || opt.block_sizes->split_keys >= 0,
        "block_sizes.split_keys must be >= 0 (0: automatic), got " + num(opt.block_sizes ? opt.block_sizes->split_keys : 0));
   p.dtype = in.q.dtype, p.o_dtype = out.o.dtype, p.device = d.device();

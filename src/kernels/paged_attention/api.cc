@@ -1,7 +1,5 @@
 // paged_attention: validation and dispatch. Every check (shapes, dtypes, devices, and every page
 // id, length and offset of every sequence) runs before any output is touched.
-#include <cmath>
-#include <limits>
 
 #include "dispatch/arg_check.h"
 #include "dispatch/tensor_rules.h"
@@ -75,14 +73,9 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   Problem p;
   check_shapes(in, d, p);
   check_sequences(in, d, p);
-  // The backends compute in f32: a finite double past FLT_MAX would become inf there.
-  constexpr double kMax = std::numeric_limits<float>::max();
-  if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0.0 && *opt.scale <= kMax))
-    args.fail("scale must be finite in f32 and > 0, got " + std::to_string(*opt.scale));
-  if (!(opt.softcap >= 0.0) || !(opt.softcap <= kMax))
-    args.fail("softcap must be finite in f32 and >= 0 (0 disables it), got " + std::to_string(opt.softcap));
-  if (opt.window < -1) args.fail("window must be >= 0 or -1 (unbounded), got " + num(opt.window));
-  p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
+  p.scale = args.softmax_scale(opt.scale, p.D);
+  args.nonnegative_f32(opt.softcap, "softcap", " (0 disables it)");
+  args.window(opt.window, "window");
   p.softcap = opt.softcap;
   p.causal = opt.causal;
   p.window = opt.window;

@@ -1,5 +1,6 @@
 #include "dispatch/arg_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -25,6 +26,43 @@ void ArgCheck::nonnegative_f32(double v, const std::string& what, const std::str
 
 void ArgCheck::window(int64_t w, const std::string& what) const {
   if (w < -1) fail(what + " must be >= 0 or -1 (unbounded), got " + std::to_string(w));
+}
+
+int64_t ArgCheck::offsets(const TensorView& cu, int64_t total, const std::string& what, const std::string& rows) const {
+  const int32_t* c = static_cast<const int32_t*>(cu.data);
+  const int64_t n = cu.numel() - 1;  // sequences
+  if (n < 0) fail(what + " must be [N+1] with N >= 0, got [0]");
+  if (c[0] != 0) fail(what + "[0] must be 0, got " + std::to_string(c[0]));
+  int64_t longest = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    if (c[s + 1] < c[s])
+      fail("sequence " + std::to_string(s) + ": " + what + " must be non-decreasing, got " + what + "[" +
+           std::to_string(s) + "] = " + std::to_string(c[s]) + " then " + what + "[" + std::to_string(s + 1) +
+           "] = " + std::to_string(c[s + 1]));
+    longest = std::max<int64_t>(longest, c[s + 1] - c[s]);
+  }
+  if (c[n] != total)
+    fail((n > 0 ? "sequence " + std::to_string(n - 1) + ": " : std::string("no sequences (N=0): ")) + what + "[N=" +
+         std::to_string(n) + "] = " + std::to_string(c[n]) + " must equal the " + rows + " (" + std::to_string(total) +
+         ")");
+  return longest;
+}
+
+void ArgCheck::pages(const Pages& pg, const std::string& table, const std::string& lens) const {
+  const int64_t keys = pg.max_pages * pg.page_size;
+  for (int64_t s = 0; s < pg.N; ++s) {
+    const std::string seq = "sequence " + std::to_string(s) + ": ", at = "[" + std::to_string(s);
+    const int64_t L = pg.lens[s];
+    if (L < 0 || L > keys)
+      fail(seq + lens + at + "] = " + std::to_string(L) + " is outside [0, max_pages·page_size = " +
+           std::to_string(keys) + "]");
+    for (int64_t k = 0; k * pg.page_size < L; ++k) {
+      const int64_t id = pg.table[s * pg.max_pages + k];
+      if (id < 0 || id >= pg.P)
+        fail(seq + table + at + ", " + std::to_string(k) + "] = " + std::to_string(id) + " is not a page of the cache [0, P=" +
+             std::to_string(pg.P) + ")");
+    }
+  }
 }
 
 void ArgCheck::device(const TensorView& t, const Device& d, const std::string& what) const {

@@ -65,6 +65,19 @@ class ArgCheck {
   // "<what> must be >= 0 or -1 (unbounded), got W"
   void window(int64_t w, const std::string& what) const;
 
+  // Ragged sequences (host i32 index data, shapes already checked); each failure names the
+  // sequence ("sequence 2: ..."). offsets [N+1]: start at 0, never decrease, end at `total` (the
+  // <rows>, e.g. "rows of q"); returns the longest sequence.
+  int64_t offsets(const TensorView& cu, int64_t total, const std::string& what, const std::string& rows) const;
+  // Paged keys of N sequences: 0 <= lens[s] <= max_pages·page_size, and every page id in
+  // page_table [N, max_pages] that the first lens[s] keys of sequence s read is a page in [0, P).
+  struct Pages {
+    const int32_t* table;  // [N, max_pages]
+    const int32_t* lens;   // [N]
+    int64_t N, max_pages, page_size, P;
+  };
+  void pages(const Pages& pg, const std::string& table, const std::string& lens) const;
+
   const std::string& kernel() const { return kernel_; }
 
  private:

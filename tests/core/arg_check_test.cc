@@ -1,9 +1,12 @@
 // dispatch::ArgCheck: the one-line argument errors every kernel's API raises before it writes.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dispatch/arg_check.h"
 #include "dispatch/host_f32.h"
@@ -90,6 +93,69 @@ TEST(ArgCheck, FiniteLooksAtHostDataOnly) {
   EXPECT_FALSE(all_finite(x.view(), true));
   EXPECT_TRUE(given(x.view()));
   EXPECT_FALSE(given(TensorView{}));
+}
+
+}  // namespace
+}  // namespace tessera::dispatch
+
+namespace tessera::dispatch {
+namespace {
+
+// The shared scalar checks: values the f32 backends would see as inf are refused.
+TEST(ArgCheck, ScalarsMustBeFiniteInF32) {
+  const ArgCheck a{"foo", "q"};
+  EXPECT_DOUBLE_EQ(a.softmax_scale(std::nullopt, 16), 0.25);
+  EXPECT_DOUBLE_EQ(a.softmax_scale(3.0, 16), 3.0);
+  const double f32_max = std::numeric_limits<float>::max();
+  EXPECT_DOUBLE_EQ(a.softmax_scale(f32_max, 16), f32_max);  // the largest that stays finite
+  for (double bad : {0.0, -1.0, 1e39, std::nan(""), std::numeric_limits<double>::infinity()})
+    EXPECT_NE(message_of([&] { a.softmax_scale(bad, 16); }).find("foo: scale must be finite in f32 and > 0"),
+              std::string::npos)
+        << bad;
+  EXPECT_EQ(message_of([&] { a.nonnegative_f32(0.0, "softcap"); }), "");
+  EXPECT_EQ(message_of([&] { a.nonnegative_f32(1e39, "softcap", " (0 disables it)"); }),
+            "foo: softcap must be finite in f32 and >= 0 (0 disables it), got " + std::to_string(1e39));
+  EXPECT_NE(message_of([&] { a.nonnegative_f32(-0.5, "eps"); }), "");
+  EXPECT_NE(message_of([&] { a.nonnegative_f32(std::nan(""), "eps"); }), "");
+  EXPECT_EQ(message_of([&] { a.window(-1, "window"); }), "");
+  EXPECT_EQ(message_of([&] { a.window(-2, "window"); }), "foo: window must be >= 0 or -1 (unbounded), got -2");
+}
+
+TEST(ArgCheck, OffsetsNameTheSequence) {
+  const ArgCheck a{"foo", "q"};
+  auto offsets = [&](std::vector<int32_t> v, int64_t total) {
+    return message_of([&] {
+      a.offsets(TensorView(v.data(), DType::kI32, {static_cast<int64_t>(v.size())}), total, "cu", "rows of q");
+    });
+  };
+  std::vector<int32_t> ok{0, 2, 2, 7};
+  EXPECT_EQ(a.offsets(TensorView(ok.data(), DType::kI32, {4}), 7, "cu", "rows of q"), 5);  // the longest
+  EXPECT_EQ(offsets({0, 2, 2, 7}, 7), "");
+  EXPECT_EQ(offsets({1, 2}, 2), "foo: cu[0] must be 0, got 1");
+  EXPECT_EQ(offsets({0, 3, 2, 7}, 7), "foo: sequence 1: cu must be non-decreasing, got cu[1] = 3 then cu[2] = 2");
+  EXPECT_EQ(offsets({0, 2, 6}, 7), "foo: sequence 1: cu[N=2] = 6 must equal the rows of q (7)");
+  EXPECT_EQ(offsets({0}, 1), "foo: no sequences (N=0): cu[N=0] = 0 must equal the rows of q (1)");
+  EXPECT_EQ(offsets({}, 0), "foo: cu must be [N+1] with N >= 0, got [0]");
+}
+
+TEST(ArgCheck, PagesReadOnlyWhatTheLengthsUse) {
+  const ArgCheck a{"foo", "q"};
+  // 2 sequences, 2 pages of 4 slots each at most, 3 pages in the cache. Sequence 1 uses one page:
+  // its unused entry may hold anything.
+  std::vector<int32_t> table{2, 0, 1, -7}, lens{5, 4};
+  auto pages = [&] { return message_of([&] { a.pages({table.data(), lens.data(), 2, 2, 4, 3}, "pt", "lens"); }); };
+  EXPECT_EQ(pages(), "");
+  lens[1] = 5;
+  EXPECT_EQ(pages(), "foo: sequence 1: pt[1, 1] = -7 is not a page of the cache [0, P=3)");
+  lens[1] = 9;
+  EXPECT_EQ(pages(), "foo: sequence 1: lens[1] = 9 is outside [0, max_pages·page_size = 8]");
+  lens[1] = -1;
+  EXPECT_EQ(pages(), "foo: sequence 1: lens[1] = -1 is outside [0, max_pages·page_size = 8]");
+  lens = {0, 0};
+  table[0] = 3;  // a length of 0 reads no page
+  EXPECT_EQ(pages(), "");
+  lens[0] = 1;
+  EXPECT_EQ(pages(), "foo: sequence 0: pt[0, 0] = 3 is not a page of the cache [0, P=3)");
 }
 
 }  // namespace

@@ -177,7 +177,7 @@ TEST(AttentionApi, VarlenValidation) {
   expect_rejected([&](Fixture& f, Inputs& in) { varlen(f, in, {0, 3, 2, 3}, {0, 1, 2, 5}); }, I,
                   "cu_seqlens_q must be non-decreasing", 1);
   expect_rejected([&](Fixture& f, Inputs& in) { varlen(f, in, {0, 2}, {0, 5}); }, I,
-                  "cu_seqlens_q[N=1] must equal the rows of q (3)", 1);
+                  "cu_seqlens_q[N=1] = 2 must equal the rows of q (3)", 1);
   expect_rejected([&](Fixture& f, Inputs& in) { varlen(f, in, {0, 3}, {0, 1, 5}); }, I, "cu_seqlens_k must be [N+1=2], got [3]", 1);
   expect_rejected([&](Fixture& f, Inputs& in) { varlen(f, in, {}, {}); }, I, "cu_seqlens_q must be [N+1] with N >= 0", 1);
   expect_rejected([&](Fixture& f, Inputs& in) {

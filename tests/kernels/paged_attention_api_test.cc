@@ -53,8 +53,8 @@ int32_t* i32(Tensor& t) { return t.data_as<int32_t>(); }
 
 TEST(PagedAttentionApi, PageIdOutOfRangeNamesTheSequence) {
   expect_error([](auto& d, auto&) { i32(d.page_table)[1 * d.page_table.shape()[1] + 2] = static_cast<int32_t>(d.k_cache.shape()[0]); },
-               {"sequence 1", "page_table[1, 2]", "out of range"});
-  expect_error([](auto& d, auto&) { i32(d.page_table)[2 * d.page_table.shape()[1]] = -1; }, {"sequence 2", "out of range"});
+               {"sequence 1", "page_table[1, 2]", "is not a page of the cache"});
+  expect_error([](auto& d, auto&) { i32(d.page_table)[2 * d.page_table.shape()[1]] = -1; }, {"sequence 2", "page_table[2, 0] = -1 is not a page of the cache [0, P="});
 }
 
 TEST(PagedAttentionApi, PageTableEntriesPastTheUsedPagesAreNotRead) {
@@ -65,11 +65,11 @@ TEST(PagedAttentionApi, PageTableEntriesPastTheUsedPagesAreNotRead) {
 
 TEST(PagedAttentionApi, LengthErrorsNameTheSequence) {
   // max_pages = 4 (3 used + 1) × page_size 4 = 16 slots.
-  expect_error([](auto& d, auto&) { i32(d.kv_lens)[1] = 17; }, {"sequence 1", "kv_len=17", "above the 4 pages x 4 slots"});
-  expect_error([](auto& d, auto&) { i32(d.kv_lens)[1] = 2; }, {"sequence 1", "q_len=3 is above kv_len=2"});
-  expect_error([](auto& d, auto&) { i32(d.kv_lens)[0] = -1; }, {"sequence 0", "kv_len must be >= 0"});
-  expect_error([](auto& d, auto&) { i32(d.cu_q_lens)[2] = 1; }, {"sequence 1", "non-decreasing"});
-  expect_error([](auto& d, auto&) { i32(d.cu_q_lens)[3] = 5; }, {"sequence 2", "must equal the rows of q (T=6)"});
+  expect_error([](auto& d, auto&) { i32(d.kv_lens)[1] = 17; }, {"sequence 1", "kv_lens[1] = 17 is outside [0, max_pages·page_size = 16]"});
+  expect_error([](auto& d, auto&) { i32(d.kv_lens)[1] = 2; }, {"sequence 1", "q_len=3 is above kv_lens[1] = 2"});
+  expect_error([](auto& d, auto&) { i32(d.kv_lens)[0] = -1; }, {"sequence 0", "kv_lens[0] = -1 is outside [0, "});
+  expect_error([](auto& d, auto&) { i32(d.cu_q_lens)[2] = 1; }, {"sequence 1", "cu_q_lens must be non-decreasing"});
+  expect_error([](auto& d, auto&) { i32(d.cu_q_lens)[3] = 5; }, {"sequence 2", "cu_q_lens[N=3] = 5 must equal the rows of q (6)"});
   expect_error([](auto& d, auto&) { i32(d.cu_q_lens)[0] = 1; }, {"cu_q_lens[0] must be 0"});
 }
 

@@ -33,25 +33,6 @@ const dispatch::TensorRules kVarlen{kKernelName,
                                      {"cu_seqlens_q", "N+1", "i32", true},
                                      {"cu_seqlens_k", "N+1", "i32", true}}};
 
-// Validates cu_seqlens (starts at 0, non-decreasing, ends at `total`); returns the longest sequence.
-int64_t check_cu_seqlens(const TensorView& cu, int64_t total, const char* what, const char* rows) {
-  const int32_t* c = static_cast<const int32_t*>(cu.data);
-  const int64_t n = cu.shape[0];
-  if (n < 1) args.fail(std::string(what) + " must be [N+1] with N >= 0, got [0]");
-  if (c[0] != 0) args.fail(std::string(what) + "[0] must be 0, got " + num(c[0]));
-  int64_t longest = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (c[i] < c[i - 1])
-      args.fail(std::string(what) + " must be non-decreasing, got " + num(c[i - 1]) + " then " + num(c[i]) +
-          " at index " + num(i));
-    longest = std::max<int64_t>(longest, c[i] - c[i - 1]);
-  }
-  if (c[n - 1] != total)
-    args.fail(std::string(what) + "[N=" + num(n - 1) + "] must equal the " + rows + " (" + num(total) + "), got " +
-        num(c[n - 1]));
-  return longest;
-}
-
 void check_alibi(const TensorView& a, Problem& p) {
   args.dtype(a, DType::kF32, "alibi_slopes");
   if (a.shape != Shape{p.Hq} && a.shape != Shape{p.N, p.Hq})
@@ -88,8 +69,8 @@ Problem normalize(const Inputs& in, const dispatch::Dims& d, const Options& opt)
     args.fail("Hq=" + num(p.Hq) + " is not a multiple of Hkv=" + num(p.Hkv) + " (query head h reads kv head h / (Hq/Hkv))");
   if (p.varlen) {
     p.total_q = d["Tq"], p.total_k = d["Tk"];
-    p.Sq = check_cu_seqlens(*in.cu_seqlens_q, p.total_q, "cu_seqlens_q", "rows of q");
-    p.Sk = check_cu_seqlens(*in.cu_seqlens_k, p.total_k, "cu_seqlens_k", "rows of k");
+    p.Sq = args.offsets(*in.cu_seqlens_q, p.total_q, "cu_seqlens_q", "rows of q");
+    p.Sk = args.offsets(*in.cu_seqlens_k, p.total_k, "cu_seqlens_k", "rows of k");
     p.N = d["N+1"] - 1;
     p.cu_q = static_cast<const int32_t*>(in.cu_seqlens_q->data);
     p.cu_k = static_cast<const int32_t*>(in.cu_seqlens_k->data);

@@ -12,27 +12,12 @@ namespace {
 using dispatch::num;
 const dispatch::ArgCheck args{kKernelName, "q"};
 
-// The tensors by their dims; cache_seqlens and the page ids it makes read are checked by check_pages.
+// The tensors by their dims; cache_seqlens and the page ids it makes read are checked by ArgCheck::pages.
 const dispatch::TensorRules kRules{kKernelName,
                                    {{"q", "B,Sq,Hq,D", "float"},
                                     {"kv_cache", "P,page_size,1,D", "=q"},
                                     {"page_table", "B,max_pages", "i32", true},
                                     {"cache_seqlens", "B", "i32", true}}};
-
-// Lengths and the page ids every visible key reads, batch by batch.
-void check_pages(const Problem& p) {
-  for (int64_t b = 0; b < p.B; ++b) {
-    const int64_t L = p.seqlens[b];
-    args.need(L >= 0 && L <= p.max_pages * p.page_size,
-         "cache_seqlens[" + num(b) + "] = " + num(L) + " is outside [0, max_pages·page_size = " +
-             num(p.max_pages * p.page_size) + "]");
-    for (int64_t k = 0; k * p.page_size < L; ++k) {
-      const int64_t id = p.page_table[b * p.max_pages + k];
-      args.need(id >= 0 && id < p.P, "page_table[" + num(b) + ", " + num(k) + "] = " + num(id) +
-                                    " is not a page of kv_cache (P=" + num(p.P) + ")");
-    }
-  }
-}
 
 Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   dispatch::Dims d = bind_tensors(in, opt.dv, dispatch::BindMode::kFull);
@@ -54,7 +39,7 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.block_sizes = opt.block_sizes;
   p.num_threads = resolve_num_threads(opt.num_threads);
   p.stream = opt.stream;
-  check_pages(p);
+  args.pages({p.page_table, p.seqlens, p.B, p.max_pages, p.page_size, p.P}, "page_table", "cache_seqlens");
   return p;
 }
 

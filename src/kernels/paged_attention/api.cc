@@ -44,28 +44,12 @@ void check_sequences(const Inputs& in, dispatch::Dims& d, Problem& p) {
   p.cu_q = static_cast<const int32_t*>(in.cu_q_lens.data);
   p.kv_lens = static_cast<const int32_t*>(in.kv_lens.data);
   p.page_table = static_cast<const int32_t*>(in.page_table.data);
-  if (p.cu_q[0] != 0) args.fail("sequence 0: cu_q_lens[0] must be 0, got " + num(p.cu_q[0]));
-  for (int64_t s = 0; s < p.N; ++s) {
-    const std::string seq = "sequence " + num(s) + ": ";
-    if (p.cu_q[s + 1] < p.cu_q[s])
-      args.fail(seq + "cu_q_lens must be non-decreasing, got cu_q_lens[" + num(s) + "]=" + num(p.cu_q[s]) + " then cu_q_lens[" +
-          num(s + 1) + "]=" + num(p.cu_q[s + 1]));
-    const int64_t kv = p.kv_lens[s], ql = p.q_len(s);
-    if (kv < 0) args.fail(seq + "kv_len must be >= 0, got " + num(kv));
-    if (kv > p.max_pages * p.page_size)
-      args.fail(seq + "kv_len=" + num(kv) + " is above the " + num(p.max_pages) + " pages x " + num(p.page_size) +
-          " slots the page table gives");
-    if (ql > kv) args.fail(seq + "q_len=" + num(ql) + " is above kv_len=" + num(kv) + " (kv_len counts the new tokens)");
-    const int64_t pages = (kv + p.page_size - 1) / p.page_size;
-    for (int64_t i = 0; i < pages; ++i) {
-      const int64_t id = p.page_table[s * p.max_pages + i];
-      if (id < 0 || id >= p.P)
-        args.fail(seq + "page_table[" + num(s) + ", " + num(i) + "]=" + num(id) + " is out of range [0, P=" + num(p.P) + ")");
-    }
-  }
-  if (p.cu_q[p.N] != p.T)
-    args.fail((p.N > 0 ? "sequence " + num(p.N - 1) + ": " : std::string("no sequences (N=0): ")) + "cu_q_lens[N=" +
-        num(p.N) + "]=" + num(p.cu_q[p.N]) + " must equal the rows of q (T=" + num(p.T) + ")");
+  args.offsets(in.cu_q_lens, p.T, "cu_q_lens", "rows of q");
+  args.pages({p.page_table, p.kv_lens, p.N, p.max_pages, p.page_size, p.P}, "page_table", "kv_lens");
+  for (int64_t s = 0; s < p.N; ++s)
+    if (p.q_len(s) > p.kv_lens[s])
+      args.fail("sequence " + num(s) + ": q_len=" + num(p.q_len(s)) + " is above kv_lens[" + num(s) + "] = " +
+                num(p.kv_lens[s]) + " (kv_len counts the new tokens)");
 }
 
 Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {

@@ -35,11 +35,15 @@ const char* version_status_name(VersionStatus s) noexcept {
   return "?";
 }
 
+// At most this many threads: a CPU backend keeps per-thread state (mla_decode's split-KV work
+// lists), and 2^31 - 1 threads once asked for 9 GB for a 2-key problem.
+constexpr int kMaxThreads = 1024;
+
 int resolve_num_threads(int requested) noexcept {
-  if (requested > 0) return requested;
+  if (requested > 0) return std::min(requested, kMaxThreads);
   const int env_threads = env::integer("TESSERA_NUM_THREADS", 0);
-  if (env_threads > 0) return env_threads;
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (env_threads > 0) return std::min(env_threads, kMaxThreads);
+  return std::min(kMaxThreads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
 }
 
 }  // namespace tessera

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "tessera/error.h"
@@ -12,20 +13,33 @@ void ArgCheck::fail(const std::string& msg) const { throw Error(ErrorCode::kInva
 
 namespace {
 constexpr double kF32Max = std::numeric_limits<float>::max();
+// 1e+39, 1.17549e-38: std::to_string's fixed notation prints 1e39 with 40 digits and 1e-39 as 0.
+std::string g(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
 }  // namespace
 
 double ArgCheck::softmax_scale(const std::optional<double>& scale, int64_t D) const {
   if (scale && !(*scale > 0.0 && *scale <= kF32Max))  // NaN fails both
-    fail("scale must be finite in f32 and > 0, got " + std::to_string(*scale));
+    fail("scale must be finite in f32 and > 0, got " + g(*scale));
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
 }
 
-void ArgCheck::nonnegative_f32(double v, const std::string& what, const std::string& note) const {
-  if (!(v >= 0.0 && v <= kF32Max)) fail(what + " must be finite in f32 and >= 0" + note + ", got " + std::to_string(v));
+void ArgCheck::nonnegative_f32(double v, const std::string& what) const {
+  if (!(v >= 0.0 && v <= kF32Max)) fail(what + " must be finite in f32 and >= 0, got " + g(v));
 }
 
-void ArgCheck::window(int64_t w, const std::string& what) const {
+void ArgCheck::soft_cap(double c, const std::string& what) const {
+  constexpr double kMin = std::numeric_limits<float>::min();
+  if (!(c == 0.0 || (c >= kMin && c <= kF32Max)))
+    fail(what + " must be 0 (off) or in [" + g(kMin) + ", " + g(kF32Max) + "] (a normal f32), got " + g(c));
+}
+
+int64_t ArgCheck::window(int64_t w, const std::string& what, int64_t span) const {
   if (w < -1) fail(what + " must be >= 0 or -1 (unbounded), got " + std::to_string(w));
+  return span >= 0 && w >= span ? -1 : w;
 }
 
 int64_t ArgCheck::offsets(const TensorView& cu, int64_t total, const std::string& what, const std::string& rows) const {
@@ -49,13 +63,13 @@ int64_t ArgCheck::offsets(const TensorView& cu, int64_t total, const std::string
 }
 
 void ArgCheck::pages(const Pages& pg, const std::string& table, const std::string& lens) const {
-  const int64_t keys = pg.max_pages * pg.page_size;
   for (int64_t s = 0; s < pg.N; ++s) {
     const std::string seq = "sequence " + std::to_string(s) + ": ", at = "[" + std::to_string(s);
     const int64_t L = pg.lens[s];
-    if (L < 0 || L > keys)
+    // L <= max_pages·page_size without the product (it overflows for a huge page_size)
+    if (L < 0 || (L > 0 && (L - 1) / pg.page_size >= pg.max_pages))
       fail(seq + lens + at + "] = " + std::to_string(L) + " is outside [0, max_pages·page_size = " +
-           std::to_string(keys) + "]");
+           std::to_string(pg.max_pages) + "·" + std::to_string(pg.page_size) + "]");
     for (int64_t k = 0; k * pg.page_size < L; ++k) {
       const int64_t id = pg.table[s * pg.max_pages + k];
       if (id < 0 || id >= pg.P)

@@ -60,10 +60,14 @@ class ArgCheck {
   // 1e39 gave lse = inf, a softcap of 1e39 gave o = 0 and lse = -inf, before these were shared).
   // "scale must be finite in f32 and > 0, got X"; returns it, or 1/sqrt(D) when none is given.
   double softmax_scale(const std::optional<double>& scale, int64_t D) const;
-  // "<what> must be finite in f32 and >= 0<note>, got X" (soft caps: note " (0 disables it)")
-  void nonnegative_f32(double v, const std::string& what, const std::string& note = "") const;
-  // "<what> must be >= 0 or -1 (unbounded), got W"
-  void window(int64_t w, const std::string& what) const;
+  // "<what> must be finite in f32 and >= 0, got X"
+  void nonnegative_f32(double v, const std::string& what) const;
+  // A soft cap c·tanh(s/c): 0 (off) or a normal f32 (below FLT_MIN the backward divides by 0:
+  // NaN gradients, and LCE's forward dropped the cap). "<what> must be 0 (off) or in [..], got X"
+  void soft_cap(double c, const std::string& what) const;
+  // "<what> must be >= 0 or -1 (unbounded), got W". Returns w, or -1 when w >= span (a window
+  // as long as every query's and key's span together reaches every key: i + w then cannot overflow).
+  int64_t window(int64_t w, const std::string& what, int64_t span = -1) const;
 
   // Ragged sequences (host i32 index data, shapes already checked); each failure names the
   // sequence ("sequence 2: ..."). offsets [N+1]: start at 0, never decrease, end at `total` (the

@@ -113,11 +113,20 @@ TEST(ArgCheck, ScalarsMustBeFiniteInF32) {
               std::string::npos)
         << bad;
   EXPECT_EQ(message_of([&] { a.nonnegative_f32(0.0, "softcap"); }), "");
-  EXPECT_EQ(message_of([&] { a.nonnegative_f32(1e39, "softcap", " (0 disables it)"); }),
-            "foo: softcap must be finite in f32 and >= 0 (0 disables it), got " + std::to_string(1e39));
+  EXPECT_EQ(message_of([&] { a.nonnegative_f32(1e39, "z"); }),
+            "foo: z must be finite in f32 and >= 0, got 1e+39");
+  EXPECT_EQ(message_of([&] { a.soft_cap(1e-39, "cap"); }),
+            "foo: cap must be 0 (off) or in [1.17549e-38, 3.40282e+38] (a normal f32), got 1e-39");
   EXPECT_NE(message_of([&] { a.nonnegative_f32(-0.5, "eps"); }), "");
   EXPECT_NE(message_of([&] { a.nonnegative_f32(std::nan(""), "eps"); }), "");
-  EXPECT_EQ(message_of([&] { a.window(-1, "window"); }), "");
+  EXPECT_EQ(a.window(-1, "window"), -1);
+  EXPECT_EQ(a.window(7, "window", 8), 7);
+  EXPECT_EQ(a.window(8, "window", 8), -1);  // reaches every key: unbounded
+  EXPECT_EQ(a.window(std::numeric_limits<int64_t>::max(), "window", 8), -1);
+  EXPECT_EQ(message_of([&] { a.soft_cap(0.0, "cap"); }), "");
+  EXPECT_EQ(message_of([&] { a.soft_cap(std::numeric_limits<float>::min(), "cap"); }), "");
+  for (double bad : {-1.0, 1e-39, 1e-300, 1e39, std::nan("")})
+    EXPECT_NE(message_of([&] { a.soft_cap(bad, "cap"); }).find("foo: cap must be 0 (off) or in ["), std::string::npos) << bad;
   EXPECT_EQ(message_of([&] { a.window(-2, "window"); }), "foo: window must be >= 0 or -1 (unbounded), got -2");
 }
 
@@ -148,14 +157,18 @@ TEST(ArgCheck, PagesReadOnlyWhatTheLengthsUse) {
   lens[1] = 5;
   EXPECT_EQ(pages(), "foo: sequence 1: pt[1, 1] = -7 is not a page of the cache [0, P=3)");
   lens[1] = 9;
-  EXPECT_EQ(pages(), "foo: sequence 1: lens[1] = 9 is outside [0, max_pages·page_size = 8]");
+  EXPECT_EQ(pages(), "foo: sequence 1: lens[1] = 9 is outside [0, max_pages·page_size = 2·4]");
   lens[1] = -1;
-  EXPECT_EQ(pages(), "foo: sequence 1: lens[1] = -1 is outside [0, max_pages·page_size = 8]");
+  EXPECT_EQ(pages(), "foo: sequence 1: lens[1] = -1 is outside [0, max_pages·page_size = 2·4]");
   lens = {0, 0};
   table[0] = 3;  // a length of 0 reads no page
   EXPECT_EQ(pages(), "");
   lens[0] = 1;
   EXPECT_EQ(pages(), "foo: sequence 0: pt[0, 0] = 3 is not a page of the cache [0, P=3)");
+  // max_pages·page_size past INT64_MAX: compared without the product (it read as a negative bound).
+  table = {0, 1, 2, 0};
+  lens = {0, 5};
+  EXPECT_EQ(message_of([&] { a.pages({table.data(), lens.data(), 2, 2, int64_t{1} << 62, 3}, "pt", "lens"); }), "");
 }
 
 }  // namespace

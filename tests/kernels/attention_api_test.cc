@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <utility>
 
 #include "kernels/api_test_util.h"
 #include "tessera/attention.h"
@@ -133,11 +134,33 @@ TEST(AttentionApi, OptionValues) {
   expect_rejected([](Fixture& f, Inputs&) { f.opt.window_right = -5; }, I, "window_right must be >= 0 or -1");
   expect_rejected([](Fixture& f, Inputs&) { f.opt.scale = std::nan(""); }, I, "scale must be finite in f32 and > 0");
   expect_rejected([](Fixture& f, Inputs&) { f.opt.scale = -1.0; }, I, "scale must be finite in f32 and > 0");
-  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = -1.0; }, I, "softcap must be finite in f32 and >= 0");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = -1.0; }, I, "softcap must be 0 (off) or in [");
   // Finite doubles past FLT_MAX are inf in the f32 backends: they gave lse = inf (scale) and
-  // o = 0, lse = -inf (softcap) before the check was shared with paged_attention's.
+  // o = 0, lse = -inf (softcap) before the check was shared with paged_attention's. A cap below
+  // FLT_MIN is 0 or subnormal in f32: NaN / Inf gradients.
   expect_rejected([](Fixture& f, Inputs&) { f.opt.scale = 1e39; }, I, "scale must be finite in f32 and > 0");
-  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = 1e39; }, I, "softcap must be finite in f32 and >= 0");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = 1e39; }, I, "softcap must be 0 (off) or in [");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = 1e-39; }, I, "softcap must be 0 (off) or in [");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = 1e-50; }, I, "softcap must be 0 (off) or in [");
+}
+
+// A window at least Sq + Sk long reaches every key: the same as -1 (unbounded), bit for bit. At
+// INT64_MAX (sys.maxsize as "unbounded") i + w overflowed: o = 0, lse = -inf, zero gradients.
+TEST(AttentionApi, AHugeWindowIsUnbounded) {
+  for (bool causal : {false, true}) {
+    Fixture unbounded, huge;
+    unbounded.opt.causal = huge.opt.causal = causal;
+    huge.opt.window_left = 3 + 5;  // exactly Sq + Sk: already every key
+    huge.opt.window_right = std::numeric_limits<int64_t>::max();
+    forward_backward(unbounded.inputs(), unbounded.grad_o, unbounded.fout(), unbounded.grads(), unbounded.opt);
+    forward_backward(huge.inputs(), huge.grad_o, huge.fout(), huge.grads(), huge.opt);
+    for (auto [a, b] : {std::pair{&unbounded.o, &huge.o}, {&unbounded.lse, &huge.lse}, {&unbounded.dq, &huge.dq},
+                        {&unbounded.dk, &huge.dk}, {&unbounded.dv, &huge.dv}})
+      for (int64_t i = 0; i < a->numel(); ++i) {
+        ASSERT_TRUE(std::isfinite(a->data_as<float>()[i])) << "causal " << causal << " element " << i;
+        ASSERT_EQ(a->data_as<float>()[i], b->data_as<float>()[i]) << "causal " << causal << " element " << i;
+      }
+  }
 }
 
 TEST(AttentionApi, AlibiAndSegmentIds) {

@@ -128,6 +128,25 @@ TEST(MlaDecodeApi, BadLengthNamesTheBatch) {
   expect_rejected(h, {}, "cache_seqlens[0] = -1");
 }
 
+// INT_MAX threads (resolve_num_threads caps them): the cpu backend's per-thread work lists once
+// took 9 GB and hung on this 2-key problem.
+TEST(MlaDecodeApi, AHugeThreadCountRuns) {
+  Hand h({0.f, 1.f}, 1, 1);
+  mla_decode::Options opt = scale_one();
+  opt.num_threads = std::numeric_limits<int>::max();
+  h.run(opt, "");  // the default order: cpu where built
+  EXPECT_NEAR(h.o[0], 17.5f, 1e-4f);
+}
+
+// check_finite (the CLI's default) scans q; a NaN there came back as o = 0, lse = -inf.
+TEST(MlaDecodeApi, CheckFiniteScansQ) {
+  Hand h({0.f, 1.f}, 1, 1);
+  h.q[0] = NAN;
+  mla_decode::Options opt = scale_one();
+  opt.check_finite = true;
+  expect_rejected(h, opt, "q contains NaN or Inf");
+}
+
 TEST(MlaDecodeApi, DvAndScale) {
   Hand h({0.f, 1.f}, 1, 1);
   // Hand::run sets dv = 1; through the public call directly for dv = 3 > D = 2.

@@ -283,7 +283,9 @@ TEST(MlstmApi, ErrorsNameTheProblem) {
   has(call(ok, f32(h, {1, 1, 2, 1})), "h must be [B=1, NH=1, S=2, DHV=2], got [1, 1, 2, 1]");
   mlstm::Options o;
   o.eps = -1;
-  has(call(ok, hv, o), "eps must be finite and >= 0");
+  has(call(ok, hv, o), "eps must be finite in f32 and >= 0");
+  o.eps = 1e39;  // inf in f32
+  has(call(ok, hv, o), "eps must be finite in f32 and >= 0");
   o = {}, o.chunk_size = -3;
   has(call(ok, hv, o), "chunk_size must be >= 1");
   q[0] = NAN;

@@ -65,7 +65,7 @@ TEST(PagedAttentionApi, PageTableEntriesPastTheUsedPagesAreNotRead) {
 
 TEST(PagedAttentionApi, LengthErrorsNameTheSequence) {
   // max_pages = 4 (3 used + 1) × page_size 4 = 16 slots.
-  expect_error([](auto& d, auto&) { i32(d.kv_lens)[1] = 17; }, {"sequence 1", "kv_lens[1] = 17 is outside [0, max_pages·page_size = 16]"});
+  expect_error([](auto& d, auto&) { i32(d.kv_lens)[1] = 17; }, {"sequence 1", "kv_lens[1] = 17 is outside [0, max_pages·page_size = 4·4]"});
   expect_error([](auto& d, auto&) { i32(d.kv_lens)[1] = 2; }, {"sequence 1", "q_len=3 is above kv_lens[1] = 2"});
   expect_error([](auto& d, auto&) { i32(d.kv_lens)[0] = -1; }, {"sequence 0", "kv_lens[0] = -1 is outside [0, "});
   expect_error([](auto& d, auto&) { i32(d.cu_q_lens)[2] = 1; }, {"sequence 1", "cu_q_lens must be non-decreasing"});
@@ -92,9 +92,10 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto&, auto&) {}, {"o must be [T=6, Hq=4, Dv=16], got [6, 4, 8]"}, {6, 4, 8});
   expect_error([](auto&, auto&) {}, {"lse must be [T=6, Hq=4], got [4, 6]"}, {6, 4, 16}, {4, 6});
   expect_error([](auto&, auto& o) { o.scale = 0.0; }, {"scale must be finite in f32 and > 0"});
-  expect_error([](auto&, auto& o) { o.softcap = -1.0; }, {"softcap must be finite in f32 and >= 0"});
+  expect_error([](auto&, auto& o) { o.softcap = -1.0; }, {"softcap must be 0 (off) or in ["});
   expect_error([](auto&, auto& o) { o.scale = 1e39; }, {"scale must be finite in f32 and > 0"});   // inf in f32
-  expect_error([](auto&, auto& o) { o.softcap = 1e39; }, {"softcap must be finite in f32 and >= 0"});
+  expect_error([](auto&, auto& o) { o.softcap = 1e39; }, {"softcap must be 0 (off) or in ["});
+  expect_error([](auto&, auto& o) { o.softcap = 1e-50; }, {"softcap must be 0 (off) or in ["});  // 0 in the f32 cuda kernel
   expect_error([](auto&, auto& o) { o.window = -2; }, {"window must be >= 0 or -1"});
 }
 

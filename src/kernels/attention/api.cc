@@ -45,13 +45,12 @@ void check_alibi(const TensorView& a, Problem& p) {
 
 void check_options(const Options& opt, Problem& p) {
   p.scale = args.softmax_scale(opt.scale, p.D);
-  args.nonnegative_f32(opt.softcap, "softcap", " (0 disables it)");
-  args.window(opt.window_left, "window_left");
-  args.window(opt.window_right, "window_right");
+  args.soft_cap(opt.softcap, "softcap");
+  const int64_t span = p.Sq + p.Sk;  // a window this long sees every key: unbounded
+  p.window_left = args.window(opt.window_left, "window_left", span);
+  p.window_right = args.window(opt.window_right, "window_right", span);
   p.softcap = opt.softcap;
   p.causal = opt.causal;
-  p.window_left = opt.window_left;
-  p.window_right = opt.window_right;
   p.num_threads = resolve_num_threads(opt.num_threads);
   p.stream = opt.stream;
   p.memory_budget = opt.memory_budget;

@@ -195,7 +195,7 @@ void normalize_options(const Options& opt, Problem& p) {
   args.need(opt.label_smoothing >= 0.0 && opt.label_smoothing <= 1.0,
             "label_smoothing must be in [0, 1], got " + std::to_string(opt.label_smoothing));
   args.nonnegative_f32(opt.z_loss_weight, "z_loss_weight");  // the cuda rows take it in f32
-  args.nonnegative_f32(opt.soft_cap, "soft_cap", " (0 disables it)");
+  args.soft_cap(opt.soft_cap, "soft_cap");
   p.reduction = opt.reduction;
   p.ignore_index = opt.ignore_index;
   p.label_smoothing = opt.label_smoothing;

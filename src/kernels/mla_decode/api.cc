@@ -28,6 +28,7 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.B = d["B"], p.Sq = d["Sq"], p.Hq = d["Hq"], p.D = d["D"], p.Dv = d["Dv"];
   p.P = d["P"], p.page_size = d["page_size"], p.max_pages = d["max_pages"];
   p.scale = args.softmax_scale(opt.scale, p.D);
+  if (opt.check_finite) args.finite(in.q, "q");  // host data; the cache's unused slots may hold anything
   args.need(!opt.block_sizes || opt.block_sizes->split_keys >= 0,
        "block_sizes.split_keys must be >= 0 (0: automatic), got " + num(opt.block_sizes ? opt.block_sizes->split_keys : 0));
   p.dtype = in.q.dtype, p.o_dtype = out.o.dtype, p.device = d.device();

@@ -69,7 +69,7 @@ struct Call {
                 "B, NH, DHQK and DHV must be >= 1, got q " + in.q.str() + ", v " + in.v.str());
     const int states = int(given(in.c0)) + int(given(in.n0)) + int(given(in.m0));
     args().need(states == 0 || states == 3, "c0, n0 and m0 go together: give all three or none");
-    args().need(opt.eps >= 0.0 && std::isfinite(opt.eps), "eps must be finite and >= 0, got " + std::to_string(opt.eps));
+    args().nonnegative_f32(opt.eps, "eps");
     args().need(opt.chunk_size >= 0, "chunk_size must be >= 1 (0: the backend's default), got " + num(opt.chunk_size));
     if (opt.check_finite)
       for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &in.q}, {"k", &in.k}, {"v", &in.v},

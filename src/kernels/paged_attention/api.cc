@@ -58,7 +58,7 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   check_shapes(in, d, p);
   check_sequences(in, d, p);
   p.scale = args.softmax_scale(opt.scale, p.D);
-  args.nonnegative_f32(opt.softcap, "softcap", " (0 disables it)");
+  args.soft_cap(opt.softcap, "softcap");
   args.window(opt.window, "window");
   p.softcap = opt.softcap;
   p.causal = opt.causal;

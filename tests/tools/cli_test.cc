@@ -275,6 +275,11 @@ TEST_F(Cli, RunsAttentionFromItsRegistration) {
   for (int64_t i = 0; i < o.numel(); ++i) EXPECT_EQ(o.data_as<float>()[i], r.o.data_as<float>()[i]) << i;
   const Cmd help = sh("run attention --help");
   EXPECT_NE(help.out.find("--kv-segment-ids"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("Writes o.npy, lse.npy and the outputs"), std::string::npos) << help.out;
+  // A forward-only kernel (no forward outputs declared: they name what takes a gradient).
+  const Cmd mla = sh("run mla_decode --help");
+  EXPECT_NE(mla.out.find("Writes its outputs as NAME.npy"), std::string::npos) << mla.out;
+  EXPECT_EQ(mla.out.find("Writes  and"), std::string::npos) << mla.out;
   const Cmd bad = sh("run attention --q " + p("q.npy") + " --k " + p("q.npy") + " --v " + p("v.npy") + " --out " + p("att2"));
   EXPECT_EQ(bad.code, 2) << bad.out;
 }

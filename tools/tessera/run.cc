@@ -54,7 +54,8 @@ std::string outputs_help(const kernels::KernelSpec& k) {
     if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
   std::string s;
   for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n + ".npy";
-  s += " and the outputs its options ask for (floats as f32)";
+  // A forward-only kernel declares no forward outputs (they name what takes a gradient).
+  s += s.empty() ? "its outputs as NAME.npy (floats as f32)" : " and the outputs its options ask for (floats as f32)";
   if (has_grad(k)) s += "; with --grad the gradients d<input>.npy, for upstream gradients of ones by default";
   return s;
 }

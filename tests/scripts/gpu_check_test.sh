@@ -138,6 +138,8 @@ grep -q -- "--gtest_filter=Grid/FakeB\.\*-" "$tmp/san1/sanitize/initcheck/Grid_F
 grep -q -- "--gtest_filter=FakeA\.\*-" "$tmp/san1/sanitize/racecheck/FakeA.log" || fail "racecheck FakeA: $(cat "$tmp/san1/sanitize/racecheck/FakeA.log" 2>&1)"
 grep -q -- "--gtest_filter=Grid/FakeB\.\*-" "$tmp/san1/sanitize/racecheck/Grid_FakeB.log" || fail "racecheck Grid/FakeB: one process per suite"
 grep -q -- "--require-cuda-init no" "$tmp/san1/sanitize/initcheck/FakeA.log" || fail "initcheck: a host-only suite would exit 255"
+grep -q -- ":Chunks/LceCudaChunks\.\*" "$tmp/san1/sanitize/racecheck/FakeA.log" || fail "racecheck without the settled LCE suites excluded"
+grep -q -- "LceCudaChunks" "$tmp/san1/sanitize/memcheck.log" && fail "memcheck lost the LCE suites (settled for initcheck/racecheck only)"
 # A suite whose every test is excluded for a tool is skipped, not run (it would exit 255 without
 # a CUDA call); the tool's own hardware-exception fault is named as such.
 out=$(run_sanitize "$tmp/san3" SANITIZE_TOOLS="racecheck" SANITIZE_EXCLUDE_racecheck='FakeA.*' FAKE_TOOL_FAULT=1); rc=$?

@@ -55,7 +55,8 @@ struct ImplementationInfo {
 };
 
 // The one default-thread-count rule: `requested` if > 0, else $TESSERA_NUM_THREADS if > 0,
-// else the number of hardware threads (at least 1).
+// else the number of hardware threads (at least 1); never more than 1024 (a CPU backend keeps
+// per-thread state: src/core/exec.cc).
 int resolve_num_threads(int requested) noexcept;
 
 }  // namespace tessera

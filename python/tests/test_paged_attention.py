@@ -80,7 +80,7 @@ def test_numpy_sinks_and_errors():
         tessera.paged_attention(q, k, v, bad, kv, cu)
     short = kv.copy()
     short[3] = 2  # q_len 3
-    with pytest.raises(ValueError, match="sequence 3: q_len=3 is above kv_len=2"):
+    with pytest.raises(ValueError, match=r"sequence 3: q_len=3 is above kv_lens\[3\] = 2"):
         tessera.paged_attention(q, k, v, pt, short, cu)
 
 

@@ -323,7 +323,10 @@ sanitize_per_suite() {  # tool share exclude [filter args...]
   # The probe first: whether the tool sees cuBLAS's stores decides how LCE's reports read.
   for s in $(cuda_suites | grep SanitizerProbe; cuda_suites | grep -v SanitizerProbe); do
     local left=$((end - SECONDS)) log="sanitize/$tool/${s//\//_}.log"
-    if ! "$build/tests/tessera_cuda_tests" --gtest_list_tests --gtest_filter="$s.*-$exclude" 2> /dev/null | grep -q '^  '; then
+    # The whole listing first: `| grep -q` would exit at its first match, the binary then dies of
+    # SIGPIPE on a long listing, and pipefail would read that as "no test".
+    local listed; listed=$("$build/tests/tessera_cuda_tests" --gtest_list_tests --gtest_filter="$s.*-$exclude" 2> /dev/null)
+    if ! grep -q '^  ' <<< "$listed"; then
       printf '%s\t%s\t%s\t%s\t%s\n' "$stage" "compute-sanitizer $tool $s" "SKIPPED (every test excluded)" 0 "" >> "$out/steps.tsv"
       continue
     fi
@@ -343,7 +346,8 @@ sanitize_per_suite() {  # tool share exclude [filter args...]
 # every CUDA call after it fails, so that suite's later tests say nothing either way.
 tool_fault_note() {  # tool suite log
   grep -q "failed to handle a hardware exception" "$3" 2> /dev/null || return 0
-  local first; first=$(grep -B3 -m1 "failed to handle a hardware exception" "$3" | grep -m1 -o '^\[ RUN      \] .*' | cut -c14-)
+  local first  # the last test started before the fault
+  first=$(awk '/^\[ RUN      \] /{t = substr($0, 14)} /failed to handle a hardware exception/{print t; exit}' "$3")
   note "$1 $2: the tool faulted in ${first:-a test} (its internal error, as on the probe's cuBLAS bf16 GEMMs); the suite's later tests ran on a broken context"
 }
 

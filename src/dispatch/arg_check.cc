@@ -13,10 +13,10 @@ void ArgCheck::fail(const std::string& msg) const { throw Error(ErrorCode::kInva
 
 namespace {
 constexpr double kF32Max = std::numeric_limits<float>::max();
-// 1e+39, 1.17549e-38: std::to_string's fixed notation prints 1e39 with 40 digits and 1e-39 as 0.
+// 1e+39, 1.17549435e-38: std::to_string's fixed notation prints 1e39 with 40 digits, 1e-39 as 0.
 std::string g(double v) {
   char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
+  std::snprintf(b, sizeof b, "%.9g", v);  // 9 digits: every f32 apart, FLT_MAX from just past it
   return b;
 }
 }  // namespace
@@ -63,6 +63,7 @@ int64_t ArgCheck::offsets(const TensorView& cu, int64_t total, const std::string
 }
 
 void ArgCheck::pages(const Pages& pg, const std::string& table, const std::string& lens) const {
+  if (pg.page_size < 1) fail("page_size must be >= 1, got " + std::to_string(pg.page_size));
   for (int64_t s = 0; s < pg.N; ++s) {
     const std::string seq = "sequence " + std::to_string(s) + ": ", at = "[" + std::to_string(s);
     const int64_t L = pg.lens[s];

@@ -116,7 +116,9 @@ TEST(ArgCheck, ScalarsMustBeFiniteInF32) {
   EXPECT_EQ(message_of([&] { a.nonnegative_f32(1e39, "z"); }),
             "foo: z must be finite in f32 and >= 0, got 1e+39");
   EXPECT_EQ(message_of([&] { a.soft_cap(1e-39, "cap"); }),
-            "foo: cap must be 0 (off) or in [1.17549e-38, 3.40282e+38] (a normal f32), got 1e-39");
+            "foo: cap must be 0 (off) or in [1.17549435e-38, 3.40282347e+38] (a normal f32), got 1e-39");
+  // Just past FLT_MAX prints apart from it (6 digits printed both as 3.40282e+38).
+  EXPECT_NE(message_of([&] { a.soft_cap(3.4028236e38, "cap"); }).find("got 3.4028236e+38"), std::string::npos);
   EXPECT_NE(message_of([&] { a.nonnegative_f32(-0.5, "eps"); }), "");
   EXPECT_NE(message_of([&] { a.nonnegative_f32(std::nan(""), "eps"); }), "");
   EXPECT_EQ(a.window(-1, "window"), -1);
@@ -169,6 +171,8 @@ TEST(ArgCheck, PagesReadOnlyWhatTheLengthsUse) {
   table = {0, 1, 2, 0};
   lens = {0, 5};
   EXPECT_EQ(message_of([&] { a.pages({table.data(), lens.data(), 2, 2, int64_t{1} << 62, 3}, "pt", "lens"); }), "");
+  EXPECT_EQ(message_of([&] { a.pages({table.data(), lens.data(), 2, 2, 0, 3}, "pt", "lens"); }),
+            "foo: page_size must be >= 1, got 0");
 }
 
 }  // namespace

@@ -6,9 +6,11 @@
 // kernel's 16-byte loads. Under plain runs it checks the values; under initcheck, a report here
 // means the tool does not see that cuBLAS kernel's stores (so LCE's reports are the tool's), no
 // report means LCE's are real. Under racecheck, a fault at "after the cuBLAS GEMM" is the tool's
-// handling of cuBLAS's kernel, not ours. The cases: the f32 one of run6 (0 reports unfiltered)
-// and the two bf16 ones where run9 of 2026-11-27 (docs/gpu_results/2026-11-27-eighth) saw
-// initcheck's reports and racecheck's "failed to handle a hardware exception".
+// handling of cuBLAS's kernel, not ours. The cases: the f32 one of run6 (0 reports unfiltered),
+// the two bf16 ones where run9 of 2026-11-27 (docs/gpu_results/2026-11-27-eighth) saw initcheck's
+// reports and racecheck's "failed to handle a hardware exception", and the f16 one of
+// RowPaths/LceCudaRowPaths, whose initcheck reports run13 (docs/gpu_results/2026-11-27-tenth)
+// could not attribute (the tool printed only the first 100, all in a bf16 case).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -42,13 +44,13 @@ T* device_copy(const std::vector<T>& host) {
 
 struct ProbeGemm {
   const char* name;
-  DType dtype;     // x and w (f32 or bf16); the product is always f32, as LCE's logits
+  DType dtype;     // x and w (f32, bf16 or f16); the product is always f32, as LCE's logits
   bool hv;         // w stored [H, V] (else [V, H], LCE's default layout)
   int64_t B, H, V;
   size_t workspace;  // bytes handed to cuBLAS, as LCE carves them out of its budget
 };
 
-// Host values as the device sees them (bf16-rounded for bf16), and their device copy.
+// Host values as the device sees them (rounded to bf16 / f16 for those), and their device copy.
 struct Operand {
   std::vector<double> values;
   void* dev = nullptr;
@@ -63,11 +65,14 @@ Operand make_operand(int64_t n, DType dt, float scale, float freq) {
     if (dt == DType::kBF16) {
       h[static_cast<size_t>(i)] = f32_to_bf16(v);
       v = bf16_to_f32(h[static_cast<size_t>(i)]);
+    } else if (dt == DType::kF16) {
+      h[static_cast<size_t>(i)] = f32_to_f16(v);
+      v = f16_to_f32(h[static_cast<size_t>(i)]);
     }
     f[static_cast<size_t>(i)] = v;
     o.values.push_back(v);
   }
-  o.dev = dt == DType::kBF16 ? static_cast<void*>(device_copy(h)) : static_cast<void*>(device_copy(f));
+  o.dev = dt == DType::kF32 ? static_cast<void*>(device_copy(f)) : static_cast<void*>(device_copy(h));
   return o;
 }
 
@@ -103,8 +108,8 @@ TEST_P(SanitizerProbe, ACublasProductReadWithVectorLoads) {
         want += x.values[static_cast<size_t>(b * H + h)] * wv;
         mag += std::fabs(x.values[static_cast<size_t>(b * H + h)] * wv);
       }
-    // f32 sums of products (exact for bf16·bf16, one rounding for f32), H terms per logit then V
-    // per row: |error| <= (H + V + 1)·2⁻²⁴·Σ|terms| (the worst-case bound of recursive summation).
+    // f32 sums of products (exact for bf16·bf16 and f16·f16, one rounding for f32), H terms per
+    // logit then V per row: |error| <= (H + V + 1)·2⁻²⁴·Σ|terms| (the worst-case bound of recursive summation).
     const double tol = static_cast<double>(H + V + 1) * std::ldexp(1.0, -24) * mag + 1e-6;
     EXPECT_NEAR(got[static_cast<size_t>(b)], want, tol) << c.name << ", row " << b;
   }
@@ -120,7 +125,11 @@ INSTANTIATE_TEST_SUITE_P(
         ProbeGemm{"bf16_hv_V128_ws16k", DType::kBF16, true, 7, 24, 128, size_t{16} << 10},
         // LceCudaBackwardWithLse case52 (bf16, w [H, V], V 2112, chunks of 8 rows, the default
         // 1 GiB budget's 16 MiB of workspace on Hopper).
-        ProbeGemm{"bf16_hv_V2112", DType::kBF16, true, 8, 24, 2112, size_t{16} << 20}),
+        ProbeGemm{"bf16_hv_V2112", DType::kBF16, true, 8, 24, 2112, size_t{16} << 20},
+        // RowPaths/LceCudaRowPaths case2 (f16, w [H, V], V 2112, 23 rows, the same workspace):
+        // whether initcheck follows cuBLAS's f16 kernels (LCE's f16 reports) and racecheck
+        // survives them (Upstream/LceCudaF16Scale, f16 with V 40000, never reached yet).
+        ProbeGemm{"f16_hv_V2112", DType::kF16, true, 23, 24, 2112, size_t{16} << 20}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

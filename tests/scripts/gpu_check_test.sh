@@ -149,6 +149,19 @@ grep -q "| sanitize | compute-sanitizer racecheck FakeA | SKIPPED (every test ex
   fail "an all-excluded suite was not skipped: $(grep '| sanitize |' "$tmp/san3/summary.md")"
 grep -q "racecheck Grid/FakeB: the tool faulted in Grid/FakeB.p/0" "$tmp/san3/summary.notes" ||
   fail "no note of the tool's fault: $(cat "$tmp/san3/summary.notes" 2>&1)"
+# SANITIZE_SUITES: only the suites named (the whole-binary tools through the filter's positive part);
+# a name that is no GPU suite fails the stage before any tool runs.
+out=$(run_sanitize "$tmp/san4" SANITIZE_TOOLS="memcheck racecheck" SANITIZE_SUITES="Grid/FakeB"); rc=$?
+expect_rc 0 $rc "fake sanitize, SANITIZE_SUITES: $out"
+[ -f "$tmp/san4/sanitize/racecheck/Grid_FakeB.log" ] || fail "SANITIZE_SUITES: the named suite did not run"
+[ ! -e "$tmp/san4/sanitize/racecheck/FakeA.log" ] || fail "SANITIZE_SUITES: a suite not named ran"
+grep -q -- "--gtest_filter=Grid/FakeB\.\*-" "$tmp/san4/sanitize/memcheck.log" ||
+  fail "SANITIZE_SUITES: memcheck's filter $(grep -o -- '--gtest_filter=[^ ]*' "$tmp/san4/sanitize/memcheck.log")"
+out=$(run_sanitize "$tmp/san5" SANITIZE_TOOLS="racecheck" SANITIZE_SUITES="FakeA Grid/Nope"); rc=$?
+expect_rc 1 $rc "fake sanitize, SANITIZE_SUITES names no suite"
+grep -q "SANITIZE_SUITES names 'Grid/Nope', which is no GPU suite" "$tmp/san5/summary.notes" ||
+  fail "SANITIZE_SUITES misspelt: $(cat "$tmp/san5/summary.notes" 2>&1)"
+[ ! -e "$tmp/san5/sanitize/racecheck/FakeA.log" ] || fail "SANITIZE_SUITES misspelt: a tool ran anyway"
 out=$(run_sanitize "$tmp/san2" SANITIZE_TOOLS="racecheck" FAKE_RACE_SLEEP=60 STAGE_BUDGET_S=40); rc=$?
 expect_rc 1 $rc "fake sanitize, a suite past the tool's share"
 grep -qE "\| sanitize \| compute-sanitizer racecheck Grid/FakeB \| TIMEOUT" "$tmp/san2/summary.md" ||

@@ -70,6 +70,22 @@ def test_numpy_backward_with_and_without_the_saved_forward():
         np.testing.assert_allclose((a[name] * d).sum(), fd, rtol=1e-4, atol=1e-4)
 
 
+def test_deterministic_is_a_keyword_on_by_default():
+    # deterministic=False lets cudnn take its non-deterministic backward; the cpu backward is
+    # deterministic either way, so the bits are the same.
+    q, k, v = qkv(seed=5)
+    g = np.random.default_rng(6).standard_normal((2, 7, 4, 6)).astype(np.float32)
+    args = {"q": q, "k": k, "v": v, "grad_o": g}
+    a = tessera.call("attention", "backward", args, causal=True)
+    b = tessera.call("attention", "backward", args, causal=True, deterministic=False)
+    for n in ("dq", "dk", "dv"):
+        np.testing.assert_array_equal(a[n], b[n])
+    opt = {o.name: o for o in tessera.KERNELS["attention"].options}["deterministic"]
+    assert opt.kind == "flag" and opt.default is True
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        tessera.attention(q, k, v, deterministic="no")
+
+
 def test_numpy_errors():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="not a multiple of Hkv"):

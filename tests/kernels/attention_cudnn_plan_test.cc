@@ -166,6 +166,14 @@ TEST(AttentionCudnnPlan, PlanKeyDistinguishesWhatTheGraphDependsOn) {
     keys.push_back(cp::plan_key(q, cp::Pass::kForward));
   };
   keys.push_back(cp::plan_key(p, cp::Pass::kBackward));
+  {  // the backward's engine choice is part of its plan; the forward has none
+    att::Problem q = p;
+    q.deterministic = false;
+    keys.push_back(cp::plan_key(q, cp::Pass::kBackward));
+    EXPECT_TRUE(cp::plan_key(p, cp::Pass::kBackward).deterministic);
+    EXPECT_FALSE(keys.back().deterministic);
+    EXPECT_EQ(cp::plan_key(q, cp::Pass::kForward), k);
+  }
   vary([](att::Problem& q) { q.device = tessera::Device::cuda(1); });
   vary([](att::Problem& q) { q.dtype = DType::kF16; });
   vary([](att::Problem& q) { q.N = 3; });

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/log.h"
 #include "kernels/attention/testing.h"
 #include "kernels/cuda_test_util.h"
 #include "tessera/attention.h"
@@ -171,6 +172,31 @@ TEST(AttentionCudnn, RunsOnTheGivenStream) {
   ASSERT_EQ(a.view().nbytes(), b.view().nbytes());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.view().nbytes()), 0);
   cudaStreamDestroy(stream);
+}
+
+// Options::deterministic = false builds the backward on cuDNN's non-deterministic engine (the
+// plan's debug line says so), still within the oracle's tolerance; true keeps the deterministic
+// one. A shape no other test uses, so that both plans are built here.
+TEST(AttentionCudnn, DeterministicOffTakesTheOtherEngine) {
+  SKIP_WITHOUT_CUDNN();
+  const tessera::log::Level old = tessera::log::level();
+  std::string logs;
+  tessera::log::set_level(tessera::log::Level::kDebug);
+  tessera::log::set_capture(&logs);
+  at::CaseSpec c = base(DType::kBF16, 176, 176, 4, 2, 64, 64);
+  c.opt.causal = true;
+  c.opt.deterministic = false;
+  expect_parity(c, Pass::kBackward);
+  const bool nondet = logs.find("Sq=176 Sk=176 Hq=4 Hkv=2 D=64 Dv=64") != std::string::npos &&
+                      logs.find("(non-deterministic)") != std::string::npos;
+  logs.clear();
+  c.opt.deterministic = true;
+  expect_parity(c, Pass::kBackward);
+  tessera::log::set_capture(nullptr);
+  tessera::log::set_level(old);
+  EXPECT_TRUE(nondet) << "no non-deterministic backward plan built";
+  EXPECT_NE(logs.find("deterministic built"), std::string::npos) << logs;
+  EXPECT_EQ(logs.find("(non-deterministic)"), std::string::npos) << logs;
 }
 
 TEST(AttentionCudnn, OtherBlockSizesAreRefused) {

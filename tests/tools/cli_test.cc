@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -275,6 +276,21 @@ TEST_F(Cli, RunsAttentionFromItsRegistration) {
   for (int64_t i = 0; i < o.numel(); ++i) EXPECT_EQ(o.data_as<float>()[i], r.o.data_as<float>()[i]) << i;
   const Cmd help = sh("run attention --help");
   EXPECT_NE(help.out.find("--kv-segment-ids"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--no-deterministic"), std::string::npos) << help.out;
+  // A flag that is on by default is turned off by --no-NAME (the cpu backward is deterministic
+  // either way: the same bits); one that is off by default has no --no- form.
+  const std::string qkv = "run attention --q " + p("q.npy") + " --k " + p("k.npy") + " --v " + p("v.npy");
+  const Cmd nd = sh(qkv + " --causal --grad --no-deterministic --out " + p("att_nd"));
+  ASSERT_EQ(nd.code, 0) << nd.out;
+  for (const char* f : {"o", "dq"}) {
+    const Tensor a = npy::load(p(std::string("att/") + f + ".npy")), b = npy::load(p(std::string("att_nd/") + f + ".npy"));
+    ASSERT_EQ(a.view().nbytes(), b.view().nbytes()) << f;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.view().nbytes()), 0) << f;
+  }
+  EXPECT_EQ(sh(qkv + " --deterministic --out " + p("att_d")).code, 0);
+  const Cmd nc = sh(qkv + " --no-causal --out " + p("att_nc"));
+  EXPECT_EQ(nc.code, 2) << nc.out;
+  EXPECT_FALSE(fs::exists(p("att_nc/o.npy")));
   EXPECT_NE(help.out.find("Writes o.npy, lse.npy and the outputs"), std::string::npos) << help.out;
   // A forward-only kernel (no forward outputs declared: they name what takes a gradient).
   const Cmd mla = sh("run mla_decode --help");

@@ -58,8 +58,10 @@ std::function<harness::OptionValues()> add_kernel_options(CLI::App* cmd,
   for (const auto& s : specs) {
     std::string flag = "--" + harness::kebab_case(s.name);
     for (const std::string& alias : s.aliases) flag += ",--" + alias;
-    if (s.kind == K::kFlag) {
-      cmd->add_flag(flag, (*flags)[s.name], s.help);
+    if (s.kind == K::kFlag) {  // one that is on by default is turned off by --no-NAME
+      const bool on = s.default_value == "true";
+      (*flags)[s.name] = on;
+      cmd->add_flag(on ? flag + ",!--no-" + harness::kebab_case(s.name) : flag, (*flags)[s.name], s.help);
       continue;
     }
     auto* opt = cmd->add_option(flag, (*values)[s.name], s.help);
@@ -72,8 +74,7 @@ std::function<harness::OptionValues()> add_kernel_options(CLI::App* cmd,
     harness::OptionValues v = harness::defaults_of(specs);
     for (const auto& [name, text] : *values)
       if (!text.empty()) v.set(name, text);
-    for (const auto& [name, on] : *flags)
-      if (on) v.set(name, "true");
+    for (const auto& [name, on] : *flags) v.set(name, on ? "true" : "false");
     return v;
   };
 }

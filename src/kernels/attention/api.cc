@@ -51,6 +51,7 @@ void check_options(const Options& opt, Problem& p) {
   p.window_right = args.window(opt.window_right, "window_right", span);
   p.softcap = opt.softcap;
   p.causal = opt.causal;
+  p.deterministic = opt.deterministic;
   p.num_threads = resolve_num_threads(opt.num_threads);
   p.stream = opt.stream;
   p.memory_budget = opt.memory_budget;

@@ -126,12 +126,9 @@ std::shared_ptr<const Plan> make_plan(const cp::PlanKey& k) {
       plan.graph = forward_graph(k);
       plan.error = build(*plan.graph, h.get(), &plan.workspace);
     } else {
-      // Deterministic first (Tessera's backward is reproducible); cuDNN's fastest otherwise.
-      // TESSERA_CUDNN_DETERMINISTIC=0 asks for the non-deterministic engine first: side-by-side
-      // timing of what determinism costs (PyTorch's SDPA takes it by default). Read at a plan's
-      // first build: set it before the first backward of a shape.
-      const bool det_first = env::flag("TESSERA_CUDNN_DETERMINISTIC", true);
-      for (const bool det : {det_first, !det_first}) {
+      // The call's choice first (Options::deterministic, backward_key), the other engine when
+      // cuDNN has none of that kind for the shape.
+      for (const bool det : {k.deterministic, !k.deterministic}) {
         plan.graph = backward_graph(k, det);
         plan.error = build(*plan.graph, h.get(), &plan.workspace);
         plan.deterministic = det;
@@ -148,6 +145,15 @@ std::shared_ptr<const Plan> make_plan(const cp::PlanKey& k) {
                                        (k.pass == cp::Pass::kBackward && !plan.deterministic ? " (non-deterministic)" : "")
                                  : " unavailable: " + plan.error));
   return made;
+}
+
+// The backward's key: deterministic as the call asks, unless TESSERA_CUDNN_DETERMINISTIC=0 (read
+// on every call) turns that off for the whole process: side-by-side timing of what determinism
+// costs without touching the caller (PyTorch's SDPA takes the non-deterministic engine by default).
+cp::PlanKey backward_key(const Problem& p) {
+  cp::PlanKey k = cp::plan_key(p, cp::Pass::kBackward);
+  if (!env::flag("TESSERA_CUDNN_DETERMINISTIC", true)) k.deterministic = false;
+  return k;
 }
 
 // Plans by key, built once (under the lock: concurrent first calls of one shape build it once;
@@ -261,7 +267,7 @@ class Cudnn final : public Implementation {
     const std::string why =
         cp::unsupported_outputs(p.dtype, {in.o_dtype, in.grad_o_dtype, out.dq_dtype, out.dk_dtype, out.dv_dtype});
     if (!why.empty()) return fallback(p, why).backward(p, fallback_bs(p), in, out);
-    const auto plan = plan_for(cp::plan_key(p, cp::Pass::kBackward));
+    const auto plan = plan_for(backward_key(p));
     if (!plan->graph) return fallback(p, plan->error).backward(p, fallback_bs(p), in, out);
     std::unordered_map<int64_t, void*> pack{{kQ, mut(p.q)},         {kK, mut(p.k)},   {kV, mut(p.v)},
                                             {kO, mut(in.o)},        {kDO, mut(in.grad_o)},

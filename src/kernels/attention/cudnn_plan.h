@@ -103,11 +103,12 @@ struct PlanKey {
   int64_t B = 0, Sq = 0, Sk = 0, Hq = 0, Hkv = 0, D = 0, Dv = 0;
   uint32_t scale_bits = 0;
   int64_t left = -1, right = -1;
+  bool deterministic = false;  // backward: cuDNN's deterministic engine first
 
   bool operator==(const PlanKey& o) const {
     return device == o.device && pass == o.pass && dtype == o.dtype && B == o.B && Sq == o.Sq && Sk == o.Sk &&
            Hq == o.Hq && Hkv == o.Hkv && D == o.D && Dv == o.Dv && scale_bits == o.scale_bits && left == o.left &&
-           right == o.right;
+           right == o.right && deterministic == o.deterministic;
   }
   float scale() const {
     float s;
@@ -119,7 +120,7 @@ struct PlanKey {
     return std::string(pass == Pass::kForward ? "fwd" : "bwd") + " cuda:" + std::to_string(device) + " " +
            dtype_name(dtype) + " B=" + n(B) + " Sq=" + n(Sq) + " Sk=" + n(Sk) + " Hq=" + n(Hq) + " Hkv=" + n(Hkv) +
            " D=" + n(D) + " Dv=" + n(Dv) + " scale=" + std::to_string(scale()) + " left=" + n(left) +
-           " right=" + n(right);
+           " right=" + n(right) + (deterministic ? " deterministic" : "");
   }
 };
 
@@ -134,6 +135,7 @@ inline PlanKey plan_key(const Problem& p, Pass pass) {
   const Band b = band_of(p);
   k.left = b.left.value_or(-1);
   k.right = b.right.value_or(-1);
+  k.deterministic = pass == Pass::kBackward && p.deterministic;
   return k;
 }
 
@@ -143,7 +145,7 @@ struct PlanKeyHash {
     const auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     mix(static_cast<uint64_t>(k.device)), mix(static_cast<uint64_t>(k.pass)), mix(static_cast<uint64_t>(k.dtype));
     for (const int64_t v : {k.B, k.Sq, k.Sk, k.Hq, k.Hkv, k.D, k.Dv, k.left, k.right}) mix(static_cast<uint64_t>(v));
-    mix(k.scale_bits);
+    mix(k.scale_bits), mix(k.deterministic);
     return h;
   }
 };

@@ -48,6 +48,7 @@ struct Problem {
   double softcap = 0.0;
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
+  bool deterministic = true;  // backward (Options::deterministic)
 
   int num_threads = 1;  // resolved by the API: >= 1
   void* stream = nullptr;

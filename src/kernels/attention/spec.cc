@@ -32,6 +32,7 @@ Options call_options(const kernels::CallArgs& a) {
   opt.causal = o.flag("causal");
   opt.window_left = o.integer("window_left");
   opt.window_right = o.integer("window_right");
+  opt.deterministic = o.flag("deterministic");
   return opt;
 }
 
@@ -105,6 +106,9 @@ kernels::CallSpec call_spec() {
                {"causal", K::kFlag, "causal mask, bottom-right aligned when Sq != Sk", "false", {}},
                {"window_left", K::kInt, "sliding window: keys left of i + Sk - Sq; -1 unbounded", "-1", {}},
                {"window_right", K::kInt, "sliding window: keys right of i + Sk - Sq; -1 unbounded", "-1", {}},
+               {"deterministic", K::kFlag,
+                "backward: bitwise-repeatable gradients; off (--no-deterministic) lets cudnn take its faster "
+                "non-deterministic engine", "true", {}},
       kernels::block_sizes_option_spec("q=128,kv=256")};
   s.compound_flags = {{"window", {"window_left", "window_right"}, "sliding window LEFT,RIGHT around i + Sk - Sq (-1 = unbounded)"}};
   s.forward_outputs = {"o"};

@@ -3,6 +3,9 @@
 // memory labelled as device memory is refused. Skips without a usable CUDA device.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "kernels/cuda_test_util.h"
 #include "kernels/paged_attention/testing.h"
 #include "tessera/error.h"
@@ -11,14 +14,39 @@
 namespace tessera::paged_attention {
 namespace {
 
+void expect_grid_parity(const std::string& impl, const std::vector<testing::CaseSpec>& grid) {
+  for (const testing::CaseSpec& c : grid) {
+    const harness::ParityReport r = testing::check_parity(c, impl, Device::cuda());
+    TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, c.name() + ": " + r.error);
+    ASSERT_TRUE(r.ran) << impl << " " << c.name() << ": " << r.error;
+    for (const auto& f : r.fields) EXPECT_TRUE(f.dev.ok()) << impl << " " << c.name() << " " << f.field << ": " << f.dev.str();
+  }
+}
+
 TEST(PagedAttentionCuda, CheckGridMatchesTheReference) {
   TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda");
-  for (const testing::CaseSpec& c : testing::check_grid(false)) {
-    const harness::ParityReport r = testing::check_parity(c, "cuda", Device::cuda());
-    TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, c.name() + ": " + r.error);
-    ASSERT_TRUE(r.ran) << c.name() << ": " << r.error;
-    for (const auto& f : r.fields) EXPECT_TRUE(f.dev.ok()) << c.name() << " " << f.field << ": " << f.dev.str();
-  }
+  expect_grid_parity("cuda", testing::check_grid(false));
+}
+
+// cuda_v2 over the same grid, and where its own layout has edges: GQA groups of 1, 2, 3 (R = 2,
+// a partial item), 4, 8 and 16 (two items a row), prefill rows sharing an item, a window, sinks, keys over several
+// chunks and tiles with a ragged end, an empty sequence, every dtype, D not a multiple of 8.
+TEST(PagedAttentionCuda, V2MatchesTheReference) {
+  TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda_v2");
+  expect_grid_parity("cuda_v2", testing::check_grid(false));
+  std::vector<testing::CaseSpec> edges;
+  uint64_t seed = 900;
+  for (const int64_t g : {1, 2, 3, 4, 8, 16})  // 16: R = 8, two items a row
+    for (const DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      testing::CaseSpec c;
+      c.dtype = dt, c.Hkv = 2, c.Hq = 2 * g, c.D = g == 3 ? 20 : 64, c.Dv = g == 3 ? 24 : 64;
+      c.kv_lens = {1300, 0, 37, 300};
+      c.q_lens = {1, 0, 5, 3};
+      c.page_size = 16, c.causal = true, c.sinks = g == 2, c.window = g == 4 ? 100 : -1;
+      c.seed = ++seed;
+      edges.push_back(c);
+    }
+  expect_grid_parity("cuda_v2", edges);
 }
 
 TEST(PagedAttentionCuda, DispatchPicksCudaForDeviceInputs) {

@@ -27,6 +27,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "primitives/cuda_convert.cuh"
+
 namespace tessera::linear_cross_entropy::cuda_kernels {
 
 constexpr int kRowThreads = 512;  // threads per row block (16 warps)
@@ -76,23 +78,8 @@ __device__ __forceinline__ int64_t load_label(const void* labels, bool i32, int6
              : static_cast<const int64_t*>(labels)[t];
 }
 
-template <class T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-
-template <class T>
-__device__ __forceinline__ float to_f32(T v);
-template <>
-__device__ __forceinline__ float to_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+using primitives::cuda::from_f32;  // primitives/cuda_convert.cuh
+using primitives::cuda::to_f32;
 
 // Per-thread / per-block partial statistics of a row.
 struct RowStats {
@@ -400,7 +387,7 @@ __global__ void colsum_kernel(const T* g, int64_t ld, int64_t rows, int64_t V, f
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= V) return;
   float s = 0.f;
-  for (int64_t r = 0; r < rows; ++r) s += to_f32<T>(g[r * ld + j]);
+  for (int64_t r = 0; r < rows; ++r) s += to_f32(g[r * ld + j]);
   acc[j] += alpha * s;
 }
 

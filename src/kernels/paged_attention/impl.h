@@ -70,5 +70,6 @@ dispatch::Dims bind_tensors(const Inputs& in, dispatch::BindMode mode);
 std::unique_ptr<Implementation> make_reference_implementation();
 std::unique_ptr<Implementation> make_cpu_implementation();
 std::unique_ptr<Implementation> make_cuda_implementation();
+std::unique_ptr<Implementation> make_cuda_v2_implementation();
 
 }  // namespace tessera::paged_attention

@@ -17,19 +17,46 @@ namespace {
 
 #define SKIP_WITHOUT_GPU() TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda")
 
-TEST(MlaDecodeCuda, CheckGridMatchesTheReference) {
-  SKIP_WITHOUT_GPU();
-  for (const testing::CaseSpec& s : testing::check_grid(false)) {
-    const harness::ParityReport r = testing::check_parity(s, "cuda", Device::cuda());
+void expect_grid_parity(const std::string& impl, const std::vector<testing::CaseSpec>& grid) {
+  for (const testing::CaseSpec& s : grid) {
+    const harness::ParityReport r = testing::check_parity(s, impl, Device::cuda());
     TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, s.name() + ": " + r.error);
-    ASSERT_TRUE(r.ran) << s.name() << ": " << r.error;
-    for (const auto& f : r.fields) EXPECT_TRUE(f.dev.ok()) << s.name() << " " << f.field << ": " << f.dev.str();
+    ASSERT_TRUE(r.ran) << impl << " " << s.name() << ": " << r.error;
+    for (const auto& f : r.fields) EXPECT_TRUE(f.dev.ok()) << impl << " " << s.name() << " " << f.field << ": " << f.dev.str();
   }
 }
 
-// Every split size gives the unsplit result within f32 rounding of the combine (1e-5).
-TEST(MlaDecodeCuda, SplitEqualsUnsplit) {
+TEST(MlaDecodeCuda, CheckGridMatchesTheReference) {
   SKIP_WITHOUT_GPU();
+  expect_grid_parity("cuda", testing::check_grid(false));
+}
+
+// cuda_v2 (primitives/cuda_split_kv.cuh) over the same grid and its own edges: Hq 1, 2, 3 (a
+// partial item) and 128 (32 items a row), Sq > 1 causal rows sharing an item, a sequence shorter
+// than Sq, an empty one, D 576 / Dv 512 in every dtype with bf16 / f16 outputs, D not a multiple of 8.
+TEST(MlaDecodeCuda, V2MatchesTheReference) {
+  TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda_v2");
+  expect_grid_parity("cuda_v2", testing::check_grid(false));
+  std::vector<testing::CaseSpec> edges;
+  uint64_t seed = 500;
+  for (const int64_t hq : {1, 2, 3, 128})
+    for (const DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      testing::CaseSpec s;
+      s.dtype = dt, s.Hq = hq, s.Sq = hq == 128 ? 1 : 3, s.seqlens = {700, 2, 0, 65};
+      s.D = hq == 3 ? 36 : 576, s.Dv = hq == 3 ? 20 : 512, s.page_size = hq == 3 ? 5 : 64;
+      s.o_f32 = dt == DType::kF32 || hq != 2, s.opt.causal = hq != 1, s.seed = ++seed;
+      edges.push_back(s);
+    }
+  expect_grid_parity("cuda_v2", edges);
+}
+
+// Every split size gives the unsplit result within f32 rounding of the combine (1e-5), on cuda and
+// on cuda_v2 (its chunk length is the split, in whole 128-key tiles).
+class MlaDecodeCudaSplits : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MlaDecodeCudaSplits, SplitEqualsUnsplit) {
+  const std::string impl = GetParam();
+  TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), impl);
   testing::CaseSpec s;
   s.seqlens = {300, 1, 0, 129};
   s.Sq = 3, s.Hq = 4, s.D = 40, s.Dv = 24, s.page_size = 10;
@@ -40,8 +67,8 @@ TEST(MlaDecodeCuda, SplitEqualsUnsplit) {
     Tensor o = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq, s.Dv}, Device::cuda());
     Tensor lse = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq}, Device::cuda());
     Options opt = s.opt;
-    opt.dv = s.Dv, opt.implementation = "cuda", opt.block_sizes = BlockSizes{split};
-    EXPECT_EQ(forward({q.view(), kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt), "cuda");
+    opt.dv = s.Dv, opt.implementation = impl, opt.block_sizes = BlockSizes{split};
+    EXPECT_EQ(forward({q.view(), kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt), impl);
     return std::pair{o.to(Device{}), lse.to(Device{})};
   };
   const auto whole = run(300);
@@ -56,6 +83,9 @@ TEST(MlaDecodeCuda, SplitEqualsUnsplit) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Impls, MlaDecodeCudaSplits, ::testing::Values("cuda", "cuda_v2"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // Device inputs dispatch to cuda by default; host memory labelled cuda is refused before running.
 TEST(MlaDecodeCuda, DispatchAndHostMemoryLabelledDevice) {

@@ -71,5 +71,6 @@ const std::vector<tune::TableEntry>& tuned_table();
 std::unique_ptr<Implementation> make_reference_implementation();
 std::unique_ptr<Implementation> make_cpu_implementation();
 std::unique_ptr<Implementation> make_cuda_implementation();  // in the CUDA module
+std::unique_ptr<Implementation> make_cuda_v2_implementation();  // in the CUDA module
 
 }  // namespace tessera::mla_decode

@@ -11,6 +11,10 @@ Registry& registry() {
     reg->add_module_implementation("cuda", DeviceType::kCUDA,
                                    "NVIDIA GPUs: split-KV partial attention then the lse combine, from the CUDA "
                                    "module libtessera_cuda.so");
+    // cuda_v2: experimental (out of the default order) until a GPU run verifies it.
+    reg->add_module_implementation("cuda_v2", DeviceType::kCUDA,
+                                   "NVIDIA GPUs: split-KV, keys across the lanes, 4 query heads an item, from the "
+                                   "CUDA module libtessera_cuda.so", {}, VersionStatus::kExperimental);
 #ifdef TESSERA_HAVE_CPU_BACKEND
     reg->add(make_cpu_implementation());
 #endif

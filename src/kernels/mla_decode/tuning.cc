@@ -47,6 +47,9 @@ const tune::Declared& tuning() {
     };
     t.implementations = {"cpu"};
     t.candidates = candidates;
+    // The GPU implementations plan their own splits (split_keys = 0); without this they got the
+    // cpu rule's split, sized by the host's threads (found in review, 2026-11-27).
+    t.default_of = [](const std::string&) { return tune::Params{{"split_keys", 0}}; };
     // bf16 inputs: stage 1 rounds P to bf16 for P·V against each split's own running max, so
     // another split length rounds P differently: errors of 2^-9 of each weight, up to ~2^-9 of
     // the values' scale in o (measured 1.5e-3 of o's largest |value|). The bf16 output

@@ -10,11 +10,10 @@ Registry& registry() {
     // cuda.cu: in the CUDA device module, declared here (dispatch/registry.h: add_module_implementation).
     reg->add_module_implementation("cuda", DeviceType::kCUDA,
                                    "NVIDIA GPUs: one warp per query row and head, from the CUDA module libtessera_cuda.so");
-    // cuda_v2 (split-KV, keys across the lanes) after cuda until a GPU run verifies it: named
-    // explicitly meanwhile (docs/kernels/paged_attention.md, v2).
+    // cuda_v2: experimental (out of the default order) until a GPU run verifies it.
     reg->add_module_implementation("cuda_v2", DeviceType::kCUDA,
                                    "NVIDIA GPUs: split-KV, keys across the lanes, a kv head's query heads together, "
-                                   "from the CUDA module libtessera_cuda.so");
+                                   "from the CUDA module libtessera_cuda.so", {}, VersionStatus::kExperimental);
 #ifdef TESSERA_HAVE_CPU_BACKEND
     reg->add(make_cpu_implementation());
 #endif

@@ -330,6 +330,24 @@ void launch(const Params& k, int items, cudaStream_t stream) {
   tessera::cuda::check_launch("split_kv merge_kernel", stream);
 }
 
+// Why run() cannot take a problem, or "" (its users' supports()): head dims over Lim's, query rows
+// or key positions past int32 (the Item fields, the page arithmetic), a stream being captured (the
+// work list goes through a staged copy: `index_copy` says so), or partials past kMaxScratch with
+// one chunk an item (counted without building the work list; run() checks the real count).
+template <class Lim>
+std::string refusal(int64_t D, int64_t Dv, int64_t rows, int64_t key_positions, const std::vector<int64_t>& q_lens,
+                    int64_t Hkv, int64_t G, int max_r, cudaStream_t stream, const char* index_copy) {
+  if (D > Lim::kMaxD || Dv > Lim::kMaxDv)
+    return "D <= " + std::to_string(Lim::kMaxD) + " and Dv <= " + std::to_string(Lim::kMaxDv) +
+           " are supported, got D=" + std::to_string(D) + ", Dv=" + std::to_string(Dv);
+  if (rows >= INT32_MAX || key_positions >= INT32_MAX) return "needs fewer than 2^31 query rows and key positions";
+  if (std::string why = tessera::cuda::capture_refusal(stream, index_copy); !why.empty()) return why;
+  const size_t bytes = scratch_lower_bound(q_lens, Hkv, G, rows_per_item(G, max_r), Dv);
+  if (bytes > kMaxScratch)
+    return "the chunk partials would take at least " + std::to_string(bytes >> 20) + " MiB (> 1024)";
+  return {};
+}
+
 // Plans `seqs` (R pairs an item, R a power of two <= MaxR), copies the page table (host,
 // n_pages entries) and the work list to the device in one staged copy, and launches both kernels
 // on `stream`; `k` holds everything but what this fills. Throws kUnsupported (via `refuse`) when

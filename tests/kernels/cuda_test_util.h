@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tessera/tensor.h"  // Device
+
 // Implementation `name` of a kernel's implementations() list, or nullptr when not registered.
 template <class Info>
 const Info* find_info(const std::vector<Info>& infos, const std::string& name) {
@@ -35,3 +37,17 @@ const Info* find_info(const std::vector<Info>& infos, const std::string& name) {
       FAIL() << "refused as unsupported, which this case is not declared to be: " << (reason);        \
     }                                                                                                  \
   } while (0)
+
+// Every case of `grid` through `check(case, impl, device)` (a kernel's testing::check_parity) on
+// the CUDA device: it ran (a refusal is a failure: none is declared here) and every field is
+// within its tolerance.
+template <class Spec, class Check>
+void expect_grid_parity(const std::string& impl, const std::vector<Spec>& grid, Check check) {
+  for (const Spec& c : grid) {
+    const auto r = check(c, impl, tessera::Device::cuda());
+    TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, c.name() + ": " + r.error);
+    ASSERT_TRUE(r.ran) << impl << " " << c.name() << ": " << r.error;
+    for (const auto& f : r.fields)
+      EXPECT_TRUE(f.dev.ok()) << impl << " " << c.name() << " " << f.field << ": " << f.dev.str();
+  }
+}

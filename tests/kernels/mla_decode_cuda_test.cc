@@ -17,18 +17,9 @@ namespace {
 
 #define SKIP_WITHOUT_GPU() TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda")
 
-void expect_grid_parity(const std::string& impl, const std::vector<testing::CaseSpec>& grid) {
-  for (const testing::CaseSpec& s : grid) {
-    const harness::ParityReport r = testing::check_parity(s, impl, Device::cuda());
-    TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, s.name() + ": " + r.error);
-    ASSERT_TRUE(r.ran) << impl << " " << s.name() << ": " << r.error;
-    for (const auto& f : r.fields) EXPECT_TRUE(f.dev.ok()) << impl << " " << s.name() << " " << f.field << ": " << f.dev.str();
-  }
-}
-
 TEST(MlaDecodeCuda, CheckGridMatchesTheReference) {
   SKIP_WITHOUT_GPU();
-  expect_grid_parity("cuda", testing::check_grid(false));
+  expect_grid_parity("cuda", testing::check_grid(false), testing::check_parity);
 }
 
 // cuda_v2 (primitives/cuda_split_kv.cuh) over the same grid and its own edges: Hq 1, 2, 3 (a
@@ -36,7 +27,7 @@ TEST(MlaDecodeCuda, CheckGridMatchesTheReference) {
 // than Sq, an empty one, D 576 / Dv 512 in every dtype with bf16 / f16 outputs, D not a multiple of 8.
 TEST(MlaDecodeCuda, V2MatchesTheReference) {
   TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda_v2");
-  expect_grid_parity("cuda_v2", testing::check_grid(false));
+  expect_grid_parity("cuda_v2", testing::check_grid(false), testing::check_parity);
   std::vector<testing::CaseSpec> edges;
   uint64_t seed = 500;
   for (const int64_t hq : {1, 2, 3, 128})
@@ -47,7 +38,7 @@ TEST(MlaDecodeCuda, V2MatchesTheReference) {
       s.o_f32 = dt == DType::kF32 || hq != 2, s.opt.causal = hq != 1, s.seed = ++seed;
       edges.push_back(s);
     }
-  expect_grid_parity("cuda_v2", edges);
+  expect_grid_parity("cuda_v2", edges, testing::check_parity);
 }
 
 // Every split size gives the unsplit result within f32 rounding of the combine (1e-5), on cuda and

@@ -14,18 +14,9 @@
 namespace tessera::paged_attention {
 namespace {
 
-void expect_grid_parity(const std::string& impl, const std::vector<testing::CaseSpec>& grid) {
-  for (const testing::CaseSpec& c : grid) {
-    const harness::ParityReport r = testing::check_parity(c, impl, Device::cuda());
-    TESSERA_SKIP_DECLARED_UNSUPPORTED(r.skipped, false, c.name() + ": " + r.error);
-    ASSERT_TRUE(r.ran) << impl << " " << c.name() << ": " << r.error;
-    for (const auto& f : r.fields) EXPECT_TRUE(f.dev.ok()) << impl << " " << c.name() << " " << f.field << ": " << f.dev.str();
-  }
-}
-
 TEST(PagedAttentionCuda, CheckGridMatchesTheReference) {
   TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda");
-  expect_grid_parity("cuda", testing::check_grid(false));
+  expect_grid_parity("cuda", testing::check_grid(false), testing::check_parity);
 }
 
 // cuda_v2 over the same grid, and where its own layout has edges: GQA groups of 1, 2, 3 (R = 2,
@@ -33,7 +24,7 @@ TEST(PagedAttentionCuda, CheckGridMatchesTheReference) {
 // chunks and tiles with a ragged end, an empty sequence, every dtype, D not a multiple of 8.
 TEST(PagedAttentionCuda, V2MatchesTheReference) {
   TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda_v2");
-  expect_grid_parity("cuda_v2", testing::check_grid(false));
+  expect_grid_parity("cuda_v2", testing::check_grid(false), testing::check_parity);
   std::vector<testing::CaseSpec> edges;
   uint64_t seed = 900;
   for (const int64_t g : {1, 2, 3, 4, 8, 16})  // 16: R = 8, two items a row
@@ -46,7 +37,7 @@ TEST(PagedAttentionCuda, V2MatchesTheReference) {
       c.seed = ++seed;
       edges.push_back(c);
     }
-  expect_grid_parity("cuda_v2", edges);
+  expect_grid_parity("cuda_v2", edges, testing::check_parity);
 }
 
 TEST(PagedAttentionCuda, DispatchPicksCudaForDeviceInputs) {

@@ -12,7 +12,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <string>
 #include <vector>
 
@@ -51,19 +50,10 @@ class CudaV2 final : public primitives::CudaBackend<Implementation> {
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA) return Availability::no("the cuda_v2 backend runs on CUDA device memory");
     if (const Availability a = available(); !a.ok) return a;
-    if (p.D > Lim::kMaxD || p.Dv > Lim::kMaxDv)
-      return Availability::no("the cuda_v2 backend supports D <= 576 and Dv <= 512, got D=" + std::to_string(p.D) +
-                              ", Dv=" + std::to_string(p.Dv));
-    if (p.B * p.Sq >= INT_MAX || p.max_pages * p.page_size >= INT_MAX)  // rows, key positions and items in int32
-      return Availability::no("the cuda_v2 backend needs fewer than 2^31 query rows and key positions");
-    if (const std::string why = cuda::capture_refusal(static_cast<cudaStream_t>(p.stream), kIndexCopy); !why.empty())
-      return Availability::no(why);
-    const int R = skv::rows_per_item(p.Hq, kMaxRows);
-    const size_t bytes = skv::scratch_lower_bound(std::vector<int64_t>(static_cast<size_t>(p.B), p.Sq), 1, p.Hq, R, p.Dv);
-    if (bytes > skv::kMaxScratch)
-      return Availability::no("the cuda_v2 backend's chunk partials would take at least " +
-                              std::to_string(bytes >> 20) + " MiB (> 1024)");
-    return Availability::yes();
+    const std::string why = skv::refusal<Lim>(p.D, p.Dv, p.B * p.Sq, p.max_pages * p.page_size,
+                                              std::vector<int64_t>(static_cast<size_t>(p.B), p.Sq), 1, p.Hq, kMaxRows,
+                                              static_cast<cudaStream_t>(p.stream), kIndexCopy);
+    return why.empty() ? Availability::yes() : Availability::no("the cuda_v2 backend: " + why);
   }
   void forward(const Problem& p) const override {
     TESSERA_NVTX_RANGE("mla_decode.cuda_v2.fwd");

@@ -20,6 +20,7 @@
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
 #include "core/trace_nvtx.h"
+#include "kernels/paged_attention/cuda_checks.h"
 #include "kernels/paged_attention/impl.h"
 #include "primitives/cuda_available.h"
 #include "tessera/error.h"
@@ -110,10 +111,6 @@ __global__ void forward_kernel(Params p) {
   if (lane == 0) p.lse[t * p.Hq + h] = l > 0.0f && m > -INFINITY ? m + logf(l) : -INFINITY;
 }
 
-[[noreturn]] void fail(ErrorCode code, const std::string& msg) {
-  throw Error(code, std::string(kKernelName) + " (cuda): " + msg);
-}
-
 class Cuda final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda"; }
@@ -136,13 +133,8 @@ class Cuda final : public primitives::CudaBackend<Implementation> {
     TESSERA_NVTX_RANGE("paged_attention.cuda.fwd");
     const int dev = p.device.index;
     cuda::DeviceGuard guard(dev);
-    const std::string who = std::string(kKernelName) + " (cuda)";
-    for (const auto& [ptr, what] : {std::pair<const void*, const char*>{p.q, "q"}, {p.k, "k_cache"}, {p.v, "v_cache"},
-                                    {p.o, "o"}, {p.lse, "lse"}})
-      cuda::require_accessible(ptr, dev, who, what);
-    if (p.sinks) cuda::require_accessible(p.sinks, dev, who, "sinks");
+    require_launchable(p, std::string(kKernelName) + " (cuda)", kIndexCopy);
     const auto stream = static_cast<cudaStream_t>(p.stream);
-    if (const std::string why = cuda::capture_refusal(stream, kIndexCopy); !why.empty()) fail(ErrorCode::kUnsupported, why);
     // One staged copy: page_table [N·max_pages], kv_lens [N], cu_q [N+1].
     const size_t npt = static_cast<size_t>(p.N * p.max_pages), n = static_cast<size_t>(p.N);
     std::vector<int32_t> idx(npt + 2 * n + 1);

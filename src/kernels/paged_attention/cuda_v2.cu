@@ -12,13 +12,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <string>
 #include <vector>
 
 #include "core/cuda_module.h"
 #include "core/cuda_util.h"
 #include "core/trace_nvtx.h"
+#include "kernels/paged_attention/cuda_checks.h"
 #include "kernels/paged_attention/impl.h"
 #include "primitives/cuda_available.h"
 #include "primitives/cuda_split_kv.cuh"
@@ -57,31 +57,16 @@ class CudaV2 final : public primitives::CudaBackend<Implementation> {
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCUDA) return Availability::no("the cuda_v2 backend runs on CUDA device memory");
     if (const Availability a = available(); !a.ok) return a;
-    if (p.D > Lim::kMaxD || p.Dv > Lim::kMaxDv)
-      return Availability::no("the cuda_v2 backend supports D, Dv <= 256, got D=" + std::to_string(p.D) +
-                              ", Dv=" + std::to_string(p.Dv));
-    if (p.T >= INT_MAX || p.max_pages * p.page_size >= INT_MAX)  // key positions and items in int32
-      return Availability::no("the cuda_v2 backend needs fewer than 2^31 query rows and key positions");
-    if (const std::string why = cuda::capture_refusal(static_cast<cudaStream_t>(p.stream), kIndexCopy); !why.empty())
-      return Availability::no(why);
-    const int R = skv::rows_per_item(p.group(), kMaxRows);
-    const size_t bytes = skv::scratch_lower_bound(q_lens(p), p.Hkv, p.group(), R, p.Dv);
-    if (bytes > skv::kMaxScratch)
-      return Availability::no("the cuda_v2 backend's chunk partials would take at least " +
-                              std::to_string(bytes >> 20) + " MiB (> 1024: long prefills belong to cuda)");
-    return Availability::yes();
+    const std::string why = skv::refusal<Lim>(p.D, p.Dv, p.T, p.max_pages * p.page_size, q_lens(p), p.Hkv, p.group(),
+                                              kMaxRows, static_cast<cudaStream_t>(p.stream), kIndexCopy);
+    return why.empty() ? Availability::yes() : Availability::no("the cuda_v2 backend: " + why);
   }
   void forward(const Problem& p) const override {
     TESSERA_NVTX_RANGE("paged_attention.cuda_v2.fwd");
     const int dev = p.device.index;
     cuda::DeviceGuard guard(dev);
-    const std::string who = std::string(kKernelName) + " (cuda_v2)";
-    for (const auto& [ptr, what] : {std::pair<const void*, const char*>{p.q, "q"}, {p.k, "k_cache"}, {p.v, "v_cache"},
-                                    {p.o, "o"}, {p.lse, "lse"}})
-      cuda::require_accessible(ptr, dev, who, what);
-    if (p.sinks) cuda::require_accessible(p.sinks, dev, who, "sinks");
+    require_launchable(p, std::string(kKernelName) + " (cuda_v2)", kIndexCopy);
     const auto stream = static_cast<cudaStream_t>(p.stream);
-    if (const std::string why = cuda::capture_refusal(stream, kIndexCopy); !why.empty()) fail(ErrorCode::kUnsupported, why);
     std::vector<skv::Seq> seqs(static_cast<size_t>(p.N));
     for (int64_t s = 0; s < p.N; ++s) seqs[static_cast<size_t>(s)] = {p.cu_q[s], p.q_len(s), p.kv_len(s)};
     skv::Params k{};

@@ -168,3 +168,21 @@ def test_metric_outputs_follow_the_loss():
     np.testing.assert_array_equal(am, z.argmax(-1))
     assert acc == pytest.approx((z.argmax(-1)[kept] == y[kept]).mean())
     np.testing.assert_allclose(loss, ref.loss(x, w, y, z_loss_weight=lam), rtol=2e-5)
+
+
+def test_skip_ignored_is_a_keyword_on_by_default():
+    # Ignored tokens are skipped before any GEMM (their lse is 0); skip_ignored=False computes
+    # every row, so the ignored tokens' lse is their logsumexp. The loss is the same either way.
+    x, w, y = ref.problem(B=16)
+    y = y.copy()
+    y[::3] = -100
+    args = {"x": x, "w": w, "labels": y}
+    skip = tessera.call("linear_cross_entropy", "forward", args, reduction="none")
+    every = tessera.call("linear_cross_entropy", "forward", args, reduction="none", skip_ignored=False)
+    z = x.astype(np.float64) @ w.astype(np.float64).T
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    np.testing.assert_array_equal(skip["lse"][::3], 0.0)
+    np.testing.assert_allclose(every["lse"], lse, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(every["loss"], skip["loss"], rtol=1e-6, atol=1e-6)
+    opt = {o.name: o for o in tessera.KERNELS["linear_cross_entropy"].options}["skip_ignored"]
+    assert opt.kind == "flag" and opt.default is True

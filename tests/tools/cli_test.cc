@@ -138,6 +138,26 @@ TEST_F(Cli, RunWritesLossAndGradientsMatchingTheLibrary) {
   EXPECT_EQ(npy::load(p("out/loss.npy")).data_as<float>()[1], 0.0f);  // ignored token
 }
 
+// Options::skip_ignored reaches the CLI from its declaration: on by default (the ignored token's
+// lse is 0: never computed), --no-skip-ignored computes every row (its lse is its logsumexp).
+TEST_F(Cli, RunSkipsIgnoredTokensUnlessTold) {
+  const std::string args = "run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --labels " +
+                           p("y.npy") + " --reduction none --impl reference --out ";
+  ASSERT_EQ(sh(args + p("skip")).code, 0);
+  const Cmd every = sh(args + p("every") + " --no-skip-ignored");
+  ASSERT_EQ(every.code, 0) << every.out;
+  lce::Options o;
+  o.reduction = lce::Reduction::kNone;
+  o.skip_ignored = false;
+  o.implementation = "reference";
+  const lce::Result want = lce::compute({x, w, std::nullopt, labels, std::nullopt}, o);
+  const Tensor skipped = npy::load(p("skip/lse.npy")), all = npy::load(p("every/lse.npy"));
+  EXPECT_EQ(skipped.data_as<float>()[1], 0.0f);
+  EXPECT_GT(want.lse.data_as<float>()[1], 0.0f);
+  for (int64_t t = 0; t < 3; ++t) EXPECT_EQ(all.data_as<float>()[t], want.lse.data_as<float>()[t]) << t;
+  EXPECT_EQ(npy::load(p("every/loss.npy")).data_as<float>()[0], npy::load(p("skip/loss.npy")).data_as<float>()[0]);
+}
+
 TEST_F(Cli, BadInputsGiveOneLineErrorsAndNonZeroExit) {
   const std::string base = "run linear_cross_entropy --w " + p("w.npy") + " --out " + p("out") + " --labels ";
   // Label out of range.

@@ -4,6 +4,7 @@
 #include "kernels/attention/baseline.h"
 #include "kernels/attention/impl.h"
 #include "kernels/attention/testing.h"
+#include "kernels/declared_options.h"
 #include "kernels/registry.h"
 #include "kernels/declared_tune.h"
 #include "tessera/attention.h"
@@ -23,17 +24,20 @@ BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "q").valu
 tune::Params to_params(const BlockSizes& b) { return {{"q", b.q}, {"kv", b.kv}}; }
 
 // Option names are the C++ Options fields; scale 0 means the default 1/sqrt(D).
-Options call_options(const kernels::CallArgs& a) {
-  Options opt = kernels::exec_options<Options>(a);
-  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
-  const harness::OptionValues& o = a.options;
-  if (o.real("scale") != 0.0) opt.scale = o.real("scale");
-  opt.softcap = o.real("softcap");
-  opt.causal = o.flag("causal");
-  opt.window_left = o.integer("window_left");
-  opt.window_right = o.integer("window_right");
-  opt.deterministic = o.flag("deterministic");
-  return opt;
+const kernels::DeclaredOptions<Options>& options() {
+  static const kernels::DeclaredOptions<Options> d{
+      kKernelName,
+      {kernels::field(&Options::scale, "scale", "softmax scale; 0: 1/sqrt(D)", "0"),
+       kernels::field(&Options::softcap, "softcap", "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables"),
+       kernels::field(&Options::causal, "causal", "causal mask, bottom-right aligned when Sq != Sk"),
+       kernels::field(&Options::window_left, "window_left", "sliding window: keys left of i + Sk - Sq; -1 unbounded"),
+       kernels::field(&Options::window_right, "window_right",
+                      "sliding window: keys right of i + Sk - Sq; -1 unbounded"),
+       kernels::field(&Options::deterministic, "deterministic",
+                      "backward: bitwise-repeatable gradients; off (--no-deterministic) lets cudnn take its faster "
+                      "non-deterministic engine"),
+       kernels::block_sizes_field(&Options::block_sizes, "q=128,kv=256", from_params, to_params)}};
+  return d;
 }
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
@@ -77,7 +81,7 @@ std::string call_backward(const Inputs& in, const kernels::CallArgs& a, const Gr
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
-  const Options opt = call_options(a);
+  const Options opt = options().parse(a);
   const Inputs in = call_inputs(a);
   const kernels::CallOutputs checked(call_outputs(a), out, a, kKernelName);  // the count
   switch (a.pass) {
@@ -101,15 +105,7 @@ kernels::CallSpec call_spec() {
   s.grad_inputs = {{"grad_o", "upstream gradient of o (o's shape; f32 or q's dtype)", true, false, {"do"}},
                    {"o", "the forward's o; spares recomputing the forward", false, false},
                    {"lse", "the forward's lse (f32)", false, false}};
-  s.options = {{"scale", K::kFloat, "softmax scale; 0: 1/sqrt(D)", "0", {}},
-               {"softcap", K::kFloat, "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables", "0", {}},
-               {"causal", K::kFlag, "causal mask, bottom-right aligned when Sq != Sk", "false", {}},
-               {"window_left", K::kInt, "sliding window: keys left of i + Sk - Sq; -1 unbounded", "-1", {}},
-               {"window_right", K::kInt, "sliding window: keys right of i + Sk - Sq; -1 unbounded", "-1", {}},
-               {"deterministic", K::kFlag,
-                "backward: bitwise-repeatable gradients; off (--no-deterministic) lets cudnn take its faster "
-                "non-deterministic engine", "true", {}},
-      kernels::block_sizes_option_spec("q=128,kv=256")};
+  s.options = options().specs();
   s.compound_flags = {{"window", {"window_left", "window_right"}, "sliding window LEFT,RIGHT around i + Sk - Sq (-1 = unbounded)"}};
   s.forward_outputs = {"o"};
   s.saved_outputs = {"o", "lse"};  // o is returned and kept for backward

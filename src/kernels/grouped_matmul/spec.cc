@@ -8,6 +8,7 @@
 #include "kernels/grouped_matmul/impl.h"
 #include "kernels/grouped_matmul/testing.h"
 #include "kernels/declared_tune.h"
+#include "kernels/declared_options.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 #include "tessera/grouped_matmul.h"
@@ -28,16 +29,15 @@ using K = OptionSpec::Kind;
 BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "m").value_or(0), tune::param(p, "n").value_or(0)}; }
 tune::Params to_params(const BlockSizes& b) { return {{"m", b.m}, {"n", b.n}}; }
 
-// Option names are the C++ Options fields; group_offset -1 means unset.
-Options call_options(const kernels::CallArgs& a) {
-  Options opt = kernels::exec_options<Options>(a);
-  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
-  opt.transpose_rhs = a.options.flag("transpose_rhs");
-  const int64_t off = a.options.integer("group_offset");
-  check(off >= -1, ErrorCode::kInvalidArgument,
-        std::string(kKernelName) + ": group_offset must be >= 0 (or -1: unset), got " + std::to_string(off));
-  if (off >= 0) opt.group_offset = off;
-  return opt;
+// group_offset -1 means unset (a negative offset is the API's error).
+const kernels::DeclaredOptions<Options>& options() {
+  static const kernels::DeclaredOptions<Options> d{
+      kKernelName,
+      {kernels::field(&Options::transpose_rhs, "transpose_rhs", "rhs (and drhs) are [G, N, K]"),
+       kernels::field(&Options::group_offset, "group_offset",
+                      "expert parallelism: rhs holds groups [offset, offset + G) of group_sizes; -1: unset", "-1"),
+       kernels::block_sizes_field(&Options::block_sizes, "m=512,n=512", from_params, to_params)}};
+  return d;
 }
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
@@ -45,7 +45,7 @@ const TensorView& need(const kernels::CallArgs& a, const char* name) { return ke
 // Shapes only (the data may be absent: outputs() is asked with metadata under jit and fake
 // tensors); the call itself validates everything else.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const Options opt = call_options(a);
+  const Options opt = options().parse(a);
   const dispatch::Dims d = bind_tensors({need(a, "lhs"), need(a, "rhs"), {}}, opt, dispatch::BindMode::kShapesOnly);
   std::vector<kernels::OutputDesc> out;
   if (a.pass != Pass::kBackward) out.push_back(kernels::output_of(d, "out", "M,N", "=lhs"));
@@ -57,7 +57,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
-  const Options opt = call_options(a);
+  const Options opt = options().parse(a);
   const Inputs in{need(a, "lhs"), need(a, "rhs"), need(a, "group_sizes")};
   const kernels::CallOutputs checked(call_outputs(a), out, a, kKernelName);  // the count
   // The kernel takes dout in the inputs' dtype (the gradient of a bf16 output is bf16 in autograd
@@ -80,10 +80,7 @@ kernels::CallSpec call_spec() {
               {"group_sizes", "rows per group [G_total] (int32 or int64, host memory); rows past the sum are zero",
                true, false, {}, true}};
   s.grad_inputs = {{"grad_out", "upstream gradient of out [M, N] (f32 or lhs's dtype)", true, false, {"dout"}}};
-  s.options = {{"transpose_rhs", K::kFlag, "rhs (and drhs) are [G, N, K]", "false", {}},
-               {"group_offset", K::kInt, "expert parallelism: rhs holds groups [offset, offset + G) of group_sizes; -1: unset",
-                "-1", {}},
-      kernels::block_sizes_option_spec("m=512,n=512")};
+  s.options = options().specs();
   s.forward_outputs = {"out"};
   s.outputs = call_outputs;
   s.call = call;

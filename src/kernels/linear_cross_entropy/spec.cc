@@ -3,6 +3,7 @@
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "dispatch/arg_check.h"
+#include "kernels/declared_options.h"
 #include "kernels/registry.h"
 #include "kernels/declared_tune.h"
 #include "tessera/error.h"
@@ -23,21 +24,35 @@ using K = OptionSpec::Kind;
 
 // ---- call (Python bindings) ----
 // Option names are the C++ Options fields, so Python keywords read like the C++ API.
-Options call_options(const kernels::CallArgs& a) {
-  Options opt = kernels::exec_options<Options>(a);
-  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
-  const harness::OptionValues& o = a.options;
-  opt.reduction = parse_reduction(o.str("reduction"));
-  opt.w_layout = parse_w_layout(o.str("w_layout"));
-  opt.z_loss_weight = o.real("z_loss_weight");
-  opt.soft_cap = o.real("soft_cap");
-  opt.label_smoothing = o.real("label_smoothing");
-  opt.ignore_index = o.integer("ignore_index");
-  opt.return_argmax = o.flag("return_argmax");
-  opt.return_z_loss = o.flag("return_z_loss");
-  opt.return_token_accuracy = o.flag("return_token_accuracy");
-  opt.vocab_total = o.integer("vocab_total");
-  return opt;
+const kernels::DeclaredOptions<Options>& options() {
+  using kernels::field;
+  static const kernels::DeclaredOptions<Options> d{
+      kKernelName,
+      {kernels::choice(&Options::reduction, "reduction", "none, sum or mean", {"none", "sum", "mean"}, parse_reduction,
+                       reduction_name),
+       field(&Options::ignore_index, "ignore_index", "label value whose rows are ignored"),
+       field(&Options::label_smoothing, "label_smoothing", "label smoothing ε in [0, 1]"),
+       field(&Options::z_loss_weight, "z_loss_weight", "z-loss weight λ (adds λ·lse² per token)", {"z-loss"}),
+       field(&Options::soft_cap, "soft_cap", "logit soft cap c (z = c·tanh(z/c)); 0 disables"),
+       kernels::choice(&Options::w_layout, "w_layout",
+                       "auto (from the shape; an error when H == V), vh ([V, H]) or hv ([H, V])", {"auto", "vh", "hv"},
+                       parse_w_layout, w_layout_name),
+       field(&Options::return_argmax, "return_argmax", "also return the argmax of the logits per token (i64)",
+             {"argmax"}),
+       field(&Options::return_z_loss, "return_z_loss",
+             "also return the z-loss part alone (f32, the loss's shape; a metric: no gradient, the loss contains it)"),
+       field(&Options::return_token_accuracy, "return_token_accuracy",
+             "also return the share of non-ignored tokens whose argmax is the label (f32, 0-d; a metric)",
+             {"token-accuracy"}),
+       field(&Options::skip_ignored, "skip_ignored",
+             "skip ignored tokens before any GEMM (host inputs, >= 1/16 of them ignored; their lse is then 0); "
+             "off (--no-skip-ignored): every row computed, the lse of ignored rows their logsumexp"),
+       field(&Options::vocab_total, "vocab_total",
+             "vocab-parallel partial form: the number of classes of all slices (w holds V of them, labels are "
+             "relative to the slice; forward returns the slice's statistics, backward takes the combined lse); "
+             "0 = off"),
+       kernels::block_sizes_field(&Options::block_sizes, "b=1024,h=512,v=2048", from_params, to_params)}};
+  return d;
 }
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
@@ -51,7 +66,7 @@ Inputs call_inputs(const kernels::CallArgs& a) {
 }
 
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const Options opt = call_options(a);
+  const Options opt = options().parse(a);
   const Inputs in = call_inputs(a);
   validate_metadata(in, opt);
   const Shape lead(in.x.shape.begin(), in.x.shape.end() - 1);
@@ -83,7 +98,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
-  const Options opt = call_options(a);
+  const Options opt = options().parse(a);
   const Inputs in = call_inputs(a);
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
   const auto find = [&o](const char* name) -> std::optional<TensorView> {
@@ -124,26 +139,7 @@ kernels::CallSpec call_spec() {
                                 "no gradient", false, false, {}, true}};
   s.grad_inputs = {{"grad_loss", "upstream gradient of loss (f32; 0-d for sum/mean, per token for none)", true, false},
                    {"lse", "the forward's lse (f32 [...]); spares recomputing it", false, false}};
-  s.options = {
-      {"reduction", K::kString, "none, sum or mean", "mean", {"none", "sum", "mean"}},
-      {"ignore_index", K::kInt, "label value whose rows are ignored", "-100", {}},
-      {"label_smoothing", K::kFloat, "label smoothing ε in [0, 1]", "0", {}},
-      {"z_loss_weight", K::kFloat, "z-loss weight λ (adds λ·lse² per token)", "0", {}, {"z-loss"}},
-      {"soft_cap", K::kFloat, "logit soft cap c (z = c·tanh(z/c)); 0 disables", "0", {}},
-      {"w_layout", K::kString, "auto (from the shape; an error when H == V), vh ([V, H]) or hv ([H, V])", "auto",
-       {"auto", "vh", "hv"}},
-      {"return_argmax", K::kFlag, "also return the argmax of the logits per token (i64)", "false", {}, {"argmax"}},
-      {"return_z_loss", K::kFlag,
-       "also return the z-loss part alone (f32, the loss's shape; a metric: no gradient, the loss contains it)",
-       "false", {}},
-      {"return_token_accuracy", K::kFlag,
-       "also return the share of non-ignored tokens whose argmax is the label (f32, 0-d; a metric)", "false", {},
-       {"token-accuracy"}},
-      {"vocab_total", K::kInt,
-       "vocab-parallel partial form: the number of classes of all slices (w holds V of them, labels are relative "
-       "to the slice; forward returns the slice's statistics, backward takes the combined lse); 0 = off",
-       "0", {}},
-      kernels::block_sizes_option_spec("b=1024,h=512,v=2048")};
+  s.options = options().specs();
   s.forward_outputs = {"loss"};
   s.saved_outputs = {"lse"};
   s.outputs = call_outputs;

@@ -3,6 +3,7 @@
 #include "kernels/mla_decode/impl.h"
 #include "kernels/mla_decode/testing.h"
 #include "kernels/declared_tune.h"
+#include "kernels/declared_options.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 
@@ -20,14 +21,14 @@ tune::Params to_params(const BlockSizes& b) { return {{"split_keys", b.split_key
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
 
-// Option names are the C++ Options fields; scale 0 means the default 1/√D.
-Options call_options(const kernels::CallArgs& a) {
-  Options opt = kernels::exec_options<Options>(a);
-  opt.dv = a.options.integer("dv");
-  opt.causal = a.options.flag("causal");
-  if (a.options.real("scale") != 0.0) opt.scale = a.options.real("scale");
-  opt.block_sizes = kernels::block_sizes_option<BlockSizes>(a, kKernelName, from_params, to_params);
-  return opt;
+const kernels::DeclaredOptions<Options>& options() {
+  static const kernels::DeclaredOptions<Options> d{
+      kKernelName,
+      {kernels::field(&Options::dv, "dv", "value dims: the first dv of the D cached dims"),
+       kernels::field(&Options::causal, "causal", "query i sits at position L_b − Sq + i and sees keys up to it"),
+       kernels::field(&Options::scale, "scale", "softmax scale; 0: 1/sqrt(D)", "0"),
+       kernels::block_sizes_field(&Options::block_sizes, "split_keys=0", from_params, to_params)}};
+  return d;
 }
 
 Inputs call_inputs(const kernels::CallArgs& a) {
@@ -43,7 +44,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   check(a.pass == Pass::kForward, ErrorCode::kInvalidArgument, std::string(kKernelName) + ": forward only");
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
-  return forward(call_inputs(a), {o["o"], o["lse"]}, call_options(a));
+  return forward(call_inputs(a), {o["o"], o["lse"]}, options().parse(a));
 }
 
 kernels::CallSpec call_spec() {
@@ -52,10 +53,7 @@ kernels::CallSpec call_spec() {
               {"kv_cache", "paged latent cache [P, page_size, 1, D], q's dtype; values = first dv dims", true, false},
               {"page_table", "pages of each sequence [B, max_pages] (int32, host memory)", true, false, {}, true},
               {"cache_seqlens", "keys in the cache per sequence [B] (int32, host memory)", true, false, {}, true}};
-  s.options = {{"dv", K::kInt, "value dims: the first dv of the D cached dims", "512", {}},
-               {"causal", K::kFlag, "query i sits at position L_b − Sq + i and sees keys up to it", "false", {}},
-               {"scale", K::kFloat, "softmax scale; 0: 1/sqrt(D)", "0", {}},
-               kernels::block_sizes_option_spec("split_keys=0")};
+  s.options = options().specs();
   s.outputs = call_outputs;
   s.call = call;
   return s;

@@ -3,7 +3,7 @@
 #include "kernels/mlstm/impl.h"
 #include "kernels/mlstm/testing.h"
 #include "kernels/declared_tune.h"
-#include "kernels/registry.h"
+#include "kernels/declared_options.h"
 #include "kernels/registry.h"
 
 namespace tessera::mlstm {
@@ -20,11 +20,17 @@ namespace {
 using harness::OptionSpec;
 using K = OptionSpec::Kind;
 
-Options call_options(const kernels::CallArgs& a) {
-  Options opt = kernels::exec_options<Options>(a);
-  opt.eps = a.options.real("eps");
-  opt.chunk_size = a.options.integer("chunk_size");
-  return opt;
+const kernels::DeclaredOptions<Options>& options() {
+  static const kernels::DeclaredOptions<Options> d{
+      kKernelName,
+      {kernels::field(&Options::eps, "eps", "added to the denominator max(|nᵀq̂|, e^{-m})"),
+       kernels::field(&Options::chunk_size, "chunk_size",
+                      "chunk length of the chunkwise backends; 0: tuned (table, autotune on a miss) or the default (64)"),
+       kernels::plain<Options>({"return_last_states", K::kFlag,
+                                "also return the last state c_last, n_last, m_last (f32; gradients flow through c_last "
+                                "and n_last with m held, as into a next call's c0, n0)",
+                                "false", {}})}};
+  return d;
 }
 
 Inputs call_inputs(const kernels::CallArgs& a) {
@@ -52,7 +58,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
-  const Options opt = call_options(a);
+  const Options opt = options().parse(a);
   const Inputs in = call_inputs(a);
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
   const TensorView h = o["h"];
@@ -79,9 +85,7 @@ kernels::CallSpec call_spec() {
   s.grad_inputs = {{"grad_h", "upstream gradient of h [B, NH, S, DHV] (f32 or q's dtype)", true, false, {"dh"}},
                    {"grad_c_last", "upstream gradient of the last C [B, NH, DHQK, DHV] (f32)", false, false},
                    {"grad_n_last", "upstream gradient of the last n [B, NH, DHQK] (f32)", false, false}};
-  s.options = {{"eps", K::kFloat, "added to the denominator max(|nᵀq̂|, e^{-m})", "1e-06", {}},
-               {"chunk_size", K::kInt, "chunk length of the chunkwise backends; 0: tuned (table, autotune on a miss) or the default (64)", "0", {}},
-               {"return_last_states", K::kFlag, "also return the last state c_last, n_last, m_last (f32; gradients flow through c_last and n_last with m held, as into a next call's c0, n0)", "false", {}}};
+  s.options = options().specs();
   s.forward_outputs = {"h"};
   s.outputs = call_outputs;
   s.call = call;

@@ -2,6 +2,7 @@
 // place the CLI, the parity suite and the bindings learn about this kernel.
 #include "kernels/paged_attention/impl.h"
 #include "kernels/paged_attention/testing.h"
+#include "kernels/declared_options.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 #include "tessera/paged_attention.h"
@@ -19,15 +20,15 @@ namespace {
 using K = harness::OptionSpec::Kind;
 
 // ---- call: the signature `tessera run` and the Python functions are derived from ----
-// scale 0 means the default 1/sqrt(D).
-Options call_options(const kernels::CallArgs& a) {
-  Options opt = kernels::exec_options<Options>(a);
-  const harness::OptionValues& o = a.options;
-  if (o.real("scale") != 0.0) opt.scale = o.real("scale");
-  opt.softcap = o.real("softcap");
-  opt.causal = o.flag("causal");
-  opt.window = o.integer("window");
-  return opt;
+const kernels::DeclaredOptions<Options>& options() {
+  static const kernels::DeclaredOptions<Options> d{
+      kKernelName,
+      {kernels::field(&Options::scale, "scale", "softmax scale; 0: 1/sqrt(D)", "0"),
+       kernels::field(&Options::softcap, "softcap", "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables"),
+       kernels::field(&Options::causal, "causal", "a query sees keys at positions <= its own (kv_len - q_len + i)"),
+       kernels::field(&Options::window, "window",
+                      "sliding window: keys at positions >= own - window only; -1 unbounded")}};
+  return d;
 }
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
@@ -48,7 +49,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   check(a.pass == Pass::kForward, ErrorCode::kUnsupported, std::string(kKernelName) + ": forward only");
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
-  return forward(call_inputs(a), {o["o"], o["lse"]}, call_options(a));
+  return forward(call_inputs(a), {o["o"], o["lse"]}, options().parse(a));
 }
 
 kernels::CallSpec call_spec() {
@@ -61,10 +62,7 @@ kernels::CallSpec call_spec() {
       {"kv_lens", "tokens of each sequence in the cache, its new ones included [N] (i32, host)", true, false, {}, true},
       {"cu_q_lens", "cumulative new-token counts [N + 1], from 0 to T (i32, host)", true, false, {}, true},
       {"sinks", "per-head attention sink logits [Hq] (f32): an extra softmax term carrying no value", false, false}};
-  s.options = {{"scale", K::kFloat, "softmax scale; 0: 1/sqrt(D)", "0", {}},
-               {"softcap", K::kFloat, "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables", "0", {}},
-               {"causal", K::kFlag, "a query sees keys at positions <= its own (kv_len - q_len + i)", "false", {}},
-               {"window", K::kInt, "sliding window: keys at positions >= own - window only; -1 unbounded", "-1", {}}};
+  s.options = options().specs();
   s.forward_outputs = {"o"};
   s.saved_outputs = {"o", "lse"};  // forward only: this gives the Python functions return_lse
   s.outputs = call_outputs;

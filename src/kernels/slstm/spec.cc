@@ -1,7 +1,7 @@
 // slstm: the registration — the only place the CLI, the parity suite and the bindings learn
 // about this kernel (docs/ADDING_A_KERNEL.md).
 #include "kernels/declared_tune.h"
-#include "kernels/registry.h"
+#include "kernels/declared_options.h"
 #include "kernels/registry.h"
 #include "kernels/slstm/impl.h"
 #include "kernels/slstm/testing.h"
@@ -44,9 +44,20 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   return out;
 }
 
+const kernels::DeclaredOptions<Options>& options() {
+  static const kernels::DeclaredOptions<Options> d{
+      kKernelName,
+      {kernels::field(&Options::batch_block, "batch_block",
+                      "batch rows per cpu thread task; 0: tuned (table, autotune on a miss) or 64"),
+       kernels::plain<Options>({"return_last_states", K::kFlag,
+                                "also return the last state h_last, c_last, n_last, m_last [B, NH, DH] (f32; gradients "
+                                "flow through h_last, c_last and n_last with m held, as into a next call's h0, c0, n0)",
+                                "false", {}})}};
+  return d;
+}
+
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
-  Options opt = kernels::exec_options<Options>(a);
-  opt.batch_block = a.options.integer("batch_block");
+  const Options opt = options().parse(a);
   const Inputs in = call_inputs(a);
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
   const Outputs fo{o["h"], o["h_last"], o["c_last"], o["n_last"], o["m_last"]};
@@ -71,12 +82,7 @@ kernels::CallSpec call_spec() {
                    {"grad_h_last", "upstream gradient of h_last [B, NH, DH] (f32)", false, false},
                    {"grad_c_last", "upstream gradient of c_last [B, NH, DH] (f32; m held)", false, false},
                    {"grad_n_last", "upstream gradient of n_last [B, NH, DH] (f32; m held)", false, false}};
-  s.options = {{"batch_block", K::kInt, "batch rows per cpu thread task; 0: tuned (table, autotune on a miss) or 64",
-                "0", {}},
-               {"return_last_states", K::kFlag,
-                "also return the last state h_last, c_last, n_last, m_last [B, NH, DH] (f32; gradients flow "
-                "through h_last, c_last and n_last with m held, as into a next call's h0, c0, n0)",
-                "false", {}}};
+  s.options = options().specs();
   s.forward_outputs = {"h"};
   s.outputs = call_outputs;
   s.call = call;

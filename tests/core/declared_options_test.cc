@@ -1,0 +1,119 @@
+// kernels/declared_options.h: an option declared by the Options field it sets takes its kind and
+// default from the field and parses back into it.
+#include <gtest/gtest.h>
+
+#include "kernels/declared_options.h"
+#include "tessera/error.h"
+
+namespace tessera::kernels {
+namespace {
+
+enum class Mode { kFast, kExact };
+const char* mode_name(Mode m) noexcept { return m == Mode::kFast ? "fast" : "exact"; }
+Mode parse_mode(const std::string& s) {
+  if (s == "fast") return Mode::kFast;
+  if (s == "exact") return Mode::kExact;
+  throw Error(ErrorCode::kInvalidArgument, "unknown mode '" + s + "' (expected fast or exact)");
+}
+
+struct Sizes {
+  int64_t m = 0;
+};
+Sizes sizes_from(const tune::Params& p) { return {tune::param(p, "m").value_or(0)}; }
+tune::Params sizes_to(const Sizes& s) { return {{"m", s.m}}; }
+
+struct Opts : ExecOptions {
+  bool on = true;
+  int64_t window = -1;
+  double eps = 1e-6;
+  std::optional<double> scale;
+  std::optional<int64_t> offset;
+  Mode mode = Mode::kExact;
+  std::optional<Sizes> sizes;
+};
+
+const DeclaredOptions<Opts>& declared() {
+  static const DeclaredOptions<Opts> d{
+      "toy",
+      {field(&Opts::on, "on", "a flag on by default"), field(&Opts::window, "window", "an int", {"win"}),
+       field(&Opts::eps, "eps", "a float"), field(&Opts::scale, "scale", "0: unset", "0"),
+       field(&Opts::offset, "offset", "-1: unset", "-1"),
+       choice(&Opts::mode, "mode", "fast or exact", {"fast", "exact"}, parse_mode, mode_name),
+       block_sizes_field(&Opts::sizes, "m=64", sizes_from, sizes_to),
+       plain<Opts>({"return_extra", harness::OptionSpec::Kind::kFlag, "an output choice", "false", {}})}};
+  return d;
+}
+
+CallArgs args_with(std::map<std::string, std::string> given) {
+  CallArgs a;
+  a.options = harness::defaults_of(declared().specs());
+  for (auto& [k, v] : given) a.options.set(k, v);
+  return a;
+}
+
+TEST(DeclaredOptions, KindAndDefaultComeFromTheField) {
+  using K = harness::OptionSpec::Kind;
+  const std::vector<harness::OptionSpec> s = declared().specs();
+  ASSERT_EQ(s.size(), 8u);
+  EXPECT_EQ(s[0].kind, K::kFlag);
+  EXPECT_EQ(s[0].default_value, "true");
+  EXPECT_EQ(s[1].kind, K::kInt);
+  EXPECT_EQ(s[1].default_value, "-1");
+  EXPECT_EQ(s[1].aliases, std::vector<std::string>{"win"});
+  EXPECT_EQ(s[2].kind, K::kFloat);
+  EXPECT_EQ(s[2].default_value, "1e-06");  // the shortest text that parses back
+  EXPECT_EQ(s[3].default_value, "0");
+  EXPECT_EQ(s[5].kind, K::kString);
+  EXPECT_EQ(s[5].default_value, "exact");
+  EXPECT_EQ(s[5].choices, (std::vector<std::string>{"fast", "exact"}));
+  EXPECT_EQ(s[6].name, "block_sizes");
+  EXPECT_EQ(s[7].name, "return_extra");
+}
+
+TEST(DeclaredOptions, DefaultsParseIntoADefaultConstructedOptions) {
+  const Opts o = declared().parse(args_with({}));
+  const Opts want;
+  EXPECT_EQ(o.on, want.on);
+  EXPECT_EQ(o.window, want.window);
+  EXPECT_EQ(o.eps, want.eps);
+  EXPECT_FALSE(o.scale.has_value());
+  EXPECT_FALSE(o.offset.has_value());
+  EXPECT_EQ(o.mode, want.mode);
+  EXPECT_FALSE(o.sizes.has_value());
+}
+
+TEST(DeclaredOptions, GivenValuesReachTheirFields) {
+  CallArgs a = args_with({{"on", "false"}, {"window", "7"}, {"eps", "0.25"}, {"scale", "0.5"}, {"offset", "3"},
+                          {"mode", "fast"}, {"block_sizes", "m=128"}});
+  a.exec.num_threads = 3;
+  const Opts o = declared().parse(a);
+  EXPECT_FALSE(o.on);
+  EXPECT_EQ(o.window, 7);
+  EXPECT_EQ(o.eps, 0.25);
+  EXPECT_EQ(o.scale, 0.5);
+  EXPECT_EQ(o.offset, 3);
+  EXPECT_EQ(o.mode, Mode::kFast);
+  ASSERT_TRUE(o.sizes.has_value());
+  EXPECT_EQ(o.sizes->m, 128);
+  EXPECT_EQ(o.num_threads, 3);  // the ExecOptions come along
+}
+
+TEST(DeclaredOptions, TheUnsetValueUnsetsWhateverItsSpelling) {
+  EXPECT_FALSE(declared().parse(args_with({{"scale", "0.0"}})).scale.has_value());
+  EXPECT_FALSE(declared().parse(args_with({{"offset", "-1"}})).offset.has_value());
+  EXPECT_EQ(declared().parse(args_with({{"offset", "-2"}})).offset, -2);  // the API's range check refuses it
+}
+
+TEST(DeclaredOptions, BadValuesAreOneLineErrors) {
+  EXPECT_THROW(declared().parse(args_with({{"window", "seven"}})), Error);
+  EXPECT_THROW(declared().parse(args_with({{"mode", "slow"}})), Error);
+  try {
+    declared().parse(args_with({{"block_sizes", "n=3"}}));
+    FAIL() << "a block size field that does not exist was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("toy: block_sizes"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::kernels

@@ -4,7 +4,7 @@
 #include "kernels/attention/baseline.h"
 #include "kernels/attention/impl.h"
 #include "kernels/attention/testing.h"
-#include "kernels/declared_options.h"
+#include "kernels/declared_signature.h"
 #include "kernels/registry.h"
 #include "kernels/declared_tune.h"
 #include "tessera/attention.h"
@@ -42,23 +42,28 @@ const kernels::DeclaredOptions<Options>& options() {
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
 
-Inputs call_inputs(const kernels::CallArgs& a) {
-  Inputs in;
-  in.q = need(a, "q"), in.k = need(a, "k"), in.v = need(a, "v");
-  auto opt_in = [&](const char* name, std::optional<TensorView>& dst) {
-    if (const TensorView* t = a.tensor(name)) dst = *t;
-  };
-  opt_in("alibi_slopes", in.alibi_slopes);
-  opt_in("segment_ids_q", in.segment_ids_q);
-  opt_in("segment_ids_k", in.segment_ids_k);
-  opt_in("cu_seqlens_q", in.cu_seqlens_q);
-  opt_in("cu_seqlens_k", in.cu_seqlens_k);
-  return in;
+const kernels::DeclaredInputs<Inputs>& inputs() {
+  using kernels::input;
+  static const kernels::DeclaredInputs<Inputs> d{
+      kKernelName,
+      {input(&Inputs::q, {"q", "queries [B, Sq, Hq, D] (or [T, Hq, D] with cu_seqlens); f32, bf16 or f16", true, true}),
+       input(&Inputs::k, {"k", "keys [B, Sk, Hkv, D] (or [T, Hkv, D]); Hq a multiple of Hkv", true, true}),
+       input(&Inputs::v, {"v", "values [B, Sk, Hkv, Dv] (or [T, Hkv, Dv])", true, true}),
+       input(&Inputs::alibi_slopes, {"alibi_slopes", "ALiBi slopes [Hq] or [B, Hq] (f32); no gradient"}),
+       input(&Inputs::segment_ids_q, {"segment_ids_q", "segment ids of the queries [B, Sq] (i32); with segment_ids_k",
+                                      false, false, {"q-segment-ids"}}),
+       input(&Inputs::segment_ids_k,
+             {"segment_ids_k", "segment ids of the keys [B, Sk] (i32)", false, false, {"kv-segment-ids"}}),
+       input(&Inputs::cu_seqlens_q,
+             {"cu_seqlens_q", "varlen: cumulative query lengths [N + 1] (i32, host)", false, false, {}, true}),
+       input(&Inputs::cu_seqlens_k,
+             {"cu_seqlens_k", "varlen: cumulative key lengths [N + 1] (i32, host)", false, false, {}, true})}};
+  return d;
 }
 
 // Shapes only (data may be absent under jit and fake tensors); the call validates the rest.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const Inputs in = call_inputs(a);
+  const Inputs in = inputs().parse(a);
   const dispatch::Dims d = bind_tensors(in, dispatch::BindMode::kShapesOnly);
   const bool varlen = in.cu_seqlens_q.has_value();
   std::vector<kernels::OutputDesc> out;
@@ -82,7 +87,7 @@ std::string call_backward(const Inputs& in, const kernels::CallArgs& a, const Gr
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   const Options opt = options().parse(a);
-  const Inputs in = call_inputs(a);
+  const Inputs in = inputs().parse(a);
   const kernels::CallOutputs checked(call_outputs(a), out, a, kKernelName);  // the count
   switch (a.pass) {
     case Pass::kForward: return forward(in, {out[0], out[1]}, opt);
@@ -94,14 +99,7 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
 
 kernels::CallSpec call_spec() {
   kernels::CallSpec s;
-  s.inputs = {{"q", "queries [B, Sq, Hq, D] (or [T, Hq, D] with cu_seqlens); f32, bf16 or f16", true, true},
-              {"k", "keys [B, Sk, Hkv, D] (or [T, Hkv, D]); Hq a multiple of Hkv", true, true},
-              {"v", "values [B, Sk, Hkv, Dv] (or [T, Hkv, Dv])", true, true},
-              {"alibi_slopes", "ALiBi slopes [Hq] or [B, Hq] (f32); no gradient", false, false},
-              {"segment_ids_q", "segment ids of the queries [B, Sq] (i32); with segment_ids_k", false, false, {"q-segment-ids"}},
-              {"segment_ids_k", "segment ids of the keys [B, Sk] (i32)", false, false, {"kv-segment-ids"}},
-              {"cu_seqlens_q", "varlen: cumulative query lengths [N + 1] (i32, host)", false, false, {}, true},
-              {"cu_seqlens_k", "varlen: cumulative key lengths [N + 1] (i32, host)", false, false, {}, true}};
+  s.inputs = inputs().specs();
   s.grad_inputs = {{"grad_o", "upstream gradient of o (o's shape; f32 or q's dtype)", true, false, {"do"}},
                    {"o", "the forward's o; spares recomputing the forward", false, false},
                    {"lse", "the forward's lse (f32)", false, false}};

@@ -8,7 +8,7 @@
 #include "kernels/grouped_matmul/impl.h"
 #include "kernels/grouped_matmul/testing.h"
 #include "kernels/declared_tune.h"
-#include "kernels/declared_options.h"
+#include "kernels/declared_signature.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 #include "tessera/grouped_matmul.h"
@@ -42,6 +42,19 @@ const kernels::DeclaredOptions<Options>& options() {
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
 
+const kernels::DeclaredInputs<Inputs>& inputs() {
+  using kernels::input;
+  static const kernels::DeclaredInputs<Inputs> d{
+      kKernelName,
+      {input(&Inputs::lhs, {"lhs", "tokens sorted by group [M, K] (f32, bf16 or f16)", true, true}),
+       input(&Inputs::rhs,
+             {"rhs", "one matrix per local group [G, K, N] ([G, N, K] with transpose_rhs), lhs's dtype", true, true}),
+       input(&Inputs::group_sizes,
+             {"group_sizes", "rows per group [G_total] (int32 or int64, host memory); rows past the sum are zero", true,
+              false, {}, true})}};
+  return d;
+}
+
 // Shapes only (the data may be absent: outputs() is asked with metadata under jit and fake
 // tensors); the call itself validates everything else.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
@@ -58,7 +71,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   const Options opt = options().parse(a);
-  const Inputs in{need(a, "lhs"), need(a, "rhs"), need(a, "group_sizes")};
+  const Inputs in = inputs().parse(a);
   const kernels::CallOutputs checked(call_outputs(a), out, a, kKernelName);  // the count
   // The kernel takes dout in the inputs' dtype (the gradient of a bf16 output is bf16 in autograd
   // too): an f32 one from a framework is rounded once here.
@@ -75,10 +88,7 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
 
 kernels::CallSpec call_spec() {
   kernels::CallSpec s;
-  s.inputs = {{"lhs", "tokens sorted by group [M, K] (f32, bf16 or f16)", true, true},
-              {"rhs", "one matrix per local group [G, K, N] ([G, N, K] with transpose_rhs), lhs's dtype", true, true},
-              {"group_sizes", "rows per group [G_total] (int32 or int64, host memory); rows past the sum are zero",
-               true, false, {}, true}};
+  s.inputs = inputs().specs();
   s.grad_inputs = {{"grad_out", "upstream gradient of out [M, N] (f32 or lhs's dtype)", true, false, {"dout"}}};
   s.options = options().specs();
   s.forward_outputs = {"out"};

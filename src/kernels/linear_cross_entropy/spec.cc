@@ -3,7 +3,7 @@
 #include "kernels/linear_cross_entropy/impl.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "dispatch/arg_check.h"
-#include "kernels/declared_options.h"
+#include "kernels/declared_signature.h"
 #include "kernels/registry.h"
 #include "kernels/declared_tune.h"
 #include "tessera/error.h"
@@ -57,17 +57,25 @@ const kernels::DeclaredOptions<Options>& options() {
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
 
-Inputs call_inputs(const kernels::CallArgs& a) {
-  Inputs in{need(a, "x"), need(a, "w"), std::nullopt, need(a, "labels"), std::nullopt};
-  if (const TensorView* b = a.tensor("bias")) in.bias = *b;
-  if (const TensorView* t = a.tensor("token_weights")) in.token_weights = *t;
-  if (const TensorView* c = a.tensor("class_weights")) in.class_weights = *c;
-  return in;
+const kernels::DeclaredInputs<Inputs>& inputs() {
+  using kernels::input;
+  static const kernels::DeclaredInputs<Inputs> d{
+      kKernelName,
+      {input(&Inputs::x, {"x", "hidden states [..., H] (f32, bf16 or f16)", true, true}),
+       input(&Inputs::w, {"w", "classifier [V, H] (PyTorch lm_head.weight) or [H, V], same dtype as x", true, true}),
+       input(&Inputs::labels, {"labels", "labels [...] (i32 or i64), ignore_index rows are ignored", true, false}),
+       input(&Inputs::bias, {"bias", "bias [V] (float)", false, true}),
+       input(&Inputs::token_weights, {"token_weights", "per-token loss weights [...] (f32); no gradient"}),
+       input(&Inputs::class_weights, {"class_weights",
+                                      "per-class loss weights [V] (f32, >= 0, host): PyTorch's weight, Liger's "
+                                      "ce_weight; no gradient",
+                                      false, false, {}, true})}};
+  return d;
 }
 
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   const Options opt = options().parse(a);
-  const Inputs in = call_inputs(a);
+  const Inputs in = inputs().parse(a);
   validate_metadata(in, opt);
   const Shape lead(in.x.shape.begin(), in.x.shape.end() - 1);
   std::vector<kernels::OutputDesc> out;
@@ -99,7 +107,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   const Options opt = options().parse(a);
-  const Inputs in = call_inputs(a);
+  const Inputs in = inputs().parse(a);
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
   const auto find = [&o](const char* name) -> std::optional<TensorView> {
     if (dispatch::given(o[name])) return o[name];
@@ -130,13 +138,7 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
 
 kernels::CallSpec call_spec() {
   kernels::CallSpec s;
-  s.inputs = {{"x", "hidden states [..., H] (f32, bf16 or f16)", true, true},
-              {"w", "classifier [V, H] (PyTorch lm_head.weight) or [H, V], same dtype as x", true, true},
-              {"labels", "labels [...] (i32 or i64), ignore_index rows are ignored", true, false},
-              {"bias", "bias [V] (float)", false, true},
-              {"token_weights", "per-token loss weights [...] (f32); no gradient", false, false},
-              {"class_weights", "per-class loss weights [V] (f32, >= 0, host): PyTorch's weight, Liger's ce_weight; "
-                                "no gradient", false, false, {}, true}};
+  s.inputs = inputs().specs();
   s.grad_inputs = {{"grad_loss", "upstream gradient of loss (f32; 0-d for sum/mean, per token for none)", true, false},
                    {"lse", "the forward's lse (f32 [...]); spares recomputing it", false, false}};
   s.options = options().specs();

@@ -3,7 +3,7 @@
 #include "kernels/mla_decode/impl.h"
 #include "kernels/mla_decode/testing.h"
 #include "kernels/declared_tune.h"
-#include "kernels/declared_options.h"
+#include "kernels/declared_signature.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 
@@ -19,8 +19,6 @@ using K = harness::OptionSpec::Kind;
 BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "split_keys").value_or(0)}; }
 tune::Params to_params(const BlockSizes& b) { return {{"split_keys", b.split_keys}}; }
 
-const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
-
 const kernels::DeclaredOptions<Options>& options() {
   static const kernels::DeclaredOptions<Options> d{
       kKernelName,
@@ -31,28 +29,35 @@ const kernels::DeclaredOptions<Options>& options() {
   return d;
 }
 
-Inputs call_inputs(const kernels::CallArgs& a) {
-  return {need(a, "q"), need(a, "kv_cache"), need(a, "page_table"), need(a, "cache_seqlens")};
+const kernels::DeclaredInputs<Inputs>& inputs() {
+  using kernels::input;
+  static const kernels::DeclaredInputs<Inputs> d{
+      kKernelName,
+      {input(&Inputs::q, {"q", "queries [B, Sq, Hq, D] (f32, bf16 or f16)"}),
+       input(&Inputs::kv_cache,
+             {"kv_cache", "paged latent cache [P, page_size, 1, D], q's dtype; values = first dv dims"}),
+       input(&Inputs::page_table,
+             {"page_table", "pages of each sequence [B, max_pages] (int32, host memory)", true, false, {}, true}),
+       input(&Inputs::cache_seqlens,
+             {"cache_seqlens", "keys in the cache per sequence [B] (int32, host memory)", true, false, {}, true})}};
+  return d;
 }
 
 // Shapes only (data may be absent under jit / fake tensors); the call validates everything.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const dispatch::Dims d = bind_tensors(call_inputs(a), a.options.integer("dv"), dispatch::BindMode::kShapesOnly);
+  const dispatch::Dims d = bind_tensors(inputs().parse(a), a.options.integer("dv"), dispatch::BindMode::kShapesOnly);
   return {kernels::output_of(d, "o", "B,Sq,Hq,Dv", "f32"), kernels::output_of(d, "lse", "B,Sq,Hq", "f32")};
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   check(a.pass == Pass::kForward, ErrorCode::kInvalidArgument, std::string(kKernelName) + ": forward only");
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
-  return forward(call_inputs(a), {o["o"], o["lse"]}, options().parse(a));
+  return forward(inputs().parse(a), {o["o"], o["lse"]}, options().parse(a));
 }
 
 kernels::CallSpec call_spec() {
   kernels::CallSpec s;
-  s.inputs = {{"q", "queries [B, Sq, Hq, D] (f32, bf16 or f16)", true, false},
-              {"kv_cache", "paged latent cache [P, page_size, 1, D], q's dtype; values = first dv dims", true, false},
-              {"page_table", "pages of each sequence [B, max_pages] (int32, host memory)", true, false, {}, true},
-              {"cache_seqlens", "keys in the cache per sequence [B] (int32, host memory)", true, false, {}, true}};
+  s.inputs = inputs().specs();
   s.options = options().specs();
   s.outputs = call_outputs;
   s.call = call;

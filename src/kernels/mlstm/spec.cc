@@ -3,7 +3,7 @@
 #include "kernels/mlstm/impl.h"
 #include "kernels/mlstm/testing.h"
 #include "kernels/declared_tune.h"
-#include "kernels/declared_options.h"
+#include "kernels/declared_signature.h"
 #include "kernels/registry.h"
 
 namespace tessera::mlstm {
@@ -25,7 +25,8 @@ const kernels::DeclaredOptions<Options>& options() {
       kKernelName,
       {kernels::field(&Options::eps, "eps", "added to the denominator max(|nᵀq̂|, e^{-m})"),
        kernels::field(&Options::chunk_size, "chunk_size",
-                      "chunk length of the chunkwise backends; 0: tuned (table, autotune on a miss) or the default (64)"),
+                      "chunk length of the chunkwise backends; 0: tuned (table, autotune on a miss) or the "
+                      "default (64)"),
        kernels::plain<Options>({"return_last_states", K::kFlag,
                                 "also return the last state c_last, n_last, m_last (f32; gradients flow through c_last "
                                 "and n_last with m held, as into a next call's c0, n0)",
@@ -33,16 +34,29 @@ const kernels::DeclaredOptions<Options>& options() {
   return d;
 }
 
-Inputs call_inputs(const kernels::CallArgs& a) {
-  auto need = [&](const char* n) { return kernels::required(a, kKernelName, n); };
-  return {need("q"), need("k"), need("v"), need("i"), need("f"), a.tensor_or_empty("resets"),
-          a.tensor_or_empty("c0"), a.tensor_or_empty("n0"), a.tensor_or_empty("m0")};
+const kernels::DeclaredInputs<Inputs>& inputs() {
+  using kernels::input;
+  static const kernels::DeclaredInputs<Inputs> d{
+      kKernelName,
+      {input(&Inputs::q, {"q", "queries [B, NH, S, DHQK] (f32, bf16 or f16)", true, true}),
+       input(&Inputs::k, {"k", "keys [B, NH, S, DHQK], q's dtype", true, true}),
+       input(&Inputs::v, {"v", "values [B, NH, S, DHV], q's dtype", true, true}),
+       input(&Inputs::i, {"i", "input gate pre-activations [B, NH, S] (float)", true, true}),
+       input(&Inputs::f, {"f", "forget gate pre-activations [B, NH, S], i's dtype", true, true}),
+       input(&Inputs::resets, {"resets",
+                               "reset mask [B, S] (integer; bool/uint8 .npy files load as integers): nonzero starts "
+                               "step t from the zero state",
+                               false, false}),
+       input(&Inputs::c0, {"c0", "initial matrix memory [B, NH, DHQK, DHV] (f32), with n0 and m0", false, true}),
+       input(&Inputs::n0, {"n0", "initial normalizer [B, NH, DHQK] (f32)", false, true}),
+       input(&Inputs::m0, {"m0", "initial stabilizer [B, NH] (f32); no gradient", false, false})}};
+  return d;
 }
 
 // Shapes only (data may be absent under jit and fake tensors), each output as api.cc declares it;
 // the call validates everything.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const Inputs in = call_inputs(a);
+  const Inputs in = inputs().parse(a);
   const dispatch::Dims d = bind_inputs(in, dispatch::BindMode::kShapesOnly);
   std::vector<kernels::OutputDesc> out;
   auto add = [&](const char* name) { out.push_back(kernels::declared_output(d, rules(), name)); };
@@ -59,7 +73,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   const Options opt = options().parse(a);
-  const Inputs in = call_inputs(a);
+  const Inputs in = inputs().parse(a);
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
   const TensorView h = o["h"];
   const LastStates last{o["c_last"], o["n_last"], o["m_last"]};
@@ -73,15 +87,7 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
 
 kernels::CallSpec call_spec() {
   kernels::CallSpec s;
-  s.inputs = {{"q", "queries [B, NH, S, DHQK] (f32, bf16 or f16)", true, true},
-              {"k", "keys [B, NH, S, DHQK], q's dtype", true, true},
-              {"v", "values [B, NH, S, DHV], q's dtype", true, true},
-              {"i", "input gate pre-activations [B, NH, S] (float)", true, true},
-              {"f", "forget gate pre-activations [B, NH, S], i's dtype", true, true},
-              {"resets", "reset mask [B, S] (integer; bool/uint8 .npy files load as integers): nonzero starts step t from the zero state", false, false},
-              {"c0", "initial matrix memory [B, NH, DHQK, DHV] (f32), with n0 and m0", false, true},
-              {"n0", "initial normalizer [B, NH, DHQK] (f32)", false, true},
-              {"m0", "initial stabilizer [B, NH] (f32); no gradient", false, false}};
+  s.inputs = inputs().specs();
   s.grad_inputs = {{"grad_h", "upstream gradient of h [B, NH, S, DHV] (f32 or q's dtype)", true, false, {"dh"}},
                    {"grad_c_last", "upstream gradient of the last C [B, NH, DHQK, DHV] (f32)", false, false},
                    {"grad_n_last", "upstream gradient of the last n [B, NH, DHQK] (f32)", false, false}};

@@ -2,7 +2,7 @@
 // place the CLI, the parity suite and the bindings learn about this kernel.
 #include "kernels/paged_attention/impl.h"
 #include "kernels/paged_attention/testing.h"
-#include "kernels/declared_options.h"
+#include "kernels/declared_signature.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 #include "tessera/paged_attention.h"
@@ -31,37 +31,40 @@ const kernels::DeclaredOptions<Options>& options() {
   return d;
 }
 
-const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
-
-Inputs call_inputs(const kernels::CallArgs& a) {
-  Inputs in{need(a, "q"), need(a, "k_cache"), need(a, "v_cache"), need(a, "page_table"), need(a, "kv_lens"),
-            need(a, "cu_q_lens"), {}};
-  if (const TensorView* s = a.tensor("sinks")) in.sinks = *s;
-  return in;
+const kernels::DeclaredInputs<Inputs>& inputs() {
+  using kernels::input;
+  static const kernels::DeclaredInputs<Inputs> d{
+      kKernelName,
+      {input(&Inputs::q, {"q", "new tokens of the N sequences, concatenated [T, Hq, D]; f32, bf16 or f16"}),
+       input(&Inputs::k_cache, {"k_cache", "key pages [P, page_size, Hkv, D], q's dtype; Hq a multiple of Hkv"}),
+       input(&Inputs::v_cache, {"v_cache", "value pages [P, page_size, Hkv, Dv], q's dtype"}),
+       input(&Inputs::page_table,
+             {"page_table", "pages of each sequence [N, max_pages] (i32, host)", true, false, {}, true}),
+       input(&Inputs::kv_lens,
+             {"kv_lens", "tokens of each sequence in the cache, its new ones included [N] (i32, host)", true, false,
+              {}, true}),
+       input(&Inputs::cu_q_lens,
+             {"cu_q_lens", "cumulative new-token counts [N + 1], from 0 to T (i32, host)", true, false, {}, true}),
+       input(&Inputs::sinks,
+             {"sinks", "per-head attention sink logits [Hq] (f32): an extra softmax term carrying no value"})}};
+  return d;
 }
 
 // Shapes only (data may be absent under jit and fake tensors); the call validates the rest.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const dispatch::Dims d = bind_tensors(call_inputs(a), dispatch::BindMode::kShapesOnly);
+  const dispatch::Dims d = bind_tensors(inputs().parse(a), dispatch::BindMode::kShapesOnly);
   return {kernels::output_of(d, "o", "T,Hq,Dv", "=q"), kernels::output_of(d, "lse", "T,Hq", "f32")};
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   check(a.pass == Pass::kForward, ErrorCode::kUnsupported, std::string(kKernelName) + ": forward only");
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
-  return forward(call_inputs(a), {o["o"], o["lse"]}, options().parse(a));
+  return forward(inputs().parse(a), {o["o"], o["lse"]}, options().parse(a));
 }
 
 kernels::CallSpec call_spec() {
   kernels::CallSpec s;
-  s.inputs = {
-      {"q", "new tokens of the N sequences, concatenated [T, Hq, D]; f32, bf16 or f16"},
-      {"k_cache", "key pages [P, page_size, Hkv, D], q's dtype; Hq a multiple of Hkv"},
-      {"v_cache", "value pages [P, page_size, Hkv, Dv], q's dtype"},
-      {"page_table", "pages of each sequence [N, max_pages] (i32, host)", true, false, {}, true},
-      {"kv_lens", "tokens of each sequence in the cache, its new ones included [N] (i32, host)", true, false, {}, true},
-      {"cu_q_lens", "cumulative new-token counts [N + 1], from 0 to T (i32, host)", true, false, {}, true},
-      {"sinks", "per-head attention sink logits [Hq] (f32): an extra softmax term carrying no value", false, false}};
+  s.inputs = inputs().specs();
   s.options = options().specs();
   s.forward_outputs = {"o"};
   s.saved_outputs = {"o", "lse"};  // forward only: this gives the Python functions return_lse

@@ -1,7 +1,7 @@
 // slstm: the registration — the only place the CLI, the parity suite and the bindings learn
 // about this kernel (docs/ADDING_A_KERNEL.md).
 #include "kernels/declared_tune.h"
-#include "kernels/declared_options.h"
+#include "kernels/declared_signature.h"
 #include "kernels/registry.h"
 #include "kernels/slstm/impl.h"
 #include "kernels/slstm/testing.h"
@@ -17,19 +17,27 @@ using K = harness::OptionSpec::Kind;
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
 
-Inputs call_inputs(const kernels::CallArgs& a) {
-  Inputs in;
-  in.wx = need(a, "wx"), in.r = need(a, "r"), in.b = need(a, "b");
-  in.resets = a.tensor_or_empty("resets");
-  in.h0 = a.tensor_or_empty("h0"), in.c0 = a.tensor_or_empty("c0");
-  in.n0 = a.tensor_or_empty("n0"), in.m0 = a.tensor_or_empty("m0");
-  return in;
+const kernels::DeclaredInputs<Inputs>& inputs() {
+  using kernels::input;
+  static const kernels::DeclaredInputs<Inputs> d{
+      kKernelName,
+      {input(&Inputs::wx, {"wx", "gate pre-activations [B, S, 4, NH, DH], gates (i, f, z, o) (f32, bf16 or f16)", true,
+                           true}),
+       input(&Inputs::r, {"r", "head-wise recurrent weights [4, NH, DH, DH] (wx's dtype)", true, true}),
+       input(&Inputs::b, {"b", "bias [4, NH, DH] (wx's dtype)", true, true}),
+       input(&Inputs::resets, {"resets", "reset mask [B, S] (int32 or int64, nonzero: reset before step t >= 1; host)",
+                               false, false, {}, true}),
+       input(&Inputs::h0, {"h0", "initial h [B, NH, DH] (f32; with c0, n0, m0)", false, true}),
+       input(&Inputs::c0, {"c0", "initial c [B, NH, DH] (f32)", false, true}),
+       input(&Inputs::n0, {"n0", "initial n [B, NH, DH] (f32)", false, true}),
+       input(&Inputs::m0, {"m0", "initial stabilizer m [B, NH, DH] (f32; no gradient)", false, false})}};
+  return d;
 }
 
 // Shapes only (data may be absent under jit and fake tensors), each output as api.cc declares it;
 // the call validates the rest.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const Inputs in = call_inputs(a);
+  const Inputs in = inputs().parse(a);
   const dispatch::Dims d = bind_inputs(in, dispatch::BindMode::kShapesOnly);
   std::vector<kernels::OutputDesc> out;
   auto add = [&](const char* name) { out.push_back(kernels::declared_output(d, rules(), name)); };
@@ -58,7 +66,7 @@ const kernels::DeclaredOptions<Options>& options() {
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   const Options opt = options().parse(a);
-  const Inputs in = call_inputs(a);
+  const Inputs in = inputs().parse(a);
   const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
   const Outputs fo{o["h"], o["h_last"], o["c_last"], o["n_last"], o["m_last"]};
   const Grads g{o["dwx"], o["dr"], o["db"], o["dh0"], o["dc0"], o["dn0"]};
@@ -70,14 +78,7 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
 
 kernels::CallSpec call_spec() {
   kernels::CallSpec s;
-  s.inputs = {{"wx", "gate pre-activations [B, S, 4, NH, DH], gates (i, f, z, o) (f32, bf16 or f16)", true, true},
-              {"r", "head-wise recurrent weights [4, NH, DH, DH] (wx's dtype)", true, true},
-              {"b", "bias [4, NH, DH] (wx's dtype)", true, true},
-              {"resets", "reset mask [B, S] (int32 or int64, nonzero: reset before step t >= 1; host)", false, false, {}, true},
-              {"h0", "initial h [B, NH, DH] (f32; with c0, n0, m0)", false, true},
-              {"c0", "initial c [B, NH, DH] (f32)", false, true},
-              {"n0", "initial n [B, NH, DH] (f32)", false, true},
-              {"m0", "initial stabilizer m [B, NH, DH] (f32; no gradient)", false, false}};
+  s.inputs = inputs().specs();
   s.grad_inputs = {{"grad_h", "upstream gradient of h [B, S, NH, DH] (f32)", true, false, {"dh"}},
                    {"grad_h_last", "upstream gradient of h_last [B, NH, DH] (f32)", false, false},
                    {"grad_c_last", "upstream gradient of c_last [B, NH, DH] (f32; m held)", false, false},

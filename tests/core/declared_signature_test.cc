@@ -1,8 +1,8 @@
-// kernels/declared_options.h: an option declared by the Options field it sets takes its kind and
+// kernels/declared_signature.h: an option declared by the Options field it sets takes its kind and
 // default from the field and parses back into it.
 #include <gtest/gtest.h>
 
-#include "kernels/declared_options.h"
+#include "kernels/declared_signature.h"
 #include "tessera/error.h"
 
 namespace tessera::kernels {
@@ -112,6 +112,61 @@ TEST(DeclaredOptions, BadValuesAreOneLineErrors) {
     FAIL() << "a block size field that does not exist was taken";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("toy: block_sizes"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::kernels
+
+namespace tessera::kernels {
+namespace {
+
+struct Ins {
+  TensorView x;                     // required
+  TensorView state;                 // optional: an empty view when absent
+  std::optional<TensorView> bias;   // optional
+};
+
+const DeclaredInputs<Ins>& declared_inputs() {
+  static const DeclaredInputs<Ins> d{"toy",
+                                     {input(&Ins::x, {"x", "required", true, true}),
+                                      input(&Ins::state, {"state", "optional view", false, false, {}, true}),
+                                      input(&Ins::bias, {"bias", "optional", true, true})}};
+  return d;
+}
+
+TEST(DeclaredInputs, SpecsKeepTheDeclarationAndAnOptionalFieldIsNeverRequired) {
+  const std::vector<CallInput> s = declared_inputs().specs();
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_TRUE(s[0].required && s[0].differentiable);
+  EXPECT_FALSE(s[1].required);
+  EXPECT_TRUE(s[1].host_only);
+  EXPECT_FALSE(s[2].required);  // declared required, but the field is optional
+  EXPECT_TRUE(s[2].differentiable);
+}
+
+TEST(DeclaredInputs, EachGivenTensorReachesItsField) {
+  Tensor x = Tensor::empty(DType::kF32, {2, 3}), b = Tensor::empty(DType::kF32, {3});
+  CallArgs a;
+  a.tensors = {{"x", x.view()}, {"bias", b.view()}};
+  const Ins in = declared_inputs().parse(a);
+  EXPECT_EQ(in.x.data, x.data());
+  EXPECT_EQ(in.x.shape, x.shape());
+  EXPECT_EQ(in.state.data, nullptr);
+  EXPECT_TRUE(in.state.shape.empty());
+  ASSERT_TRUE(in.bias.has_value());
+  EXPECT_EQ(in.bias->data, b.data());
+  a.tensors = {{"x", x.view()}};
+  EXPECT_FALSE(declared_inputs().parse(a).bias.has_value());
+}
+
+TEST(DeclaredInputs, AMissingRequiredInputIsOneLineError) {
+  CallArgs a;
+  try {
+    declared_inputs().parse(a);
+    FAIL() << "parsed without x";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "toy: x is required");
   }
 }
 

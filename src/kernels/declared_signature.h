@@ -1,5 +1,9 @@
-// Tessera internal: a call's options declared by the Options fields they set (issue #23: one
-// declaration per option). Each field() reads its kind and default from the field of a
+// Tessera internal: a call's signature declared by the C++ fields it fills (issue #23: one
+// declaration per input and per option). Inputs: each input() names the Inputs field it fills
+// (a TensorView, or an optional one), so `tessera run`'s flags, the Python keywords and the call's
+// Inputs come from one list: kernels::DeclaredInputs<Inputs>{kKernelName, {input(&Inputs::q, {"q",
+// "queries [..]"}), input(&Inputs::sinks, {"sinks", "...", false})}}; s.inputs = d.specs();
+// Inputs in = d.parse(args). Options: Each field() reads its kind and default from the field of a
 // default-constructed Options, so the C++ default, the CLI flag's and the Python keyword's are
 // one value and cannot drift; parse() fills an Options from a call's values:
 //
@@ -70,7 +74,8 @@ std::string text_of(T v) {
 
 // A plain field (bool, integer, floating): kind and default from Options{}.
 template <class Options, class T>
-OptionField<Options> field(T Options::*member, std::string name, std::string help, std::vector<std::string> aliases = {}) {
+OptionField<Options> field(T Options::*member, std::string name, std::string help,
+                           std::vector<std::string> aliases = {}) {
   static_assert(!is_optional<T>::value, "an optional field names its unset text: field(member, name, help, unset)");
   harness::OptionSpec s{name, kind_of<T>(), std::move(help), text_of(Options{}.*member), {}, std::move(aliases)};
   return {std::move(s), [member, name](Options& o, const harness::OptionValues& v, const std::string&) {
@@ -113,6 +118,57 @@ OptionField<Options> block_sizes_field(std::optional<Sizes> Options::*member, co
           }};
 }
 
+// ---- inputs ----
+template <class In>
+struct InputField {
+  CallInput spec;
+  std::function<void(In&, const CallArgs&, const std::string& kernel)> set;
+};
+
+// A TensorView field: a required input must be given ("<kernel>: <name> is required"); an absent
+// optional one stays an empty view.
+template <class In>
+InputField<In> input(TensorView In::*member, CallInput spec) {
+  const std::string name = spec.name;
+  const bool required = spec.required;
+  return {std::move(spec), [member, name, required](In& in, const CallArgs& a, const std::string& kernel) {
+            in.*member = required ? kernels::required(a, kernel, name.c_str()) : a.tensor_or_empty(name);
+          }};
+}
+
+// An optional TensorView field: set when the input is given (declared not required).
+template <class In>
+InputField<In> input(std::optional<TensorView> In::*member, CallInput spec) {
+  spec.required = false;
+  const std::string name = spec.name;
+  return {std::move(spec), [member, name](In& in, const CallArgs& a, const std::string&) {
+            if (const TensorView* t = a.tensor(name)) in.*member = *t;
+          }};
+}
+
+template <class In>
+class DeclaredInputs {
+ public:
+  DeclaredInputs(std::string kernel, std::vector<InputField<In>> fields)
+      : kernel_(std::move(kernel)), fields_(std::move(fields)) {}
+  std::vector<CallInput> specs() const {
+    std::vector<CallInput> out;
+    for (const auto& f : fields_) out.push_back(f.spec);
+    return out;
+  }
+  // The call's Inputs: every declared input from the call's tensors.
+  In parse(const CallArgs& a) const {
+    In in{};
+    for (const auto& f : fields_) f.set(in, a, kernel_);
+    return in;
+  }
+
+ private:
+  std::string kernel_;
+  std::vector<InputField<In>> fields_;
+};
+
+// ---- options ----
 // An option that is no field of Options (an output the call writes or not): declared, not parsed.
 template <class Options>
 OptionField<Options> plain(harness::OptionSpec spec) {

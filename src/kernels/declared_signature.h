@@ -17,10 +17,12 @@
 //   s.options = d.specs();   Options opt = d.parse(args);
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <functional>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -38,9 +40,10 @@ struct OptionField {
   std::function<void(Options&, const harness::OptionValues&, const std::string& kernel)> set;
 };
 
-// The shortest text that parses back to v ("1e-06", "0.5", "-100").
-inline std::string shortest_text(double v) {
-  char buf[32];
+// The shortest text that parses back to v in its own type ("1e-06", "0.5").
+template <class F>
+std::string shortest_text(F v) {
+  char buf[64];
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);
 }
@@ -69,7 +72,7 @@ template <class T>
 std::string text_of(T v) {
   if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
   else if constexpr (std::is_integral_v<T>) return std::to_string(v);
-  else return shortest_text(static_cast<double>(v));
+  else return shortest_text(v);
 }
 
 // A plain field (bool, integer, floating): kind and default from Options{}.
@@ -99,8 +102,10 @@ OptionField<Options> field(std::optional<T> Options::*member, std::string name, 
 template <class Options, class E>
 OptionField<Options> choice(E Options::*member, std::string name, std::string help, std::vector<std::string> choices,
                             E (*parse)(const std::string&), const char* (*name_of)(E) noexcept) {
-  harness::OptionSpec s{name, harness::OptionSpec::Kind::kString, std::move(help), name_of(Options{}.*member),
-                        std::move(choices), {}};
+  const std::string def = name_of(Options{}.*member);
+  if (std::find(choices.begin(), choices.end(), def) == choices.end() || name_of(parse(def)) != def)
+    throw std::logic_error(name + ": the default '" + def + "' is not one of its choices");
+  harness::OptionSpec s{name, harness::OptionSpec::Kind::kString, std::move(help), def, std::move(choices), {}};
   return {std::move(s), [member, name, parse](Options& o, const harness::OptionValues& v, const std::string&) {
             o.*member = parse(v.str(name));
           }};
@@ -112,9 +117,7 @@ OptionField<Options> block_sizes_field(std::optional<Sizes> Options::*member, co
                                        Sizes (*from)(const tune::Params&), tune::Params (*to)(const Sizes&)) {
   return {block_sizes_option_spec(example),
           [member, from, to](Options& o, const harness::OptionValues& v, const std::string& kernel) {
-            CallArgs a;
-            a.options = v;
-            o.*member = block_sizes_option<Sizes>(a, kernel, from, to);
+            o.*member = block_sizes_option<Sizes>(v, kernel, from, to);
           }};
 }
 
@@ -136,7 +139,8 @@ InputField<In> input(TensorView In::*member, CallInput spec) {
           }};
 }
 
-// An optional TensorView field: set when the input is given (declared not required).
+// An optional TensorView field: set when the input is given. Always declared not required
+// (whatever spec.required says: CallInput's default is true, and an optional field is optional).
 template <class In>
 InputField<In> input(std::optional<TensorView> In::*member, CallInput spec) {
   spec.required = false;

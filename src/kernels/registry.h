@@ -148,10 +148,10 @@ const TensorView& required(const CallArgs& a, const std::string& kernel, const c
 // values (Error(kInvalidArgument) naming the broken constraint).
 harness::OptionSpec block_sizes_option_spec(const std::string& example);
 template <class Sizes>
-std::optional<Sizes> block_sizes_option(const CallArgs& a, const std::string& kernel,
+std::optional<Sizes> block_sizes_option(const harness::OptionValues& options, const std::string& kernel,
                                         Sizes (*from)(const tune::Params&), tune::Params (*to)(const Sizes&)) {
-  if (!a.options.has("block_sizes")) return std::nullopt;
-  const tune::Params given = tune::parse_params(a.options.str("block_sizes"), kernel + ": block_sizes");
+  if (!options.has("block_sizes")) return std::nullopt;
+  const tune::Params given = tune::parse_params(options.str("block_sizes"), kernel + ": block_sizes");
   std::string names;  // the fields, from a default-constructed Sizes
   for (const auto& [name, value] : to(Sizes{})) names += (names.empty() ? "" : ", ") + name;
   for (const auto& [name, value] : to(Sizes{}))
@@ -161,6 +161,11 @@ std::optional<Sizes> block_sizes_option(const CallArgs& a, const std::string& ke
     check(tune::param(to(Sizes{}), name).has_value(), ErrorCode::kInvalidArgument,
           kernel + ": block_sizes has no field '" + name + "' (fields: " + names + ")");
   return from(given);
+}
+template <class Sizes>
+std::optional<Sizes> block_sizes_option(const CallArgs& a, const std::string& kernel,
+                                        Sizes (*from)(const tune::Params&), tune::Params (*to)(const Sizes&)) {
+  return block_sizes_option<Sizes>(a.options, kernel, from, to);
 }
 
 

@@ -63,6 +63,9 @@ TEST(DeclaredOptions, KindAndDefaultComeFromTheField) {
   EXPECT_EQ(s[2].kind, K::kFloat);
   EXPECT_EQ(s[2].default_value, "1e-06");  // the shortest text that parses back
   EXPECT_EQ(s[3].default_value, "0");
+  EXPECT_EQ(s[3].kind, K::kFloat);
+  EXPECT_EQ(s[4].default_value, "-1");
+  EXPECT_EQ(s[4].kind, K::kInt);
   EXPECT_EQ(s[5].kind, K::kString);
   EXPECT_EQ(s[5].default_value, "exact");
   EXPECT_EQ(s[5].choices, (std::vector<std::string>{"fast", "exact"}));
@@ -101,7 +104,26 @@ TEST(DeclaredOptions, GivenValuesReachTheirFields) {
 TEST(DeclaredOptions, TheUnsetValueUnsetsWhateverItsSpelling) {
   EXPECT_FALSE(declared().parse(args_with({{"scale", "0.0"}})).scale.has_value());
   EXPECT_FALSE(declared().parse(args_with({{"offset", "-1"}})).offset.has_value());
-  EXPECT_EQ(declared().parse(args_with({{"offset", "-2"}})).offset, -2);  // the API's range check refuses it
+  EXPECT_EQ(declared().parse(args_with({{"offset", "-2"}})).offset, -2);  // a range check is the kernel's
+}
+
+struct FloatOpts : ExecOptions {
+  float eps = 1e-6f;
+};
+enum class Bad { kA };
+const char* bad_name(Bad) noexcept { return "?"; }
+Bad parse_bad(const std::string&) { return Bad::kA; }
+struct BadOpts : ExecOptions {
+  Bad b = Bad::kA;
+};
+
+TEST(DeclaredOptions, AFloatFieldKeepsItsOwnShortestText) {
+  const OptionField<FloatOpts> f = field(&FloatOpts::eps, "eps", "a float");
+  EXPECT_EQ(f.spec.default_value, "1e-06");
+}
+
+TEST(DeclaredOptions, AChoiceWhoseDefaultIsNoChoiceIsADeclarationBug) {
+  EXPECT_THROW(choice(&BadOpts::b, "b", "", {"a"}, parse_bad, bad_name), std::logic_error);
 }
 
 TEST(DeclaredOptions, BadValuesAreOneLineErrors) {

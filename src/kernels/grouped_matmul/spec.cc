@@ -29,7 +29,7 @@ using K = OptionSpec::Kind;
 BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "m").value_or(0), tune::param(p, "n").value_or(0)}; }
 tune::Params to_params(const BlockSizes& b) { return {{"m", b.m}, {"n", b.n}}; }
 
-// group_offset -1 means unset (a negative offset is the API's error).
+// group_offset -1 means unset.
 const kernels::DeclaredOptions<Options>& options() {
   static const kernels::DeclaredOptions<Options> d{
       kKernelName,
@@ -38,6 +38,14 @@ const kernels::DeclaredOptions<Options>& options() {
                       "expert parallelism: rhs holds groups [offset, offset + G) of group_sizes; -1: unset", "-1"),
        kernels::block_sizes_field(&Options::block_sizes, "m=512,n=512", from_params, to_params)}};
   return d;
+}
+
+// The options, with group_offset's own check first: outputs() (jit, fake tensors) refuses it too.
+Options call_options(const kernels::CallArgs& a) {
+  const int64_t off = a.options.integer("group_offset");
+  check(off >= -1, ErrorCode::kInvalidArgument,
+        std::string(kKernelName) + ": group_offset must be >= 0 (or -1: unset), got " + std::to_string(off));
+  return options().parse(a);
 }
 
 const TensorView& need(const kernels::CallArgs& a, const char* name) { return kernels::required(a, kKernelName, name); }
@@ -58,7 +66,7 @@ const kernels::DeclaredInputs<Inputs>& inputs() {
 // Shapes only (the data may be absent: outputs() is asked with metadata under jit and fake
 // tensors); the call itself validates everything else.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const Options opt = options().parse(a);
+  const Options opt = call_options(a);
   const dispatch::Dims d = bind_tensors({need(a, "lhs"), need(a, "rhs"), {}}, opt, dispatch::BindMode::kShapesOnly);
   std::vector<kernels::OutputDesc> out;
   if (a.pass != Pass::kBackward) out.push_back(kernels::output_of(d, "out", "M,N", "=lhs"));
@@ -70,7 +78,7 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
-  const Options opt = options().parse(a);
+  const Options opt = call_options(a);
   const Inputs in = inputs().parse(a);
   const kernels::CallOutputs checked(call_outputs(a), out, a, kKernelName);  // the count
   // The kernel takes dout in the inputs' dtype (the gradient of a bf16 output is bf16 in autograd

@@ -19,9 +19,6 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
 
 namespace {
 
-using harness::OptionSpec;
-using K = OptionSpec::Kind;
-
 // ---- call (Python bindings) ----
 // Option names are the C++ Options fields, so Python keywords read like the C++ API.
 const kernels::DeclaredOptions<Options>& options() {
@@ -44,14 +41,15 @@ const kernels::DeclaredOptions<Options>& options() {
        field(&Options::return_token_accuracy, "return_token_accuracy",
              "also return the share of non-ignored tokens whose argmax is the label (f32, 0-d; a metric)",
              {"token-accuracy"}),
-       field(&Options::skip_ignored, "skip_ignored",
-             "skip ignored tokens before any GEMM (host inputs, >= 1/16 of them ignored; their lse is then 0); "
-             "off (--no-skip-ignored): every row computed, the lse of ignored rows their logsumexp"),
        field(&Options::vocab_total, "vocab_total",
              "vocab-parallel partial form: the number of classes of all slices (w holds V of them, labels are "
              "relative to the slice; forward returns the slice's statistics, backward takes the combined lse); "
              "0 = off"),
-       kernels::block_sizes_field(&Options::block_sizes, "b=1024,h=512,v=2048", from_params, to_params)}};
+       kernels::block_sizes_field(&Options::block_sizes, "b=1024,h=512,v=2048", from_params, to_params),
+       // Last: declared after the others existed (positions in torch's op schema stay).
+       field(&Options::skip_ignored, "skip_ignored",
+             "skip ignored tokens before any GEMM (host inputs, >= 1/16 of them ignored; their lse is then 0); "
+             "off (--no-skip-ignored): every row computed, the lse of ignored rows their logsumexp")}};
   return d;
 }
 

@@ -14,8 +14,6 @@ kernels::BenchSpec bench_spec();  // bench.cc
 
 namespace {
 
-using K = harness::OptionSpec::Kind;
-
 BlockSizes from_params(const tune::Params& p) { return {tune::param(p, "split_keys").value_or(0)}; }
 tune::Params to_params(const BlockSizes& b) { return {{"split_keys", b.split_keys}}; }
 

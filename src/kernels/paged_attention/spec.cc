@@ -17,8 +17,6 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
 
 namespace {
 
-using K = harness::OptionSpec::Kind;
-
 // ---- call: the signature `tessera run` and the Python functions are derived from ----
 const kernels::DeclaredOptions<Options>& options() {
   static const kernels::DeclaredOptions<Options> d{

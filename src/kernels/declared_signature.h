@@ -173,6 +173,17 @@ class DeclaredInputs {
 };
 
 // ---- options ----
+// The options the attention kernels share (attention, paged_attention, mla_decode): one name,
+// help and unset text each; their checks are dispatch::ArgCheck's softmax_scale and soft_cap.
+template <class Options>
+OptionField<Options> softmax_scale_field(std::optional<double> Options::*member) {
+  return field(member, "scale", "softmax scale; 0: 1/sqrt(D)", "0");
+}
+template <class Options>
+OptionField<Options> softcap_field(double Options::*member) {
+  return field(member, "softcap", "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables");
+}
+
 // An option that is no field of Options (an output the call writes or not): declared, not parsed.
 template <class Options>
 OptionField<Options> plain(harness::OptionSpec spec) {

@@ -27,8 +27,8 @@ tune::Params to_params(const BlockSizes& b) { return {{"q", b.q}, {"kv", b.kv}};
 const kernels::DeclaredOptions<Options>& options() {
   static const kernels::DeclaredOptions<Options> d{
       kKernelName,
-      {kernels::field(&Options::scale, "scale", "softmax scale; 0: 1/sqrt(D)", "0"),
-       kernels::field(&Options::softcap, "softcap", "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables"),
+      {kernels::softmax_scale_field(&Options::scale),
+       kernels::softcap_field(&Options::softcap),
        kernels::field(&Options::causal, "causal", "causal mask, bottom-right aligned when Sq != Sk"),
        kernels::field(&Options::window_left, "window_left", "sliding window: keys left of i + Sk - Sq; -1 unbounded"),
        kernels::field(&Options::window_right, "window_right",

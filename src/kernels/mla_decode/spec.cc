@@ -22,7 +22,7 @@ const kernels::DeclaredOptions<Options>& options() {
       kKernelName,
       {kernels::field(&Options::dv, "dv", "value dims: the first dv of the D cached dims"),
        kernels::field(&Options::causal, "causal", "query i sits at position L_b − Sq + i and sees keys up to it"),
-       kernels::field(&Options::scale, "scale", "softmax scale; 0: 1/sqrt(D)", "0"),
+       kernels::softmax_scale_field(&Options::scale),
        kernels::block_sizes_field(&Options::block_sizes, "split_keys=0", from_params, to_params)}};
   return d;
 }

@@ -21,8 +21,8 @@ namespace {
 const kernels::DeclaredOptions<Options>& options() {
   static const kernels::DeclaredOptions<Options> d{
       kKernelName,
-      {kernels::field(&Options::scale, "scale", "softmax scale; 0: 1/sqrt(D)", "0"),
-       kernels::field(&Options::softcap, "softcap", "logit soft cap c > 0 (s = c·tanh(s/c)); 0 disables"),
+      {kernels::softmax_scale_field(&Options::scale),
+       kernels::softcap_field(&Options::softcap),
        kernels::field(&Options::causal, "causal", "a query sees keys at positions <= its own (kv_len - q_len + i)"),
        kernels::field(&Options::window, "window",
                       "sliding window: keys at positions >= own - window only; -1 unbounded")}};

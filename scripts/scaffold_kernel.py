@@ -173,32 +173,30 @@ SPEC_CC = """// {name}: the registration — the only place the CLI, the parity 
 namespace tessera::{name} {{
 
 const kernels::KernelSpec& spec() {{
-  static const kernels::KernelSpec s = [] {{
-    kernels::KernelSpec k;
-    k.name = kKernelName;
-    k.description = "{description}";
-    k.dims = {{"N", "D"}};
-    k.passes = {{Pass::kForward}};
-    k.dtypes = {{DType::kF32}};
-    k.implementations = []() -> dispatch::RegistryView& {{ return registry(); }};
-    k.check_grid = [](bool) {{ return std::vector<kernels::CheckCase>{{}}; }};  // TODO: testing.cc
-    k.bench.make_problem = [](const harness::GridShape&, DType, const harness::OptionValues&, uint64_t)
-        -> std::unique_ptr<harness::BenchProblem> {{
-      throw Error(ErrorCode::kUnsupported, std::string(kKernelName) + ": no benchmark problem yet (bench.cc)");
-    }};
-    // The signature: `tessera run`, the Python functions and their help are derived from it. The
-    // output shapes come from the tensor rules, shapes only (no data under jit / fake tensors).
-    k.call.inputs = {{{{"x", "input [N, D] (f32)", true, false}}}};
-    k.call.outputs = [](const kernels::CallArgs& a) {{
-      const TensorView& x = kernels::required(a, kKernelName, "x");
-      const dispatch::Dims d = kRules.bind({{{{"x", x}}}}, dispatch::BindMode::kShapesOnly);
-      return std::vector<kernels::OutputDesc>{{kernels::output_of(d, "y", "N,D", "f32")}};
-    }};
-    k.call.call = [](const kernels::CallArgs& a, const std::vector<TensorView>& out) {{
-      return forward(kernels::required(a, kKernelName, "x"), out.at(0), kernels::exec_options<Options>(a));
-    }};
-    return k;
-  }}();
+  static const kernels::KernelSpec s{{
+      .name = kKernelName,
+      .description = "{description}",
+      .dims = {{"N", "D"}},
+      .passes = {{Pass::kForward}},
+      .dtypes = {{DType::kF32}},
+      .implementations = registry,
+      .check_grid = [](bool) {{ return std::vector<kernels::CheckCase>{{}}; }},  // TODO: testing.cc
+      .bench = {{.make_problem = [](const harness::GridShape&, DType, const harness::OptionValues&, uint64_t)
+                    -> std::unique_ptr<harness::BenchProblem> {{
+        throw Error(ErrorCode::kUnsupported, std::string(kKernelName) + ": no benchmark problem yet (bench.cc)");
+      }}}},
+      // The signature: `tessera run`, the Python functions and their help are derived from it. The
+      // output shapes come from the tensor rules, shapes only (no data under jit / fake tensors).
+      .call = {{.inputs = {{{{"x", "input [N, D] (f32)", true, false}}}},
+               .outputs =
+                   [](const kernels::CallArgs& a) {{
+                     const TensorView& x = kernels::required(a, kKernelName, "x");
+                     const dispatch::Dims d = kRules.bind({{{{"x", x}}}}, dispatch::BindMode::kShapesOnly);
+                     return std::vector<kernels::OutputDesc>{{kernels::output_of(d, "y", "N,D", "f32")}};
+                   }},
+               .call = [](const kernels::CallArgs& a, const std::vector<TensorView>& out) {{
+                 return forward(kernels::required(a, kKernelName, "x"), out.at(0), kernels::exec_options<Options>(a));
+               }}}}}};
   return s;
 }}
 

@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -62,12 +63,16 @@ std::vector<CheckCase> check_cases_of(const std::vector<Case>& grid, Parity pari
 }
 
 // A kernel's KernelSpec::check_grid from its testing.h: `grid(quick)` and
-// `parity(case, implementation, pass, device)`.
+// `parity(case, implementation, pass, device)` (a forward-only kernel's: `parity(case,
+// implementation, device)`).
 template <class Case, class Parity>
 std::function<std::vector<CheckCase>(bool quick)> check_grid_of(std::vector<Case> (*grid)(bool), Parity parity) {
   return [grid, parity](bool quick) {
     return check_cases_of(grid(quick), [parity](const Case& c, const std::string& impl, Pass pass, Device dev) {
-      return parity(c, impl, pass, dev);
+      if constexpr (std::is_invocable_v<Parity, const Case&, const std::string&, Device>)
+        return parity(c, impl, dev);  // a forward-only kernel's parity takes no pass
+      else
+        return parity(c, impl, pass, dev);
     });
   };
 }
@@ -200,20 +205,20 @@ inline OutputDesc declared_output(const dispatch::Dims& d, const dispatch::Tenso
 Tensor allocate_output(const OutputDesc& d, Device device);
 
 struct CallSpec {
-  std::vector<CallInput> inputs;        // the forward's inputs, in signature order
+  std::vector<CallInput> inputs = {};  // the forward's inputs, in signature order
   // What backward (and fused) take besides the inputs: upstream gradients of the forward's
   // outputs (required) and saved forward outputs (optional, they spare a recomputation).
-  std::vector<CallInput> grad_inputs;
-  std::vector<harness::OptionSpec> options;  // names as the C++ Options fields
-  std::vector<CompoundFlag> compound_flags;  // CLI only
-  std::vector<std::string> forward_outputs;  // the forward's outputs that take an upstream gradient
-  std::vector<std::string> saved_outputs;    // forward outputs that backward may take back
+  std::vector<CallInput> grad_inputs = {};
+  std::vector<harness::OptionSpec> options = {};  // names as the C++ Options fields
+  std::vector<CompoundFlag> compound_flags = {};  // CLI only
+  std::vector<std::string> forward_outputs = {};  // the forward's outputs that take an upstream gradient
+  std::vector<std::string> saved_outputs = {};  // forward outputs that backward may take back
   // The outputs of `pass` for these inputs (only dtype, shape and strides of args.tensors are
   // read; data may be null). Throws Error(kInvalidArgument) like the call would.
-  std::function<std::vector<OutputDesc>(const CallArgs& args)> outputs;
+  std::function<std::vector<OutputDesc>(const CallArgs& args)> outputs = {};
   // Runs args.pass writing `out` (views of what `outputs` described, in its order). Returns the
   // name of the implementation that ran.
-  std::function<std::string(const CallArgs& args, const std::vector<TensorView>& out)> call;
+  std::function<std::string(const CallArgs& args, const std::vector<TensorView>& out)> call = {};
 };
 
 // A benchmark call derived from the signature (every kernel's BenchProblem::bind): `inputs`
@@ -230,12 +235,12 @@ harness::BenchCall bind_call(const CallSpec& call, const std::vector<std::pair<s
 
 // ---- bench ----
 struct BenchSpec {
-  std::vector<harness::OptionSpec> options;  // the kernel's extra bench flags
+  std::vector<harness::OptionSpec> options = {};  // the kernel's extra bench flags
   // A problem for a grid shape (which holds every dim) and dtype, inputs generated from `seed`.
   std::function<std::unique_ptr<harness::BenchProblem>(const harness::GridShape& shape, DType dtype,
                                                        const harness::OptionValues& options,
                                                        uint64_t seed)>
-      make_problem;
+      make_problem = nullptr;
   // Optional (`tessera bench --predict`): the same problem without generating or allocating its
   // inputs; only describe, work, cost and gemm_floor are called on it. Unset: make_problem.
   std::function<std::unique_ptr<harness::BenchProblem>(const harness::GridShape& shape, DType dtype,
@@ -264,22 +269,22 @@ using BenchFactory = std::unique_ptr<harness::BenchProblem> (*)(const harness::G
 BenchSpec bench_spec_of(std::vector<harness::OptionSpec> options, BenchFactory make);
 
 struct KernelSpec {
-  std::string name;
-  std::string description;               // one line
-  std::vector<std::string> dims;         // named dims of its bench shapes and tune buckets
-  std::vector<Pass> passes;
-  std::vector<DType> dtypes;             // input dtypes it takes
+  std::string name = {};
+  std::string description = {};  // one line
+  std::vector<std::string> dims = {};  // named dims of its bench shapes and tune buckets
+  std::vector<Pass> passes = {};
+  std::vector<DType> dtypes = {};  // input dtypes it takes
   // A pipeline (split-KV partial attention, then the lse combine): the trace scope that marks
   // each stage in its CPU implementations (core/trace.h), in order, each sequential or
   // concurrent with the one before (harness::Stage); `tessera bench` reports each stage's time
   // beside the total. Empty: one stage. The stages' block sizes are options of the call, tuned
   // and validated together by the kernel's tune::Declared (its `validate` sees them all).
-  std::vector<harness::Stage> stages;
-  std::function<dispatch::RegistryView&()> implementations;
-  std::function<std::vector<CheckCase>(bool quick)> check_grid;
-  BenchSpec bench;
-  TuneSpec tune;
-  CallSpec call;
+  std::vector<harness::Stage> stages = {};
+  std::function<dispatch::RegistryView&()> implementations = {};
+  std::function<std::vector<CheckCase>(bool quick)> check_grid = {};
+  BenchSpec bench = {};
+  TuneSpec tune = {};
+  CallSpec call = {};
 };
 
 // The kernels, in a fixed order (registry.cc lists them).

@@ -58,7 +58,7 @@ with tempfile.TemporaryDirectory(prefix="tessera_scaffold_") as root:
     reg = read(root, "src/kernels/registry.cc")
     check("namespace demo_op {\nconst kernels::KernelSpec& spec();\n}" in reg, "spec declared in registry.cc")
     check("      &demo_op::spec(),\n  };" in reg, "spec listed last in registry.cc")
-    check('k.description = "a demo";' in read(root, "src/kernels/demo_op/spec.cc"), "description in spec.cc")
+    check('.description = "a demo",' in read(root, "src/kernels/demo_op/spec.cc"), "description in spec.cc")
     check("the reference is not written yet" in read(root, "src/kernels/demo_op/reference.cc"),
           "the reference throws until written")
     check("TEST(DemoOpReference, MatchesHandValues)" in read(root, "tests/kernels/demo_op_test.cc"), "placeholder test")

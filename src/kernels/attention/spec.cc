@@ -97,20 +97,6 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
 
-kernels::CallSpec call_spec() {
-  kernels::CallSpec s;
-  s.inputs = inputs().specs();
-  s.grad_inputs = {{"grad_o", "upstream gradient of o (o's shape; f32 or q's dtype)", true, false, {"do"}},
-                   {"o", "the forward's o; spares recomputing the forward", false, false},
-                   {"lse", "the forward's lse (f32)", false, false}};
-  s.options = options().specs();
-  s.compound_flags = {{"window", {"window_left", "window_right"}, "sliding window LEFT,RIGHT around i + Sk - Sq (-1 = unbounded)"}};
-  s.forward_outputs = {"o"};
-  s.saved_outputs = {"o", "lse"};  // o is returned and kept for backward
-  s.outputs = call_outputs;
-  s.call = call;
-  return s;
-}
 
 // ---- bench: B, S, H, D with Hkv = H / (--gqa) and Sq = Sk = S ----
 struct Settings {
@@ -205,27 +191,32 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   return std::make_unique<AttentionBench>(s, seed, with_data);
 }
 
-kernels::KernelSpec make_spec() {
-  kernels::KernelSpec k;
-  k.name = kKernelName;
-  k.description = "scaled dot-product attention (flash-style tiles, online softmax): never materializes S×S";
-  k.dims = {"B", "S", "H", "D"};
-  k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
-  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
-  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
-  k.bench = kernels::bench_spec_of({{"causal", K::kFlag, "causal mask", "false", {}},
-                                    {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}},
-                                   make_bench_problem);
-  k.tune = kernels::declared_tune_spec(tuning(), spec);
-  k.call = call_spec();
-  return k;
-}
-
 }  // namespace
 
 const kernels::KernelSpec& spec() {
-  static const kernels::KernelSpec s = make_spec();
+  static const kernels::KernelSpec s{
+      .name = kKernelName,
+      .description = "scaled dot-product attention (flash-style tiles, online softmax): never materializes S×S",
+      .dims = {"B", "S", "H", "D"},
+      .passes = {Pass::kForward, Pass::kBackward, Pass::kFused},
+      .dtypes = {DType::kF32, DType::kBF16, DType::kF16},
+      .implementations = registry,
+      .check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity),
+      .bench = kernels::bench_spec_of({{"causal", K::kFlag, "causal mask", "false", {}},
+                                       {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}},
+                                      make_bench_problem),
+      .tune = kernels::declared_tune_spec(tuning(), spec),
+      .call = {.inputs = inputs().specs(),
+               .grad_inputs = {{"grad_o", "upstream gradient of o (o's shape; f32 or q's dtype)", true, false, {"do"}},
+                               {"o", "the forward's o; spares recomputing the forward", false, false},
+                               {"lse", "the forward's lse (f32)", false, false}},
+               .options = options().specs(),
+               .compound_flags = {{"window", {"window_left", "window_right"},
+                                   "sliding window LEFT,RIGHT around i + Sk - Sq (-1 = unbounded)"}},
+               .forward_outputs = {"o"},
+               .saved_outputs = {"o", "lse"},  // o is returned and kept for backward
+               .outputs = call_outputs,
+               .call = call}};
   return s;
 }
 

@@ -94,16 +94,6 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
 
-kernels::CallSpec call_spec() {
-  kernels::CallSpec s;
-  s.inputs = inputs().specs();
-  s.grad_inputs = {{"grad_out", "upstream gradient of out [M, N] (f32 or lhs's dtype)", true, false, {"dout"}}};
-  s.options = options().specs();
-  s.forward_outputs = {"out"};
-  s.outputs = call_outputs;
-  s.call = call;
-  return s;
-}
 
 // ---- bench: M rows, K, N, G groups; routing balanced or skewed ----
 std::vector<int64_t> route(int64_t M, int64_t G, const std::string& routing) {
@@ -230,28 +220,28 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   return std::make_unique<GmmBench>(std::move(s), seed, with_data);
 }
 
-kernels::KernelSpec make_spec() {
-  kernels::KernelSpec k;
-  k.name = kKernelName;
-  k.description = "grouped matmul for MoE (gmm, tgmm): ragged groups of rows, one matrix per group";
-  k.dims = {"M", "K", "N", "G"};
-  k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
-  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
-  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
-  k.bench = kernels::bench_spec_of({{"routing", K::kString,
-                                     "group sizes: balanced (M/G each) or skewed (one group 70 % of the rows, two empty)",
-                                     "balanced", {}}},
-                                   make_bench_problem);
-  k.tune = kernels::declared_tune_spec(tuning(), spec);
-  k.call = call_spec();
-  return k;
-}
-
 }  // namespace
 
 const kernels::KernelSpec& spec() {
-  static const kernels::KernelSpec s = make_spec();
+  static const kernels::KernelSpec s{
+      .name = kKernelName,
+      .description = "grouped matmul for MoE (gmm, tgmm): ragged groups of rows, one matrix per group",
+      .dims = {"M", "K", "N", "G"},
+      .passes = {Pass::kForward, Pass::kBackward, Pass::kFused},
+      .dtypes = {DType::kF32, DType::kBF16, DType::kF16},
+      .implementations = registry,
+      .check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity),
+      .bench = kernels::bench_spec_of({{"routing", K::kString,
+                                        "group sizes: balanced (M/G each) or skewed (one group 70 % of the rows, two empty)",
+                                        "balanced", {}}},
+                                      make_bench_problem),
+      .tune = kernels::declared_tune_spec(tuning(), spec),
+      .call = {.inputs = inputs().specs(),
+               .grad_inputs = {{"grad_out", "upstream gradient of out [M, N] (f32 or lhs's dtype)", true, false, {"dout"}}},
+               .options = options().specs(),
+               .forward_outputs = {"out"},
+               .outputs = call_outputs,
+               .call = call}};
   return s;
 }
 

@@ -134,18 +134,6 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
 
-kernels::CallSpec call_spec() {
-  kernels::CallSpec s;
-  s.inputs = inputs().specs();
-  s.grad_inputs = {{"grad_loss", "upstream gradient of loss (f32; 0-d for sum/mean, per token for none)", true, false},
-                   {"lse", "the forward's lse (f32 [...]); spares recomputing it", false, false}};
-  s.options = options().specs();
-  s.forward_outputs = {"loss"};
-  s.saved_outputs = {"lse"};
-  s.outputs = call_outputs;
-  s.call = call;
-  return s;
-}
 
 // ---- tune: the host backends' declaration and cuda's (tuning.cc), one table ----
 kernels::TuneSpec tune_spec() {
@@ -158,25 +146,28 @@ kernels::TuneSpec tune_spec() {
   return t;
 }
 
-kernels::KernelSpec make_spec() {
-  kernels::KernelSpec k;
-  k.name = kKernelName;
-  k.description = "fused linear + softmax cross-entropy (LM head): never materializes B×V logits";
-  k.dims = {"B", "H", "V"};
-  k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
-  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
-  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
-  k.bench = kernels::bench_spec_of(bench_options(), make_bench_problem);
-  k.tune = tune_spec();
-  k.call = call_spec();
-  return k;
-}
-
 }  // namespace
 
 const kernels::KernelSpec& spec() {
-  static const kernels::KernelSpec s = make_spec();
+  static const kernels::KernelSpec s{
+      .name = kKernelName,
+      .description = "fused linear + softmax cross-entropy (LM head): never materializes B×V logits",
+      .dims = {"B", "H", "V"},
+      .passes = {Pass::kForward, Pass::kBackward, Pass::kFused},
+      .dtypes = {DType::kF32, DType::kBF16, DType::kF16},
+      .implementations = registry,
+      .check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity),
+      .bench = kernels::bench_spec_of(bench_options(), make_bench_problem),
+      .tune = tune_spec(),
+      .call = {.inputs = inputs().specs(),
+               .grad_inputs = {{"grad_loss", "upstream gradient of loss (f32; 0-d for sum/mean, per token for none)",
+                                true, false},
+                               {"lse", "the forward's lse (f32 [...]); spares recomputing it", false, false}},
+               .options = options().specs(),
+               .forward_outputs = {"loss"},
+               .saved_outputs = {"lse"},
+               .outputs = call_outputs,
+               .call = call}};
   return s;
 }
 

@@ -9,7 +9,6 @@
 
 namespace tessera::mla_decode {
 
-const kernels::KernelSpec& spec();
 kernels::BenchSpec bench_spec();  // bench.cc
 
 namespace {
@@ -53,36 +52,21 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   return forward(inputs().parse(a), {o["o"], o["lse"]}, options().parse(a));
 }
 
-kernels::CallSpec call_spec() {
-  kernels::CallSpec s;
-  s.inputs = inputs().specs();
-  s.options = options().specs();
-  s.outputs = call_outputs;
-  s.call = call;
-  return s;
-}
-
-kernels::KernelSpec make_spec() {
-  kernels::KernelSpec k;
-  k.name = kKernelName;
-  k.description = "DeepSeek multi-head latent attention decode over a paged latent cache (FlashMLA contract)";
-  k.dims = {"B", "Sq", "Hq", "T"};
-  k.passes = {Pass::kForward};
-  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
-  k.stages = {"mla_decode.split_kv", "mla_decode.combine"};  // cpu.cc's trace scopes
-  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = kernels::check_grid_of(testing::check_grid, [](const testing::CaseSpec& c, const std::string& impl,
-                                                                Pass, Device dev) { return testing::check_parity(c, impl, dev); });
-  k.bench = bench_spec();
-  k.call = call_spec();
-  k.tune = kernels::declared_tune_spec(tuning(), spec);
-  return k;
-}
-
 }  // namespace
 
 const kernels::KernelSpec& spec() {
-  static const kernels::KernelSpec s = make_spec();
+  static const kernels::KernelSpec s{
+      .name = kKernelName,
+      .description = "DeepSeek multi-head latent attention decode over a paged latent cache (FlashMLA contract)",
+      .dims = {"B", "Sq", "Hq", "T"},
+      .passes = {Pass::kForward},
+      .dtypes = {DType::kF32, DType::kBF16, DType::kF16},
+      .stages = {"mla_decode.split_kv", "mla_decode.combine"},  // cpu.cc's trace scopes
+      .implementations = registry,
+      .check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity),
+      .bench = bench_spec(),
+      .tune = kernels::declared_tune_spec(tuning(), spec),
+      .call = {.inputs = inputs().specs(), .options = options().specs(), .outputs = call_outputs, .call = call}};
   return s;
 }
 

@@ -8,7 +8,6 @@
 
 namespace tessera::mlstm {
 
-const kernels::KernelSpec& spec();
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
                                                           const harness::OptionValues&, uint64_t seed,
                                                           bool with_data);  // bench.cc
@@ -85,36 +84,27 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   return backward(in, dh, g, opt, dcl, dnl);
 }
 
-kernels::CallSpec call_spec() {
-  kernels::CallSpec s;
-  s.inputs = inputs().specs();
-  s.grad_inputs = {{"grad_h", "upstream gradient of h [B, NH, S, DHV] (f32 or q's dtype)", true, false, {"dh"}},
-                   {"grad_c_last", "upstream gradient of the last C [B, NH, DHQK, DHV] (f32)", false, false},
-                   {"grad_n_last", "upstream gradient of the last n [B, NH, DHQK] (f32)", false, false}};
-  s.options = options().specs();
-  s.forward_outputs = {"h"};
-  s.outputs = call_outputs;
-  s.call = call;
-  return s;
-}
-
 }  // namespace
 
 const kernels::KernelSpec& spec() {
-  static const kernels::KernelSpec s = [] {
-    kernels::KernelSpec k;
-    k.name = kKernelName;
-    k.description = "mLSTM (xLSTM matrix-memory cell): chunkwise forward and backward with resets";
-    k.dims = {"B", "NH", "S", "DHQK", "DHV"};
-    k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
-    k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
-    k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-    k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
-    k.bench = kernels::bench_spec_of({}, make_bench_problem);
-    k.call = call_spec();
-    k.tune = kernels::declared_tune_spec(tuning(), spec);
-    return k;
-  }();
+  static const kernels::KernelSpec s{
+      .name = kKernelName,
+      .description = "mLSTM (xLSTM matrix-memory cell): chunkwise forward and backward with resets",
+      .dims = {"B", "NH", "S", "DHQK", "DHV"},
+      .passes = {Pass::kForward, Pass::kBackward, Pass::kFused},
+      .dtypes = {DType::kF32, DType::kBF16, DType::kF16},
+      .implementations = registry,
+      .check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity),
+      .bench = kernels::bench_spec_of({}, make_bench_problem),
+      .tune = kernels::declared_tune_spec(tuning(), spec),
+      .call = {.inputs = inputs().specs(),
+               .grad_inputs = {{"grad_h", "upstream gradient of h [B, NH, S, DHV] (f32 or q's dtype)", true, false, {"dh"}},
+                               {"grad_c_last", "upstream gradient of the last C [B, NH, DHQK, DHV] (f32)", false, false},
+                               {"grad_n_last", "upstream gradient of the last n [B, NH, DHQK] (f32)", false, false}},
+               .options = options().specs(),
+               .forward_outputs = {"h"},
+               .outputs = call_outputs,
+               .call = call}};
   return s;
 }
 

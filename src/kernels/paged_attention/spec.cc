@@ -9,7 +9,6 @@
 
 namespace tessera::paged_attention {
 
-const kernels::KernelSpec& spec();
 // bench.cc
 std::vector<harness::OptionSpec> bench_options();
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
@@ -60,36 +59,24 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   return forward(inputs().parse(a), {o["o"], o["lse"]}, options().parse(a));
 }
 
-kernels::CallSpec call_spec() {
-  kernels::CallSpec s;
-  s.inputs = inputs().specs();
-  s.options = options().specs();
-  s.forward_outputs = {"o"};
-  s.saved_outputs = {"o", "lse"};  // forward only: this gives the Python functions return_lse
-  s.outputs = call_outputs;
-  s.call = call;
-  return s;
-}
-
-kernels::KernelSpec make_spec() {
-  kernels::KernelSpec k;
-  k.name = kKernelName;
-  k.description = "ragged paged attention for serving (prefill and decode rows in one batch), forward";
-  k.dims = {"N", "S", "Q", "H", "D"};
-  k.passes = {Pass::kForward};
-  k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
-  k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-  k.check_grid = kernels::check_grid_of(testing::check_grid, [](const testing::CaseSpec& c, const std::string& impl,
-                                                                Pass, Device dev) { return testing::check_parity(c, impl, dev); });
-  k.bench = kernels::bench_spec_of(bench_options(), make_bench_problem);
-  k.call = call_spec();
-  return k;
-}
-
 }  // namespace
 
 const kernels::KernelSpec& spec() {
-  static const kernels::KernelSpec s = make_spec();
+  static const kernels::KernelSpec s{
+      .name = kKernelName,
+      .description = "ragged paged attention for serving (prefill and decode rows in one batch), forward",
+      .dims = {"N", "S", "Q", "H", "D"},
+      .passes = {Pass::kForward},
+      .dtypes = {DType::kF32, DType::kBF16, DType::kF16},
+      .implementations = registry,
+      .check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity),
+      .bench = kernels::bench_spec_of(bench_options(), make_bench_problem),
+      .call = {.inputs = inputs().specs(),
+               .options = options().specs(),
+               .forward_outputs = {"o"},
+               .saved_outputs = {"o", "lse"},  // forward only: this gives the Python functions return_lse
+               .outputs = call_outputs,
+               .call = call}};
   return s;
 }
 

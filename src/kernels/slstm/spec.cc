@@ -76,20 +76,6 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   return a.pass == Pass::kFused ? forward_backward(in, up, fo, g, opt) : backward(in, up, g, opt);
 }
 
-kernels::CallSpec call_spec() {
-  kernels::CallSpec s;
-  s.inputs = inputs().specs();
-  s.grad_inputs = {{"grad_h", "upstream gradient of h [B, S, NH, DH] (f32)", true, false, {"dh"}},
-                   {"grad_h_last", "upstream gradient of h_last [B, NH, DH] (f32)", false, false},
-                   {"grad_c_last", "upstream gradient of c_last [B, NH, DH] (f32; m held)", false, false},
-                   {"grad_n_last", "upstream gradient of n_last [B, NH, DH] (f32; m held)", false, false}};
-  s.options = options().specs();
-  s.forward_outputs = {"h"};
-  s.outputs = call_outputs;
-  s.call = call;
-  return s;
-}
-
 }  // namespace
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
@@ -97,20 +83,25 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
                                                           bool with_data);  // bench.cc
 
 const kernels::KernelSpec& spec() {
-  static const kernels::KernelSpec s = [] {
-    kernels::KernelSpec k;
-    k.name = kKernelName;
-    k.description = "xLSTM sLSTM cell: scalar-memory recurrence with head-wise recurrent weights and resets";
-    k.dims = {"B", "S", "NH", "DH"};
-    k.passes = {Pass::kForward, Pass::kBackward, Pass::kFused};
-    k.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
-    k.implementations = []() -> dispatch::RegistryView& { return registry(); };
-    k.check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity);
-    k.bench = kernels::bench_spec_of({}, make_bench_problem);
-    k.call = call_spec();
-    k.tune = kernels::declared_tune_spec(tuning(), spec);
-    return k;
-  }();
+  static const kernels::KernelSpec s{
+      .name = kKernelName,
+      .description = "xLSTM sLSTM cell: scalar-memory recurrence with head-wise recurrent weights and resets",
+      .dims = {"B", "S", "NH", "DH"},
+      .passes = {Pass::kForward, Pass::kBackward, Pass::kFused},
+      .dtypes = {DType::kF32, DType::kBF16, DType::kF16},
+      .implementations = registry,
+      .check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity),
+      .bench = kernels::bench_spec_of({}, make_bench_problem),
+      .tune = kernels::declared_tune_spec(tuning(), spec),
+      .call = {.inputs = inputs().specs(),
+               .grad_inputs = {{"grad_h", "upstream gradient of h [B, S, NH, DH] (f32)", true, false, {"dh"}},
+                               {"grad_h_last", "upstream gradient of h_last [B, NH, DH] (f32)", false, false},
+                               {"grad_c_last", "upstream gradient of c_last [B, NH, DH] (f32; m held)", false, false},
+                               {"grad_n_last", "upstream gradient of n_last [B, NH, DH] (f32; m held)", false, false}},
+               .options = options().specs(),
+               .forward_outputs = {"h"},
+               .outputs = call_outputs,
+               .call = call}};
   return s;
 }
 

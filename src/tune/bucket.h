@@ -13,6 +13,8 @@
 
 namespace tessera::tune {
 
+inline constexpr int64_t kAny = std::numeric_limits<int64_t>::max();  // a DimRange open above
+
 struct DimRange {
   std::string name;  // "B", "H", "V": matches the kernel's dimension order
   int64_t lo = 0;

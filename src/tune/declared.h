@@ -29,38 +29,38 @@
 namespace tessera::tune {
 
 struct Declared {
-  std::string kernel;                        // "mlstm"
-  std::vector<std::string> options;          // the tuned call options, each an int: 0 = choose
-  std::vector<Bucket> buckets;               // over every dim of the kernel, in its dims order
-  std::vector<std::string> implementations;  // the tunable ones ("cpu"); others get the default
+  std::string kernel = {};  // "mlstm"
+  std::vector<std::string> options = {};  // the tuned call options, each an int: 0 = choose
+  std::vector<Bucket> buckets = {};  // over every dim of the kernel, in its dims order
+  std::vector<std::string> implementations = {};  // the tunable ones ("cpu"); others get the default
   // The candidates for a shape (the kernel's dims, in order) on `threads` CPU threads, the default
   // first. Each names every tuned option with a value > 0 (0 in a call means "choose").
-  std::function<std::vector<Params>(const std::vector<int64_t>& dims, int threads)> candidates;
+  std::function<std::vector<Params>(const std::vector<int64_t>& dims, int threads)> candidates = {};
   // "": each option is a call option of its own name (mlstm's chunk_size); "block_sizes": they
   // travel together as that call option's text ("split_keys=1024"), as for mla_decode.
-  std::string carrier;
+  std::string carrier = {};
   // Optional: the joint check of a full set of options at a shape (a pipeline's stages tuned
   // together: stage 1's split count and stage 2's combine width must agree). Throws
   // Error(kInvalidArgument) naming the broken constraint. It runs on options a caller gives
   // (the call fails before anything runs) and on tuned-table rows (a row that breaks it is
   // ignored with a warning); candidates that break it fail when timed.
-  std::function<void(const Params&, const std::vector<int64_t>& dims)> validate;
+  std::function<void(const Params&, const std::vector<int64_t>& dims)> validate = {};
   // Optional: the tolerance between candidates' outputs for inputs of this dtype, as a fraction
   // of the largest |value| (tune::Output::rtol), where block sizes change rounding, not only the
   // order of sums (mla_decode rounds P to bf16 against each split's own running max). Unset or
   // 0: the output dtype's default (tune/verify.h).
-  std::function<double(DType)> rtol;
+  std::function<double(DType)> rtol = {};
   // Optional: the default of an implementation that is not tuned, where each has its own (a
   // device backend's fixed tiles: attention's cuda and cudnn). Unset: the first candidate.
-  std::function<Params(const std::string& implementation)> default_of;
+  std::function<Params(const std::string& implementation)> default_of = {};
   // Multiply-adds of one call at this shape: autotune-on-miss runs only from min_work on.
-  std::function<double(const std::vector<int64_t>& dims)> work;
+  std::function<double(const std::vector<int64_t>& dims)> work = {};
   double min_work = double(int64_t{1} << 30);
   const std::vector<TableEntry>& (*table)() = nullptr;  // the checked-in tuned table
   // Where the table lives, for `tessera tune --emit-table`: "" means the convention,
   // src/kernels/<kernel>/tuned_table.cc defining tessera::<kernel>::tuned_table() and including
   // tune/table.h (table_source()).
-  std::string table_include, table_namespace, table_path;
+  std::string table_include = {}, table_namespace = {}, table_path = {};
   std::string table_file() const { return table_path.empty() ? "src/kernels/" + kernel + "/tuned_table.cc" : table_path; }
   std::string table_ns() const { return table_namespace.empty() ? "tessera::" + kernel : table_namespace; }
   std::string table_header() const { return table_include.empty() ? "tune/table.h" : table_include; }

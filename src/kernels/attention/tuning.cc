@@ -2,7 +2,6 @@
 // (tune/declared.h). The call-time choice (api.cc) and `tessera tune attention` (spec.cc) derive
 // from this declaration; every size a call runs with is clamped to its lengths (sanitize_for_shape).
 #include <algorithm>
-#include <limits>
 
 #include "kernels/attention/impl.h"
 #include "tune/declared.h"
@@ -10,7 +9,7 @@
 namespace tessera::attention {
 
 namespace {
-constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+using tune::kAny;
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 tune::Params params_of(const BlockSizes& b) { return {{"q", b.q}, {"kv", b.kv}}; }
 
@@ -41,35 +40,34 @@ std::string autotune_variant(const Problem& p) {
 }
 
 const tune::Declared& tuning() {
-  static const tune::Declared d = [] {
-    tune::Declared t;
-    t.kernel = kKernelName;
-    t.options = {"q", "kv"};
-    t.carrier = "block_sizes";  // the call's block_sizes option: "q=128,kv=256"
-    // Dims (B, S, H, D), a call's S and D the larger of Sq, Sk and of D, Dv; first match wins. The
-    // head dim changes the best tiles most (the width of every tile product, the bytes per kv row
-    // a tile holds in cache). Representative shapes: one sequence of 1024 rows and 4 heads (a full
-    // sweep, f32 and bf16, takes a few minutes on the 2-core development machine).
-    t.buckets = {
-        {"d64", "D <= 64: small heads (BERT-style, many vision models)",
-         {{"B", 1, kAny, 1}, {"S", 1, kAny, 1024}, {"H", 1, kAny, 4}, {"D", 1, 64, 64}}},
-        {"d128", "64 < D <= 128: Llama, Mistral, Qwen",
-         {{"B", 1, kAny, 1}, {"S", 1, kAny, 1024}, {"H", 1, kAny, 4}, {"D", 65, 128, 128}}},
-        {"d256", "D > 128: Gemma (256)",
-         {{"B", 1, kAny, 1}, {"S", 1, kAny, 1024}, {"H", 1, kAny, 4}, {"D", 129, kAny, 256}}},
-    };
-    t.implementations = {"cpu"};
-    t.candidates = candidates;
-    // cuda and cudnn have fixed tiles of their own.
-    t.default_of = [](const std::string& impl) {
-      const Implementation* i = find_implementation(impl);
-      return params_of(i ? i->default_block_sizes(Problem{}) : BlockSizes{});
-    };
-    // B·H·S²·D multiply-adds: autotune-on-miss from 2^30 on.
-    t.work = [](const std::vector<int64_t>& d) { return double(d.at(0)) * d.at(2) * double(d.at(1)) * d.at(1) * d.at(3); };
-    t.table = tuned_table;
-    return t;
-  }();
+  static const tune::Declared d{
+      .kernel = kKernelName,
+      .options = {"q", "kv"},
+      // Dims (B, S, H, D), a call's S and D the larger of Sq, Sk and of D, Dv; first match wins. The
+      // head dim changes the best tiles most (the width of every tile product, the bytes per kv row
+      // a tile holds in cache). Representative shapes: one sequence of 1024 rows and 4 heads (a full
+      // sweep, f32 and bf16, takes a few minutes on the 2-core development machine).
+      .buckets = {
+          {"d64", "D <= 64: small heads (BERT-style, many vision models)",
+           {{"B", 1, kAny, 1}, {"S", 1, kAny, 1024}, {"H", 1, kAny, 4}, {"D", 1, 64, 64}}},
+          {"d128", "64 < D <= 128: Llama, Mistral, Qwen",
+           {{"B", 1, kAny, 1}, {"S", 1, kAny, 1024}, {"H", 1, kAny, 4}, {"D", 65, 128, 128}}},
+          {"d256", "D > 128: Gemma (256)",
+           {{"B", 1, kAny, 1}, {"S", 1, kAny, 1024}, {"H", 1, kAny, 4}, {"D", 129, kAny, 256}}},
+      },
+      .implementations = {"cpu"},
+      .candidates = candidates,
+      .carrier = "block_sizes",  // the call's block_sizes option: "q=128,kv=256"
+      // cuda and cudnn have fixed tiles of their own.
+      .default_of = [](const std::string& impl) {
+        const Implementation* i = find_implementation(impl);
+        return params_of(i ? i->default_block_sizes(Problem{}) : BlockSizes{});
+      },
+      // B·H·S²·D multiply-adds: autotune-on-miss from 2^30 on.
+      .work = [](const std::vector<int64_t>& d) {
+        return double(d.at(0)) * d.at(2) * double(d.at(1)) * d.at(1) * d.at(3);
+      },
+      .table = tuned_table};
   return d;
 }
 

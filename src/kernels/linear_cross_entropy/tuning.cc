@@ -5,7 +5,6 @@
 // implementation's own default_block_sizes(p) (it depends on the dtype and the memory budget);
 // tuned sizes are clamped to the call's shape (sanitize_for_shape).
 #include <algorithm>
-#include <limits>
 
 #include "kernels/linear_cross_entropy/impl.h"
 #include "tessera/error.h"
@@ -15,7 +14,7 @@
 namespace tessera::linear_cross_entropy {
 
 namespace {
-constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+using tune::kAny;
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 Problem shape(const std::vector<int64_t>& d, DType dtype) {
@@ -56,28 +55,27 @@ std::vector<tune::Params> cuda_candidates(const std::vector<int64_t>& d, int) {
 // that a full sweep, f32 and bf16, takes a few minutes on the 2-core development machine.
 tune::Declared declare(std::vector<std::string> implementations,
                        std::vector<tune::Params> (*candidates)(const std::vector<int64_t>&, int)) {
-  tune::Declared t;
-  t.kernel = kKernelName;
-  t.options = {"b", "h", "v"};
-  t.carrier = "block_sizes";  // the call's block_sizes option: "b=256,h=512,v=2048"
-  t.buckets = {
-      {"small", "V <= 16k: toy models, unit-test sized vocabularies",
-       {{"B", 1, kAny, 512}, {"H", 1, kAny, 256}, {"V", 1, 16384, 8192}}},
-      {"llama2-ish", "16k < V <= 64k: Llama-2 / Mistral (32000), GPT-2 (50257)",
-       {{"B", 1, kAny, 256}, {"H", 1, kAny, 512}, {"V", 16385, 65536, 32000}}},
-      {"llama3-ish", "64k < V <= 192k: Llama-3 (128256), Qwen-2 (151936)",
-       {{"B", 1, kAny, 128}, {"H", 1, kAny, 512}, {"V", 65537, 196608, 128256}}},
-      {"gemma-ish", "V > 192k: Gemma (256000)",
-       {{"B", 1, kAny, 64}, {"H", 1, kAny, 512}, {"V", 196609, kAny, 256000}}},
-  };
-  t.implementations = std::move(implementations);
-  t.candidates = candidates;
-  // B·H·V multiply-adds: autotune-on-miss from 2^26 on (a forward of that size takes a few
-  // milliseconds on one core; below it the default tiles are within noise).
-  t.work = [](const std::vector<int64_t>& d) { return double(d.at(0)) * double(d.at(1)) * double(d.at(2)); };
-  t.min_work = double(int64_t{1} << 26);
-  t.table = tuned_table;
-  return t;
+  return {
+      .kernel = kKernelName,
+      .options = {"b", "h", "v"},
+      .buckets = {
+          {"small", "V <= 16k: toy models, unit-test sized vocabularies",
+           {{"B", 1, kAny, 512}, {"H", 1, kAny, 256}, {"V", 1, 16384, 8192}}},
+          {"llama2-ish", "16k < V <= 64k: Llama-2 / Mistral (32000), GPT-2 (50257)",
+           {{"B", 1, kAny, 256}, {"H", 1, kAny, 512}, {"V", 16385, 65536, 32000}}},
+          {"llama3-ish", "64k < V <= 192k: Llama-3 (128256), Qwen-2 (151936)",
+           {{"B", 1, kAny, 128}, {"H", 1, kAny, 512}, {"V", 65537, 196608, 128256}}},
+          {"gemma-ish", "V > 192k: Gemma (256000)",
+           {{"B", 1, kAny, 64}, {"H", 1, kAny, 512}, {"V", 196609, kAny, 256000}}},
+      },
+      .implementations = std::move(implementations),
+      .candidates = candidates,
+      .carrier = "block_sizes",  // the call's block_sizes option: "b=256,h=512,v=2048"
+      // B·H·V multiply-adds: autotune-on-miss from 2^26 on (a forward of that size takes a few
+      // milliseconds on one core; below it the default tiles are within noise).
+      .work = [](const std::vector<int64_t>& d) { return double(d.at(0)) * double(d.at(1)) * double(d.at(2)); },
+      .min_work = double(int64_t{1} << 26),
+      .table = tuned_table};
 }
 }  // namespace
 

@@ -2,7 +2,6 @@
 // many (batch, split) items the threads share against how many partials stage 2 combines; the
 // call-time choice (api.cc) and `tessera tune mla_decode` (spec.cc) derive from this.
 #include <algorithm>
-#include <limits>
 
 #include "kernels/mla_decode/cpu_stages.h"
 #include "kernels/mla_decode/impl.h"
@@ -11,7 +10,7 @@
 namespace tessera::mla_decode {
 
 namespace {
-constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+using tune::kAny;
 
 // The automatic rule's split first, then 1, 2, 4, 8 and 16 splits of the longest sequence (in
 // multiples of the key chunk, at least the automatic rule's floor).
@@ -34,32 +33,29 @@ double macs(const std::vector<int64_t>& d) {
 }  // namespace
 
 const tune::Declared& tuning() {
-  static const tune::Declared d = [] {
-    tune::Declared t;
-    t.kernel = kKernelName;
-    t.options = {"split_keys"};
-    t.carrier = "block_sizes";  // the call's block_sizes option: "split_keys=1024"
-    t.buckets = {
-        {"decode", "Sq·Hq <= 32: memory-bound rows (one token, few heads)",
-         {{"B", 1, kAny, 32}, {"Sq", 1, 2, 1}, {"Hq", 1, 16, 16}, {"T", 1, kAny, 4096}}},
-        {"wide", "more query rows per entry (speculative decode, 128 heads): compute-bound",
-         {{"B", 1, kAny, 32}, {"Sq", 1, kAny, 16}, {"Hq", 1, kAny, 16}, {"T", 1, kAny, 4096}}},
-    };
-    t.implementations = {"cpu"};
-    t.candidates = candidates;
-    // The GPU implementations plan their own splits (split_keys = 0); without this they got the
-    // cpu rule's split, sized by the host's threads (found in review, 2026-11-27).
-    t.default_of = [](const std::string&) { return tune::Params{{"split_keys", 0}}; };
-    // bf16 inputs: stage 1 rounds P to bf16 for P·V against each split's own running max, so
-    // another split length rounds P differently: errors of 2^-9 of each weight, up to ~2^-9 of
-    // the values' scale in o (measured 1.5e-3 of o's largest |value|). The bf16 output
-    // tolerance (2^-6, tune/verify.h) covers that, as if o were stored in bf16; f32 and f16
-    // inputs keep the f32 sums and the default.
-    t.rtol = [](DType inputs) { return inputs == DType::kBF16 ? 0x1p-6 : 0.0; };
-    t.work = macs;
-    t.table = tuned_table;
-    return t;
-  }();
+  static const tune::Declared d{
+      .kernel = kKernelName,
+      .options = {"split_keys"},
+      .buckets = {
+          {"decode", "Sq·Hq <= 32: memory-bound rows (one token, few heads)",
+           {{"B", 1, kAny, 32}, {"Sq", 1, 2, 1}, {"Hq", 1, 16, 16}, {"T", 1, kAny, 4096}}},
+          {"wide", "more query rows per entry (speculative decode, 128 heads): compute-bound",
+           {{"B", 1, kAny, 32}, {"Sq", 1, kAny, 16}, {"Hq", 1, kAny, 16}, {"T", 1, kAny, 4096}}},
+      },
+      .implementations = {"cpu"},
+      .candidates = candidates,
+      .carrier = "block_sizes",  // the call's block_sizes option: "split_keys=1024"
+      // bf16 inputs: stage 1 rounds P to bf16 for P·V against each split's own running max, so
+      // another split length rounds P differently: errors of 2^-9 of each weight, up to ~2^-9 of
+      // the values' scale in o (measured 1.5e-3 of o's largest |value|). The bf16 output
+      // tolerance (2^-6, tune/verify.h) covers that, as if o were stored in bf16; f32 and f16
+      // inputs keep the f32 sums and the default.
+      .rtol = [](DType inputs) { return inputs == DType::kBF16 ? 0x1p-6 : 0.0; },
+      // The GPU implementations plan their own splits (split_keys = 0); without this they got the
+      // cpu rule's split, sized by the host's threads (found in review, 2026-11-27).
+      .default_of = [](const std::string&) { return tune::Params{{"split_keys", 0}}; },
+      .work = macs,
+      .table = tuned_table};
   return d;
 }
 

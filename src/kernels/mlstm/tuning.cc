@@ -1,6 +1,5 @@
 // mlstm: its one tuned block size, the chunk length, declared (tune/declared.h). The call-time
 // choice (api.cc) and `tessera tune mlstm` (spec.cc) derive from this declaration.
-#include <limits>
 
 #include "kernels/mlstm/impl.h"
 #include "tune/declared.h"
@@ -8,7 +7,7 @@
 namespace tessera::mlstm {
 
 namespace {
-constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+using tune::kAny;
 
 // Per token of one head: Q̂Kᵀ and P·V over a chunk of L (2L(DK + DV)), Q̂·C and the state update
 // (4·DK·DV) — the chunkwise forward's multiply-adds at the default chunk, halved.
@@ -19,27 +18,26 @@ double forward_macs(const std::vector<int64_t>& d) {
 }  // namespace
 
 const tune::Declared& tuning() {
-  static const tune::Declared d = [] {
-    tune::Declared t;
-    t.kernel = kKernelName;
-    t.options = {"chunk_size"};
-    // The chunk trades the L×L intra-chunk products (grow with L) against the per-chunk state
-    // products (shrink with L); the head dims set where they cross.
-    t.buckets = {
-        {"d128", "DHQK, DHV <= 128: small heads",
-         {{"B", 1, kAny, 1}, {"NH", 1, kAny, 8}, {"S", 1, kAny, 2048}, {"DHQK", 1, 128, 128}, {"DHV", 1, 128, 128}}},
-        {"d256", "larger heads (xLSTM 7B: 256 or 512)",
-         {{"B", 1, kAny, 1}, {"NH", 1, kAny, 4}, {"S", 1, kAny, 2048}, {"DHQK", 1, kAny, 256}, {"DHV", 1, kAny, 256}}},
-    };
-    t.implementations = {"cpu"};
-    t.candidates = [](const std::vector<int64_t>&, int) {
-      // At most 128: what cuda takes too, so a tuned chunk runs on every backend.
-      return std::vector<tune::Params>{{{"chunk_size", kDefaultChunk}}, {{"chunk_size", 32}}, {{"chunk_size", 128}}};
-    };
-    t.work = forward_macs;
-    t.table = tuned_table;
-    return t;
-  }();
+  static const tune::Declared d{
+      .kernel = kKernelName,
+      .options = {"chunk_size"},
+      // The chunk trades the L×L intra-chunk products (grow with L) against the per-chunk state
+      // products (shrink with L); the head dims set where they cross.
+      .buckets = {
+          {"d128", "DHQK, DHV <= 128: small heads",
+           {{"B", 1, kAny, 1}, {"NH", 1, kAny, 8}, {"S", 1, kAny, 2048}, {"DHQK", 1, 128, 128},
+            {"DHV", 1, 128, 128}}},
+          {"d256", "larger heads (xLSTM 7B: 256 or 512)",
+           {{"B", 1, kAny, 1}, {"NH", 1, kAny, 4}, {"S", 1, kAny, 2048}, {"DHQK", 1, kAny, 256},
+            {"DHV", 1, kAny, 256}}},
+      },
+      .implementations = {"cpu"},
+      .candidates = [](const std::vector<int64_t>&, int) {
+        // At most 128: what cuda takes too, so a tuned chunk runs on every backend.
+        return std::vector<tune::Params>{{{"chunk_size", kDefaultChunk}}, {{"chunk_size", 32}}, {{"chunk_size", 128}}};
+      },
+      .work = forward_macs,
+      .table = tuned_table};
   return d;
 }
 

@@ -1,6 +1,5 @@
 // slstm: its one tuned block size, the batch rows per cpu task, declared (tune/declared.h). The
 // call-time choice (api.cc) and `tessera tune slstm` (spec.cc) derive from this declaration.
-#include <limits>
 
 #include "kernels/slstm/impl.h"
 #include "tune/declared.h"
@@ -8,7 +7,7 @@
 namespace tessera::slstm {
 
 namespace {
-constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+using tune::kAny;
 
 // Multiply-adds of a forward: the recurrent product 4·DH² per (row, step, head) and the gates.
 double forward_macs(const std::vector<int64_t>& d) {
@@ -18,27 +17,24 @@ double forward_macs(const std::vector<int64_t>& d) {
 }  // namespace
 
 const tune::Declared& tuning() {
-  static const tune::Declared d = [] {
-    tune::Declared t;
-    t.kernel = kKernelName;
-    t.options = {"batch_block"};
-    // The block sets the rows of each step's GEMM against a head's packed weights (4·DH² floats:
-    // 256 KiB at DH = 128) and the number of tasks the threads share; DH sets where the weights
-    // and the block's state stop fitting in L2.
-    t.buckets = {
-        {"dh64", "DH <= 64", {{"B", 1, kAny, 64}, {"S", 1, kAny, 256}, {"NH", 1, kAny, 4}, {"DH", 1, 64, 64}}},
-        {"dh128", "DH > 64 (xLSTM 7B: 128 and up)",
-         {{"B", 1, kAny, 16}, {"S", 1, kAny, 256}, {"NH", 1, kAny, 4}, {"DH", 65, kAny, 128}}},
-    };
-    t.implementations = {"cpu"};
-    t.candidates = [](const std::vector<int64_t>&, int) {
-      return std::vector<tune::Params>{{{"batch_block", 64}}, {{"batch_block", 8}}, {{"batch_block", 16}},
-                                       {{"batch_block", 32}}, {{"batch_block", 128}}};
-    };
-    t.work = forward_macs;
-    t.table = tuned_table;
-    return t;
-  }();
+  static const tune::Declared d{
+      .kernel = kKernelName,
+      .options = {"batch_block"},
+      // The block sets the rows of each step's GEMM against a head's packed weights (4·DH² floats:
+      // 256 KiB at DH = 128) and the number of tasks the threads share; DH sets where the weights
+      // and the block's state stop fitting in L2.
+      .buckets = {
+          {"dh64", "DH <= 64", {{"B", 1, kAny, 64}, {"S", 1, kAny, 256}, {"NH", 1, kAny, 4}, {"DH", 1, 64, 64}}},
+          {"dh128", "DH > 64 (xLSTM 7B: 128 and up)",
+           {{"B", 1, kAny, 16}, {"S", 1, kAny, 256}, {"NH", 1, kAny, 4}, {"DH", 65, kAny, 128}}},
+      },
+      .implementations = {"cpu"},
+      .candidates = [](const std::vector<int64_t>&, int) {
+        return std::vector<tune::Params>{{{"batch_block", 64}}, {{"batch_block", 8}}, {{"batch_block", 16}},
+                                         {{"batch_block", 32}}, {{"batch_block", 128}}};
+      },
+      .work = forward_macs,
+      .table = tuned_table};
   return d;
 }
 

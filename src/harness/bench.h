@@ -43,13 +43,13 @@ struct BenchCall {
 
 // A baseline of the same math timed in the same run (host BLAS).
 struct BaselineCall {
-  std::string name;         // "blas-materialized"
+  std::string name = {};  // "blas-materialized"
   Pass pass = Pass::kForward;
-  std::string description;  // what run() does
+  std::string description = {};  // what run() does
   std::string roofline_dtype = "f32";
-  Cost cost;
-  std::function<void()> run;
-  std::function<std::optional<double>()> loss;
+  Cost cost = {};
+  std::function<void()> run = {};
+  std::function<std::optional<double>()> loss = {};
 };
 
 // The plain GEMM a pass is compared with: C[M,N] = A[M,K]·B[K,N] (B transposed when
@@ -58,7 +58,7 @@ struct GemmFloor {
   int64_t M = 0, N = 0, K = 0;
   bool b_transposed = false;
   DType dtype = DType::kF32;
-  std::function<int(Pass)> count;
+  std::function<int(Pass)> count = {};
 };
 
 class BenchProblem {

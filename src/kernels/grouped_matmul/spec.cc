@@ -188,20 +188,14 @@ class GmmBench final : public kernels::CallBenchProblem {
 
   // The floor: one dense [M, K]·[K, N] GEMM (every row against one matrix), once per product.
   std::optional<harness::GemmFloor> gemm_floor() const override {
-    harness::GemmFloor g;
-    g.M = s_.M, g.N = s_.N, g.K = s_.K, g.dtype = s_.dtype;
-    g.count = [](Pass p) { return p == Pass::kForward ? 1 : p == Pass::kBackward ? 2 : 3; };
-    return g;
+    return harness::GemmFloor{.M = s_.M, .N = s_.N, .K = s_.K, .dtype = s_.dtype, .count = [](Pass p) {
+                                return p == Pass::kForward ? 1 : p == Pass::kBackward ? 2 : 3;
+                              }};
   }
 
  private:
   harness::BaselineCall baseline(const std::string& name, const std::string& what, Pass pass) {
-    harness::BaselineCall c;
-    c.name = name;
-    c.pass = pass;
-    c.description = what;
-    c.cost = cost(pass, name);
-    return c;
+    return {.name = name, .pass = pass, .description = what, .cost = cost(pass, name)};
   }
 
   Settings s_;

@@ -154,14 +154,12 @@ class LceBench final : public kernels::CallBenchProblem {
     std::vector<harness::BaselineCall> out;
     for (Pass pass : passes) {
       std::shared_ptr<Baseline> m = make_materialized_baseline(bin, pass);
-      harness::BaselineCall c;
-      c.name = "blas-materialized";
-      c.pass = pass;
-      c.description = m->description();
-      c.cost = cost(pass, "blas-materialized");
-      c.run = [m] { m->run(); };
-      c.loss = [m]() -> std::optional<double> { return m->loss(); };
-      out.push_back(std::move(c));
+      out.push_back({.name = "blas-materialized",
+                     .pass = pass,
+                     .description = m->description(),
+                     .cost = cost(pass, "blas-materialized"),
+                     .run = [m] { m->run(); },
+                     .loss = [m]() -> std::optional<double> { return m->loss(); }});
     }
     return out;
   }

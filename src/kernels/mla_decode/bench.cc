@@ -75,13 +75,13 @@ class MlaBench final : public kernels::CallBenchProblem {
   }
 
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
-    harness::BaselineCall c;
-    c.name = "gather+attention";
-    c.description = "gather pages into contiguous k [B, T, 1, D] and v [B, T, 1, Dv], then attention (Hkv = 1)";
-    c.roofline_dtype = dtype_name(s_.dtype);
-    c.cost = cost(Pass::kForward, c.name);
-    c.run = gather_attention_baseline(q_, kv_, pt_, s_.T, s_.Dv, s_.causal, threads);
-    return kernels::forward_baseline(passes, std::move(c));
+    return kernels::forward_baseline(
+        passes, {.name = "gather+attention",
+                 .description =
+                     "gather pages into contiguous k [B, T, 1, D] and v [B, T, 1, Dv], then attention (Hkv = 1)",
+                 .roofline_dtype = dtype_name(s_.dtype),
+                 .cost = cost(Pass::kForward, "gather+attention"),
+                 .run = gather_attention_baseline(q_, kv_, pt_, s_.T, s_.Dv, s_.causal, threads)});
   }
 
  private:

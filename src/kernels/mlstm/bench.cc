@@ -119,14 +119,12 @@ class MlstmBench final : public kernels::CallBenchProblem {
     if (d_.dtype != DType::kF32 || !harness::blas::available()) return out;
     for (Pass pass : passes) {
       if (pass != Pass::kForward) continue;
-      harness::BaselineCall c;
-      c.name = "blas-quadratic";
-      c.pass = pass;
-      c.description = "parallel (quadratic) form: S×S decay matrix, Q̂Kᵀ and P·V through the BLAS, per head";
+      out.push_back({.name = "blas-quadratic",
+                     .pass = pass,
+                     .description = "parallel (quadratic) form: S×S decay matrix, Q̂Kᵀ and P·V through the BLAS, per head",
+                     .run = [this] { quadratic_baseline(q_, k_, v_, i_, f_); }});
       const double S = double(d_.S);
-      c.cost.add({"Q̂Kᵀ and P·V, S×S", 2 * S * S * double(d_.DK + d_.DV) * double(d_.B * d_.NH), 0.0, S * S, false});
-      c.run = [this] { quadratic_baseline(q_, k_, v_, i_, f_); };
-      out.push_back(std::move(c));
+      out.back().cost.add({"Q̂Kᵀ and P·V, S×S", 2 * S * S * double(d_.DK + d_.DV) * double(d_.B * d_.NH), 0.0, S * S, false});
     }
     return out;
   }

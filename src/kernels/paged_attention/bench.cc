@@ -77,13 +77,12 @@ class PagedBench final : public kernels::CallBenchProblem {
 
   // Gather every sequence's pages into contiguous k, v, then attention's varlen forward (cpu).
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
-    harness::BaselineCall c;
-    c.name = "gather+attention";
-    c.description = "copy the pages into contiguous k, v, then attention (varlen, causal, cpu)";
-    c.roofline_dtype = dtype_name(s_.dtype);
-    c.cost = cost(Pass::kForward, c.name);
-    c.run = gather_attention_baseline(q_, k_, v_, pt_, cq_, s_.S, threads);
-    return kernels::forward_baseline(passes, std::move(c));
+    return kernels::forward_baseline(
+        passes, {.name = "gather+attention",
+                 .description = "copy the pages into contiguous k, v, then attention (varlen, causal, cpu)",
+                 .roofline_dtype = dtype_name(s_.dtype),
+                 .cost = cost(Pass::kForward, "gather+attention"),
+                 .run = gather_attention_baseline(q_, k_, v_, pt_, cq_, s_.S, threads)});
   }
 
   CallData call_data() const override {

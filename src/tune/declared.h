@@ -70,19 +70,19 @@ struct Declared {
 
 // One call, as the kernel's API sees it after validation.
 struct DeclaredCall {
-  std::string implementation;  // the implementation about to run
+  std::string implementation = {};  // the implementation about to run
   DeviceType device = DeviceType::kCPU;
   DType dtype = DType::kF32;
-  std::vector<int64_t> dims;   // the kernel's dims, in order
+  std::vector<int64_t> dims = {};  // the kernel's dims, in order
   Pass pass = Pass::kForward;
-  int threads = 1;             // CPU: part of the cache key
-  Params given;                // the call's options by name (0: choose)
-  std::string variant;         // more of the call in the cache key ("transpose_rhs=on"); "" for none
+  int threads = 1;  // CPU: part of the cache key
+  Params given = {};  // the call's options by name (0: choose)
+  std::string variant = {};  // more of the call in the cache key ("transpose_rhs=on"); "" for none
   bool autotune_on_miss = true;
   // The implementation's own default for this problem where it depends on more than the dims
   // (linear_cross_entropy's cpu: another tile for bf16 on the AVX512-BF16 route). Unset: the
   // declaration's default_of, else the first candidate. Reported as the "default" choice.
-  std::optional<Params> default_sizes;
+  std::optional<Params> default_sizes = {};
 };
 
 // The tuned options for `call`: every option the call gave (> 0) is kept; when all are 0, the

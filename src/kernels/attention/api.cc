@@ -124,13 +124,13 @@ BackwardIn check_saved(const dispatch::Dims& d, const Problem& p, const Backward
 template <class Body>
 std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const std::vector<tune::Buffer>& outputs,
                           Body&& body) {
-  tune::DeclaredCall c;
-  c.dtype = p.dtype;
-  c.dims = {p.N, std::max(p.Sq, p.Sk), p.Hq, std::max(p.D, p.Dv)};
-  c.pass = op;
-  c.threads = p.num_threads;
-  if (opt.block_sizes) c.given = {{"q", opt.block_sizes->q}, {"kv", opt.block_sizes->kv}};
-  c.variant = autotune_variant(p);
+  const tune::DeclaredCall c{
+      .dtype = p.dtype,
+      .dims = {p.N, std::max(p.Sq, p.Sk), p.Hq, std::max(p.D, p.Dv)},
+      .pass = op,
+      .threads = p.num_threads,
+      .given = opt.block_sizes ? tune::Params{{"q", opt.block_sizes->q}, {"kv", opt.block_sizes->kv}} : tune::Params{},
+      .variant = autotune_variant(p)};
   const auto at = [](const tune::Params& s) { return BlockSizes{*tune::param(s, "q"), *tune::param(s, "kv")}; };
   // Only a tunable implementation's sizes are fitted to the lengths: cuda and cudnn have fixed
   // tiles of their own (a q=16,kv=32 clamped to kv=16 for 9 keys is refused by cuda).

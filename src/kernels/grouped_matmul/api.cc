@@ -105,13 +105,13 @@ void check_grads(dispatch::Dims& d, const TensorView& dlhs, const TensorView& dr
 template <class Body>
 std::string dispatch_call(const Problem& p, const Options& opt, Pass op, bool tgmm_alone,
                           const std::vector<tune::Buffer>& outputs, Body&& body) {
-  tune::DeclaredCall c;
-  c.dtype = p.dtype;
-  c.dims = {p.M, p.K, p.N, p.G};
-  c.pass = op;
-  c.threads = p.num_threads;
-  if (opt.block_sizes) c.given = {{"m", opt.block_sizes->m}, {"n", opt.block_sizes->n}};
-  c.variant = std::string("transpose_rhs=") + (p.transpose_rhs ? "on" : "off") + (tgmm_alone ? "|tgmm" : "");
+  const tune::DeclaredCall c{
+      .dtype = p.dtype,
+      .dims = {p.M, p.K, p.N, p.G},
+      .pass = op,
+      .threads = p.num_threads,
+      .given = opt.block_sizes ? tune::Params{{"m", opt.block_sizes->m}, {"n", opt.block_sizes->n}} : tune::Params{},
+      .variant = std::string("transpose_rhs=") + (p.transpose_rhs ? "on" : "off") + (tgmm_alone ? "|tgmm" : "")};
   const auto at = [](const tune::Params& s) { return BlockSizes{*tune::param(s, "m"), *tune::param(s, "n")}; };
   return tune::dispatch_declared(registry(), tuning(), opt, p, c, outputs, at,
                                  [&](const Implementation& impl, const BlockSizes& bs) {

@@ -345,17 +345,17 @@ std::vector<tune::Buffer> checked(const Problem& q, const ForwardOut* f, const G
 BlockSizes block_sizes(const Implementation& impl, const Problem& p, const Options& opt, Pass op,
                        const std::vector<tune::Buffer>& outputs, const std::function<void(const BlockSizes&)>& run) {
   if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
-  tune::DeclaredCall c;
-  c.implementation = impl.name();
-  c.device = impl.device_type();
-  c.dtype = p.dtype;
-  c.dims = {tune::pow2_class(p.B), p.H, p.V};
-  c.pass = op;
-  c.threads = p.num_threads;
-  if (opt.block_sizes) c.given = to_params(*opt.block_sizes);
-  c.variant = autotune_variant(p);
-  c.autotune_on_miss = opt.autotune_on_miss;
-  c.default_sizes = to_params(impl.default_block_sizes(p));  // what runs (and is reported) by default
+  const tune::DeclaredCall c{
+      .implementation = impl.name(),
+      .device = impl.device_type(),
+      .dtype = p.dtype,
+      .dims = {tune::pow2_class(p.B), p.H, p.V},
+      .pass = op,
+      .threads = p.num_threads,
+      .given = opt.block_sizes ? to_params(*opt.block_sizes) : tune::Params{},
+      .variant = autotune_variant(p),
+      .autotune_on_miss = opt.autotune_on_miss,
+      .default_sizes = to_params(impl.default_block_sizes(p))};  // what runs (and is reported) by default
   const auto at = [&p](const tune::Params& s) { return sanitize_for_shape(from_params(s), p); };
   const auto once = [&](const tune::Params& s) { run(at(s)); };
   const tune::Choice ch = tune::choose_declared(tuning(impl.name()), c, once, tune::borrowed_outputs(outputs));

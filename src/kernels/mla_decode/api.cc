@@ -66,11 +66,10 @@ std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
   // autotune-on-miss (timing the implementation on this call), else the automatic rule.
   int64_t Lmax = 0;  // cache_seqlens are host memory on every device
   for (int64_t b = 0; b < p.B; ++b) Lmax = std::max<int64_t>(Lmax, p.seqlens[b]);
-  tune::DeclaredCall c;
-  c.dtype = p.dtype;
-  c.dims = {p.B, p.Sq, p.Hq, Lmax};
-  c.threads = p.num_threads;
-  c.given = {{"split_keys", p.block_sizes ? p.block_sizes->split_keys : 0}};
+  const tune::DeclaredCall c{.dtype = p.dtype,
+                             .dims = {p.B, p.Sq, p.Hq, Lmax},
+                             .threads = p.num_threads,
+                             .given = {{"split_keys", p.block_sizes ? p.block_sizes->split_keys : 0}}};
   const auto at = [&p](const tune::Params& cand) {
     Problem q = p;
     q.block_sizes = BlockSizes{tune::param(cand, "split_keys").value_or(0)};

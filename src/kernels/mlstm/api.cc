@@ -155,12 +155,11 @@ struct Call {
   // `outs`), else the default; then stores the f32 scratch back in the caller's dtypes.
   template <class Run>
   std::string run(const Options& opt, Pass pass, Run&& body) {
-    tune::DeclaredCall c;
-    c.dtype = d.dtype("=q");
-    c.dims = {p.B, p.NH, p.S, p.DK, p.DV};
-    c.pass = pass;
-    c.threads = p.num_threads;
-    c.given = {{"chunk_size", p.chunk}};
+    const tune::DeclaredCall c{.dtype = d.dtype("=q"),
+                               .dims = {p.B, p.NH, p.S, p.DK, p.DV},
+                               .pass = pass,
+                               .threads = p.num_threads,
+                               .given = {{"chunk_size", p.chunk}}};
     const auto at = [this](const tune::Params& cand) {
       Problem t = p;
       t.chunk = tune::param(cand, "chunk_size").value_or(0);

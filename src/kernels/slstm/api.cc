@@ -127,12 +127,11 @@ struct Call {
   // Runs `p` with the batch block its implementation takes: the call's (> 0), else the tuned
   // table's, else autotune-on-miss (timing the implementation on this call), else the default.
   std::string run(const Options& opt) const {
-    tune::DeclaredCall c;
-    c.dtype = p.dtype;
-    c.dims = {p.B, p.S, p.NH, p.DH};
-    c.pass = p.backward ? (p.h ? Pass::kFused : Pass::kBackward) : Pass::kForward;
-    c.threads = p.num_threads;
-    c.given = {{"batch_block", p.batch_block}};
+    const tune::DeclaredCall c{.dtype = p.dtype,
+                               .dims = {p.B, p.S, p.NH, p.DH},
+                               .pass = p.backward ? (p.h ? Pass::kFused : Pass::kBackward) : Pass::kForward,
+                               .threads = p.num_threads,
+                               .given = {{"batch_block", p.batch_block}}};
     const auto at = [this](const tune::Params& cand) {
       Problem q = p;
       q.batch_block = tune::param(cand, "batch_block").value_or(0);

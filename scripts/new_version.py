@@ -128,20 +128,20 @@ def edit_impl_h(text, old, new, new_file):
 def edit_implementations(text, old, new, is_cuda):
     if is_cuda:
         # add_module_implementation("cuda", DeviceType::kCUDA, "...");  (maybe over several lines)
-        m = re.search(r'[ \t]*reg->add_module_implementation\(\s*"' + re.escape(old) + r'"[^;]*;\n', text)
+        m = re.search(r'[ \t]*reg\.add_module_implementation\(\s*"' + re.escape(old) + r'"[^;]*;\n', text)
         if not m:
             raise Fail(f'implementations.cc declares no module implementation "{old}"')
         indent = re.match(r"[ \t]*", m.group(0)).group(0)
         dev = re.search(r"DeviceType::\w+", m.group(0)).group(0)
-        add = (f'{indent}reg->add_module_implementation("{new}", {dev},\n'
-               f'{indent}                               "version {new} of {old}, from the device module", {{}},\n'
-               f'{indent}                               VersionStatus::kExperimental);  // until the module says\n')
+        add = (f'{indent}reg.add_module_implementation("{new}", {dev},\n'
+               f'{indent}                              "version {new} of {old}, from the device module", {{}},\n'
+               f'{indent}                              VersionStatus::kExperimental);  // until the module says\n')
     else:
-        m = re.search(r"[ \t]*reg->add\(make_" + re.escape(old) + r"_implementation\(\)\);[^\n]*\n", text)
+        m = re.search(r"[ \t]*reg\.add\(make_" + re.escape(old) + r"_implementation\(\)\);[^\n]*\n", text)
         if not m:
             raise Fail(f"implementations.cc does not add make_{old}_implementation()")
         indent = re.match(r"[ \t]*", m.group(0)).group(0)
-        add = f"{indent}reg->add(make_{new}_implementation());  // experimental: not in the default order\n"
+        add = f"{indent}reg.add(make_{new}_implementation());  // experimental: not in the default order\n"
     return text[: m.end()] + add + text[m.end():]
 
 

@@ -153,12 +153,10 @@ IMPLEMENTATIONS_CC = """// {name}: the registry of implementations, in default d
 namespace tessera::{name} {{
 
 Registry& registry() {{
-  static Registry* r = [] {{
-    auto* reg = new Registry(kKernelName);  // never destroyed: device modules hold pointers
-    reg->add(make_reference_implementation());
-    return reg;
-  }}();
-  return *r;
+  static Registry& r = Registry::leaked(kKernelName, [](Registry& reg) {{
+    reg.add(make_reference_implementation());
+  }});
+  return r;
 }}
 
 }}  // namespace tessera::{name}

@@ -110,6 +110,15 @@ class Registry final : public RegistryView {
  public:
   explicit Registry(std::string kernel) : kernel_(std::move(kernel)) {}
 
+  // A kernel's registry, filled once by `fill(registry)` in default dispatch order and never
+  // destroyed (device modules hold pointers into it): `static Registry& r = Registry::leaked(...)`.
+  template <class Fill>
+  static Registry& leaked(std::string kernel, Fill&& fill) {
+    auto* r = new Registry(std::move(kernel));
+    fill(*r);
+    return *r;
+  }
+
   // Appends `impl` (later = lower in the default order), or, when a module implementation of
   // that name was declared, takes the placeholder's place. A second implementation with the
   // same name is an internal error.

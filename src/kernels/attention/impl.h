@@ -15,11 +15,7 @@
 #include "dispatch/sized_implementation.h"
 #include "dispatch/tensor_rules.h"
 #include "tessera/attention.h"
-
-namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
-struct Declared;
-struct TableEntry;
-}  // namespace tessera::tune
+#include "tune/fwd.h"
 
 namespace tessera::attention {
 

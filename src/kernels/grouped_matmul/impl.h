@@ -17,11 +17,7 @@
 #include "dispatch/registry.h"
 #include "dispatch/tensor_rules.h"
 #include "tessera/grouped_matmul.h"
-
-namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
-struct Declared;
-struct TableEntry;
-}  // namespace tessera::tune
+#include "tune/fwd.h"
 
 namespace tessera::grouped_matmul {
 

@@ -13,11 +13,7 @@
 #include "dispatch/registry.h"
 #include "dispatch/sized_implementation.h"
 #include "tessera/linear_cross_entropy.h"
-
-namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
-struct Declared;
-struct TableEntry;
-}  // namespace tessera::tune
+#include "tune/fwd.h"
 
 namespace tessera::linear_cross_entropy {
 

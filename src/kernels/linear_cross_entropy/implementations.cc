@@ -14,22 +14,20 @@ void Implementation::forward_backward(const Problem& p, const BlockSizes& bs, co
 }
 
 Registry& registry() {
-  static Registry* r = [] {
-    auto* reg = new Registry(kKernelName);  // never destroyed: device modules hold pointers
+  static Registry& r = Registry::leaked(kKernelName, [](Registry& reg) {
     // Default order: fastest first. Only implementations of the inputs' device are tried.
     // cuda.cu lives in the CUDA device module: declared here, registered by the module when a
     // CUDA device is first used (dispatch/registry.h). Listed as unavailable, with the reason,
     // where the module cannot be loaded.
-    reg->add_module_implementation("cuda", DeviceType::kCUDA,
-                                   "NVIDIA GPUs (sm_80+), from the CUDA module libtessera_cuda.so");
+    reg.add_module_implementation("cuda", DeviceType::kCUDA,
+                                  "NVIDIA GPUs (sm_80+), from the CUDA module libtessera_cuda.so");
 #ifdef TESSERA_HAVE_CPU_BACKEND
-    reg->add(make_cpu_implementation());
-    reg->add(make_cpu_v2_implementation());  // experimental: not in the default order
+    reg.add(make_cpu_implementation());
+    reg.add(make_cpu_v2_implementation());  // experimental: not in the default order
 #endif
-    reg->add(make_reference_implementation());
-    return reg;
-  }();
-  return *r;
+    reg.add(make_reference_implementation());
+  });
+  return r;
 }
 
 const Implementation* find_implementation(const std::string& name) { return registry().find(name); }

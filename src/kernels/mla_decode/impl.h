@@ -8,11 +8,7 @@
 #include "dispatch/registry.h"
 #include "dispatch/tensor_rules.h"
 #include "tessera/mla_decode.h"
-
-namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
-struct Declared;
-struct TableEntry;
-}  // namespace tessera::tune
+#include "tune/fwd.h"
 
 namespace tessera::mla_decode {
 

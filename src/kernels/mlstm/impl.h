@@ -15,11 +15,7 @@
 
 #include "dispatch/registry.h"
 #include "tessera/mlstm.h"
-
-namespace tessera::tune {  // tune/declared.h, tune/table.h (C++20: not for the C++17 cuda.cu)
-struct Declared;
-struct TableEntry;
-}  // namespace tessera::tune
+#include "tune/fwd.h"
 
 namespace tessera::mlstm {
 

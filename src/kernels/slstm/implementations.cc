@@ -5,20 +5,18 @@
 namespace tessera::slstm {
 
 Registry& registry() {
-  static Registry* r = [] {
-    auto* reg = new Registry(kKernelName);  // never destroyed: device modules hold pointers
+  static Registry& r = Registry::leaked(kKernelName, [](Registry& reg) {
     // cuda.cu lives in the CUDA device module: declared here, registered by the module when a
     // CUDA device is first used; listed as unavailable, with the reason, where it cannot load.
-    reg->add_module_implementation("cuda", DeviceType::kCUDA,
-                                   "NVIDIA GPUs: persistent kernel over all steps, recurrent weights resident in "
-                                   "shared memory, from the CUDA module libtessera_cuda.so");
+    reg.add_module_implementation("cuda", DeviceType::kCUDA,
+                                  "NVIDIA GPUs: persistent kernel over all steps, recurrent weights resident in "
+                                  "shared memory, from the CUDA module libtessera_cuda.so");
 #ifdef TESSERA_HAVE_CPU_BACKEND
-    reg->add(make_cpu_implementation());
+    reg.add(make_cpu_implementation());
 #endif
-    reg->add(make_reference_implementation());
-    return reg;
-  }();
-  return *r;
+    reg.add(make_reference_implementation());
+  });
+  return r;
 }
 
 }  // namespace tessera::slstm

@@ -16,8 +16,6 @@
 namespace tessera::tune {
 namespace {
 
-constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
-
 std::vector<Bucket> buckets() {
   return {
       {"tiny-v", "", {{"B", 1, kAny, 8}, {"V", 1, 100, 64}}},

@@ -97,7 +97,6 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
 
-
 // ---- bench: B, S, H, D with Hkv = H / (--gqa) and Sq = Sk = S ----
 struct Settings {
   int64_t B = 0, S = 0, H = 0, D = 0, Hkv = 0;

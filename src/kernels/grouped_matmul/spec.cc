@@ -94,7 +94,6 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
 
-
 // ---- bench: M rows, K, N, G groups; routing balanced or skewed ----
 std::vector<int64_t> route(int64_t M, int64_t G, const std::string& routing) {
   std::vector<int64_t> sizes(static_cast<size_t>(G), 0);

@@ -134,7 +134,6 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
   throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
 
-
 // ---- tune: the host backends' declaration and cuda's (tuning.cc), one table ----
 kernels::TuneSpec tune_spec() {
   kernels::TuneSpec t = kernels::declared_tune_spec(tuning("cpu"), spec);

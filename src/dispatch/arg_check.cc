@@ -65,7 +65,7 @@ int64_t ArgCheck::offsets(const TensorView& cu, int64_t total, const std::string
 void ArgCheck::pages(const Pages& pg, const std::string& table, const std::string& lens) const {
   if (pg.page_size < 1) fail("page_size must be >= 1, got " + std::to_string(pg.page_size));
   for (int64_t s = 0; s < pg.N; ++s) {
-    const std::string seq = "sequence " + std::to_string(s) + ": ", at = "[" + std::to_string(s);
+    const std::string seq = "sequence " + std::to_string(s) + ": ", at = std::string("[").append(std::to_string(s));
     const int64_t L = pg.lens[s];
     // L <= max_pages·page_size without the product (it overflows for a huge page_size)
     if (L < 0 || (L > 0 && (L - 1) / pg.page_size >= pg.max_pages))
@@ -136,8 +136,47 @@ void ArgCheck::output(const TensorView& t, DType input, const Shape& s, const De
   plain(t, d, what);
 }
 
+namespace {
+// "a, b and c"; how many of the views are given.
+std::pair<std::string, size_t> names_given(const std::vector<std::pair<std::string, TensorView>>& views) {
+  std::string names;
+  size_t n = 0;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (i > 0) names += i + 1 == views.size() ? " and " : ", ";
+    names += views[i].first;
+    n += given(views[i].second);
+  }
+  return {names, n};
+}
+}  // namespace
+
+bool ArgCheck::together(const std::vector<std::pair<std::string, TensorView>>& views) const {
+  const auto [names, n] = names_given(views);
+  need(n == 0 || n == views.size(), names + " go together: give all or none, got " + num(int64_t(n)) + " of " +
+                                        num(int64_t(views.size())));
+  return n == views.size() && n > 0;
+}
+
+bool ArgCheck::exactly_with(bool with, const std::string& what,
+                            const std::vector<std::pair<std::string, TensorView>>& views) const {
+  const auto [names, n] = names_given(views);
+  if (with && n != views.size()) fail(names + " are required with " + what);
+  if (!with && n != 0) fail(names + " are written only with " + what);
+  return with;
+}
+
 void ArgCheck::finite(const TensorView& t, const std::string& what, bool allow_neg_inf) const {
   if (!all_finite(t, allow_neg_inf)) fail(what + " contains NaN or Inf");
+}
+
+void ArgCheck::positive(const TensorView& t, const std::string& what, const std::string& why) const {
+  if (t.device.type != DeviceType::kCPU || t.data == nullptr) return;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float v = load_as_f32(t.data, t.dtype, i);
+    if (!(v > 0.0f))
+      fail(what + " must be > 0 everywhere (" + why + "), got " + what + "[" + std::to_string(i) + "] = " +
+           std::to_string(v));
+  }
 }
 
 bool all_finite(const TensorView& t, bool allow_neg_inf) {

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/tensor.h"
 
@@ -55,6 +57,9 @@ class ArgCheck {
   // "<what> contains NaN or Inf" when a host element is NaN or ±Inf (-Inf allowed with
   // allow_neg_inf); device data is not inspected.
   void finite(const TensorView& t, const std::string& what, bool allow_neg_inf = false) const;
+  // "<what> must be > 0 everywhere (<why>), got <what>[i] = v" for the first host element that is
+  // not > 0 (NaN included); device data is not inspected.
+  void positive(const TensorView& t, const std::string& what, const std::string& why) const;
 
   // Scalar options the backends use in f32, where a finite double past FLT_MAX is inf (a scale of
   // 1e39 gave lse = inf, a softcap of 1e39 gave o = 0 and lse = -inf, before these were shared).
@@ -81,6 +86,14 @@ class ArgCheck {
     int64_t N, max_pages, page_size, P;
   };
   void pages(const Pages& pg, const std::string& table, const std::string& lens) const;
+
+  // Optional tensors given all or none: "h0, c0, n0 and m0 go together: give all or none, got 2
+  // of 4". Returns whether all were given.
+  bool together(const std::vector<std::pair<std::string, TensorView>>& views) const;
+  // Tensors given exactly when `with` holds (gradients of an optional input): "dc0 and dn0 are
+  // required with <what>" / "dc0 and dn0 are written only with <what>". Returns `with`.
+  bool exactly_with(bool with, const std::string& what,
+                    const std::vector<std::pair<std::string, TensorView>>& views) const;
 
   const std::string& kernel() const { return kernel_; }
 

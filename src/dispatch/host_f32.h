@@ -3,8 +3,11 @@
 // when it is f32 already, else a converted copy; an output is the caller's buffer when it is f32,
 // else a zeroed f32 scratch that finish() stores back in the caller's dtype. An absent view
 // (dispatch::given false) gives a null pointer. in_dtype: the other way, an f32 upstream gradient
-// rounded to the dtype a kernel takes.
+// rounded to the dtype a kernel takes. as_flags: a host mask as 0/1 bytes.
 #pragma once
+
+#include <cstdint>
+#include <vector>
 
 #include "dispatch/arg_check.h"
 #include "tessera/tensor.h"
@@ -58,6 +61,14 @@ inline TensorView in_dtype(const TensorView& t, DType dtype, Tensor& keep) {
   keep = Tensor::empty(dtype, t.shape);
   for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(keep.data(), dtype, i, load_as_f32(t.data, t.dtype, i));
   return keep.view();
+}
+
+// An integer mask in host memory (resets) as 0/1 bytes kept in `keep`; null when not given.
+inline const uint8_t* as_flags(const TensorView& mask, std::vector<uint8_t>& keep) {
+  if (!given(mask)) return nullptr;
+  keep.resize(static_cast<size_t>(mask.numel()));
+  for (int64_t i = 0; i < mask.numel(); ++i) keep[size_t(i)] = load_as_i64(mask.data, mask.dtype, i) != 0;
+  return keep.data();
 }
 
 }  // namespace tessera::dispatch

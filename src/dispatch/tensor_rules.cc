@@ -1,5 +1,6 @@
 #include "dispatch/tensor_rules.h"
 
+#include <algorithm>
 #include <cctype>
 #include <stdexcept>
 
@@ -32,10 +33,37 @@ std::vector<std::string> dim_names(const std::string& dims) {
   }
 }
 
+std::string rule_text(const TensorRule& rule) {
+  std::string dims, dtype = rule.dtype;
+  for (const std::string& n : dim_names(rule.dims)) {
+    if (!dims.empty()) dims += ", ";
+    dims += n;
+  }
+  const auto [like, or_f32] = like_of(rule.dtype);
+  if (!like.empty()) dtype = like + "'s dtype" + (or_f32 ? " or f32" : "");
+  if (rule.dtype == "float") dtype = "f32, bf16 or f16";
+  if (rule.dtype == "int") dtype = "int32 or int64";
+  if (rule.dtype == "any") dtype = "any dtype";
+  return "[" + dims + "] (" + dtype + (rule.host ? ", host memory" : "") + ")";
+}
+
+std::string help_text(const std::string& help, const TensorRule& rule) {
+  const size_t at = std::min(help.find(':'), help.find(';'));
+  std::string out = help.substr(0, at);
+  out += ' ';
+  out += rule_text(rule);
+  if (at != std::string::npos) out += help.substr(at);
+  return out;
+}
+
 TensorRules::TensorRules(std::string kernel, std::vector<TensorRule> rules)
     : rules_(std::move(rules)), args_(std::move(kernel), rules_.empty() ? std::string() : rules_.front().name) {}
 
 Dims TensorRules::bind(std::initializer_list<std::pair<const char*, TensorView>> views, BindMode mode) const {
+  return bind(std::vector<std::pair<std::string, TensorView>>(views.begin(), views.end()), mode);
+}
+
+Dims TensorRules::bind(const std::vector<std::pair<std::string, TensorView>>& views, BindMode mode) const {
   Dims d(args_, mode);
   for (const auto& [name, view] : views) {
     bool known = false;
@@ -71,8 +99,9 @@ DType Dims::dtype(const std::string& rule) const {
 std::string Dims::spelled(const std::string& dims) const {
   std::string s = "[";
   for (const std::string& n : dim_names(dims)) {
-    s += (s.size() > 1 ? ", " : "") + n;
-    if (!is_number(n) && has(n)) s += "=" + std::to_string(sizes_.at(n));
+    if (s.size() > 1) s += ", ";
+    s += n;
+    if (!is_number(n) && has(n)) s.append("=").append(std::to_string(sizes_.at(n)));
   }
   return s + "]";
 }

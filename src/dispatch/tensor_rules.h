@@ -50,6 +50,7 @@ class TensorRules {
   // (std::logic_error). Throws Error(kInvalidArgument) at the first failure.
   Dims bind(std::initializer_list<std::pair<const char*, TensorView>> views,
             BindMode mode = BindMode::kFull) const;
+  Dims bind(const std::vector<std::pair<std::string, TensorView>>& views, BindMode mode = BindMode::kFull) const;
   const ArgCheck& args() const { return args_; }
   const std::vector<TensorRule>& rules() const { return rules_; }
 
@@ -108,6 +109,13 @@ inline const TensorRule& rule_of(const TensorRules& rules, const std::string& na
 inline void check_rule(Dims& d, const TensorRules& rules, const std::string& name, const TensorView& t) {
   d.check(t, rule_of(rules, name));
 }
+
+// A rule in words, for help texts: "[B, NH, S, DHQK] (f32, bf16 or f16)", "[B, S] (int32 or int64,
+// host memory)", "[B, NH] (q's dtype or f32)".
+std::string rule_text(const TensorRule& rule);
+// `help` with rule_text inserted before its first ':' or ';', or appended: "reset mask: nonzero
+// resets" -> "reset mask [B, S] (int32 or int64, host memory): nonzero resets".
+std::string help_text(const std::string& help, const TensorRule& rule);
 
 // The comma-separated fields of a dims rule ("B,NH,S" -> {"B", "NH", "S"}; "" -> {}).
 std::vector<std::string> dim_names(const std::string& dims);

@@ -21,10 +21,11 @@ namespace {
 
 double ms(double s) { return s * 1e3; }
 
-// Generic leading fields of every row; the kernel's describe() adds its dims and options.
+// Generic leading fields of every row: the case's dims and dtype, what the kernel's describe() adds.
 Row base_row(const BenchProblem& p, const std::string& kind, const std::string& impl,
              const std::string& device, const std::string& mode, const BenchCase& bc, int threads) {
-  Row r = p.describe();
+  Row r = bc.fields;
+  r.update(p.describe());
   r["kind"] = kind;
   r["implementation"] = impl;
   r["device"] = device;

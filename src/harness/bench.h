@@ -64,8 +64,9 @@ struct GemmFloor {
 class BenchProblem {
  public:
   virtual ~BenchProblem() = default;
-  // The kernel's dims and options as row fields ({"B": 2048, "H": 1024, ..., "layout": "hv"}).
-  virtual Row describe() const = 0;
+  // Row fields beyond the case's own (BenchCase::fields: its grid dims and dtype): derived sizes
+  // and options ({"layout": "hv"}); a field named like a case field replaces it.
+  virtual Row describe() const { return Row::object(); }
   // Multiply-adds of one forward (for the "reference is too slow at this size" rule).
   virtual double work() const = 0;
   virtual Cost cost(Pass pass, const std::string& implementation) const = 0;
@@ -109,6 +110,7 @@ struct BenchCase {
   // Optional: the same problem without inputs, for predictions (harness/predict.h): describe,
   // work, cost and gemm_floor only (bind and baselines are never called on it). Unset: make.
   std::function<std::unique_ptr<BenchProblem>()> make_cost_model = nullptr;
+  Row fields = Row::object();  // the first fields of its rows: the kernel's dims and the dtype
 };
 
 struct BenchConfig {

@@ -10,7 +10,8 @@ namespace {
 
 Row base(const BenchProblem& p, const BenchCase& bc, const std::string& impl, const std::string& device,
          const std::string& mode) {
-  Row r = p.describe();
+  Row r = bc.fields;
+  r.update(p.describe());
   r["kind"] = "prediction";
   r["implementation"] = impl;
   r["device"] = device;

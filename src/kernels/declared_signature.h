@@ -3,7 +3,10 @@
 // (a TensorView, or an optional one), so `tessera run`'s flags, the Python keywords and the call's
 // Inputs come from one list: kernels::DeclaredInputs<Inputs>{kKernelName, {input(&Inputs::q, {"q",
 // "queries [..]"}), input(&Inputs::sinks, {"sinks", "...", false})}}; s.inputs = d.specs();
-// Inputs in = d.parse(args). Options: Each field() reads its kind and default from the field of a
+// Inputs in = d.parse(args); or, where the API declares its tensors as a
+// dispatch::DeclaredTensors, inputs_of(tensors()): the help then carries each rule's words and
+// shapes(args) binds a call's shapes. Outputs: declared_outputs(dims, rules, {{names, forward,
+// when}}, args). Options: Each field() reads its kind and default from the field of a
 // default-constructed Options, so the C++ default, the CLI flag's and the Python keyword's are
 // one value and cannot drift; parse() fills an Options from a call's values:
 //
@@ -13,7 +16,7 @@
 //       kernels::choice(&Options::reduction, "reduction", "none, sum or mean", {"none", "sum", "mean"},
 //                       parse_reduction, reduction_name),
 //       kernels::block_sizes_field(&Options::block_sizes, "q=128,kv=256", from_params, to_params),
-//       kernels::plain<Options>({"return_last_states", K::kFlag, "...", "false", {}})}};  // not a field
+//       kernels::flag<Options>("return_last_states", "...")}};  // not a field of Options
 //   s.options = d.specs();   Options opt = d.parse(args);
 #pragma once
 
@@ -28,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "dispatch/declared_tensors.h"
 #include "kernels/registry.h"
 
 namespace tessera::kernels {
@@ -155,6 +159,13 @@ class DeclaredInputs {
  public:
   DeclaredInputs(std::string kernel, std::vector<InputField<In>> fields)
       : kernel_(std::move(kernel)), fields_(std::move(fields)) {}
+  // From the API's declaration (which outlives this): each input's flag, keyword and help, its
+  // help with the rule's words.
+  explicit DeclaredInputs(const dispatch::DeclaredTensors<In>& t) : kernel_(t.args().kernel()), tensors_(&t) {
+    for (const dispatch::TensorInput<In>& i : t.inputs())
+      fields_.push_back(input(i.member, {i.rule.name, dispatch::help_text(i.help, i.rule), i.required,
+                                         i.differentiable, i.aliases, i.rule.host}));
+  }
   std::vector<CallInput> specs() const {
     std::vector<CallInput> out;
     for (const auto& f : fields_) out.push_back(f.spec);
@@ -167,10 +178,52 @@ class DeclaredInputs {
     return in;
   }
 
+  // The dims of a call's inputs, shapes only (data may be absent under jit and fake tensors);
+  // for inputs declared as dispatch::DeclaredTensors.
+  dispatch::Dims shapes(const CallArgs& a) const { return tensors_->bind(parse(a), dispatch::BindMode::kShapesOnly); }
+  bool declared_by(const dispatch::DeclaredTensors<In>& t) const { return tensors_ == &t; }
+
  private:
   std::string kernel_;
   std::vector<InputField<In>> fields_;
+  const dispatch::DeclaredTensors<In>* tensors_ = nullptr;
 };
+
+// The DeclaredInputs of an API's declaration, made once: a kernel's spec.cc takes its inputs
+// from the DeclaredTensors its api.cc validates with (one declaration per Inputs type).
+template <class In>
+const DeclaredInputs<In>& inputs_of(const dispatch::DeclaredTensors<In>& t) {
+  static const DeclaredInputs<In> d{t};
+  if (!d.declared_by(t)) throw std::logic_error(t.args().kernel() + ": two declarations of one Inputs type");
+  return d;
+}
+
+// ---- outputs ----
+// Outputs of the call by the names of their tensor rules: written by the forward (forward = true)
+// or by the backward, in a pass that runs it, and only `when` the call asks for them (null: always).
+struct DeclaredOutputs {
+  std::vector<std::string> names;
+  bool forward = true;
+  std::function<bool(const CallArgs&)> when = nullptr;
+};
+// `when` conditions: a flag option set, an optional input given.
+inline std::function<bool(const CallArgs&)> if_flag(std::string option) {
+  return [option](const CallArgs& a) { return a.options.flag(option); };
+}
+inline std::function<bool(const CallArgs&)> if_given(std::string input) {
+  return [input](const CallArgs& a) { return dispatch::given(a.tensor_or_empty(input)); };
+}
+
+// The outputs `a`'s pass writes, in declaration order, shaped by their rules in `r` against the
+// bound inputs `d` (CallSpec::outputs).
+inline std::vector<OutputDesc> declared_outputs(const dispatch::Dims& d, const dispatch::TensorRules& r,
+                                                const std::vector<DeclaredOutputs>& outs, const CallArgs& a) {
+  std::vector<OutputDesc> out;
+  for (const DeclaredOutputs& o : outs)
+    if ((o.forward ? a.pass != Pass::kBackward : a.pass != Pass::kForward) && (!o.when || o.when(a)))
+      for (const std::string& name : o.names) out.push_back(declared_output(d, r, name));
+  return out;
+}
 
 // ---- options ----
 // The options the attention kernels share (attention, paged_attention, mla_decode): one name,
@@ -188,6 +241,11 @@ OptionField<Options> softcap_field(double Options::*member) {
 template <class Options>
 OptionField<Options> plain(harness::OptionSpec spec) {
   return {std::move(spec), nullptr};
+}
+// A flag that is no field of Options (off by default): return_last_states.
+template <class Options>
+OptionField<Options> flag(std::string name, std::string help) {
+  return plain<Options>({std::move(name), harness::OptionSpec::Kind::kFlag, std::move(help), "false", {}});
 }
 
 template <class Options>

@@ -265,6 +265,9 @@ harness::BenchConfig bench_config(const KernelSpec& k, const std::string& implem
       cfg.cases.push_back({shape.name, label, [&k, shape, dt, options, seed] {
                              return k.bench.make_problem(shape, dt, options, seed);
                            }});
+      for (const std::string& d : k.dims)
+        if (shape.dims.count(d)) cfg.cases.back().fields[d] = shape.dims.at(d);
+      cfg.cases.back().fields["dtype"] = dtype_name(dt);
       if (k.bench.make_cost_model)
         cfg.cases.back().make_cost_model = [&k, shape, dt, options] { return k.bench.make_cost_model(shape, dt, options); };
     }

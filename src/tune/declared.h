@@ -108,6 +108,27 @@ inline Buffer buffer_of(std::string name, const TensorView& t) { return {std::mo
 // The buffers as borrowed tensors (Tensor::borrow), the absent ones left out.
 OutputsFn borrowed_outputs(std::vector<Buffer> buffers);
 
+// Declared::candidates that try each value of one option, whatever the shape, the first the
+// default: .candidates = tune::each("chunk_size", {64, 32, 128}).
+inline auto each(std::string name, std::vector<int64_t> values) {
+  return [name, values](const std::vector<int64_t>&, int) {
+    std::vector<Params> out;
+    for (int64_t v : values) out.push_back({{name, v}});
+    return out;
+  };
+}
+
+// dispatch_declared's `at` for a problem with one tuned option: a copy of `p` with `member` set to
+// the candidate's `name` (0 where it has none). `p` outlives the call.
+template <class Problem, class T>
+auto with_param(const Problem& p, T Problem::*member, std::string name) {
+  return [&p, member, name](const Params& cand) {
+    Problem q = p;
+    q.*member = static_cast<T>(param(cand, name).value_or(0));
+    return q;
+  };
+}
+
 // A call of a kernel whose tuning is declared, dispatched and tuned in one: on the implementation
 // `registry` picks (its dispatch_problem), run(impl, at(params)) where `params` are the options
 // choose_declared gives that implementation for `call` (whose implementation, device and

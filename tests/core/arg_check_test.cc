@@ -95,6 +95,50 @@ TEST(ArgCheck, FiniteLooksAtHostDataOnly) {
   EXPECT_FALSE(given(TensorView{}));
 }
 
+TEST(ArgCheck, TogetherAndExactlyWithNameEveryTensorOfTheGroup) {
+  const ArgCheck a{"foo", "x"};
+  Tensor t = Tensor::zeros(DType::kF32, {2});
+  const TensorView v = t.view(), none{};
+  bool all = false;
+  EXPECT_EQ((message_of([&] { all = a.together({{"c0", v}, {"n0", v}, {"m0", v}}); })), "");
+  EXPECT_TRUE(all);
+  EXPECT_EQ((message_of([&] { all = a.together({{"c0", none}, {"n0", none}}); })), "");
+  EXPECT_FALSE(all);
+  EXPECT_EQ((message_of([&] { a.together({{"c0", v}, {"n0", none}, {"m0", v}}); })),
+            "foo: c0, n0 and m0 go together: give all or none, got 2 of 3");
+  EXPECT_EQ((message_of([&] { a.exactly_with(true, "a state", {{"dc0", v}, {"dn0", none}}); })),
+            "foo: dc0 and dn0 are required with a state");
+  EXPECT_EQ((message_of([&] { a.exactly_with(false, "a state", {{"dc0", none}, {"dn0", v}}); })),
+            "foo: dc0 and dn0 are written only with a state");
+  EXPECT_EQ((message_of([&] { EXPECT_TRUE(a.exactly_with(true, "a state", {{"dc0", v}, {"dn0", v}})); })), "");
+  EXPECT_EQ((message_of([&] { EXPECT_FALSE(a.exactly_with(false, "a state", {{"dc0", none}})); })), "");
+}
+
+TEST(ArgCheck, PositiveNamesTheFirstElementThatIsNot) {
+  const ArgCheck a{"foo", "x"};
+  Tensor n = Tensor::zeros(DType::kBF16, {3});
+  for (int i = 0; i < 3; ++i) store_from_f32(n.data(), DType::kBF16, i, 1.0f);
+  EXPECT_EQ((message_of([&] { a.positive(n.view(), "n0", "a normalizer"); })), "");
+  store_from_f32(n.data(), DType::kBF16, 2, -0.0f);
+  EXPECT_EQ((message_of([&] { a.positive(n.view(), "n0", "a normalizer"); })),
+            "foo: n0 must be > 0 everywhere (a normalizer), got n0[2] = -0.000000");
+  store_from_f32(n.data(), DType::kBF16, 1, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_NE((message_of([&] { a.positive(n.view(), "n0", "a normalizer"); })).find("got n0[1] = "), std::string::npos);
+  TensorView on_device = n.view();
+  on_device.device = Device{DeviceType::kCUDA, 0};  // device data is not inspected
+  EXPECT_EQ((message_of([&] { a.positive(on_device, "n0", "a normalizer"); })), "");
+}
+
+TEST(HostF32, FlagsAreZeroOrOneBytesOfAnIntegerMask) {
+  Tensor m = Tensor::zeros(DType::kI64, {4});
+  m.data_as<int64_t>()[1] = 7, m.data_as<int64_t>()[3] = -1;
+  std::vector<uint8_t> keep;
+  const uint8_t* f = as_flags(m.view(), keep);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(std::vector<uint8_t>(f, f + 4), (std::vector<uint8_t>{0, 1, 0, 1}));
+  EXPECT_EQ(as_flags(TensorView{}, keep), nullptr);
+}
+
 }  // namespace
 }  // namespace tessera::dispatch
 

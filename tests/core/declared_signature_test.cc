@@ -2,7 +2,12 @@
 // default from the field and parses back into it.
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <string>
+#include <vector>
+
 #include "kernels/declared_signature.h"
+#include "tune/declared.h"
 #include "tessera/error.h"
 
 namespace tessera::kernels {
@@ -190,6 +195,107 @@ TEST(DeclaredInputs, AMissingRequiredInputIsOneLineError) {
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), "toy: x is required");
   }
+}
+
+// ---- one declaration per tensor: dispatch::DeclaredTensors and what derives from it ----
+struct Cell {
+  TensorView x, mask, s0, n0;
+};
+
+const dispatch::DeclaredTensors<Cell>& cell_tensors() {
+  static const dispatch::DeclaredTensors<Cell> t{
+      "cell",
+      {{&Cell::x, {"x", "B,S,D", "float"}, "inputs; scaled", true, true},
+       {&Cell::mask, {"mask", "B,S", "int", true}, "reset mask", false},
+       {&Cell::s0, {"s0", "B,D", "f32"}, "initial state", false, true, {"state"}},
+       {&Cell::n0, {"n0", "B,D", "f32"}, "initial normalizer", false}},
+      {{"h", "B,S,D", "=x|f32"}, {"s_last", "B,D", "f32"}, {"dx", "B,S,D", "=x"}, {"ds0", "B,D", "f32"}}};
+  return t;
+}
+
+TEST(DeclaredTensors, InputsComeFirstThenTheOutputsRules) {
+  const auto& r = cell_tensors().rules().rules();
+  ASSERT_EQ(r.size(), 8u);
+  EXPECT_EQ(r[0].name, "x");
+  EXPECT_TRUE(r[1].host);
+  EXPECT_EQ(r[4].name, "h");
+  EXPECT_EQ(cell_tensors().args().kernel(), "cell");
+}
+
+TEST(DeclaredTensors, TheCallSignatureDerivesFromTheDeclaration) {
+  const std::vector<CallInput> s = inputs_of(cell_tensors()).specs();
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(s[0].name, "x");
+  EXPECT_EQ(s[0].help, "inputs [B, S, D] (f32, bf16 or f16); scaled");
+  EXPECT_TRUE(s[0].required && s[0].differentiable && !s[0].host_only);
+  EXPECT_EQ(s[1].help, "reset mask [B, S] (int32 or int64, host memory)");
+  EXPECT_TRUE(!s[1].required && !s[1].differentiable && s[1].host_only);
+  EXPECT_EQ(s[2].aliases, std::vector<std::string>{"state"});
+  EXPECT_EQ(&inputs_of(cell_tensors()), &inputs_of(cell_tensors()));  // made once
+}
+
+TEST(DeclaredTensors, BindChecksEveryGivenInputAndFiniteSkipsIntegers) {
+  Tensor x = Tensor::zeros(DType::kBF16, {2, 3, 4}), m = Tensor::zeros(DType::kI32, {2, 3});
+  Tensor s0 = Tensor::zeros(DType::kF32, {2, 4}), bad = Tensor::zeros(DType::kF32, {2, 5});
+  Cell in{x.view(), m.view(), s0.view(), {}};
+  dispatch::Dims d = cell_tensors().bind(in, dispatch::BindMode::kFull);
+  EXPECT_EQ(d["S"], 3);
+  EXPECT_EQ(d.dtype("=x"), DType::kBF16);
+  EXPECT_NO_THROW(cell_tensors().check_finite(in));
+  in.s0.data_as<float>()[5] = std::numeric_limits<float>::infinity();
+  try {
+    cell_tensors().check_finite(in);
+    FAIL() << "an Inf in s0 passed";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "cell: s0 contains NaN or Inf");
+  }
+  in.s0 = bad.view();
+  try {
+    cell_tensors().bind(in, dispatch::BindMode::kFull);
+    FAIL() << "s0 [2, 5] bound against D = 4";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "cell: s0 must be [B=2, D=4], got [2, 5]");
+  }
+}
+
+TEST(DeclaredOutputs, EachPassWritesItsOwnAndWhatTheCallAskedFor) {
+  Tensor x = Tensor::zeros(DType::kF16, {2, 3, 4}), s0 = Tensor::zeros(DType::kF32, {2, 4});
+  CallArgs a;
+  a.options = harness::defaults_of({{"keep", harness::OptionSpec::Kind::kFlag, "", "false", {}}});
+  a.tensors = {{"x", x.view()}};
+  const std::vector<DeclaredOutputs> outs{{{"h"}},
+                                          {{"s_last"}, true, if_flag("keep")},
+                                          {{"dx"}, false},
+                                          {{"ds0"}, false, if_given("s0")}};
+  const auto names = [&] {
+    std::vector<std::string> n;
+    for (const OutputDesc& o : declared_outputs(inputs_of(cell_tensors()).shapes(a), cell_tensors().rules(), outs, a))
+      n.push_back(o.name + ":" + dtype_name(o.dtype) + ":" + shape_str(o.shape));
+    return n;
+  };
+  EXPECT_EQ(names(), (std::vector<std::string>{"h:f16:[2, 3, 4]"}));
+  a.options.set("keep", "true");
+  a.pass = Pass::kFused;
+  EXPECT_EQ(names(), (std::vector<std::string>{"h:f16:[2, 3, 4]", "s_last:f32:[2, 4]", "dx:f16:[2, 3, 4]"}));
+  a.pass = Pass::kBackward;
+  a.tensors.push_back({"s0", s0.view()});
+  EXPECT_EQ(names(), (std::vector<std::string>{"dx:f16:[2, 3, 4]", "ds0:f32:[2, 4]"}));
+}
+
+TEST(DeclaredTuning, EachValueOfOneOptionAndACopyOfTheProblemWithIt) {
+  const auto c = tune::each("chunk_size", {64, 32});
+  const std::vector<tune::Params> v = c({1, 2}, 4);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(tune::param(v[0], "chunk_size"), 64);
+  EXPECT_EQ(tune::param(v[1], "chunk_size"), 32);
+  struct P {
+    int64_t chunk = 0, other = 5;
+  };
+  const P p;
+  const auto at = tune::with_param(p, &P::chunk, "chunk_size");
+  EXPECT_EQ(at(v[1]).chunk, 32);
+  EXPECT_EQ(at(v[1]).other, 5);
+  EXPECT_EQ(at({}).chunk, 0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dispatch/tensor_rules.h"
 #include "core/invalid_argument.h"
@@ -105,6 +106,31 @@ TEST(TensorRules, OutputsAreCheckedAgainstTheBoundDims) {
   d.set("V", 5);
   const Tensor lse = t(DType::kF32, {2, 4});
   EXPECT_EQ(message_of([&] { d.check(lse.view(), "lse", "B,V", "f32"); }), "foo: lse must be [B=2, V=5], got [2, 4]");
+}
+
+// A help text takes the rule's words, so the help says what the check checks.
+TEST(TensorRules, RuleTextSaysShapeDtypeAndPlace) {
+  EXPECT_EQ(rule_text({"q", "B,S,D", "float"}), "[B, S, D] (f32, bf16 or f16)");
+  EXPECT_EQ(rule_text({"k", "B,S,D", "=q"}), "[B, S, D] (q's dtype)");
+  EXPECT_EQ(rule_text({"dq", "B,S,D", "=q|f32"}), "[B, S, D] (q's dtype or f32)");
+  EXPECT_EQ(rule_text({"mask", "B,S", "int", true}), "[B, S] (int32 or int64, host memory)");
+  EXPECT_EQ(rule_text({"lens", "B", "i32", true}), "[B] (i32, host memory)");
+  EXPECT_EQ(rule_text({"s", "", "f32"}), "[] (f32)");
+  const TensorRule m{"mask", "B,S", "int"};
+  EXPECT_EQ(help_text("reset mask", m), "reset mask [B, S] (int32 or int64)");
+  EXPECT_EQ(help_text("reset mask: nonzero resets", m), "reset mask [B, S] (int32 or int64): nonzero resets");
+  EXPECT_EQ(help_text("reset mask; no gradient: ever", m), "reset mask [B, S] (int32 or int64); no gradient: ever");
+}
+
+TEST(TensorRules, BindTakesNamedViewsInAnyContainer) {
+  Tensor q = t(DType::kF32, {2, 3, 4}), k = t(DType::kF32, {2, 3, 4});
+  const std::vector<std::pair<std::string, TensorView>> views{{"k", k.view()}, {"q", q.view()}};
+  const Dims d = rules().bind(views);  // bound in the rules' order: q first, whatever the list's
+  EXPECT_EQ(d["S"], 3);
+  Tensor k_bad = t(DType::kF32, {2, 5, 4});
+  EXPECT_EQ((message_of([&] { rules().bind(std::vector<std::pair<std::string, TensorView>>{{"k", k_bad.view()},
+                                                                                             {"q", q.view()}}); })),
+            "foo: k must be [B=2, S=3, D=4], got [2, 5, 4]");
 }
 
 }  // namespace

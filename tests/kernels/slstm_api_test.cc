@@ -80,7 +80,7 @@ TEST(SlstmApi, BadInputsAreErrorsThatTouchNothing) {
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.b = b_bad.view(); }, "b must be [4, NH=2, DH=8], got [4, 2, 9]");
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.resets = rs_bad.view(); }, "resets must be [B=2, S=5], got [2, 4]");
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.resets = rs_f32.view(); }, "resets must be int32 or int64");
-  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.m0 = {}; }, "h0, c0, n0 and m0 together");
+  expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.m0 = {}; }, "h0, c0, n0 and m0 go together");
   expect_rejected([&](Inputs& in, Upstream&, Fixture&) { in.c0 = st_bad.view(); }, "c0 must be [B=2, NH=2, DH=8], got [2, 2, 9]");
   expect_rejected([&](Inputs&, Upstream& up, Fixture&) { up.dh = dh_bad.view(); }, "dh must be [B=2, S=5, NH=2, DH=8], got [2, 5, 2, 9]");
   expect_rejected([&](Inputs&, Upstream& up, Fixture&) { up.dh_last = st_bad.view(); }, "dh_last must be [B=2, NH=2, DH=8], got [2, 2, 9]");
@@ -117,7 +117,7 @@ TEST(SlstmApi, BadOutputsAreErrorsThatTouchNothing) {
   out.h = h_bad.view();
   rejected(out, f.grads(), "h must be [B=2, S=5, NH=2, DH=8], got [2, 5, 2, 7]");
   out = f.out(), out.m_last = {};
-  rejected(out, f.grads(), "h_last, c_last, n_last and m_last together");
+  rejected(out, f.grads(), "h_last, c_last, n_last and m_last go together");
   Grads g = f.grads();
   g.dr = dr_f16.view();
   rejected(f.out(), g, "dr must be f32");

@@ -107,7 +107,7 @@ TEST_F(SlstmCli, ErrorsWriteNothing) {
   c = cli_test::run_cli("run slstm --wx " + p("wx.npy") + " --r " + p("r.npy") + " --b " + p("b.npy") + " --h0 " +
                         p("h0.npy") + " --out " + p("e2"));
   EXPECT_EQ(c.code, 2) << c.out;
-  EXPECT_NE(c.out.find("h0, c0, n0 and m0 together"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("h0, c0, n0 and m0 go together"), std::string::npos) << c.out;
 }
 
 }  // namespace

@@ -116,9 +116,7 @@ class AttentionBench final : public kernels::CallBenchProblem {
 
   harness::Row describe() const override {
     harness::Row r = harness::Row::object();
-    r["B"] = s_.B, r["S"] = s_.S, r["H"] = s_.H, r["D"] = s_.D;
     r["kv_heads"] = s_.Hkv;
-    r["dtype"] = dtype_name(s_.dtype);
     r["causal"] = s_.causal;
     return r;
   }

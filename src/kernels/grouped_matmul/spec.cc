@@ -135,8 +135,6 @@ class GmmBench final : public kernels::CallBenchProblem {
 
   harness::Row describe() const override {
     harness::Row r = harness::Row::object();
-    r["M"] = s_.M, r["K"] = s_.K, r["N"] = s_.N, r["G"] = s_.G;
-    r["dtype"] = dtype_name(s_.dtype);
     r["routing"] = s_.routing;
     int64_t largest = 0, empty = 0;
     for (int64_t v : s_.sizes) largest = std::max(largest, v), empty += v == 0;

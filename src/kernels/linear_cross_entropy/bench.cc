@@ -52,8 +52,6 @@ class LceBench final : public kernels::CallBenchProblem {
 
   harness::Row describe() const override {
     harness::Row r = harness::Row::object();
-    r["B"] = s_.B, r["H"] = s_.H, r["V"] = s_.V;
-    r["dtype"] = dtype_name(s_.dtype);
     r["layout"] = w_layout_name(s_.layout);
     if (s_.ignored > 0) r["ignored"] = s_.ignored;
     r["bias"] = s_.bias;

@@ -1,23 +1,30 @@
 // mla_decode: validation and dispatch. Every check runs before any output is touched.
 
 #include "dispatch/arg_check.h"
-#include "dispatch/tensor_rules.h"
+#include "dispatch/declared_tensors.h"
 #include "kernels/mla_decode/impl.h"
 #include "tune/declared.h"
 #include "tessera/error.h"
 
 namespace tessera::mla_decode {
+
+// Every input declared once (dispatch/declared_tensors.h: the CLI's flags, the Python keywords and
+// the help derive from it too); cache_seqlens and the page ids it makes read are checked by
+// ArgCheck::pages.
+const dispatch::DeclaredTensors<Inputs>& tensors() {
+  static const dispatch::DeclaredTensors<Inputs> t{
+      kKernelName,
+      {{&Inputs::q, {"q", "B,Sq,Hq,D", "float"}, "queries"},
+       {&Inputs::kv_cache, {"kv_cache", "P,page_size,1,D", "=q"}, "paged latent cache; values = first dv dims"},
+       {&Inputs::page_table, {"page_table", "B,max_pages", "i32", true}, "pages of each sequence"},
+       {&Inputs::cache_seqlens, {"cache_seqlens", "B", "i32", true}, "keys in the cache per sequence"}},
+      {}};
+  return t;
+}
 namespace {
 
 using dispatch::num;
 const dispatch::ArgCheck args{kKernelName, "q"};
-
-// The tensors by their dims; cache_seqlens and the page ids it makes read are checked by ArgCheck::pages.
-const dispatch::TensorRules kRules{kKernelName,
-                                   {{"q", "B,Sq,Hq,D", "float"},
-                                    {"kv_cache", "P,page_size,1,D", "=q"},
-                                    {"page_table", "B,max_pages", "i32", true},
-                                    {"cache_seqlens", "B", "i32", true}}};
 
 Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   dispatch::Dims d = bind_tensors(in, opt.dv, dispatch::BindMode::kFull);
@@ -47,8 +54,7 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
 }  // namespace
 
 dispatch::Dims bind_tensors(const Inputs& in, int64_t dv, dispatch::BindMode mode) {
-  dispatch::Dims d = kRules.bind(
-      {{"q", in.q}, {"kv_cache", in.kv_cache}, {"page_table", in.page_table}, {"cache_seqlens", in.cache_seqlens}}, mode);
+  dispatch::Dims d = tensors().bind(in, mode);
   args.need(d["D"] >= 1 && d["D"] <= 1024, "D must be in [1, 1024], got " + num(d["D"]));
   args.need(dv >= 1 && dv <= d["D"], "dv must be in [1, D=" + num(d["D"]) + "], got " + num(dv));
   d.set("Dv", dv);

@@ -40,9 +40,7 @@ class MlaBench final : public kernels::CallBenchProblem {
 
   harness::Row describe() const override {
     harness::Row r = harness::Row::object();
-    r["B"] = s_.B, r["Sq"] = s_.Sq, r["Hq"] = s_.Hq, r["T"] = s_.T;
     r["D"] = s_.D, r["Dv"] = s_.Dv, r["page_size"] = s_.page_size, r["causal"] = s_.causal;
-    r["dtype"] = dtype_name(s_.dtype);
     return r;
   }
 

@@ -10,6 +10,7 @@
 namespace tessera::mla_decode {
 
 kernels::BenchSpec bench_spec();  // bench.cc
+const dispatch::DeclaredTensors<Inputs>& tensors();  // api.cc
 
 namespace {
 
@@ -26,19 +27,7 @@ const kernels::DeclaredOptions<Options>& options() {
   return d;
 }
 
-const kernels::DeclaredInputs<Inputs>& inputs() {
-  using kernels::input;
-  static const kernels::DeclaredInputs<Inputs> d{
-      kKernelName,
-      {input(&Inputs::q, {"q", "queries [B, Sq, Hq, D] (f32, bf16 or f16)"}),
-       input(&Inputs::kv_cache,
-             {"kv_cache", "paged latent cache [P, page_size, 1, D], q's dtype; values = first dv dims"}),
-       input(&Inputs::page_table,
-             {"page_table", "pages of each sequence [B, max_pages] (int32, host memory)", true, false, {}, true}),
-       input(&Inputs::cache_seqlens,
-             {"cache_seqlens", "keys in the cache per sequence [B] (int32, host memory)", true, false, {}, true})}};
-  return d;
-}
+const kernels::DeclaredInputs<Inputs>& inputs() { return kernels::inputs_of(tensors()); }
 
 // Shapes only (data may be absent under jit / fake tensors); the call validates everything.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {

@@ -1,35 +1,38 @@
-// mlstm: validation (every tensor declared once: rules()), conversion to the f32 Problem (host
+// mlstm: validation (every tensor declared once: tensors()), conversion to the f32 Problem (host
 // calls; a device call hands its arrays over unconverted: impl.h), dispatch with the declared
 // chunk tuning. Every check runs before any output is touched.
 #include <cmath>
 #include <vector>
 
-#include "dispatch/tensor_rules.h"
+#include "dispatch/declared_tensors.h"
 #include "dispatch/host_f32.h"
 #include "kernels/mlstm/impl.h"
 #include "tune/declared.h"
 
 namespace tessera::mlstm {
 
-// Every tensor of a call lives on q's device (host memory, or one CUDA device for the cuda backend).
-const dispatch::TensorRules& rules() {
-  static const dispatch::TensorRules r{
+// Every tensor declared once (dispatch/declared_tensors.h: the CLI's flags, the Python keywords
+// and the help derive from it too); all on q's device (host memory, or one CUDA device for the
+// cuda backend).
+const dispatch::DeclaredTensors<Inputs>& tensors() {
+  static const dispatch::DeclaredTensors<Inputs> t{
       kKernelName,
-      {{"q", "B,NH,S,DHQK", "float"},         {"k", "B,NH,S,DHQK", "=q"},          {"v", "B,NH,S,DHV", "=q"},
-       {"i", "B,NH,S", "float"},              {"f", "B,NH,S", "=i"},               {"resets", "B,S", "int"},
-       {"c0", "B,NH,DHQK,DHV", "f32"},        {"n0", "B,NH,DHQK", "f32"},          {"m0", "B,NH", "f32"},
-       {"h", "B,NH,S,DHV", "=q|f32"},         {"c_last", "B,NH,DHQK,DHV", "f32"},  {"n_last", "B,NH,DHQK", "f32"},
+      {{&Inputs::q, {"q", "B,NH,S,DHQK", "float"}, "queries", true, true},
+       {&Inputs::k, {"k", "B,NH,S,DHQK", "=q"}, "keys", true, true},
+       {&Inputs::v, {"v", "B,NH,S,DHV", "=q"}, "values", true, true},
+       {&Inputs::i, {"i", "B,NH,S", "float"}, "input gate pre-activations", true, true},
+       {&Inputs::f, {"f", "B,NH,S", "=i"}, "forget gate pre-activations", true, true},
+       {&Inputs::resets, {"resets", "B,S", "int"},
+        "reset mask: nonzero starts step t from the zero state (bool/uint8 .npy files load as integers)", false},
+       {&Inputs::c0, {"c0", "B,NH,DHQK,DHV", "f32"}, "initial matrix memory; with n0 and m0", false, true},
+       {&Inputs::n0, {"n0", "B,NH,DHQK", "f32"}, "initial normalizer", false, true},
+       {&Inputs::m0, {"m0", "B,NH", "f32"}, "initial stabilizer; no gradient", false}},
+      {{"h", "B,NH,S,DHV", "=q|f32"},         {"c_last", "B,NH,DHQK,DHV", "f32"},  {"n_last", "B,NH,DHQK", "f32"},
        {"m_last", "B,NH", "f32"},             {"dh", "B,NH,S,DHV", "=q|f32"},      {"dc_last", "B,NH,DHQK,DHV", "f32"},
        {"dn_last", "B,NH,DHQK", "f32"},       {"dq", "B,NH,S,DHQK", "=q|f32"},     {"dk", "B,NH,S,DHQK", "=q|f32"},
        {"dv", "B,NH,S,DHV", "=q|f32"},        {"di", "B,NH,S", "=i|f32"},          {"df", "B,NH,S", "=i|f32"},
        {"dc0", "B,NH,DHQK,DHV", "f32"},       {"dn0", "B,NH,DHQK", "f32"}}};
-  return r;
-}
-
-dispatch::Dims bind_inputs(const Inputs& in, dispatch::BindMode mode) {
-  return rules().bind({{"q", in.q}, {"k", in.k}, {"v", in.v}, {"i", in.i}, {"f", in.f}, {"resets", in.resets},
-                       {"c0", in.c0}, {"n0", in.n0}, {"m0", in.m0}},
-                      mode);
+  return t;
 }
 
 namespace {
@@ -41,7 +44,7 @@ using dispatch::F32Out;
 using dispatch::given;
 using dispatch::num;
 
-const dispatch::ArgCheck& args() { return rules().args(); }
+const dispatch::ArgCheck& args() { return tensors().args(); }
 
 bool on_device(const Problem& p) { return p.device.type != DeviceType::kCPU; }
 DevIn dev_in(const TensorView& t) { return {given(t) ? t.data : nullptr, t.dtype}; }
@@ -62,33 +65,28 @@ struct Call {
   BackwardArgs a;
   std::vector<tune::Buffer> outs;  // the f32 outputs the backends write, for autotune-on-miss
 
-  Call(const Inputs& in, const Options& opt) : d(bind_inputs(in, dispatch::BindMode::kFull)) {
+  Call(const Inputs& in, const Options& opt) : d(tensors().bind(in, dispatch::BindMode::kFull)) {
     p.B = d["B"], p.NH = d["NH"], p.S = d["S"], p.DK = d["DHQK"], p.DV = d["DHV"];
     args().need(p.S >= 1, "S must be >= 1 (q is " + in.q.str() + ")");
     args().need(p.B >= 1 && p.NH >= 1 && p.DK >= 1 && p.DV >= 1,
                 "B, NH, DHQK and DHV must be >= 1, got q " + in.q.str() + ", v " + in.v.str());
-    const int states = int(given(in.c0)) + int(given(in.n0)) + int(given(in.m0));
-    args().need(states == 0 || states == 3, "c0, n0 and m0 go together: give all three or none");
+    args().together({{"c0", in.c0}, {"n0", in.n0}, {"m0", in.m0}});
     args().nonnegative_f32(opt.eps, "eps");
     args().need(opt.chunk_size >= 0, "chunk_size must be >= 1 (0: the backend's default), got " + num(opt.chunk_size));
-    if (opt.check_finite)
-      for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &in.q}, {"k", &in.k}, {"v", &in.v},
-                                    {"i", &in.i}, {"f", &in.f}, {"c0", &in.c0}, {"n0", &in.n0}, {"m0", &in.m0}})
-        args().finite(*t, name);
+    if (opt.check_finite) tensors().check_finite(in);
     p.device = d.device();
     p.eps = opt.eps;
     p.chunk = opt.chunk_size;
     p.num_threads = resolve_num_threads(opt.num_threads);
     p.stream = opt.stream;
   }
-  void check(const char* name, const TensorView& t) { dispatch::check_rule(d, rules(), name, t); }
+  void check(const char* name, const TensorView& t) { dispatch::check_rule(d, tensors().rules(), name, t); }
 
   // h and the last states (c, n, m: all three or none).
   void check_forward(const TensorView& h_view, const LastStates& last) {
     check("h", h_view);
-    const int n = int(given(last.c)) + int(given(last.n)) + int(given(last.m));
-    args().need(n == 0 || n == 3, "the last states c, n and m go together: give all three or none");
-    if (n == 3) check("c_last", last.c), check("n_last", last.n), check("m_last", last.m);
+    if (args().together({{"c_last", last.c}, {"n_last", last.n}, {"m_last", last.m}}))
+      check("c_last", last.c), check("n_last", last.n), check("m_last", last.m);
   }
 
   // dh, the upstream gradients of the last states and the gradients.
@@ -98,10 +96,8 @@ struct Call {
     if (given(dc_last)) check("dc_last", dc_last);
     if (given(dn_last)) check("dn_last", dn_last);
     check("dq", g.dq), check("dk", g.dk), check("dv", g.dv), check("di", g.di), check("df", g.df);
-    const bool state = given(in.c0);
-    if (state != given(g.dc0) || state != given(g.dn0))
-      args().fail(state ? "dc0 and dn0 are required with an initial state" : "dc0 and dn0 are written only with an initial state");
-    if (state) check("dc0", g.dc0), check("dn0", g.dn0);
+    if (args().exactly_with(given(in.c0), "an initial state", {{"dc0", g.dc0}, {"dn0", g.dn0}}))
+      check("dc0", g.dc0), check("dn0", g.dn0);
     if (opt.check_finite) args().finite(dh_view, "dh");
   }
 
@@ -116,10 +112,7 @@ struct Call {
     c0 = as_f32(in.c0), n0 = as_f32(in.n0), m0 = as_f32(in.m0);
     p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.i = i.ptr, p.f = f.ptr;
     p.c0 = c0.ptr, p.n0 = n0.ptr, p.m0 = m0.ptr;
-    if (!given(in.resets)) return;
-    resets.resize(static_cast<size_t>(p.B * p.S));
-    for (int64_t j = 0; j < p.B * p.S; ++j) resets[size_t(j)] = load_as_i64(in.resets.data, in.resets.dtype, j) != 0;
-    p.resets = resets.data();
+    p.resets = dispatch::as_flags(in.resets, resets);
   }
 
   // The forward's outputs (h through an f32 scratch where it is not f32; the states are f32).
@@ -160,12 +153,8 @@ struct Call {
                                .pass = pass,
                                .threads = p.num_threads,
                                .given = {{"chunk_size", p.chunk}}};
-    const auto at = [this](const tune::Params& cand) {
-      Problem t = p;
-      t.chunk = tune::param(cand, "chunk_size").value_or(0);
-      return t;
-    };
-    const std::string ran = tune::dispatch_declared(registry(), tuning(), opt, p, c, outs, at, body);
+    const std::string ran = tune::dispatch_declared(registry(), tuning(), opt, p, c, outs,
+                                                    tune::with_param(p, &Problem::chunk, "chunk_size"), body);
     for (const F32Out* o : {&h, &dq, &dk, &dv, &di, &df}) o->finish();
     return ran;
   }

@@ -36,8 +36,6 @@ class MlstmBench final : public kernels::CallBenchProblem {
 
   harness::Row describe() const override {
     harness::Row r = harness::Row::object();
-    r["B"] = d_.B, r["NH"] = d_.NH, r["S"] = d_.S, r["DHQK"] = d_.DK, r["DHV"] = d_.DV;
-    r["dtype"] = dtype_name(d_.dtype);
     r["chunk"] = chunk_;
     // The cpu backend's chunk-start states of one head (f32), kept by each team of threads in the
     // backward (cpu.cc plan_of: one thread per head while the teams' states fit 48 MiB, else
@@ -140,13 +138,12 @@ class MlstmBench final : public kernels::CallBenchProblem {
   // the default — passed to every call explicitly, so that an autotune inside a timed call cannot
   // run another chunk than the cost model counts.
   static int64_t bench_chunk(const Dims& d) {
-    tune::DeclaredCall c;
-    c.implementation = "cpu";
-    c.dtype = d.dtype;
-    c.dims = {d.B, d.NH, d.S, d.DK, d.DV};
-    c.threads = resolve_num_threads(0);
-    c.given = {{"chunk_size", 0}};
-    c.autotune_on_miss = false;
+    const tune::DeclaredCall c{.implementation = "cpu",
+                               .dtype = d.dtype,
+                               .dims = {d.B, d.NH, d.S, d.DK, d.DV},
+                               .threads = resolve_num_threads(0),
+                               .given = {{"chunk_size", 0}},
+                               .autotune_on_miss = false};
     return tune::param(tune::choose_declared(tuning(), c, {}, {}).params, "chunk_size").value_or(kDefaultChunk);
   }
 

@@ -11,13 +11,9 @@ namespace tessera::mlstm {
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
                                                           const harness::OptionValues&, uint64_t seed,
                                                           bool with_data);  // bench.cc
-const dispatch::TensorRules& rules();  // api.cc
-dispatch::Dims bind_inputs(const Inputs& in, dispatch::BindMode mode);
+const dispatch::DeclaredTensors<Inputs>& tensors();  // api.cc
 
 namespace {
-
-using harness::OptionSpec;
-using K = OptionSpec::Kind;
 
 const kernels::DeclaredOptions<Options>& options() {
   static const kernels::DeclaredOptions<Options> d{
@@ -26,48 +22,22 @@ const kernels::DeclaredOptions<Options>& options() {
        kernels::field(&Options::chunk_size, "chunk_size",
                       "chunk length of the chunkwise backends; 0: tuned (table, autotune on a miss) or the "
                       "default (64)"),
-       kernels::plain<Options>({"return_last_states", K::kFlag,
-                                "also return the last state c_last, n_last, m_last (f32; gradients flow through c_last "
-                                "and n_last with m held, as into a next call's c0, n0)",
-                                "false", {}})}};
+       kernels::flag<Options>("return_last_states",
+                              "also return the last state c_last, n_last, m_last (f32; gradients flow through c_last "
+                              "and n_last with m held, as into a next call's c0, n0)")}};
   return d;
 }
 
-const kernels::DeclaredInputs<Inputs>& inputs() {
-  using kernels::input;
-  static const kernels::DeclaredInputs<Inputs> d{
-      kKernelName,
-      {input(&Inputs::q, {"q", "queries [B, NH, S, DHQK] (f32, bf16 or f16)", true, true}),
-       input(&Inputs::k, {"k", "keys [B, NH, S, DHQK], q's dtype", true, true}),
-       input(&Inputs::v, {"v", "values [B, NH, S, DHV], q's dtype", true, true}),
-       input(&Inputs::i, {"i", "input gate pre-activations [B, NH, S] (float)", true, true}),
-       input(&Inputs::f, {"f", "forget gate pre-activations [B, NH, S], i's dtype", true, true}),
-       input(&Inputs::resets, {"resets",
-                               "reset mask [B, S] (integer; bool/uint8 .npy files load as integers): nonzero starts "
-                               "step t from the zero state",
-                               false, false}),
-       input(&Inputs::c0, {"c0", "initial matrix memory [B, NH, DHQK, DHV] (f32), with n0 and m0", false, true}),
-       input(&Inputs::n0, {"n0", "initial normalizer [B, NH, DHQK] (f32)", false, true}),
-       input(&Inputs::m0, {"m0", "initial stabilizer [B, NH] (f32); no gradient", false, false})}};
-  return d;
-}
+const kernels::DeclaredInputs<Inputs>& inputs() { return kernels::inputs_of(tensors()); }
 
-// Shapes only (data may be absent under jit and fake tensors), each output as api.cc declares it;
-// the call validates everything.
+// Shapes only (data may be absent under jit and fake tensors); the call validates everything.
 std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
-  const Inputs in = inputs().parse(a);
-  const dispatch::Dims d = bind_inputs(in, dispatch::BindMode::kShapesOnly);
-  std::vector<kernels::OutputDesc> out;
-  auto add = [&](const char* name) { out.push_back(kernels::declared_output(d, rules(), name)); };
-  if (a.pass != Pass::kBackward) {
-    add("h");
-    if (a.options.flag("return_last_states")) add("c_last"), add("n_last"), add("m_last");
-  }
-  if (a.pass != Pass::kForward) {
-    add("dq"), add("dk"), add("dv"), add("di"), add("df");
-    if (dispatch::given(in.c0)) add("dc0"), add("dn0");
-  }
-  return out;
+  return kernels::declared_outputs(inputs().shapes(a), tensors().rules(),
+                                   {{{"h"}},
+                                    {{"c_last", "n_last", "m_last"}, true, kernels::if_flag("return_last_states")},
+                                    {{"dq", "dk", "dv", "di", "df"}, false},
+                                    {{"dc0", "dn0"}, false, kernels::if_given("c0")}},
+                                   a);
 }
 
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {

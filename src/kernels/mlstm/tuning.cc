@@ -32,10 +32,8 @@ const tune::Declared& tuning() {
             {"DHV", 1, kAny, 256}}},
       },
       .implementations = {"cpu"},
-      .candidates = [](const std::vector<int64_t>&, int) {
-        // At most 128: what cuda takes too, so a tuned chunk runs on every backend.
-        return std::vector<tune::Params>{{{"chunk_size", kDefaultChunk}}, {{"chunk_size", 32}}, {{"chunk_size", 128}}};
-      },
+      // At most 128: what cuda takes too, so a tuned chunk runs on every backend.
+      .candidates = tune::each("chunk_size", {kDefaultChunk, 32, 128}),
       .work = forward_macs,
       .table = tuned_table};
   return d;

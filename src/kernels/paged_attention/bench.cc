@@ -56,9 +56,7 @@ class PagedBench final : public kernels::CallBenchProblem {
 
   harness::Row describe() const override {
     harness::Row r = harness::Row::object();
-    r["N"] = s_.N, r["S"] = s_.S, r["Q"] = s_.Q, r["H"] = s_.H, r["D"] = s_.D;
     r["kv_heads"] = s_.Hkv, r["prefill"] = s_.prefill, r["page_size"] = s_.page_size;
-    r["dtype"] = dtype_name(s_.dtype);
     return r;
   }
   double work() const override { return 4.0 * s_.H * s_.D * s_.pairs(); }

@@ -13,20 +13,13 @@ namespace {
 
 class SlstmBench final : public kernels::CallBenchProblem {
  public:
-  SlstmBench(int64_t B, int64_t S, int64_t NH, int64_t DH, DType dt, uint64_t seed, bool with_data)
-      : CallBenchProblem(spec), B_(B), S_(S), NH_(NH), DH_(DH), dt_(dt) {
+  SlstmBench(const harness::GridShape& s, DType dt, uint64_t seed, bool with_data)
+      : CallBenchProblem(spec), B_(s.dim("B")), S_(s.dim("S")), NH_(s.dim("NH")), DH_(s.dim("DH")), dt_(dt) {
     if (!with_data) return;
-    wx_ = random_uniform(dt, {B, S, 4, NH, DH}, 1.0f, seed * 8 + 1);
-    r_ = random_uniform(dt, {4, NH, DH, DH}, 0.5f / std::sqrt(float(DH)), seed * 8 + 2);
-    b_ = random_uniform(dt, {4, NH, DH}, 0.5f, seed * 8 + 3);
-    dh_ = random_uniform(DType::kF32, {B, S, NH, DH}, 1.0f, seed * 8 + 4);
-  }
-
-  harness::Row describe() const override {
-    harness::Row r = harness::Row::object();
-    r["B"] = B_, r["S"] = S_, r["NH"] = NH_, r["DH"] = DH_;
-    r["dtype"] = dtype_name(dt_);
-    return r;
+    wx_ = random_uniform(dt, {B_, S_, 4, NH_, DH_}, 1.0f, seed * 8 + 1);
+    r_ = random_uniform(dt, {4, NH_, DH_, DH_}, 0.5f / std::sqrt(float(DH_)), seed * 8 + 2);
+    b_ = random_uniform(dt, {4, NH_, DH_}, 0.5f, seed * 8 + 3);
+    dh_ = random_uniform(DType::kF32, {B_, S_, NH_, DH_}, 1.0f, seed * 8 + 4);
   }
 
   // The recurrent products: 4 gates · DH × DH multiply-adds per (batch, step, head).
@@ -64,8 +57,7 @@ class SlstmBench final : public kernels::CallBenchProblem {
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
                                                           const harness::OptionValues&, uint64_t seed, bool with_data) {
-  return std::make_unique<SlstmBench>(shape.dim("B"), shape.dim("S"), shape.dim("NH"), shape.dim("DH"), dtype, seed,
-                                      with_data);
+  return std::make_unique<SlstmBench>(shape, dtype, seed, with_data);
 }
 
 }  // namespace tessera::slstm

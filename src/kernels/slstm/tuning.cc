@@ -1,22 +1,12 @@
 // slstm: its one tuned block size, the batch rows per cpu task, declared (tune/declared.h). The
 // call-time choice (api.cc) and `tessera tune slstm` (spec.cc) derive from this declaration.
-
 #include "kernels/slstm/impl.h"
 #include "tune/declared.h"
 
 namespace tessera::slstm {
 
-namespace {
-using tune::kAny;
-
-// Multiply-adds of a forward: the recurrent product 4·DH² per (row, step, head) and the gates.
-double forward_macs(const std::vector<int64_t>& d) {
-  const double rows = double(d.at(0)) * double(d.at(1)) * double(d.at(2)), DH = double(d.at(3));
-  return rows * (4 * DH * DH + 20 * DH);
-}
-}  // namespace
-
 const tune::Declared& tuning() {
+  using tune::kAny;
   static const tune::Declared d{
       .kernel = kKernelName,
       .options = {"batch_block"},
@@ -29,11 +19,12 @@ const tune::Declared& tuning() {
            {{"B", 1, kAny, 16}, {"S", 1, kAny, 256}, {"NH", 1, kAny, 4}, {"DH", 65, kAny, 128}}},
       },
       .implementations = {"cpu"},
-      .candidates = [](const std::vector<int64_t>&, int) {
-        return std::vector<tune::Params>{{{"batch_block", 64}}, {{"batch_block", 8}}, {{"batch_block", 16}},
-                                         {{"batch_block", 32}}, {{"batch_block", 128}}};
+      .candidates = tune::each("batch_block", {64, 8, 16, 32, 128}),
+      // Multiply-adds of a forward: the recurrent product 4·DH² per (row, step, head) and the gates.
+      .work = [](const std::vector<int64_t>& d) {
+        const double rows = double(d.at(0)) * double(d.at(1)) * double(d.at(2)), DH = double(d.at(3));
+        return rows * (4 * DH * DH + 20 * DH);
       },
-      .work = forward_macs,
       .table = tuned_table};
   return d;
 }

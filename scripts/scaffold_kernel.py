@@ -5,11 +5,11 @@
 
 Writes, from the repository root (or --root):
 
-  include/tessera/NAME.h            the contract: Options : ExecOptions, forward(x, y, opt)
+  include/tessera/NAME.h            the contract: Options : ExecOptions, Inputs, forward(in, y, opt)
                                     (a placeholder y = f(x) over x [N, D] f32: change it)
-  src/kernels/NAME/impl.h           Problem, Implementation, the registry, the factories, its
-                                    tensors declared as dispatch::TensorRules
-  src/kernels/NAME/api.cc           validation from the rules (an error touches no output), dispatch
+  src/kernels/NAME/impl.h           Problem, Implementation, the registry, the factories
+  src/kernels/NAME/api.cc           its tensors declared once (dispatch::DeclaredTensors), validation
+                                    from them (an error touches no output), dispatch
   src/kernels/NAME/reference.cc     the oracle: NOT WRITTEN (it throws until you write it)
   src/kernels/NAME/implementations.cc  the registry, default order
   src/kernels/NAME/spec.cc          the registration (KernelSpec): dims N,D, pass forward, f32
@@ -45,9 +45,13 @@ namespace tessera::{name} {{
 
 struct Options : ExecOptions {{}};
 
-// x [N, D] f32, y [N, D] f32 (written). Returns the implementation that ran. Throws
-// Error(kInvalidArgument) before touching y when a shape, dtype or device is wrong.
-std::string forward(const TensorView& x, const TensorView& y, const Options& opt = {{}});
+struct Inputs {{
+  TensorView x;  // [N, D] f32
+}};
+
+// y [N, D] f32 (written). Returns the implementation that ran. Throws Error(kInvalidArgument)
+// before touching y when a shape, dtype or device is wrong.
+std::string forward(const Inputs& in, const TensorView& y, const Options& opt = {{}});
 
 std::vector<ImplementationInfo> implementations();
 
@@ -59,8 +63,8 @@ IMPL_H = """// Tessera internal: the contract between the {name} API and its imp
 
 #include <memory>
 
+#include "dispatch/declared_tensors.h"
 #include "dispatch/registry.h"
-#include "dispatch/tensor_rules.h"
 #include "tessera/{name}.h"
 
 namespace tessera::{name} {{
@@ -85,9 +89,9 @@ class Implementation : public dispatch::ImplementationBase {{
 using Registry = dispatch::Registry<Implementation>;
 Registry& registry();
 
-// Each tensor by its named dims, dtype rule and place (dispatch/tensor_rules.h): the API's checks
-// (api.cc) and the call's output shapes (spec.cc) derive from this one declaration.
-inline const dispatch::TensorRules kRules{{kKernelName, {{{{"x", "N,D", "f32"}}}}}};
+// Every tensor declared once (api.cc; dispatch/declared_tensors.h): the API's checks, the call's
+// output shapes, `tessera run`'s flags and the Python keywords with their help (spec.cc).
+const dispatch::DeclaredTensors<Inputs>& tensors();
 
 std::unique_ptr<Implementation> make_reference_implementation();
 
@@ -99,15 +103,23 @@ API_CC = """// {name}: validation and dispatch. Every check runs before any outp
 
 namespace tessera::{name} {{
 
+// Inputs: field, rule (named dims, dtype, place), what it is, required, differentiable; then the
+// outputs' rules.
+const dispatch::DeclaredTensors<Inputs>& tensors() {{
+  static const dispatch::DeclaredTensors<Inputs> t{{
+      kKernelName, {{{{&Inputs::x, {{"x", "N,D", "f32"}}, "input", true, false}}}}, {{{{"y", "N,D", "f32"}}}}}};
+  return t;
+}}
+
 std::vector<ImplementationInfo> implementations() {{ return registry().infos(); }}
 
-std::string forward(const TensorView& x, const TensorView& y, const Options& opt) {{
-  dispatch::Dims d = kRules.bind({{{{"x", x}}}});
-  d.check(y, "y", "N,D", "f32");  // the output: x's dims, on x's device
+std::string forward(const Inputs& in, const TensorView& y, const Options& opt) {{
+  dispatch::Dims d = tensors().bind(in, dispatch::BindMode::kFull);
+  dispatch::check_rule(d, tensors().rules(), "y", y);  // the output: x's dims, on x's device
   Problem p;
   p.N = d["N"], p.D = d["D"];
   p.device = d.device();
-  p.x = x.data_as<const float>();
+  p.x = in.x.data_as<const float>();
   p.y = y.data_as<float>();
   p.num_threads = resolve_num_threads(opt.num_threads);
   return registry().dispatch_problem(opt.implementation, p, [&](const Implementation& impl) {{ impl.forward(p); }});
@@ -165,6 +177,7 @@ Registry& registry() {{
 SPEC_CC = """// {name}: the registration — the only place the CLI, the parity suite and the bindings learn
 // about this kernel (docs/ADDING_A_KERNEL.md). Grow it with the kernel: check grid, bench, tune, run.
 #include "kernels/{name}/impl.h"
+#include "kernels/declared_signature.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
 
@@ -183,17 +196,16 @@ const kernels::KernelSpec& spec() {{
                     -> std::unique_ptr<harness::BenchProblem> {{
         throw Error(ErrorCode::kUnsupported, std::string(kKernelName) + ": no benchmark problem yet (bench.cc)");
       }}}},
-      // The signature: `tessera run`, the Python functions and their help are derived from it. The
-      // output shapes come from the tensor rules, shapes only (no data under jit / fake tensors).
-      .call = {{.inputs = {{{{"x", "input [N, D] (f32)", true, false}}}},
+      // The signature: `tessera run`, the Python functions and their help are derived from api.cc's
+      // tensors(). The output shapes come from its rules, shapes only (no data under jit / fake tensors).
+      .call = {{.inputs = kernels::inputs_of(tensors()).specs(),
                .outputs =
                    [](const kernels::CallArgs& a) {{
-                     const TensorView& x = kernels::required(a, kKernelName, "x");
-                     const dispatch::Dims d = kRules.bind({{{{"x", x}}}}, dispatch::BindMode::kShapesOnly);
-                     return std::vector<kernels::OutputDesc>{{kernels::output_of(d, "y", "N,D", "f32")}};
+                     return kernels::declared_outputs(kernels::inputs_of(tensors()).shapes(a), tensors().rules(),
+                                                      {{{{{{"y"}}}}}}, a);
                    }},
                .call = [](const kernels::CallArgs& a, const std::vector<TensorView>& out) {{
-                 return forward(kernels::required(a, kKernelName, "x"), out.at(0), kernels::exec_options<Options>(a));
+                 return forward(kernels::inputs_of(tensors()).parse(a), out.at(0), kernels::exec_options<Options>(a));
                }}}}}};
   return s;
 }}
@@ -220,16 +232,16 @@ TEST({Name}Reference, MatchesHandValues) {{
   const std::vector<float> want = {{0, 0, 0, 0, 0, 0}};
   {name}::Options opt;
   opt.implementation = "reference";
-  ASSERT_NO_THROW({name}::forward(TensorView(x.data(), DType::kF32, {{2, 3}}),
+  ASSERT_NO_THROW({name}::forward({{TensorView(x.data(), DType::kF32, {{2, 3}})}},
                                   TensorView(y.data(), DType::kF32, {{2, 3}}), opt));
   for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-6) << i;
 }}
 
-// The tensor rules (impl.h) reject a y of another shape before anything runs, in one line.
+// The declared tensors (api.cc) reject a y of another shape before anything runs, in one line.
 TEST({Name}Api, WrongOutputShapeIsRejectedUntouched) {{
   std::vector<float> x(6, 1.0f), y(4, -1.0f);
   try {{
-    {name}::forward(TensorView(x.data(), DType::kF32, {{2, 3}}), TensorView(y.data(), DType::kF32, {{2, 2}}));
+    {name}::forward({{TensorView(x.data(), DType::kF32, {{2, 3}})}}, TensorView(y.data(), DType::kF32, {{2, 2}}));
     ADD_FAILURE() << "accepted";
   }} catch (const Error& e) {{
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);

@@ -26,12 +26,17 @@ namespace tessera::dispatch {
 
 template <class In>
 struct TensorInput {
+  // A constructor, not an aggregate with default member initializers: GCC 12 stops with an internal
+  // compiler error on a one-element list of such a class template (the scaffold's one input).
+  TensorInput(TensorView In::*m, TensorRule r, std::string h, bool req = true, bool diff = false,
+              std::vector<std::string> al = {})
+      : member(m), rule(std::move(r)), help(std::move(h)), required(req), differentiable(diff), aliases(std::move(al)) {}
   TensorView In::*member;
   TensorRule rule;
-  std::string help;
-  bool required = true;
-  bool differentiable = false;             // has a gradient output "d" + name
-  std::vector<std::string> aliases = {};   // older CLI spellings
+  std::string help;  // what it is; the rule's words are inserted (help_text)
+  bool required;
+  bool differentiable;               // has a gradient output "d" + name
+  std::vector<std::string> aliases;  // older CLI spellings
 };
 
 template <class In>

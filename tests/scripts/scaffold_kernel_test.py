@@ -62,11 +62,14 @@ with tempfile.TemporaryDirectory(prefix="tessera_scaffold_") as root:
     check("the reference is not written yet" in read(root, "src/kernels/demo_op/reference.cc"),
           "the reference throws until written")
     check("TEST(DemoOpReference, MatchesHandValues)" in read(root, "tests/kernels/demo_op_test.cc"), "placeholder test")
-    check('inline const dispatch::TensorRules kRules{kKernelName, {{"x", "N,D", "f32"}}};'
-          in read(root, "src/kernels/demo_op/impl.h"), "tensors declared as rules in impl.h")
-    check('kRules.bind({{"x", x}});' in read(root, "src/kernels/demo_op/api.cc"), "api.cc validates from the rules")
-    check('kernels::output_of(d, "y", "N,D", "f32")' in read(root, "src/kernels/demo_op/spec.cc"),
-          "the call's output shape from the rules")
+    api = read(root, "src/kernels/demo_op/api.cc")
+    check('{{&Inputs::x, {"x", "N,D", "f32"}, "input", true, false}}, {{"y", "N,D", "f32"}}' in api,
+          "tensors declared once in api.cc")
+    check("tensors().bind(in, dispatch::BindMode::kFull);" in api, "api.cc validates from the declaration")
+    spec = read(root, "src/kernels/demo_op/spec.cc")
+    check(".inputs = kernels::inputs_of(tensors()).specs()" in spec, "the call's inputs from the declaration")
+    check('kernels::declared_outputs(kernels::inputs_of(tensors()).shapes(a), tensors().rules(),' in spec,
+          "the call's output shape from the declaration")
     check('"demo_op: y must be [N=2, D=3], got [2, 2]"' in read(root, "tests/kernels/demo_op_test.cc"),
           "a rejection test in the rules' words")
 

@@ -172,8 +172,8 @@ void ArgCheck::finite(const TensorView& t, const std::string& what, bool allow_n
 void ArgCheck::positive(const TensorView& t, const std::string& what, const std::string& why) const {
   if (t.device.type != DeviceType::kCPU || t.data == nullptr) return;
   for (int64_t i = 0; i < t.numel(); ++i) {
-    const float v = load_as_f32(t.data, t.dtype, i);
-    if (!(v > 0.0f))
+    const double v = is_float(t.dtype) ? double(load_as_f32(t.data, t.dtype, i)) : double(load_as_i64(t.data, t.dtype, i));
+    if (!(v > 0.0))
       fail(what + " must be > 0 everywhere (" + why + "), got " + what + "[" + std::to_string(i) + "] = " +
            std::to_string(v));
   }

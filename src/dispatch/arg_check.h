@@ -58,7 +58,7 @@ class ArgCheck {
   // allow_neg_inf); device data is not inspected.
   void finite(const TensorView& t, const std::string& what, bool allow_neg_inf = false) const;
   // "<what> must be > 0 everywhere (<why>), got <what>[i] = v" for the first host element that is
-  // not > 0 (NaN included); device data is not inspected.
+  // not > 0 (NaN included; any dtype); device data is not inspected.
   void positive(const TensorView& t, const std::string& what, const std::string& why) const;
 
   // Scalar options the backends use in f32, where a finite double past FLT_MAX is inf (a scale of

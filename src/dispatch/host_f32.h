@@ -63,7 +63,8 @@ inline TensorView in_dtype(const TensorView& t, DType dtype, Tensor& keep) {
   return keep.view();
 }
 
-// An integer mask in host memory (resets) as 0/1 bytes kept in `keep`; null when not given.
+// An integer mask in host memory (resets) as 0/1 bytes kept in `keep`; null when not given. Call
+// it after the mask passed an "int" rule and only for host data (it reads the elements).
 inline const uint8_t* as_flags(const TensorView& mask, std::vector<uint8_t>& keep) {
   if (!given(mask)) return nullptr;
   keep.resize(static_cast<size_t>(mask.numel()));

@@ -44,6 +44,7 @@ std::string rule_text(const TensorRule& rule) {
   if (rule.dtype == "float") dtype = "f32, bf16 or f16";
   if (rule.dtype == "int") dtype = "int32 or int64";
   if (rule.dtype == "any") dtype = "any dtype";
+  if (rule.dtype == "i32" || rule.dtype == "i64") dtype = rule.dtype == "i32" ? "int32" : "int64";
   return "[" + dims + "] (" + dtype + (rule.host ? ", host memory" : "") + ")";
 }
 
@@ -59,21 +60,29 @@ std::string help_text(const std::string& help, const TensorRule& rule) {
 TensorRules::TensorRules(std::string kernel, std::vector<TensorRule> rules)
     : rules_(std::move(rules)), args_(std::move(kernel), rules_.empty() ? std::string() : rules_.front().name) {}
 
-Dims TensorRules::bind(std::initializer_list<std::pair<const char*, TensorView>> views, BindMode mode) const {
-  return bind(std::vector<std::pair<std::string, TensorView>>(views.begin(), views.end()), mode);
-}
-
-Dims TensorRules::bind(const std::vector<std::pair<std::string, TensorView>>& views, BindMode mode) const {
-  Dims d(args_, mode);
+namespace {
+// Binds each given view to its rule, in the rules' order (any range of (name, view) pairs: no copy).
+template <class Views>
+Dims bind_views(const std::vector<TensorRule>& rules, const ArgCheck& args, const Views& views, BindMode mode) {
+  Dims d(args, mode);
   for (const auto& [name, view] : views) {
     bool known = false;
-    for (const TensorRule& r : rules_) known = known || r.name == name;
-    if (!known) throw std::logic_error(args_.kernel() + ": no tensor rule for '" + name + "'");
+    for (const TensorRule& r : rules) known = known || r.name == name;
+    if (!known) throw std::logic_error(args.kernel() + ": no tensor rule for '" + std::string(name) + "'");
   }
-  for (const TensorRule& r : rules_)
+  for (const TensorRule& r : rules)
     for (const auto& [name, view] : views)
       if (r.name == name && given(view)) d.check(view, r);
   return d;
+}
+}  // namespace
+
+Dims TensorRules::bind(std::initializer_list<std::pair<const char*, TensorView>> views, BindMode mode) const {
+  return bind_views(rules_, args_, views, mode);
+}
+
+Dims TensorRules::bind(const std::vector<std::pair<std::string, TensorView>>& views, BindMode mode) const {
+  return bind_views(rules_, args_, views, mode);
 }
 
 int64_t Dims::operator[](const std::string& name) const {

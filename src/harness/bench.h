@@ -1,7 +1,8 @@
 // Tessera harness: the generic benchmark driver behind `tessera bench KERNEL`.
 //
 // A kernel describes one benchmark problem (a grid shape × dtype with its inputs generated) as a
-// BenchProblem: its dims and options as row fields, its cost model, a way to bind a call of one
+// BenchProblem: the row fields its case does not carry (the case's grid dims and dtype are
+// BenchCase::fields), its cost model, a way to bind a call of one
 // implementation / pass / device, the plain-GEMM floor it is compared with, and optional
 // baselines of the same math (a materialized BLAS version, say). The driver does the rest, the
 // same way for every kernel: first-call and steady-state timing (CUDA events on a device, via

@@ -180,7 +180,10 @@ class DeclaredInputs {
 
   // The dims of a call's inputs, shapes only (data may be absent under jit and fake tensors);
   // for inputs declared as dispatch::DeclaredTensors.
-  dispatch::Dims shapes(const CallArgs& a) const { return tensors_->bind(parse(a), dispatch::BindMode::kShapesOnly); }
+  dispatch::Dims shapes(const CallArgs& a) const {
+    if (!tensors_) throw std::logic_error(kernel_ + ": shapes() needs inputs declared as dispatch::DeclaredTensors");
+    return tensors_->bind(parse(a), dispatch::BindMode::kShapesOnly);
+  }
   bool declared_by(const dispatch::DeclaredTensors<In>& t) const { return tensors_ == &t; }
 
  private:

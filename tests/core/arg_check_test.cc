@@ -124,6 +124,12 @@ TEST(ArgCheck, PositiveNamesTheFirstElementThatIsNot) {
             "foo: n0 must be > 0 everywhere (a normalizer), got n0[2] = -0.000000");
   store_from_f32(n.data(), DType::kBF16, 1, std::numeric_limits<float>::quiet_NaN());
   EXPECT_NE((message_of([&] { a.positive(n.view(), "n0", "a normalizer"); })).find("got n0[1] = "), std::string::npos);
+  Tensor counts = Tensor::zeros(DType::kI32, {2});
+  counts.data_as<int32_t>()[0] = 3;
+  EXPECT_EQ((message_of([&] { a.positive(counts.view(), "lens", "a count"); })),
+            "foo: lens must be > 0 everywhere (a count), got lens[1] = 0.000000");
+  counts.data_as<int32_t>()[1] = 1;
+  EXPECT_EQ((message_of([&] { a.positive(counts.view(), "lens", "a count"); })), "");
   TensorView on_device = n.view();
   on_device.device = Device{DeviceType::kCUDA, 0};  // device data is not inspected
   EXPECT_EQ((message_of([&] { a.positive(on_device, "n0", "a normalizer"); })), "");

@@ -114,7 +114,8 @@ TEST(TensorRules, RuleTextSaysShapeDtypeAndPlace) {
   EXPECT_EQ(rule_text({"k", "B,S,D", "=q"}), "[B, S, D] (q's dtype)");
   EXPECT_EQ(rule_text({"dq", "B,S,D", "=q|f32"}), "[B, S, D] (q's dtype or f32)");
   EXPECT_EQ(rule_text({"mask", "B,S", "int", true}), "[B, S] (int32 or int64, host memory)");
-  EXPECT_EQ(rule_text({"lens", "B", "i32", true}), "[B] (i32, host memory)");
+  EXPECT_EQ(rule_text({"lens", "B", "i32", true}), "[B] (int32, host memory)");
+  EXPECT_EQ(rule_text({"ids", "N", "i64"}), "[N] (int64)");
   EXPECT_EQ(rule_text({"s", "", "f32"}), "[] (f32)");
   const TensorRule m{"mask", "B,S", "int"};
   EXPECT_EQ(help_text("reset mask", m), "reset mask [B, S] (int32 or int64)");

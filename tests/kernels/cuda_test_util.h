@@ -1,6 +1,7 @@
 // Tessera tests: shared by the GPU test files (tests/kernels/*_cuda_test.cc).
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -16,11 +17,23 @@ const Info* find_info(const std::vector<Info>& infos, const std::string& name) {
   return nullptr;
 }
 
+// Copies `bytes` from host memory to device memory (a test's hand-placed data, e.g. pages of a
+// cache far from its start); fails the calling test on a CUDA error.
+inline void copy_to_device(void* dst, const void* src, size_t bytes) {
+  ASSERT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+// Sets every byte of device memory to 0xFF: NaN in f32, bf16 and f16, so that a read of memory a
+// test never wrote shows in its results (cudaMalloc'd memory is often zero).
+inline void poison_device(void* dst, size_t bytes) { ASSERT_EQ(cudaMemset(dst, 0xFF, bytes), cudaSuccess); }
+
 // Skips the calling test, with the reason, when implementation `name` of `infos` is unavailable
-// here (no device, no cuDNN); fails when it is not registered at all.
+// here (no device, no cuDNN); fails when it is not registered at all. `infos` is usually a
+// kernel's implementations(), a temporary: the macro keeps its own copy for as long as it reads it.
 #define TESSERA_SKIP_UNLESS_AVAILABLE(infos, name)                                                 \
   do {                                                                                            \
-    const auto* info_ = find_info(infos, name);                                                   \
+    const auto infos_ = (infos);                                                                  \
+    const auto* info_ = find_info(infos_, name);                                                  \
     ASSERT_NE(info_, nullptr) << "the " << (name) << " implementation is not registered";         \
     if (!info_->available) GTEST_SKIP() << (name) << " is unavailable: " << info_->unavailable_reason; \
   } while (0)

@@ -1,15 +1,19 @@
 // grouped_matmul: the cuda backends (cuda_v2: one grouped cuBLAS call; cuda: one GEMM per group)
 // against the reference (host copies) over the whole check grid, forward / backward / fused, and
 // past one chunk of cuda_v2's setup kernel; dispatch of device inputs (cuda_v2 first); device
-// group sizes refused clearly; host memory labelled as device memory refused.
+// group sizes refused clearly; host memory labelled as device memory refused; groups of rhs past
+// element 2^31.
 // Compiled only when the CUDA backend is built; every GPU test skips cleanly without a device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "core/random.h"
 #include "kernels/cuda_test_util.h"
 #include "kernels/grouped_matmul/testing.h"
+#include "reliability/relocated_pages.h"
 #include "tessera/error.h"
 #include "tessera/grouped_matmul.h"
 
@@ -109,6 +113,49 @@ TEST(GroupedMatmulCuda, HostMemoryLabelledAsDeviceIsRefused) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
       EXPECT_NE(std::string(e.what()).find("not accessible"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The case of GroupedMatmulLarge (tests/reliability/large_index_test.cc) on the device, bf16:
+// rhs of 8.6 GB whose three non-empty groups sit around element 2^31 and past 2^32 (the others
+// empty, every other byte NaN). Both backends give the packed case's out (f32) up to the rounding
+// of a cuBLAS kernel picked for other addresses, in both rhs layouts. Named LargeShape: the
+// sanitize stage leaves it out.
+TEST(GroupedMatmulCuda, LargeShapeRhsPast2To31Elements) {
+  SKIP_WITHOUT_GPU();
+  const int64_t K = 128, N = 192, G = 3, M = 18;
+  const std::vector<int64_t> rows = {5, 3, 7};  // 3 padding rows after them
+  const DType dt = DType::kBF16;
+  std::vector<int64_t> far = relocated::far_pages(K * N, G);
+  std::sort(far.begin(), far.end());
+  const int64_t big_G = relocated::pages_for(K * N, G);
+  ASSERT_GT(far[1] * K * N, relocated::k2To31);
+  ASSERT_GT(far[2] * K * N, relocated::k2To32);
+  Tensor sizes = Tensor::empty(DType::kI64, {G}), big_sizes = Tensor::zeros(DType::kI64, {big_G});
+  for (int64_t g = 0; g < G; ++g) {
+    sizes.data_as<int64_t>()[g] = rows[static_cast<size_t>(g)];
+    big_sizes.data_as<int64_t>()[far[static_cast<size_t>(g)]] = rows[static_cast<size_t>(g)];
+  }
+  const Tensor lhs = random_uniform(dt, {M, K}, 1.0f, 81).to(Device::cuda());
+  for (const bool transposed : {false, true}) {
+    const Tensor rhs = random_uniform(dt, transposed ? Shape{G, N, K} : Shape{G, K, N}, 1.0f, 82);
+    const Tensor big_rhs = Tensor::empty(dt, transposed ? Shape{big_G, N, K} : Shape{big_G, K, N}, Device::cuda());
+    ASSERT_NO_FATAL_FAILURE(poison_device(big_rhs.data(), big_rhs.view().nbytes()));
+    ASSERT_NO_FATAL_FAILURE(relocated::place_pages(rhs.data(), big_rhs.data(), K * N * dtype_size(dt), far, copy_to_device));
+    const Tensor small_rhs = rhs.to(Device::cuda());
+    for (const char* impl : {"cuda_v2", "cuda"}) {
+      Options opt;
+      opt.transpose_rhs = transposed, opt.implementation = impl;
+      Tensor out[2];
+      for (int i = 0; i < 2; ++i) {
+        out[i] = Tensor::empty(DType::kF32, {M, N}, Device::cuda());
+        const Inputs in = i == 0 ? Inputs{lhs.view(), small_rhs.view(), sizes.view()}
+                                 : Inputs{lhs.view(), big_rhs.view(), big_sizes.view()};
+        EXPECT_EQ(gmm(in, out[i].view(), opt), impl);
+      }
+      EXPECT_LE(relocated::max_abs_diff(out[0].to(Device::cpu()), out[1].to(Device::cpu())), 1e-4)
+          << impl << (transposed ? " transpose_rhs" : "");
     }
   }
 }

@@ -1,6 +1,6 @@
 // mla_decode: the cuda backend against the reference (host copies) over the whole check grid,
 // split-KV equal to unsplit on the device, dispatch of device inputs, and host memory labelled as
-// device memory refused. Compiled only when the CUDA backend is built; skips without a device.
+// device memory refused, a cache read past element 2^31. Compiled only when the CUDA backend is built; skips without a device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +9,7 @@
 
 #include "kernels/cuda_test_util.h"
 #include "kernels/mla_decode/testing.h"
+#include "reliability/relocated_pages.h"
 #include "tessera/error.h"
 #include "tessera/mla_decode.h"
 
@@ -93,6 +94,48 @@ TEST(MlaDecodeCuda, DispatchAndHostMemoryLabelledDevice) {
   fake_q.device = Device::cuda();
   opt.implementation = "cuda";
   EXPECT_THROW(forward({fake_q, kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt), Error);
+}
+
+// The case of MlaDecodeLarge (tests/reliability/large_index_test.cc) on the device, bf16: a
+// latent cache of 8.6 GB (D 576, 64 entries a page) with the case's pages moved around element
+// 2^31 and past 2^32, every other byte NaN. Every cuda version, with its own split and keys split
+// at a page, gives the packed case's o and lse (f32) within 1e-5. Named LargeShape: the sanitize
+// stage leaves it out.
+TEST(MlaDecodeCuda, LargeShapeCachePast2To31Elements) {
+  SKIP_WITHOUT_GPU();
+  testing::CaseSpec c;
+  c.Sq = 2, c.Hq = 16, c.D = 576, c.Dv = 512, c.page_size = 64, c.seqlens = {150, 70};
+  c.dtype = DType::kBF16, c.shared = true, c.seed = 78, c.opt.causal = true;
+  const testing::CaseData d = testing::make_case(c);
+  const int64_t n = d.kv.shape()[0], page_elems = c.page_size * c.D;
+  const std::vector<int64_t> far = relocated::far_pages(page_elems, n);
+  const int64_t P = relocated::pages_for(page_elems, n);
+  ASSERT_GT(far[1] * page_elems, relocated::k2To32);
+  const Tensor big_kv = Tensor::empty(c.dtype, {P, c.page_size, 1, c.D}, Device::cuda());
+  ASSERT_NO_FATAL_FAILURE(poison_device(big_kv.data(), big_kv.view().nbytes()));
+  ASSERT_NO_FATAL_FAILURE(
+      relocated::place_pages(d.kv.data(), big_kv.data(), page_elems * dtype_size(c.dtype), far, copy_to_device));
+  const Tensor table = relocated::renumber(d.page_table, far);
+  const Tensor q = d.q.to(Device::cuda()), kv = d.kv.to(Device::cuda());
+  const Inputs small{q.view(), kv.view(), d.page_table.view(), d.seqlens.view()};
+  const Inputs big{q.view(), big_kv.view(), table.view(), d.seqlens.view()};
+  const std::vector<ImplementationInfo> infos = implementations();
+  for (const char* impl : {"cuda", "cuda_v2"}) {
+    const auto* info = find_info(infos, impl);
+    if (!info || !info->available) continue;
+    for (const int64_t split : {int64_t{0}, int64_t{64}}) {
+      Options opt = c.opt;
+      opt.dv = c.Dv, opt.implementation = impl, opt.block_sizes = BlockSizes{split};
+      Tensor o[2], lse[2];
+      for (int i = 0; i < 2; ++i) {
+        o[i] = Tensor::empty(DType::kF32, {c.B(), c.Sq, c.Hq, c.Dv}, Device::cuda());
+        lse[i] = Tensor::empty(DType::kF32, {c.B(), c.Sq, c.Hq}, Device::cuda());
+        EXPECT_EQ(forward(i == 0 ? small : big, {o[i].view(), lse[i].view()}, opt), impl);
+      }
+      EXPECT_LE(relocated::max_abs_diff(o[0].to(Device::cpu()), o[1].to(Device::cpu())), 1e-5) << impl << " " << split;
+      EXPECT_LE(relocated::max_abs_diff(lse[0].to(Device::cpu()), lse[1].to(Device::cpu())), 1e-5) << impl << " " << split;
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // paged_attention: the cuda backend against the reference (host copies) over the whole check grid
 // (inputs on the device, index arrays in host memory); dispatch picks it for device inputs; host
-// memory labelled as device memory is refused. Skips without a usable CUDA device.
+// memory labelled as device memory is refused; caches read past element 2^31. Skips without a
+// usable CUDA device.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "kernels/cuda_test_util.h"
 #include "kernels/paged_attention/testing.h"
+#include "reliability/relocated_pages.h"
 #include "tessera/error.h"
 #include "tessera/paged_attention.h"
 
@@ -67,6 +69,53 @@ TEST(PagedAttentionCuda, HostMemoryLabelledAsDeviceIsRefused) {
   Options opt;
   opt.implementation = "cuda";
   EXPECT_THROW(forward(in, {o.view(), lse.view()}, opt), Error);
+}
+
+// The case of PagedAttentionLarge (tests/reliability/large_index_test.cc) on the device, bf16:
+// k and v caches of 8.6 and 12.9 GB with the case's pages moved around element 2^31 and past
+// 2^32, every other byte NaN. Every cuda version gives the packed case's o and lse (f32) within
+// 1e-5 (the split plans depend on the lengths only: expected equal); an offset formed in 32 bits
+// reads NaN or faults. Named LargeShape: the sanitize stage leaves it out (21 GB under memcheck).
+TEST(PagedAttentionCuda, LargeShapeCachePast2To31Elements) {
+  TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda");
+  testing::CaseSpec c;
+  c.dtype = DType::kBF16, c.q_lens = {1, 5, 2}, c.kv_lens = {40, 37, 16};
+  c.Hq = 4, c.Hkv = 2, c.D = 64, c.Dv = 96, c.page_size = 16;
+  c.sinks = true, c.shared_pages = true, c.seed = 77;
+  const testing::CaseData d = testing::make_case(c);
+  const int64_t n = d.k_cache.shape()[0], T = d.q.shape()[0];
+  const int64_t k_elems = c.page_size * c.Hkv * c.D, v_elems = c.page_size * c.Hkv * c.Dv;
+  const std::vector<int64_t> far = relocated::far_pages(k_elems, n);
+  const int64_t P = relocated::pages_for(k_elems, n);
+  ASSERT_GT(far[1] * k_elems, relocated::k2To32);
+  const Tensor kb = Tensor::empty(c.dtype, {P, c.page_size, c.Hkv, c.D}, Device::cuda());
+  const Tensor vb = Tensor::empty(c.dtype, {P, c.page_size, c.Hkv, c.Dv}, Device::cuda());
+  ASSERT_NO_FATAL_FAILURE(poison_device(kb.data(), kb.view().nbytes()));
+  ASSERT_NO_FATAL_FAILURE(poison_device(vb.data(), vb.view().nbytes()));
+  ASSERT_NO_FATAL_FAILURE(relocated::place_pages(d.k_cache.data(), kb.data(), k_elems * dtype_size(c.dtype), far, copy_to_device));
+  ASSERT_NO_FATAL_FAILURE(relocated::place_pages(d.v_cache.data(), vb.data(), v_elems * dtype_size(c.dtype), far, copy_to_device));
+  const Tensor table = relocated::renumber(d.page_table, far);
+  const Tensor q = d.q.to(Device::cuda()), ks = d.k_cache.to(Device::cuda()), vs = d.v_cache.to(Device::cuda());
+  const Tensor sinks = d.sinks.to(Device::cuda());
+  Inputs small = d.inputs();
+  small.q = q.view(), small.k_cache = ks.view(), small.v_cache = vs.view(), small.sinks = sinks.view();
+  Inputs big = small;
+  big.k_cache = kb.view(), big.v_cache = vb.view(), big.page_table = table.view();
+  const std::vector<ImplementationInfo> infos = implementations();
+  for (const char* impl : {"cuda", "cuda_v2"}) {
+    const auto* info = find_info(infos, impl);
+    if (!info || !info->available) continue;
+    Options opt = testing::options_of(c);
+    opt.implementation = impl;
+    Tensor o[2], lse[2];
+    for (int i = 0; i < 2; ++i) {
+      o[i] = Tensor::empty(DType::kF32, {T, c.Hq, c.Dv}, Device::cuda());
+      lse[i] = Tensor::empty(DType::kF32, {T, c.Hq}, Device::cuda());
+      EXPECT_EQ(forward(i == 0 ? small : big, {o[i].view(), lse[i].view()}, opt), impl);
+    }
+    EXPECT_LE(relocated::max_abs_diff(o[0].to(Device::cpu()), o[1].to(Device::cpu())), 1e-5) << impl << ": o";
+    EXPECT_LE(relocated::max_abs_diff(lse[0].to(Device::cpu()), lse[1].to(Device::cpu())), 1e-5) << impl << ": lse";
+  }
 }
 
 }  // namespace

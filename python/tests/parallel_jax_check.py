@@ -82,6 +82,45 @@ def check_context_parallel(devices: int, causal: bool, window_left: int) -> None
         np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-5, atol=2e-5)
 
 
+def check_paged_decode(devices: int) -> None:
+    """Decode rows over a paged cache whose pages are dealt to the devices (page j of sequence s to
+    device (j + s) % devices: some hold none of a short sequence), sinks on the last device: o and
+    lse against one device, under jit."""
+    g = np.random.default_rng(11)
+    ps, kv_lens, q_lens, Hq, Hkv, D, Dv = 4, [37, 5, 3, 20], [1, 1, 0, 1], 4, 2, 8, 6
+    pages = [-(-n // ps) for n in kv_lens]
+    P_ = sum(pages) + 1
+    ids = g.permutation(P_).astype(np.int32)
+    table = np.full((len(kv_lens), max(pages)), -1, np.int32)
+    starts = np.cumsum([0] + pages)
+    for s, n in enumerate(pages):
+        table[s, :n] = ids[starts[s]:starts[s] + n]
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = g.standard_normal((int(cu[-1]), Hq, D)).astype(np.float32)
+    k = g.standard_normal((P_, ps, Hkv, D)).astype(np.float32)
+    v = g.standard_normal((P_, ps, Hkv, Dv)).astype(np.float32)
+    sinks = g.standard_normal(Hq).astype(np.float32)
+    tables = np.full((devices,) + table.shape, -1, np.int32)
+    lens = np.zeros((devices, len(kv_lens)), np.int32)
+    for s, n in enumerate(kv_lens):
+        for j in range(pages[s]):
+            d = (j + s) % devices
+            tables[d, s, int((tables[d, s] >= 0).sum())] = table[s, j]
+            lens[d, s] += min(ps, n - j * ps)
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("cp",))
+
+    def local(qq, kk, vv, tt, ll, cc, ss):
+        return tpj.context_parallel_paged_decode(qq, kk, vv, tt[0], ll[0], cc, sinks=ss, sink_index=devices - 1,
+                                                 axis_name="cp", return_lse=True)
+
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), P("cp"), P("cp"), P(), P()),
+                            out_specs=(P(), P()))
+    o, lse = jax.jit(sharded)(q, k, v, tables, lens, cu, sinks)
+    o_ref, lse_ref = tj.paged_attention(q, k, v, table, np.array(kv_lens, np.int32), cu, sinks=sinks, return_lse=True)
+    np.testing.assert_allclose(np.asarray(o), np.asarray(o_ref), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(lse_ref), rtol=2e-5, atol=2e-5)
+
+
 LCE_CASES = [
     dict(reduction="mean", memory_budget=1 << 20),  # taken by the vocab-parallel call too
     dict(reduction="none", label_smoothing=0.1, z_loss_weight=1e-2, soft_cap=3.0, bias=True),
@@ -142,6 +181,7 @@ if __name__ == "__main__":
         check_replicated_weights(d)
         for causal, window in ((False, -1), (True, -1), (True, 3)):
             check_context_parallel(d, causal, window)
+        check_paged_decode(d)
         for case in LCE_CASES:
             print("vocab-parallel", d, case, file=sys.stderr)
             check_vocab_parallel(d, case)

@@ -1,8 +1,8 @@
 """tessera.parallel.torch on torch.distributed (gloo, CPU): 2 and 4 processes on localhost, each
 result and gradient against the single-process computation of the same global problem, with
 ragged shards (vocabulary, experts and sequence positions not divisible by the ranks, a rank with no experts,
-an expert with no tokens, a rank with no positions), and a bad input on one rank making every
-rank raise. Every collective is bounded: the process group's timeout and the join deadline."""
+an expert with no tokens, a rank with no positions, a rank with none of a sequence's keys in a
+paged decode), and a bad input on one rank making every rank raise. Every collective is bounded: the process group's timeout and the join deadline."""
 import datetime
 import os
 import socket
@@ -82,6 +82,52 @@ def _check_context_parallel(rank, world, causal, window_left):
         torch.testing.assert_close(got.grad, full.grad[:, sl], rtol=2e-5, atol=2e-5)
 
 
+def _paged_problem(seed=5, ps=4, q_lens=(1, 1, 0, 1), kv_lens=(37, 5, 3, 20), Hq=4, Hkv=2, D=8, Dv=6):
+    """A decode batch over a shuffled paged cache (one spare page): q, k, v, page_table, kv_lens, cu_q_lens, sinks."""
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-n // ps) for n in kv_lens]
+    P = sum(pages) + 1
+    ids = torch.randperm(P, generator=g).to(torch.int32)
+    table = torch.full((len(kv_lens), max(pages)), -1, dtype=torch.int32)
+    at = 0
+    for s, n in enumerate(pages):
+        table[s, :n] = ids[at:at + n]
+        at += n
+    cu = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32)
+    q = torch.randn(int(cu[-1]), Hq, D, generator=g)
+    k, v = torch.randn(P, ps, Hkv, D, generator=g), torch.randn(P, ps, Hkv, Dv, generator=g)
+    return q, k, v, table, torch.tensor(kv_lens, dtype=torch.int32), cu, torch.randn(Hq, generator=g)
+
+
+def _decode_shard(table, kv_lens, rank, world, ps=4):
+    """Rank r's share of the keys: page j of sequence s goes to rank (j + s) % world (some ranks hold
+    none of a short sequence)."""
+    mine = torch.full_like(table, -1)
+    lens = torch.zeros_like(kv_lens)
+    for s in range(table.shape[0]):
+        n = int(kv_lens[s])
+        for j in range(-(-n // ps)):
+            if (j + s) % world == rank:
+                mine[s, int((mine[s] >= 0).sum())] = table[s, j]
+                lens[s] += min(ps, n - j * ps)
+    return mine, lens
+
+
+def _check_paged_decode(rank, world):
+    import tessera.parallel.torch as tpt
+    import tessera.torch as tt
+    q, k, v, table, kv, cu, sinks = _paged_problem()
+    want_o, want_lse = tt.paged_attention(q, k, v, table, kv, cu, sinks=sinks, return_lse=True)
+    mine, lens = _decode_shard(table, kv, rank, world)
+    o, lse = tpt.context_parallel_paged_decode(q, k, v, mine, lens, cu, sinks=sinks, sink_rank=world - 1,
+                                               return_lse=True)
+    torch.testing.assert_close(o, want_o, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(lse, want_lse, rtol=2e-5, atol=2e-5)
+    o = tpt.context_parallel_paged_decode(q, k, v, mine, lens, cu, softcap=2.0, scale=0.5)  # no sinks
+    torch.testing.assert_close(o, tt.paged_attention(q, k, v, table, kv, cu, softcap=2.0, scale=0.5),
+                               rtol=2e-5, atol=2e-5)
+
+
 def _check_errors_reach_every_rank(rank, world):
     import tessera.parallel.torch as tpt
     x, ids, _ = _tokens(rank)
@@ -98,6 +144,12 @@ def _check_errors_reach_every_rank(rank, world):
     q = torch.zeros(1, 3, 2, 4)
     with pytest.raises(ValueError, match="rank 0: context_parallel_attention: a window needs causal"):
         tpt.context_parallel_attention(q, q, q, window_left=2)
+    q, k, v, table, kv, cu, _ = _paged_problem()
+    if rank == 1:
+        cu = torch.tensor([0, 1, 3, 3, 4], dtype=torch.int32)  # two rows for sequence 1
+        q = torch.zeros(4, 4, 8)
+    with pytest.raises(ValueError, match="rank 1: context_parallel_paged_decode: decode rows only .* sequence 1 has q_len 2"):
+        tpt.context_parallel_paged_decode(q, k, v, table, kv, cu)
 
 
 VOCAB_SPLITS = {2: [5, 6], 4: [3, 3, 2, 3]}  # V = 11 classes, ragged
@@ -172,6 +224,7 @@ def _worker(rank, world, port, failures):
         _check_expert_parallel(rank, world)
         for causal, window in ((False, -1), (True, -1), (True, 3)):
             _check_context_parallel(rank, world, causal, window)
+        _check_paged_decode(rank, world)
         _check_errors_reach_every_rank(rank, world)
         for case in LCE_CASES:
             _check_vocab_parallel(rank, world, case)

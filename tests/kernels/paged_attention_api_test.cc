@@ -1,15 +1,19 @@
 // paged_attention API: every bad input gives a one-line error naming the sequence it is about,
-// before anything runs (no output touched); the result equals `attention` on the gathered keys.
+// before anything runs (no output touched); the result equals `attention` on the gathered keys;
+// decode context parallelism (shards of the keys merged by lse) gives the whole result.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "kernels/api_test_util.h"
 #include "kernels/paged_attention/testing.h"
 #include "kernels/registry.h"
+#include "primitives/lse_combine.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
 #include "tessera/paged_attention.h"
@@ -207,6 +211,70 @@ TEST(PagedAttentionApi, EqualsAttentionOnGatheredKeys) {
         for (int64_t h = 0; h < c.Hq; ++h)  // attention's varlen lse is [Hq, T]
           ASSERT_NEAR(got.lse.data_as<float>()[t * c.Hq + h], want.lse.data_as<float>()[h * T + t], 2e-5)
               << info.name << " lse " << t << "," << h;
+    }
+  }
+}
+
+// One shard of decode context parallelism: sequence s's pages [first, last) of the case's page
+// table, its keys min(kv_len, last·page_size) − first·page_size (the rest of the row poison).
+struct Shard {
+  Tensor table, kv_lens;
+};
+Shard shard_of(const testing::CaseData& d, const testing::CaseSpec& c, bool second) {
+  const int64_t N = d.kv_lens.numel(), mp = d.page_table.shape()[1], ps = c.page_size;
+  Shard sh{Tensor::empty(DType::kI32, {N, mp}), Tensor::empty(DType::kI32, {N})};
+  for (int64_t s = 0; s < N; ++s) {
+    const int64_t kv = c.kv_lens[static_cast<size_t>(s)], pages = (kv + ps - 1) / ps, half = pages / 2;
+    const int64_t first = second ? half : 0, last = second ? pages : half;
+    for (int64_t j = 0; j < mp; ++j)
+      i32(sh.table)[s * mp + j] = first + j < last ? d.page_table.data_as<int32_t>()[s * mp + first + j] : -7;
+    i32(sh.kv_lens)[s] = static_cast<int32_t>(std::min(kv, last * ps) - first * ps);
+  }
+  return sh;
+}
+
+// vLLM's decode context parallelism (ANCHORS.md): each rank holds a share of every sequence's
+// pages, runs the decode rows over its share, and the partial (o, lse) are merged by lse
+// (primitives::lse_combine_row). Decode rows see every key of a share (causal changes nothing
+// for the last position), so the merge is the whole result. The sink is one more logit of the
+// softmax: it goes to exactly one shard — given to both, it counts twice (the second half).
+TEST(PagedAttentionApi, DecodeContextParallelShardsMergeByLse) {
+  testing::CaseSpec c;
+  c.q_lens = {1, 1, 1}, c.kv_lens = {70, 33, 9}, c.page_size = 8, c.Hq = 8, c.Hkv = 2, c.D = 32, c.Dv = 24;
+  c.sinks = true, c.causal = true;
+  const testing::CaseData d = testing::make_case(c);
+  const Shard a = shard_of(d, c, false), b = shard_of(d, c, true);
+  for (const auto& info : implementations()) {
+    if (!info.available || info.device != DeviceType::kCPU) continue;
+    Options opt = testing::options_of(c);
+    opt.implementation = info.name;
+    const Result whole = compute(d.inputs(), opt);
+    for (const bool sink_on_both : {false, true}) {
+      Inputs ia = d.inputs(), ib = d.inputs();
+      ia.page_table = a.table.view(), ia.kv_lens = a.kv_lens.view();
+      ib.page_table = b.table.view(), ib.kv_lens = b.kv_lens.view();
+      if (!sink_on_both) ib.sinks.reset();
+      const Result ra = compute(ia, opt), rb = compute(ib, opt);
+      double worst = 0.0;
+      const size_t dv = static_cast<size_t>(c.Dv);
+      std::vector<float> o_part(2 * dv), o(dv);
+      for (int64_t r = 0; r < whole.lse.numel(); ++r) {  // (row, head) pairs
+        const float lse_part[2] = {ra.lse.data_as<float>()[r], rb.lse.data_as<float>()[r]};
+        float lse = 0.0f;
+        std::memcpy(o_part.data(), ra.o.data_as<float>() + r * c.Dv, sizeof(float) * dv);
+        std::memcpy(o_part.data() + dv, rb.o.data_as<float>() + r * c.Dv, sizeof(float) * dv);
+        primitives::lse_combine_row(2, c.Dv, o_part.data(), c.Dv, lse_part, o.data(), &lse);
+        worst = std::max(worst, double(std::fabs(lse - whole.lse.data_as<float>()[r])));
+        for (size_t e = 0; e < dv; ++e)
+          worst = std::max(worst, double(std::fabs(o[e] - whole.o.data_as<float>()[r * c.Dv + int64_t(e)])));
+      }
+      // Bound: the f32 sums of up to 71 exps on each side (71·2^-24 ≈ 4e-6 relative of l, so of
+      // lse ≈ 4.5 absolute ~4e-6), the exps' and the combine's roundings: 2e-5, the suite's lse
+      // tolerance. A dropped page or a sink counted twice moves lse by ~1e-2.
+      if (sink_on_both)
+        EXPECT_GT(worst, 1e-3) << info.name << ": a sink on both shards should count twice";
+      else
+        EXPECT_LE(worst, 2e-5) << info.name << ": merged shards differ from the whole";
     }
   }
 }

@@ -19,7 +19,8 @@ from .. import jax as tj
 from .._registry import memory_budget_bytes
 from . import _vocab
 
-__all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "vocab_parallel_linear_cross_entropy"]
+__all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "context_parallel_paged_decode",
+           "vocab_parallel_linear_cross_entropy"]
 
 
 def expert_parallel_grouped_matmul(x, expert_ids, w_local, *, num_experts: int, axis_name: str,
@@ -83,6 +84,54 @@ def context_parallel_attention(q, k, v, *, axis_name: str, causal: bool = False,
     seg_q = jnp.ones((b, s_local), jnp.int32)
     return tj.attention(q, k_all, v_all, segment_ids_q=seg_q, segment_ids_k=seg_k, causal=True,
                         window_left=window_left, **opts)
+
+
+def context_parallel_paged_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens, *, axis_name: str,
+                                  sinks=None, sink_index: int = 0, scale: Optional[float] = None,
+                                  softcap: float = 0.0, return_lse: bool = False,
+                                  implementation: Optional[str] = None):
+    """Decode over a paged KV cache whose keys are sharded along the mesh axis ``axis_name``
+    (vLLM's decode context parallelism; ``tessera.parallel.torch.context_parallel_paged_decode``).
+
+    Per device: the same decode rows q [T, Hq, D] and cu_q_lens [N + 1] (at most one query per
+    sequence), and the device's share of every sequence's keys: k_cache / v_cache, page_table
+    [N, max_pages_d] and kv_lens [N] (0 where it holds none of a sequence); the shares of a
+    sequence together hold all its keys, split any way. Each device runs paged_attention on its
+    share, then the partials merge by lse (a pmax and two psums). Every device holds at least one
+    page (shapes are static and the same on every device under shard_map). ``sinks`` [Hq] enter on the
+    device of axis index ``sink_index`` only (the others pass −inf sinks, which take nothing).
+    Returns o [T, Hq, Dv] in q's dtype (and lse [T, Hq] f32 with return_lse), the same on every
+    device. Forward only; works under jit.
+    """
+    if not isinstance(cu_q_lens, jax.core.Tracer):  # checked where the lengths are known (not under jit)
+        long = np.flatnonzero(np.diff(np.asarray(cu_q_lens)) > 1)
+        if long.size:
+            raise ValueError(f"context_parallel_paged_decode: decode rows only (q_len 0 or 1 per sequence), "
+                             f"sequence {long[0]} has q_len {int(np.diff(np.asarray(cu_q_lens))[long[0]])}")
+    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+    # The kernel wants q_len <= kv_len: a sequence with no key here runs on one stand-in key
+    # (page 0, slot 0) whose result is replaced by the empty partial (o = 0, lse = the sink or −inf).
+    empty = (kv_lens == 0) & (q_lens > 0)
+    table = page_table.at[:, 0].set(jnp.where(empty, 0, page_table[:, 0]))
+    lens = jnp.where(empty, 1, kv_lens).astype(kv_lens.dtype)
+    if sinks is not None:
+        sinks = jnp.where(jax.lax.axis_index(axis_name) == sink_index, sinks, -jnp.inf).astype(jnp.float32)
+    opts = dict(softcap=softcap, implementation=implementation)
+    if scale is not None:
+        opts["scale"] = scale
+    o, lse = tj.paged_attention(q, k_cache, v_cache, table, lens, cu_q_lens, sinks=sinks, return_lse=True, **opts)
+    rows = jnp.repeat(empty, q_lens, total_repeat_length=q.shape[0])[:, None]  # [T, 1]
+    o = jnp.where(rows[..., None], 0.0, o.astype(jnp.float32))
+    lse = jnp.where(rows, -jnp.inf if sinks is None else sinks[None, :], lse)
+    m = jax.lax.pmax(lse, axis_name)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)  # rows nobody saw: weights exp(−inf) = 0
+    w = jnp.exp(lse - m)
+    total = jax.lax.psum(w, axis_name)
+    out = jax.lax.psum(w[..., None] * o, axis_name) / jnp.where(total > 0, total, 1.0)[..., None]
+    out = out.astype(q.dtype)
+    if not return_lse:
+        return out
+    return out, jnp.where(total > 0, m + jnp.log(jnp.where(total > 0, total, 1.0)), -jnp.inf)
 
 
 # ---- vocab-parallel linear cross-entropy ----

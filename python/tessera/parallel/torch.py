@@ -3,8 +3,10 @@
     import tessera.parallel.torch as tpt
     out = tpt.expert_parallel_grouped_matmul(x, expert_ids, w_local, num_experts=E, expert_start=s)
     o = tpt.context_parallel_attention(q, k, v, causal=True)
+    o = tpt.context_parallel_paged_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens)
 
-Both are differentiable (autograd through the collectives) and equal the single-device result.
+The first two are differentiable (autograd through the collectives); the decode is forward only,
+like paged_attention. Each equals the single-device result.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from .. import torch as tt
 from .._registry import KERNELS, dtype_name, memory_budget_bytes
 from . import _vocab
 
-__all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "vocab_parallel_linear_cross_entropy", "agree"]
+__all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "context_parallel_paged_decode",
+           "vocab_parallel_linear_cross_entropy", "agree"]
 
 
 def agree(error: Optional[str], group=None, device: Optional[torch.device] = None) -> None:
@@ -201,6 +204,89 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         k_all, v_all = k_all[:, :end].contiguous(), v_all[:, :end].contiguous()
     return tt.attention(q, k_all, v_all, causal=causal, window_left=window_left, scale=scale, softcap=softcap,
                         return_lse=return_lse, implementation=implementation)
+
+
+# ---- decode context parallelism over a paged KV cache ----
+
+def _check_decode_rows(q, page_table, kv_lens, cu_q_lens, sink_rank: int, world: int) -> None:
+    name = "context_parallel_paged_decode"
+    if q.dim() != 3:
+        raise ValueError(f"{name}: q must be [T, Hq, D], got {tuple(q.shape)}")
+    for t, what in ((page_table, "page_table"), (kv_lens, "kv_lens"), (cu_q_lens, "cu_q_lens")):
+        if t.device.type != "cpu":
+            raise ValueError(f"{name}: {what} must be in host memory (as paged_attention's)")
+    q_lens = (cu_q_lens[1:] - cu_q_lens[:-1]).tolist()
+    long = [s for s, n in enumerate(q_lens) if n > 1]
+    if long:
+        raise ValueError(f"{name}: decode rows only (q_len 0 or 1 per sequence), sequence {long[0]} has "
+                         f"q_len {q_lens[long[0]]}")
+    if not 0 <= sink_rank < world:
+        raise ValueError(f"{name}: sink_rank={sink_rank} is not a rank of the group [0, {world})")
+
+
+def _local_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens, sinks, kw: dict):
+    """This rank's partial (o f32, lse): rows of sequences with no key here get o = 0 and lse = the
+    sink (−inf without one): the kernel wants q_len <= kv_len, so they run on one stand-in key
+    (page 0, slot 0) whose result is replaced."""
+    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+    empty = (kv_lens == 0) & (q_lens > 0)
+    T, Hq = q.shape[0], q.shape[1]
+    if k_cache.shape[0] == 0 or page_table.shape[1] == 0 or T == 0:  # no page here: every row is empty
+        o = q.new_zeros((T, Hq, v_cache.shape[-1]), dtype=torch.float32)
+        lse = torch.full((T, Hq), float("-inf"), device=q.device)
+    else:
+        table, lens = page_table.clone(), kv_lens.clone()
+        table[empty, 0] = 0
+        lens[empty] = 1
+        o, lse = tt.paged_attention(q, k_cache, v_cache, table, lens, cu_q_lens, sinks=sinks, causal=False,
+                                    return_lse=True, **kw)
+        o = o.float()
+    rows = torch.repeat_interleave(empty, q_lens.long()).to(q.device)  # the rows of empty sequences
+    if bool(rows.any()):
+        o[rows] = 0.0
+        lse[rows] = float("-inf") if sinks is None else sinks.float().expand(int(rows.sum()), Hq)
+    return o, lse
+
+
+def context_parallel_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  page_table: torch.Tensor, kv_lens: torch.Tensor, cu_q_lens: torch.Tensor, *,
+                                  group=None, sinks: Optional[torch.Tensor] = None, sink_rank: int = 0,
+                                  scale: Optional[float] = None, softcap: float = 0.0, return_lse: bool = False,
+                                  implementation: Optional[str] = None):
+    """Decode over a paged KV cache whose keys are sharded across the ranks of ``group`` (vLLM's
+    decode context parallelism).
+
+    Every rank passes the same decode rows — q [T, Hq, D] and cu_q_lens [N + 1], at most one query
+    per sequence — and its own share of every sequence's keys: its cache (k_cache [P_r, page_size,
+    Hkv, D], v_cache [P_r, page_size, Hkv, Dv]), page_table [N, max_pages_r] and kv_lens [N] (0
+    where it holds none of a sequence). The shares of a sequence together hold all its keys, split
+    any way (a decode row sees every key of its sequence, so order does not matter). Each rank
+    runs paged_attention on its share; the partial (o, lse) are all-gathered and merged by lse.
+    ``sinks`` [Hq] enter on ``sink_rank`` only: a sink is one more logit of the row's softmax, so
+    given on every rank it would count once per rank. Partial o are merged in f32 (a bf16 q's
+    partials are rounded to bf16 once first). Returns o [T, Hq, Dv] in q's dtype (and lse [T, Hq]
+    f32 with return_lse), the same on every rank. Forward only, like paged_attention.
+    """
+    dev = q.device
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    _checked(lambda: _check_decode_rows(q, page_table, kv_lens, cu_q_lens, sink_rank, world), group, dev)
+    dims = _gather_ints([q.shape[0], q.shape[1], v_cache.shape[-1]], group, dev)  # the same on every rank
+    if not bool((dims == dims[0]).all()):
+        raise ValueError(f"context_parallel_paged_decode: every rank needs the same rows, got [T, Hq, Dv] = "
+                         f"{dims.tolist()} by rank")
+    kw = {"softcap": softcap, "implementation": implementation}
+    if scale is not None:
+        kw["scale"] = scale
+    o, lse = _local_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens, sinks if me == sink_rank else None, kw)
+    parts_o = [torch.empty_like(o) for _ in range(world)]
+    parts_lse = [torch.empty_like(lse) for _ in range(world)]
+    dist.all_gather(parts_o, o.contiguous(), group=group)
+    dist.all_gather(parts_lse, lse.contiguous(), group=group)
+    L = torch.stack(parts_lse)  # [R, T, Hq]
+    total = torch.logsumexp(L, dim=0)  # −inf where no rank saw anything
+    w = torch.nan_to_num(torch.exp(L - total), nan=0.0)  # −inf − (−inf): no weight
+    out = (w.unsqueeze(-1) * torch.stack(parts_o)).sum(0).to(q.dtype)
+    return (out, total) if return_lse else out
 
 
 # ---- vocab-parallel linear cross-entropy ----

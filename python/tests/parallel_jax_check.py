@@ -1,5 +1,7 @@
 """Run by test_parallel_jax.py in a fresh process: XLA_FLAGS must give 4 host devices before JAX
-starts. Checks expert-parallel grouped matmul on 2 and 4 devices against the single-device math."""
+starts. Checks expert-parallel grouped matmul, context-parallel attention, decode context
+parallelism over a paged cache and vocab-parallel linear cross-entropy on 2 and 4 devices against
+the single-device math."""
 import os
 import sys
 
@@ -84,41 +86,54 @@ def check_context_parallel(devices: int, causal: bool, window_left: int) -> None
 
 def check_paged_decode(devices: int) -> None:
     """Decode rows over a paged cache whose pages are dealt to the devices (page j of sequence s to
-    device (j + s) % devices: some hold none of a short sequence), sinks on the last device: o and
-    lse against one device, under jit."""
+    device (j + s) % devices, each device a cache of its own pages with local ids, padded to the
+    same page count; at 4 devices some hold none of a short sequence), sinks on the last device:
+    o and lse against one device, under jit; a q_len-2 sequence comes back NaN."""
     g = np.random.default_rng(11)
     ps, kv_lens, q_lens, Hq, Hkv, D, Dv = 4, [37, 5, 3, 20], [1, 1, 0, 1], 4, 2, 8, 6
     pages = [-(-n // ps) for n in kv_lens]
-    P_ = sum(pages) + 1
-    ids = g.permutation(P_).astype(np.int32)
     table = np.full((len(kv_lens), max(pages)), -1, np.int32)
     starts = np.cumsum([0] + pages)
     for s, n in enumerate(pages):
-        table[s, :n] = ids[starts[s]:starts[s] + n]
-    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    q = g.standard_normal((int(cu[-1]), Hq, D)).astype(np.float32)
+        table[s, :n] = np.arange(starts[s], starts[s] + n)
+    P_ = int(starts[-1])
     k = g.standard_normal((P_, ps, Hkv, D)).astype(np.float32)
     v = g.standard_normal((P_, ps, Hkv, Dv)).astype(np.float32)
     sinks = g.standard_normal(Hq).astype(np.float32)
+    owned = [[] for _ in range(devices)]  # global page ids of each device, in local order
     tables = np.full((devices,) + table.shape, -1, np.int32)
     lens = np.zeros((devices, len(kv_lens)), np.int32)
     for s, n in enumerate(kv_lens):
         for j in range(pages[s]):
             d = (j + s) % devices
-            tables[d, s, int((tables[d, s] >= 0).sum())] = table[s, j]
+            tables[d, s, int((tables[d, s] >= 0).sum())] = len(owned[d])
+            owned[d].append(int(table[s, j]))
             lens[d, s] += min(ps, n - j * ps)
+    most = max(len(o) for o in owned)
+    pad = [o + [0] * (most - len(o)) for o in owned]  # unused pages: never read
+    ks = np.concatenate([k[p] for p in pad])  # [devices · most, ...]: device d's cache is block d
+    vs = np.concatenate([v[p] for p in pad])
     mesh = Mesh(np.array(jax.devices()[:devices]), ("cp",))
 
-    def local(qq, kk, vv, tt, ll, cc, ss):
-        return tpj.context_parallel_paged_decode(qq, kk, vv, tt[0], ll[0], cc, sinks=ss, sink_index=devices - 1,
-                                                 axis_name="cp", return_lse=True)
+    def run(q, cu):
+        def local(qq, kk, vv, tt, ll, cc, ss):
+            return tpj.context_parallel_paged_decode(qq, kk, vv, tt[0], ll[0], cc, sinks=ss, sink_index=devices - 1,
+                                                     axis_name="cp", return_lse=True)
+        sharded = jax.shard_map(local, mesh=mesh, in_specs=(P(), P("cp"), P("cp"), P("cp"), P("cp"), P(), P()),
+                                out_specs=(P(), P()))
+        return jax.jit(sharded)(q, ks, vs, tables, lens, cu, sinks)
 
-    sharded = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), P("cp"), P("cp"), P(), P()),
-                            out_specs=(P(), P()))
-    o, lse = jax.jit(sharded)(q, k, v, tables, lens, cu, sinks)
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = g.standard_normal((int(cu[-1]), Hq, D)).astype(np.float32)
+    o, lse = run(q, cu)
     o_ref, lse_ref = tj.paged_attention(q, k, v, table, np.array(kv_lens, np.int32), cu, sinks=sinks, return_lse=True)
     np.testing.assert_allclose(np.asarray(o), np.asarray(o_ref), rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(lse_ref), rtol=2e-5, atol=2e-5)
+    # Sequence 0 with two rows (every device holds >= 2 of its keys): not decode rows, so NaN.
+    cu2 = np.array([0, 2, 3, 3, 4], np.int32)
+    o2, lse2 = run(np.concatenate([q[:1], q]), cu2)
+    assert np.isnan(np.asarray(o2)[:2]).all() and np.isnan(np.asarray(lse2)[:2]).all()
+    np.testing.assert_allclose(np.asarray(o2)[2:], np.asarray(o_ref)[1:], rtol=2e-5, atol=2e-5)
 
 
 LCE_CASES = [

@@ -99,18 +99,22 @@ def _paged_problem(seed=5, ps=4, q_lens=(1, 1, 0, 1), kv_lens=(37, 5, 3, 20), Hq
     return q, k, v, table, torch.tensor(kv_lens, dtype=torch.int32), cu, torch.randn(Hq, generator=g)
 
 
-def _decode_shard(table, kv_lens, rank, world, ps=4):
-    """Rank r's share of the keys: page j of sequence s goes to rank (j + s) % world (some ranks hold
-    none of a short sequence)."""
-    mine = torch.full_like(table, -1)
-    lens = torch.zeros_like(kv_lens)
+def _decode_shard(k, v, table, kv_lens, rank, holders, ps=4):
+    """Rank r's share of the keys, in a cache of its own pages (local page ids): page j of sequence
+    s goes to rank (j + s) % holders; ranks >= holders hold no page at all (a cache of 0 pages, a
+    page table of 0 columns), and a holder may have none of a short sequence's pages."""
+    ids, lens = [], torch.zeros_like(kv_lens)
+    local = torch.full_like(table, -1)
     for s in range(table.shape[0]):
         n = int(kv_lens[s])
         for j in range(-(-n // ps)):
-            if (j + s) % world == rank:
-                mine[s, int((mine[s] >= 0).sum())] = table[s, j]
+            if rank < holders and (j + s) % holders == rank:
+                local[s, int((local[s] >= 0).sum())] = len(ids)
+                ids.append(int(table[s, j]))
                 lens[s] += min(ps, n - j * ps)
-    return mine, lens
+    width = int((local >= 0).sum(1).max())
+    idx = torch.tensor(ids, dtype=torch.long)
+    return k[idx], v[idx], local[:, :width].contiguous(), lens
 
 
 def _check_paged_decode(rank, world):
@@ -118,14 +122,21 @@ def _check_paged_decode(rank, world):
     import tessera.torch as tt
     q, k, v, table, kv, cu, sinks = _paged_problem()
     want_o, want_lse = tt.paged_attention(q, k, v, table, kv, cu, sinks=sinks, return_lse=True)
-    mine, lens = _decode_shard(table, kv, rank, world)
-    o, lse = tpt.context_parallel_paged_decode(q, k, v, mine, lens, cu, sinks=sinks, sink_rank=world - 1,
+    holders = max(world - 1, 1)  # the last rank holds no page, and gives the sinks
+    kr, vr, mine, lens = _decode_shard(k, v, table, kv, rank, holders)
+    o, lse = tpt.context_parallel_paged_decode(q, kr, vr, mine, lens, cu, sinks=sinks, sink_rank=world - 1,
                                                return_lse=True)
     torch.testing.assert_close(o, want_o, rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(lse, want_lse, rtol=2e-5, atol=2e-5)
-    o = tpt.context_parallel_paged_decode(q, k, v, mine, lens, cu, softcap=2.0, scale=0.5)  # no sinks
+    o = tpt.context_parallel_paged_decode(q, kr, vr, mine, lens, cu, softcap=2.0, scale=0.5)  # no sinks
     torch.testing.assert_close(o, tt.paged_attention(q, k, v, table, kv, cu, softcap=2.0, scale=0.5),
                                rtol=2e-5, atol=2e-5)
+    ob = tpt.context_parallel_paged_decode(q.bfloat16(), kr.bfloat16(), vr.bfloat16(), mine, lens, cu, sinks=sinks,
+                                           sink_rank=world - 1)
+    assert ob.dtype == torch.bfloat16
+    # bf16 inputs, each partial o rounded to bf16 once before the f32 merge, the result once more.
+    want_b = tt.paged_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), table, kv, cu, sinks=sinks)
+    torch.testing.assert_close(ob.float(), want_b.float(), rtol=2e-2, atol=2e-2)
 
 
 def _check_errors_reach_every_rank(rank, world):
@@ -144,12 +155,17 @@ def _check_errors_reach_every_rank(rank, world):
     q = torch.zeros(1, 3, 2, 4)
     with pytest.raises(ValueError, match="rank 0: context_parallel_attention: a window needs causal"):
         tpt.context_parallel_attention(q, q, q, window_left=2)
-    q, k, v, table, kv, cu, _ = _paged_problem()
-    if rank == 1:
-        cu = torch.tensor([0, 1, 3, 3, 4], dtype=torch.int32)  # two rows for sequence 1
-        q = torch.zeros(4, 4, 8)
+    q, k, v, table, kv, cu, sinks = _paged_problem()
+    q2, cu2 = (torch.zeros(4, 4, 8), torch.tensor([0, 1, 3, 3, 4], dtype=torch.int32)) if rank == 1 else (q, cu)
     with pytest.raises(ValueError, match="rank 1: context_parallel_paged_decode: decode rows only .* sequence 1 has q_len 2"):
-        tpt.context_parallel_paged_decode(q, k, v, table, kv, cu)
+        tpt.context_parallel_paged_decode(q2, k, v, table, kv, cu2)  # two rows for sequence 1 on rank 1
+    bad = table.clone()
+    if rank == 1:
+        bad[0, 0] = 99  # the kernel's own check, on one rank: every rank raises before the partials move
+    with pytest.raises(ValueError, match=r"rank 1: paged_attention: sequence 0: page_table\[0, 0\] = 99"):
+        tpt.context_parallel_paged_decode(q, k, v, bad, kv, cu)
+    with pytest.raises(ValueError, match="ranks disagree on .* sink_rank"):
+        tpt.context_parallel_paged_decode(q, k, v, table, kv, cu, sinks=sinks, sink_rank=rank % 2)
 
 
 VOCAB_SPLITS = {2: [5, 6], 4: [3, 3, 2, 3]}  # V = 11 classes, ragged

@@ -94,20 +94,21 @@ def context_parallel_paged_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q
     (vLLM's decode context parallelism; ``tessera.parallel.torch.context_parallel_paged_decode``).
 
     Per device: the same decode rows q [T, Hq, D] and cu_q_lens [N + 1] (at most one query per
-    sequence), and the device's share of every sequence's keys: k_cache / v_cache, page_table
-    [N, max_pages_d] and kv_lens [N] (0 where it holds none of a sequence); the shares of a
-    sequence together hold all its keys, split any way. Each device runs paged_attention on its
-    share, then the partials merge by lse (a pmax and two psums). Every device holds at least one
-    page (shapes are static and the same on every device under shard_map). ``sinks`` [Hq] enter on the
-    device of axis index ``sink_index`` only (the others pass −inf sinks, which take nothing).
-    Returns o [T, Hq, Dv] in q's dtype (and lse [T, Hq] f32 with return_lse), the same on every
-    device. Forward only; works under jit.
+    sequence), and the device's share of every sequence's keys: its cache (k_cache [P_d,
+    page_size, Hkv, D], v_cache [P_d, page_size, Hkv, Dv], P_d >= 1: shapes are static and the
+    same on every device), page_table [N, max_pages_d] with the device's page ids and kv_lens [N]
+    (0 where it holds none of a sequence); the shares of a sequence together hold all its keys,
+    split any way. Each device runs paged_attention on its share, then the partials merge by lse
+    (a pmax and two psums). ``sinks`` [Hq] enter on the device of axis index ``sink_index`` only
+    (the others pass −inf sinks, which take nothing). Under shard_map the lengths are traced, so a
+    sequence with q_len > 1 cannot be refused: its rows come back NaN (or the kernel refuses the
+    call where a device holds fewer of its keys than q_len). Returns o [T, Hq, Dv] in
+    q's dtype (and lse [T, Hq] f32 with return_lse), the same on every device. Forward only.
     """
-    if not isinstance(cu_q_lens, jax.core.Tracer):  # checked where the lengths are known (not under jit)
-        long = np.flatnonzero(np.diff(np.asarray(cu_q_lens)) > 1)
-        if long.size:
-            raise ValueError(f"context_parallel_paged_decode: decode rows only (q_len 0 or 1 per sequence), "
-                             f"sequence {long[0]} has q_len {int(np.diff(np.asarray(cu_q_lens))[long[0]])}")
+    if not 0 <= sink_index < jax.lax.axis_size(axis_name):
+        raise ValueError(f"context_parallel_paged_decode: sink_index={sink_index} is not an index of axis "
+                         f"{axis_name!r} [0, {jax.lax.axis_size(axis_name)})")
+    T = q.shape[0]
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     # The kernel wants q_len <= kv_len: a sequence with no key here runs on one stand-in key
     # (page 0, slot 0) whose result is replaced by the empty partial (o = 0, lse = the sink or −inf).
@@ -120,18 +121,20 @@ def context_parallel_paged_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q
     if scale is not None:
         opts["scale"] = scale
     o, lse = tj.paged_attention(q, k_cache, v_cache, table, lens, cu_q_lens, sinks=sinks, return_lse=True, **opts)
-    rows = jnp.repeat(empty, q_lens, total_repeat_length=q.shape[0])[:, None]  # [T, 1]
+    rows = jnp.repeat(empty, q_lens, total_repeat_length=T)[:, None]  # [T, 1]
     o = jnp.where(rows[..., None], 0.0, o.astype(jnp.float32))
     lse = jnp.where(rows, -jnp.inf if sinks is None else sinks[None, :], lse)
     m = jax.lax.pmax(lse, axis_name)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)  # rows nobody saw: weights exp(−inf) = 0
+    m = jnp.where(jnp.isneginf(m), 0.0, m)  # rows nobody saw: weights exp(−inf) = 0; NaN propagates
     w = jnp.exp(lse - m)
     total = jax.lax.psum(w, axis_name)
-    out = jax.lax.psum(w[..., None] * o, axis_name) / jnp.where(total > 0, total, 1.0)[..., None]
-    out = out.astype(q.dtype)
-    if not return_lse:
-        return out
-    return out, jnp.where(total > 0, m + jnp.log(jnp.where(total > 0, total, 1.0)), -jnp.inf)
+    nobody = total == 0
+    out = jax.lax.psum(w[..., None] * o, axis_name) / jnp.where(nobody, 1.0, total)[..., None]
+    lse = jnp.where(nobody, -jnp.inf, m + jnp.log(jnp.where(nobody, 1.0, total)))
+    prefill = jnp.repeat(q_lens > 1, q_lens, total_repeat_length=T)[:, None]  # not decode rows: NaN
+    out = jnp.where(prefill[..., None], jnp.nan, out).astype(q.dtype)
+    lse = jnp.where(prefill, jnp.nan, lse)
+    return (out, lse) if return_lse else out
 
 
 # ---- vocab-parallel linear cross-entropy ----

@@ -42,7 +42,7 @@ def _checked(check, group, device) -> None:
     try:
         check()
         error = None
-    except (ValueError, TypeError, RuntimeError) as e:
+    except (ValueError, TypeError, RuntimeError, IndexError) as e:
         error = str(e)
     agree(error, group, device)
 
@@ -208,13 +208,12 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 # ---- decode context parallelism over a paged KV cache ----
 
-def _check_decode_rows(q, page_table, kv_lens, cu_q_lens, sink_rank: int, world: int) -> None:
+def _check_decode_rows(q, k_cache, page_table, kv_lens, cu_q_lens, sink_rank: int, world: int) -> None:
     name = "context_parallel_paged_decode"
-    if q.dim() != 3:
-        raise ValueError(f"{name}: q must be [T, Hq, D], got {tuple(q.shape)}")
-    for t, what in ((page_table, "page_table"), (kv_lens, "kv_lens"), (cu_q_lens, "cu_q_lens")):
-        if t.device.type != "cpu":
-            raise ValueError(f"{name}: {what} must be in host memory (as paged_attention's)")
+    if q.dim() != 3 or page_table.dim() != 2 or kv_lens.dim() != 1 or cu_q_lens.dim() != 1:
+        raise ValueError(f"{name}: q must be [T, Hq, D], page_table [N, max_pages], kv_lens [N], cu_q_lens [N + 1]; "
+                         f"got {tuple(q.shape)}, {tuple(page_table.shape)}, {tuple(kv_lens.shape)}, "
+                         f"{tuple(cu_q_lens.shape)}")
     q_lens = (cu_q_lens[1:] - cu_q_lens[:-1]).tolist()
     long = [s for s, n in enumerate(q_lens) if n > 1]
     if long:
@@ -222,6 +221,8 @@ def _check_decode_rows(q, page_table, kv_lens, cu_q_lens, sink_rank: int, world:
                          f"q_len {q_lens[long[0]]}")
     if not 0 <= sink_rank < world:
         raise ValueError(f"{name}: sink_rank={sink_rank} is not a rank of the group [0, {world})")
+    if (k_cache.dim() < 1 or k_cache.shape[0] == 0 or page_table.shape[1] == 0) and bool((kv_lens != 0).any()):
+        raise ValueError(f"{name}: this rank holds no page but kv_lens = {kv_lens.tolist()}")
 
 
 def _local_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens, sinks, kw: dict):
@@ -248,6 +249,19 @@ def _local_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens, sinks, kw
     return o, lse
 
 
+def _agreed_call(group, world: int, sink_rank: int, q, v_cache, cu_q_lens, sinks) -> None:
+    """What every rank must share: the rows [T, Hq, Dv], N, cu_q_lens (a checksum), sink_rank and
+    whether sinks are given. One all-gather of a few integers; every rank sees the same table and
+    raises the same error."""
+    cu = [int(c) for c in cu_q_lens.tolist()]
+    mine = [q.shape[0], q.shape[1], v_cache.shape[-1] if v_cache.dim() else -1, len(cu),
+            sum((i + 1) * c for i, c in enumerate(cu)) % (1 << 61), sink_rank, int(sinks is not None)]
+    got = _gather_ints(mine, group, q.device)
+    if not bool((got == got[0]).all()):
+        raise ValueError("context_parallel_paged_decode: the ranks disagree on [T, Hq, Dv, N + 1, cu_q_lens "
+                         f"(checksum), sink_rank, sinks given]: {got.tolist()} by rank")
+
+
 def context_parallel_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                   page_table: torch.Tensor, kv_lens: torch.Tensor, cu_q_lens: torch.Tensor, *,
                                   group=None, sinks: Optional[torch.Tensor] = None, sink_rank: int = 0,
@@ -258,33 +272,37 @@ def context_parallel_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cach
 
     Every rank passes the same decode rows — q [T, Hq, D] and cu_q_lens [N + 1], at most one query
     per sequence — and its own share of every sequence's keys: its cache (k_cache [P_r, page_size,
-    Hkv, D], v_cache [P_r, page_size, Hkv, Dv]), page_table [N, max_pages_r] and kv_lens [N] (0
-    where it holds none of a sequence). The shares of a sequence together hold all its keys, split
-    any way (a decode row sees every key of its sequence, so order does not matter). Each rank
-    runs paged_attention on its share; the partial (o, lse) are all-gathered and merged by lse.
-    ``sinks`` [Hq] enter on ``sink_rank`` only: a sink is one more logit of the row's softmax, so
-    given on every rank it would count once per rank. Partial o are merged in f32 (a bf16 q's
-    partials are rounded to bf16 once first). Returns o [T, Hq, Dv] in q's dtype (and lse [T, Hq]
-    f32 with return_lse), the same on every rank. Forward only, like paged_attention.
+    Hkv, D], v_cache [P_r, page_size, Hkv, Dv], P_r may be 0), page_table [N, max_pages_r] with
+    this rank's page ids, and kv_lens [N] (0 where it holds none of a sequence). The shares of a
+    sequence together hold all its keys, split any way (a decode row sees every key of its
+    sequence, so order does not matter). Each rank runs paged_attention on its share; the partial
+    (o, lse) are all-gathered and merged by lse. ``sinks`` [Hq] (given on every rank or on none)
+    enter on ``sink_rank`` only: a sink is one more logit of the row's softmax, so counted on
+    every rank it would count once per rank. Partial o are merged in f32 (a bf16 q's partials are
+    rounded to bf16 once first). Returns o [T, Hq, Dv] in q's dtype (and lse [T, Hq] f32 with
+    return_lse), the same on every rank. Index tensors on the GPU are copied to the host. Forward
+    only, like paged_attention. An error on any rank (these checks or the kernel's) is raised on
+    every rank before the partials move.
     """
     dev = q.device
+    page_table, kv_lens, cu_q_lens = page_table.cpu(), kv_lens.cpu(), cu_q_lens.cpu()
     world, me = dist.get_world_size(group), dist.get_rank(group)
-    _checked(lambda: _check_decode_rows(q, page_table, kv_lens, cu_q_lens, sink_rank, world), group, dev)
-    dims = _gather_ints([q.shape[0], q.shape[1], v_cache.shape[-1]], group, dev)  # the same on every rank
-    if not bool((dims == dims[0]).all()):
-        raise ValueError(f"context_parallel_paged_decode: every rank needs the same rows, got [T, Hq, Dv] = "
-                         f"{dims.tolist()} by rank")
+    _checked(lambda: _check_decode_rows(q, k_cache, page_table, kv_lens, cu_q_lens, sink_rank, world), group, dev)
+    _agreed_call(group, world, sink_rank, q, v_cache, cu_q_lens, sinks)
     kw = {"softcap": softcap, "implementation": implementation}
     if scale is not None:
         kw["scale"] = scale
-    o, lse = _local_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens, sinks if me == sink_rank else None, kw)
-    parts_o = [torch.empty_like(o) for _ in range(world)]
-    parts_lse = [torch.empty_like(lse) for _ in range(world)]
-    dist.all_gather(parts_o, o.contiguous(), group=group)
-    dist.all_gather(parts_lse, lse.contiguous(), group=group)
+    part = {}
+    _checked(lambda: part.update(zip(("o", "lse"), _local_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens,
+                                                                    sinks if me == sink_rank else None, kw))),
+             group, dev)
+    parts_o = [torch.empty_like(part["o"]) for _ in range(world)]
+    parts_lse = [torch.empty_like(part["lse"]) for _ in range(world)]
+    dist.all_gather(parts_o, part["o"].contiguous(), group=group)
+    dist.all_gather(parts_lse, part["lse"].contiguous(), group=group)
     L = torch.stack(parts_lse)  # [R, T, Hq]
-    total = torch.logsumexp(L, dim=0)  # −inf where no rank saw anything
-    w = torch.nan_to_num(torch.exp(L - total), nan=0.0)  # −inf − (−inf): no weight
+    total = torch.logsumexp(L, dim=0)  # −inf where no rank saw anything; NaN propagates
+    w = torch.where(torch.isneginf(L), 0.0, torch.exp(L - total))  # a partial that saw nothing weighs 0
     out = (w.unsqueeze(-1) * torch.stack(parts_o)).sum(0).to(q.dtype)
     return (out, total) if return_lse else out
 

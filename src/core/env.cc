@@ -1,7 +1,11 @@
 #include "core/env.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <string>
+
+#include "core/log.h"
 
 namespace tessera::env {
 
@@ -14,9 +18,13 @@ std::optional<std::string> get(const char* name) {
 bool flag(const char* name, bool default_value) {
   auto v = get(name);
   if (!v) return default_value;
-  const std::string& s = *v;
-  if (s == "0" || s == "false" || s == "off" || s == "no" || s == "OFF" || s == "FALSE") return false;
-  if (s == "1" || s == "true" || s == "on" || s == "yes" || s == "ON" || s == "TRUE") return true;
+  std::string s = *v;
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (s == "0" || s == "false" || s == "off" || s == "no") return false;
+  if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
+  // Not silently: TESSERA_AUTOTUNE=disable would otherwise leave autotune on unseen.
+  log::warn_once(std::string(name) + "=" + *v + " is not a flag value (0/false/off/no or 1/true/on/yes): " +
+                 "using the default, " + (default_value ? "on" : "off"));
   return default_value;
 }
 

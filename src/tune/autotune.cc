@@ -115,9 +115,11 @@ AutotuneResult lookup_or_autotune(const DiskCache& cache, const AutotuneRequest&
   e.created = utc_now();
   e.complete = !s.budget_exhausted;
   e.candidates = measurements_to_json(s.measurements);
-  bool all_failed = !s.measurements.empty();
-  for (const Measurement& m : s.measurements)
+  bool all_failed = !s.measurements.empty(), for_memory = false;
+  for (const Measurement& m : s.measurements) {
     if (m.status != Measurement::Status::kFailed) all_failed = false;
+    for_memory = for_memory || m.out_of_memory;
+  }
 
   if (s.best >= 0) {
     const Measurement& w = s.measurements[static_cast<size_t>(s.best)];
@@ -128,6 +130,13 @@ AutotuneResult lookup_or_autotune(const DiskCache& cache, const AutotuneRequest&
                (s.budget_exhausted ? " (time budget cut the sweep)" : "");
     e.params = w.candidate;
     e.median_ms = w.median_ms;
+  } else if (all_failed && for_memory) {
+    // Memory was short this time: no negative entry (it would turn the implementation off for
+    // this shape in every later process), nothing kept; the call goes on with the defaults.
+    r.kind = AutotuneResult::Kind::kInconclusive;
+    r.detail = "every candidate failed, some for memory: nothing cached";
+    for (const Measurement& m : s.measurements) r.detail += "; " + params_str(m.candidate) + ": " + m.failure;
+    return r;
   } else if (all_failed) {
     r.kind = AutotuneResult::Kind::kNegative;
     r.detail = "no candidate could run";

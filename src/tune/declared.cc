@@ -16,8 +16,11 @@ bool Declared::tunable(const std::string& implementation) const {
 
 std::string declared_key(const Declared& d, const DeclaredCall& c, const std::string& device_kind) {
   std::string k = d.kernel + "|impl=" + c.implementation + "|device=" + device_kind + "|dtype=" + dtype_name(c.dtype);
-  for (size_t i = 0; i < c.dims.size() && i < d.buckets.front().dims.size(); ++i)
-    k += "|" + d.buckets.front().dims[i].name + "=" + std::to_string(c.dims[i]);
+  for (size_t i = 0; i < c.dims.size() && i < d.buckets.front().dims.size(); ++i) {
+    const std::string& name = d.buckets.front().dims[i].name;
+    const bool ragged = std::find(d.ragged_dims.begin(), d.ragged_dims.end(), name) != d.ragged_dims.end();
+    k += "|" + name + (ragged ? "<=" + std::to_string(pow2_class(c.dims[i])) : "=" + std::to_string(c.dims[i]));
+  }
   if (!c.variant.empty()) k += "|" + c.variant;
   k += std::string("|op=") + pass_name(c.pass);
   if (c.device == DeviceType::kCPU) k += "|threads=" + std::to_string(c.threads);
@@ -51,6 +54,15 @@ std::optional<Params> given_options(const Declared& d, const DeclaredCall& c, co
   return std::nullopt;
 }
 
+// A set of options (a call's, a tuned-table row, a cache entry) names each declared option once
+// and nothing else: a cache file written by hand or by another build without one was read as an
+// empty value.
+void check_names(const Declared& d, const Params& p) {
+  bool ok = p.size() == d.options.size();
+  for (const std::string& name : d.options) ok = ok && param(p, name).has_value();
+  check(ok, ErrorCode::kInvalidArgument, d.kernel + ": block sizes " + params_str(p) + " do not name each of its options once");
+}
+
 }  // namespace
 
 Choice choose_declared(const Declared& d, const DeclaredCall& c, const std::function<void(const Params&)>& run_once,
@@ -66,8 +78,10 @@ Choice choose_declared(const Declared& d, const DeclaredCall& c, const std::func
   r.defaults = c.default_sizes ? *c.default_sizes : own_default ? d.default_of(c.implementation) : cands.front();
   r.explicit_sizes = given_options(d, c, r.defaults);
   r.tunable = d.tunable(c.implementation);
-  // The joint check where declared; each implementation validates its own limits when it runs.
+  // The names, then the joint check where declared; each implementation validates its own limits
+  // when it runs.
   r.validate = [&d, &c](const Params& p) {
+    check_names(d, p);
     if (d.validate) d.validate(p, c.dims);
   };
   r.table = d.table ? &d.table() : nullptr;

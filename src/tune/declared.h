@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/error.h"
 #include "tessera/exec.h"
 #include "tessera/tensor.h"
 #include "tune/bucket.h"
@@ -32,6 +33,10 @@ struct Declared {
   std::string kernel = {};  // "mlstm"
   std::vector<std::string> options = {};  // the tuned call options, each an int: 0 = choose
   std::vector<Bucket> buckets = {};  // over every dim of the kernel, in its dims order
+  // Dims that change from call to call in one job (a decode's growing cache, a serving batch's
+  // size, a packing's sequence count): the autotune cache keys them by their power-of-two class,
+  // so that a decode sweeps once per doubling of its cache, not at every step.
+  std::vector<std::string> ragged_dims = {};
   std::vector<std::string> implementations = {};  // the tunable ones ("cpu"); others get the default
   // The candidates for a shape (the kernel's dims, in order) on `threads` CPU threads, the default
   // first. Each names every tuned option with a value > 0 (0 in a call means "choose").
@@ -144,12 +149,19 @@ std::string dispatch_declared(const Registry& registry, const Declared& d, const
     c.device = impl.device_type();
     c.autotune_on_miss = opt.autotune_on_miss;
     const auto once = [&](const Params& candidate) { run(impl, at(candidate)); };
-    run(impl, at(choose_declared(d, c, once, borrowed_outputs(outputs)).params));
+    const Choice ch = choose_declared(d, c, once, borrowed_outputs(outputs));
+    try {
+      run(impl, at(ch.params));
+    } catch (const Error& e) {  // sizes a table row or a cache file gave and the backend refuses
+      if (e.code() != ErrorCode::kInvalidArgument || ch.source == "options" || ch.source == "default") throw;
+      throw Error(e.code(), std::string(e.what()) + " [block sizes " + params_str(ch.params) + " from the " + ch.source +
+                                "; TESSERA_TUNED_TABLE=0 / TESSERA_AUTOTUNE=0 or removing the cache file avoids them]");
+    }
   });
 }
 
-// The cache key: kernel, implementation, device kind, dtype, exact dims, variant, pass, threads,
-// version.
+// The cache key: kernel, implementation, device kind, dtype, dims (ragged_dims by power-of-two
+// class, the others exact), variant, pass, threads, version.
 std::string declared_key(const Declared& d, const DeclaredCall& call, const std::string& device_kind);
 
 }  // namespace tessera::tune

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <exception>
+#include <new>
 
+#include "tessera/error.h"
 #include "tune/verify.h"
 
 namespace tessera::tune {
@@ -103,6 +105,14 @@ SweepResult sweep(const std::vector<Params>& candidates, const Runner& runner,
       r.spent_s += *seconds;
       if (timed) times[i].push_back(*seconds);
       if (checked) guarded([&] { ok = check_outputs(check, r, i); });
+    } catch (const Error& e) {
+      ok = false;
+      m.failure = e.what();
+      m.out_of_memory = e.code() == ErrorCode::kOutOfMemory;
+    } catch (const std::bad_alloc& e) {
+      ok = false;
+      m.failure = std::string("out of memory: ") + e.what();
+      m.out_of_memory = true;
     } catch (const std::exception& e) {
       ok = false;
       m.failure = e.what();

@@ -66,6 +66,9 @@ struct Measurement {
   double min_ms = 0;
   int runs = 0;              // timed runs behind median_ms
   std::string failure;       // why it failed, was skipped or is wrong
+  // It failed for memory (std::bad_alloc, Error(kOutOfMemory)): a fact of the moment, not of
+  // the candidate; a sweep whose candidates all failed so is not cached (autotune.cc).
+  bool out_of_memory = false;
   // Its outputs against the reference candidate's (the Runner had outputs and both ran): the
   // output with the largest deviation relative to its tolerance, that deviation (inf: a
   // non-finite value where the reference has another value) and that tolerance, both absolute.

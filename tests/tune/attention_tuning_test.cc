@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include "cpu_backend.h"
 #include "kernels/attention/impl.h"
@@ -11,6 +14,7 @@
 #include "tessera/error.h"
 #include "tessera/version.h"
 #include "tune/autotune.h"
+#include "tune/cache.h"
 #include "tune/declared.h"
 #include "tune/device_kind.h"
 #include "tune/tune_test_util.h"
@@ -87,9 +91,46 @@ TEST(AttentionBuckets, KeyHoldsWhatChangesTheWork) {
   EXPECT_TRUE(differs([](Problem& q) { q.window_left = 128; }));
   EXPECT_TRUE(differs([](Problem& q) { q.softcap = 30; }));
   EXPECT_TRUE(differs([](Problem& q) { q.Hkv = 2; }));
-  EXPECT_TRUE(differs([](Problem& q) { q.Sk = 999; }));
+  EXPECT_FALSE(differs([](Problem& q) { q.Sk = 999; }));  // lengths by power-of-two class
+  EXPECT_TRUE(differs([](Problem& q) { q.Sk = 1025; }));
+  EXPECT_TRUE(differs([](Problem& q) { q.Sq = 512; }));
   EXPECT_TRUE(differs([](Problem& q) { q.varlen = true; }));
   EXPECT_FALSE(differs([](Problem& q) { q.scale = 0.5; }));  // same work
+}
+
+// A decode (Sq = 1, the cache one key longer each step) and a serving batch of changing size:
+// one sweep per power-of-two class of the cache length and of the sequence count, one cache file
+// each (each step was a new key: a sweep and a file per step).
+TEST(AttentionCpuTuning, DecodeStepsShareOneEntryPerDoubling) {
+  tune::clear_autotune_memo();
+  TempDir dir;
+  ScopedEnv cache("TESSERA_CACHE_DIR", dir.path().c_str());
+  ScopedEnv on("TESSERA_AUTOTUNE", "1");
+  tune::Declared d = tuning();
+  d.min_work = 0;
+  d.table = testing_tune::no_rows;
+  size_t sweeps = 0;
+  std::vector<std::string> sources;
+  for (int64_t N : {3, 4})
+    for (int64_t Sk = 1023; Sk <= 1026; ++Sk) {
+      Problem p = shape(N, 1, 32, 128);
+      p.Sk = Sk;
+      tune::DeclaredCall c;
+      c.implementation = "cpu";
+      c.dims = {p.N, std::max(p.Sq, p.Sk), p.Hq, p.D};
+      c.variant = autotune_variant(p);
+      bool swept = false;
+      const tune::Choice ch = tune::choose_declared(d, c, [&](const tune::Params&) { swept = true; }, {});
+      sweeps += swept;
+      sources.push_back(ch.source);
+    }
+  // N 3 and 4 share the class 4; Sk 1023, 1024 the class 1024, 1025 and 1026 the class 2048.
+  EXPECT_EQ(sweeps, 2u);
+  EXPECT_EQ(sources.front(), "autotune");
+  EXPECT_EQ(std::count(sources.begin(), sources.end(), "autotune"), 2);
+  size_t files = 0;
+  for ([[maybe_unused]] const auto& f : std::filesystem::directory_iterator(dir.path())) ++files;
+  EXPECT_EQ(files, 2u);
 }
 
 // The call's sizes are validated by the implementation that runs before anything is written,
@@ -132,6 +173,37 @@ TEST(AttentionCpuTuning, TableHitAndMisses) {
   c.dtype = DType::kF32;
   c.dims = {1, 100, 4, 64};  // another bucket: a miss
   EXPECT_EQ(tune::choose_declared(d, c, {}, {}).source, "default");
+}
+
+// A table row or a cache entry that does not name each option (written by hand or by another
+// build) is ignored: the call takes the default (the entry's missing "kv" was read as an empty
+// optional, undefined behaviour).
+TEST(AttentionCpuTuning, AStoredSetWithoutEveryOptionIsIgnored) {
+  tune::DeclaredCall c;
+  c.implementation = "cpu";
+  c.dims = {1, 100, 4, 128};
+  {
+    const testing_tune::OneRowTable table(tuning(), "f32", "d128", {{"q", 256}});
+    testing_tune::LogCapture log;
+    EXPECT_EQ(tune::choose_declared(table.declared(), c, {}, {}).source, "default");
+    EXPECT_NE(log.text().find("not valid"), std::string::npos) << log.text();
+  }
+  tune::clear_autotune_memo();
+  TempDir dir;
+  ScopedEnv cache("TESSERA_CACHE_DIR", dir.path().c_str());
+  ScopedEnv on("TESSERA_AUTOTUNE", "1");
+  tune::Declared d = tuning();
+  d.min_work = 0;
+  d.table = testing_tune::no_rows;
+  tune::CacheEntry e;
+  e.key = tune::declared_key(d, c, tune::default_device_kind(DeviceType::kCPU));
+  e.version = TESSERA_VERSION;
+  e.created = "2026-11-28T00:00:00Z";
+  e.params = {{"q", 64}, {"kvv", 64}};
+  tune::DiskCache(dir.path()).write("attention.cpu", e);
+  bool swept = false;
+  EXPECT_EQ(tune::choose_declared(d, c, [&](const tune::Params&) { swept = true; }, {}).source, "default");
+  EXPECT_FALSE(swept) << "the entry was read (and refused), not tuned again";
 }
 
 // The real cpu backend: autotune on a miss times the public call itself (each candidate as the

@@ -11,6 +11,8 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <new>
+#include <stdexcept>
 #include <thread>
 
 #include "core/text.h"
@@ -340,6 +342,32 @@ TEST(TuneAutotune, NegativeEntryWhenEverythingFails) {
   EXPECT_FALSE(timed);
   EXPECT_EQ(again.kind, AutotuneResult::Kind::kNegative);
   EXPECT_EQ(again.source, "autotune cache");
+}
+
+// Candidates that all fail for memory (std::bad_alloc, Error(kOutOfMemory)) say nothing of the
+// candidates: no negative entry (it turned the implementation off for this shape in every later
+// process), nothing memoized; the next call tunes again and finds its winner.
+TEST(TuneAutotune, FailuresForMemoryAreNotCached) {
+  TempDir d;
+  DiskCache c(d.path());
+  for (int kind = 0; kind < 2; ++kind) {
+    clear_autotune_memo();
+    auto short_of_memory = [kind] {
+      return RunFn([kind](const Params& p) -> double {
+        if (kind == 0) throw std::bad_alloc();
+        if (*param(p, "b") == 16) throw Error(ErrorCode::kOutOfMemory, "scratch");
+        throw std::runtime_error("too big");  // one for memory is enough
+      });
+    };
+    const AutotuneResult r = lookup_or_autotune(c, request(short_of_memory));
+    EXPECT_EQ(r.kind, AutotuneResult::Kind::kInconclusive) << r.detail;
+    EXPECT_NE(r.detail.find("for memory"), std::string::npos) << r.detail;
+    EXPECT_EQ(count_files(d.path()), 0u);
+    const AutotuneResult later = lookup_or_autotune(c, request(planted));
+    EXPECT_EQ(later.kind, AutotuneResult::Kind::kFound);
+    EXPECT_EQ(later.source, "autotune");
+    std::filesystem::remove(c.path_for(kPrefix, kKey));
+  }
 }
 
 TEST(TuneAutotune, MemoAvoidsRereadingTheDisk) {

@@ -58,6 +58,11 @@ TEST(GroupedMatmulBuckets, CandidatesKeyAndWork) {
     change(other);
     EXPECT_NE(tune::declared_key(tuning(), other, "dev"), k);
   }
+  tune::DeclaredCall more = call;
+  more.dims[0] = 1024;  // M by its power-of-two class (ragged_dims): a serving batch's token count
+  EXPECT_EQ(tune::declared_key(tuning(), more, "dev"), k);
+  more.dims[0] = 1025;
+  EXPECT_NE(tune::declared_key(tuning(), more, "dev"), k);
   EXPECT_GE(tuning().work({4096, 1024, 2048, 8}), tuning().min_work);
   EXPECT_LT(tuning().work({512, 128, 256, 8}), tuning().min_work);
 }

@@ -34,7 +34,9 @@ BlockSizes sanitize_for_shape(const BlockSizes& bs, const Problem& p) {
 std::string autotune_variant(const Problem& p) {
   auto on = [](bool b) { return b ? "on" : "off"; };
   auto num = [](int64_t v) { return std::to_string(v); };
-  return "Sq=" + num(p.Sq) + "|Sk=" + num(p.Sk) + "|Hkv=" + num(p.Hkv) + "|D=" + num(p.D) + "|Dv=" + num(p.Dv) +
+  // Sq and Sk by their power-of-two class, as the dims (ragged_dims): a decode's keys grow by one
+  // each step, a packing's lengths change with each batch.
+  return "Sq<=" + num(tune::pow2_class(p.Sq)) + "|Sk<=" + num(tune::pow2_class(p.Sk)) + "|Hkv=" + num(p.Hkv) + "|D=" + num(p.D) + "|Dv=" + num(p.Dv) +
          "|varlen=" + on(p.varlen) + "|causal=" + on(p.causal) + "|window=" + num(p.window_left) + "," +
          num(p.window_right) + "|softcap=" + on(p.softcap > 0) + "|alibi=" + on(p.alibi) + "|segments=" + on(p.seg_q);
 }
@@ -55,6 +57,7 @@ const tune::Declared& tuning() {
           {"d256", "D > 128: Gemma (256)",
            {{"B", 1, kAny, 1}, {"S", 1, kAny, 1024}, {"H", 1, kAny, 4}, {"D", 129, kAny, 256}}},
       },
+      .ragged_dims = {"B", "S"},  // varlen's sequence count; the lengths (decode: Sk grows)
       .implementations = {"cpu"},
       .candidates = candidates,
       .carrier = "block_sizes",  // the call's block_sizes option: "q=128,kv=256"

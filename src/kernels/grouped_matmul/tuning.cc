@@ -35,6 +35,7 @@ const tune::Declared& tuning() {
           {"g64", "G > 8: many experts, tens of rows each (fine-grained MoE)",
            {{"M", 1, kAny, 2048}, {"K", 1, kAny, 512}, {"N", 1, kAny, 1024}, {"G", 9, kAny, 64}}},
       },
+      .ragged_dims = {"M"},  // the routed tokens: a serving batch's count changes step by step
       .implementations = {"cpu"},
       .candidates = candidates,
       .carrier = "block_sizes",  // the call's block_sizes option: "m=512,n=512"

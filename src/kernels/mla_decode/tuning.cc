@@ -42,6 +42,7 @@ const tune::Declared& tuning() {
           {"wide", "more query rows per entry (speculative decode, 128 heads): compute-bound",
            {{"B", 1, kAny, 32}, {"Sq", 1, kAny, 16}, {"Hq", 1, kAny, 16}, {"T", 1, kAny, 4096}}},
       },
+      .ragged_dims = {"B", "T"},  // a serving batch's size; the longest cache grows each step
       .implementations = {"cpu"},
       .candidates = candidates,
       .carrier = "block_sizes",  // the call's block_sizes option: "split_keys=1024"

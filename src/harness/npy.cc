@@ -1,6 +1,11 @@
 #include "harness/npy.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -148,7 +153,10 @@ Tensor read(std::istream& f, const std::string& path) {
   return t;
 }
 
-void save(const std::string& path, const TensorView& t) {
+namespace {
+
+// The file at `tmp`, named `path` in errors.
+void write_file(const std::string& tmp, const std::string& path, const TensorView& t) {
   if (t.device.type != DeviceType::kCPU || !t.is_contiguous())
     throw Error(ErrorCode::kInvalidArgument, path + ": can only save contiguous host tensors");
   const char* descr = "<f4";
@@ -166,7 +174,7 @@ void save(const std::string& path, const TensorView& t) {
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
   if (!f) throw Error(ErrorCode::kIo, path + ": cannot open for writing");
   const unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
                                  static_cast<unsigned char>(header.size() & 0xff),
@@ -174,7 +182,36 @@ void save(const std::string& path, const TensorView& t) {
   f.write(reinterpret_cast<const char*>(pre), 10);
   f.write(header.data(), static_cast<std::streamsize>(header.size()));
   f.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes()));
+  f.close();  // a small file is all in the buffer until here: a full disk shows only now
   if (!f) throw Error(ErrorCode::kIo, path + ": write failed");
+}
+
+}  // namespace
+
+void save(const std::string& path, const TensorView& t) { save_all({{path, t}}); }
+
+void save_all(const std::vector<std::pair<std::string, TensorView>>& files) {
+  std::vector<std::string> tmps;
+  const auto drop_tmps = [&tmps] {
+    for (const std::string& tmp : tmps) std::remove(tmp.c_str());
+  };
+  for (const auto& [path, t] : files) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      throw Error(ErrorCode::kIo, path + ": is a directory; nothing was written");
+  }
+  try {
+    for (const auto& [path, t] : files) {
+      tmps.push_back(path + ".tmp-" + std::to_string(::getpid()));
+      write_file(tmps.back(), path, t);
+    }
+    for (size_t i = 0; i < files.size(); ++i)
+      if (std::rename(tmps[i].c_str(), files[i].first.c_str()) != 0)
+        throw Error(ErrorCode::kIo, files[i].first + ": cannot rename the written file into place: " + std::strerror(errno));
+  } catch (...) {
+    drop_tmps();
+    throw;
+  }
 }
 
 }  // namespace tessera::npy

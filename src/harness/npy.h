@@ -9,6 +9,8 @@
 
 #include <istream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/tensor.h"
 
@@ -26,5 +28,9 @@ Tensor load(const std::string& path);
 Tensor read(std::istream& in, const std::string& name);
 // Writes a contiguous host tensor (bf16 is written with descr '<V2'). Throws Error(kIo).
 void save(const std::string& path, const TensorView& t);
+// Several files as one: each is written to a temporary name beside it and checked (a full disk
+// is an error, not a short file), then all are renamed into place; an error in writing leaves
+// every destination as it was, and a destination that is a directory is refused before any write.
+void save_all(const std::vector<std::pair<std::string, TensorView>>& files);
 
 }  // namespace tessera::npy

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "harness/npy.h"
 #include "tools/cli_test_util.h"
@@ -148,6 +151,34 @@ TEST_F(CliVocabulary, AFailedRunWritesNothing) {
                    " --grad --out " + p("out"));
   EXPECT_EQ(c.code, 2) << c.out;
   EXPECT_FALSE(fs::exists(p("out")));
+}
+
+// The outputs are written all or none: one that cannot be written (its name taken by a
+// directory) fails the run before any file is replaced, and no temporary file stays behind.
+TEST_F(CliVocabulary, AnOutputThatCannotBeWrittenReplacesNoOther) {
+  save("x.npy", filled(DType::kF32, {2, 4}, 0.1f));
+  save("w.npy", filled(DType::kF32, {3, 4}, 0.2f));
+  Tensor y = Tensor::empty(DType::kI64, {2});
+  y.data_as<int64_t>()[0] = 0, y.data_as<int64_t>()[1] = 2;
+  save("y.npy", y);
+  const std::string args = "run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --labels " + p("y.npy");
+  const Cmd ok = sh(args + " --out " + p("first"));
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(p("first"))) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  ASSERT_GE(names.size(), 2u);
+  fs::create_directories(fs::path(p("out")) / names.back());
+  const Tensor earlier = filled(DType::kF32, {1}, 42.0f);  // a file from an earlier run
+  save("out/" + names.front(), earlier);
+  const Cmd c = sh(args + " --out " + p("out"));
+  EXPECT_NE(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("is a directory"), std::string::npos) << c.out;
+  const Tensor stale = npy::load(p("out/" + names.front()));
+  ASSERT_EQ(stale.numel(), 1);
+  EXPECT_EQ(stale.data_as<float>()[0], earlier.data_as<float>()[0]);
+  for (const auto& e : fs::directory_iterator(p("out")))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
 }
 
 TEST_F(CliVocabulary, HelpListsTheNewNamesWithTheirAliases) {

@@ -164,10 +164,12 @@ void write_outputs(const std::vector<std::pair<std::string, Tensor>>& outs, cons
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::kIo, dir + ": cannot create output directory: " + ec.message());
   std::string names;
+  std::vector<std::pair<std::string, TensorView>> files;
   for (const auto& [name, t] : outs) {
-    npy::save((std::filesystem::path(dir) / (name + ".npy")).string(), t);
+    files.push_back({(std::filesystem::path(dir) / (name + ".npy")).string(), t.view()});
     names += (names.empty() ? "" : ",") + name;
   }
+  npy::save_all(files);  // all or none: a failure leaves no new file beside old ones
   fmt::print("wrote {}/{{{}}}.npy\n", dir, names);
 }
 

@@ -150,6 +150,40 @@ std::pair<std::string, size_t> names_given(const std::vector<std::pair<std::stri
 }
 }  // namespace
 
+namespace {
+
+// The bytes a view spans: [first, last) of its elements at any stride (0 for an empty view).
+std::pair<uintptr_t, uintptr_t> span(const TensorView& t) {
+  if (!t.data || t.numel() == 0) return {0, 0};
+  int64_t lo = 0, hi = 0;  // element offsets from data
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    const int64_t reach = (t.shape[d] - 1) * t.strides[d];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  const auto esz = static_cast<int64_t>(dtype_size(t.dtype));
+  return {base + uintptr_t(lo * esz), base + uintptr_t((hi + 1) * esz)};
+}
+
+bool overlap(const TensorView& a, const TensorView& b) {
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 != a1 && b0 != b1 && a.device == b.device && a0 < b1 && b0 < a1;
+}
+
+}  // namespace
+
+void ArgCheck::apart(const Named& outputs, const Named& inputs) const {
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    const auto& [name, view] = outputs[o];
+    for (const auto& [other, in] : inputs)
+      if (overlap(view, in)) fail(name + " shares memory with " + other + ": an output must not alias an input (copy first)");
+    for (size_t p = o + 1; p < outputs.size(); ++p)
+      if (overlap(view, outputs[p].second))
+        fail(name + " shares memory with " + outputs[p].first + ": outputs must not alias each other");
+  }
+}
+
 bool ArgCheck::together(const std::vector<std::pair<std::string, TensorView>>& views) const {
   const auto [names, n] = names_given(views);
   need(n == 0 || n == views.size(), names + " go together: give all or none, got " + num(int64_t(n)) + " of " +

@@ -95,6 +95,13 @@ class ArgCheck {
   bool exactly_with(bool with, const std::string& what,
                     const std::vector<std::pair<std::string, TensorView>>& views) const;
 
+  // No output shares memory with an input or with another output (the bytes each view spans, on
+  // one device): "c_last shares memory with c0: an output must not alias an input or another
+  // output (copy first)". A backend reads inputs after it has written outputs, and an autotune
+  // sweep writes the outputs before the call it keeps.
+  using Named = std::vector<std::pair<std::string, TensorView>>;
+  void apart(const Named& outputs, const Named& inputs) const;
+
   const std::string& kernel() const { return kernel_; }
 
  private:

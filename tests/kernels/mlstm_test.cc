@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <limits>
 #include <vector>
 
 #include "kernels/mlstm/testing.h"
@@ -190,6 +192,98 @@ TEST(Mlstm, LargeGatesStayFinite) {
     }
 }
 
+// Every output of forward then backward (h, the last states, the gradients) of `impl` on `d`.
+std::vector<std::vector<float>> forward_backward_outputs(const CaseData& d, const std::string& impl, int64_t chunk) {
+  Tensor h = Tensor::zeros(DType::kF32, d.v.shape()), c = Tensor::zeros(DType::kF32, d.c0.shape()),
+         n = Tensor::zeros(DType::kF32, d.n0.shape()), m = Tensor::zeros(DType::kF32, d.m0.shape());
+  Grads g{Tensor::zeros(DType::kF32, d.q.shape()), Tensor::zeros(DType::kF32, d.k.shape()),
+          Tensor::zeros(DType::kF32, d.v.shape()), Tensor::zeros(DType::kF32, d.i.shape()),
+          Tensor::zeros(DType::kF32, d.f.shape()), Tensor::zeros(DType::kF32, d.c0.shape()),
+          Tensor::zeros(DType::kF32, d.n0.shape())};
+  mlstm::Options o = impl_opt(impl, 1e-6);
+  o.chunk_size = chunk;
+  mlstm::forward(d.inputs(), h.view(), {c.view(), n.view(), m.view()}, o);
+  mlstm::backward(d.inputs(), d.dh.view(),
+                  {g.dq.view(), g.dk.view(), g.dv.view(), g.di.view(), g.df.view(), g.dc0.view(), g.dn0.view()}, o,
+                  d.dc_last.view(), d.dn_last.view());
+  std::vector<std::vector<float>> out;
+  for (const Tensor* t : {&h, &c, &n, &m, &g.dq, &g.dk, &g.dv, &g.di, &g.df, &g.dc0, &g.dn0})
+    out.emplace_back(t->data_as<float>(), t->data_as<float>() + t->numel());
+  return out;
+}
+
+// A forget gate that erases the state (f = −inf, or −FLT_MAX as masked_fill(finfo.min) writes):
+// F = 0 there, so the step acts as a reset of its head, with m = i. The chunkwise sums took
+// logσ(f) into their running sum: −inf made h NaN to the chunk's end, −FLT_MAX absorbed every
+// later gate of the chunk (h = {1, 2, 2.5, 3} here instead of {1, 2, 8/3, 24/7}).
+TEST(Mlstm, ErasingForgetGatesMatchTheReference) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
+  for (float erase : {-std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::max()}) {
+    CaseSpec one;  // the 1×1 case: q = k = 1, i = 0, v = 1..4, the state erased at t = 1
+    one.NH = 1, one.S = 4, one.DK = 1, one.DV = 1;
+    CaseData d = mlstm::testing::make_case(one);
+    for (int64_t t = 0; t < 4; ++t) {
+      d.q.data_as<float>()[t] = d.k.data_as<float>()[t] = 1.f, d.v.data_as<float>()[t] = float(t + 1);
+      d.i.data_as<float>()[t] = 0.f, d.f.data_as<float>()[t] = t == 1 ? erase : 0.f;
+    }
+    Tensor h = Tensor::zeros(DType::kF32, {1, 1, 4, 1});
+    mlstm::forward(d.inputs(), h.view(), {}, impl_opt("cpu"));
+    const float want[4] = {1.f, 2.f, 8.f / 3.f, 24.f / 7.f};
+    for (int t = 0; t < 4; ++t) EXPECT_NEAR(h.data_as<float>()[t], want[t], 1e-6) << "f[1] = " << erase << ", t = " << t;
+    // Random cases: erasing gates at step 0 (with an initial state), at a chunk's first and last
+    // step, twice in one chunk, beside resets; S = 29 leaves a tail chunk; every output.
+    CaseSpec s;
+    s.NH = 3, s.S = 29, s.resets = "random", s.initial_state = true;
+    CaseData r = mlstm::testing::make_case(s);
+    for (int64_t bh = 0; bh < 3; ++bh)
+      for (int64_t t : {0, 8, 15, 19, 21, 28})
+        if ((t + bh) % 3 != 1) r.f.data_as<float>()[bh * s.S + t] = erase;
+    const auto want_all = forward_backward_outputs(r, "reference", 8), got = forward_backward_outputs(r, "cpu", 8);
+    for (size_t o = 0; o < got.size(); ++o) {
+      double scale = 0.0;
+      for (float v : want_all[o]) scale = std::max(scale, double(std::abs(v)));
+      for (size_t j = 0; j < got[o].size(); ++j)
+        ASSERT_NEAR(got[o][j], want_all[o][j], 1e-4 * (1.0 + scale)) << "output " << o << " element " << j << " f = " << erase;
+    }
+  }
+}
+
+// An output that shares memory with an input (an in-place state carry c_last = c0, a gradient
+// written over its input df = f) or with another output is refused before anything is written:
+// the cpu backend reads f after writing df, and an autotune sweep zeroed c_last (= c0) first.
+TEST(Mlstm, OutputsThatAliasInputsAreRefused) {
+  CaseSpec s;
+  s.S = 9, s.initial_state = true;
+  CaseData d = mlstm::testing::make_case(s);
+  Tensor h = Tensor::zeros(DType::kF32, d.v.shape()), c = Tensor::zeros(DType::kF32, d.c0.shape()),
+         n = Tensor::zeros(DType::kF32, d.n0.shape()), m = Tensor::zeros(DType::kF32, d.m0.shape());
+  const auto refused = [](const std::function<void()>& call, const std::string& what) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  const std::vector<float> c0(d.c0.data_as<float>(), d.c0.data_as<float>() + d.c0.numel());
+  refused([&] { mlstm::forward(d.inputs(), h.view(), {d.c0.view(), n.view(), m.view()}); }, "c_last shares memory with c0");
+  const TensorView m_in_n(n.view().data, DType::kF32, d.m0.shape());  // m_last over n_last's first elements
+  refused([&] { mlstm::forward(d.inputs(), h.view(), {c.view(), n.view(), m_in_n}); }, "n_last shares memory with m_last");
+  EXPECT_TRUE(std::equal(c0.begin(), c0.end(), d.c0.data_as<float>())) << "c0 was written";
+  Grads g{Tensor::zeros(DType::kF32, d.q.shape()), Tensor::zeros(DType::kF32, d.k.shape()),
+          Tensor::zeros(DType::kF32, d.v.shape()), Tensor::zeros(DType::kF32, d.i.shape()),
+          Tensor::zeros(DType::kF32, d.f.shape()), Tensor::zeros(DType::kF32, d.c0.shape()),
+          Tensor::zeros(DType::kF32, d.n0.shape())};
+  refused([&] {
+    mlstm::backward(d.inputs(), d.dh.view(), {g.dq.view(), g.dk.view(), g.dv.view(), g.di.view(), d.f.view(), g.dc0.view(), g.dn0.view()});
+  }, "df shares memory with f");
+  refused([&] {
+    mlstm::backward(d.inputs(), d.dh.view(), {g.dq.view(), g.dk.view(), d.dh.view(), g.di.view(), g.df.view(), g.dc0.view(), g.dn0.view()});
+  }, "dv shares memory with dh");
+  // Apart, the same buffers are fine.
+  mlstm::forward(d.inputs(), h.view(), {c.view(), n.view(), m.view()});
+}
+
 Tensor slice_s(const Tensor& t, int64_t s0, int64_t s1, int64_t seq_dim) {  // [.., S, ..] f32 or i32
   Shape shape = t.shape();
   const int64_t S = shape[seq_dim];
@@ -209,7 +303,10 @@ TEST(Mlstm, TwoCallsEqualOneCall) {
   for (const char* impl : tessera::testing::reference_and_cpu()) {
     CaseSpec s;
     s.B = 2, s.S = 21, s.resets = "random", s.initial_state = true;
-    const CaseData d = mlstm::testing::make_case(s);
+    const int64_t cut = 11;
+    CaseData d = mlstm::testing::make_case(s);
+    // No reset at the cut: the second call ignores one at its step 0 (it starts from c1, n1, m1).
+    for (int64_t b = 0; b < s.B; ++b) d.resets.data_as<int32_t>()[b * s.S + cut] = 0;
     mlstm::Options o = impl_opt(impl, 1e-6);
     o.chunk_size = 4;
     auto run = [&](const mlstm::Inputs& in, int64_t S, Tensor& h, Tensor& c, Tensor& n, Tensor& m) {
@@ -219,7 +316,6 @@ TEST(Mlstm, TwoCallsEqualOneCall) {
     };
     Tensor h, c, n, m, h1, c1, n1, m1, h2, c2, n2, m2;
     run(d.inputs(), s.S, h, c, n, m);
-    const int64_t cut = 11;
     const Tensor q1 = slice_s(d.q, 0, cut, 2), k1 = slice_s(d.k, 0, cut, 2), v1 = slice_s(d.v, 0, cut, 2),
                  i1 = slice_s(d.i, 0, cut, 2), f1 = slice_s(d.f, 0, cut, 2), r1 = slice_s(d.resets, 0, cut, 1);
     const Tensor q2 = slice_s(d.q, cut, s.S, 2), k2 = slice_s(d.k, cut, s.S, 2), v2 = slice_s(d.v, cut, s.S, 2),

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/random.h"
@@ -220,6 +221,33 @@ TEST(SlstmReference, TheBatchBlockChangesNothingButThePartition) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("batch_block must be >= 1"), std::string::npos) << e.what();
   }
+}
+
+// An output that shares memory with an input (an in-place state carry h_last = h0, a gradient
+// over its upstream) or with another output is refused before anything is written.
+TEST(SlstmReference, OutputsThatAliasInputsAreRefused) {
+  CaseSpec s;
+  s.initial = true;
+  CaseData d = slstm::testing::make_case(s);
+  const Shape cell{s.B, s.NH, s.DH};
+  Tensor h = Tensor::zeros(DType::kF32, {s.B, s.S, s.NH, s.DH}), hl = Tensor::zeros(DType::kF32, cell),
+         cl = Tensor::zeros(DType::kF32, cell), nl = Tensor::zeros(DType::kF32, cell), ml = Tensor::zeros(DType::kF32, cell);
+  const std::vector<float> h0(d.h0.data_as<float>(), d.h0.data_as<float>() + d.h0.numel());
+  try {
+    forward(d.inputs(), {h.view(), d.h0.view(), cl.view(), nl.view(), ml.view()});
+    ADD_FAILURE() << "h_last = h0 was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("h_last shares memory with h0"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(std::equal(h0.begin(), h0.end(), d.h0.data_as<float>())) << "h0 was written";
+  Tensor dwx = Tensor::zeros(DType::kF32, d.wx.shape()), dr = Tensor::zeros(DType::kF32, d.r.shape()),
+         db = Tensor::zeros(DType::kF32, d.b.shape()), dh0 = Tensor::zeros(DType::kF32, cell),
+         dc0 = Tensor::zeros(DType::kF32, cell), dn0 = Tensor::zeros(DType::kF32, cell);
+  EXPECT_THROW(backward(d.inputs(), d.upstream(), {dwx.view(), dr.view(), db.view(), d.dh_last.view(), dc0.view(), dn0.view()}), Error);
+  EXPECT_THROW(forward(d.inputs(), {h.view(), hl.view(), cl.view(), nl.view(), cl.view()}), Error);
+  // Apart, the same buffers are fine.
+  forward(d.inputs(), {h.view(), hl.view(), cl.view(), nl.view(), ml.view()});
+  backward(d.inputs(), d.upstream(), {dwx.view(), dr.view(), db.view(), dh0.view(), dc0.view(), dn0.view()});
 }
 
 TEST(SlstmReference, TwoCallsEqualOneCall) {

@@ -101,6 +101,14 @@ struct Call {
     if (opt.check_finite) args().finite(dh_view, "dh");
   }
 
+  // No output aliases an input (the upstream gradients included) or another output: an in-place
+  // state carry (c_last = c0) is a copy first.
+  void apart(const Inputs& in, const dispatch::ArgCheck::Named& outs, dispatch::ArgCheck::Named ins) {
+    ins.insert(ins.end(), {{"q", in.q}, {"k", in.k}, {"v", in.v}, {"i", in.i}, {"f", in.f}, {"resets", in.resets},
+                           {"c0", in.c0}, {"n0", in.n0}, {"m0", in.m0}});
+    args().apart(outs, ins);
+  }
+
   // The inputs as the backends take them: f32 host arrays, or a device call's own (impl.h).
   void convert(const Inputs& in) {
     if (on_device(p)) {  // nothing converted: the device backend reads every dtype
@@ -160,6 +168,10 @@ struct Call {
   }
 };
 
+dispatch::ArgCheck::Named grads_named(const Grads& g) {
+  return {{"dq", g.dq}, {"dk", g.dk}, {"dv", g.dv}, {"di", g.di}, {"df", g.df}, {"dc0", g.dc0}, {"dn0", g.dn0}};
+}
+
 }  // namespace
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
@@ -167,6 +179,7 @@ std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 std::string forward(const Inputs& in, const TensorView& h, const LastStates& last, const Options& opt) {
   Call c(in, opt);
   c.check_forward(h, last);
+  c.apart(in, {{"h", h}, {"c_last", last.c}, {"n_last", last.n}, {"m_last", last.m}}, {});
   c.convert(in), c.bind_forward(h, last);
   return c.run(opt, Pass::kForward, [&](const Implementation& impl, const Problem& t) { impl.forward(t, c.out); });
 }
@@ -175,6 +188,7 @@ std::string backward(const Inputs& in, const TensorView& dh, const Grads& g, con
                      const TensorView& dc_last, const TensorView& dn_last) {
   Call c(in, opt);
   c.check_backward(in, opt, dh, g, dc_last, dn_last);
+  c.apart(in, grads_named(g), {{"dh", dh}, {"dc_last", dc_last}, {"dn_last", dn_last}});
   c.convert(in), c.bind_backward(dh, g, dc_last, dn_last);
   return c.run(opt, Pass::kBackward, [&](const Implementation& impl, const Problem& t) { impl.backward(t, c.a); });
 }
@@ -184,6 +198,9 @@ std::string forward_backward(const Inputs& in, const TensorView& h, const LastSt
                              const Grads& g, const Options& opt, const TensorView& dc_last, const TensorView& dn_last) {
   Call c(in, opt);
   c.check_forward(h, last), c.check_backward(in, opt, dh, g, dc_last, dn_last);
+  dispatch::ArgCheck::Named outs = grads_named(g);
+  outs.insert(outs.end(), {{"h", h}, {"c_last", last.c}, {"n_last", last.n}, {"m_last", last.m}});
+  c.apart(in, outs, {{"dh", dh}, {"dc_last", dc_last}, {"dn_last", dn_last}});
   c.convert(in), c.bind_forward(h, last), c.bind_backward(dh, g, dc_last, dn_last);
   return c.run(opt, Pass::kFused, [&](const Implementation& impl, const Problem& t) {
     impl.forward_backward(t, c.out, c.a);

@@ -111,6 +111,14 @@ int64_t chunk_of(const Problem& p) { return p.chunk > 0 ? p.chunk : kDefaultChun
 
 double logsigmoid(double x) { return std::min(x, 0.0) - std::log1p(std::exp(-std::fabs(x))); }
 
+// A forget gate that erases the state: logsigmoid(f) below −1e9 (f = −inf, −FLT_MAX: a mask),
+// where the recurrence's F = e^{logσ(f) + m_{t−1} − m_t} is exactly 0 for any input gates within
+// ±1e8 and m_t = i_t. The step then starts a segment as a reset does, without a zero state's
+// stabilizer term (g = −inf: nothing is carried), and its logσ(f) stays out of the running sums
+// (−inf made them NaN; −FLT_MAX absorbed every later gate of the chunk).
+constexpr double kForgetAll = -1e9;
+bool forgets_all(float f) { return logsigmoid(double(f)) < kForgetAll; }
+
 // The denominator's floor exp(−m) in f32, never 0: past m ≈ 103 it would underflow, and with
 // eps = 0 and q̂ᵀn = 0 (a zero query) h would be 0/0.
 float den_floor(double m) { return std::max(static_cast<float>(std::exp(-m)), std::numeric_limits<float>::min()); }
@@ -295,16 +303,18 @@ struct ChunkRef {
 void chunk_gates(const ChunkRef& c) {
   const Problem& p = c.cx.p;
   HeadBufs& h = c.hb;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
   int32_t seg = 0;
-  bool has_state = true;
-  double acc = 0.0, seg_base = 0.0, best = -std::numeric_limits<double>::infinity();  // max_{s in seg} i_s − cum_s
+  bool has_state = true, erased = false;  // erased: the segment began at a forgets_all step
+  double acc = 0.0, seg_base = 0.0, best = -kInf;  // max_{s in seg} i_s − cum_s
   for (int64_t t = 0; t < c.L; ++t) {
     const int64_t g = c.start + t;
-    if (p.reset_at(c.b, g)) seg = int32_t(t), has_state = false, seg_base = acc, best = -std::numeric_limits<double>::infinity();
-    acc += logsigmoid(c.gf()[t]);
+    const bool cut = forgets_all(c.gf()[t]);
+    if (cut || p.reset_at(c.b, g)) seg = int32_t(t), has_state = false, erased = cut, seg_base = acc, best = -kInf;
+    if (!cut) acc += logsigmoid(c.gf()[t]);
     best = std::max(best, double(c.gi()[t]) - acc);
     h.cum[g] = acc, h.seg[g] = seg, h.hs[g] = has_state;
-    h.gl[g] = has_state ? acc : acc - seg_base;
+    h.gl[g] = has_state ? acc : erased ? -kInf : acc - seg_base;
     h.lmax[g] = acc + best;
   }
 }
@@ -793,9 +803,11 @@ void gate_suffix(const Ctx& cx, int64_t b, int64_t bh, double dot_last, const Ba
   double acc = dot_last;
   for (int64_t t = p.S - 1; t >= 0; --t) {
     acc += df[t];
-    const bool zero_start = p.reset_at(b, t) || (t == 0 && !p.c0);  // logsigmoid(f_t) multiplies a zero state
-    df[t] = zero_start ? 0.f : float(acc / (1.0 + std::exp(double(p.f[bh * p.S + t]))));  // σ(−f)
-    if (p.reset_at(b, t)) acc = 0.0;
+    const float f = p.f[bh * p.S + t];
+    // logsigmoid(f_t) multiplies a zero state, or the state it erases (F = 0: nothing flows back)
+    const bool zero_start = p.reset_at(b, t) || (t == 0 && !p.c0) || forgets_all(f);
+    df[t] = zero_start ? 0.f : float(acc / (1.0 + std::exp(double(f))));  // σ(−f)
+    if (p.reset_at(b, t) || forgets_all(f)) acc = 0.0;
   }
 }
 

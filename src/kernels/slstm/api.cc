@@ -120,21 +120,41 @@ struct Call {
   }
 };
 
+// No output aliases an input (the upstream gradients included) or another output: an in-place
+// state carry (h_last = h0) is a copy first.
+void apart(const Inputs& in, const Upstream* up, const Outputs* out, const Grads* g) {
+  dispatch::ArgCheck::Named ins{{"wx", in.wx}, {"r", in.r}, {"b", in.b},   {"resets", in.resets},
+                                {"h0", in.h0}, {"c0", in.c0}, {"n0", in.n0}, {"m0", in.m0}},
+      outs;
+  if (up) ins.insert(ins.end(), {{"dh", up->dh}, {"dh_last", up->dh_last}, {"dc_last", up->dc_last}, {"dn_last", up->dn_last}});
+  if (out)
+    outs = {{"h", out->h}, {"h_last", out->h_last}, {"c_last", out->c_last}, {"n_last", out->n_last}, {"m_last", out->m_last}};
+  if (g)
+    outs.insert(outs.end(), {{"dwx", g->dwx}, {"dr", g->dr}, {"db", g->db}, {"dh0", g->dh0}, {"dc0", g->dc0}, {"dn0", g->dn0}});
+  args().apart(outs, ins);
+}
+
 }  // namespace
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
-  return Call(in, opt).outputs(out).run(opt);
+  Call c(in, opt);
+  c.outputs(out), apart(in, nullptr, &out, nullptr);
+  return c.run(opt);
 }
 
 std::string backward(const Inputs& in, const Upstream& up, const Grads& grads, const Options& opt) {
-  return Call(in, opt).backward(up, grads, opt).run(opt);
+  Call c(in, opt);
+  c.backward(up, grads, opt), apart(in, &up, nullptr, &grads);
+  return c.run(opt);
 }
 
 std::string forward_backward(const Inputs& in, const Upstream& up, const Outputs& out, const Grads& grads,
                              const Options& opt) {
-  return Call(in, opt).outputs(out).backward(up, grads, opt).run(opt);
+  Call c(in, opt);
+  c.outputs(out).backward(up, grads, opt), apart(in, &up, &out, &grads);
+  return c.run(opt);
 }
 
 }  // namespace tessera::slstm

@@ -57,8 +57,20 @@ TensorView view_of(const ffi::AnyBuffer& b, Device dev) {
   return TensorView(b.untyped_data(), dtype_of(b.element_type()), std::move(shape), dev);
 }
 
-ffi::Error run(Device dev, void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel,
-               std::string_view pass, std::string_view names, std::string_view options,
+// Whether the kernel reads input `name` on the host whatever the device (group sizes, page
+// tables, sequence lengths: CallInput::host_only).
+bool host_only(const kernels::CallSpec& c, const std::string& name) {
+  for (const auto* list : {&c.inputs, &c.grad_inputs})
+    for (const kernels::CallInput& in : *list)
+      if (in.name == name) return in.host_only;
+  return false;
+}
+
+// A device buffer's contents in host memory (nullptr: the call is on the host already).
+using HostCopy = Tensor (*)(void* stream, const TensorView& t);
+
+ffi::Error run(Device dev, void* stream, HostCopy host_copy, ffi::RemainingArgs args, ffi::RemainingRets rets,
+               std::string_view kernel, std::string_view pass, std::string_view names, std::string_view options,
                std::string_view implementation, int64_t memory_budget) {
   try {
     const kernels::KernelSpec& k = kernels::get(std::string(kernel));
@@ -68,10 +80,16 @@ ffi::Error run(Device dev, void* stream, ffi::RemainingArgs args, ffi::Remaining
     if (n.size() != args.size())
       return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tessera: " + std::to_string(args.size()) +
                                                               " buffers for " + std::to_string(n.size()) + " names");
+    // XLA hands every operand in device memory on a GPU: the ones read on the host are copied
+    // there (kept alive for the call), as the torch front end does with .cpu().
+    std::vector<Tensor> on_host;
+    on_host.reserve(n.size());
     for (size_t i = 0; i < n.size(); ++i) {
       auto b = args.get<ffi::AnyBuffer>(i);
       if (b.has_error()) return b.error();
-      call.tensors.push_back({n[i], view_of(*b, dev)});
+      TensorView v = view_of(*b, dev);
+      if (host_copy && host_only(k.call, n[i])) on_host.push_back(host_copy(stream, v)), v = on_host.back().view();
+      call.tensors.push_back({n[i], v});
     }
     std::map<std::string, std::string> given;
     for (const std::string& kv : split(options, ';')) {
@@ -105,16 +123,28 @@ ffi::Error run(Device dev, void* stream, ffi::RemainingArgs args, ffi::Remaining
 ffi::Error call_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel, std::string_view pass,
                     std::string_view names, std::string_view options, std::string_view implementation,
                     int64_t memory_budget) {
-  return run(Device::cpu(), nullptr, args, rets, kernel, pass, names, options, implementation, memory_budget);
+  return run(Device::cpu(), nullptr, nullptr, args, rets, kernel, pass, names, options, implementation, memory_budget);
 }
 
 #ifdef TESSERA_HAVE_CUDA_BACKEND
+// After the work queued on the stream so far (the buffer may be its output), synchronously.
+Tensor cuda_host_copy(void* stream, const TensorView& t) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  Tensor h = Tensor::empty(t.dtype, t.shape);
+  cudaError_t e = cudaMemcpyAsync(h.view().data, t.data, t.nbytes(), cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess)
+    throw Error(ErrorCode::kInternal, std::string("tessera: copying a host-read input to the host: ") + cudaGetErrorString(e));
+  return h;
+}
+
 ffi::Error call_cuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel,
                      std::string_view pass, std::string_view names, std::string_view options,
                      std::string_view implementation, int64_t memory_budget) {
   int device = 0;
   cudaGetDevice(&device);
-  return run(Device::cuda(device), stream, args, rets, kernel, pass, names, options, implementation, memory_budget);
+  return run(Device::cuda(device), stream, cuda_host_copy, args, rets, kernel, pass, names, options, implementation,
+             memory_budget);
 }
 #endif
 

@@ -61,18 +61,19 @@ class Option:
 
     def to_text(self, value: Any) -> str:
         """The option's value as the C++ OptionValues text."""
+        # NumPy's scalars (np.float32, np.int64, np.bool_) too: values read from arrays or configs.
         if self.kind == "flag":
-            if not isinstance(value, (bool, int)):
+            if not (isinstance(value, numbers.Integral) or _is_numpy_bool(value)):
                 raise TypeError(f"{self.name} must be a bool, got {type(value).__name__}")
             return "true" if value else "false"
         if self.kind == "int":
-            if isinstance(value, bool) or not isinstance(value, int):
+            if _is_bool(value) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"{self.name} must be an int, got {type(value).__name__}")
             return str(int(value))
         if self.kind == "float":
             if value is None:
                 value = 0.0
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if _is_bool(value) or not isinstance(value, numbers.Real):
                 raise TypeError(f"{self.name} must be a float, got {type(value).__name__}")
             return repr(float(value))
         if not isinstance(value, str):
@@ -80,6 +81,14 @@ class Option:
         if self.choices and value not in self.choices:
             raise ValueError(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}")
         return value
+
+
+def _is_numpy_bool(value: Any) -> bool:
+    return type(value).__name__ == "bool_" and type(value).__module__ == "numpy"
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or _is_numpy_bool(value)
 
 
 def _typed_default(kind: str, text: str) -> Any:

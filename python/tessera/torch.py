@@ -221,10 +221,27 @@ def _register_fused(k: Kernel, op_name: str):
         if g is None:
             return tuple(None for _ in given)
         if not _is_one(g):
-            saved = {n: d * g.to(torch.float32) for n, d in saved.items()}
+            saved = {n: _scaled(d, g) for n, d in saved.items()}
         return tuple(saved.get(a) for a in given)
 
     torch.library.register_autograd("tessera::" + op_name, backward, setup_context=setup_context, lib=_lib)
+
+
+def _scaled(d: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """A saved gradient times the upstream scalar, in f32 and rounded once to d's dtype. On a CUDA
+    device a 16-bit tensor times a 0-d f32 tensor computes in the 16-bit type (g rounded to bf16
+    first: up to 2^-9 off for g = 0.1); a Python float is kept in f32 by the kernel. While tracing
+    the value is unknown: an f32 product that the compiler fuses into one pass."""
+    if _traced(g):
+        return (d.to(torch.float32) * g.to(torch.float32)).to(d.dtype)
+    return d * float(g)
+
+
+def _traced(g: torch.Tensor) -> bool:
+    """Whether anything traces g (torch.compile, make_fx, opcheck: a dispatch mode is active, or g
+    is a tensor subclass or a functorch wrapper): its value must not be read or baked in."""
+    return (torch.compiler.is_compiling() or type(g) is not torch.Tensor or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._functorch.is_functorch_wrapped_tensor(g))
 
 
 def _is_one(g: torch.Tensor) -> bool:
@@ -232,10 +249,7 @@ def _is_one(g: torch.Tensor) -> bool:
     as they are; a multiply by 1.0 would not change a bit but costs a pass over dw). While
     anything traces (torch.compile, make_fx, opcheck: a dispatch mode is active or g is a tensor
     subclass or a functorch wrapper) the value is unknown or must not be baked in: multiply."""
-    if (torch.compiler.is_compiling() or type(g) is not torch.Tensor or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._functorch.is_functorch_wrapped_tensor(g)):
-        return False
-    return bool(g == 1)
+    return not _traced(g) and bool(g == 1)
 
 
 def _make(k: Kernel, op=None, drop_grads=False):

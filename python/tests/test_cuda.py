@@ -154,3 +154,34 @@ def test_fused_in_forward_on_cuda_matches_forward_then_backward(dtype):
         scale = r.float().abs().max().item()
         tol = dict(rtol=1e-5, atol=1e-5 * scale) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=2 ** -6 * scale)
         torch.testing.assert_close(a.float(), r.float(), **tol)
+
+
+def test_fused_backward_scales_in_f32_on_cuda():
+    """The fused op's saved bf16 gradients times an upstream g = 0.1: the f32 product rounded once
+    (a bf16 tensor times a 0-d f32 CUDA tensor computed in bf16, g rounded first: up to 2^-9 off)."""
+    require_cuda_implementation("linear_cross_entropy")
+    x, w, y = ref.problem(seed=5)
+    xt = torch.from_numpy(x).to("cuda", torch.bfloat16).requires_grad_()
+    wt = torch.from_numpy(w).to("cuda", torch.bfloat16)
+    yt = torch.from_numpy(y).to("cuda")
+    tt.linear_cross_entropy(xt, wt, yt).backward()
+    g1 = xt.grad.clone()
+    xt.grad = None
+    (tt.linear_cross_entropy(xt, wt, yt) * 0.1).backward()
+    assert torch.equal(xt.grad, (g1.float() * 0.1).to(torch.bfloat16))
+
+
+def test_jax_host_read_inputs_on_gpu():
+    """tessera.jax on GPU arrays: group sizes (read on the host) arrive in device memory and are
+    copied to the host by the FFI handler; the result matches NumPy's."""
+    jax = pytest.importorskip("jax")
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX sees no GPU")
+    require_cuda_implementation("grouped_matmul")
+    import tessera.jax as tj
+    lhs, rhs, sizes = t_gmm.problem(seed=5)
+    want = tessera.grouped_matmul(lhs, rhs, sizes)
+    got = tj.grouped_matmul(*(jax.device_put(a, gpu) for a in (lhs, rhs, sizes)))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL, atol=ATOL)

@@ -229,7 +229,12 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis
                  class_weights=a["class_weights"], grad_loss=jnp.asarray(gs[0], jnp.float32), lse=lse)
         grads = tj.call("linear_cross_entropy", "backward", t, implementation=impl, memory_budget=budget, **opts)
         zeros = jax.tree_util.tree_map(_zero_cotangent, a)
-        return jax.lax.psum(grads["dx"], axis_name), grads["dw"], grads.get("dbias"), zeros
+        # Each cotangent varies over its primal's mesh axes only: on a data x tensor parallel mesh
+        # dw and dbias come back varying over the data axes too and are summed over them (the
+        # weights are the same on every data shard), as tessera.jax does for its own calls.
+        dx = tj._varying_like(jax.lax.psum(grads["dx"], axis_name), xx)
+        db = None if bb is None else tj._varying_like(grads["dbias"], bb)
+        return dx, tj._varying_like(grads["dw"], ww), db, zeros
 
     loss_fn.defvjp(fwd, bwd)
     outs = loss_fn(x, w_local, bias, aux)

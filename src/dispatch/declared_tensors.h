@@ -56,6 +56,12 @@ class DeclaredTensors {
     for (const TensorInput<In>& t : inputs_) views.emplace_back(t.rule.name, in.*t.member);
     return rules_.bind(views, mode);
   }
+  // No view of `outputs` shares memory with an input of `in`, with a view of `reads` (upstream
+  // gradients) or with another output (ArgCheck::apart).
+  void apart(const In& in, const ArgCheck::Named& outputs, ArgCheck::Named reads = {}) const {
+    for (const TensorInput<In>& t : inputs_) reads.emplace_back(t.rule.name, in.*t.member);
+    args().apart(outputs, reads);
+  }
   // Options::check_finite: "<name> contains NaN or Inf" for the first input that holds one, inputs
   // with an integer rule ("int", "i32", "i64") skipped; host data only (all_finite).
   void check_finite(const In& in) const {

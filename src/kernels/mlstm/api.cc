@@ -64,6 +64,7 @@ struct Call {
   ForwardOut out;
   BackwardArgs a;
   std::vector<tune::Buffer> outs;  // the f32 outputs the backends write, for autotune-on-miss
+  dispatch::ArgCheck::Named written, read;  // outputs and upstream gradients, for tensors().apart
 
   Call(const Inputs& in, const Options& opt) : d(tensors().bind(in, dispatch::BindMode::kFull)) {
     p.B = d["B"], p.NH = d["NH"], p.S = d["S"], p.DK = d["DHQK"], p.DV = d["DHV"];
@@ -80,7 +81,9 @@ struct Call {
     p.num_threads = resolve_num_threads(opt.num_threads);
     p.stream = opt.stream;
   }
-  void check(const char* name, const TensorView& t) { dispatch::check_rule(d, tensors().rules(), name, t); }
+  void check(const char* name, const TensorView& t, bool output = true) {
+    dispatch::check_rule(d, tensors().rules(), name, t), (output ? written : read).emplace_back(name, t);
+  }
 
   // h and the last states (c, n, m: all three or none).
   void check_forward(const TensorView& h_view, const LastStates& last) {
@@ -92,21 +95,13 @@ struct Call {
   // dh, the upstream gradients of the last states and the gradients.
   void check_backward(const Inputs& in, const Options& opt, const TensorView& dh_view, const Grads& g,
                       const TensorView& dc_last, const TensorView& dn_last) {
-    check("dh", dh_view);
-    if (given(dc_last)) check("dc_last", dc_last);
-    if (given(dn_last)) check("dn_last", dn_last);
+    check("dh", dh_view, false);
+    if (given(dc_last)) check("dc_last", dc_last, false);
+    if (given(dn_last)) check("dn_last", dn_last, false);
     check("dq", g.dq), check("dk", g.dk), check("dv", g.dv), check("di", g.di), check("df", g.df);
     if (args().exactly_with(given(in.c0), "an initial state", {{"dc0", g.dc0}, {"dn0", g.dn0}}))
       check("dc0", g.dc0), check("dn0", g.dn0);
     if (opt.check_finite) args().finite(dh_view, "dh");
-  }
-
-  // No output aliases an input (the upstream gradients included) or another output: an in-place
-  // state carry (c_last = c0) is a copy first.
-  void apart(const Inputs& in, const dispatch::ArgCheck::Named& outs, dispatch::ArgCheck::Named ins) {
-    ins.insert(ins.end(), {{"q", in.q}, {"k", in.k}, {"v", in.v}, {"i", in.i}, {"f", in.f}, {"resets", in.resets},
-                           {"c0", in.c0}, {"n0", in.n0}, {"m0", in.m0}});
-    args().apart(outs, ins);
   }
 
   // The inputs as the backends take them: f32 host arrays, or a device call's own (impl.h).
@@ -153,9 +148,11 @@ struct Call {
 
   // Runs `pass` on the implementation the registry picks, at the chunk length it takes: the call's
   // (chunk_size > 0), else the tuned table's, else autotune-on-miss (timing `run` itself into
-  // `outs`), else the default; then stores the f32 scratch back in the caller's dtypes.
+  // `outs`), else the default; then stores the f32 scratch back in the caller's dtypes. First: no
+  // output aliases an input or another output (an in-place c_last = c0 is a copy first).
   template <class Run>
-  std::string run(const Options& opt, Pass pass, Run&& body) {
+  std::string run(const Inputs& in, const Options& opt, Pass pass, Run&& body) {
+    tensors().apart(in, written, read);
     const tune::DeclaredCall c{.dtype = d.dtype("=q"),
                                .dims = {p.B, p.NH, p.S, p.DK, p.DV},
                                .pass = pass,
@@ -168,10 +165,6 @@ struct Call {
   }
 };
 
-dispatch::ArgCheck::Named grads_named(const Grads& g) {
-  return {{"dq", g.dq}, {"dk", g.dk}, {"dv", g.dv}, {"di", g.di}, {"df", g.df}, {"dc0", g.dc0}, {"dn0", g.dn0}};
-}
-
 }  // namespace
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
@@ -179,18 +172,16 @@ std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 std::string forward(const Inputs& in, const TensorView& h, const LastStates& last, const Options& opt) {
   Call c(in, opt);
   c.check_forward(h, last);
-  c.apart(in, {{"h", h}, {"c_last", last.c}, {"n_last", last.n}, {"m_last", last.m}}, {});
   c.convert(in), c.bind_forward(h, last);
-  return c.run(opt, Pass::kForward, [&](const Implementation& impl, const Problem& t) { impl.forward(t, c.out); });
+  return c.run(in, opt, Pass::kForward, [&](const Implementation& impl, const Problem& t) { impl.forward(t, c.out); });
 }
 
 std::string backward(const Inputs& in, const TensorView& dh, const Grads& g, const Options& opt,
                      const TensorView& dc_last, const TensorView& dn_last) {
   Call c(in, opt);
   c.check_backward(in, opt, dh, g, dc_last, dn_last);
-  c.apart(in, grads_named(g), {{"dh", dh}, {"dc_last", dc_last}, {"dn_last", dn_last}});
   c.convert(in), c.bind_backward(dh, g, dc_last, dn_last);
-  return c.run(opt, Pass::kBackward, [&](const Implementation& impl, const Problem& t) { impl.backward(t, c.a); });
+  return c.run(in, opt, Pass::kBackward, [&](const Implementation& impl, const Problem& t) { impl.backward(t, c.a); });
 }
 
 // The cpu backend forms the chunk states once for both passes.
@@ -198,11 +189,8 @@ std::string forward_backward(const Inputs& in, const TensorView& h, const LastSt
                              const Grads& g, const Options& opt, const TensorView& dc_last, const TensorView& dn_last) {
   Call c(in, opt);
   c.check_forward(h, last), c.check_backward(in, opt, dh, g, dc_last, dn_last);
-  dispatch::ArgCheck::Named outs = grads_named(g);
-  outs.insert(outs.end(), {{"h", h}, {"c_last", last.c}, {"n_last", last.n}, {"m_last", last.m}});
-  c.apart(in, outs, {{"dh", dh}, {"dc_last", dc_last}, {"dn_last", dn_last}});
   c.convert(in), c.bind_forward(h, last), c.bind_backward(dh, g, dc_last, dn_last);
-  return c.run(opt, Pass::kFused, [&](const Implementation& impl, const Problem& t) {
+  return c.run(in, opt, Pass::kFused, [&](const Implementation& impl, const Problem& t) {
     impl.forward_backward(t, c.out, c.a);
   });
 }

@@ -47,6 +47,7 @@ struct Call {
   std::vector<uint8_t> resets;
   dispatch::F32In dh;
   std::vector<tune::Buffer> outs;  // the outputs checked, for autotune-on-miss
+  dispatch::ArgCheck::Named written, read;  // outputs and upstream gradients, for tensors().apart
 
   Call(const Inputs& in, const Options& opt) : d(tensors().bind(in, dispatch::BindMode::kFull)) {
     p.B = d["B"], p.S = d["S"], p.NH = d["NH"], p.DH = d["DH"];
@@ -70,13 +71,13 @@ struct Call {
   }
   void check(const char* name, const TensorView& t) { dispatch::check_rule(d, tensors().rules(), name, t); }
   const float* optional_input(const char* name, const TensorView& t) {
-    if (given(t)) check(name, t);
+    if (given(t)) check(name, t), read.emplace_back(name, t);
     return t.data_as<const float>();
   }
   // Checks an output and keeps it for autotune-on-miss; its data as the backends take it.
   template <class T = float>
   T* output(const char* name, const TensorView& t) {
-    check(name, t), outs.push_back(tune::buffer_of(name, t));
+    check(name, t), outs.push_back(tune::buffer_of(name, t)), written.emplace_back(name, t);
     return t.data_as<T>();
   }
 
@@ -89,7 +90,7 @@ struct Call {
   }
 
   Call& backward(const Upstream& up, const Grads& g, const Options& opt) {
-    check("dh", up.dh);
+    check("dh", up.dh), read.emplace_back("dh", up.dh);
     if (opt.check_finite) args().finite(up.dh, "dh");
     p.dh_last = optional_input("dh_last", up.dh_last), p.dc_last = optional_input("dc_last", up.dc_last);
     p.dn_last = optional_input("dn_last", up.dn_last);
@@ -108,7 +109,9 @@ struct Call {
 
   // Runs `p` with the batch block its implementation takes: the call's (> 0), else the tuned
   // table's, else autotune-on-miss (timing the implementation on this call), else the default.
-  std::string run(const Options& opt) const {
+  // First: no output aliases an input or another output (an in-place h_last = h0 is a copy first).
+  std::string run(const Inputs& in, const Options& opt) const {
+    tensors().apart(in, written, read);
     const tune::DeclaredCall c{.dtype = p.dtype,
                                .dims = {p.B, p.S, p.NH, p.DH},
                                .pass = p.backward ? (p.h ? Pass::kFused : Pass::kBackward) : Pass::kForward,
@@ -120,41 +123,21 @@ struct Call {
   }
 };
 
-// No output aliases an input (the upstream gradients included) or another output: an in-place
-// state carry (h_last = h0) is a copy first.
-void apart(const Inputs& in, const Upstream* up, const Outputs* out, const Grads* g) {
-  dispatch::ArgCheck::Named ins{{"wx", in.wx}, {"r", in.r}, {"b", in.b},   {"resets", in.resets},
-                                {"h0", in.h0}, {"c0", in.c0}, {"n0", in.n0}, {"m0", in.m0}},
-      outs;
-  if (up) ins.insert(ins.end(), {{"dh", up->dh}, {"dh_last", up->dh_last}, {"dc_last", up->dc_last}, {"dn_last", up->dn_last}});
-  if (out)
-    outs = {{"h", out->h}, {"h_last", out->h_last}, {"c_last", out->c_last}, {"n_last", out->n_last}, {"m_last", out->m_last}};
-  if (g)
-    outs.insert(outs.end(), {{"dwx", g->dwx}, {"dr", g->dr}, {"db", g->db}, {"dh0", g->dh0}, {"dc0", g->dc0}, {"dn0", g->dn0}});
-  args().apart(outs, ins);
-}
-
 }  // namespace
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
-  Call c(in, opt);
-  c.outputs(out), apart(in, nullptr, &out, nullptr);
-  return c.run(opt);
+  return Call(in, opt).outputs(out).run(in, opt);
 }
 
 std::string backward(const Inputs& in, const Upstream& up, const Grads& grads, const Options& opt) {
-  Call c(in, opt);
-  c.backward(up, grads, opt), apart(in, &up, nullptr, &grads);
-  return c.run(opt);
+  return Call(in, opt).backward(up, grads, opt).run(in, opt);
 }
 
 std::string forward_backward(const Inputs& in, const Upstream& up, const Outputs& out, const Grads& grads,
                              const Options& opt) {
-  Call c(in, opt);
-  c.outputs(out).backward(up, grads, opt), apart(in, &up, &out, &grads);
-  return c.run(opt);
+  return Call(in, opt).outputs(out).backward(up, grads, opt).run(in, opt);
 }
 
 }  // namespace tessera::slstm

@@ -84,7 +84,7 @@ class Option:
 
 
 def _is_numpy_bool(value: Any) -> bool:
-    return type(value).__name__ == "bool_" and type(value).__module__ == "numpy"
+    return type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool")  # NumPy 1, 2
 
 
 def _is_bool(value: Any) -> bool:

@@ -121,6 +121,21 @@ def test_errors_are_exceptions_with_the_cpp_message():
         f(x, w, y, z_loss_weight="big")
 
 
+def test_options_take_numpy_scalars():
+    """np.float32 / np.int64 / np.bool_ option values (read from arrays or configs) mean what the
+    Python numbers mean; a float for an int option and a bool for a number are still refused."""
+    x, w, y = ref.problem(seed=3)
+    f = tessera.linear_cross_entropy
+    want = f(x, w, y, z_loss_weight=1e-4, ignore_index=-100, return_argmax=True)
+    got = f(x, w, y, z_loss_weight=np.float32(1e-4), ignore_index=np.int64(-100), return_argmax=np.bool_(True))
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match="ignore_index must be an int, got float32"):
+        f(x, w, y, ignore_index=np.float32(1))
+    with pytest.raises(TypeError, match="z_loss_weight must be a float, got bool"):
+        f(x, w, y, z_loss_weight=np.bool_(True))
+
+
 def test_signature_generated_from_the_registry():
     sig = inspect.signature(tessera.linear_cross_entropy)
     assert list(sig.parameters)[:3] == ["x", "w", "labels"]

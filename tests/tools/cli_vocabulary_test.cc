@@ -37,6 +37,15 @@ class CliVocabulary : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir); }
   std::string p(const std::string& name) const { return (dir / name).string(); }
+  // x [2, 4], w [3, 4] and labels {0, second} saved; the `tessera run` arguments that read them.
+  std::string lce_run(int64_t second) const {
+    save("x.npy", filled(DType::kF32, {2, 4}, 0.1f));
+    save("w.npy", filled(DType::kF32, {3, 4}, 0.2f));
+    Tensor y = Tensor::empty(DType::kI64, {2});
+    y.data_as<int64_t>()[0] = 0, y.data_as<int64_t>()[1] = second;
+    save("y.npy", y);
+    return "run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --labels " + p("y.npy");
+  }
   void save(const std::string& name, const Tensor& t) const { npy::save(p(name), t); }
   // Every file of `a` equals the same file of `b`, byte for byte, and they hold the same names.
   void expect_same_outputs(const std::string& a, const std::string& b) const {
@@ -142,13 +151,7 @@ TEST_F(CliVocabulary, GroupedMatmulGradOutAndDoutAgree) {
 // A call that fails (here: a label out of range, found by the kernel's validation) writes no file
 // and creates no directory.
 TEST_F(CliVocabulary, AFailedRunWritesNothing) {
-  save("x.npy", filled(DType::kF32, {2, 4}, 0.1f));
-  save("w.npy", filled(DType::kF32, {3, 4}, 0.2f));
-  Tensor y = Tensor::empty(DType::kI64, {2});
-  y.data_as<int64_t>()[0] = 0, y.data_as<int64_t>()[1] = 9;
-  save("y.npy", y);
-  const Cmd c = sh("run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --labels " + p("y.npy") +
-                   " --grad --out " + p("out"));
+  const Cmd c = sh(lce_run(9) + " --grad --out " + p("out"));
   EXPECT_EQ(c.code, 2) << c.out;
   EXPECT_FALSE(fs::exists(p("out")));
 }
@@ -156,12 +159,7 @@ TEST_F(CliVocabulary, AFailedRunWritesNothing) {
 // The outputs are written all or none: one that cannot be written (its name taken by a
 // directory) fails the run before any file is replaced, and no temporary file stays behind.
 TEST_F(CliVocabulary, AnOutputThatCannotBeWrittenReplacesNoOther) {
-  save("x.npy", filled(DType::kF32, {2, 4}, 0.1f));
-  save("w.npy", filled(DType::kF32, {3, 4}, 0.2f));
-  Tensor y = Tensor::empty(DType::kI64, {2});
-  y.data_as<int64_t>()[0] = 0, y.data_as<int64_t>()[1] = 2;
-  save("y.npy", y);
-  const std::string args = "run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --labels " + p("y.npy");
+  const std::string args = lce_run(2);
   const Cmd ok = sh(args + " --out " + p("first"));
   ASSERT_EQ(ok.code, 0) << ok.out;
   std::vector<std::string> names;

@@ -72,6 +72,20 @@ TEST(AttentionBuckets, CandidatesDefaultsAndWork) {
   EXPECT_GE(tuning().work({1, 4096, 8, 128}), tuning().min_work);
 }
 
+// Autotune on, an empty cache directory and memo, and attention's tuning with no table rows and
+// no minimum work: every call a miss that tunes (or reads what an earlier call stored).
+struct ColdCache {
+  ColdCache() { tune::clear_autotune_memo(); }
+  tune::Declared tuning() const {
+    tune::Declared d = attention::tuning();
+    d.min_work = 0;
+    d.table = testing_tune::no_rows;
+    return d;
+  }
+  TempDir dir;
+  ScopedEnv cache{"TESSERA_CACHE_DIR", dir.path().c_str()}, on{"TESSERA_AUTOTUNE", "1"};
+};
+
 TEST(AttentionBuckets, KeyHoldsWhatChangesTheWork) {
   const Problem p = shape(1, 1000, 8, 128);
   tune::DeclaredCall c;
@@ -102,13 +116,8 @@ TEST(AttentionBuckets, KeyHoldsWhatChangesTheWork) {
 // one sweep per power-of-two class of the cache length and of the sequence count, one cache file
 // each (each step was a new key: a sweep and a file per step).
 TEST(AttentionCpuTuning, DecodeStepsShareOneEntryPerDoubling) {
-  tune::clear_autotune_memo();
-  TempDir dir;
-  ScopedEnv cache("TESSERA_CACHE_DIR", dir.path().c_str());
-  ScopedEnv on("TESSERA_AUTOTUNE", "1");
-  tune::Declared d = tuning();
-  d.min_work = 0;
-  d.table = testing_tune::no_rows;
+  const ColdCache cold;
+  const tune::Declared d = cold.tuning();
   size_t sweeps = 0;
   std::vector<std::string> sources;
   for (int64_t N : {3, 4})
@@ -129,7 +138,7 @@ TEST(AttentionCpuTuning, DecodeStepsShareOneEntryPerDoubling) {
   EXPECT_EQ(sources.front(), "autotune");
   EXPECT_EQ(std::count(sources.begin(), sources.end(), "autotune"), 2);
   size_t files = 0;
-  for ([[maybe_unused]] const auto& f : std::filesystem::directory_iterator(dir.path())) ++files;
+  for ([[maybe_unused]] const auto& f : std::filesystem::directory_iterator(cold.dir.path())) ++files;
   EXPECT_EQ(files, 2u);
 }
 
@@ -188,19 +197,14 @@ TEST(AttentionCpuTuning, AStoredSetWithoutEveryOptionIsIgnored) {
     EXPECT_EQ(tune::choose_declared(table.declared(), c, {}, {}).source, "default");
     EXPECT_NE(log.text().find("not valid"), std::string::npos) << log.text();
   }
-  tune::clear_autotune_memo();
-  TempDir dir;
-  ScopedEnv cache("TESSERA_CACHE_DIR", dir.path().c_str());
-  ScopedEnv on("TESSERA_AUTOTUNE", "1");
-  tune::Declared d = tuning();
-  d.min_work = 0;
-  d.table = testing_tune::no_rows;
+  const ColdCache cold;
+  const tune::Declared d = cold.tuning();
   tune::CacheEntry e;
   e.key = tune::declared_key(d, c, tune::default_device_kind(DeviceType::kCPU));
   e.version = TESSERA_VERSION;
   e.created = "2026-11-28T00:00:00Z";
   e.params = {{"q", 64}, {"kvv", 64}};
-  tune::DiskCache(dir.path()).write("attention.cpu", e);
+  tune::DiskCache(cold.dir.path()).write("attention.cpu", e);
   bool swept = false;
   EXPECT_EQ(tune::choose_declared(d, c, [&](const tune::Params&) { swept = true; }, {}).source, "default");
   EXPECT_FALSE(swept) << "the entry was read (and refused), not tuned again";

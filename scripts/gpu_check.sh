@@ -51,6 +51,8 @@
 #      process per suite, the cuBLAS probe's suite first; default "initcheck racecheck"),
 #      SANITIZE_SUITES (the GPU suites the sanitize stage runs, space-separated, e.g. "SlstmCuda
 #      Gemms/SanitizerProbe"; default every one: a lease's second call goes where the first did not reach),
+#      BENCH_KERNELS (the bench stage's kernels, an ERE on the whole name, e.g. "paged_attention|mla_decode";
+#      default every kernel with a GPU implementation; peers only for the kernels benched),
 #      GPU_CHECK_PYTHON=0 (the test stage skips the Python extension and its CUDA-tensor tests),
 #      GPU_CHECK_NO_GPU=1 (act as if no GPU were present), GPU_CHECK_BUILD_DIR, GPU_CHECK_DEPS_DIR
 #      (the script's own test, tests/scripts/gpu_check_test.sh).
@@ -427,6 +429,11 @@ stage_bench() {
   [ -f "$out/bench/roofline.json" ] && roof=(--roofline "$out/bench/roofline.json")
   local listing; listing=$(gpu_kernels)
   [ -n "$listing" ] || { note "tessera list shows no GPU implementation (GPU_IMPL_RE=$GPU_IMPL_RE)"; status=1; }
+  if [ -n "${BENCH_KERNELS:-}" ]; then  # a lease's short call: only these kernels (and their peers)
+    listing=$(echo "$listing" | awk -v re="^(${BENCH_KERNELS})\$" '$1 ~ re')
+    [ -n "$listing" ] || { note "BENCH_KERNELS='$BENCH_KERNELS' matches no kernel with a GPU implementation"; status=1; return; }
+  fi
+  benched() { echo "$listing" | grep -q "^$1 "; }
   while read -r k impls; do
     [ -n "$k" ] || continue
     while IFS= read -r run; do
@@ -439,18 +446,20 @@ stage_bench() {
         "${rest[@]}" --repeats "$iters" "${roof[@]}" --json "$out/bench/$name.json" --csv "$out/bench/$name.csv"
     done < <(bench_runs_of "$k")
   done <<< "$listing"
-  if python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null || [ "$plan" = 1 ]; then
+  if ! benched linear_cross_entropy && ! benched grouped_matmul && ! benched attention; then
+    :  # no kernel with peers benched
+  elif python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null || [ "$plan" = 1 ]; then
     local lce_torch=${BENCH_SHAPES:-8192x4096x128256,8192x2304x256000}
-    step "peers linear_cross_entropy (torch eager)" 200 bench/peers_lce_torch.log python3 bench/torch_lce_baseline.py \
+    benched linear_cross_entropy && step "peers linear_cross_entropy (torch eager)" 200 bench/peers_lce_torch.log python3 bench/torch_lce_baseline.py \
       --shapes "$lce_torch" --iters "$iters" --out "$out/bench/peers_lce_torch_raw.json" --peers-out "$out/bench/peers_lce_torch.json"
-    step "peers linear_cross_entropy (Liger, cut-cross-entropy)" 200 bench/peers_lce_fused.log python3 bench/torch_lce_peers.py \
+    benched linear_cross_entropy && step "peers linear_cross_entropy (Liger, cut-cross-entropy)" 200 bench/peers_lce_fused.log python3 bench/torch_lce_peers.py \
       --shapes "$lce_torch" --iters "$iters" --out "$out/bench/peers_lce_fused.json"
-    step "peers grouped_matmul (torch._grouped_mm, mm loop)" 200 bench/peers_gmm.log python3 bench/torch_gmm_baseline.py \
+    benched grouped_matmul && step "peers grouped_matmul (torch._grouped_mm, mm loop)" 200 bench/peers_gmm.log python3 bench/torch_gmm_baseline.py \
       --out "$out/bench/peers_gmm_raw.json" --peers-out "$out/bench/peers_gmm.json"
     local torch_shapes; torch_shapes=$(echo "${ATTN_SHAPES:-4,4096,16,128}" | tr ',' 'x' | tr ' ' ',')
-    step "peers attention (torch SDPA: flash, cuDNN, efficient)" 200 bench/peers_attention.log python3 bench/torch_attention_baseline.py \
+    benched attention && step "peers attention (torch SDPA: flash, cuDNN, efficient)" 200 bench/peers_attention.log python3 bench/torch_attention_baseline.py \
       --shapes "$torch_shapes" --iters "$iters" --out "$out/bench/peers_attention_raw.json" --peers-out "$out/bench/peers_attention.json"
-    step "peers attention causal" 200 bench/peers_attention_causal.log python3 bench/torch_attention_baseline.py \
+    benched attention && step "peers attention causal" 200 bench/peers_attention_causal.log python3 bench/torch_attention_baseline.py \
       --shapes "$torch_shapes" --causal --iters "$iters" --out "$out/bench/peers_attention_causal_raw.json" \
       --peers-out "$out/bench/peers_attention_causal.json"
   else

@@ -52,6 +52,15 @@ if "$cli" list 2>/dev/null | grep -qE '^  cuda '; then
     echo "$out" | grep -q -- "bench $k --impl " || fail "--plan: kernel $k with a GPU implementation is not benched"
   done
   echo "$out" | grep -q -- "bench attention --impl .*--causal" || fail "--plan: no causal attention run"
+  out=$(TESSERA_BIN=$cli BENCH_KERNELS="paged_attention|mla_decode" bash "$script" --stage bench --plan --out "$tmp/plan2" 2>&1)
+  expect_rc 0 $? "--plan, BENCH_KERNELS"
+  echo "$out" | grep -q -- "bench mla_decode --impl " || fail "BENCH_KERNELS: mla_decode not benched"
+  echo "$out" | grep -q -- "bench paged_attention --impl " || fail "BENCH_KERNELS: paged_attention not benched"
+  ! echo "$out" | grep -qE -- "bench (attention|linear_cross_entropy|grouped_matmul|mlstm|slstm) |peers" ||
+    fail "BENCH_KERNELS: a kernel not named, or a peer, ran: $(echo "$out" | grep -E 'bench (att|lin|gro|ml|sl)|peers')"
+  out=$(TESSERA_BIN=$cli BENCH_KERNELS="paged" bash "$script" --stage bench --plan --out "$tmp/plan3" 2>&1)
+  expect_rc 0 $? "--plan, BENCH_KERNELS matching no whole name (--plan exits 0)"
+  grep -q "BENCH_KERNELS='paged' matches no kernel" "$tmp/plan3/summary.notes" || fail "BENCH_KERNELS: no note for a name that matches none"
 else
   echo "note: $cli lists no cuda implementation (CPU-only build): --plan not checked"
 fi

@@ -23,5 +23,6 @@ so=$(ls "$pybuild"/python/_ext*.so 2> /dev/null | head -1 || true)
 rm -rf "$out/tessera" && mkdir -p "$out/tessera" && cp -r "$root"/python/tessera/. "$out/tessera"/ && ln -s "$so" "$out/tessera/"
 PYTHONPATH=$out python3 -c '
 import tessera
+assert "cuda" in tessera._ext.ffi_targets(), "the extension has no CUDA FFI handler: JAX on a GPU would find none"
 for k in tessera.kernels():
     print(k["name"], [(i["name"], i["available"] or i["unavailable_reason"]) for i in tessera.implementations(k["name"])])'

@@ -16,7 +16,9 @@
 #include "tessera/error.h"
 #include "xla/ffi/api/ffi.h"
 
-#ifdef TESSERA_HAVE_CUDA_BACKEND
+// TESSERA_EXT_CUDA_FFI: python/CMakeLists.txt defines it when the CUDA backend is built (until
+// 2026-11-28 the CUDA handler hid behind a macro nothing defined: JAX on a GPU found no handler).
+#ifdef TESSERA_EXT_CUDA_FFI
 #include <cuda_runtime_api.h>
 #endif
 
@@ -126,23 +128,27 @@ ffi::Error call_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets, std::strin
   return run(Device::cpu(), nullptr, nullptr, args, rets, kernel, pass, names, options, implementation, memory_budget);
 }
 
-#ifdef TESSERA_HAVE_CUDA_BACKEND
-// After the work queued on the stream so far (the buffer may be its output), synchronously.
+#ifdef TESSERA_EXT_CUDA_FFI
+// After the work queued on the stream so far (the buffer may be its output), synchronously, on
+// the buffer's device (the stream's; the thread's current device is put back after).
 Tensor cuda_host_copy(void* stream, const TensorView& t) {
   const auto s = static_cast<cudaStream_t>(stream);
   Tensor h = Tensor::empty(t.dtype, t.shape);
-  cudaError_t e = cudaMemcpyAsync(h.view().data, t.data, t.nbytes(), cudaMemcpyDeviceToHost, s);
+  int current = 0;
+  cudaError_t e = cudaGetDevice(&current);
+  if (e == cudaSuccess && current != t.device.index) e = cudaSetDevice(t.device.index);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(h.view().data, t.data, t.nbytes(), cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (current != t.device.index) cudaSetDevice(current);
   if (e != cudaSuccess)
     throw Error(ErrorCode::kInternal, std::string("tessera: copying a host-read input to the host: ") + cudaGetErrorString(e));
   return h;
 }
 
-ffi::Error call_cuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel,
-                     std::string_view pass, std::string_view names, std::string_view options,
-                     std::string_view implementation, int64_t memory_budget) {
-  int device = 0;
-  cudaGetDevice(&device);
+// XLA names the device its buffers are on (not the thread's current device: a mesh of GPUs).
+ffi::Error call_cuda(cudaStream_t stream, int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                     std::string_view kernel, std::string_view pass, std::string_view names,
+                     std::string_view options, std::string_view implementation, int64_t memory_budget) {
   return run(Device::cuda(device), stream, cuda_host_copy, args, rets, kernel, pass, names, options, implementation,
              memory_budget);
 }
@@ -161,10 +167,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCpu, call_cpu,
                                   .Attr<std::string_view>("implementation")
                                   .Attr<int64_t>("memory_budget"));
 
-#ifdef TESSERA_HAVE_CUDA_BACKEND
+#ifdef TESSERA_EXT_CUDA_FFI
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCuda, call_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .RemainingArgs()
                                   .RemainingRets()
                                   .Attr<std::string_view>("kernel")
@@ -178,7 +185,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCuda, call_cuda,
 nb::dict ffi_targets() {
   nb::dict d;
   d["cpu"] = nb::capsule(reinterpret_cast<void*>(TesseraCallCpu));
-#ifdef TESSERA_HAVE_CUDA_BACKEND
+#ifdef TESSERA_EXT_CUDA_FFI
   d["cuda"] = nb::capsule(reinterpret_cast<void*>(TesseraCallCuda));
 #endif
   return d;

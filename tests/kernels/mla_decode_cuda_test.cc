@@ -79,7 +79,7 @@ TEST_P(MlaDecodeCudaSplits, SplitEqualsUnsplit) {
 INSTANTIATE_TEST_SUITE_P(Impls, MlaDecodeCudaSplits, ::testing::Values("cuda", "cuda_v2"),
                          [](const auto& info) { return std::string(info.param); });
 
-// Device inputs dispatch to cuda by default; host memory labelled cuda is refused before running.
+// Device inputs dispatch to cuda_v2 by default; host memory labelled cuda is refused before running.
 TEST(MlaDecodeCuda, DispatchAndHostMemoryLabelledDevice) {
   SKIP_WITHOUT_GPU();
   testing::CaseSpec s;
@@ -89,11 +89,28 @@ TEST(MlaDecodeCuda, DispatchAndHostMemoryLabelledDevice) {
   Tensor lse = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq}, Device::cuda());
   Options opt;
   opt.dv = s.Dv;
-  EXPECT_EQ(forward({q.view(), kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt), "cuda");
+  EXPECT_EQ(forward({q.view(), kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt),
+            "cuda_v2");
   TensorView fake_q = d.q.view();
   fake_q.device = Device::cuda();
   opt.implementation = "cuda";
   EXPECT_THROW(forward({fake_q, kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt), Error);
+}
+
+// Head dims past v2's (D <= 576): the default order falls back to v1 (D <= 1024), which matches
+// the reference there.
+TEST(MlaDecodeCuda, DispatchFallsBackToV1PastV2sHeadDims) {
+  SKIP_WITHOUT_GPU();
+  testing::CaseSpec s;
+  s.D = 640, s.Dv = 64;
+  const testing::CaseData d = testing::make_case(s);
+  const Tensor q = d.q.to(Device::cuda()), kv = d.kv.to(Device::cuda());
+  Tensor o = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq, s.Dv}, Device::cuda());
+  Tensor lse = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq}, Device::cuda());
+  Options opt;
+  opt.dv = s.Dv;
+  EXPECT_EQ(forward({q.view(), kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt), "cuda");
+  expect_grid_parity("cuda", std::vector<testing::CaseSpec>{s}, testing::check_parity);
 }
 
 // The case of MlaDecodeLarge (tests/reliability/large_index_test.cc) on the device, bf16: a

@@ -42,8 +42,9 @@ TEST(PagedAttentionCuda, V2MatchesTheReference) {
   expect_grid_parity("cuda_v2", edges, testing::check_parity);
 }
 
-TEST(PagedAttentionCuda, DispatchPicksCudaForDeviceInputs) {
-  TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda");
+// cuda_v2 first (v1 is its fallback: v2 refuses chunk partials past 1 GiB).
+TEST(PagedAttentionCuda, DispatchPicksCudaV2ForDeviceInputs) {
+  TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda_v2");
   testing::CaseSpec c;
   c.sinks = true;
   const testing::CaseData d = testing::make_case(c);
@@ -52,7 +53,7 @@ TEST(PagedAttentionCuda, DispatchPicksCudaForDeviceInputs) {
   const Tensor s = d.sinks.to(Device::cuda());
   in.q = q.view(), in.k_cache = k.view(), in.v_cache = v.view(), in.sinks = s.view();
   const Result r = compute(in, testing::options_of(c));
-  EXPECT_EQ(r.implementation, "cuda");
+  EXPECT_EQ(r.implementation, "cuda_v2");
 }
 
 TEST(PagedAttentionCuda, HostMemoryLabelledAsDeviceIsRefused) {

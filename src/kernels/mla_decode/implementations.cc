@@ -6,14 +6,15 @@ namespace tessera::mla_decode {
 
 Registry& registry() {
   static Registry& r = Registry::leaked(kKernelName, [](Registry& reg) {
-    // cuda.cu: in the CUDA device module, declared here (dispatch/registry.h: add_module_implementation).
+    // cuda_v2.cu, cuda.cu: in the CUDA device module, declared here (dispatch/registry.h:
+    // add_module_implementation). v2 first (verified on an H200, 2026-11-28: 2.4x v1); v1 stays
+    // current as its fallback (v2 takes D <= 576, Dv <= 512; v1 up to 1024).
+    reg.add_module_implementation("cuda_v2", DeviceType::kCUDA,
+                                  "NVIDIA GPUs: split-KV, keys across the lanes, 4 query heads an item, from the "
+                                  "CUDA module libtessera_cuda.so");
     reg.add_module_implementation("cuda", DeviceType::kCUDA,
                                   "NVIDIA GPUs: split-KV partial attention then the lse combine, from the CUDA "
                                   "module libtessera_cuda.so");
-    // cuda_v2: experimental (out of the default order) until a GPU run verifies it.
-    reg.add_module_implementation("cuda_v2", DeviceType::kCUDA,
-                                  "NVIDIA GPUs: split-KV, keys across the lanes, 4 query heads an item, from the "
-                                  "CUDA module libtessera_cuda.so", {}, VersionStatus::kExperimental);
 #ifdef TESSERA_HAVE_CPU_BACKEND
     reg.add(make_cpu_implementation());
 #endif

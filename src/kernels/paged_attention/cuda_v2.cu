@@ -6,8 +6,8 @@
 // lookup, a dependent load and a 5-step shuffle reduction per key; the query heads of a kv head read
 // its keys once each): a decode step of 8192 keys ran at 1.7 % of the H200's memory line
 // (docs/gpu_results/2026-11-27-tenth). Here a kv head's query heads share an item, keys are chunked
-// across blocks and one key per lane. Not yet run on a GPU: experimental (out of the default order)
-// until a lease verifies it (docs/kernels/paged_attention.md, v2).
+// across blocks and one key per lane. Verified on an H200 (2026-11-28: parity, memcheck, racecheck,
+// initcheck; decode 9.6x v1): the default, v1 its fallback (docs/kernels/paged_attention.md, v2).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -48,8 +48,6 @@ class CudaV2 final : public primitives::CudaBackend<Implementation> {
   std::string description() const override {
     return "NVIDIA GPUs: split-KV, keys across the lanes, a kv head's query heads together (v2, f32 math)";
   }
-  // Experimental until a GPU run verifies it: out of the default order, runs when named.
-  VersionStatus status() const override { return VersionStatus::kExperimental; }
   std::string what_changed() const override {
     return "v1 -> v2: split-KV (chunks across blocks), a key per lane, a kv head's query heads in one item "
            "(primitives/cuda_split_kv.cuh)";

@@ -6,7 +6,9 @@
 // another order; the cpu backend's, justified in testing.cc).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -158,6 +160,24 @@ TEST(MlstmCuda, TwoCallsEqualOneCall) {
     for (int64_t j = 0; j < DK; ++j) {
       const double want = N.data_as<float>()[o * DK + j] * e;
       ASSERT_NEAR(N2.data_as<float>()[o * DK + j] * e2, want, 1e-5 + 1e-4 * std::fabs(want)) << o << " " << j;
+    }
+  }
+}
+
+// Forget gates that erase the state (f = −inf, −FLT_MAX as masked_fill(finfo.min) writes): the
+// step acts as a reset with m = i, df = 0 there — every output against the reference, as the cpu
+// backend's Mlstm.ErasingForgetGatesMatchTheReference (the chunk sums once took −inf in: NaN).
+TEST(MlstmCuda, ErasingForgetGatesMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  for (float erase : {-std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::max()}) {
+    const testing::CaseData d = testing::erasing_forget_case(erase);
+    const auto want = testing::forward_backward_outputs(d, "reference", 8);
+    const auto got = testing::forward_backward_outputs(d, "cuda", 8, Device::cuda());
+    for (size_t o = 0; o < got.size(); ++o) {
+      double scale = 0.0;
+      for (float v : want[o]) scale = std::max(scale, double(std::abs(v)));
+      for (size_t j = 0; j < got[o].size(); ++j)
+        ASSERT_NEAR(got[o][j], want[o][j], 1e-4 * (1.0 + scale)) << "output " << o << " element " << j << " f = " << erase;
     }
   }
 }

@@ -20,6 +20,7 @@ namespace {
 
 using mlstm::testing::CaseData;
 using mlstm::testing::CaseSpec;
+using mlstm::testing::forward_backward_outputs;
 
 TensorView f32(std::vector<float>& x, Shape s) { return TensorView(x.data(), DType::kF32, std::move(s)); }
 
@@ -162,25 +163,6 @@ TEST(MlstmReference, LastStateGradientsMatchFiniteDifferences) {
   expect_fd(d, d.n0, g.dn0, "dn0", true, 1e-6);
 }
 
-// Every output of forward then backward (h, the last states, the gradients) of `impl` on `d`.
-std::vector<std::vector<float>> forward_backward_outputs(const CaseData& d, const std::string& impl, int64_t chunk) {
-  Tensor h = Tensor::zeros(DType::kF32, d.v.shape()), c = Tensor::zeros(DType::kF32, d.c0.shape()),
-         n = Tensor::zeros(DType::kF32, d.n0.shape()), m = Tensor::zeros(DType::kF32, d.m0.shape());
-  Grads g{Tensor::zeros(DType::kF32, d.q.shape()), Tensor::zeros(DType::kF32, d.k.shape()),
-          Tensor::zeros(DType::kF32, d.v.shape()), Tensor::zeros(DType::kF32, d.i.shape()),
-          Tensor::zeros(DType::kF32, d.f.shape()), Tensor::zeros(DType::kF32, d.c0.shape()),
-          Tensor::zeros(DType::kF32, d.n0.shape())};
-  mlstm::Options o = impl_opt(impl, 1e-6);
-  o.chunk_size = chunk;
-  mlstm::forward(d.inputs(), h.view(), {c.view(), n.view(), m.view()}, o);
-  mlstm::backward(d.inputs(), d.dh.view(),
-                  {g.dq.view(), g.dk.view(), g.dv.view(), g.di.view(), g.df.view(), g.dc0.view(), g.dn0.view()}, o,
-                  d.dc_last.view(), d.dn_last.view());
-  std::vector<std::vector<float>> out;
-  for (const Tensor* t : {&h, &c, &n, &m, &g.dq, &g.dk, &g.dv, &g.di, &g.df, &g.dc0, &g.dn0})
-    out.emplace_back(t->data_as<float>(), t->data_as<float>() + t->numel());
-  return out;
-}
 
 // ---- large gates, two calls = one call (reference and cpu) ----
 TEST(Mlstm, LargeGatesStayFinite) {
@@ -221,12 +203,7 @@ TEST(Mlstm, ErasingForgetGatesMatchTheReference) {
     for (int t = 0; t < 4; ++t) EXPECT_NEAR(h.data_as<float>()[t], want[t], 1e-6) << "f[1] = " << erase << ", t = " << t;
     // Random cases: erasing gates at step 0 (with an initial state), at a chunk's first and last
     // step, twice in one chunk, beside resets; S = 29 leaves a tail chunk; every output.
-    CaseSpec s;
-    s.NH = 3, s.S = 29, s.resets = "random", s.initial_state = true;
-    CaseData r = mlstm::testing::make_case(s);
-    for (int64_t bh = 0; bh < 3; ++bh)
-      for (int64_t t : {0, 8, 15, 19, 21, 28})
-        if ((t + bh) % 3 != 1) r.f.data_as<float>()[bh * s.S + t] = erase;
+    const CaseData r = mlstm::testing::erasing_forget_case(erase);
     const auto want_all = forward_backward_outputs(r, "reference", 8), got = forward_backward_outputs(r, "cpu", 8);
     for (size_t o = 0; o < got.size(); ++o) {
       double scale = 0.0;

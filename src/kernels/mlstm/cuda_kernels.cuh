@@ -13,7 +13,8 @@
 // Per chunk of L steps and the state (C, n, m_prev) it enters with (chunk_scalars):
 //   cum_t = Σ_{u ≤ t} logsigmoid(f_u) (double), seg_t = the first step of t's segment (after the
 //   last reset in the chunk), g_t = m_prev + cum_t while no reset lies in the chunk up to t (else
-//   cum_t − cum_{seg−1}: the zero state's m = 0, and no inter-chunk term: w_t = 0),
+//   cum_t − cum_{seg−1}: the zero state's m = 0, and no inter-chunk term: w_t = 0; a forget gate
+//   that erases the state starts a segment too, with g = −inf and its logsigmoid in no sum),
 //   m_t = max(g_t, max_{seg ≤ s ≤ t} cum_t − cum_s + i_s) (the recurrence's m exactly),
 //   E_ts = e^{cum_t − cum_s + i_s − m_t} for seg_t ≤ s ≤ t (else 0), w_t = e^{g_t − m_t}.
 // Gate sums and exponents in double, everything else f32 (the accumulation too). m is held
@@ -91,6 +92,11 @@ __device__ __forceinline__ bool reset_at(const Params& p, int64_t b, int64_t t) 
                        : static_cast<const int64_t*>(p.resets)[b * p.S + t] != 0;
 }
 __device__ __forceinline__ double logsigmoid(double x) { return fmin(x, 0.0) - log1p(exp(-fabs(x))); }
+// A forget gate that erases the state (cpu.cc's forgets_all): logsigmoid(f) below −1e9 (f = −inf,
+// −FLT_MAX: a mask) makes F = 0 and m_t = i_t; the step starts a segment as a reset does, without
+// the zero state's stabilizer term (g = −inf), its logsigmoid out of the running sums, df = 0.
+inline constexpr double kForgetAll = -1e9;
+__device__ __forceinline__ bool forgets_all(double f) { return logsigmoid(f) < kForgetAll; }
 // The denominator's floor e^{−m} in f32, never 0 (cpu.cc's den_floor).
 __device__ __forceinline__ float den_floor(double m) { return fmaxf(static_cast<float>(exp(-m)), FLT_MIN); }
 
@@ -121,11 +127,14 @@ __device__ void chunk_scalars(const Params& p, int64_t bh, int64_t start, int L,
   if (threadIdx.x == 0) {
     double acc = 0.0, base = 0.0;
     int seg = 0, has = 1;
+    bool erased = false;  // t's segment began at an erasing forget gate
     for (int t = 0; t < L; ++t) {
-      if (reset_at(p, b, start + t)) seg = t, has = 0, base = acc;
-      acc += logsigmoid(static_cast<double>(ld(p.f, p.gates, g0 + t)));
+      const double f = ld(p.f, p.gates, g0 + t);
+      const bool cut = forgets_all(f);
+      if (cut || reset_at(p, b, start + t)) seg = t, has = 0, base = acc, erased = cut;
+      if (!cut) acc += logsigmoid(f);
       s.cum[t] = acc, s.seg[t] = seg, s.has[t] = has;
-      s.g[t] = has ? m_prev + acc : acc - base;
+      s.g[t] = has ? m_prev + acc : erased ? -HUGE_VAL : acc - base;
     }
   }
   for (int t = threadIdx.x; t < L; t += blockDim.x) s.ig[t] = ld(p.i, p.gates, g0 + t);
@@ -414,7 +423,9 @@ __global__ void grads_kernel(Params p) {
     double suffix = 0.0;
     for (int u = t; u < Lc; ++u) suffix += dcum[u];
     const double f = ld(p.f, p.gates, g0 + t);
-    st(p.df, p.dfdt, g0 + t, static_cast<float>(suffix / (1.0 + exp(f))));  // d logsigmoid(f)/df = σ(−f)
+    // d logsigmoid(f)/df = σ(−f); an erasing gate's logsigmoid is in no sum (the steps after it
+    // depend on the sums' differences only: what crosses it cancels, as across a reset).
+    st(p.df, p.dfdt, g0 + t, forgets_all(f) ? 0.f : static_cast<float>(suffix / (1.0 + exp(f))));
   }
 }
 

@@ -209,4 +209,37 @@ std::vector<CaseSpec> check_grid(bool quick) {
   return add.take();
 }
 
+std::vector<std::vector<float>> forward_backward_outputs(const CaseData& host, const std::string& impl,
+                                                         int64_t chunk, Device dev) {
+  const CaseData d = host.to(dev);
+  const Shape& qs = d.q.shape();
+  const int64_t B = qs[0], NH = qs[1], DK = qs[3], DV = d.v.shape()[3];
+  auto zeros = [dev](const Shape& shape) { return Tensor::zeros(DType::kF32, shape, dev); };
+  const Shape cs{B, NH, DK, DV}, ns{B, NH, DK};
+  Tensor h = zeros(d.v.shape()), c = zeros(cs), n = zeros(ns), m = zeros({B, NH});
+  std::vector<Tensor> g = {zeros(qs), zeros(d.k.shape()), zeros(d.v.shape()), zeros(d.i.shape()), zeros(d.f.shape()),
+                           zeros(cs), zeros(ns)};
+  Options o;
+  o.implementation = impl, o.eps = 1e-6, o.chunk_size = chunk;
+  forward(d.inputs(), h.view(), {c.view(), n.view(), m.view()}, o);
+  backward(d.inputs(), d.dh.view(), {g[0].view(), g[1].view(), g[2].view(), g[3].view(), g[4].view(), g[5].view(), g[6].view()},
+           o, d.dc_last.view(), d.dn_last.view());
+  std::vector<std::vector<float>> out;
+  for (const Tensor* t : {&h, &c, &n, &m, &g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6]}) {
+    const Tensor on_host = t->to(Device{});
+    out.emplace_back(on_host.data_as<float>(), on_host.data_as<float>() + on_host.numel());
+  }
+  return out;
+}
+
+CaseData erasing_forget_case(float erase) {
+  CaseSpec s;
+  s.NH = 3, s.S = 29, s.resets = "random", s.initial_state = true;
+  CaseData d = make_case(s);
+  for (int64_t bh = 0; bh < 3; ++bh)
+    for (int64_t t : {0, 8, 15, 19, 21, 28})
+      if ((t + bh) % 3 != 1) d.f.data_as<float>()[bh * s.S + t] = erase;
+  return d;
+}
+
 }  // namespace tessera::mlstm::testing

@@ -38,4 +38,14 @@ harness::Tolerance tolerance(const CaseSpec& s);
 harness::ParityReport check_parity(const CaseSpec& s, const std::string& implementation, Pass pass, Device dev = {});
 std::vector<CaseSpec> check_grid(bool quick);
 
+// Every output of a forward (h, last states) and a backward (dq, dk, dv, di, df, dc0, dn0) of
+// `implementation` on `dev` (eps 1e-6, the given chunk), as f32 host vectors in that order; `d`
+// has an initial state (its gradient is asked for).
+std::vector<std::vector<float>> forward_backward_outputs(const CaseData& d, const std::string& implementation,
+                                                         int64_t chunk, Device dev = {});
+// A case (NH 3, S 29, random resets, an initial state; f32) whose forget gates erase the state
+// (f = `erase`: −inf, −FLT_MAX) at step 0, a chunk's first and last step (chunks of 8), twice in
+// one chunk and beside resets.
+CaseData erasing_forget_case(float erase);
+
 }  // namespace tessera::mlstm::testing

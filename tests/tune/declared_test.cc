@@ -72,6 +72,51 @@ TEST(DeclaredTuning, ATableRowWinsForItsBucketAndDeviceKind) {
   g_rows.clear();
 }
 
+// dispatch_declared's registry: one cpu implementation, run as given.
+struct OneImpl {
+  std::string name() const { return "cpu"; }
+  DeviceType device_type() const { return DeviceType::kCPU; }
+};
+struct OneImplRegistry {
+  template <class Problem, class Body>
+  std::string dispatch_problem(const std::string&, const Problem&, Body&& body) const {
+    body(OneImpl{});
+    return "cpu";
+  }
+};
+
+// Sizes a table row gave that the backend refuses (kInvalidArgument): the error says where they
+// came from and how to avoid them; sizes the caller gave, or the defaults, are refused as they are.
+TEST(DeclaredTuning, SizesATableGaveAndTheBackendRefusesNameTheirSource) {
+  g_rows = {{"cpu", default_device_kind(DeviceType::kCPU), "f32", "small", {{"block", 32}}, "N=64", "forward", 1.0, "2026-11-25"}};
+  const ScopedEnv off("TESSERA_AUTOTUNE", "0");
+  const auto refuse32 = [](const OneImpl&, int64_t block) {
+    if (block == 32) throw Error(ErrorCode::kInvalidArgument, "toy cpu: block 32 is not supported");
+  };
+  const auto at = [](const Params& p) { return param(p, "block").value_or(0); };
+  const auto dispatch = [&](const DeclaredCall& c) {
+    return dispatch_declared(OneImplRegistry{}, toy(), ExecOptions{}, int64_t{0}, c, {}, at, refuse32);
+  };
+  try {
+    dispatch(call(50));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("toy cpu: block 32 is not supported [block sizes block=32 from the tuned table; "
+                     "TESSERA_TUNED_TABLE=0 / TESSERA_AUTOTUNE=0 or removing the cache file avoids them]"),
+              std::string::npos) << m;
+  }
+  try {
+    dispatch(call(50, 32));  // the caller's own sizes: the backend's message alone
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("[block sizes"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(dispatch(call(5000)), "cpu");  // the other bucket: the default 8 runs
+  g_rows.clear();
+}
+
 TEST(DeclaredTuning, AnUntunableImplementationGetsTheDefault) {
   DeclaredCall c = call(5000);
   c.implementation = "reference";

@@ -183,6 +183,21 @@ TEST(Mlstm, LargeGatesStayFinite) {
     }
 }
 
+// Forget gates near 1 (f = 40: σ(−f) = 4e-18): df = dF·F·σ(−f) keeps its relative precision in
+// the reference (1 − σ(f) was 0 in double past f ≈ 37) and agrees with cpu's σ(−f) = 1/(1 + e^f).
+TEST(Mlstm, ForgetGradientOfGatesNearOneKeepsItsPrecision) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
+  CaseSpec s;
+  s.NH = 1, s.S = 4, s.DK = 2, s.DV = 2, s.initial_state = true;
+  CaseData d = mlstm::testing::make_case(s);
+  for (int64_t t = 0; t < s.S; ++t) d.f.data_as<float>()[t] = 40.f;
+  const std::vector<float> want = forward_backward_outputs(d, "reference", 4)[8], got = forward_backward_outputs(d, "cpu", 4)[8];
+  for (int64_t t = 0; t < s.S; ++t) {
+    EXPECT_NE(want[t], 0.f) << t;
+    EXPECT_NEAR(got[t], want[t], 1e-3 * std::abs(want[t])) << t;
+  }
+}
+
 // A forget gate that erases the state (f = −inf, or −FLT_MAX as masked_fill(finfo.min) writes):
 // F = 0 there, so the step acts as a reset of its head, with m = i. The chunkwise sums took
 // logσ(f) into their running sum: −inf made h NaN to the chunk's end, −FLT_MAX absorbed every

@@ -146,7 +146,7 @@ class Head {
         a.dv[g * DV + c] = float(st.I * dvc);
       }
       a.di[g] = float(dI * st.I);
-      a.df[g] = float(dF * st.F * (1.0 - sigmoid(p_.f[g])));  // dlogsigmoid(x)/dx = 1 − σ(x)
+      a.df[g] = float(dF * st.F * sigmoid(-p_.f[g]));  // dlogsigmoid(x)/dx = 1 − σ(x) = σ(−x), exact for large x
       for (auto& d : dC) d = has_prev ? d * st.F : 0.0;
       for (auto& d : dn) d = has_prev ? d * st.F : 0.0;
     }

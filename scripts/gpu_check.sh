@@ -15,7 +15,11 @@
 #                                          (torch eager, Liger-Kernel, cut-cross-entropy, torch SDPA
 #                                          incl. cuDNN, torch._grouped_mm), reports, and the tuned-table
 #                                          rows of every tunable GPU implementation (not checked in)
-#   scripts/gpu_check.sh --stage all       the four in a row (longer than one command: use stages)
+#   scripts/gpu_check.sh --stage profile   Nsight Compute (ncu, clocks left alone) on the first bench shape of
+#                                          every GPU implementation of the kernels PROFILE_KERNELS names: speed
+#                                          of light, memory and compute workload, occupancy, warp stalls
+#   scripts/gpu_check.sh --stage all       build, test, sanitize and bench in a row (longer than one command:
+#                                          use stages, or --deadline)
 #
 # Run the stages in this order on one machine, with the same --out: each stage writes its files
 # and an updated summary.md as it goes (steps.tsv: one line per step with its status and time), and
@@ -53,6 +57,9 @@
 #      Gemms/SanitizerProbe"; default every one: a lease's second call goes where the first did not reach),
 #      BENCH_KERNELS (the bench stage's kernels, an ERE on the whole name, e.g. "paged_attention|mla_decode";
 #      default every kernel with a GPU implementation; peers only for the kernels benched),
+#      PROFILE_KERNELS (the profile stage's kernels, an ERE on the whole name; default
+#      "paged_attention|mla_decode"), PROFILE_LAUNCHES (kernel launches profiled per run, default 4),
+#      PROFILE_SECTIONS (ncu --section names, space-separated; default below),
 #      GPU_CHECK_PYTHON=0 (the test stage skips the Python extension and its CUDA-tensor tests),
 #      GPU_CHECK_NO_GPU=1 (act as if no GPU were present), GPU_CHECK_BUILD_DIR, GPU_CHECK_DEPS_DIR
 #      (the script's own test, tests/scripts/gpu_check_test.sh).
@@ -133,14 +140,14 @@ if [ -n "$deadline" ]; then
   [[ $deadline =~ ^[0-9]+$ ]] || { echo "gpu_check: --deadline takes seconds, got '$deadline'" >&2; exit 2; }
   [ "$stage" = all ] || { echo "gpu_check: --deadline goes with --stage all" >&2; exit 2; }
   for cap in ${STAGE_CAPS:-}; do
-    [[ $cap =~ ^(build|test|sanitize|bench):[0-9]+$ ]] ||
-      { echo "gpu_check: STAGE_CAPS entry '$cap' is not STAGE:SECONDS (build, test, sanitize, bench)" >&2; exit 2; }
+    [[ $cap =~ ^(build|test|sanitize|bench|profile):[0-9]+$ ]] ||
+      { echo "gpu_check: STAGE_CAPS entry '$cap' is not STAGE:SECONDS (build, test, sanitize, bench, profile)" >&2; exit 2; }
   done
 fi
 case "$stage" in
-  build|test|sanitize|bench|all) ;;
-  "") echo "gpu_check: --stage build|test|sanitize|bench|all is required (see --help)" >&2; exit 2 ;;
-  *) echo "gpu_check: unknown stage '$stage': build, test, sanitize, bench or all (see --help)" >&2; exit 2 ;;
+  build|test|sanitize|bench|profile|all) ;;
+  "") echo "gpu_check: --stage build|test|sanitize|bench|profile|all is required (see --help)" >&2; exit 2 ;;
+  *) echo "gpu_check: unknown stage '$stage': build, test, sanitize, bench, profile or all (see --help)" >&2; exit 2 ;;
 esac
 
 cd "$(dirname "$0")/.."
@@ -510,12 +517,40 @@ bench_tune() {
   done <<< "$listing"
 }
 
+# Nsight Compute on the first bench run of each GPU implementation of the PROFILE_KERNELS: the
+# first PROFILE_LAUNCHES launches of Tessera's kernels (namespace tessera::), clocks left alone
+# (the device README: never change the card's settings), text report per implementation.
+PROFILE_SECTIONS_DEFAULT="SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis Occupancy LaunchStats WarpStateStats SchedulerStats"
+stage_profile() {
+  unset TESSERA_CUDA_SYNC_CHECK
+  export TESSERA_AUTOTUNE=0
+  mkdir -p "$out/profile"
+  if [ "$plan" = 0 ] && ! command -v ncu > /dev/null 2>&1; then note "ncu not found: no profile"; status=1; return; fi
+  local re=${PROFILE_KERNELS:-paged_attention|mla_decode} listing k impls impl run variant args name w sections=()
+  listing=$(gpu_kernels | awk -v re="^(${re})\$" '$1 ~ re')
+  [ -n "$listing" ] || { note "PROFILE_KERNELS='$re' matches no kernel with a GPU implementation"; status=1; return; }
+  for w in ${PROFILE_SECTIONS:-$PROFILE_SECTIONS_DEFAULT}; do sections+=(--section "$w"); done
+  while read -r k impls; do
+    run=$(bench_runs_of "$k" | head -1); variant=${run%%|*}; args=${run#*|}
+    for impl in ${impls//,/ }; do
+      local envs=() rest=()
+      # shellcheck disable=SC2086  # args is a word list by design
+      for w in $args; do if [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$w"); else rest+=("$w"); fi; done
+      name=${k}_$impl${variant:+_$variant}
+      step "profile $name" 240 "profile/$name.log" env "${envs[@]}" ncu --clock-control none \
+        --kernel-name-base demangled --kernel-name "regex:tessera::" --launch-count "${PROFILE_LAUNCHES:-4}" \
+        "${sections[@]}" "$tessera" bench "$k" --impl "$impl" "${rest[@]}" --repeats 3 --no-gemm --no-roofline
+    done
+  done <<< "$listing"
+}
+
 run_stage() {
   case "$1" in
     build) stage_build ;;
     test) stage_build && stage_test ;;
     sanitize) stage_build && stage_sanitize ;;
     bench) stage_build && stage_bench ;;
+    profile) stage_build && stage_profile ;;
   esac
 }
 

@@ -25,7 +25,7 @@ order=$(echo "$out" | grep -oE -- "--stage (build|test|sanitize|bench|all)" | aw
   fail "--help tells the stages in the order '$order'"
 
 out=$(bash "$script" 2>&1); expect_rc 2 $? "no --stage"
-echo "$out" | grep -q "stage build|test|sanitize|bench|all is required" || fail "no --stage: message '$out'"
+echo "$out" | grep -q "stage build|test|sanitize|bench|profile|all is required" || fail "no --stage: message '$out'"
 out=$(bash "$script" --stage nope 2>&1); expect_rc 2 $? "--stage nope"
 echo "$out" | grep -q "unknown stage 'nope'" || fail "--stage nope: message '$out'"
 out=$(bash "$script" --stage build --bogus 2>&1); expect_rc 2 $? "--bogus"
@@ -43,7 +43,8 @@ for stage in build test sanitize bench all; do
 done
 
 # --plan: the bench stage's runs, discovered (needs no GPU and no GPU build).
-if "$cli" list 2>/dev/null | grep -qE '^  cuda '; then
+cli_list=$("$cli" list 2>/dev/null)  # whole first: grep -q's early exit would SIGPIPE the writer (pipefail)
+if grep -qE '^  cuda ' <<< "$cli_list"; then
   out=$(TESSERA_BIN=$cli BENCH_SHAPES=64x32x1000,128x16x2000 bash "$script" --stage bench --plan --out "$tmp/plan" 2>&1)
   expect_rc 0 $? "--plan"
   echo "$out" | grep -q -- "bench linear_cross_entropy --impl cuda[, ].*--shape 64,32,1000 --shape 128,16,2000 " ||
@@ -61,6 +62,20 @@ if "$cli" list 2>/dev/null | grep -qE '^  cuda '; then
   out=$(TESSERA_BIN=$cli BENCH_KERNELS="paged" bash "$script" --stage bench --plan --out "$tmp/plan3" 2>&1)
   expect_rc 0 $? "--plan, BENCH_KERNELS matching no whole name (--plan exits 0)"
   grep -q "BENCH_KERNELS='paged' matches no kernel" "$tmp/plan3/summary.notes" || fail "BENCH_KERNELS: no note for a name that matches none"
+  # --stage profile: ncu (clocks left alone) on every GPU implementation of the kernels named.
+  out=$(TESSERA_BIN=$cli bash "$script" --stage profile --plan --out "$tmp/plan5" 2>&1)
+  expect_rc 0 $? "--plan, profile"
+  for k in paged_attention mla_decode; do
+    for i in $("$cli" list 2>/dev/null | awk -v k=$k '/^[^ ]/ {c = $1} c == k && /^  (cuda|cudnn)/ {print $1}'); do
+      echo "$out" | grep -q -- "ncu --clock-control none .* bench $k --impl $i " || fail "profile: $k $i not profiled: $out"
+    done
+  done
+  ! echo "$out" | grep -qE -- "bench (attention|linear_cross_entropy|grouped_matmul|mlstm|slstm) " ||
+    fail "profile: a kernel not named by the default PROFILE_KERNELS was profiled"
+  out=$(TESSERA_BIN=$cli PROFILE_KERNELS=mlstm PROFILE_LAUNCHES=2 PROFILE_SECTIONS="SpeedOfLight" bash "$script" --stage profile \
+    --plan --out "$tmp/plan6" 2>&1)
+  echo "$out" | grep -q -- "--launch-count 2 --section SpeedOfLight [^-]*bench mlstm --impl cuda " ||
+    fail "profile: PROFILE_KERNELS / PROFILE_LAUNCHES / PROFILE_SECTIONS not taken: $out"
 else
   echo "note: $cli lists no cuda implementation (CPU-only build): --plan not checked"
 fi

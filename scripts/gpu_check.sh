@@ -112,7 +112,8 @@ settled_lce='Cases/LceCudaBackwardWithLse.*:Chunks/LceCudaChunks.*:LceCuda.*'
 settled_cudnn='AttentionCudnn.*:Supported/AttentionCudnnCases.*'
 # And (docs/gpu_results/2026-11-28-sixteenth): the probe's f16 GEMM (f16_hv_V2112) adds ~12,000
 # initcheck reports with no kernel of ours in it, the same as bf16: the f16 LCE suites' reports
-# (row_kernel<__half> reading the GEMM's logits) tell nothing more under initcheck.
+# (row_kernel<__half> reading the GEMM's logits) tell nothing more under initcheck. RowPaths' bf16
+# cases were settled so in the tenth lease, its f16 ones now: the whole suite.
 settled_f16='Upstream/LceCudaF16Scale.*:RowPaths/LceCudaRowPaths.*'
 SANITIZE_EXCLUDE_initcheck=${SANITIZE_EXCLUDE_initcheck-$settled_lce:$settled_cudnn:$settled_f16}
 SANITIZE_EXCLUDE_racecheck=${SANITIZE_EXCLUDE_racecheck-$settled_lce:RowPaths/LceCudaRowPaths.*}
@@ -441,7 +442,7 @@ stage_bench() {
   local listing; listing=$(gpu_kernels)
   [ -n "$listing" ] || { note "tessera list shows no GPU implementation (GPU_IMPL_RE=$GPU_IMPL_RE)"; status=1; }
   if [ -n "${BENCH_KERNELS:-}" ]; then  # a lease's short call: only these kernels (and their peers)
-    listing=$(echo "$listing" | awk -v re="^(${BENCH_KERNELS})\$" '$1 ~ re')
+    listing=$(echo "$listing" | re="^(${BENCH_KERNELS})\$" awk '$1 ~ ENVIRON["re"]')  # ENVIRON: no escape processing
     [ -n "$listing" ] || { note "BENCH_KERNELS='$BENCH_KERNELS' matches no kernel with a GPU implementation"; status=1; return; }
   fi
   benched() { echo "$listing" | grep -q "^$1 "; }
@@ -527,7 +528,7 @@ stage_profile() {
   mkdir -p "$out/profile"
   if [ "$plan" = 0 ] && ! command -v ncu > /dev/null 2>&1; then note "ncu not found: no profile"; status=1; return; fi
   local re=${PROFILE_KERNELS:-paged_attention|mla_decode} listing k impls impl run variant args name w sections=()
-  listing=$(gpu_kernels | awk -v re="^(${re})\$" '$1 ~ re')
+  listing=$(gpu_kernels | re="^(${re})\$" awk '$1 ~ ENVIRON["re"]')
   [ -n "$listing" ] || { note "PROFILE_KERNELS='$re' matches no kernel with a GPU implementation"; status=1; return; }
   for w in ${PROFILE_SECTIONS:-$PROFILE_SECTIONS_DEFAULT}; do sections+=(--section "$w"); done
   while read -r k impls; do

@@ -75,9 +75,19 @@ struct DeviceAllocator {
   // Copies `bytes` between host and device memory, finished when it returns.
   std::function<void(void* dst, const void* src, size_t bytes, CopyKind kind, int device_index)> copy;
   std::function<void(void* ptr, int value, size_t bytes, int device_index)> memset;
+  // Waits for the work queued so far on `stream` (a cudaStream_t; nullptr: the default stream).
+  std::function<void(void* stream, int device_index)> synchronize;
+  // The index of the device whose memory `ptr` points into, or -1 (not this device type's).
+  std::function<int(const void* ptr)> device_of;
 };
 void register_device_allocator(DeviceType type, DeviceAllocator allocator);
 bool has_device_allocator(DeviceType type);
+// Through the allocator of `device`'s type (its module loaded on first use; kUnsupported without
+// one): synchronize(device, stream) waits for `stream`'s queued work; device_index_of(type, ptr) is
+// the device index `ptr` lives on, or -1. For callers that hold another library's stream and
+// buffers (the XLA FFI handler) without linking a device runtime.
+void synchronize(Device device, void* stream);
+int device_index_of(DeviceType type, const void* ptr);
 
 // Sets every byte of a contiguous view to zero (host memset, or the device allocator's memset).
 void zero_fill(const TensorView& t);

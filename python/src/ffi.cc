@@ -16,12 +16,6 @@
 #include "tessera/error.h"
 #include "xla/ffi/api/ffi.h"
 
-// TESSERA_EXT_CUDA_FFI: python/CMakeLists.txt defines it when the CUDA backend is built (until
-// 2026-11-28 the CUDA handler hid behind a macro nothing defined: JAX on a GPU found no handler).
-#ifdef TESSERA_EXT_CUDA_FFI
-#include <cuda_runtime_api.h>
-#endif
-
 namespace ffi = xla::ffi;
 namespace nb = nanobind;
 
@@ -128,31 +122,42 @@ ffi::Error call_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets, std::strin
   return run(Device::cpu(), nullptr, nullptr, args, rets, kernel, pass, names, options, implementation, memory_budget);
 }
 
-#ifdef TESSERA_EXT_CUDA_FFI
-// After the work queued on the stream so far (the buffer may be its output), synchronously, on
-// the buffer's device (the stream's; the thread's current device is put back after).
+// The CUDA handler links no CUDA runtime (importing tessera must not need one): the stream is an
+// opaque pointer, and the device work goes through libtessera's device allocator, which loads the
+// CUDA module on first use (without it: kUnsupported saying why, as an FFI error).
+// Until 2026-11-28 this handler hid behind a macro nothing defined: JAX on a GPU found no handler.
+
+// A host-read input on the host: after the work queued on XLA's stream (it may have produced it).
 Tensor cuda_host_copy(void* stream, const TensorView& t) {
-  const auto s = static_cast<cudaStream_t>(stream);
-  Tensor h = Tensor::empty(t.dtype, t.shape);
-  int current = 0;
-  cudaError_t e = cudaGetDevice(&current);
-  if (e == cudaSuccess && current != t.device.index) e = cudaSetDevice(t.device.index);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(h.view().data, t.data, t.nbytes(), cudaMemcpyDeviceToHost, s);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  if (current != t.device.index) cudaSetDevice(current);
-  if (e != cudaSuccess)
-    throw Error(ErrorCode::kInternal, std::string("tessera: copying a host-read input to the host: ") + cudaGetErrorString(e));
-  return h;
+  synchronize(t.device, stream);
+  return Tensor::borrow(t).to(Device::cpu());
 }
 
-// XLA names the device its buffers are on (not the thread's current device: a mesh of GPUs).
-ffi::Error call_cuda(cudaStream_t stream, int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                     std::string_view kernel, std::string_view pass, std::string_view names,
-                     std::string_view options, std::string_view implementation, int64_t memory_budget) {
+// The device the buffers are on, from the first one's address: XLA's DeviceOrdinal is PJRT's
+// logical id, which differs from the CUDA ordinal under jax_cuda_visible_devices or virtual GPUs.
+int cuda_device_of(ffi::RemainingArgs& args, ffi::RemainingRets& rets) {
+  for (size_t i = 0; i < args.size(); ++i)
+    if (auto b = args.get<ffi::AnyBuffer>(i); !b.has_error() && b->untyped_data())
+      return device_index_of(DeviceType::kCUDA, b->untyped_data());
+  for (size_t i = 0; i < rets.size(); ++i)
+    if (auto r = rets.get<ffi::AnyBuffer>(i); !r.has_error() && (*r)->untyped_data())
+      return device_index_of(DeviceType::kCUDA, (*r)->untyped_data());
+  return -1;
+}
+
+ffi::Error call_cuda(void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel,
+                     std::string_view pass, std::string_view names, std::string_view options,
+                     std::string_view implementation, int64_t memory_budget) {
+  int device = -1;
+  try {
+    device = cuda_device_of(args, rets);
+  } catch (const Error& e) {
+    return ffi::Error(ffi::ErrorCode::kUnimplemented, e.what());
+  }
+  if (device < 0) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tessera: no buffer of the call is in CUDA device memory");
   return run(Device::cuda(device), stream, cuda_host_copy, args, rets, kernel, pass, names, options, implementation,
              memory_budget);
 }
-#endif
 
 }  // namespace
 
@@ -167,11 +172,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCpu, call_cpu,
                                   .Attr<std::string_view>("implementation")
                                   .Attr<int64_t>("memory_budget"));
 
-#ifdef TESSERA_EXT_CUDA_FFI
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCuda, call_cuda,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Ctx<ffi::PlatformStream<void*>>()
                                   .RemainingArgs()
                                   .RemainingRets()
                                   .Attr<std::string_view>("kernel")
@@ -180,14 +183,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCuda, call_cuda,
                                   .Attr<std::string_view>("options")
                                   .Attr<std::string_view>("implementation")
                                   .Attr<int64_t>("memory_budget"));
-#endif
 
 nb::dict ffi_targets() {
   nb::dict d;
   d["cpu"] = nb::capsule(reinterpret_cast<void*>(TesseraCallCpu));
-#ifdef TESSERA_EXT_CUDA_FFI
-  d["cuda"] = nb::capsule(reinterpret_cast<void*>(TesseraCallCuda));
-#endif
+  d["cuda"] = nb::capsule(reinterpret_cast<void*>(TesseraCallCuda));  // without the CUDA module: a clear error
   return d;
 }
 

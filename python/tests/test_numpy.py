@@ -1,5 +1,8 @@
 """tessera.<kernel> on NumPy arrays: values, zero-copy, errors, the GIL."""
 import inspect
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -201,3 +204,22 @@ def test_skip_ignored_is_a_keyword_on_by_default():
     np.testing.assert_allclose(every["loss"], skip["loss"], rtol=1e-6, atol=1e-6)
     opt = {o.name: o for o in tessera.KERNELS["linear_cross_entropy"].options}["skip_ignored"]
     assert opt.kind == "flag" and opt.default is True
+
+
+def test_host_work_loads_no_cuda_runtime():
+    """A process that imports tessera and runs a kernel on NumPy arrays maps no CUDA runtime, and
+    the extension needs none (DESIGN: a device runtime loads with the device module, on first
+    use). Its JAX handler for CUDA is there all the same, working through that module."""
+    code = ("import numpy as np, tessera\n"
+            "x = np.ones((4, 8), np.float32); w = np.ones((16, 8), np.float32); y = np.zeros(4, np.int64)\n"
+            "tessera.linear_cross_entropy(x, w, y)\n"
+            "print(sorted(tessera._ext.ffi_targets()))\n"
+            "print(open('/proc/self/maps').read())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    first, maps = done.stdout.split("\n", 1)
+    assert first == "['cpu', 'cuda']"
+    for lib in ("libcudart", "libcublas", "libtessera_cuda"):
+        assert lib not in maps, f"{lib} is mapped after host work"
+

@@ -256,6 +256,21 @@ void zero_fill(const TensorView& t) {
   }
 }
 
+void synchronize(Device device, void* stream) {
+  if (device.type == DeviceType::kCPU) return;
+  const DeviceAllocator a = get_allocator(device.type);
+  check(static_cast<bool>(a.synchronize), ErrorCode::kUnsupported, device.str() + "'s allocator cannot synchronize a stream");
+  a.synchronize(stream, device.index);
+}
+
+int device_index_of(DeviceType type, const void* ptr) {
+  if (type == DeviceType::kCPU) return -1;
+  const DeviceAllocator a = get_allocator(type);
+  check(static_cast<bool>(a.device_of), ErrorCode::kUnsupported,
+        Device{type, 0}.str() + "'s allocator cannot tell a pointer's device");
+  return a.device_of(ptr);
+}
+
 Tensor Tensor::zeros(DType dtype, Shape shape, Device device) {
   Tensor t = empty(dtype, std::move(shape), device);
   zero_fill(t.view());

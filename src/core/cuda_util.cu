@@ -490,6 +490,20 @@ void fill(void* p, int value, size_t bytes, int device) {
   check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
 }
 
+void synchronize_stream(void* stream, int device) {
+  DeviceGuard g(device);
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize (tessera::synchronize)");
+}
+
+int device_of(const void* ptr) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a pointer CUDA knows: no sticky state left behind
+    return -1;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+}
+
 std::once_flag g_registered;
 
 // Registration at load time for programs that link this object; the factories call
@@ -508,6 +522,8 @@ void register_allocator() {
     a.deallocate = deallocate;
     a.copy = copy;
     a.memset = fill;
+    a.synchronize = synchronize_stream;
+    a.device_of = device_of;
     register_device_allocator(DeviceType::kCUDA, std::move(a));
   });
 }

@@ -36,7 +36,7 @@ namespace tessera::device_module {
 // Bumped whenever what crosses the module boundary changes incompatibly; the module refuses to
 // initialize for another value (and for another library version: modules and libtessera come
 // from the same build).
-inline constexpr int kAbiVersion = 1;
+inline constexpr int kAbiVersion = 2;  // 2: DeviceAllocator::synchronize, device_of (2026-11-28)
 
 struct Status {
   bool loaded = false;   // the module is loaded and initialized: its registrations are in place

@@ -4,6 +4,7 @@
 // cuda implementation (candidates, no GPU needed).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <set>
 #include <string>
 #include <vector>
@@ -77,6 +78,27 @@ TEST(CudaUtil, TheModuleNamesGpusForTheTuner) {
     EXPECT_EQ(k.substr(k.size() - 2), "sm") << k;
     EXPECT_EQ(k, device_kind(0));
   }
+}
+
+// The allocator's hooks for callers that hold another library's stream and buffers (the XLA FFI
+// handler): a pointer's device, a stream's synchronization.
+TEST(CudaUtil, PointersNameTheirDeviceAndStreamsSynchronize) {
+  std::string why;
+  if (device_count(&why) == 0) GTEST_SKIP() << why;
+  const Tensor on_gpu = Tensor::zeros(DType::kF32, {256}, Device::cuda());
+  const int host = 0;
+  EXPECT_EQ(device_index_of(DeviceType::kCUDA, on_gpu.data()), 0);
+  EXPECT_EQ(device_index_of(DeviceType::kCUDA, &host), -1);
+  EXPECT_EQ(device_index_of(DeviceType::kCUDA, nullptr), -1);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  Tensor back = Tensor::empty(DType::kF32, {256});
+  ASSERT_EQ(cudaMemsetAsync(on_gpu.data(), 0x3f, on_gpu.view().nbytes(), s), cudaSuccess);
+  tessera::synchronize(Device::cuda(), s);  // the memset has landed before the plain copy
+  back = on_gpu.to(Device::cpu());
+  for (int i = 0; i < 256; ++i) ASSERT_EQ(reinterpret_cast<const uint32_t*>(back.data())[i], 0x3f3f3f3fu) << i;
+  tessera::synchronize(Device::cuda(), nullptr);  // the default stream
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
 TEST(LceCudaTuning, CudaIsTunableOverChunkSizesBelowTheDefault) {

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "core/device_module.h"
 #include "harness/device_hooks.h"
@@ -36,6 +38,8 @@ std::string gpu_runtime_mapped() {
       if (line.find(lib) != std::string::npos) return line;
   return {};
 }
+
+int use_count_dummy = 0;  // a host address to ask about
 
 bool no_nvidia_driver() { return ::access("/dev/nvidiactl", F_OK) != 0 && ::access("/dev/dxg", F_OK) != 0; }
 
@@ -95,6 +99,20 @@ TEST(DeviceModule, WithoutADriverEveryUseSaysWhyAndLoadsNoRuntime) {
     EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
   }
   EXPECT_FALSE(tessera::has_device_allocator(DeviceType::kCUDA));
+  // A stream's synchronization and a pointer's device (the XLA handler's): the same reason.
+  for (const auto& use : std::vector<std::function<void()>>{
+           [] { tessera::synchronize(Device::cuda(), nullptr); },
+           [] { (void)tessera::device_index_of(DeviceType::kCUDA, &use_count_dummy); }}) {
+    try {
+      use();
+      ADD_FAILURE() << "a CUDA hook ran without a driver";
+    } catch (const tessera::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  tessera::synchronize(Device::cpu(), nullptr);  // the host: nothing to wait for
+  EXPECT_EQ(tessera::device_index_of(DeviceType::kCPU, &use_count_dummy), -1);
 
   // The harness's hooks: none.
   EXPECT_EQ(tessera::harness::device_hooks(DeviceType::kCUDA), nullptr);

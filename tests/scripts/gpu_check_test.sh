@@ -57,7 +57,7 @@ if grep -qE '^  cuda ' <<< "$cli_list"; then
   expect_rc 0 $? "--plan, BENCH_KERNELS"
   echo "$out" | grep -q -- "bench mla_decode --impl " || fail "BENCH_KERNELS: mla_decode not benched"
   echo "$out" | grep -q -- "bench paged_attention --impl " || fail "BENCH_KERNELS: paged_attention not benched"
-  ! echo "$out" | grep -qE -- "bench (attention|linear_cross_entropy|grouped_matmul|mlstm|slstm) |peers" ||
+  ! grep -qE -- "bench (attention|linear_cross_entropy|grouped_matmul|mlstm|slstm) |peers" <<< "$out" ||
     fail "BENCH_KERNELS: a kernel not named, or a peer, ran: $(echo "$out" | grep -E 'bench (att|lin|gro|ml|sl)|peers')"
   out=$(TESSERA_BIN=$cli BENCH_KERNELS="paged" bash "$script" --stage bench --plan --out "$tmp/plan3" 2>&1)
   expect_rc 0 $? "--plan, BENCH_KERNELS matching no whole name (--plan exits 0)"
@@ -70,7 +70,7 @@ if grep -qE '^  cuda ' <<< "$cli_list"; then
       echo "$out" | grep -q -- "ncu --clock-control none .* bench $k --impl $i " || fail "profile: $k $i not profiled: $out"
     done
   done
-  ! echo "$out" | grep -qE -- "bench (attention|linear_cross_entropy|grouped_matmul|mlstm|slstm) " ||
+  ! grep -qE -- "bench (attention|linear_cross_entropy|grouped_matmul|mlstm|slstm) " <<< "$out" ||
     fail "profile: a kernel not named by the default PROFILE_KERNELS was profiled"
   out=$(TESSERA_BIN=$cli PROFILE_KERNELS=mlstm PROFILE_LAUNCHES=2 PROFILE_SECTIONS="SpeedOfLight" bash "$script" --stage profile \
     --plan --out "$tmp/plan6" 2>&1)

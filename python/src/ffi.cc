@@ -135,13 +135,15 @@ Tensor cuda_host_copy(void* stream, const TensorView& t) {
 
 // The device the buffers are on, from the first one's address: XLA's DeviceOrdinal is PJRT's
 // logical id, which differs from the CUDA ordinal under jax_cuda_visible_devices or virtual GPUs.
+// The first buffer in device memory decides (an operand in pinned host memory does not).
 int cuda_device_of(ffi::RemainingArgs& args, ffi::RemainingRets& rets) {
+  const auto device_of = [](const void* p) { return p ? device_index_of(DeviceType::kCUDA, p) : -1; };
   for (size_t i = 0; i < args.size(); ++i)
-    if (auto b = args.get<ffi::AnyBuffer>(i); !b.has_error() && b->untyped_data())
-      return device_index_of(DeviceType::kCUDA, b->untyped_data());
+    if (auto b = args.get<ffi::AnyBuffer>(i); !b.has_error())
+      if (const int d = device_of(b->untyped_data()); d >= 0) return d;
   for (size_t i = 0; i < rets.size(); ++i)
-    if (auto r = rets.get<ffi::AnyBuffer>(i); !r.has_error() && (*r)->untyped_data())
-      return device_index_of(DeviceType::kCUDA, (*r)->untyped_data());
+    if (auto r = rets.get<ffi::AnyBuffer>(i); !r.has_error())
+      if (const int d = device_of((*r)->untyped_data()); d >= 0) return d;
   return -1;
 }
 
@@ -151,8 +153,11 @@ ffi::Error call_cuda(void* stream, ffi::RemainingArgs args, ffi::RemainingRets r
   int device = -1;
   try {
     device = cuda_device_of(args, rets);
-  } catch (const Error& e) {
-    return ffi::Error(ffi::ErrorCode::kUnimplemented, e.what());
+  } catch (const Error& e) {  // no CUDA module (not built, no driver): its reason
+    return ffi::Error(e.code() == ErrorCode::kUnsupported ? ffi::ErrorCode::kUnimplemented : ffi::ErrorCode::kInternal,
+                      e.what());
+  } catch (const std::exception& e) {  // nothing may cross the FFI boundary
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("tessera: ") + e.what());
   }
   if (device < 0) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tessera: no buffer of the call is in CUDA device memory");
   return run(Device::cuda(device), stream, cuda_host_copy, args, rets, kernel, pass, names, options, implementation,

@@ -13,8 +13,9 @@ instead, as Liger-Kernel does: loss and dx / dw / dbias at once for an upstream 
 kept as residuals (allocated in the forward, held until the backward) and scaled by the upstream
 gradient in the VJP; no second pass recomputes the logits. A plain call runs "forward" alone. Options are static (part of the jit cache key). Inputs without a
 gradient in the kernel (labels, token_weights) get a zero cotangent: token_weights are treated as
-constants. The handlers are compiled into tessera._ext and registered with ``jax.ffi`` for CPU,
-and for CUDA when the extension was built with the CUDA backend.
+constants. The handlers are compiled into tessera._ext and registered with ``jax.ffi`` for CPU
+and CUDA (the CUDA one reaches the GPU through Tessera's CUDA module; without it a call fails
+saying why).
 """
 from __future__ import annotations
 

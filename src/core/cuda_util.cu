@@ -495,12 +495,16 @@ void synchronize_stream(void* stream, int device) {
   check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize (tessera::synchronize)");
 }
 
+// Host memory CUDA does not know is cudaMemoryTypeUnregistered (a success); an invalid value
+// (null) is -1 too; any other error (no device, a sticky fault left by earlier work) is thrown.
 int device_of(const void* ptr) {
   cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
-    (void)cudaGetLastError();  // not a pointer CUDA knows: no sticky state left behind
+  const cudaError_t e = cudaPointerGetAttributes(&a, ptr);
+  if (e == cudaErrorInvalidValue) {
+    (void)cudaGetLastError();  // not sticky: cleared so that it is not reported later
     return -1;
   }
+  if (e != cudaSuccess) throw_error(e, "cudaPointerGetAttributes (tessera::device_index_of)");
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
 }
 

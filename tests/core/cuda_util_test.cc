@@ -4,8 +4,10 @@
 // cuda implementation (candidates, no GPU needed).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <set>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -90,12 +92,19 @@ TEST(CudaUtil, PointersNameTheirDeviceAndStreamsSynchronize) {
   EXPECT_EQ(device_index_of(DeviceType::kCUDA, on_gpu.data()), 0);
   EXPECT_EQ(device_index_of(DeviceType::kCUDA, &host), -1);
   EXPECT_EQ(device_index_of(DeviceType::kCUDA, nullptr), -1);
+  if (device_count(&why) > 1) {  // the device comes from the address, not the current device
+    const Tensor on_second = Tensor::zeros(DType::kF32, {16}, Device::cuda(1));
+    EXPECT_EQ(device_index_of(DeviceType::kCUDA, on_second.data()), 1);
+  }
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  Tensor back = Tensor::empty(DType::kF32, {256});
+  // The memset waits 50 ms behind a host function on the non-blocking stream: a synchronize that
+  // did not wait leaves the plain copy (the legacy stream, which does not wait for s) the zeros.
+  ASSERT_EQ(cudaLaunchHostFunc(s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr),
+            cudaSuccess);
   ASSERT_EQ(cudaMemsetAsync(on_gpu.data(), 0x3f, on_gpu.view().nbytes(), s), cudaSuccess);
-  tessera::synchronize(Device::cuda(), s);  // the memset has landed before the plain copy
-  back = on_gpu.to(Device::cpu());
+  tessera::synchronize(Device::cuda(), s);
+  const Tensor back = on_gpu.to(Device::cpu());
   for (int i = 0; i < 256; ++i) ASSERT_EQ(reinterpret_cast<const uint32_t*>(back.data())[i], 0x3f3f3f3fu) << i;
   tessera::synchronize(Device::cuda(), nullptr);  // the default stream
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);

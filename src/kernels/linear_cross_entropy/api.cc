@@ -398,6 +398,7 @@ std::string run(const Call& k, const Options& opt, Pass pass, bool every_row) {
   const GradOut go = c && bwd ? c->grad_out(k.go) : k.go;
   std::string ran = "(empty batch)";
   if (q.B == 0) {
+    synchronize(q.device, q.stream);  // the caller's queued work first (zero_fill is not on its stream)
     if (k.loss) zero_fill(*k.loss);
     if (k.dw) zero_fill_dw(*k.dw);
     if (k.dbias) zero_fill(*k.dbias);

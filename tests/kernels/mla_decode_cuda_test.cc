@@ -79,22 +79,29 @@ TEST_P(MlaDecodeCudaSplits, SplitEqualsUnsplit) {
 INSTANTIATE_TEST_SUITE_P(Impls, MlaDecodeCudaSplits, ::testing::Values("cuda", "cuda_v2"),
                          [](const auto& info) { return std::string(info.param); });
 
+// The case's q and cache on the device with f32 outputs there; forward() by the default order.
+struct OnDevice {
+  testing::CaseSpec s;
+  testing::CaseData d = testing::make_case(s);
+  Tensor q = d.q.to(Device::cuda()), kv = d.kv.to(Device::cuda());
+  Tensor o = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq, s.Dv}, Device::cuda());
+  Tensor lse = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq}, Device::cuda());
+  std::string forward_by(Options opt, const TensorView& q_view) const {
+    opt.dv = s.Dv;
+    return forward({q_view, kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt);
+  }
+};
+
 // Device inputs dispatch to cuda_v2 by default; host memory labelled cuda is refused before running.
 TEST(MlaDecodeCuda, DispatchAndHostMemoryLabelledDevice) {
   SKIP_WITHOUT_GPU();
-  testing::CaseSpec s;
-  const testing::CaseData d = testing::make_case(s);
-  const Tensor q = d.q.to(Device::cuda()), kv = d.kv.to(Device::cuda());
-  Tensor o = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq, s.Dv}, Device::cuda());
-  Tensor lse = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq}, Device::cuda());
-  Options opt;
-  opt.dv = s.Dv;
-  EXPECT_EQ(forward({q.view(), kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt),
-            "cuda_v2");
-  TensorView fake_q = d.q.view();
+  const OnDevice c{testing::CaseSpec{}};
+  EXPECT_EQ(c.forward_by({}, c.q.view()), "cuda_v2");
+  TensorView fake_q = c.d.q.view();
   fake_q.device = Device::cuda();
+  Options opt;
   opt.implementation = "cuda";
-  EXPECT_THROW(forward({fake_q, kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt), Error);
+  EXPECT_THROW(c.forward_by(opt, fake_q), Error);
 }
 
 // Head dims past v2's (D <= 576): the default order falls back to v1 (D <= 1024), which matches
@@ -103,13 +110,8 @@ TEST(MlaDecodeCuda, DispatchFallsBackToV1PastV2sHeadDims) {
   SKIP_WITHOUT_GPU();
   testing::CaseSpec s;
   s.D = 640, s.Dv = 64;
-  const testing::CaseData d = testing::make_case(s);
-  const Tensor q = d.q.to(Device::cuda()), kv = d.kv.to(Device::cuda());
-  Tensor o = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq, s.Dv}, Device::cuda());
-  Tensor lse = Tensor::zeros(DType::kF32, {s.B(), s.Sq, s.Hq}, Device::cuda());
-  Options opt;
-  opt.dv = s.Dv;
-  EXPECT_EQ(forward({q.view(), kv.view(), d.page_table.view(), d.seqlens.view()}, {o.view(), lse.view()}, opt), "cuda");
+  const OnDevice c{s};
+  EXPECT_EQ(c.forward_by({}, c.q.view()), "cuda");
   expect_grid_parity("cuda", std::vector<testing::CaseSpec>{s}, testing::check_parity);
 }
 

@@ -199,6 +199,42 @@ TEST(AttentionCudnn, DeterministicOffTakesTheOtherEngine) {
   EXPECT_EQ(logs.find("(non-deterministic)"), std::string::npos) << logs;
 }
 
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
+  return x.view().nbytes() == y.view().nbytes() && std::memcmp(x.data(), y.data(), x.view().nbytes()) == 0;
+}
+
+// ANCHORS (FlashAttention #2244: a "deterministic" backward that was not): with the default
+// Options::deterministic, every backward the cudnn implementation serves gives the same bits on a
+// second call, and no non-deterministic cuDNN plan is built for it (where cuDNN has no
+// deterministic engine for a shape, the backward runs on cuda instead). Every supported case, and
+// a training-sized causal bf16 shape.
+TEST(AttentionCudnn, DeterministicBackwardIsBitwiseRepeatable) {
+  SKIP_WITHOUT_CUDNN();
+  std::vector<at::CaseSpec> cases = supported_cases();
+  at::CaseSpec big = base(DType::kBF16, 1024, 1024, 16, 16, 128, 128);
+  big.B = 4, big.opt.causal = true, big.seed = 9100;
+  cases.push_back(big);
+  const tessera::log::Level old = tessera::log::level();
+  std::string logs;
+  tessera::log::set_level(tessera::log::Level::kDebug);
+  tessera::log::set_capture(&logs);
+  for (at::CaseSpec c : cases) {
+    c.opt.implementation = "cudnn";
+    ASSERT_TRUE(c.opt.deterministic);  // the default
+    const at::CaseData d = at::make_case(c).to(Device::cuda());
+    const att::Result a = att::compute_with_grad(d.inputs(), d.grad_o.view(), c.opt);
+    const att::Result b = att::compute_with_grad(d.inputs(), d.grad_o.view(), c.opt);
+    const std::string tag = "case seed " + std::to_string(c.seed);
+    EXPECT_TRUE(same_bits(a.dq, b.dq)) << tag << ": dq";
+    EXPECT_TRUE(same_bits(a.dk, b.dk)) << tag << ": dk";
+    EXPECT_TRUE(same_bits(a.dv, b.dv)) << tag << ": dv";
+  }
+  tessera::log::set_capture(nullptr);
+  tessera::log::set_level(old);
+  EXPECT_EQ(logs.find("(non-deterministic)"), std::string::npos) << logs;
+}
+
 TEST(AttentionCudnn, OtherBlockSizesAreRefused) {
   SKIP_WITHOUT_CUDNN();
   EXPECT_THROW(att::validate_block_sizes("cudnn", att::BlockSizes{64, 64}), tessera::Error);

@@ -126,9 +126,10 @@ std::shared_ptr<const Plan> make_plan(const cp::PlanKey& k) {
       plan.graph = forward_graph(k);
       plan.error = build(*plan.graph, h.get(), &plan.workspace);
     } else {
-      // The call's choice first (Options::deterministic, backward_key), the other engine when
-      // cuDNN has none of that kind for the shape.
-      for (const bool det : {k.deterministic, !k.deterministic}) {
+      // The call's choice (Options::deterministic, backward_key). A non-deterministic call takes
+      // the deterministic engine where cuDNN has no other; a deterministic one never takes the
+      // non-deterministic engine: no plan, and backward() runs on cuda (deterministic) instead.
+      for (const bool det : k.deterministic ? std::vector<bool>{true} : std::vector<bool>{false, true}) {
         plan.graph = backward_graph(k, det);
         plan.error = build(*plan.graph, h.get(), &plan.workspace);
         plan.deterministic = det;

@@ -1,8 +1,9 @@
 // Helper for the multi-process autotune cache tests (concurrency_test.cc, interrupt_test.cc).
 //
-//   tessera_cache_stress tune DIR KEYS ROUNDS   autotune KEYS keys ROUNDS times into DIR; each
-//        result must be the planted winner, and each entry on disk, when there is one, must be
-//        complete and right. Exit 0 when every check held, 1 (with a message) otherwise.
+//   tessera_cache_stress tune DIR KEYS ROUNDS [FIRST]   autotune KEYS keys (numbered from FIRST,
+//        default 0) ROUNDS times into DIR; each result must be the planted winner, and each entry
+//        on disk, when there is one, must be complete and right. Exit 0 when every check held, 1
+//        (with a message) otherwise.
 //   tessera_cache_stress delete DIR             delete every file in DIR, over and over, until
 //        killed (SIGTERM).
 //   tessera_cache_stress slow DIR               one autotune whose candidates take 60 s each
@@ -77,10 +78,10 @@ void check_file(const DiskCache& cache, const AutotuneRequest& req, int k) {
   if (e.negative || e.params != winner(k)) fail("entry " + path + " has the wrong winner " + params_str(e.params));
 }
 
-int tune(const std::string& dir, int keys, int rounds) {
+int tune(const std::string& dir, int keys, int rounds, int first) {
   const DiskCache cache(dir, "0.1.0");
   for (int round = 0; round < rounds; ++round) {
-    for (int k = 0; k < keys; ++k) {
+    for (int k = first; k < first + keys; ++k) {
       clear_autotune_memo();  // every lookup goes to the disk (or tunes)
       const AutotuneRequest req = request(k);
       const AutotuneResult r = lookup_or_autotune(cache, req);
@@ -124,12 +125,13 @@ int main(int argc, char** argv) {
   ::setenv("TESSERA_LOG_LEVEL", "error", 1);  // deleted temp files make expected warnings
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
-    if (mode == "tune" && argc == 5) return tune(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
+    if (mode == "tune" && (argc == 5 || argc == 6))
+      return tune(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), argc == 6 ? std::atoi(argv[5]) : 0);
     if (mode == "delete" && argc == 3) return del(argv[2]);
     if (mode == "slow" && argc == 3) return slow(argv[2]);
   } catch (const tessera::Error& e) {
     fail(std::string("tessera::Error: ") + e.what());
   }
-  std::fprintf(stderr, "usage: tessera_cache_stress tune DIR KEYS ROUNDS | delete DIR | slow DIR\n");
+  std::fprintf(stderr, "usage: tessera_cache_stress tune DIR KEYS ROUNDS [FIRST] | delete DIR | slow DIR\n");
   return 2;
 }

@@ -2,6 +2,7 @@
 // deletes entries; several threads calling linear_cross_entropy on different inputs at once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -53,6 +54,37 @@ TEST(CacheConcurrency, ProcessesTuningAndDeletingNeverSeeATornOrWrongEntry) {
     ++entries;
   }
   EXPECT_EQ(entries, 8);
+  for (int i = 0; i < 4; ++i) {
+    fs::remove(dir.str() + "-" + std::to_string(i) + ".log");
+    fs::remove(dir.str() + "-" + std::to_string(i) + ".log.err");
+  }
+}
+
+// ANCHORS (Levanter: one shared JSON cache file, concurrent writers of different keys overwrote
+// each other's entries). Four processes at once, each tuning 16 keys of its own into one
+// directory: all 64 entries are there afterwards, each whole, for its own key (the tuners check
+// each winner themselves).
+TEST(CacheConcurrency, WritersOfDifferentKeysLoseNothing) {
+  TempDir dir("distinct");
+  const std::string bin = TESSERA_CACHE_STRESS_PATH;
+  std::vector<pid_t> tuners;
+  for (int i = 0; i < 4; ++i)
+    tuners.push_back(reliability::spawn({bin, "tune", dir.str(), "16", "1", std::to_string(16 * i)},
+                                        dir.str() + "-" + std::to_string(i) + ".log"));
+  for (size_t i = 0; i < tuners.size(); ++i)
+    EXPECT_EQ(reliability::wait_for(tuners[i]), 0) << reliability::read_file(dir.str() + "-" + std::to_string(i) + ".log.err");
+  std::vector<std::string> keys;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    const auto entry = tune::entry_from_json(nlohmann::json::parse(reliability::read_file(e.path().string())));
+    EXPECT_FALSE(entry.negative) << entry.key;
+    keys.push_back(entry.key);
+  }
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(std::unique(keys.begin(), keys.end()), keys.end());
+  EXPECT_EQ(keys.size(), 64u);
+  for (int k = 0; k < 64; ++k)
+    EXPECT_TRUE(std::binary_search(keys.begin(), keys.end(), "stress|cpu|f32|key=" + std::to_string(k) + "|0.1.0"))
+        << "key " << k << " lost";
   for (int i = 0; i < 4; ++i) {
     fs::remove(dir.str() + "-" + std::to_string(i) + ".log");
     fs::remove(dir.str() + "-" + std::to_string(i) + ".log.err");

@@ -6,7 +6,9 @@
 From the repository root (or --root), for KERNEL=linear_cross_entropy IMPL=cpu:
 
   1. finds the family's latest version in src/kernels/KERNEL/ (cpu.cc, cpu_v2.cc, ...) and copies
-     it to the next one (cpu_v2.cc, or cpu_v3.cc when cpu_v2.cc exists);
+     it to the next one (cpu_v2.cc, or cpu_v3.cc when cpu_v2.cc exists, or when impl.h declares a
+     cpu_v2 folded into cpu.cc: docs/VERSIONS.md, "fold"), leaving out the source's regions
+     between "// new_version: folded versions begin" and "... end" (the folded versions);
   2. renames its versioned symbols: the factory make_cpu_implementation -> make_cpu_v2_implementation,
      the name() it registers under ("cpu" -> "cpu_v2"), the messages that name it (" cpu: ...");
      and declares status() = experimental and what_changed() (a placeholder until you say);
@@ -78,7 +80,13 @@ def sub_once(pattern, repl, text, what, count=1, flags=0):
     return new
 
 
+FOLDED_RE = re.compile(r"^// new_version: folded versions begin.*?^// new_version: folded versions end[^\n]*\n\n?",
+                       re.S | re.M)
+
+
 def clone_source(text, old, new, what_changed, src_name):
+    # The versions folded into the source file stay there: the clone is the source's own version.
+    text = FOLDED_RE.sub("", text)
     factory_old, factory_new = f"make_{old}_implementation", f"make_{new}_implementation"
     if factory_old not in text:
         raise Fail(f"{src_name} defines no {factory_old}()")
@@ -193,7 +201,12 @@ def main(argv):
         if not versions:
             raise Fail(f"no {base}.cc / {base}.cu in {kdir}")
         latest = max(versions)
-        old, new = version_name(base, latest), version_name(base, latest + 1)
+        # Versions folded into a file (docs/VERSIONS.md, "fold": registered, no file of their own)
+        # keep their numbers: the clone is numbered after every version impl.h declares.
+        impl_h = os.path.join(kdir, "impl.h")
+        declared = [int(n or 1) for n in re.findall(r"\bmake_" + re.escape(base) + r"(?:_v([0-9]+))?_implementation\(",
+                                                       read(impl_h))] if os.path.exists(impl_h) else []
+        old, new = version_name(base, latest), version_name(base, max([latest] + declared) + 1)
         src_file = versions[latest]
         ext = os.path.splitext(src_file)[1]
         new_file = new + ext

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "kernels/lce_test_util.h"
 #include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_f32_gemm.h"
 #include "kernels/linear_cross_entropy/impl.h"
@@ -196,34 +197,60 @@ TEST(LinearCrossEntropyCpu, F32BlasRouteStillPasses) {
 // bf16 accumulator stalls once the sum is ~2^8 increments (an error of tens of percent); an f32
 // accumulator rounded once at the end is within one bf16 unit (2^-8) of the reference.
 TEST(LinearCrossEntropyCpu, Bf16DwAccumulatesInF32AcrossTokenBlocks) {
-  const int64_t B = 1024, H = 8, V = 16;
   const DType dt = DType::kBF16;
-  Tensor x = Tensor::empty(dt, {B, H}), w = Tensor::empty(dt, {H, V}), labels = Tensor::empty(DType::kI64, {B});
-  for (int64_t t = 0; t < B; ++t) {
-    for (int64_t h = 0; h < H; ++h) store_from_f32(x.data(), dt, t * H + h, 0.25f * static_cast<float>(h % 5) - 0.5f);
-    labels.data_as<int64_t>()[t] = 5;
-  }
-  for (int64_t i = 0; i < H * V; ++i) store_from_f32(w.data(), dt, i, 0.1f * static_cast<float>((i * 7) % 11) - 0.5f);
-  const Inputs in{x.view(), w.view(), std::nullopt, labels.view(), std::nullopt};
-  Tensor g = Tensor::empty(DType::kF32, {});
-  g.data_as<float>()[0] = 1.0f;
+  const int64_t H = lce_test::IdenticalRows::H, V = lce_test::IdenticalRows::V;
+  const lce_test::IdenticalRows rows(1024, dt);
   auto dw_of = [&](const std::string& impl, size_t budget) {
     Options o;
-    o.reduction = Reduction::kSum;
     o.implementation = impl;
     o.memory_budget = budget;
     o.block_sizes = BlockSizes{1, 8, 8};
-    Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, {B});
-    Tensor dx = Tensor::empty(dt, {B, H}), dw = Tensor::empty(dt, {H, V});
-    forward_backward(in, g.view(), {loss.view(), lse.view(), std::nullopt}, {dx.view(), dw.view(), std::nullopt}, o);
-    return dw;
+    return rows.dw(o);
   };
   const Tensor want = dw_of("reference", 0);
-  for (size_t budget : {size_t{0}, size_t{1}}) {  // 1: the vocab slices (cpu_vocab_slices.h)
-    const Tensor got = dw_of("cpu", budget);
-    for (int64_t i = 0; i < H * V; ++i) {
-      const double a = load_as_f32(got.data(), dt, i), b = load_as_f32(want.data(), dt, i);
-      EXPECT_LE(std::fabs(a - b), std::ldexp(std::fabs(b), -7) + 1e-6) << "dw[" << i << "] budget " << budget;
+  // cpu_v2: the f32 copy of w (budget 0) or w by chunks (1) off the AVX512-BF16 route.
+  for (const std::string impl : {"cpu", "cpu_v2"})
+    for (size_t budget : {size_t{0}, size_t{1}}) {  // cpu, 1: the vocab slices (cpu_vocab_slices.h)
+      const Tensor got = dw_of(impl, budget);
+      for (int64_t i = 0; i < H * V; ++i) {
+        const double a = load_as_f32(got.data(), dt, i), b = load_as_f32(want.data(), dt, i);
+        EXPECT_LE(std::fabs(a - b), std::ldexp(std::fabs(b), -7) + 1e-6) << impl << " dw[" << i << "] budget " << budget;
+      }
+    }
+}
+
+// Peer bug (ANCHORS, cut-cross-entropy's gradient filtering): entries of dz below ~2^-12 dropped
+// for speed. Exact by default here: one dominant logit (10) and V - 1 = 4095 zero logits give
+// every other class p = 1/(e^10 + 4095) ~ 3.8e-5, and dw[0][j] = 8·p for j >= 1 (8 tokens, x = e0,
+// label 0, reduction sum). A tolerance relative to the largest |dw| (~1.25) would pass a filtered
+// 0; each entry is checked against its own value instead: 1e-4 relative in f32, 1e-2 with bf16
+// inputs (dz rounded to bf16 for the dw GEMM on the AVX512-BF16 route: 2^-9).
+TEST(LinearCrossEntropyCpu, SmallGradientEntriesAreNotFiltered) {
+  const int64_t B = 8, H = 4, V = 4096;
+  const double p_small = 1.0 / (std::exp(10.0) + static_cast<double>(V - 1));
+  const double p_label = std::exp(10.0) * p_small;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor x = Tensor::empty(dt, {B, H}), w = Tensor::empty(dt, {H, V}), labels = Tensor::empty(DType::kI64, {B});
+    for (int64_t i = 0; i < B * H; ++i) store_from_f32(x.data(), dt, i, i % H == 0 ? 1.0f : 0.0f);
+    for (int64_t i = 0; i < H * V; ++i) store_from_f32(w.data(), dt, i, i == 0 ? 10.0f : 0.0f);
+    for (int64_t t = 0; t < B; ++t) labels.data_as<int64_t>()[t] = 0;
+    const Inputs in{x.view(), w.view(), std::nullopt, labels.view(), std::nullopt};
+    const double rtol = dt == DType::kF32 ? 1e-4 : 1e-2;
+    for (const std::string impl : {"reference", "cpu", "cpu_v2"}) {
+      Options o;
+      o.reduction = Reduction::kSum;
+      o.implementation = impl;
+      Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, {B});
+      Tensor dx = Tensor::empty(DType::kF32, {B, H}), dw = Tensor::empty(DType::kF32, {H, V});
+      forward_backward(in, lce_test::scalar_f32(1.0f).view(), {loss.view(), lse.view(), std::nullopt},
+                       {dx.view(), dw.view(), std::nullopt}, o);
+      const float* g = dw.data_as<float>();
+      const std::string tag = impl + " " + dtype_name(dt);
+      EXPECT_NEAR(g[0], B * (p_label - 1.0), rtol * B) << tag << " dw[0][0]";
+      int64_t bad = 0;
+      for (int64_t j = 1; j < V; ++j) bad += !(std::fabs(g[j] - B * p_small) <= rtol * B * p_small);
+      for (int64_t i = V; i < H * V; ++i) bad += g[i] != 0.0f;
+      EXPECT_EQ(bad, 0) << tag << ": dw[0][1] = " << g[1] << ", want " << B * p_small;
     }
   }
 }

@@ -4,9 +4,12 @@
 // usable CUDA device.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "core/random.h"
 #include "kernels/cuda_test_util.h"
 #include "kernels/paged_attention/testing.h"
 #include "reliability/relocated_pages.h"
@@ -54,6 +57,66 @@ TEST(PagedAttentionCuda, DispatchPicksCudaV2ForDeviceInputs) {
   in.q = q.view(), in.k_cache = k.view(), in.v_cache = v.view(), in.sinks = s.view();
   const Result r = compute(in, testing::options_of(c));
   EXPECT_EQ(r.implementation, "cuda_v2");
+}
+
+Tensor i32_tensor(const Shape& shape, const std::vector<int32_t>& values) {
+  Tensor t = Tensor::zeros(DType::kI32, shape);
+  std::memcpy(t.data(), values.data(), values.size() * sizeof(int32_t));
+  return t;
+}
+
+// cuda_v2's run-time refusal: supports() counts one chunk an item (25 MiB of partials here:
+// accepted), run() the real chunks — one 2^20-key decode row beside a 1536-row causal prefill, so
+// that every item gets the long row's ~60 chunks: ~1.5 GB, past the 1 GiB bound. cuda_v2 refuses
+// with kUnsupported before writing an output, and the default order falls through to cuda (v1).
+// Every page-table entry names page 0, so the cache is one page of 256 keys, repeated: the decode
+// row's o is that page's attention (a 256-key call gives it; lse is log(4096) higher). Named
+// LargeShape: the sanitize stage leaves it out (v1 walks 2^20 keys per head).
+TEST(PagedAttentionCuda, LargeShapeChunkPartialsPast1GiBFallBackToCuda) {
+  TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda_v2");
+  constexpr int64_t kLong = int64_t{1} << 20, kPrefill = 1536, kPage = 256, Hq = 32, Hkv = 8, D = 128;
+  const int64_t T = 1 + kPrefill;
+  const Tensor q = random_uniform(DType::kBF16, {T, Hq, D}, 1.0f, 5).to(Device::cuda());
+  const Tensor k = random_uniform(DType::kBF16, {1, kPage, Hkv, D}, 1.0f, 6).to(Device::cuda());
+  const Tensor v = random_uniform(DType::kBF16, {1, kPage, Hkv, D}, 1.0f, 7).to(Device::cuda());
+  const Tensor table = Tensor::zeros(DType::kI32, {2, kLong / kPage});  // page 0 everywhere
+  const Tensor kv = i32_tensor({2}, {static_cast<int32_t>(kLong), static_cast<int32_t>(kPrefill)});
+  const Tensor cu = i32_tensor({3}, {0, 1, static_cast<int32_t>(T)});
+  const Inputs in{q.view(), k.view(), v.view(), table.view(), kv.view(), cu.view(), std::nullopt};
+  Options opt;
+  opt.causal = true;
+  opt.implementation = "cuda_v2";
+  Tensor o = Tensor::empty(DType::kF32, {T, Hq, D}, Device::cuda()), lse = Tensor::empty(DType::kF32, {T, Hq}, Device::cuda());
+  ASSERT_NO_FATAL_FAILURE(poison_device(o.data(), o.view().nbytes()));
+  try {
+    forward(in, {o.view(), lse.view()}, opt);
+    ADD_FAILURE() << "cuda_v2 took partials past 1 GiB";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("chunk partials would take"), std::string::npos) << e.what();
+  }
+  const Tensor untouched = o.to(Device::cpu());
+  int64_t written = 0;
+  for (int64_t i = 0; i < untouched.numel(); ++i) written += !std::isnan(untouched.data_as<float>()[i]);
+  EXPECT_EQ(written, 0) << "the refused call wrote o";
+
+  opt.implementation = "";
+  const Result r = compute(in, opt);
+  EXPECT_EQ(r.implementation, "cuda");
+  TensorView q0 = q.view();
+  q0.shape[0] = 1;
+  const Tensor t1 = Tensor::zeros(DType::kI32, {1, 1}), kv1 = i32_tensor({1}, {static_cast<int32_t>(kPage)}),
+               cu1 = i32_tensor({2}, {0, 1});
+  opt.implementation = "cuda";
+  const Result want = compute({q0, k.view(), v.view(), t1.view(), kv1.view(), cu1.view(), std::nullopt}, opt);
+  const Tensor got_o = r.o.to(Device::cpu()), want_o = want.o.to(Device::cpu());
+  const Tensor got_l = r.lse.to(Device::cpu()), want_l = want.lse.to(Device::cpu());
+  for (int64_t i = 0; i < Hq * D; ++i) {  // bf16 outputs: 2^-7 relative, plus f32 sums over 2^20 keys
+    const double a = load_as_f32(got_o.data(), DType::kBF16, i), b = load_as_f32(want_o.data(), DType::kBF16, i);
+    EXPECT_NEAR(a, b, std::ldexp(std::fabs(b), -7) + 1e-3) << "o[0][" << i << "]";
+  }
+  for (int64_t h = 0; h < Hq; ++h)
+    EXPECT_NEAR(got_l.data_as<float>()[h], want_l.data_as<float>()[h] + std::log(4096.0), 1e-3) << "lse[0][" << h << "]";
 }
 
 TEST(PagedAttentionCuda, HostMemoryLabelledAsDeviceIsRefused) {

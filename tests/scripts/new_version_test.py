@@ -28,15 +28,25 @@ def latest(base, ext):
     return n
 
 
+def declared(base):
+    """The highest version number impl.h declares a factory for (folded versions have no file)."""
+    text = open(os.path.join(SRC, "src", "kernels", K, "impl.h"), encoding="utf-8").read()
+    return max([1] + [int(n or 1) for n in re.findall(r"\bmake_" + base + r"(?:_v([0-9]+))?_implementation\(", text)])
+
+
 def vname(base, n):
     return base if n == 1 else f"{base}_v{n}"
 
 
-# The tree may hold versions already (a clone being worked on): test from its latest.
-NC = latest("cpu", ".cc")
-C0, C1, C2, C3 = (vname("cpu", NC + i) for i in range(4))  # latest, next, next-next, ...
+# The tree may hold versions already (a clone being worked on, or folded into a file: cpu_v2 in
+# cpu.cc): clone from the latest file, numbered after every declared version.
+NC, DC = latest("cpu", ".cc"), declared("cpu")
+C0 = vname("cpu", NC)
+C1, C2, C3 = (vname("cpu", max(NC, DC) + 1 + i) for i in range(3))  # next, next-next, ...
+FOLDED = [vname("cpu", n) for n in range(2, DC + 1) if n != NC and
+          not os.path.exists(os.path.join(SRC, "src", "kernels", K, vname("cpu", n) + ".cc"))]
 NU = latest("cuda", ".cu")
-U0, U1 = vname("cuda", NU), vname("cuda", NU + 1)
+U0, U1 = vname("cuda", NU), vname("cuda", max(NU, declared("cuda")) + 1)
 
 
 def check(cond, what):
@@ -89,7 +99,11 @@ with tempfile.TemporaryDirectory(prefix="tessera_new_version_") as root:
     check(f"make_{C1}_implementation()" in v2 and f"make_{C0}_implementation" not in v2, "factory renamed")
     check("return VersionStatus::kExperimental;" in v2, f"{C1} is experimental")
     check('what_changed() const override { return "tiles of 8 \\"rows\\""; }' in v2, "what_changed escaped")
-    check(f'" {C1}: invalid block sizes' in v2 and f'" {C0}: ' not in v2, f"messages name {C1}")
+    # Messages name the version: literally, or through name() (a file that hosts folded versions).
+    check((f'" {C1}: invalid block sizes' in v2 or 'name + ": invalid block sizes' in v2) and f'" {C0}: ' not in v2,
+          f"messages name {C1}")
+    for f in FOLDED:  # versions folded into the source file stay there, out of the clone
+        check(f"make_{f}_implementation" not in v2 and "folded versions" not in v2, f"{C1}.cc leaves {f} out")
     cpu = read(root, f"{kdir}/{C0}.cc")
     check(cpu == open(os.path.join(SRC, kdir, f"{C0}.cc"), encoding="utf-8").read(), f"{C0}.cc untouched")
     impl_h = read(root, f"{kdir}/impl.h")

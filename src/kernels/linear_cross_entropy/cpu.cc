@@ -1,4 +1,8 @@
 // linear_cross_entropy: the optimized CPU backend ("cpu").
+// new_version: folded versions begin
+// Its experimental version "cpu_v2" differs in one route (Call::use_w_copy) and shares every
+// other phase (registered at the end of this file).
+// new_version: folded versions end
 //
 // Design (docs/kernels/linear_cross_entropy.md, "cpu backend"):
 //
@@ -33,7 +37,8 @@
 //   most kPkMaxCols, the slab chunk-major; w packed chunk by chunk per token block, never whole.
 //   TESSERA_CPU_F32_GEMM=0 keeps OpenBLAS (the v0.3 route).
 //   f16 (and bf16 on the f32 route): x_blk is converted to f32 once per token block (b×H); w is
-//   converted per (h-block × v-block) chunk into a per-thread buffer, never as a whole.
+//   converted per (h-block × v-block) chunk into a per-thread buffer, never as a whole (cpu_v2:
+//   into one f32 copy of w per gradient call, memory budget permitting; then as f32).
 //   Gradients accumulate in f32; a bf16/f16 dw output needs an f32 accumulator of w's size
 //   (gradient-sized, documented); a bf16/f16 dx needs a b×H f32 buffer.
 //
@@ -150,6 +155,18 @@ Range split(int64_t len, int k, int n, int64_t align) {
   return {b, std::min(len, b + chunk)};
 }
 
+// dst[begin, begin + n) = src[0, n) rounded to dst's dtype (bf16, f16: cpu_convert's SIMD loops,
+// the same rounding as store_from_f32's f32_to_bf16 / f32_to_f16, bit for bit).
+void store_rounded(void* dst, DType dt, int64_t begin, const float* src, int64_t n) {
+  auto* d16 = static_cast<uint16_t*>(dst) + begin;
+  if (dt == DType::kBF16)
+    cpu_convert::f32_to_bf16(src, d16, n);
+  else if (dt == DType::kF16)
+    cpu_convert::f32_to_f16(src, d16, n);
+  else
+    for (int64_t i = 0; i < n; ++i) store_from_f32(dst, dt, begin + i, src[i]);
+}
+
 // Per-row online softmax state of one thread's vocab range.
 using cpu_rows::RowPartial;
 
@@ -164,6 +181,7 @@ struct Call {
 
   int T = 1;
   int64_t bb = 1, vb = 1, hb = 1;  // effective block sizes
+  const bool copy_w;               // cpu_v2: a half w converted to f32 once per gradient call (use_w_copy)
   bool half = false;               // bf16 / f16 inputs
   bool dot = false;                // bf16 on the AVX512-BF16 dot product (cpu_bf16_gemm), see below
   bool pk = false;                 // f32 on the packed AVX-512 micro-kernel (cpu_f32_gemm), see below
@@ -177,7 +195,7 @@ struct Call {
 
   // scratch (all through memory::host_alloc)
   memory::HostBuffer part_buf, row_buf, row_scale_buf, rowloss_buf, tile_buf, slab_buf, xconv_buf, wconv_buf,
-      dxs_buf, dwacc_buf, dbacc_buf, bias_buf;
+      dxs_buf, dwacc_buf, dbacc_buf, bias_buf, w32_buf;
   RowPartial* part = nullptr;  // [T][rb]
   double* row_lse = nullptr;   // [bb] (f64: the label column's p_y − 1 needs more than f32 lse)
   float* row_scale = nullptr;  // [bb]
@@ -185,7 +203,8 @@ struct Call {
   float* tile = nullptr;       // [T][bb][vb]   forward only
   float* slab = nullptr;       // [bb][V]       gradients
   float* xconv = nullptr;      // [bb][H]       half inputs
-  float* wconv = nullptr;      // [T][hb*vb]    half inputs
+  float* wconv = nullptr;      // [T][hb*vb]    half inputs, w by chunks
+  float* w32 = nullptr;        // [H*V]         cpu_v2: w-sized f32 copy of a half w (use_w_copy)
   float* dxs = nullptr;        // [bb][H]       dx not f32
   float* dw32 = nullptr;       // w-sized f32: dw output itself when f32, else accumulator
   float* dbacc = nullptr;      // [V]
@@ -219,7 +238,7 @@ struct Call {
   float* xpk32 = nullptr;  // vh: x_blk packed (K = tokens, N = H): B of the dw GEMM
   float* xt32 = nullptr;   // hv: x_blkᵀ [H × bb]: A of the dw GEMM
 
-  Call(const Problem& prob, Mode m) : p(prob), mode(m) {}
+  Call(const Problem& prob, Mode m, bool copy) : p(prob), mode(m), copy_w(copy) {}
 
   void setup(const BlockSizes& bs);
   void run();
@@ -234,7 +253,13 @@ struct Call {
   size_t once_words() const {
     return static_cast<size_t>((p.H + hb - 1) / hb * cpu_bf16_gemm::packed_words(hb, vo));
   }
-  int64_t slab_step(const Range& r) const { return grads && !half && !pk ? std::max<int64_t>(1, r.size()) : vb; }
+  // f32 route with a half w converted chunk by chunk (no f32 copy of w).
+  bool w_chunks() const { return half && !dot && !w32; }
+  int64_t slab_step(const Range& r) const {
+    return grads && !pk && !dot && !w_chunks() ? std::max<int64_t>(1, r.size()) : vb;
+  }
+  bool use_w_copy() const;
+  void convert_w(int tid);
   const float* w_block(int tid, int64_t h0, int64_t hc, int64_t v0, int64_t n, int64_t* ld) const;
   void logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t n, float* Z,
                    int64_t ldz) const;
@@ -337,7 +362,10 @@ void Call::setup(const BlockSizes& bs) {
     setup_pk();
   } else if (half) {
     xconv = alloc<float>(xconv_buf, ubb * uH);
-    wconv = alloc<float>(wconv_buf, static_cast<size_t>(T) * static_cast<size_t>(hb * vb));
+    if (use_w_copy())
+      w32 = alloc<float>(w32_buf, uH * uV);
+    else
+      wconv = alloc<float>(wconv_buf, static_cast<size_t>(T) * static_cast<size_t>(hb * vb));
   }
   if (p.bias) {
     biasf = alloc<float>(bias_buf, uV);
@@ -384,8 +412,8 @@ void Call::setup_dot() {
 // kVH rows v, cols h. f32: a pointer into w. bf16/f16: converted into this thread's buffer.
 const float* Call::w_block(int tid, int64_t h0, int64_t hc, int64_t v0, int64_t n, int64_t* ld) const {
   const bool hv = p.layout == WLayout::kHV;
-  if (!half) {
-    const auto* w = static_cast<const float*>(p.w);
+  if (!w_chunks()) {
+    const auto* w = w32 ? w32 : static_cast<const float*>(p.w);
     *ld = hv ? p.V : p.H;
     return hv ? w + h0 * p.V + v0 : w + v0 * p.H + h0;
   }
@@ -408,7 +436,7 @@ void Call::logits_tile(int tid, const float* xb, int64_t nb, int64_t v0, int64_t
                        int64_t ldz) const {
   TESSERA_TRACE_SCOPE("lce.gemm.logits");
   const bool hv = p.layout == WLayout::kHV;
-  const int64_t hstep = half ? hb : p.H;  // f32: one GEMM with K = H
+  const int64_t hstep = w_chunks() ? hb : p.H;  // f32 w: one GEMM with K = H
   for (int64_t h0 = 0; h0 < p.H; h0 += hstep) {
     const int64_t hc = std::min(hstep, p.H - h0);
     int64_t ld = 0;
@@ -542,11 +570,7 @@ void Call::phase_b2_dot(int tid, int64_t b0, int64_t nb) {
       g::gemm(nb, hc, n, dz16 + v0, p.V, pk, 1.0f, v0 > 0, dxf + h0, p.H);
     }
   }
-  if (dxs) {
-    for (int64_t i = 0; i < nb; ++i)
-      for (int64_t h = r.begin; h < r.end; ++h)
-        store_from_f32(gout->dx, gout->dx_dtype, (b0 + i) * p.H + h, dxs[i * p.H + h]);
-  }
+  store_dx(b0, nb, r);
 }
 
 // ---- the f32 packed route (pk) -----------------------------------------------------------------
@@ -700,8 +724,7 @@ void Call::phase_b2_pk(int tid, int64_t b0, int64_t nb) {
 void Call::store_dx(int64_t b0, int64_t nb, const Range& r) const {
   if (!dxs) return;
   for (int64_t i = 0; i < nb; ++i)
-    for (int64_t h = r.begin; h < r.end; ++h)
-      store_from_f32(gout->dx, gout->dx_dtype, (b0 + i) * p.H + h, dxs[i * p.H + h]);
+    store_rounded(gout->dx, gout->dx_dtype, (b0 + i) * p.H + r.begin, dxs + i * p.H + r.begin, r.size());
 }
 
 // Row t's logits z[0..n) of vocab columns v0.. (bias and soft cap applied here, in place) into
@@ -914,7 +937,7 @@ void Call::phase_b2(int tid, int64_t b0, int64_t nb) {
   if (r.size() == 0) return;
   const bool hv = p.layout == WLayout::kHV;
   float* dxf = dxs ? dxs : static_cast<float*>(gout->dx) + b0 * p.H;
-  if (!half) {  // one GEMM over the whole vocabulary (K = V)
+  if (!w_chunks()) {  // one GEMM over the whole vocabulary (K = V)
     int64_t ld = 0;
     const float* W = w_block(tid, r.begin, r.size(), 0, p.V, &ld);
     gemm(false, hv, nb, r.size(), p.V, slab, p.V, W, ld, 0.0f, dxf + r.begin, p.H);
@@ -929,11 +952,7 @@ void Call::phase_b2(int tid, int64_t b0, int64_t nb) {
       }
     }
   }
-  if (dxs) {
-    for (int64_t i = 0; i < nb; ++i)
-      for (int64_t h = r.begin; h < r.end; ++h)
-        store_from_f32(gout->dx, gout->dx_dtype, (b0 + i) * p.H + h, dxs[i * p.H + h]);
-  }
+  store_dx(b0, nb, r);
 }
 
 // Stores the f32 accumulators of dw (when not f32) and dbias.
@@ -942,7 +961,7 @@ void Call::finish(int tid) {
   TESSERA_TRACE_SCOPE("lce.finish");
   if (dw32 != gout->dw) {
     const Range r = split(p.H * p.V, tid, T, 64);
-    for (int64_t i = r.begin; i < r.end; ++i) store_from_f32(gout->dw, gout->dw_dtype, i, dw32[i]);
+    store_rounded(gout->dw, gout->dw_dtype, r.begin, dw32 + r.begin, r.size());
   }
   if (dbacc) {
     const Range r = split(p.V, tid, T, 16);
@@ -950,7 +969,30 @@ void Call::finish(int tid) {
   }
 }
 
+// cpu_v2's route: a bf16 / f16 w on the f32 route (f16; bf16 without AVX512-BF16) is converted
+// to f32 once per call when the pass computes gradients: chunk by chunk it is converted twice per
+// token block (phases A and B2), and the chunks split the K = H logits GEMM and the K = V dx GEMM
+// into K = h pieces. The copy is w-sized, like the dw accumulator a half dw needs already;
+// Options::memory_budget (when set) turns it off where it does not fit. Forward alone keeps the
+// per-chunk conversion: a copy there was measured no faster (739 vs 726 ms at B=2048, H=1024,
+// V=32768 bf16) and cost 128 MiB.
+bool Call::use_w_copy() const {
+  if (!copy_w || !grads) return false;
+  const double bytes = 4.0 * static_cast<double>(p.H) * static_cast<double>(p.V);
+  return p.memory_budget == 0 || bytes <= static_cast<double>(p.memory_budget);
+}
+
+void Call::convert_w(int tid) {
+  TESSERA_TRACE_SCOPE("lce.convert_w");
+  const Range r = split(p.H * p.V, tid, T, 64);
+  simd::half_to_f32(static_cast<const uint16_t*>(p.w) + r.begin, p.dtype == DType::kBF16, w32 + r.begin, r.size());
+}
+
 void Call::worker(int tid, Barrier& bar) {
+  if (w32) {
+    convert_w(tid);
+    bar.arrive_and_wait();
+  }
   if (fwd_once) {
     phase_a_once(tid);
     bar.arrive_and_wait();
@@ -1018,7 +1060,7 @@ void Call::run() {
       } catch (...) {
         go.store(2, std::memory_order_release);
         for (auto& t : threads) t.join();
-        throw Error(ErrorCode::kUnsupported, std::string(kKernelName) + " cpu: could not start " +
+        throw Error(ErrorCode::kUnsupported, std::string(kKernelName) + " cpu backend: could not start " +
                                               std::to_string(T) + " threads");
       }
       go.store(1, std::memory_order_release);
@@ -1033,8 +1075,10 @@ void Call::run() {
   }
 }
 
-class Cpu final : public Implementation {
+// "cpu". Its folded version cpu_v2 (below) derives from it with copy_w (Call::use_w_copy).
+class Cpu : public Implementation {
  public:
+  explicit Cpu(bool copy_w = false) : copy_w_(copy_w) {}
   std::string name() const override { return "cpu"; }
   std::string description() const override {
     return "optimized CPU backend: packed AVX-512 f32 micro-kernel tiles (OpenBLAS sgemm without AVX-512; bf16: "
@@ -1042,7 +1086,10 @@ class Cpu final : public Implementation {
            "Highway SIMD online softmax, threads own vocab ranges (deterministic); extra memory in backward ~ b*V*4 "
            "bytes (f32 on the AVX-512 route: b rounded up to 64 rows, "
            "bf16 dot route b*V*6, plus an f32 H*V accumulator when dw is bf16/f16, or, when that exceeds "
-           "memory_budget, gradients in vocabulary slices: one more GEMM in a fused call)";
+           "memory_budget, gradients in vocabulary slices: one more GEMM in a fused call)" +
+           std::string(copy_w_ ? "; plus an f32 copy of a bf16/f16 w (H*V*4 bytes) in gradient passes off the "
+                                 "AVX512-BF16 route, unless memory_budget is smaller"
+                               : "");
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
   Availability supports(const Problem& p) const override {
@@ -1065,8 +1112,8 @@ class Cpu final : public Implementation {
   }
 
   void validate_block_sizes(const BlockSizes& bs) const override {
-    auto fail = [](const std::string& what) {
-      throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + " cpu: invalid block sizes: " + what);
+    auto fail = [name = name()](const std::string& what) {
+      throw Error(ErrorCode::kInvalidArgument, std::string(kKernelName) + " " + name + ": invalid block sizes: " + what);
     };
     if (bs.b < 1 || bs.b > kMaxBlockB)
       fail("b (token block) must be in [1, " + std::to_string(kMaxBlockB) + "], got " + std::to_string(bs.b));
@@ -1101,7 +1148,7 @@ class Cpu final : public Implementation {
 
   void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const override {
     validate_block_sizes(bs);
-    Call c(p, Mode::kForward);
+    Call c(p, Mode::kForward, copy_w_);
     c.fout = &out;
     c.setup(bs);
     c.run();
@@ -1110,7 +1157,7 @@ class Cpu final : public Implementation {
   void backward(const Problem& p, const BlockSizes& bs, const GradIn& g, const GradOut& out) const override {
     validate_block_sizes(bs);
     if (vocab_slices::needed(p, bs, out)) return vocab_slices::backward(*this, p, bs, g, out);
-    Call c(p, Mode::kBackward);
+    Call c(p, Mode::kBackward, copy_w_);
     c.gin = &g;
     c.gout = &out;
     c.setup(bs);
@@ -1121,17 +1168,38 @@ class Cpu final : public Implementation {
                         const GradOut& gout) const override {
     validate_block_sizes(bs);
     if (vocab_slices::needed(p, bs, gout)) return vocab_slices::forward_backward(*this, p, bs, g, fout, gout);
-    Call c(p, Mode::kFused);
+    Call c(p, Mode::kFused, copy_w_);
     c.fout = &fout;
     c.gin = &g;
     c.gout = &gout;
     c.setup(bs);
     c.run();
   }
+
+ private:
+  bool copy_w_;
 };
 
 }  // namespace
 
 std::unique_ptr<Implementation> make_cpu_implementation() { return std::make_unique<Cpu>(); }
+
+// new_version: folded versions begin (scripts/new_version.py leaves this region out of a clone)
+namespace {
+// Version cpu_v2: one route of its own (Call::use_w_copy), every other phase cpu's (docs/VERSIONS.md, "fold").
+class CpuV2 final : public Cpu {
+ public:
+  CpuV2() : Cpu(true) {}
+  std::string name() const override { return "cpu_v2"; }
+  VersionStatus status() const override { return VersionStatus::kExperimental; }
+  std::string what_changed() const override {
+    return "bf16/f16 gradient passes on the f32 route: w converted to f32 once per call (w-sized) instead of per "
+           "chunk twice per token block, so the logits and dx GEMMs run with K = H / K = V as in f32";
+  }
+};
+}  // namespace
+
+std::unique_ptr<Implementation> make_cpu_v2_implementation() { return std::make_unique<CpuV2>(); }
+// new_version: folded versions end
 
 }  // namespace tessera::linear_cross_entropy

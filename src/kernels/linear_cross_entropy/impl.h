@@ -137,7 +137,8 @@ BlockSizes from_params(const TuneParams& p);
 std::unique_ptr<Implementation> make_reference_implementation();
 // Optimized CPU backend (cpu.cc); built when TESSERA_CPU_BACKEND is on (TESSERA_HAVE_CPU_BACKEND).
 std::unique_ptr<Implementation> make_cpu_implementation();
-// Version cpu_v2 of cpu (cpu_v2.cc; experimental until promoted, docs/VERSIONS.md).
+// Version cpu_v2 of cpu (cpu.cc: one route differs, Call::use_w_copy; experimental until
+// promoted, docs/VERSIONS.md).
 std::unique_ptr<Implementation> make_cpu_v2_implementation();
 // CUDA backend (cuda.cu): built into the CUDA device module, libtessera_cuda.so, which
 // registers it when loaded on first use (implementations.cc declares it).

@@ -21,6 +21,7 @@
 #include "harness/parity.h"
 #include "kernels/cuda_test_util.h"
 #include "kernels/lce_test_util.h"
+#include "reliability/lce_large_check.h"
 #include "kernels/linear_cross_entropy/cuda_plan.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "kernels/linear_cross_entropy/impl.h"
@@ -393,6 +394,14 @@ TEST(LceCuda, Bf16DwOfIdenticalRowsDoesNotStall) {
     const double a = tessera::load_as_f32(got.data(), DType::kBF16, i), b = tessera::load_as_f32(want.data(), DType::kBF16, i);
     EXPECT_LE(std::fabs(a - b), std::ldexp(std::fabs(b), -7) + 1e-6) << "dw[" << i << "]";
   }
+}
+
+// ANCHORS (index overflow past 2^31): the host suite's size test on the device — B·V logits past
+// 2^31, rows and dw columns sampled against the reference (reliability/lce_large_check.h). Named
+// LargeShape: the sanitize stage leaves it out.
+TEST(LceCuda, LargeShapeLogitCountPast2To31MatchesReferenceSamples) {
+  SKIP_WITHOUT_GPU();
+  tessera::expect_lce_large_matches_samples("cuda", Device::cuda(), 10.0);
 }
 
 // The label column's gradient p_y − 1 with p_y ≈ 1 (confident rows) must not cancel (peer bug:

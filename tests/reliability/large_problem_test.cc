@@ -1,9 +1,6 @@
-// Size: a linear_cross_entropy problem whose logits count B·V passes 2^31 (B = 65536,
-// V = 32771, H = 16: 2 147 680 256 logits, never materialized), run on the cpu backend with
-// gradients and checked against the reference by sampling: whole rows (loss, lse, dx) from a
-// reference run on those rows alone, the last rows included (their flat logit index t·V + v is
-// past 2^31), and whole columns of dw recomputed in double from the inputs and the checked lse.
-// About 25 MiB of memory; label `large` (tens of seconds on 2 cores).
+// Size: a linear_cross_entropy problem whose logits count B·V passes 2^31, run on the cpu backend
+// with gradients and checked against the reference by sampling (reliability/lce_large_check.h,
+// shared with the cuda suite); label `large` (tens of seconds on 2 cores).
 //
 // And an attention forward whose q and o pass 2^31 elements (B·Sq·Hq·D = 2 147 493 120, bf16:
 // 4 GiB each; q a sparse mapping with only the checked rows written, so about 4.3 GB resident),
@@ -14,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "reliability/lce_large_check.h"
 #include "reliability/relocated_pages.h"
 #include "tessera/attention.h"
 #include "tessera/linear_cross_entropy.h"
@@ -28,68 +26,7 @@ TEST(LceLarge, LogitCountPast2To31OnCpuMatchesReferenceSamples) {
   bool have_cpu = false;
   for (const auto& info : lce::implementations()) have_cpu |= info.name == "cpu" && info.available;
   if (!have_cpu) GTEST_SKIP() << "no cpu backend in this build";
-  const int64_t B = 65536, H = 16, V = 32771;
-  ASSERT_GT(B * V, int64_t{1} << 31);
-  Tensor x = Tensor::empty(DType::kF32, {B, H}), w = Tensor::empty(DType::kF32, {H, V});
-  Tensor labels = Tensor::empty(DType::kI64, {B});
-  uint64_t s = 12345;
-  auto next = [&] {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<float>(static_cast<double>(s >> 40) / 16777216.0 - 0.5);
-  };
-  for (int64_t i = 0; i < B * H; ++i) x.data_as<float>()[i] = next();
-  for (int64_t i = 0; i < H * V; ++i) w.data_as<float>()[i] = 2.0f * next();
-  for (int64_t t = 0; t < B; ++t) labels.data_as<int64_t>()[t] = (t * 7919) % V;
-  labels.data_as<int64_t>()[B - 1] = V - 1;  // the very last logit of the problem
-  labels.data_as<int64_t>()[100] = -100;     // an ignored row
-
-  lce::Options opt;
-  opt.implementation = "cpu";
-  opt.reduction = lce::Reduction::kNone;
-  opt.skip_ignored = false;  // every row computed: lse of the ignored row is compared too
-  lce::Inputs in{x.view(), w.view(), std::nullopt, labels.view(), std::nullopt};
-  const lce::Result r = lce::compute_with_grad(in, opt);
-  ASSERT_EQ(r.implementation, "cpu");
-
-  // Rows: the first, an ignored one, the middle, and the last ten (t·V past 2^31).
-  std::vector<int64_t> rows = {0, 1, 100, 4097, B / 2};
-  for (int64_t t = B - 10; t < B; ++t) rows.push_back(t);
-  ASSERT_GT(rows.back() * V, int64_t{1} << 31);
-  const int64_t S = static_cast<int64_t>(rows.size());
-  Tensor xs = Tensor::empty(DType::kF32, {S, H}), ls = Tensor::empty(DType::kI64, {S});
-  for (int64_t i = 0; i < S; ++i) {
-    std::memcpy(xs.data_as<float>() + i * H, x.data_as<float>() + rows[i] * H, H * sizeof(float));
-    ls.data_as<int64_t>()[i] = labels.data_as<int64_t>()[rows[i]];
-  }
-  lce::Options ref_opt = opt;
-  ref_opt.implementation = "reference";
-  const lce::Result ref = lce::compute_with_grad({xs.view(), w.view(), std::nullopt, ls.view(), std::nullopt}, ref_opt);
-  for (int64_t i = 0; i < S; ++i) {
-    const int64_t t = rows[i];
-    EXPECT_NEAR(r.loss.data_as<float>()[t], ref.loss.data_as<float>()[i], 2e-5 * (1 + std::fabs(ref.loss.data_as<float>()[i])))
-        << "row " << t;
-    EXPECT_NEAR(r.lse.data_as<float>()[t], ref.lse.data_as<float>()[i], 2e-5 * (1 + std::fabs(ref.lse.data_as<float>()[i])))
-        << "row " << t;
-    for (int64_t h = 0; h < H; ++h)
-      EXPECT_NEAR(r.dx.data_as<float>()[t * H + h], ref.dx.data_as<float>()[i * H + h], 1e-5) << "dx row " << t;
-  }
-
-  // Columns of dw: dw[h, v] = Σ_t x[t, h] · (softmax(z_t)_v − [y_t = v]), in double, with
-  // z_tv recomputed from x and w and the row's lse from the (sample-checked) kernel.
-  for (int64_t v : {int64_t{0}, int64_t{7919}, V / 2, V - 1}) {
-    std::vector<double> col(H, 0.0);
-    for (int64_t t = 0; t < B; ++t) {
-      const int64_t y = labels.data_as<int64_t>()[t];
-      if (y == -100) continue;
-      const float* xt = x.data_as<float>() + t * H;
-      double z = 0;
-      for (int64_t h = 0; h < H; ++h) z += static_cast<double>(xt[h]) * w.data_as<float>()[h * V + v];
-      const double g = std::exp(z - r.lse.data_as<float>()[t]) - (y == v ? 1.0 : 0.0);
-      for (int64_t h = 0; h < H; ++h) col[h] += xt[h] * g;
-    }
-    for (int64_t h = 0; h < H; ++h)
-      EXPECT_NEAR(r.dw.data_as<float>()[h * V + v], col[h], 1e-4 * (1 + std::fabs(col[h]))) << "dw[" << h << ", " << v << "]";
-  }
+  expect_lce_large_matches_samples("cpu", Device::cpu());
 }
 
 // q [1, Sq, Hq=4, D=64] bf16 with Sq·4·64 > 2^31, GQA onto 2 kv heads of Sk = 9 keys (a tail

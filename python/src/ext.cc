@@ -131,6 +131,7 @@ nb::list describe_inputs(const std::vector<kernels::CallInput>& in) {
     d["required"] = i.required;
     d["differentiable"] = i.differentiable;
     d["host_only"] = i.host_only;
+    d["autocast"] = i.autocast;
     out.append(d);
   }
   return out;

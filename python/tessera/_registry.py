@@ -108,6 +108,7 @@ class Input:
     required: bool
     differentiable: bool
     host_only: bool = False  # read on the host whatever the device (group sizes, page tables)
+    autocast: bool = False  # the computation's dtype: cast to torch.autocast's (x and w; q, k, v)
 
 
 @dataclass
@@ -222,8 +223,10 @@ def _load() -> Dict[str, Kernel]:
     for d in _ext.kernels():
         opts = tuple(Option(o["name"], o["kind"], o["help"], _typed_default(o["kind"], o["default"]),
                             tuple(o["choices"])) for o in d["options"])
-        ins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"]) for i in d["inputs"])
-        gins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"]) for i in d["grad_inputs"])
+        ins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"], i["autocast"])
+                    for i in d["inputs"])
+        gins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"], i["autocast"])
+                     for i in d["grad_inputs"])
         out[d["name"]] = Kernel(d["name"], d["description"], tuple(d["passes"]), ins, gins, opts,
                                 tuple(d["forward_outputs"]), tuple(d["saved_outputs"]), d["implementations"])
     return out

@@ -33,6 +33,11 @@ _SCHEMA_TYPES = {"flag": "bool", "int": "int", "float": "float", "str": "str"}
 
 _lib = torch.library.Library("tessera", "DEF")
 
+# Inductor keeps these ops out of captured CUDA graphs: the kernels read inputs on the host (group
+# sizes, page tables, lengths: copied there inside the op) or synchronize with it
+# (linear_cross_entropy's cuda backend checks the labels), which a capturing stream refuses.
+_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
 
 def _default_literal(o) -> str:
     if o.kind == "flag":
@@ -95,7 +100,7 @@ def _device(tensors: Dict[str, torch.Tensor]) -> torch.device:
 
 
 def _register(k: Kernel, pass_: str, op_name: str):
-    _lib.define(op_name + _schema(k, pass_))
+    _lib.define(op_name + _schema(k, pass_), tags=_TAGS)
 
     def impl(*args, **kwargs):
         tensors, options, implementation, budget = _split(k, pass_, args, kwargs)
@@ -179,7 +184,7 @@ def _register_fused(k: Kernel, op_name: str):
     """The fused pass as an op with the forward's schema: it runs forward and backward at once with
     an upstream gradient of 1 and returns the forward's outputs, then d<input> for each
     differentiable input given. Its backward scales those saved gradients by the upstream one."""
-    _lib.define(op_name + _schema(k, "forward"))
+    _lib.define(op_name + _schema(k, "forward"), tags=_TAGS)
 
     def fused_args(args, kwargs):
         tensors, options, implementation, budget = _split(k, "forward", args, kwargs)
@@ -252,6 +257,17 @@ def _is_one(g: torch.Tensor) -> bool:
     return not _traced(g) and bool(g == 1)
 
 
+def _autocast(*tensors):
+    """Under torch.autocast for the tensors' device, the floating ones in its dtype (a kernel's
+    matmul operands, as autocast casts torch.matmul's: a bf16 x with an f32 lm_head.weight); the
+    cast is differentiable, so an f32 parameter's gradient comes back in f32. Else unchanged."""
+    first = next((t for t in tensors if t is not None), None)
+    if first is None or not torch.is_autocast_enabled(first.device.type):
+        return tensors
+    dt = torch.get_autocast_dtype(first.device.type)
+    return tuple(t.to(dt) if t is not None and t.is_floating_point() and t.dtype != dt else t for t in tensors)
+
+
 def _make(k: Kernel, op=None, drop_grads=False):
     """The user-facing function, generated as Python source so that torch.compile traces it.
     With `drop_grads` (the fused op) the trailing d<input> outputs are left out."""
@@ -264,12 +280,14 @@ def _make(k: Kernel, op=None, drop_grads=False):
     nf, ns = len(k.forward_outputs), len(k.saved_only)
     diff = [t.name for t in k.inputs if t.differentiable]
     drop = (f"    outs = outs[:len(outs) - sum(t is not None for t in ({', '.join(diff)},))]\n" if drop_grads else "")
-    src = (f"def {k.name}({', '.join(params)}):\n"
+    cast = [t.name for t in k.inputs if t.autocast]
+    cast_line = f"    {', '.join(cast)}, = _autocast({', '.join(cast)})\n" if cast else ""
+    src = (f"def {k.name}({', '.join(params)}):\n" + cast_line +
            f"    outs = _op({', '.join(call_args)})\n" + drop +
            f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"
            + "".join(f"    if {f}:\n        public.append(outs[{nf + i}])\n" for i, f in enumerate(k.saved_flags)) +
            f"    return public[0] if len(public) == 1 else tuple(public)\n")
-    scope = {"_op": op or getattr(torch.ops.tessera, k.name), "_budget": memory_budget_bytes}
+    scope = {"_op": op or getattr(torch.ops.tessera, k.name), "_budget": memory_budget_bytes, "_autocast": _autocast}
     exec(src, scope)  # noqa: S102 - source built from the registry's names only
     fn = scope[k.name]
     fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + k.returns_doc()
@@ -363,7 +381,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
                 bias: Optional[torch.Tensor] = None, token_weights: Optional[torch.Tensor] = None):
         out = linear_cross_entropy(  # noqa: F821 - generated above
-            _input, lin_weight, target, bias=bias, token_weights=token_weights, class_weights=self.ce_weight,
+            _input, lin_weight, target, bias=bias, token_weights=token_weights,
+            class_weights=None if self.ce_weight is None else self.ce_weight.float(),  # .bfloat16() moves buffers too
             reduction=self.reduction,
             ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
             z_loss_weight=self.lse_square_scale, soft_cap=self.softcap or 0.0, implementation=self.implementation,

@@ -176,6 +176,58 @@ def test_bad_inputs_raise():
         tt.linear_cross_entropy(x, w, y, reduction="avg")
 
 
+def test_autocast_runs_the_kernel_in_the_autocast_dtype():
+    """Under torch.autocast an f32 weight meets a bf16 activation (AMP training): the matmul operands
+    are cast to the autocast dtype as torch.matmul's would be, and the f32 parameter's gradient comes
+    back in f32 through the cast. Outside autocast the mismatch is still an error."""
+    x, w, y = tensors()
+    xb = x.detach().to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = tt.linear_cross_entropy(xb, w, y)
+    loss.backward()
+    assert w.grad.dtype == torch.float32 and xb.grad.dtype == torch.bfloat16
+    rv, (rx, rw) = grads_of(lambda x, w, y: materialized(x.float(), w.to(torch.bfloat16).float(), y),
+                            [xb, w, y])
+    torch.testing.assert_close(loss.detach(), rv, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(w.grad, rw, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(xb.grad.float(), rx.float(), rtol=2e-2, atol=2e-3)
+    with pytest.raises(TypeError, match="differs from x dtype"):
+        tt.linear_cross_entropy(xb, w, y)
+    # The inputs of a computation's dtype only: attention's q, k, v; grouped_matmul's operands.
+    q = torch.randn(1, 16, 2, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = tt.attention(q, q.to(torch.bfloat16), q, causal=True)
+    o = o[0] if isinstance(o, tuple) else o
+    assert o.dtype == torch.bfloat16
+    lhs, rhs = torch.randn(6, 4), torch.randn(2, 4, 3).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = tt.grouped_matmul(lhs, rhs, torch.tensor([2, 4]))
+    torch.testing.assert_close(out.float(), torch.cat([lhs[:2].to(torch.bfloat16).float() @ rhs[0].float(),
+                                                       lhs[2:].to(torch.bfloat16).float() @ rhs[1].float()]),
+                               rtol=1e-2, atol=1e-2)
+
+
+def test_module_class_weights_survive_a_bf16_model():
+    """model.bfloat16() casts the module's buffers too: ce_weight is handed to the kernel in f32."""
+    x, w, y = tensors()
+    cw = torch.linspace(0.2, 2.0, w.shape[0])
+    loss_fn = tt.LinearCrossEntropyLoss(ce_weight=cw).bfloat16()
+    assert loss_fn.ce_weight.dtype == torch.bfloat16
+    want = F.cross_entropy(F.linear(x, w).float(), y, weight=cw.to(torch.bfloat16).float())
+    torch.testing.assert_close(loss_fn(w, x, y), want, rtol=2e-5, atol=2e-6)
+
+
+def test_ops_stay_out_of_cuda_graphs():
+    """Inductor's reduce-overhead mode must not capture the ops (host reads and syncs inside)."""
+    if not hasattr(torch.Tag, "cudagraph_unsafe"):
+        pytest.skip("this PyTorch has no cudagraph_unsafe tag")
+    from tessera._registry import KERNELS
+    for name in KERNELS:
+        for op in (name, name + "_backward"):
+            assert torch.Tag.cudagraph_unsafe in getattr(torch.ops.tessera, op).default.tags, op
+    assert torch.Tag.cudagraph_unsafe in torch.ops.tessera.linear_cross_entropy_fused.default.tags
+
+
 def test_class_weights_match_cross_entropy_weight():
     """class_weights= is F.cross_entropy's weight= (Liger's ce_weight): loss and both gradients."""
     x, w, y = tensors(seed=5)

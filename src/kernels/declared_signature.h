@@ -161,10 +161,16 @@ class DeclaredInputs {
       : kernel_(std::move(kernel)), fields_(std::move(fields)) {}
   // From the API's declaration (which outlives this): each input's flag, keyword and help, its
   // help with the rule's words.
+  // autocast: the first input of dtype "float" and the differentiable ones of its dtype ("=q").
   explicit DeclaredInputs(const dispatch::DeclaredTensors<In>& t) : kernel_(t.args().kernel()), tensors_(&t) {
+    std::string anchor;
     for (const dispatch::TensorInput<In>& i : t.inputs())
+      if (anchor.empty() && i.rule.dtype == "float") anchor = i.rule.name;
+    for (const dispatch::TensorInput<In>& i : t.inputs()) {
+      const bool cast = !anchor.empty() && i.differentiable && (i.rule.name == anchor || i.rule.dtype == "=" + anchor);
       fields_.push_back(input(i.member, {i.rule.name, dispatch::help_text(i.help, i.rule), i.required,
-                                         i.differentiable, i.aliases, i.rule.host}));
+                                         i.differentiable, i.aliases, i.rule.host, cast}));
+    }
   }
   std::vector<CallInput> specs() const {
     std::vector<CallInput> out;

@@ -110,6 +110,10 @@ struct CallInput {
   bool differentiable = false;  // has a gradient output named "d" + name (backward, fused)
   std::vector<std::string> aliases = {};  // older CLI spellings, kebab case without dashes ("do")
   bool host_only = false;                  // read on the host whatever the device (group sizes)
+  // The computation's dtype: under a framework's autocast (torch.autocast) the front end casts
+  // these inputs to its dtype, as it does a matmul's operands (x and w; q, k, v); gates, states,
+  // weights and indices keep theirs.
+  bool autocast = false;
 };
 
 // A CLI flag that sets several options at once from "A,B" (attention's --window LEFT,RIGHT sets

@@ -46,9 +46,9 @@ const kernels::DeclaredInputs<Inputs>& inputs() {
   using kernels::input;
   static const kernels::DeclaredInputs<Inputs> d{
       kKernelName,
-      {input(&Inputs::q, {"q", "queries [B, Sq, Hq, D] (or [T, Hq, D] with cu_seqlens); f32, bf16 or f16", true, true}),
-       input(&Inputs::k, {"k", "keys [B, Sk, Hkv, D] (or [T, Hkv, D]); Hq a multiple of Hkv", true, true}),
-       input(&Inputs::v, {"v", "values [B, Sk, Hkv, Dv] (or [T, Hkv, Dv])", true, true}),
+      {input(&Inputs::q, {"q", "queries [B, Sq, Hq, D] (or [T, Hq, D] with cu_seqlens); f32, bf16 or f16", true, true, {}, false, true}),
+       input(&Inputs::k, {"k", "keys [B, Sk, Hkv, D] (or [T, Hkv, D]); Hq a multiple of Hkv", true, true, {}, false, true}),
+       input(&Inputs::v, {"v", "values [B, Sk, Hkv, Dv] (or [T, Hkv, Dv])", true, true, {}, false, true}),
        input(&Inputs::alibi_slopes, {"alibi_slopes", "ALiBi slopes [Hq] or [B, Hq] (f32); no gradient"}),
        input(&Inputs::segment_ids_q, {"segment_ids_q", "segment ids of the queries [B, Sq] (i32); with segment_ids_k",
                                       false, false, {"q-segment-ids"}}),

@@ -54,9 +54,9 @@ const kernels::DeclaredInputs<Inputs>& inputs() {
   using kernels::input;
   static const kernels::DeclaredInputs<Inputs> d{
       kKernelName,
-      {input(&Inputs::lhs, {"lhs", "tokens sorted by group [M, K] (f32, bf16 or f16)", true, true}),
+      {input(&Inputs::lhs, {"lhs", "tokens sorted by group [M, K] (f32, bf16 or f16)", true, true, {}, false, true}),
        input(&Inputs::rhs,
-             {"rhs", "one matrix per local group [G, K, N] ([G, N, K] with transpose_rhs), lhs's dtype", true, true}),
+             {"rhs", "one matrix per local group [G, K, N] ([G, N, K] with transpose_rhs), lhs's dtype", true, true, {}, false, true}),
        input(&Inputs::group_sizes,
              {"group_sizes", "rows per group [G_total] (int32 or int64, host memory); rows past the sum are zero", true,
               false, {}, true})}};

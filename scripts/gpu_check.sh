@@ -445,7 +445,7 @@ stage_bench() {
     listing=$(echo "$listing" | re="^(${BENCH_KERNELS})\$" awk '$1 ~ ENVIRON["re"]')  # ENVIRON: no escape processing
     [ -n "$listing" ] || { note "BENCH_KERNELS='$BENCH_KERNELS' matches no kernel with a GPU implementation"; status=1; return; }
   fi
-  benched() { echo "$listing" | grep -q "^$1 "; }
+  benched() { grep -q "^$1 " <<< "$listing"; }  # a here-string: no SIGPIPE under pipefail
   while read -r k impls; do
     [ -n "$k" ] || continue
     while IFS= read -r run; do
@@ -522,6 +522,31 @@ bench_tune() {
 # first PROFILE_LAUNCHES launches of Tessera's kernels (namespace tessera::), clocks left alone
 # (the device README: never change the card's settings), text report per implementation.
 PROFILE_SECTIONS_DEFAULT="SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis Occupancy LaunchStats WarpStateStats SchedulerStats"
+# A bench run's arguments with `--grid G` replaced by G's first shape and dtype (bench/K.json; the
+# shape's values in the order written there, the kernel's dims): ncu profiles the first launches,
+# and the rest of a grid would only use up the step's time.
+first_shape_only() {  # kernel, then the run's words
+  local k=$1; shift
+  python3 - "$root/bench/$k.json" "$@" <<'PY'
+import json, sys
+path, words = sys.argv[1], sys.argv[2:]
+out, i = [], 0
+while i < len(words):
+    if words[i] == "--grid" and i + 1 < len(words):
+        grids = json.load(open(path))["grids"]
+        g = grids[words[i + 1]] if isinstance(grids, dict) else next(x for x in grids if x["name"] == words[i + 1])
+        shape = g["shapes"][0]
+        out += ["--shape", ",".join(str(v) for n, v in shape.items() if n != "name")]
+        if g.get("dtypes"):
+            out += ["--dtype", g["dtypes"][0]]
+        i += 2
+        continue
+    out.append(words[i])
+    i += 1
+print(" ".join(out))
+PY
+}
+
 stage_profile() {
   unset TESSERA_CUDA_SYNC_CHECK
   export TESSERA_AUTOTUNE=0
@@ -533,6 +558,8 @@ stage_profile() {
   for w in ${PROFILE_SECTIONS:-$PROFILE_SECTIONS_DEFAULT}; do sections+=(--section "$w"); done
   while read -r k impls; do
     run=$(bench_runs_of "$k" | head -1); variant=${run%%|*}; args=${run#*|}
+    # shellcheck disable=SC2086  # args is a word list by design
+    args=$(first_shape_only "$k" $args) || { note "profile $k: cannot read bench/$k.json"; status=1; continue; }
     for impl in ${impls//,/ }; do
       local envs=() rest=()
       # shellcheck disable=SC2086  # args is a word list by design

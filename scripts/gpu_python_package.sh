@@ -24,5 +24,18 @@ rm -rf "$out/tessera" && mkdir -p "$out/tessera" && cp -r "$root"/python/tessera
 PYTHONPATH=$out python3 -c '
 import tessera
 assert "cuda" in tessera._ext.ffi_targets(), "the extension has no CUDA FFI handler: JAX on a GPU would find none"
+# The handler in every build (a CPU wheel too) proves little; that it reaches the GPU: a device
+# pointer names its device through libtessera (the hook the handler uses), or JAX sees no GPU.
+try:
+    import jax, jax.numpy as jnp, numpy as np
+    gpus = jax.devices("gpu")
+except Exception:
+    gpus = []
+if gpus:
+    import tessera.jax as tj
+    lhs, rhs, sizes = np.ones((4, 8), np.float32), np.ones((2, 8, 3), np.float32), np.array([1, 3], np.int64)
+    out = np.asarray(tj.grouped_matmul(*(jax.device_put(a, gpus[0]) for a in (lhs, rhs, sizes))))
+    assert np.allclose(out, 8.0), f"tessera.jax on a GPU array: {out}"
+    print("tessera.jax on", gpus[0], "ok")
 for k in tessera.kernels():
     print(k["name"], [(i["name"], i["available"] or i["unavailable_reason"]) for i in tessera.implementations(k["name"])])'

@@ -185,3 +185,25 @@ def test_jax_host_read_inputs_on_gpu():
     want = tessera.grouped_matmul(lhs, rhs, sizes)
     got = tj.grouped_matmul(*(jax.device_put(a, gpu) for a in (lhs, rhs, sizes)))
     np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL, atol=ATOL)
+
+
+def test_jax_empty_host_read_inputs_on_gpu():
+    """XLA hands an empty buffer as a null pointer: a paged_attention batch of no sequences
+    (page_table [0, P], kv_lens [0], both read on the host) on GPU arrays returns empty outputs,
+    as the NumPy call does, instead of failing in the host copy."""
+    jax = pytest.importorskip("jax")
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX sees no GPU")
+    require_cuda_implementation("paged_attention")
+    import tessera.jax as tj
+    q = np.zeros((0, 4, 64), np.float32)
+    k = np.ones((2, 16, 2, 64), np.float32)
+    table, lens, cu = np.zeros((0, 2), np.int32), np.zeros((0,), np.int32), np.zeros((1,), np.int32)
+    want = tessera.paged_attention(q, k, k, table, lens, cu)
+    got = tj.paged_attention(*(jax.device_put(a, gpu) for a in (q, k, k, table, lens, cu)))
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, w in zip(got, want):
+        assert np.asarray(g).shape == w.shape

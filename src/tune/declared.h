@@ -154,8 +154,10 @@ std::string dispatch_declared(const Registry& registry, const Declared& d, const
       run(impl, at(ch.params));
     } catch (const Error& e) {  // sizes a table row or a cache file gave and the backend refuses
       if (e.code() != ErrorCode::kInvalidArgument || ch.source == "options" || ch.source == "default") throw;
+      const bool table = ch.source.rfind("tuned table", 0) == 0;  // else the autotune cache or a sweep
       throw Error(e.code(), std::string(e.what()) + " [block sizes " + params_str(ch.params) + " from the " + ch.source +
-                                "; TESSERA_TUNED_TABLE=0 / TESSERA_AUTOTUNE=0 or removing the cache file avoids them]");
+                                (table ? "; TESSERA_TUNED_TABLE=0 avoids them]"
+                                       : "; TESSERA_AUTOTUNE=0 or removing the autotune cache file avoids them]"));
     }
   });
 }

@@ -65,6 +65,9 @@ if grep -qE '^  cuda ' <<< "$cli_list"; then
   # --stage profile: ncu (clocks left alone) on every GPU implementation of the kernels named.
   out=$(TESSERA_BIN=$cli bash "$script" --stage profile --plan --out "$tmp/plan5" 2>&1)
   expect_rc 0 $? "--plan, profile"
+  out5=$out
+  grep -q -- "bench paged_attention --impl [a-z_0-9]* --shape 64,8192,1,32,128 --dtype bf16 " <<< "$out" ||
+    fail "profile: paged_attention not on the gpu grid's first shape: $out"
   for k in paged_attention mla_decode; do
     for i in $("$cli" list 2>/dev/null | awk -v k=$k '/^[^ ]/ {c = $1} c == k && /^  (cuda|cudnn)/ {print $1}'); do
       echo "$out" | grep -q -- "ncu --clock-control none .* bench $k --impl $i " || fail "profile: $k $i not profiled: $out"
@@ -74,8 +77,13 @@ if grep -qE '^  cuda ' <<< "$cli_list"; then
     fail "profile: a kernel not named by the default PROFILE_KERNELS was profiled"
   out=$(TESSERA_BIN=$cli PROFILE_KERNELS=mlstm PROFILE_LAUNCHES=2 PROFILE_SECTIONS="SpeedOfLight" bash "$script" --stage profile \
     --plan --out "$tmp/plan6" 2>&1)
-  echo "$out" | grep -q -- "--launch-count 2 --section SpeedOfLight [^-]*bench mlstm --impl cuda " ||
+  expect_rc 0 $? "--plan, profile with PROFILE_*"
+  grep -q -- "--launch-count 2 --section SpeedOfLight .*bench mlstm --impl cuda " <<< "$out" ||
     fail "profile: PROFILE_KERNELS / PROFILE_LAUNCHES / PROFILE_SECTIONS not taken: $out"
+  # A grid run is profiled on the grid's first shape only (the rest would use up the step's time).
+  ! grep -q -- "ncu .*--grid" <<< "$(cat "$tmp/plan5"/*.log "$tmp/plan5"/summary* 2>/dev/null; echo "$out5")" ||
+    fail "profile: a whole grid under ncu"
+
 else
   echo "note: $cli lists no cuda implementation (CPU-only build): --plan not checked"
 fi

@@ -522,8 +522,8 @@ bench_tune() {
 # first PROFILE_LAUNCHES launches of Tessera's kernels (namespace tessera::), clocks left alone
 # (the device README: never change the card's settings), text report per implementation.
 PROFILE_SECTIONS_DEFAULT="SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis Occupancy LaunchStats WarpStateStats SchedulerStats"
-# A bench run's arguments with `--grid G` replaced by G's first shape and dtype (bench/K.json; the
-# shape's values in the order written there, the kernel's dims): ncu profiles the first launches,
+# A bench run's arguments with `--grid G` replaced by G's first shape and dtype (bench/K.json, its
+# "dims" order): ncu profiles the first launches,
 # and the rest of a grid would only use up the step's time.
 first_shape_only() {  # kernel, then the run's words
   local k=$1; shift
@@ -533,10 +533,11 @@ path, words = sys.argv[1], sys.argv[2:]
 out, i = [], 0
 while i < len(words):
     if words[i] == "--grid" and i + 1 < len(words):
-        grids = json.load(open(path))["grids"]
+        spec = json.load(open(path))
+        grids = spec["grids"]
         g = grids[words[i + 1]] if isinstance(grids, dict) else next(x for x in grids if x["name"] == words[i + 1])
-        shape = g["shapes"][0]
-        out += ["--shape", ",".join(str(v) for n, v in shape.items() if n != "name")]
+        shape = g["shapes"][0]  # its values in the file's dims order (a shape may carry more keys: "model")
+        out += ["--shape", ",".join(str(shape[d]) for d in spec["dims"])]
         if g.get("dtypes"):
             out += ["--dtype", g["dtypes"][0]]
         i += 2

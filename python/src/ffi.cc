@@ -160,12 +160,13 @@ ffi::Error call_cuda(void* stream, ffi::RemainingArgs args, ffi::RemainingRets r
   } catch (const std::exception& e) {  // nothing may cross the FFI boundary
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("tessera: ") + e.what());
   }
-  if (device < 0) {  // every buffer null (empty) or in host memory: nothing to write when the outputs are empty
+  if (device < 0) {  // every buffer null (empty) or in host memory
     bool empty = true;
     for (size_t i = 0; i < rets.size(); ++i)
       if (auto r = rets.get<ffi::AnyBuffer>(i); !r.has_error()) empty = empty && (*r)->size_bytes() == 0;
-    if (empty) return ffi::Error::Success();
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tessera: no buffer of the call is in CUDA device memory");
+    if (!empty)
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tessera: no buffer of the call is in CUDA device memory");
+    device = 0;  // empty outputs: the call still validates everything, then writes nothing
   }
   return run(Device::cuda(device), stream, cuda_host_copy, args, rets, kernel, pass, names, options, implementation,
              memory_budget);

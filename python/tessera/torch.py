@@ -325,6 +325,9 @@ def linear_cross_entropy(x, w, labels, *, vocab_start=None, process_group=None, 
             return _fused_linear_cross_entropy(x, w, labels, **kwargs)
         return _single_device_linear_cross_entropy(x, w, labels, **kwargs)
     from .parallel.torch import vocab_parallel_linear_cross_entropy
+    x, w = _autocast(x, w)
+    if kwargs.get("bias") is not None:
+        kwargs["bias"], = _autocast(kwargs["bias"])
     return vocab_parallel_linear_cross_entropy(x, w, labels, vocab_start=vocab_start or 0, group=process_group, **kwargs)
 
 

@@ -1,7 +1,7 @@
 // cpu_v2 (experimental): the check grid with tiny blocks (tails everywhere, many token blocks)
 // and 1-3 threads on both of its bf16/f16 w paths — the f32 copy of w (gradients, the default)
-// and the per-chunk conversion (forward, and gradients when Options::memory_budget is too small
-// for the copy). The default-block grid runs in tests/kernels/parity_test.cc.
+// and the per-chunk conversion (forward, and gradients whenever Options::memory_budget is set: a
+// 16-bit dw then goes through the vocabulary slices, which never take the copy). The default-block grid runs in tests/kernels/parity_test.cc.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -31,7 +31,7 @@ TEST(LinearCrossEntropyCpuV2, CheckGridBothWPathsSmallBlocksAndThreads) {
     c.opt.block_sizes = BlockSizes{3, 8, 16};
     c.opt.num_threads = 1 + (k++ % 3);
     expect_parity(c, "copy of w, threads=" + std::to_string(c.opt.num_threads));
-    c.opt.memory_budget = 1;  // no room for the w copy: per-chunk conversion with gradients
+    c.opt.memory_budget = 1;  // a budget: per-chunk conversion with gradients (in slices for a 16-bit dw)
     expect_parity(c, "w by chunks, threads=" + std::to_string(c.opt.num_threads));
   }
 }

@@ -972,14 +972,13 @@ void Call::finish(int tid) {
 // cpu_v2's route: a bf16 / f16 w on the f32 route (f16; bf16 without AVX512-BF16) is converted
 // to f32 once per call when the pass computes gradients: chunk by chunk it is converted twice per
 // token block (phases A and B2), and the chunks split the K = H logits GEMM and the K = V dx GEMM
-// into K = h pieces. The copy is w-sized, like the dw accumulator a half dw needs already;
-// Options::memory_budget (when set) turns it off where it does not fit. Forward alone keeps the
+// into K = h pieces. The copy is w-sized, like the dw accumulator a half dw needs already; a call
+// with Options::memory_budget set, and a vocabulary slice or partial-form problem (whose budget
+// the slices have already spent), keeps the per-chunk conversion. Forward alone keeps the
 // per-chunk conversion: a copy there was measured no faster (739 vs 726 ms at B=2048, H=1024,
 // V=32768 bf16) and cost 128 MiB.
 bool Call::use_w_copy() const {
-  if (!copy_w || !grads) return false;
-  const double bytes = 4.0 * static_cast<double>(p.H) * static_cast<double>(p.V);
-  return p.memory_budget == 0 || bytes <= static_cast<double>(p.memory_budget);
+  return copy_w && grads && p.memory_budget == 0 && !p.partial();
 }
 
 void Call::convert_w(int tid) {

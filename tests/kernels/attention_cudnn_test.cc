@@ -208,7 +208,9 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 // Options::deterministic, every backward the cudnn implementation serves gives the same bits on a
 // second call, and no non-deterministic cuDNN plan is built for it (where cuDNN has no
 // deterministic engine for a shape, the backward runs on cuda instead). Every supported case, and
-// a training-sized causal bf16 shape.
+// a training-sized causal bf16 shape. What it cannot force: a shape for which cuDNN has no
+// deterministic engine (none is known among these; the fallback fixed on 2026-11-28 took the
+// non-deterministic one only there), and a race that happens to repeat its bits.
 TEST(AttentionCudnn, DeterministicBackwardIsBitwiseRepeatable) {
   SKIP_WITHOUT_CUDNN();
   std::vector<at::CaseSpec> cases = supported_cases();

@@ -171,16 +171,22 @@ def test_fused_backward_scales_in_f32_on_cuda():
     assert torch.equal(xt.grad, (g1.float() * 0.1).to(torch.bfloat16))
 
 
-def test_jax_host_read_inputs_on_gpu():
-    """tessera.jax on GPU arrays: group sizes (read on the host) arrive in device memory and are
-    copied to the host by the FFI handler; the result matches NumPy's."""
+def jax_on_gpu(kernel):
+    """JAX, its first GPU and tessera.jax, or a skip (no JAX, no GPU, no cuda implementation)."""
     jax = pytest.importorskip("jax")
     try:
         gpu = jax.devices("gpu")[0]
     except RuntimeError:
         pytest.skip("JAX sees no GPU")
-    require_cuda_implementation("grouped_matmul")
+    require_cuda_implementation(kernel)
     import tessera.jax as tj
+    return jax, gpu, tj
+
+
+def test_jax_host_read_inputs_on_gpu():
+    """tessera.jax on GPU arrays: group sizes (read on the host) arrive in device memory and are
+    copied to the host by the FFI handler; the result matches NumPy's."""
+    jax, gpu, tj = jax_on_gpu("grouped_matmul")
     lhs, rhs, sizes = t_gmm.problem(seed=5)
     want = tessera.grouped_matmul(lhs, rhs, sizes)
     got = tj.grouped_matmul(*(jax.device_put(a, gpu) for a in (lhs, rhs, sizes)))
@@ -191,13 +197,7 @@ def test_jax_empty_host_read_inputs_on_gpu():
     """XLA hands an empty buffer as a null pointer: a paged_attention batch of no sequences
     (page_table [0, P], kv_lens [0], both read on the host) on GPU arrays returns empty outputs,
     as the NumPy call does, instead of failing in the host copy."""
-    jax = pytest.importorskip("jax")
-    try:
-        gpu = jax.devices("gpu")[0]
-    except RuntimeError:
-        pytest.skip("JAX sees no GPU")
-    require_cuda_implementation("paged_attention")
-    import tessera.jax as tj
+    jax, gpu, tj = jax_on_gpu("paged_attention")
     q = np.zeros((0, 4, 64), np.float32)
     k = np.ones((2, 16, 2, 64), np.float32)
     table, lens, cu = np.zeros((0, 2), np.int32), np.zeros((0,), np.int32), np.zeros((1,), np.int32)

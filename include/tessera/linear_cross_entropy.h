@@ -135,8 +135,11 @@ struct PartialOutputs {
 };
 
 // Gradients (caller-allocated, contiguous, on the inputs' device). dx like x (dtype f32 or x's
-// dtype), dw in w's layout (dtype f32 or w's dtype), dbias [V] (f32 or bias's dtype) and
-// required exactly when bias is given. Accumulation is f32 whatever the storage dtype.
+// dtype), dw in w's layout (dtype f32 or w's dtype), dbias [V] (f32 or bias's dtype; only when
+// bias is given). Accumulation is f32 whatever the storage dtype.
+// Each may be left out (dx, dw: an empty TensorView{}; dbias: nullopt): its work is skipped and
+// nothing is written there — a frozen w costs no dw GEMM and no dw accumulator (the logits and
+// dx GEMMs remain: two of the three). The gradients given are the same bits as with all three.
 struct Gradients {
   TensorView dx;
   TensorView dw;

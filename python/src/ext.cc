@@ -152,6 +152,7 @@ nb::list kernels_description() {
     d["options"] = describe_options(k->call.options);
     d["forward_outputs"] = k->call.forward_outputs;
     d["saved_outputs"] = k->call.saved_outputs;
+    d["skippable"] = k->call.skippable;
     nb::list impls;
     for (const ImplementationInfo& i : k->implementations().infos()) {
       nb::dict e;
@@ -172,24 +173,28 @@ nb::list kernels_description() {
 using OutList = std::vector<std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<int64_t>>>;
 
 OutList outputs(const std::string& kernel, const std::string& pass, const std::map<std::string, Meta>& metas,
-                const std::map<std::string, std::string>& options) {
+                const std::map<std::string, std::string>& options, const std::vector<std::string>& skip) {
   const kernels::KernelSpec& k = kernels::get(kernel);
   kernels::CallArgs args;
   args.pass = parse_pass(pass);
   for (const auto& [name, m] : metas) args.tensors.push_back({name, view_of(m)});
   args.options = option_values(k.call, kernel, options);
+  args.skip = skip;
   OutList out;
-  for (const kernels::OutputDesc& o : k.call.outputs(args))
+  for (const kernels::OutputDesc& o : kernels::outputs_of(k.call, args, kernel))
     out.push_back({o.name, dtype_name(o.dtype), o.shape, o.strides});
   return out;
 }
 
 std::string call(const std::string& kernel, const std::string& pass, const std::map<std::string, Array>& tensors,
                  const std::vector<nb::ndarray<>>& outs, const std::map<std::string, std::string>& options,
-                 const std::string& implementation, int num_threads, uintptr_t stream, uint64_t memory_budget) {
+                 const std::string& implementation, int num_threads, uintptr_t stream, uint64_t memory_budget,
+                 const std::vector<std::string>& skip) {
   const kernels::KernelSpec& k = kernels::get(kernel);
   kernels::CallArgs args;
   args.pass = parse_pass(pass);
+  args.skip = skip;
+  kernels::check_skip(k.call, args, kernel);
   for (const auto& [name, a] : tensors) args.tensors.push_back({name, view_of(a, name)});
   args.options = option_values(k.call, kernel, options);
   args.exec.implementation = implementation;
@@ -249,9 +254,11 @@ NB_MODULE(_ext, m) {
   });
   m.def("kernels", &python::kernels_description, "What each kernel takes (inputs, options, passes, implementations)");
   m.def("outputs", &python::outputs, "kernel"_a, "pass_"_a, "metas"_a, "options"_a,
+        "skip"_a = std::vector<std::string>{},
         "The outputs (name, dtype, shape, strides) a pass writes for inputs of these dtypes and shapes");
   m.def("call", &python::call, "kernel"_a, "pass_"_a, "tensors"_a, "outputs"_a, "options"_a,
         "implementation"_a = "", "num_threads"_a = 0, "stream"_a = 0, "memory_budget"_a = 0,
+        "skip"_a = std::vector<std::string>{},
         "Runs a pass on DLPack arrays (zero-copy), writing the preallocated outputs; returns the implementation");
   m.def("view", &python::view_info, "array"_a, "name"_a = "array", "How Tessera sees an array through DLPack (no copy)");
   m.def("ffi_targets", &python::ffi_targets, "XLA FFI handlers by platform");

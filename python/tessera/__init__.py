@@ -17,7 +17,7 @@ messages as ValueError / TypeError. The GIL is released while a kernel runs.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -78,12 +78,15 @@ def _empty(xp, dtype: str, shape, strides):
 
 
 def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Optional[str] = None,
-         num_threads: int = 0, memory_budget: Optional[int] = None, **options) -> Dict[str, Any]:
+         num_threads: int = 0, memory_budget: Optional[int] = None, skip: Sequence[str] = (),
+         **options) -> Dict[str, Any]:
     """Runs one pass of a kernel on NumPy (or CuPy / any DLPack) arrays; returns every output by name.
 
     tensors: the kernel's inputs by name, plus for "backward" / "fused" the upstream gradients
     (``grad_loss``) and optionally saved forward outputs (``lse``). memory_budget: bytes of extra
-    memory the implementation may use (None: its default).
+    memory the implementation may use (None: its default). skip: gradients a backward / fused
+    pass leaves out, their work skipped (``skip=["dw"]`` for a frozen weight; the kernel's
+    ``skippable`` ones), absent from the result.
     """
     k = _kernel(kernel)
     budget = memory_budget_bytes(memory_budget, k.name)
@@ -93,13 +96,15 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
     for n, t in given.items():
         v = _ext.view(t, n)
         metas[n] = (v["dtype"], v["shape"], v["strides"])
-    descs = outputs(k, pass_, metas, opts)
+    skip = [skip] if isinstance(skip, str) else list(skip)
+    descs = outputs(k, pass_, metas, opts, skip)
     xp, stream = np, 0
     if _framework(given) == "cupy":
         import cupy as xp  # noqa: F811
         stream = xp.cuda.get_current_stream().ptr
     outs = [_empty(xp, d, s, st) for _, d, s, st in descs]
-    _ext.call(k.name, pass_, given, outs, opts, implementation or "", num_threads, stream, memory_budget=budget)
+    _ext.call(k.name, pass_, given, outs, opts, implementation or "", num_threads, stream, memory_budget=budget,
+              skip=skip)
     return {name: o for (name, _, _, _), o in zip(descs, outs)}
 
 

@@ -122,6 +122,8 @@ class Kernel:
     forward_outputs: Tuple[str, ...]
     saved_outputs: Tuple[str, ...]
     implementations: List[Dict[str, Any]] = field(default_factory=list)
+    # Gradient outputs a backward / fused call may leave out (``skip=``): their work is skipped.
+    skippable: Tuple[str, ...] = ()
 
     @property
     def saved_only(self) -> Tuple[str, ...]:
@@ -228,7 +230,8 @@ def _load() -> Dict[str, Kernel]:
         gins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"], i["autocast"])
                      for i in d["grad_inputs"])
         out[d["name"]] = Kernel(d["name"], d["description"], tuple(d["passes"]), ins, gins, opts,
-                                tuple(d["forward_outputs"]), tuple(d["saved_outputs"]), d["implementations"])
+                                tuple(d["forward_outputs"]), tuple(d["saved_outputs"]), d["implementations"],
+                                tuple(d["skippable"]))
     return out
 
 
@@ -239,9 +242,10 @@ def meta(shape: Sequence[int], dtype: Any, strides: Optional[Sequence[int]] = No
     return (dtype_name(dtype), [int(s) for s in shape], [int(s) for s in strides] if strides is not None else [])
 
 
-def outputs(kernel: Kernel, pass_: str, metas: Dict[str, Any], options: Dict[str, str]):
-    """[(name, dtype name, shape, strides)] that `pass_` writes for inputs of these metas."""
-    return _ext.outputs(kernel.name, pass_, metas, options)
+def outputs(kernel: Kernel, pass_: str, metas: Dict[str, Any], options: Dict[str, str], skip: Sequence[str] = ()):
+    """[(name, dtype name, shape, strides)] that `pass_` writes for inputs of these metas (the
+    gradients in `skip` left out)."""
+    return _ext.outputs(kernel.name, pass_, metas, options, list(skip))
 
 
 def public_outputs(kernel: Kernel, names: Sequence[str]) -> List[str]:

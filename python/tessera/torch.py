@@ -47,11 +47,18 @@ def _default_literal(o) -> str:
     return repr(o.default)
 
 
+def _skips(k: Kernel, pass_: str) -> bool:
+    """Whether the op of `pass_` takes ``skip`` (the gradients left out): a backward or fused op of
+    a kernel that declares skippable gradients."""
+    return pass_ != "forward" and bool(k.skippable)
+
+
 def _arg_names(k: Kernel, pass_: str) -> List[str]:
-    """The op's arguments: required tensors, optional tensors, options, implementation, memory_budget."""
+    """The op's arguments: required tensors, optional tensors, options, implementation, memory_budget
+    (and skip, see _skips)."""
     tensors = list(k.inputs) + (list(k.grad_inputs) if pass_ == "backward" else [])
     return ([t.name for t in tensors if t.required] + [t.name for t in tensors if not t.required] +
-            [o.name for o in k.options] + ["implementation", "memory_budget"])
+            [o.name for o in k.options] + ["implementation", "memory_budget"] + (["skip"] if _skips(k, pass_) else []))
 
 
 def _schema(k: Kernel, pass_: str) -> str:
@@ -59,7 +66,7 @@ def _schema(k: Kernel, pass_: str) -> str:
     args = [f"Tensor {t.name}" for t in tensors if t.required]
     args += [f"Tensor? {t.name}=None" for t in tensors if not t.required]
     args += [f"{_SCHEMA_TYPES[o.kind]} {o.name}={_default_literal(o)}" for o in k.options]
-    args += ['str implementation=""', "int memory_budget=0"]
+    args += ['str implementation=""', "int memory_budget=0"] + (['str skip=""'] if _skips(k, pass_) else [])
     return "(" + ", ".join(args) + ") -> Tensor[]"
 
 
@@ -68,6 +75,7 @@ def _defaults(k: Kernel) -> Dict[str, Any]:
     d.update({o.name: o.default for o in k.options})
     d["implementation"] = ""
     d["memory_budget"] = 0
+    d["skip"] = ""  # the gradients left out, comma-joined (an op schema takes no str[] default)
     return d
 
 
@@ -79,13 +87,19 @@ def _split(k: Kernel, pass_: str, args, kwargs):
     tensor_names = [t.name for t in k.inputs] + ([t.name for t in k.grad_inputs] if pass_ == "backward" else [])
     tensors = {n: widen_mask(named[n]) for n in tensor_names if named[n] is not None}
     options = k.option_texts({o.name: named[o.name] for o in k.options})
-    return tensors, options, named["implementation"], memory_budget_bytes(named["memory_budget"], k.name)
+    return (tensors, options, named["implementation"], memory_budget_bytes(named["memory_budget"], k.name),
+            _skip_list(named["skip"]))
 
 
-def _descs(k: Kernel, pass_: str, tensors: Dict[str, torch.Tensor], options: Dict[str, str]):
+def _skip_list(text: str) -> List[str]:
+    """"dx,dw" -> ["dx", "dw"] (the ops take the gradients left out as one comma-joined string)."""
+    return [n for n in text.split(",") if n] if text else []
+
+
+def _descs(k: Kernel, pass_: str, tensors: Dict[str, torch.Tensor], options: Dict[str, str], skip=()):
     tensors = {n: widen_mask(t) for n, t in tensors.items()}
     metas = {n: (dtype_name(t.dtype), list(t.shape), list(t.stride())) for n, t in tensors.items()}
-    return _ext.outputs(k.name, pass_, metas, options)
+    return _ext.outputs(k.name, pass_, metas, options, list(skip))
 
 
 def _views(k: Kernel, tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -103,18 +117,20 @@ def _register(k: Kernel, pass_: str, op_name: str):
     _lib.define(op_name + _schema(k, pass_), tags=_TAGS)
 
     def impl(*args, **kwargs):
-        tensors, options, implementation, budget = _split(k, pass_, args, kwargs)
+        tensors, options, implementation, budget, skip = _split(k, pass_, args, kwargs)
         dev = _device(tensors)
-        outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev) for _, d, s, st in _descs(k, pass_, tensors, options)]
+        outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev)
+                for _, d, s, st in _descs(k, pass_, tensors, options, skip)]
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
         views = _views(k, tensors)
-        _ext.call(k.name, pass_, views, outs, options, implementation, 0, stream, memory_budget=budget)
+        _ext.call(k.name, pass_, views, outs, options, implementation, 0, stream, memory_budget=budget, skip=skip)
         return outs
 
     def fake(*args, **kwargs):
-        tensors, options, _, _ = _split(k, pass_, args, kwargs)
+        tensors, options, _, _, skip = _split(k, pass_, args, kwargs)
         dev = _device(tensors)
-        return [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev) for _, d, s, st in _descs(k, pass_, tensors, options)]
+        return [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev)
+                for _, d, s, st in _descs(k, pass_, tensors, options, skip)]
 
     for key in ("CPU", "CUDA"):
         _lib.impl(op_name, impl, key)
@@ -165,11 +181,14 @@ def _register_autograd(k: Kernel):
                 named["grad_" + name] = g.to(torch.float32).contiguous()
         for t in k.grad_inputs:
             named.setdefault(t.name, None)
+        skip = _unwanted(k, diff, named, fwd_names, ctx.needs_input_grad)
+        if _skips(k, "backward"):
+            named["skip"] = ",".join(skip)
         outs = bwd_op(*[named[a] for a in bwd_names])
         by_name = {}
         i = 0
-        for name in diff:  # backward writes d<input> for each differentiable input given, in order
-            if named.get(name) is not None:
+        for name in diff:  # backward writes d<input> for each differentiable input given and not skipped, in order
+            if named.get(name) is not None and "d" + name not in skip:
                 by_name[name] = outs[i]
                 i += 1
         # One gradient per argument the caller gave: PyTorch 2.11 checks the count against them
@@ -180,24 +199,34 @@ def _register_autograd(k: Kernel):
     torch.library.register_autograd("tessera::" + k.name, backward, setup_context=setup_context, lib=_lib)
 
 
+def _unwanted(k: Kernel, diff, named, fwd_names, needs_input_grad) -> List[str]:
+    """The gradients d<input> that autograd does not ask for (a frozen weight: needs_input_grad
+    False) and the kernel can skip: the backward leaves them out and skips their work."""
+    def needed(name):
+        i = fwd_names.index(name)
+        return i < len(needs_input_grad) and needs_input_grad[i]
+    return [("d" + n) for n in diff if named.get(n) is not None and ("d" + n) in k.skippable and not needed(n)]
+
+
 def _register_fused(k: Kernel, op_name: str):
     """The fused pass as an op with the forward's schema: it runs forward and backward at once with
     an upstream gradient of 1 and returns the forward's outputs, then d<input> for each
     differentiable input given. Its backward scales those saved gradients by the upstream one."""
-    _lib.define(op_name + _schema(k, "forward"), tags=_TAGS)
+    _lib.define(op_name + _schema(k, "fused"), tags=_TAGS)
 
     def fused_args(args, kwargs):
-        tensors, options, implementation, budget = _split(k, "forward", args, kwargs)
+        tensors, options, implementation, budget, skip = _split(k, "fused", args, kwargs)
         dev = _device(tensors)
         tensors["grad_loss"] = torch.ones((), dtype=torch.float32, device=dev)
-        outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev) for _, d, s, st in _descs(k, "fused", tensors, options)]
-        return tensors, options, implementation, budget, dev, outs
+        outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev)
+                for _, d, s, st in _descs(k, "fused", tensors, options, skip)]
+        return tensors, options, implementation, budget, skip, dev, outs
 
     def impl(*args, **kwargs):
-        tensors, options, implementation, budget, dev, outs = fused_args(args, kwargs)
+        tensors, options, implementation, budget, skip, dev, outs = fused_args(args, kwargs)
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
         views = _views(k, tensors)
-        _ext.call(k.name, "fused", views, outs, options, implementation, 0, stream, memory_budget=budget)
+        _ext.call(k.name, "fused", views, outs, options, implementation, 0, stream, memory_budget=budget, skip=skip)
         return outs
 
     def fake(*args, **kwargs):
@@ -207,12 +236,13 @@ def _register_fused(k: Kernel, op_name: str):
         _lib.impl(op_name, impl, key)
     torch.library.register_fake("tessera::" + op_name, fake, lib=_lib)
 
-    fwd_names = _arg_names(k, "forward")
+    fwd_names = _arg_names(k, "fused")
     diff = [t.name for t in k.inputs if t.differentiable]
 
     def setup_context(ctx, inputs, output):
         named = dict(zip(fwd_names, inputs))
-        ctx.given = [n for n in diff if named.get(n) is not None]
+        skip = _skip_list(named.get("skip") or "")
+        ctx.given = [n for n in diff if named.get(n) is not None and "d" + n not in skip]
         grads = output[len(output) - len(ctx.given):]
         ctx.save_for_backward(*grads)
         ctx.mark_non_differentiable(*output[1:])  # only the loss takes a gradient (the spec's forward_outputs)
@@ -270,16 +300,21 @@ def _autocast(*tensors):
 
 def _make(k: Kernel, op=None, drop_grads=False):
     """The user-facing function, generated as Python source so that torch.compile traces it.
-    With `drop_grads` (the fused op) the trailing d<input> outputs are left out."""
+    With `drop_grads` (the fused op) the trailing d<input> outputs are left out, and `_skip` names
+    the gradients the op leaves out (the fused op's ``skip``)."""
     req = [t.name for t in k.inputs if t.required]
     opt = [t.name for t in k.inputs if not t.required]
     params = req + ["*"] + [f"{n}=None" for n in opt] + [f"{o.name}={o.default!r}" for o in k.options]
     params += [f"{f}=False" for f in k.saved_flags] + ["implementation=None", "memory_budget=None"]
     call_args = req + opt + [f"float({o.name} or 0.0)" if o.kind == "float" else o.name for o in k.options]
     call_args += ['implementation or ""', f"_budget(memory_budget, {k.name!r})"]
+    if drop_grads:
+        params.append("_skip=()")
+        call_args.append('",".join(_skip)')
     nf, ns = len(k.forward_outputs), len(k.saved_only)
     diff = [t.name for t in k.inputs if t.differentiable]
-    drop = (f"    outs = outs[:len(outs) - sum(t is not None for t in ({', '.join(diff)},))]\n" if drop_grads else "")
+    drop = (f"    outs = outs[:len(outs) - sum(t is not None for t in ({', '.join(diff)},)) + len(_skip)]\n"
+            if drop_grads else "")
     cast = [t.name for t in k.inputs if t.autocast]
     cast_line = f"    {', '.join(cast)}, = _autocast({', '.join(cast)})\n" if cast else ""
     src = (f"def {k.name}({', '.join(params)}):\n" + cast_line +
@@ -316,13 +351,19 @@ def _fused_in_forward(x, w, kwargs) -> bool:
     return any(t is not None and t.requires_grad for t in (x, w, kwargs.get("bias")))
 
 
+def _frozen(x, w, bias) -> List[str]:
+    """The gradients the fused pass leaves out: those of x, w and bias that do not require grad (a
+    frozen lm_head under LoRA: no dw GEMM, no dw buffer held until the backward)."""
+    return [d for d, t in (("dx", x), ("dw", w), ("dbias", bias)) if t is not None and not t.requires_grad]
+
+
 def linear_cross_entropy(x, w, labels, *, vocab_start=None, process_group=None, **kwargs):
     if kwargs.get("vocab_total"):
         raise ValueError("linear_cross_entropy: pass vocab_start= and process_group= for a vocab-parallel loss; "
                          "vocab_total is the kernel's partial form, which tessera.parallel.torch drives")
     if vocab_start is None and process_group is None:
         if _fused_in_forward(x, w, kwargs):
-            return _fused_linear_cross_entropy(x, w, labels, **kwargs)
+            return _fused_linear_cross_entropy(x, w, labels, _skip=_frozen(x, w, kwargs.get("bias")), **kwargs)
         return _single_device_linear_cross_entropy(x, w, labels, **kwargs)
     from .parallel.torch import vocab_parallel_linear_cross_entropy
     x, w = _autocast(x, w)
@@ -337,7 +378,9 @@ With reduction "sum" or "mean", grad mode on and x, w or bias requiring grad, th
 the fused pass (as Liger-Kernel does): loss and dx / dw / dbias at once with an upstream gradient
 of 1 (no second pass that recomputes the logits); the backward returns them scaled by the upstream
 gradient (as they are when it is 1). The gradients are therefore allocated in the forward and held
-until the backward (x's, w's and bias's sizes). reduction="none", torch.no_grad() or inputs that
+until the backward (x's, w's and bias's sizes). A gradient whose input does not require grad (a
+frozen lm_head.weight) is neither computed nor held: its GEMM is skipped (on the cpu backend; cuda
+computes it into scratch for now), in both this fused form and the backward pass. reduction="none", torch.no_grad() or inputs that
 do not require grad run the forward pass alone and the backward pass in backward().
 
 Vocab-parallel (docs/DISTRIBUTED.md): with ``vocab_start=s, process_group=pg`` w holds classes

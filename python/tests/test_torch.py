@@ -381,3 +381,70 @@ def test_fused_in_forward_under_torch_compile_fullgraph(reduction):
     assert torch.equal(v, rv)
     for a, r in zip(g, rg):
         assert torch.equal(a, r)
+
+
+def _record_skips(monkeypatch):
+    """The `skip` of every kernel call (tessera's _ext.call), in order."""
+    seen = []
+    real = _ext.call
+
+    def spy(*args, **kwargs):
+        seen.append((args[1], list(kwargs.get("skip", []))))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_ext, "call", spy)
+    return seen
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"], ids=["fused", "backward"])
+@pytest.mark.parametrize("frozen", [("w",), ("x",), ("bias",), ("w", "bias")], ids=lambda f: "+".join(f))
+def test_frozen_inputs_skip_their_gradients(monkeypatch, reduction, frozen):
+    """A frozen lm_head (LoRA) costs no dw: the kernel is asked to skip it (the fused op for a scalar
+    loss, the backward op for reduction='none'), and the gradients that are computed are the same
+    bits as with every input trainable."""
+    args = tensors(seed=4, bias=True)
+    names = ("x", "w", "y", "bias")
+    full = [t.detach().clone().requires_grad_(t.requires_grad) for t in args]
+    part = [t.detach().clone().requires_grad_(t.requires_grad and n not in frozen) for n, t in zip(names, args)]
+    up = None if reduction == "mean" else torch.linspace(0.5, 2.0, args[2].numel())
+    tt.linear_cross_entropy(full[0], full[1], full[2], bias=full[3], reduction=reduction).backward(up)
+    seen = _record_skips(monkeypatch)
+    tt.linear_cross_entropy(part[0], part[1], part[2], bias=part[3], reduction=reduction).backward(up)
+    want_pass = "fused" if reduction == "mean" else "backward"
+    assert (want_pass, ["d" + n for n in ("x", "w", "bias") if n in frozen]) in seen, seen
+    for n, a, r in zip(names, part, full):
+        if n == "y":
+            continue
+        if n in frozen:
+            assert a.grad is None
+        else:
+            assert torch.equal(a.grad, r.grad), n
+
+
+def test_frozen_weight_under_torch_compile():
+    x, w, y = tensors(dtype=torch.bfloat16)
+    w = w.detach()  # frozen
+    torch._dynamo.reset()
+
+    def step(x, w, y):
+        return tt.linear_cross_entropy(x, w, y)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    v, g = grads_of(compiled, [x, w, y])
+    rv, rg = grads_of(step, [x, w, y])
+    assert len(g) == len(rg) == 1
+    assert torch.equal(v, rv) and torch.equal(g[0], rg[0])
+
+
+def test_numpy_call_skip():
+    x, w, y = ref.problem(seed=2)
+    base = dict(x=x, w=w, labels=y, grad_loss=np.float32(1.0))
+    full = tessera.call("linear_cross_entropy", "backward", base)
+    part = tessera.call("linear_cross_entropy", "backward", base, skip=["dw"])
+    assert sorted(part) == ["dx"] and sorted(full) == ["dw", "dx"]
+    assert np.array_equal(part["dx"], full["dx"])
+    with pytest.raises(ValueError, match=r"cannot skip 'lse' \(skippable: dx, dw, dbias\)"):
+        tessera.call("linear_cross_entropy", "backward", base, skip=["lse"])
+    with pytest.raises(ValueError, match=r"attention: cannot skip 'dq' \(skippable: none\)"):
+        q = np.zeros((1, 4, 2, 8), np.float32)
+        tessera.call("attention", "backward", dict(q=q, k=q, v=q, grad_o=q), skip=["dq"])

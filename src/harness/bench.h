@@ -82,6 +82,7 @@ class BenchProblem {
   struct CallData {
     std::vector<std::pair<std::string, Tensor>> tensors;
     OptionValues options;
+    std::vector<std::string> skip = {};  // gradients the backward / fused passes leave out
   };
   virtual CallData call_data() const { return {}; }
   // Host baselines for these passes (empty when the kernel has none); throws Error when they

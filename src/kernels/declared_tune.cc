@@ -47,7 +47,7 @@ tune::Runner make_runner(const tune::Declared& d, const KernelSpec& k, const std
         data.options.set(d.carrier, tune::params_str(params));
       ExecOptions exec;
       exec.autotune_on_miss = false;  // the candidate is given: nothing to choose
-      it = b->calls.emplace(key, bind_call(kp->call, data.tensors, data.options, impl, dev, pass, exec)).first;
+      it = b->calls.emplace(key, bind_call(kp->call, data.tensors, data.options, impl, dev, pass, exec, data.skip)).first;
       if (it->second.prepare) it->second.prepare();
     }
     b->current = key;

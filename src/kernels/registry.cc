@@ -1,6 +1,8 @@
 // Tessera: the list of kernels. A new kernel adds one line here (its spec() from spec.cc).
 #include "kernels/registry.h"
 
+#include <algorithm>
+
 #include "dispatch/dispatch.h"
 #include "tessera/error.h"
 
@@ -68,13 +70,33 @@ TensorView CallArgs::tensor_or_empty(const std::string& name) const {
   return t ? *t : TensorView{};
 }
 
+bool CallArgs::skips(const std::string& name) const { return std::find(skip.begin(), skip.end(), name) != skip.end(); }
+
+void check_skip(const CallSpec& call, const CallArgs& args, const std::string& kernel) {
+  for (const std::string& name : args.skip) {
+    if (std::find(call.skippable.begin(), call.skippable.end(), name) != call.skippable.end()) continue;
+    std::string list;
+    for (const std::string& s : call.skippable) list += (list.empty() ? "" : ", ") + s;
+    throw Error(ErrorCode::kInvalidArgument,
+                kernel + ": cannot skip '" + name + "' (skippable: " + (list.empty() ? "none" : list) + ")");
+  }
+}
+
+std::vector<OutputDesc> outputs_of(const CallSpec& call, const CallArgs& args, const std::string& kernel) {
+  check_skip(call, args, kernel);
+  std::vector<OutputDesc> out = call.outputs(args);
+  std::erase_if(out, [&](const OutputDesc& d) { return args.skips(d.name); });
+  return out;
+}
+
 CallOutputs::CallOutputs(const std::vector<OutputDesc>& want, const std::vector<TensorView>& out, const CallArgs& a,
-                         const std::string& kernel)
-    : out_(out) {
-  check(out.size() == want.size(), ErrorCode::kInvalidArgument,
-        kernel + ": " + pass_name(a.pass) + " writes " + std::to_string(want.size()) + " outputs, got " +
+                         const std::string& kernel) {
+  for (const OutputDesc& d : want)
+    if (!a.skips(d.name)) names_.push_back(d.name);
+  check(out.size() == names_.size(), ErrorCode::kInvalidArgument,
+        kernel + ": " + pass_name(a.pass) + " writes " + std::to_string(names_.size()) + " outputs, got " +
             std::to_string(out.size()));
-  for (const OutputDesc& d : want) names_.push_back(d.name);
+  out_ = out;
 }
 
 TensorView CallOutputs::operator[](const std::string& name) const {
@@ -111,6 +133,7 @@ struct BoundPass {
   std::vector<OutputDesc> descs;
   void allocate(const CallSpec& call, Device device) {
     descs = call.outputs(args);
+    std::erase_if(descs, [&](const OutputDesc& d) { return args.skips(d.name); });
     for (const OutputDesc& d : descs) outputs.push_back(allocate_output(d, device));
     for (const Tensor& t : outputs) views.push_back(t.view());
   }
@@ -132,7 +155,7 @@ bool host_only(const CallSpec& call, const std::string& name) {
 
 harness::BenchCall bind_call(const CallSpec& call, const std::vector<std::pair<std::string, Tensor>>& inputs,
                              const harness::OptionValues& options, const std::string& implementation, Device device,
-                             Pass pass, const ExecOptions& exec) {
+                             Pass pass, const ExecOptions& exec, const std::vector<std::string>& skip) {
   auto b = std::make_shared<BoundCall>();
   for (const auto& [name, t] : inputs) b->held.push_back({name, host_only(call, name) ? t : t.to(device)});
   CallArgs base;
@@ -143,6 +166,7 @@ harness::BenchCall bind_call(const CallSpec& call, const std::vector<std::pair<s
   for (const auto& [name, t] : b->held) base.tensors.push_back({name, t.view()});
   b->pass.args = base;
   b->pass.args.pass = pass;
+  if (pass != Pass::kForward) b->pass.args.skip = skip;
   harness::BenchCall c;
   if (pass == Pass::kBackward && !call.saved_outputs.empty()) {
     b->forward.args = base;
@@ -223,7 +247,7 @@ std::string version_base(const dispatch::RegistryView& reg, const std::string& n
 harness::BenchCall CallBenchProblem::bind(const std::string& implementation, Device dev, Pass pass,
                                           const ExecOptions& exec) {
   const CallData c = call_data();
-  return bind_call(kernel_().call, c.tensors, c.options, implementation, dev, pass, exec);
+  return bind_call(kernel_().call, c.tensors, c.options, implementation, dev, pass, exec, c.skip);
 }
 
 BenchSpec bench_spec_of(std::vector<harness::OptionSpec> options, BenchFactory make) {

@@ -130,6 +130,10 @@ struct CallArgs {
   std::vector<std::pair<std::string, TensorView>> tensors;
   harness::OptionValues options;  // every declared option (defaults filled in)
   ExecOptions exec;
+  // Gradients the caller does not want (backward and fused: "dw" of a frozen weight), each one
+  // of the kernel's CallSpec::skippable; outputs_of leaves them out and the kernel skips their work.
+  std::vector<std::string> skip = {};
+  bool skips(const std::string& name) const;
   const TensorView* tensor(const std::string& name) const;  // nullptr when not given
   TensorView tensor_or_empty(const std::string& name) const;  // an empty view when not given
 };
@@ -182,6 +186,7 @@ std::optional<Sizes> block_sizes_option(const CallArgs& a, const std::string& ke
 // Error(kInvalidArgument) "<kernel>: <pass> writes N outputs, got M" when the count differs.
 class CallOutputs {
  public:
+  // want: the kernel's outputs for the pass, skipped ones included (they read as empty views).
   CallOutputs(const std::vector<OutputDesc>& want, const std::vector<TensorView>& out, const CallArgs& a,
               const std::string& kernel);
   TensorView operator[](const std::string& name) const;  // an empty view when `name` is not written
@@ -223,19 +228,30 @@ struct CallSpec {
   // Runs args.pass writing `out` (views of what `outputs` described, in its order). Returns the
   // name of the implementation that ran.
   std::function<std::string(const CallArgs& args, const std::vector<TensorView>& out)> call = {};
+  // The gradient outputs a caller may leave out (CallArgs::skip), their work skipped: none
+  // unless the kernel declares them.
+  std::vector<std::string> skippable = {};
 };
+
+// Error(kInvalidArgument) unless every name of args.skip is one of call.skippable: "<kernel>:
+// cannot skip 'lse' (skippable: dx, dw, dbias)" (", none" when the kernel declares none).
+void check_skip(const CallSpec& call, const CallArgs& args, const std::string& kernel);
+// call.outputs(args) without the skipped ones (check_skip first): what a caller allocates.
+std::vector<OutputDesc> outputs_of(const CallSpec& call, const CallArgs& args, const std::string& kernel);
 
 // A benchmark call derived from the signature (every kernel's BenchProblem::bind): `inputs`
 // (host tensors by call-input name, upstream gradients grad_<output> included) are copied to
 // `device` except host_only ones; the outputs of `pass` are allocated there; a backward pass gets
 // the forward's saved outputs (lse) from a forward call run in `prepare`. `options` by declared
-// name (defaults for the others). `loss` reads a 0-d f32 first output (a loss) back. `call` must
+// name (defaults for the others). `skip`: gradients a backward or fused pass leaves out
+// (CallArgs::skip). `loss` reads a 0-d f32 first output (a loss) back. `call` must
 // outlive the BenchCall (a registered kernel's spec does).
 // `v` as option text that parses back to the same double.
 std::string option_text(double v);
 harness::BenchCall bind_call(const CallSpec& call, const std::vector<std::pair<std::string, Tensor>>& inputs,
                              const harness::OptionValues& options, const std::string& implementation,
-                             Device device, Pass pass, const ExecOptions& exec);
+                             Device device, Pass pass, const ExecOptions& exec,
+                             const std::vector<std::string>& skip = {});
 
 // ---- bench ----
 struct BenchSpec {

@@ -802,6 +802,33 @@ TEST(LceCuda, RunsAreBitwiseDeterministic) {
   EXPECT_TRUE(same_bytes(a.dbias, b.dbias));
 }
 
+// Gradients left out (Gradients, CallArgs::skip): cuda computes them into scratch
+// (skips_gradients() false), so the ones asked for are the run's bits with all three.
+TEST(LceCuda, LeftOutGradientsKeepTheOthersBits) {
+  SKIP_WITHOUT_GPU();
+  const lt::CaseSpec s = behaviour_case();
+  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
+  lce::Options opt = s.opt;
+  opt.implementation = "cuda";
+  const DeviceRun all = run_fused(d, s, opt);
+  for (int mask = 0; mask < 8; ++mask) {  // bit 0 dx, 1 dw, 2 dbias: asked for
+    const Device dev = Device::cuda();
+    Tensor loss = Tensor::empty(DType::kF32, {}, dev), lse = Tensor::empty(DType::kF32, s.lead, dev),
+           am = Tensor::empty(DType::kI64, s.lead, dev);
+    Tensor dx = Tensor::zeros(s.dtype, d.x.shape(), dev), dw = Tensor::zeros(s.dtype, d.w.shape(), dev),
+           db = Tensor::zeros(s.dtype, {s.V}, dev);
+    lce::Gradients g;
+    if (mask & 1) g.dx = dx.view();
+    if (mask & 2) g.dw = dw.view();
+    if (mask & 4) g.dbias = db.view();
+    lce::forward_backward(d.inputs(), d.grad_loss.view(), {loss.view(), lse.view(), am.view()}, g, opt);
+    EXPECT_TRUE(same_bytes(loss, all.loss)) << mask;
+    if (mask & 1) EXPECT_TRUE(same_bytes(dx, all.dx)) << mask;
+    if (mask & 2) EXPECT_TRUE(same_bytes(dw, all.dw)) << mask;
+    if (mask & 4) EXPECT_TRUE(same_bytes(db, all.dbias)) << mask;
+  }
+}
+
 namespace {
 
 // Blocks the stream it is queued on (from a CUDA callback thread) until `open`, at most 10 s.

@@ -158,6 +158,34 @@ TEST_F(Cli, RunSkipsIgnoredTokensUnlessTold) {
   EXPECT_EQ(npy::load(p("every/loss.npy")).data_as<float>()[0], npy::load(p("skip/loss.npy")).data_as<float>()[0]);
 }
 
+// --skip-grads: the gradients left out are not written, the others are the full run's bits;
+// unknown names, and the flag without --grad, are one-line errors (exit 2, nothing written).
+TEST_F(Cli, RunSkipGradsWritesTheOthersUnchanged) {
+  const std::string args = "run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --labels " +
+                           p("y.npy") + " --bias " + p("b.npy") + " --grad --out ";
+  ASSERT_EQ(sh(args + p("all")).code, 0);
+  const Cmd c = sh(args + p("part") + " --skip-grads dw,dbias");
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("{loss,lse,dx}.npy"), std::string::npos) << c.out;
+  EXPECT_FALSE(fs::exists(p("part/dw.npy")));
+  EXPECT_FALSE(fs::exists(p("part/dbias.npy")));
+  const Tensor a = npy::load(p("all/dx.npy")), b = npy::load(p("part/dx.npy"));
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.view().nbytes()), 0);
+  for (const auto& [extra, message] :
+       {std::pair<std::string, std::string>{" --skip-grads lse", "cannot skip 'lse' (skippable: dx, dw, dbias)"},
+        {" --skip-grads dw,", "cannot skip '' (skippable: dx, dw, dbias)"}}) {
+    const Cmd bad = sh(args + p("bad") + extra);
+    EXPECT_EQ(bad.code, 2) << extra;
+    EXPECT_NE(bad.out.find(message), std::string::npos) << bad.out;
+    EXPECT_FALSE(fs::exists(p("bad"))) << extra;
+  }
+  const Cmd nograd = sh("run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --labels " +
+                        p("y.npy") + " --skip-grads dw --out " + p("bad"));
+  EXPECT_EQ(nograd.code, 2);
+  EXPECT_NE(nograd.out.find("--skip-grads needs --grad"), std::string::npos) << nograd.out;
+  EXPECT_EQ(sh("run attention --help").out.find("--skip-grads"), std::string::npos);  // nothing to skip there
+}
+
 TEST_F(Cli, BadInputsGiveOneLineErrorsAndNonZeroExit) {
   const std::string base = "run linear_cross_entropy --w " + p("w.npy") + " --out " + p("out") + " --labels ";
   // Label out of range.

@@ -23,6 +23,7 @@ struct RunArgs {
   std::map<std::string, std::string> files;  // input name -> path
   std::map<std::string, std::string> compounds;  // compound flag -> "A,B"
   std::string out, impl;
+  std::string skip;  // --skip-grads: gradients left out, comma list
   bool grad = false;
   int threads = 0;
   int64_t memory_budget_mib = 0;
@@ -130,6 +131,12 @@ Loaded load(const kernels::KernelSpec& k, const RunArgs& a, const harness::Optio
   if (a.grad)
     for (const auto& g : grad_inputs(k)) take(g.name);
   l.args.pass = a.grad ? Pass::kFused : Pass::kForward;
+  check(a.skip.empty() || a.grad, ErrorCode::kInvalidArgument, "--skip-grads needs --grad");
+  for (size_t b = 0; !a.skip.empty() && b <= a.skip.size();) {  // "dx,dw" -> {"dx", "dw"}
+    const size_t e = std::min(a.skip.find(',', b), a.skip.size());
+    l.args.skip.push_back(a.skip.substr(b, e - b));
+    b = e + 1;
+  }
   l.args.options = options;
   l.args.exec.implementation = a.impl;
   l.args.exec.num_threads = a.threads;
@@ -181,7 +188,7 @@ void run_kernel(const kernels::KernelSpec& k, const RunArgs& a, harness::OptionV
   Loaded l = load(k, a, options);
   std::vector<std::pair<std::string, Tensor>> outs;
   std::vector<TensorView> views;
-  for (const kernels::OutputDesc& d : k.call.outputs(l.args)) {
+  for (const kernels::OutputDesc& d : kernels::outputs_of(k.call, l.args, k.name)) {
     outs.push_back({d.name, kernels::allocate_output(d, Device::cpu())});
     views.push_back(outs.back().second.view());
   }
@@ -207,6 +214,12 @@ void add_kernel(CLI::App* run, const kernels::KernelSpec& k) {
     cmd->add_flag("--grad", a->grad, "also write the gradients (as f32)");
     for (const auto& g : grad_inputs(k))
       cmd->add_option(flag_names(g.name, g.aliases), a->files[g.name], g.help + " (with --grad; default ones)");
+    if (!k.call.skippable.empty()) {
+      std::string names;
+      for (const std::string& n : k.call.skippable) names += (names.empty() ? "" : ", ") + n;
+      cmd->add_option("--skip-grads", a->skip,
+                      "with --grad: gradients not to compute or write, a comma list of " + names + " (a frozen input's)");
+    }
   }
   cmd->add_option("--impl", a->impl, "implementation name or comma list (default: the dispatch order)");
   cmd->add_option("--threads", a->threads, "CPU threads (default: all cores)");

@@ -283,20 +283,26 @@ void write_metrics(const Problem& p, const ForwardOut& fo, const ForwardOutputs&
         counted == 0 ? 0.0f : static_cast<float>(static_cast<double>(correct) / static_cast<double>(counted));
 }
 
+// Each gradient may be left out (Gradients): its pointer stays null and its work is skipped.
 GradOut check_gradients(const Inputs& in, const Problem& p, const Gradients& g) {
-  args.output(g.dx, in.x.dtype, in.x.shape, p.device, "dx");
-  // dw in w's layout (a transposed view stays one): f32 or w's dtype, w's shape and strides.
-  args.need(g.dw.dtype == DType::kF32 || g.dw.dtype == in.w.dtype,
-            std::string("dw must be f32 or ") + dtype_name(in.w.dtype) + ", got " + dtype_name(g.dw.dtype));
-  args.need(g.dw.shape == in.w.shape && g.dw.strides == in.w.strides,
-            "dw must have w's shape and layout " + shape_str(in.w.shape) + " strides " + shape_str(in.w.strides) +
-                ", got " + shape_str(g.dw.shape) + " strides " + shape_str(g.dw.strides));
-  args.device(g.dw, p.device, "dw");
-  args.data(g.dw, "dw");
-  GradOut o{g.dx.data, g.dx.dtype, g.dw.data, g.dw.dtype};
-  args.need(g.dbias.has_value() == in.bias.has_value(),
-            in.bias ? "bias is given, so dbias must be given too" : "dbias is given but there is no bias");
-  if (in.bias) {
+  GradOut o;
+  if (dispatch::given(g.dx)) {
+    args.output(g.dx, in.x.dtype, in.x.shape, p.device, "dx");
+    o.dx = g.dx.data, o.dx_dtype = g.dx.dtype;
+  }
+  if (dispatch::given(g.dw)) {
+    // dw in w's layout (a transposed view stays one): f32 or w's dtype, w's shape and strides.
+    args.need(g.dw.dtype == DType::kF32 || g.dw.dtype == in.w.dtype,
+              std::string("dw must be f32 or ") + dtype_name(in.w.dtype) + ", got " + dtype_name(g.dw.dtype));
+    args.need(g.dw.shape == in.w.shape && g.dw.strides == in.w.strides,
+              "dw must have w's shape and layout " + shape_str(in.w.shape) + " strides " + shape_str(in.w.strides) +
+                  ", got " + shape_str(g.dw.shape) + " strides " + shape_str(g.dw.strides));
+    args.device(g.dw, p.device, "dw");
+    args.data(g.dw, "dw");
+    o.dw = g.dw.data, o.dw_dtype = g.dw.dtype;
+  }
+  args.need(!g.dbias || in.bias, "dbias is given but there is no bias");
+  if (g.dbias) {
     args.output(*g.dbias, in.bias->dtype, in.bias->shape, p.device, "dbias");
     o.dbias = g.dbias->data;
     o.dbias_dtype = g.dbias->dtype;
@@ -388,6 +394,21 @@ struct Call {
   std::optional<TensorView> loss = {}, dw = {}, dbias = {};  // zeroed for an empty batch
 };
 
+// The gradients for an implementation that computes all of them (skips_gradients() false: cuda):
+// the ones the caller left out are written into scratch of their size on the problem's device
+// (the explicit fallback: the same results for the others, no time saved).
+struct AllGradients {
+  GradOut go;
+  Tensor dx, dw, dbias;
+  AllGradients(const Problem& q, const GradOut& given, bool fill) : go(given) {
+    if (!fill) return;
+    if (!go.dx) dx = Tensor::empty(q.dtype, {q.B, q.H}, q.device), go.dx = dx.data(), go.dx_dtype = q.dtype;
+    if (!go.dw) dw = Tensor::empty(q.dtype, {q.H * q.V}, q.device), go.dw = dw.data(), go.dw_dtype = q.dtype;
+    if (q.bias && !go.dbias)
+      dbias = Tensor::empty(q.bias_dtype, {q.V}, q.device), go.dbias = dbias.data(), go.dbias_dtype = q.bias_dtype;
+  }
+};
+
 std::string run(const Call& k, const Options& opt, Pass pass, bool every_row) {
   const bool fwd = pass != Pass::kBackward, bwd = pass != Pass::kForward;
   std::optional<Compaction> c =
@@ -405,9 +426,10 @@ std::string run(const Call& k, const Options& opt, Pass pass, bool every_row) {
   } else {
     ran = dispatch_call(q, opt, pass, checked(q, fwd ? &fo : nullptr, bwd ? &go : nullptr),
                         [&](const Implementation& impl, const BlockSizes& bs) {
+                          const AllGradients all(q, go, bwd && !impl.skips_gradients());
                           if (!bwd) impl.forward(q, bs, fo);
-                          if (!fwd) impl.backward(q, bs, gi, go);
-                          if (fwd && bwd) impl.forward_backward(q, bs, gi, fo, go);
+                          if (!fwd) impl.backward(q, bs, gi, all.go);
+                          if (fwd && bwd) impl.forward_backward(q, bs, gi, fo, all.go);
                         });
   }
   if (c && fwd) c->scatter_forward(k.fo);
@@ -514,7 +536,7 @@ namespace {
 void check_backward(const Inputs& in, const TensorView& grad_loss, const Gradients& grads, Call& k) {
   k.gi.grad_loss = check_grad_loss(in, k.p, grad_loss);
   k.go = check_gradients(in, k.p, grads);
-  k.dw = grads.dw;
+  if (dispatch::given(grads.dw)) k.dw = grads.dw;
   k.dbias = grads.dbias;
 }
 

@@ -5,7 +5,10 @@
 // (a share of them ignore_index with --ignored), optional bias and class weights; no token
 // weights, mean reduction, no z-loss. The floor is the plain GEMM x·W of the same shape (1 per
 // forward, 2 per backward, 3 fused); the baseline is the BLAS-materialized loss (baseline.h).
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 #include <memory>
 
 #include "core/random.h"
@@ -29,6 +32,8 @@ struct Settings {
   double ignored = 0.0;  // fraction of tokens labelled ignore_index, spread evenly
   double label_smoothing = 0.0;
   bool class_weights = false;  // random per-class weights in [0.5, 1.5)
+  std::vector<std::string> skip;  // gradients left out (a frozen w: dw)
+  bool skips(const char* g) const { return std::find(skip.begin(), skip.end(), g) != skip.end(); }
 };
 
 class LceBench final : public kernels::CallBenchProblem {
@@ -58,6 +63,7 @@ class LceBench final : public kernels::CallBenchProblem {
     r["soft_cap"] = s_.soft_cap;
     if (s_.label_smoothing > 0) r["label_smoothing"] = s_.label_smoothing;
     if (s_.class_weights) r["class_weights"] = true;
+    if (!s_.skip.empty()) r["skip_grads"] = s_.skip;
     return r;
   }
 
@@ -95,9 +101,9 @@ class LceBench final : public kernels::CallBenchProblem {
     if (bwd) {
       c.add({"backward: softmax gradient dz", 4 * BV, 0, BV, false});
       if (cap) c.add({"backward: soft cap derivative", 3 * BV, 0, 0, false});
-      c.add({"backward: dx = dz·Wᵀ GEMM", gemm, 0, 0, false});
-      c.add({"backward: dw = xᵀ·dz GEMM", gemm, 0, 0, false});
-      if (s_.bias) c.add({"backward: dbias column sum", BV, 0, 0, false});
+      if (!s_.skips("dx")) c.add({"backward: dx = dz·Wᵀ GEMM", gemm, 0, 0, false});
+      if (!s_.skips("dw")) c.add({"backward: dw = xᵀ·dz GEMM", gemm, 0, 0, false});
+      if (s_.bias && !s_.skips("dbias")) c.add({"backward: dbias column sum", BV, 0, 0, false});
     }
     c.add({"read x", 0, B * H * in, 0, false});
     c.add({"read w", 0, H * V * in, 0, false});
@@ -107,9 +113,9 @@ class LceBench final : public kernels::CallBenchProblem {
     if (pass == Pass::kBackward) c.add({"read lse", 0, B * 4, 0, false});
     if (bwd) {
       c.add({"read grad_loss", 0, 4, 0, false});
-      c.add({"write dx", 0, B * H * in, 0, false});
-      c.add({"write dw", 0, H * V * in, 0, false});
-      if (s_.bias) c.add({"write dbias", 0, V * in, 0, false});
+      if (!s_.skips("dx")) c.add({"write dx", 0, B * H * in, 0, false});
+      if (!s_.skips("dw")) c.add({"write dw", 0, H * V * in, 0, false});
+      if (s_.bias && !s_.skips("dbias")) c.add({"write dbias", 0, V * in, 0, false});
     }
     if (pass == Pass::kFused)
       c.assumptions.push_back(ref ? "reference fused = forward + backward with recomputation: 4 GEMMs issued"
@@ -124,7 +130,8 @@ class LceBench final : public kernels::CallBenchProblem {
     harness::GemmFloor g;
     g.M = s_.B, g.N = s_.V, g.K = s_.H, g.dtype = s_.dtype;
     g.b_transposed = s_.layout == WLayout::kVH;
-    g.count = [](Pass p) { return p == Pass::kForward ? 1 : p == Pass::kBackward ? 2 : 3; };  // the useful GEMMs
+    const int left = int(s_.skips("dx")) + int(s_.skips("dw"));  // gradient GEMMs skipped
+    g.count = [left](Pass p) { return p == Pass::kForward ? 1 : (p == Pass::kBackward ? 2 : 3) - left; };  // the useful GEMMs
     return g;
   }
 
@@ -137,13 +144,15 @@ class LceBench final : public kernels::CallBenchProblem {
     c.options.set("w_layout", w_layout_name(s_.layout));
     c.options.set("soft_cap", kernels::option_text(s_.soft_cap));
     c.options.set("label_smoothing", kernels::option_text(s_.label_smoothing));
+    c.skip = s_.skip;
     return c;
   }
 
   // The materialized baseline computes the plain loss (with the soft cap and ignored rows); with
-  // label smoothing or class weights it would time a different function, so it is left out.
+  // label smoothing, class weights or skipped gradients it would time a different function, so it
+  // is left out.
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
-    if (s_.label_smoothing > 0 || s_.class_weights) return {};
+    if (s_.label_smoothing > 0 || s_.class_weights || !s_.skip.empty()) return {};
     BaselineInputs bin;
     bin.B = s_.B, bin.H = s_.H, bin.V = s_.V, bin.dtype = s_.dtype, bin.layout = s_.layout;
     bin.x = x_.data(), bin.w = w_.data(), bin.bias = s_.bias ? bias_.data() : nullptr;
@@ -169,6 +178,28 @@ class LceBench final : public kernels::CallBenchProblem {
 
 }  // namespace
 
+namespace {
+// "dx,dw" -> {"dx", "dw"}: each one of dx, dw, dbias, once.
+std::vector<std::string> skip_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] != ',') {
+      cur += text[i];
+      continue;
+    }
+    if (cur.empty() && text.empty()) break;
+    check(cur == "dx" || cur == "dw" || cur == "dbias", ErrorCode::kInvalidArgument,
+          "--skip-grads takes a comma list of dx, dw, dbias, got '" + text + "'");
+    check(std::find(out.begin(), out.end(), cur) == out.end(), ErrorCode::kInvalidArgument,
+          "--skip-grads names " + cur + " twice");
+    out.push_back(cur);
+    cur.clear();
+  }
+  return out;
+}
+}  // namespace
+
 std::vector<harness::OptionSpec> bench_options() {
   using K = harness::OptionSpec::Kind;
   return {{"layout", K::kString, "memory layout of w: hv ([H, V]) or vh ([V, H], lm_head.weight)", "hv", {"hv", "vh"}},
@@ -177,7 +208,11 @@ std::vector<harness::OptionSpec> bench_options() {
           {"ignored", K::kFloat, "fraction of tokens labelled ignore_index (-100), in [0, 1]", "0", {}},
           {"label-smoothing", K::kFloat, "label smoothing ε in [0, 1] (no materialized baseline then)", "0", {}},
           {"class-weights", K::kFlag, "random per-class weights [V] in [0.5, 1.5) (no materialized baseline then)",
-           "false", {}}};
+           "false", {}},
+          {"skip-grads", K::kString,
+           "gradients the backward and fused passes leave out, a comma list of dx, dw, dbias (a frozen w: dw; no "
+           "materialized baseline then)",
+           "", {}}};
 }
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
@@ -196,6 +231,7 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   check(s.label_smoothing >= 0.0 && s.label_smoothing <= 1.0, ErrorCode::kInvalidArgument,
         "--label-smoothing must be in [0, 1]");
   s.class_weights = o.flag("class-weights");
+  s.skip = skip_list(o.str("skip-grads"));
   return std::make_unique<LceBench>(s, seed, with_data);
 }
 

@@ -68,6 +68,7 @@ GradIn Compaction::grad_in(const GradIn& full) {
 
 GradOut Compaction::grad_out(const GradOut& full) {
   GradOut g = full;
+  if (!full.dx) return g;  // dx left out (Gradients): nothing to gather or scatter
   dx_dtype_ = full.dx_dtype;
   dx_ = Tensor::empty(full.dx_dtype, {kept(), p_.H});
   g.dx = dx_.data();
@@ -92,6 +93,7 @@ void Compaction::scatter_forward(const ForwardOut& full) const {
 }
 
 void Compaction::scatter_backward(const GradOut& full) const {
+  if (!full.dx) return;
   const size_t row_bytes = static_cast<size_t>(p_.H) * dtype_size(dx_dtype_);
   std::memset(full.dx, 0, static_cast<size_t>(p_.B) * row_bytes);  // 0 bits are 0.0 in every dtype
   for (int64_t i = 0; i < kept(); ++i)

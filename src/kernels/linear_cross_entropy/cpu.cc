@@ -371,11 +371,12 @@ void Call::setup(const BlockSizes& bs) {
     biasf = alloc<float>(bias_buf, uV);
     for (int64_t j = 0; j < p.V; ++j) biasf[j] = load_as_f32(p.bias, p.bias_dtype, j);
   }
-  if (grads) {
-    if (gout->dx_dtype != DType::kF32 && !(dot && p.layout == WLayout::kHV)) dxs = alloc<float>(dxs_buf, ubb * uH);
-    if (gout->dw_dtype == DType::kF32)
+  if (grads) {  // a gradient left out (null in gout) has no buffer and no work: dw32 null, no phase B2
+    if (gout->dx && gout->dx_dtype != DType::kF32 && !(dot && p.layout == WLayout::kHV))
+      dxs = alloc<float>(dxs_buf, ubb * uH);
+    if (gout->dw && gout->dw_dtype == DType::kF32)
       dw32 = static_cast<float*>(gout->dw);
-    else
+    else if (gout->dw)
       dw32 = dot ? alloc_huge<float>(dwacc_buf, uH * uV)  // gradient-sized (bf16/f16 dw only)
                  : alloc<float>(dwacc_buf, uH * uV);
     if (gout->dbias) dbacc = alloc<float>(dbacc_buf, uV);
@@ -508,7 +509,8 @@ void Call::dw_dot(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block) 
       cpu_convert::f32_to_bf16(slab + i * p.V + v0, d + i * n, n);
       ptr[i] = d + i * n;
     }
-    g::pack_cols(ptr, n, nb, dzp + v0 / 2 * dzp_stride(nb));  // B of dxᵀ, for phase B2
+    if (gout->dx) g::pack_cols(ptr, n, nb, dzp + v0 / 2 * dzp_stride(nb));  // B of dxᵀ, for phase B2
+    if (!dw32) return;
     g::pack_rows(ptr, nb, n, pk);
     TESSERA_TRACE_SCOPE("lce.gemm.dw");
     g::gemm(p.H, n, nb, xt, bb, pk, 1.0f, !first_block, dw32 + v0, p.V);
@@ -516,9 +518,11 @@ void Call::dw_dot(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block) 
     uint16_t* dt = dzt + static_cast<int64_t>(tid) * vb * bb;  // [n × nb]
     for (int64_t i = 0; i < nb; ++i) {
       uint16_t* row = dz16 + i * p.V + v0;
-      cpu_convert::f32_to_bf16(slab + i * p.V + v0, row, n);
-      for (int64_t j = 0; j < n; ++j) dt[j * bb + i] = row[j];
+      cpu_convert::f32_to_bf16(slab + i * p.V + v0, row, n);  // A of phase B2's dx GEMM
+      if (dw32)
+        for (int64_t j = 0; j < n; ++j) dt[j * bb + i] = row[j];
     }
+    if (!dw32) return;
     TESSERA_TRACE_SCOPE("lce.gemm.dw");
     g::gemm(n, p.H, nb, dt, bb, xpk, 1.0f, !first_block, dw32 + v0 * p.H, p.H);
   }
@@ -657,10 +661,14 @@ void Call::dw_pk(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block) {
   float* pkc = pkw_of(tid);
   const float beta = first_block ? 0.0f : 1.0f;
   if (p.layout == WLayout::kHV) {  // dw[:, v0:v0+n] (H × n) += x_blkᵀ · D
-    g::pack(false, nb, n, D, n, pkc);
-    TESSERA_TRACE_SCOPE("lce.gemm.dw");
-    g::gemm(g::Tri::kNone, false, p.H, n, nb, 1.0f, xt32, bb, pkc, beta, dw32 + v0, p.V);
+    if (dw32) {
+      g::pack(false, nb, n, D, n, pkc);
+      TESSERA_TRACE_SCOPE("lce.gemm.dw");
+      g::gemm(g::Tri::kNone, false, p.H, n, nb, 1.0f, xt32, bb, pkc, beta, dw32 + v0, p.V);
+    }
+    if (!gout->dx) return;
   } else {  // dw[v0:v0+n, :] (n × H) += Dᵀ · x_blk
+    if (!dw32) return;
     g::transpose(nb, n, D, n, pkc, nb);
     TESSERA_TRACE_SCOPE("lce.gemm.dw");
     g::gemm(g::Tri::kNone, false, n, p.H, nb, 1.0f, pkc, nb, xpk32, beta, dw32 + v0 * p.H, p.H);
@@ -922,6 +930,7 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
       dw_pk(tid, nb, v0, n, first_block);
       continue;
     }
+    if (!dw32) continue;
     const float beta = first_block ? 0.0f : 1.0f;
     TESSERA_TRACE_SCOPE("lce.gemm.dw");
     if (hv)  // dw[:, v0:v0+n] (H × n) += x_blkᵀ · D
@@ -959,7 +968,7 @@ void Call::phase_b2(int tid, int64_t b0, int64_t nb) {
 void Call::finish(int tid) {
   if (!grads) return;
   TESSERA_TRACE_SCOPE("lce.finish");
-  if (dw32 != gout->dw) {
+  if (dw32 && dw32 != gout->dw) {
     const Range r = split(p.H * p.V, tid, T, 64);
     store_rounded(gout->dw, gout->dw_dtype, r.begin, dw32 + r.begin, r.size());
   }
@@ -1005,9 +1014,9 @@ void Call::worker(int tid, Barrier& bar) {
     const int64_t nb = std::min(bb, p.B - b0);
     const float* xb = static_cast<const float*>(p.x) + b0 * p.H;
     if (dot) {
-      if (grads) prepare_x_dot(tid, b0, nb);  // read after phase A's barrier
+      if (dw32) prepare_x_dot(tid, b0, nb);  // read after phase A's barrier (by the dw GEMM only)
     } else if (pk) {
-      if (grads) prepare_x_pk(tid, xb, nb);   // read after phase A's barrier
+      if (dw32) prepare_x_pk(tid, xb, nb);   // read after phase A's barrier (by the dw GEMM only)
     } else if (half) {
       const Range rows = split(nb, tid, T, 1);
       const auto* x = static_cast<const uint16_t*>(p.x);
@@ -1025,12 +1034,14 @@ void Call::worker(int tid, Barrier& bar) {
     if (grads) {
       phase_b1(tid, b0, nb, xb, b0 == 0);
       bar.arrive_and_wait();
-      if (dot)
-        phase_b2_dot(tid, b0, nb);
-      else if (pk)
-        phase_b2_pk(tid, b0, nb);
-      else
-        phase_b2(tid, b0, nb);
+      if (gout->dx) {  // dx left out: no phase B2
+        if (dot)
+          phase_b2_dot(tid, b0, nb);
+        else if (pk)
+          phase_b2_pk(tid, b0, nb);
+        else
+          phase_b2(tid, b0, nb);
+      }
       bar.arrive_and_wait();
     }
   }
@@ -1091,6 +1102,7 @@ class Cpu : public Implementation {
                                : "");
   }
   DeviceType device_type() const override { return DeviceType::kCPU; }
+  bool skips_gradients() const override { return true; }
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCPU)
       return Availability::no("inputs are on " + p.device.str() + ", the cpu backend runs on host memory");

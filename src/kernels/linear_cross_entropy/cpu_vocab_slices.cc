@@ -87,8 +87,10 @@ struct Buffers {
       loss = alloc<float>(loss_buf, p.B);
     }
     labels = alloc<int64_t>(label_buf, p.B);
-    sum = out.dx_dtype == DType::kF32 ? static_cast<float*>(out.dx) : alloc<float>(sum_buf, BH);
-    if (p.V > vc) share = alloc<float>(share_buf, BH);
+    if (out.dx) {  // left out (Gradients): no dx sum
+      sum = out.dx_dtype == DType::kF32 ? static_cast<float*>(out.dx) : alloc<float>(sum_buf, BH);
+      if (p.V > vc) share = alloc<float>(share_buf, BH);
+    }
     if (hv) {
       w_slice = alloc<uint16_t>(w_buf, p.H * vc);
       dw_slice = alloc<uint16_t>(dw_buf, p.H * vc);
@@ -116,15 +118,16 @@ void run_slices(const Implementation& impl, const Problem& p, const BlockSizes& 
     if (hv) gather_columns(p.w, p.H, p.V, c0, n, b.w_slice);
     const Problem q = slice_of(p, c0, n, b.w_slice, b.labels);
     GradOut o = out;
-    o.dx = c0 == 0 ? b.sum : b.share;  // the first slice's share is the start of the sum
+    o.dx = !out.dx ? nullptr : c0 == 0 ? b.sum : b.share;  // the first slice's share is the start of the sum
     o.dx_dtype = DType::kF32;
     o.dw = hv ? static_cast<void*>(b.dw_slice) : at(out.dw, c0 * p.H, out.dw_dtype);
     if (out.dbias) o.dbias = at(out.dbias, c0, out.dbias_dtype);
     impl.backward(q, bs, g, o);
-    if (c0 > 0)
+    if (c0 > 0 && out.dx)
       for (int64_t i = 0; i < BH; ++i) b.sum[i] += b.share[i];
     if (hv) scatter_columns(b.dw_slice, p.H, p.V, c0, n, out.dw);
   }
+  if (!out.dx) return;
   if (out.dx_dtype == DType::kBF16) cpu_convert::f32_to_bf16(b.sum, static_cast<uint16_t*>(out.dx), BH);
   if (out.dx_dtype == DType::kF16) cpu_convert::f32_to_f16(b.sum, static_cast<uint16_t*>(out.dx), BH);
 }

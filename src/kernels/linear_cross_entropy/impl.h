@@ -87,6 +87,8 @@ struct GradIn {
   const float* lse = nullptr;        // optional [B]: the forward's lse
 };
 
+// A gradient the caller left out (Gradients) is null: an implementation whose skips_gradients()
+// is true skips its work; for the others the API passes scratch in its place.
 struct GradOut {
   void* dx = nullptr;  // [B, H]
   DType dx_dtype = DType::kF32;
@@ -103,6 +105,8 @@ class Implementation : public dispatch::SizedImplementation<Problem, BlockSizes>
   virtual void forward(const Problem& p, const BlockSizes& bs, const ForwardOut& out) const = 0;
   virtual void backward(const Problem& p, const BlockSizes& bs, const GradIn& g,
                         const GradOut& out) const = 0;
+  // Whether backward and forward_backward take null dx / dw / dbias (GradOut) and skip their work.
+  virtual bool skips_gradients() const { return false; }
   // Default: forward, then backward with the forward's lse.
   virtual void forward_backward(const Problem& p, const BlockSizes& bs, const GradIn& g,
                                 const ForwardOut& fout, const GradOut& gout) const;

@@ -63,6 +63,8 @@ std::string gmm(const Inputs& in, const TensorView& out, const Options& opt = {}
 std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView& group_sizes,
                  const TensorView& drhs, const Options& opt = {});
 // Both gradients of gmm: dlhs [M, K] (rows outside the local groups are zero), drhs like rhs.
+// Either may be left out (an empty TensorView{}: a frozen rhs, e.g. frozen experts under LoRA):
+// its product is not computed and nothing is written there.
 std::string backward(const Inputs& in, const TensorView& dout, const TensorView& dlhs,
                      const TensorView& drhs, const Options& opt = {});
 // gmm, then its backward (training).

@@ -107,3 +107,28 @@ def test_jax_jit_and_grad():
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(gl), dl, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(gr), dr, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_frozen_experts_skip_drhs(monkeypatch):
+    """Frozen expert weights (LoRA on an MoE): the backward op is asked to skip drhs and dlhs is
+    the bits of the all-trainable run; a frozen lhs skips dlhs likewise."""
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+    from tessera import _ext
+
+    lhs, rhs, sizes = problem(seed=6)
+    dout = torch.from_numpy(np.random.default_rng(7).standard_normal((lhs.shape[0], rhs.shape[2])).astype(np.float32))
+    full = [torch.from_numpy(lhs).requires_grad_(), torch.from_numpy(rhs).requires_grad_()]
+    tt.grouped_matmul(full[0], full[1], torch.from_numpy(sizes)).backward(dout)
+    seen = []
+    real = _ext.call
+    monkeypatch.setattr(_ext, "call", lambda *a, **k: seen.append((a[1], k.get("skip"))) or real(*a, **k))
+    for frozen in (1, 0):
+        part = [torch.from_numpy(lhs).requires_grad_(frozen != 0), torch.from_numpy(rhs).requires_grad_(frozen != 1)]
+        tt.grouped_matmul(part[0], part[1], torch.from_numpy(sizes)).backward(dout)
+        assert ("backward", [["dlhs"], ["drhs"]][frozen]) in seen, seen
+        assert part[frozen].grad is None
+        assert torch.equal(part[1 - frozen].grad, full[1 - frozen].grad)
+    with pytest.raises(ValueError, match=r"cannot skip 'dout'"):
+        tessera.call("grouped_matmul", "backward", {"lhs": lhs, "rhs": rhs, "group_sizes": sizes,
+                                                    "grad_out": dout.numpy()}, skip=["dout"])

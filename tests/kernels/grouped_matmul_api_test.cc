@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "cpu_backend.h"
 #include "kernels/api_test_util.h"
 #include "kernels/registry.h"
 #include "tessera/error.h"
@@ -105,6 +106,35 @@ TEST(GroupedMatmulApi, BadGradientArgumentsAreErrorsThatTouchNothing) {
   fused([](Fixture& f) { f.dout.data_as<float>()[0] = NAN; f.opt.check_finite = true; }, "dout contains NaN");
   // A transposed view is not contiguous.
   fused([](Fixture& f) { f.dout = filled(DType::kF32, {4, 6}).as_strided({6, 4}, {1, 6}); }, "dout must be contiguous");
+}
+
+// A gradient left out (an empty view; CallArgs::skip "dlhs" / "drhs") is not computed: the other
+// is the both-gradients call's bits, on every host implementation, backward and fused.
+TEST(GroupedMatmulApi, LeftOutGradientKeepsTheOthersBits) {
+  for (const char* impl : {"reference", "cpu"}) {
+    Fixture all;
+    all.opt.implementation = impl;
+    if (impl == std::string("cpu") && !::tessera::testing::kHaveCpuBackend) continue;
+    all.opt.transpose_rhs = false;
+    backward(all.in(), all.dout, all.dlhs, all.drhs, all.opt);
+    for (int fused = 0; fused < 2; ++fused)
+      for (int keep = 0; keep < 3; ++keep) {  // 0: dlhs only, 1: drhs only, 2: neither
+        Fixture f;
+        f.opt = all.opt;
+        const TensorView dl = keep == 0 ? f.dlhs.view() : TensorView{}, dr = keep == 1 ? f.drhs.view() : TensorView{};
+        if (fused)
+          forward_backward(f.in(), f.dout, f.out, dl, dr, f.opt);
+        else
+          backward(f.in(), f.dout, dl, dr, f.opt);
+        const auto same = [](const Tensor& a, const Tensor& b) {
+          return std::memcmp(a.data(), b.data(), a.view().nbytes()) == 0;
+        };
+        EXPECT_EQ(same(f.dlhs, all.dlhs), keep == 0) << impl << " fused " << fused << " keep " << keep;
+        EXPECT_EQ(same(f.drhs, all.drhs), keep == 1) << impl << " fused " << fused << " keep " << keep;
+        EXPECT_EQ(untouched(f.dlhs), keep != 0);
+        EXPECT_EQ(untouched(f.drhs), keep != 1);
+      }
+  }
 }
 
 TEST(GroupedMatmulApi, TgmmChecksItsOwnArguments) {

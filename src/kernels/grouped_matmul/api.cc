@@ -92,10 +92,11 @@ void check_dout(dispatch::Dims& d, const TensorView& dout, const Options& opt) {
   if (opt.check_finite) args.finite(dout, "dout");
 }
 
-// The gradients' rules (dlhs like lhs; drhs in rhs's layout).
+// The gradients' rules (dlhs like lhs; drhs in rhs's layout). Either may be left out (an empty
+// view: a frozen weight's drhs): its product is skipped.
 void check_grads(dispatch::Dims& d, const TensorView& dlhs, const TensorView& drhs, const Options& opt) {
-  d.check(dlhs, "dlhs", "M,K", "=lhs|f32");
-  d.check(drhs, "drhs", opt.transpose_rhs ? "G,N,K" : "G,K,N", "=lhs|f32");
+  if (dispatch::given(dlhs)) d.check(dlhs, "dlhs", "M,K", "=lhs|f32");
+  if (dispatch::given(drhs)) d.check(drhs, "drhs", opt.transpose_rhs ? "G,N,K" : "G,K,N", "=lhs|f32");
 }
 
 // The block sizes: the call's (the implementation validates them, and whatever else it is given,
@@ -131,8 +132,8 @@ Problem transposed(const Problem& p) {
 
 void run_backward(const Implementation& impl, const BlockSizes& bs, const Problem& p, const Inputs& in,
                   const TensorView& dout, const TensorView& dlhs, const TensorView& drhs) {
-  impl.gmm(transposed(p), bs, {dout.data, in.rhs.data, dlhs.data, dlhs.dtype});
-  impl.tgmm(p, bs, {in.lhs.data, dout.data, drhs.data, drhs.dtype});
+  if (dispatch::given(dlhs)) impl.gmm(transposed(p), bs, {dout.data, in.rhs.data, dlhs.data, dlhs.dtype});
+  if (dispatch::given(drhs)) impl.tgmm(p, bs, {in.lhs.data, dout.data, drhs.data, drhs.dtype});
 }
 
 }  // namespace

@@ -88,8 +88,8 @@ std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out)
       a.pass == Pass::kForward ? TensorView{} : dispatch::in_dtype(need(a, "grad_out"), in.lhs.dtype, dout_copy);
   switch (a.pass) {
     case Pass::kForward: return gmm(in, out[0], opt);
-    case Pass::kBackward: return backward(in, dout, out[0], out[1], opt);
-    case Pass::kFused: return forward_backward(in, dout, out[0], out[1], out[2], opt);
+    case Pass::kBackward: return backward(in, dout, checked["dlhs"], checked["drhs"], opt);  // empty when skipped
+    case Pass::kFused: return forward_backward(in, dout, out[0], checked["dlhs"], checked["drhs"], opt);
   }
   throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
@@ -232,7 +232,8 @@ const kernels::KernelSpec& spec() {
                .options = options().specs(),
                .forward_outputs = {"out"},
                .outputs = call_outputs,
-               .call = call}};
+               .call = call,
+               .skippable = {"dlhs", "drhs"}}};
   return s;
 }
 

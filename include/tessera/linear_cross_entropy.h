@@ -137,9 +137,12 @@ struct PartialOutputs {
 // Gradients (caller-allocated, contiguous, on the inputs' device). dx like x (dtype f32 or x's
 // dtype), dw in w's layout (dtype f32 or w's dtype), dbias [V] (f32 or bias's dtype; only when
 // bias is given). Accumulation is f32 whatever the storage dtype.
-// Each may be left out (dx, dw: an empty TensorView{}; dbias: nullopt): its work is skipped and
-// nothing is written there — a frozen w costs no dw GEMM and no dw accumulator (the logits and
-// dx GEMMs remain: two of the three). The gradients given are the same bits as with all three.
+// Each may be left out (dx, dw: an empty TensorView{}; dbias: nullopt, even with a bias): nothing
+// is written there, and cpu, cpu_v2 and cuda skip its work — a frozen w costs no dw GEMM and no
+// dw accumulator (the logits and dx GEMMs remain: two of the three); the reference computes it
+// into scratch. The gradients given are the same bits as with all three, except where a
+// memory_budget puts a 16-bit dw in vocabulary slices (cpu) or limits cuda's chunk rows: without
+// dw (or a 16-bit dbias) the route or the chunks may differ, and dx, dbias are within rounding.
 struct Gradients {
   TensorView dx;
   TensorView dw;

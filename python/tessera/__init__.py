@@ -96,7 +96,7 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
     for n, t in given.items():
         v = _ext.view(t, n)
         metas[n] = (v["dtype"], v["shape"], v["strides"])
-    skip = [skip] if isinstance(skip, str) else list(skip)
+    skip = [n for n in skip.split(",") if n] if isinstance(skip, str) else list(skip)  # "dx,dw" too
     descs = outputs(k, pass_, metas, opts, skip)
     xp, stream = np, 0
     if _framework(given) == "cupy":

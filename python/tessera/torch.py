@@ -96,10 +96,99 @@ def _skip_list(text: str) -> List[str]:
     return [n for n in text.split(",") if n] if text else []
 
 
+def _hint(d) -> int:
+    """A size as an int: a symbolic one (torch.compile's dynamic shapes) by its hint, the value it
+    has in the example being traced, without installing a guard on it."""
+    if isinstance(d, torch.SymInt):
+        h = d.node.hint
+        return int(h) if h is not None else int(d)
+    return int(d)
+
+
+def _metas(tensors: Dict[str, torch.Tensor], change=None) -> Dict[str, Any]:
+    """The C++ spec's view of the tensors (dtype, shape, strides) at their hints; `change` (sizes by
+    symbol) gives some sizes another value, each tensor keeping its layout (a probe,
+    _symbolic_shapes)."""
+    out = {}
+    for n, t in tensors.items():
+        strides = [_hint(st) for st in t.stride()]
+        if not change:
+            out[n] = (dtype_name(t.dtype), [_hint(d) for d in t.shape], strides)
+            continue
+        shape = [change.get(d.node.expr, _hint(d)) if isinstance(d, torch.SymInt) else int(d) for d in t.shape]
+        out[n] = (dtype_name(t.dtype), shape, _permuted_strides(shape, strides))
+    return out
+
+
+def _permuted_strides(shape: List[int], like: List[int]) -> List[int]:
+    """Contiguous strides of `shape` in the dimension order of strides `like` (the largest first)."""
+    order = sorted(range(len(shape)), key=lambda i: -like[i])
+    strides, acc = [0] * len(shape), 1
+    for i in reversed(order):
+        strides[i] = acc
+        acc *= shape[i]
+    return strides
+
+
 def _descs(k: Kernel, pass_: str, tensors: Dict[str, torch.Tensor], options: Dict[str, str], skip=()):
+    """[(name, dtype, shape, strides)] of the pass's outputs; under dynamic shapes the sizes that
+    follow an input's symbolic size are that symbol (_symbolic_shapes), so one compiled graph serves
+    every size instead of recompiling per shape."""
     tensors = {n: widen_mask(t) for n, t in tensors.items()}
-    metas = {n: (dtype_name(t.dtype), list(t.shape), list(t.stride())) for n, t in tensors.items()}
-    return _ext.outputs(k.name, pass_, metas, options, list(skip))
+    descs = _ext.outputs(k.name, pass_, _metas(tensors), options, list(skip))
+    if not any(isinstance(d, torch.SymInt) for t in tensors.values() for d in t.shape):
+        return descs
+    return _symbolic_shapes(k, pass_, tensors, options, skip, descs)
+
+
+def _symbolic_shapes(k: Kernel, pass_: str, tensors, options, skip, descs):
+    """Which output sizes follow which symbolic input size, found by asking the C++ spec again with
+    one symbol's value changed (every input size that is exactly that symbol): a size that moves
+    with it by the same amount is that symbol. A size that moves otherwise (a product), a probe the
+    spec refuses, or an input size that is an expression rather than a symbol specializes the
+    symbols involved (int(): a guard, so a new value recompiles, as before) — never a wrong shape."""
+    syms, compound = {}, []
+    for t in tensors.values():
+        for d in t.shape:
+            if isinstance(d, torch.SymInt):
+                (syms.setdefault(d.node.expr, d) if d.node.expr.is_symbol else compound.append(d))
+    for d in compound:
+        int(d)  # guard: specialized
+    shapes = [list(sh) for _, _, sh, _ in descs]
+    follows = [[None] * len(sh) for sh in shapes]
+    for expr, sym in syms.items():
+        h = _hint(sym)
+        moved = h * 2 + 3
+        try:
+            probe = _ext.outputs(k.name, pass_, _metas(tensors, {expr: moved}), options, list(skip))
+        except (ValueError, TypeError, NotImplementedError):
+            int(sym)
+            continue
+        same_layout = len(probe) == len(descs) and all(len(p[2]) == len(sh) for p, sh in zip(probe, shapes))
+        changed = [(i, j) for i, (p, sh) in enumerate(zip(probe, shapes)) if same_layout
+                   for j in range(len(sh)) if p[2][j] != sh[j]]
+        if not same_layout or any(probe[i][2][j] != moved or shapes[i][j] != h or follows[i][j] is not None
+                                  for i, j in changed):
+            int(sym)
+            continue
+        for i, j in changed:
+            follows[i][j] = sym
+    return [(name, dt, [f if f is not None else v for f, v in zip(fol, sh)], st)
+            for (name, dt, sh, st), fol in zip(descs, follows)]
+
+
+def _alloc(descs, dev: torch.device) -> List[torch.Tensor]:
+    """The outputs the descs describe: each laid out as its strides say (a permutation of a
+    contiguous layout: dw in w's layout), its sizes possibly symbolic."""
+    out = []
+    for _, d, shape, strides in descs:
+        if not any(isinstance(v, torch.SymInt) for v in shape):
+            out.append(torch.empty_strided(shape, strides, dtype=_TORCH[d], device=dev))
+            continue
+        order = sorted(range(len(shape)), key=lambda i: -strides[i]) if strides else list(range(len(shape)))
+        base = torch.empty([shape[i] for i in order], dtype=_TORCH[d], device=dev)
+        out.append(base.permute([order.index(i) for i in range(len(shape))]))
+    return out
 
 
 def _views(k: Kernel, tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -119,8 +208,7 @@ def _register(k: Kernel, pass_: str, op_name: str):
     def impl(*args, **kwargs):
         tensors, options, implementation, budget, skip = _split(k, pass_, args, kwargs)
         dev = _device(tensors)
-        outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev)
-                for _, d, s, st in _descs(k, pass_, tensors, options, skip)]
+        outs = _alloc(_descs(k, pass_, tensors, options, skip), dev)
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
         views = _views(k, tensors)
         _ext.call(k.name, pass_, views, outs, options, implementation, 0, stream, memory_budget=budget, skip=skip)
@@ -129,8 +217,7 @@ def _register(k: Kernel, pass_: str, op_name: str):
     def fake(*args, **kwargs):
         tensors, options, _, _, skip = _split(k, pass_, args, kwargs)
         dev = _device(tensors)
-        return [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev)
-                for _, d, s, st in _descs(k, pass_, tensors, options, skip)]
+        return _alloc(_descs(k, pass_, tensors, options, skip), dev)
 
     for key in ("CPU", "CUDA"):
         _lib.impl(op_name, impl, key)
@@ -158,7 +245,8 @@ def _register_autograd(k: Kernel):
         # The names of every output, in order (the optional ones depend on the options).
         tensors = {n: named[n] for n in tensor_names}
         options = k.option_texts({o.name: named[o.name] for o in k.options})
-        ctx.out_names = [d[0] for d in _descs(k, "forward", tensors, options)]
+        metas = _metas({n: widen_mask(t) for n, t in tensors.items()})
+        ctx.out_names = [d[0] for d in _ext.outputs(k.name, "forward", metas, options)]
         # forward_outputs take a gradient, and the outputs whose grad_<name> the backward declares
         # (last states); the saved-only ones (lse) and the others (argmax, z_loss) do not pretend to.
         ctx.mark_non_differentiable(*[o for i, o in enumerate(output)
@@ -218,8 +306,7 @@ def _register_fused(k: Kernel, op_name: str):
         tensors, options, implementation, budget, skip = _split(k, "fused", args, kwargs)
         dev = _device(tensors)
         tensors["grad_loss"] = torch.ones((), dtype=torch.float32, device=dev)
-        outs = [torch.empty_strided(s, st, dtype=_TORCH[d], device=dev)
-                for _, d, s, st in _descs(k, "fused", tensors, options, skip)]
+        outs = _alloc(_descs(k, "fused", tensors, options, skip), dev)
         return tensors, options, implementation, budget, skip, dev, outs
 
     def impl(*args, **kwargs):

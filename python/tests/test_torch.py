@@ -421,7 +421,7 @@ def test_frozen_inputs_skip_their_gradients(monkeypatch, reduction, frozen):
             assert torch.equal(a.grad, r.grad), n
 
 
-def test_frozen_weight_under_torch_compile():
+def test_frozen_weight_under_torch_compile(monkeypatch):
     x, w, y = tensors(dtype=torch.bfloat16)
     w = w.detach()  # frozen
     torch._dynamo.reset()
@@ -430,10 +430,22 @@ def test_frozen_weight_under_torch_compile():
         return tt.linear_cross_entropy(x, w, y)
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    seen = _record_skips(monkeypatch)
     v, g = grads_of(compiled, [x, w, y])
+    assert ("fused", ["dw"]) in seen, seen  # the compiled graph's fused op skips dw too
     rv, rg = grads_of(step, [x, w, y])
     assert len(g) == len(rg) == 1
     assert torch.equal(v, rv) and torch.equal(g[0], rg[0])
+
+
+def test_skip_opcheck():
+    """The ops with skip: fake and real agree on the outputs left out (torch.library.opcheck)."""
+    x, w, y, b = tensors(seed=8, bias=True)
+    g = torch.tensor(1.0)
+    torch.library.opcheck(torch.ops.tessera.linear_cross_entropy_backward, (x.detach(), w.detach(), y, g),
+                          {"bias": b.detach(), "skip": "dw,dbias"})
+    torch.library.opcheck(torch.ops.tessera.linear_cross_entropy_fused, (x.detach(), w.detach(), y),
+                          {"bias": b.detach(), "reduction": "sum", "skip": "dw"})
 
 
 def test_numpy_call_skip():
@@ -443,6 +455,9 @@ def test_numpy_call_skip():
     part = tessera.call("linear_cross_entropy", "backward", base, skip=["dw"])
     assert sorted(part) == ["dx"] and sorted(full) == ["dw", "dx"]
     assert np.array_equal(part["dx"], full["dx"])
+    assert sorted(tessera.call("linear_cross_entropy", "backward", base, skip="dx,dw")) == []
+    with pytest.raises(ValueError, match=r"forward computes no gradient to skip"):
+        tessera.call("linear_cross_entropy", "forward", dict(x=x, w=w, labels=y), skip=["dw"])
     with pytest.raises(ValueError, match=r"cannot skip 'lse' \(skippable: dx, dw, dbias\)"):
         tessera.call("linear_cross_entropy", "backward", base, skip=["lse"])
     with pytest.raises(ValueError, match=r"attention: cannot skip 'dq' \(skippable: none\)"):

@@ -73,6 +73,8 @@ TensorView CallArgs::tensor_or_empty(const std::string& name) const {
 bool CallArgs::skips(const std::string& name) const { return std::find(skip.begin(), skip.end(), name) != skip.end(); }
 
 void check_skip(const CallSpec& call, const CallArgs& args, const std::string& kernel) {
+  if (!args.skip.empty() && args.pass == Pass::kForward)
+    throw Error(ErrorCode::kInvalidArgument, kernel + ": forward computes no gradient to skip (skip is for backward and fused)");
   for (const std::string& name : args.skip) {
     if (std::find(call.skippable.begin(), call.skippable.end(), name) != call.skippable.end()) continue;
     std::string list;

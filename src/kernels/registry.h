@@ -234,7 +234,8 @@ struct CallSpec {
 };
 
 // Error(kInvalidArgument) unless every name of args.skip is one of call.skippable: "<kernel>:
-// cannot skip 'lse' (skippable: dx, dw, dbias)" (", none" when the kernel declares none).
+// cannot skip 'lse' (skippable: dx, dw, dbias)" ("none" when the kernel declares none), and
+// unless the pass computes gradients.
 void check_skip(const CallSpec& call, const CallArgs& args, const std::string& kernel);
 // call.outputs(args) without the skipped ones (check_skip first): what a caller allocates.
 std::vector<OutputDesc> outputs_of(const CallSpec& call, const CallArgs& args, const std::string& kernel);

@@ -802,8 +802,9 @@ TEST(LceCuda, RunsAreBitwiseDeterministic) {
   EXPECT_TRUE(same_bytes(a.dbias, b.dbias));
 }
 
-// Gradients left out (Gradients, CallArgs::skip): cuda computes them into scratch
-// (skips_gradients() false), so the ones asked for are the run's bits with all three.
+// Gradients left out (Gradients, CallArgs::skip): cuda skips their GEMMs (skips_gradients()), and
+// the ones asked for are the all-gradients run's bits (the chunk rows are the budget's: b = 16
+// here either way), fused and backward.
 TEST(LceCuda, LeftOutGradientsKeepTheOthersBits) {
   SKIP_WITHOUT_GPU();
   const lt::CaseSpec s = behaviour_case();
@@ -826,6 +827,26 @@ TEST(LceCuda, LeftOutGradientsKeepTheOthersBits) {
     if (mask & 1) EXPECT_TRUE(same_bytes(dx, all.dx)) << mask;
     if (mask & 2) EXPECT_TRUE(same_bytes(dw, all.dw)) << mask;
     if (mask & 4) EXPECT_TRUE(same_bytes(db, all.dbias)) << mask;
+  }
+  // backward given the forward's lse: each subset against the all-gradients backward.
+  const auto bwd = [&](int mask, Tensor& dx, Tensor& dw, Tensor& db) {
+    const Device dev = Device::cuda();
+    dx = Tensor::zeros(s.dtype, d.x.shape(), dev), dw = Tensor::zeros(s.dtype, d.w.shape(), dev);
+    db = Tensor::zeros(s.dtype, {s.V}, dev);
+    lce::Gradients g;
+    if (mask & 1) g.dx = dx.view();
+    if (mask & 2) g.dw = dw.view();
+    if (mask & 4) g.dbias = db.view();
+    lce::backward(d.inputs(), d.grad_loss.view(), all.lse.view(), g, opt);
+  };
+  Tensor ax, aw, ab;
+  bwd(7, ax, aw, ab);
+  for (int mask = 0; mask < 7; ++mask) {
+    Tensor dx, dw, db;
+    bwd(mask, dx, dw, db);
+    if (mask & 1) EXPECT_TRUE(same_bytes(dx, ax)) << "backward " << mask;
+    if (mask & 2) EXPECT_TRUE(same_bytes(dw, aw)) << "backward " << mask;
+    if (mask & 4) EXPECT_TRUE(same_bytes(db, ab)) << "backward " << mask;
   }
 }
 

@@ -100,6 +100,16 @@ TEST(LceBuckets, KeyHoldsWhatChangesTheWork) {
   EXPECT_EQ(autotune_variant(a), autotune_variant(b));
   EXPECT_NE(autotune_variant(b), autotune_variant(c2));
   EXPECT_NE(autotune_variant(b).find("|budget=67108864"), std::string::npos) << autotune_variant(b);
+  // Gradients left out (a frozen w: two GEMMs of three) have entries of their own; a call with all
+  // of them keeps the key it always had.
+  float buf = 0.0f;
+  GradOut all{&buf, DType::kF32, &buf, DType::kF32, nullptr, DType::kF32}, frozen_w = all;
+  frozen_w.dw = nullptr;
+  EXPECT_EQ(autotune_variant(p, &all), autotune_variant(p));  // p has no bias
+  EXPECT_NE(autotune_variant(p, &frozen_w).find("|grads=dx,."), std::string::npos) << autotune_variant(p, &frozen_w);
+  Problem with_bias = p;
+  with_bias.bias = &buf;
+  EXPECT_NE(autotune_variant(with_bias, &all).find("|grads=dx,dw,."), std::string::npos);  // dbias left out
 }
 
 TEST(LceBuckets, CandidatesDefaultsAndWork) {

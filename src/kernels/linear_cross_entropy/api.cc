@@ -348,7 +348,7 @@ std::vector<tune::Buffer> checked(const Problem& q, const ForwardOut* f, const G
 // anything is written, used as given), else the tuned table's or an autotuned result (timing
 // `run` into the call's `outputs`), clamped to the shape, else impl's default for this problem.
 // B keys the choice by its power-of-two class: the count of kept tokens varies from batch to batch.
-BlockSizes block_sizes(const Implementation& impl, const Problem& p, const Options& opt, Pass op,
+BlockSizes block_sizes(const Implementation& impl, const Problem& p, const Options& opt, Pass op, const GradOut* g,
                        const std::vector<tune::Buffer>& outputs, const std::function<void(const BlockSizes&)>& run) {
   if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
   const tune::DeclaredCall c{
@@ -359,7 +359,7 @@ BlockSizes block_sizes(const Implementation& impl, const Problem& p, const Optio
       .pass = op,
       .threads = p.num_threads,
       .given = opt.block_sizes ? to_params(*opt.block_sizes) : tune::Params{},
-      .variant = autotune_variant(p),
+      .variant = autotune_variant(p, g),
       .autotune_on_miss = opt.autotune_on_miss,
       .default_sizes = to_params(impl.default_block_sizes(p))};  // what runs (and is reported) by default
   const auto at = [&p](const tune::Params& s) { return sanitize_for_shape(from_params(s), p); };
@@ -374,11 +374,11 @@ BlockSizes block_sizes(const Implementation& impl, const Problem& p, const Optio
 
 // Runs `body(impl, block_sizes)` on the implementation chosen by the dispatch rules.
 template <class Body>
-std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const std::vector<tune::Buffer>& outputs,
-                          Body&& body) {
+std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const GradOut* g,
+                          const std::vector<tune::Buffer>& outputs, Body&& body) {
   return registry().dispatch_problem(opt.implementation, p, [&](const Implementation& impl) {
     const auto run = [&](const BlockSizes& bs) { body(impl, bs); };
-    run(block_sizes(impl, p, opt, op, outputs, run));
+    run(block_sizes(impl, p, opt, op, g, outputs, run));
   });
 }
 
@@ -394,18 +394,19 @@ struct Call {
   std::optional<TensorView> loss = {}, dw = {}, dbias = {};  // zeroed for an empty batch
 };
 
-// The gradients for an implementation that computes all of them (skips_gradients() false: cuda):
-// the ones the caller left out are written into scratch of their size on the problem's device
-// (the explicit fallback: the same results for the others, no time saved).
+// The gradients for an implementation that computes all of them (skips_gradients() false: the
+// reference): the ones the caller left out are written into scratch of their size on the
+// problem's device (the explicit fallback: the same results for the others, no time saved). dw
+// and dbias in f32, so that a backend needs no f32 accumulator beside them.
 struct AllGradients {
   GradOut go;
   Tensor dx, dw, dbias;
   AllGradients(const Problem& q, const GradOut& given, bool fill) : go(given) {
     if (!fill) return;
     if (!go.dx) dx = Tensor::empty(q.dtype, {q.B, q.H}, q.device), go.dx = dx.data(), go.dx_dtype = q.dtype;
-    if (!go.dw) dw = Tensor::empty(q.dtype, {q.H * q.V}, q.device), go.dw = dw.data(), go.dw_dtype = q.dtype;
+    if (!go.dw) dw = Tensor::empty(DType::kF32, {q.H * q.V}, q.device), go.dw = dw.data(), go.dw_dtype = DType::kF32;
     if (q.bias && !go.dbias)
-      dbias = Tensor::empty(q.bias_dtype, {q.V}, q.device), go.dbias = dbias.data(), go.dbias_dtype = q.bias_dtype;
+      dbias = Tensor::empty(DType::kF32, {q.V}, q.device), go.dbias = dbias.data(), go.dbias_dtype = DType::kF32;
   }
 };
 
@@ -424,7 +425,7 @@ std::string run(const Call& k, const Options& opt, Pass pass, bool every_row) {
     if (k.dw) zero_fill_dw(*k.dw);
     if (k.dbias) zero_fill(*k.dbias);
   } else {
-    ran = dispatch_call(q, opt, pass, checked(q, fwd ? &fo : nullptr, bwd ? &go : nullptr),
+    ran = dispatch_call(q, opt, pass, bwd ? &go : nullptr, checked(q, fwd ? &fo : nullptr, bwd ? &go : nullptr),
                         [&](const Implementation& impl, const BlockSizes& bs) {
                           const AllGradients all(q, go, bwd && !impl.skips_gradients());
                           if (!bwd) impl.forward(q, bs, fo);

@@ -63,7 +63,11 @@ class LceBench final : public kernels::CallBenchProblem {
     r["soft_cap"] = s_.soft_cap;
     if (s_.label_smoothing > 0) r["label_smoothing"] = s_.label_smoothing;
     if (s_.class_weights) r["class_weights"] = true;
-    if (!s_.skip.empty()) r["skip_grads"] = s_.skip;
+    if (!s_.skip.empty()) {
+      std::string names;
+      for (const std::string& n : s_.skip) names += (names.empty() ? "" : ",") + n;
+      r["skip_grads"] = names;
+    }
     return r;
   }
 

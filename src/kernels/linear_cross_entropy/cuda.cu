@@ -120,7 +120,7 @@ plan::ScratchNeeds needs_of(const Problem& p, bool fwd, bool grad, const GradOut
   n.B = p.B;
   n.V = p.V;
   n.row_losses = fwd && p.reduction != Reduction::kNone;
-  n.dbias_acc = grad && p.bias && go->dbias_dtype != DType::kF32;
+  n.dbias_acc = grad && p.bias && go->dbias && go->dbias_dtype != DType::kF32;
   n.cc_major = cc_major(p.device.index);
   return n;
 }
@@ -210,6 +210,7 @@ void keep_at_most_budget(const Problem& p) {
 class Cuda final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda"; }
+  bool skips_gradients() const override { return true; }
   std::string description() const override {
     return "NVIDIA GPUs (sm_80+, tuned for Hopper): cuBLAS GEMMs over token chunks sized by "
            "memory_budget + row-wise CUDA kernels; f32 logits and accumulation";
@@ -311,8 +312,8 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   if (grad) {
     check_accessible(gi->grad_loss, dev, "grad_loss");
     if (gi->lse) check_accessible(gi->lse, dev, "lse (backward input)");
-    check_accessible(go->dx, dev, "dx");
-    check_accessible(go->dw, dev, "dw");
+    if (go->dx) check_accessible(go->dx, dev, "dx");  // a gradient left out is null (GradOut)
+    if (go->dw) check_accessible(go->dw, dev, "dw");
     if (go->dbias) check_accessible(go->dbias, dev, "dbias");
   }
 
@@ -321,7 +322,7 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   if (B == 0) {
     if (fwd && p.reduction != Reduction::kNone)
       cuda::check(cudaMemsetAsync(fo->loss, 0, sizeof(float), stream), "loss zeroing (empty batch)");
-    if (grad) {
+    if (grad && go->dw) {
       cuda::check(cudaMemsetAsync(go->dw, 0, static_cast<size_t>(H) * static_cast<size_t>(V) * dtype_size(go->dw_dtype),
                                   stream),
                   "dw zeroing (empty batch)");
@@ -338,7 +339,7 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   const plan::ScratchLayout lay = plan::scratch_layout(needs, budget_of(p), rows);
   const bool need_row_loss = needs.row_losses;
   const bool dbias_acc_needed = needs.dbias_acc;
-  const bool dw_acc_needed = grad && go->dw_dtype != DType::kF32;
+  const bool dw_acc_needed = grad && go->dw && go->dw_dtype != DType::kF32;
 
   cuda::DeviceBuffer ws(lay.bytes, stream, dev);
   char* base = static_cast<char*>(ws.get());
@@ -411,11 +412,11 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   const cublasOperation_t N = CUBLAS_OP_N, T = CUBLAS_OP_T;
 
   float* dbias_target = nullptr;
-  if (grad && p.bias) {
+  if (grad && p.bias && go->dbias) {
     dbias_target = dbias_acc ? dbias_acc : static_cast<float*>(go->dbias);
     cuda::check(cudaMemsetAsync(dbias_target, 0, static_cast<size_t>(V) * sizeof(float), stream), "dbias zeroing");
   }
-  float* dw_target = grad ? (dw_acc_needed ? static_cast<float*>(dw_acc_buf.get()) : static_cast<float*>(go->dw)) : nullptr;
+  float* dw_target = grad && go->dw ? (dw_acc_needed ? static_cast<float*>(dw_acc_buf.get()) : static_cast<float*>(go->dw)) : nullptr;
 
   // Logits rows padded to ldz floats (a multiple of 8: every row 32-byte aligned, also for odd V).
   // The stored logit gradient: OutT = input dtype, row stride ldg elements (in place over Z).
@@ -477,14 +478,18 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
       cuda::check_launch("linear_cross_entropy colsum_kernel", stream);
     }
 
-    // 4. dx_c[n, H] = α · g[n, V] · Wᵀ; column-major: dx_cᵀ[H, n] = op(W)[H, V] · gᵀ[V, n].
-    void* dxc = static_cast<char*>(go->dx) +
-                static_cast<size_t>(c0) * static_cast<size_t>(H) * dtype_size(go->dx_dtype);
-    gemm(hv ? T : N, N, H, n, V, alpha, {p.w, in_t, hv ? V : H}, {logits, in_t, ldg}, 0.0f, dxc,
-         cuda::blas_type(go->dx_dtype), H, "the dx GEMM of linear_cross_entropy (cuda)");
+    // 4. dx_c[n, H] = α · g[n, V] · Wᵀ; column-major: dx_cᵀ[H, n] = op(W)[H, V] · gᵀ[V, n]. (Not when
+    // dx is left out, nor 5 without dw: GradOut's null pointers.)
+    if (go->dx) {
+      void* dxc = static_cast<char*>(go->dx) +
+                  static_cast<size_t>(c0) * static_cast<size_t>(H) * dtype_size(go->dx_dtype);
+      gemm(hv ? T : N, N, H, n, V, alpha, {p.w, in_t, hv ? V : H}, {logits, in_t, ldg}, 0.0f, dxc,
+           cuda::blas_type(go->dx_dtype), H, "the dx GEMM of linear_cross_entropy (cuda)");
+    }
 
     // 5. dw += α · x_cᵀ · g, in w's layout.
     const float beta = c0 == 0 ? 0.0f : 1.0f;
+    if (!dw_target) continue;
     if (hv) {  // dw[H, V] row-major = column-major [V, H]: gᵀ[V, n] · x_c[n, H]
       gemm(N, T, V, H, n, alpha, {logits, in_t, ldg}, {xc, in_t, H}, beta, dw_target, CUDA_R_32F, V,
            "the dw GEMM of linear_cross_entropy (cuda)");

@@ -130,7 +130,7 @@ const Implementation* find_implementation(const std::string& name);  // nullptr 
 const tune::Declared& tuning(const std::string& implementation);
 const std::vector<tune::TableEntry>& tuned_table();
 BlockSizes sanitize_for_shape(const BlockSizes& bs, const Problem& p);
-std::string autotune_variant(const Problem& p);
+std::string autotune_variant(const Problem& p, const GradOut* g = nullptr);  // g: a gradient pass's outputs
 // The sizes as tune::Params ({b, h, v}; spelled out here for the C++17 cuda.cu) and back
 // (Error(kInvalidArgument) if one of b, h, v is missing).
 using TuneParams = std::vector<std::pair<std::string, int64_t>>;

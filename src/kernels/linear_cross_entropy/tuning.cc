@@ -98,7 +98,7 @@ BlockSizes sanitize_for_shape(const BlockSizes& bs, const Problem& p) {
   return {std::min(bs.b, round_up(p.B, 16)), std::min(bs.h, round_up(p.H, 16)), std::min(bs.v, round_up(p.V, 16))};
 }
 
-std::string autotune_variant(const Problem& p) {
+std::string autotune_variant(const Problem& p, const GradOut* g) {
   const auto on = [](bool b) { return b ? "on" : "off"; };
   std::string v = std::string("layout=") + w_layout_name(p.layout) + "|bias=" + (p.bias ? dtype_name(p.bias_dtype) : "none") +
                   "|soft_cap=" + on(p.soft_cap > 0) + "|label_smoothing=" + on(p.label_smoothing > 0) +
@@ -108,6 +108,11 @@ std::string autotune_variant(const Problem& p) {
   // are not the other's. By power-of-two class; no budget keeps the key it always had.
   if (p.memory_budget > 0)
     v += "|budget=" + std::to_string(tune::pow2_class(static_cast<int64_t>(std::min<size_t>(p.memory_budget, size_t{1} << 62))));
+  // Gradients left out (a frozen w: two GEMMs of three) time differently: the ones computed, only
+  // when some are left out, so that a call with all of them keeps its key.
+  const bool dbias_given = g && g->dbias, all = g && g->dx && g->dw && (dbias_given || !p.bias);
+  if (g && !all)
+    v += std::string("|grads=") + (g->dx ? "dx," : "") + (g->dw ? "dw," : "") + (dbias_given ? "dbias," : "") + ".";
   return v;
 }
 

@@ -1,0 +1,95 @@
+"""torch.compile with dynamic shapes: the fake implementations give the outputs the inputs'
+symbolic sizes (tessera.torch._symbolic_shapes), so one compiled graph serves a batch of any size
+(before, each new size recompiled), with the same values and gradients as eager."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import tessera.torch as tt  # noqa: E402
+
+
+def compiled_counting(fn):
+    """fn compiled with dynamic shapes, and a list that grows by one per graph compiled."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+    return torch.compile(fn, backend=backend, dynamic=True, fullgraph=True), graphs
+
+
+def run(fn, *args):
+    """fn's value and the gradients of the inputs that require grad (sum of outputs · a ramp)."""
+    args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    out = fn(*args)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape) if out.ndim else None)
+    return out.detach(), [a.grad for a in args if a.requires_grad]
+
+
+def expect_one_graph_for_every_size(step, make, sizes):
+    compiled, graphs = compiled_counting(step)
+    for i, n in enumerate(sizes):
+        args = make(n)
+        v, g = run(compiled, *args)
+        rv, rg = run(step, *args)
+        assert torch.equal(v, rv), n
+        assert len(g) == len(rg) and all(torch.equal(a, b) for a, b in zip(g, rg)), n
+        if i == 0:
+            first = len(graphs)
+    assert len(graphs) == first, f"recompiled for sizes {sizes}: {len(graphs)} graphs"
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"], ids=["fused-op", "backward-op"])
+def test_linear_cross_entropy_any_batch(reduction):
+    w = torch.randn(50, 16, requires_grad=True)
+
+    def make(B):
+        g = torch.Generator().manual_seed(B)
+        return torch.randn(B, 16, generator=g, requires_grad=True), w, torch.randint(0, 50, (B,), generator=g)
+
+    expect_one_graph_for_every_size(lambda x, w, y: tt.linear_cross_entropy(x, w, y, reduction=reduction),
+                                    make, [7, 9, 13])
+
+
+def test_linear_cross_entropy_frozen_weight_any_batch():
+    w = torch.randn(50, 16)
+
+    def make(B):
+        g = torch.Generator().manual_seed(B)
+        return torch.randn(B, 16, generator=g, requires_grad=True), w, torch.randint(0, 50, (B,), generator=g)
+
+    expect_one_graph_for_every_size(lambda x, w, y: tt.linear_cross_entropy(x, w, y), make, [6, 11])
+
+
+def test_attention_any_sequence_length():
+    def make(S):
+        g = torch.Generator().manual_seed(S)
+        return [torch.randn(1, S, 2, 8, generator=g, requires_grad=True) for _ in range(3)]
+
+    expect_one_graph_for_every_size(lambda q, k, v: tt.attention(q, k, v, causal=True), make, [5, 12, 17])
+
+
+def test_grouped_matmul_any_row_count():
+    rhs = torch.randn(3, 6, 4, requires_grad=True)
+
+    def make(M):
+        g = torch.Generator().manual_seed(M)
+        sizes = torch.tensor([M // 3, M // 3, M - 2 * (M // 3)], dtype=torch.int32)
+        return torch.randn(M, 6, generator=g, requires_grad=True), rhs, sizes
+
+    expect_one_graph_for_every_size(lambda l, r, s: tt.grouped_matmul(l, r, s), make, [9, 14, 20])
+
+
+def test_equal_sizes_share_a_symbol_and_a_later_difference_recompiles():
+    """Duck sizing: B == H at the first trace gives them one symbol; a call where they differ is
+    then a new graph, never a wrong shape."""
+    compiled, graphs = compiled_counting(lambda x, w, y: tt.linear_cross_entropy(x, w, y, reduction="none"))
+    counts = []
+    for B, H in ((8, 8), (10, 10), (10, 6)):
+        x, w, y = torch.randn(B, H), torch.randn(30, H), torch.randint(0, 30, (B,))
+        assert torch.equal(compiled(x, w, y), tt.linear_cross_entropy(x, w, y, reduction="none"))
+        counts.append(len(graphs))
+    assert counts[1] == counts[0] and counts[2] > counts[1], counts

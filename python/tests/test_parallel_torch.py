@@ -175,6 +175,7 @@ LCE_CASES = [
     dict(reduction="sum", class_weights=True, token_weights=True, label_smoothing=0.2, w_layout="hv",
          return_argmax=True, return_z_loss=True, return_token_accuracy=True, return_lse=True),
     dict(reduction="mean", class_weights=True, z_loss_weight=1e-3, return_token_accuracy=True),
+    dict(reduction="sum", bias=True, frozen_w=True),  # the backward skips dw (dbias follows dx)
 ]
 
 
@@ -189,13 +190,14 @@ def _check_vocab_parallel(rank, world, case):
     bias = torch.randn(V, generator=g) if case.pop("bias", False) else None
     cw = torch.rand(V, generator=g) + 0.25 if case.pop("class_weights", False) else None
     tw = torch.rand(B, generator=g) + 0.5 if case.pop("token_weights", False) else None
+    frozen = case.pop("frozen_w", False)
     hv = case.get("w_layout") == "hv"
     sizes = VOCAB_SPLITS[world]
     a = sum(sizes[:rank])
     sl = slice(a, a + sizes[rank])
 
     def run(weight, b, c, **extra):
-        W = (weight.t().contiguous() if hv else weight).clone().requires_grad_()
+        W = (weight.t().contiguous() if hv else weight).clone().requires_grad_(not frozen)
         Bb = None if b is None else b.clone().requires_grad_()
         X = x.clone().requires_grad_()
         out = tt.linear_cross_entropy(X, W, labels, bias=Bb, token_weights=tw, class_weights=c, **case, **extra)
@@ -216,8 +218,11 @@ def _check_vocab_parallel(rank, world, case):
         else:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(part[1], whole[1], rtol=1e-5, atol=1e-6)
-    dw_slice = whole[2][:, sl] if hv else whole[2][sl]
-    torch.testing.assert_close(part[2], dw_slice, rtol=1e-5, atol=1e-6)
+    if frozen:
+        assert part[2] is None and whole[2] is None
+    else:
+        dw_slice = whole[2][:, sl] if hv else whole[2][sl]
+        torch.testing.assert_close(part[2], dw_slice, rtol=1e-5, atol=1e-6)
     if bias is not None:
         torch.testing.assert_close(part[3], whole[3][sl], rtol=1e-5, atol=1e-6)
 

@@ -389,13 +389,17 @@ class _VocabParallelLCE(torch.autograd.Function):
     def backward(ctx, g, *unused):
         x, w, bias, rel, tw, cw_rot, lse = ctx.saved_tensors
         o = ctx.o
-        grads = torch.ops.tessera.linear_cross_entropy_backward(
+        # A frozen w slice (or bias) skips its gradient; dx is always formed: every rank all-reduces it.
+        want_dw, want_db = ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]
+        skip = ([] if want_dw else ["dw"]) + (["dbias"] if bias is not None and not want_db else [])
+        grads = iter(torch.ops.tessera.linear_cross_entropy_backward(
             x=x, w=w, labels=rel, grad_loss=g.to(torch.float32).contiguous(), bias=bias, token_weights=tw,
-            class_weights=cw_rot, lse=lse, **_lce_options(o, o["vocab_total"], False))
-        dx = grads[0].contiguous()
+            class_weights=cw_rot, lse=lse, skip=",".join(skip), **_lce_options(o, o["vocab_total"], False)))
+        dx = next(grads).contiguous()
         dist.all_reduce(dx, group=o["group"])
-        dbias = grads[2] if bias is not None else None
-        return dx, grads[1], dbias, None, None, None, None
+        dw = next(grads) if want_dw else None
+        dbias = next(grads) if want_db else None
+        return dx, dw, dbias, None, None, None, None
 
 
 def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int, group=None, bias=None,

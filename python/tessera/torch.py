@@ -299,14 +299,22 @@ def _unwanted(k: Kernel, diff, named, fwd_names, needs_input_grad) -> List[str]:
 def _register_fused(k: Kernel, op_name: str):
     """The fused pass as an op with the forward's schema: it runs forward and backward at once with
     an upstream gradient of 1 and returns the forward's outputs, then d<input> for each
-    differentiable input given. Its backward scales those saved gradients by the upstream one."""
+    differentiable input given. Its backward scales those saved gradients by the upstream one.
+
+    An f16 input's saved gradient is held in f32 (the kernel writes it so) and rounded to f16 after
+    the scaling: at an upstream gradient of 1 a mean loss's small gradients sit in f16's subnormal
+    range (below 6.1e-5: 2^-24 absolute steps, 0 below 3e-8), which GradScaler's loss scale exists
+    to avoid; scaled afterwards, the lost digits would not come back. bf16 has f32's range: kept."""
     _lib.define(op_name + _schema(k, "fused"), tags=_TAGS)
+    grad_names = {"d" + t.name for t in k.inputs if t.differentiable}
 
     def fused_args(args, kwargs):
         tensors, options, implementation, budget, skip = _split(k, "fused", args, kwargs)
         dev = _device(tensors)
         tensors["grad_loss"] = torch.ones((), dtype=torch.float32, device=dev)
-        outs = _alloc(_descs(k, "fused", tensors, options, skip), dev)
+        descs = [(n, "f32" if n in grad_names and d == "f16" else d, sh, st)
+                 for n, d, sh, st in _descs(k, "fused", tensors, options, skip)]
+        outs = _alloc(descs, dev)
         return tensors, options, implementation, budget, skip, dev, outs
 
     def impl(*args, **kwargs):
@@ -330,6 +338,7 @@ def _register_fused(k: Kernel, op_name: str):
         named = dict(zip(fwd_names, inputs))
         skip = _skip_list(named.get("skip") or "")
         ctx.given = [n for n in diff if named.get(n) is not None and "d" + n not in skip]
+        ctx.dtypes = {n: named[n].dtype for n in ctx.given}  # an f16 input's gradient is held in f32
         grads = output[len(output) - len(ctx.given):]
         ctx.save_for_backward(*grads)
         ctx.mark_non_differentiable(*output[1:])  # only the loss takes a gradient (the spec's forward_outputs)
@@ -342,21 +351,22 @@ def _register_fused(k: Kernel, op_name: str):
         given = fwd_names[:len(ctx.needs_input_grad)]  # one gradient per argument given (as above)
         if g is None:
             return tuple(None for _ in given)
-        if not _is_one(g):
-            saved = {n: _scaled(d, g) for n, d in saved.items()}
+        one = _is_one(g)
+        saved = {n: d.to(ctx.dtypes[n]) if one else _scaled(d, g, ctx.dtypes[n]) for n, d in saved.items()}
         return tuple(saved.get(a) for a in given)
 
     torch.library.register_autograd("tessera::" + op_name, backward, setup_context=setup_context, lib=_lib)
 
 
-def _scaled(d: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """A saved gradient times the upstream scalar, in f32 and rounded once to d's dtype. On a CUDA
-    device a 16-bit tensor times a 0-d f32 tensor computes in the 16-bit type (g rounded to bf16
-    first: up to 2^-9 off for g = 0.1); a Python float is kept in f32 by the kernel. While tracing
-    the value is unknown: an f32 product that the compiler fuses into one pass."""
+def _scaled(d: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A saved gradient times the upstream scalar, in f32 and rounded once to `dtype` (its input's;
+    d is that dtype, or f32 for an f16 input). On a CUDA device a 16-bit tensor times a 0-d f32
+    tensor computes in the 16-bit type (g rounded to bf16 first: up to 2^-9 off for g = 0.1); a
+    Python float is kept in f32 by the kernel. While tracing the value is unknown: an f32 product
+    that the compiler fuses into one pass."""
     if _traced(g):
-        return (d.to(torch.float32) * g.to(torch.float32)).to(d.dtype)
-    return d * float(g)
+        return (d.to(torch.float32) * g.to(torch.float32)).to(dtype)
+    return (d * float(g)).to(dtype)
 
 
 def _traced(g: torch.Tensor) -> bool:

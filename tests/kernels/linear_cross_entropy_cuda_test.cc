@@ -811,43 +811,35 @@ TEST(LceCuda, LeftOutGradientsKeepTheOthersBits) {
   const lt::CaseData d = lt::make_case(s).to(Device::cuda());
   lce::Options opt = s.opt;
   opt.implementation = "cuda";
-  const DeviceRun all = run_fused(d, s, opt);
-  for (int mask = 0; mask < 8; ++mask) {  // bit 0 dx, 1 dw, 2 dbias: asked for
-    const Device dev = Device::cuda();
-    Tensor loss = Tensor::empty(DType::kF32, {}, dev), lse = Tensor::empty(DType::kF32, s.lead, dev),
-           am = Tensor::empty(DType::kI64, s.lead, dev);
-    Tensor dx = Tensor::zeros(s.dtype, d.x.shape(), dev), dw = Tensor::zeros(s.dtype, d.w.shape(), dev),
-           db = Tensor::zeros(s.dtype, {s.V}, dev);
+  const Device dev = Device::cuda();
+  // One call asking for the gradients of `mask` (bit 0 dx, 1 dw, 2 dbias): fused, or backward given lse.
+  const auto call = [&](int mask, const Tensor* lse_in) {
+    DeviceRun r;
+    r.loss = Tensor::empty(DType::kF32, {}, dev), r.lse = Tensor::empty(DType::kF32, s.lead, dev);
+    r.argmax = Tensor::empty(DType::kI64, s.lead, dev);
+    r.dx = Tensor::zeros(s.dtype, d.x.shape(), dev), r.dw = Tensor::zeros(s.dtype, d.w.shape(), dev);
+    r.dbias = Tensor::zeros(s.dtype, {s.V}, dev);
     lce::Gradients g;
-    if (mask & 1) g.dx = dx.view();
-    if (mask & 2) g.dw = dw.view();
-    if (mask & 4) g.dbias = db.view();
-    lce::forward_backward(d.inputs(), d.grad_loss.view(), {loss.view(), lse.view(), am.view()}, g, opt);
-    EXPECT_TRUE(same_bytes(loss, all.loss)) << mask;
-    if (mask & 1) EXPECT_TRUE(same_bytes(dx, all.dx)) << mask;
-    if (mask & 2) EXPECT_TRUE(same_bytes(dw, all.dw)) << mask;
-    if (mask & 4) EXPECT_TRUE(same_bytes(db, all.dbias)) << mask;
-  }
-  // backward given the forward's lse: each subset against the all-gradients backward.
-  const auto bwd = [&](int mask, Tensor& dx, Tensor& dw, Tensor& db) {
-    const Device dev = Device::cuda();
-    dx = Tensor::zeros(s.dtype, d.x.shape(), dev), dw = Tensor::zeros(s.dtype, d.w.shape(), dev);
-    db = Tensor::zeros(s.dtype, {s.V}, dev);
-    lce::Gradients g;
-    if (mask & 1) g.dx = dx.view();
-    if (mask & 2) g.dw = dw.view();
-    if (mask & 4) g.dbias = db.view();
-    lce::backward(d.inputs(), d.grad_loss.view(), all.lse.view(), g, opt);
+    if (mask & 1) g.dx = r.dx.view();
+    if (mask & 2) g.dw = r.dw.view();
+    if (mask & 4) g.dbias = r.dbias.view();
+    if (lse_in)
+      lce::backward(d.inputs(), d.grad_loss.view(), lse_in->view(), g, opt);
+    else
+      lce::forward_backward(d.inputs(), d.grad_loss.view(), {r.loss.view(), r.lse.view(), r.argmax.view()}, g, opt);
+    return r;
   };
-  Tensor ax, aw, ab;
-  bwd(7, ax, aw, ab);
-  for (int mask = 0; mask < 7; ++mask) {
-    Tensor dx, dw, db;
-    bwd(mask, dx, dw, db);
-    if (mask & 1) EXPECT_TRUE(same_bytes(dx, ax)) << "backward " << mask;
-    if (mask & 2) EXPECT_TRUE(same_bytes(dw, aw)) << "backward " << mask;
-    if (mask & 4) EXPECT_TRUE(same_bytes(db, ab)) << "backward " << mask;
-  }
+  const DeviceRun all = call(7, nullptr);
+  const DeviceRun all_bwd = call(7, &all.lse);
+  for (int mask = 0; mask < 7; ++mask)
+    for (const DeviceRun* ref : {&all, &all_bwd}) {
+      const bool fused = ref == &all;
+      const DeviceRun r = call(mask, fused ? nullptr : &all.lse);
+      if (fused) EXPECT_TRUE(same_bytes(r.loss, all.loss)) << mask;
+      if (mask & 1) EXPECT_TRUE(same_bytes(r.dx, ref->dx)) << (fused ? "fused " : "backward ") << mask;
+      if (mask & 2) EXPECT_TRUE(same_bytes(r.dw, ref->dw)) << (fused ? "fused " : "backward ") << mask;
+      if (mask & 4) EXPECT_TRUE(same_bytes(r.dbias, ref->dbias)) << (fused ? "fused " : "backward ") << mask;
+    }
 }
 
 namespace {

@@ -102,9 +102,10 @@ void check_grads(dispatch::Dims& d, const TensorView& dlhs, const TensorView& dr
 // The block sizes: the call's (the implementation validates them, and whatever else it is given,
 // before anything runs), else
 // the tuned table's, else autotune-on-miss (timing this call into `outputs`), else the default.
-// tgmm alone and transpose_rhs have best sizes of their own: they are part of the cache key.
+// tgmm alone, a gradient left out and transpose_rhs have best sizes of their own: they are part of
+// the cache key (`part`: "|tgmm", "|grads=dlhs", "|grads=drhs" or "").
 template <class Body>
-std::string dispatch_call(const Problem& p, const Options& opt, Pass op, bool tgmm_alone,
+std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const std::string& part,
                           const std::vector<tune::Buffer>& outputs, Body&& body) {
   const tune::DeclaredCall c{
       .dtype = p.dtype,
@@ -112,7 +113,7 @@ std::string dispatch_call(const Problem& p, const Options& opt, Pass op, bool tg
       .pass = op,
       .threads = p.num_threads,
       .given = opt.block_sizes ? tune::Params{{"m", opt.block_sizes->m}, {"n", opt.block_sizes->n}} : tune::Params{},
-      .variant = std::string("transpose_rhs=") + (p.transpose_rhs ? "on" : "off") + (tgmm_alone ? "|tgmm" : "")};
+      .variant = std::string("transpose_rhs=") + (p.transpose_rhs ? "on" : "off") + part};
   const auto at = [](const tune::Params& s) { return BlockSizes{*tune::param(s, "m"), *tune::param(s, "n")}; };
   return tune::dispatch_declared(registry(), tuning(), opt, p, c, outputs, at,
                                  [&](const Implementation& impl, const BlockSizes& bs) {
@@ -128,6 +129,12 @@ Problem transposed(const Problem& p) {
   std::swap(q.K, q.N);
   q.transpose_rhs = !p.transpose_rhs;
   return q;
+}
+
+// The cache key's part for a gradient left out ("" with both).
+std::string grads_part(const TensorView& dlhs, const TensorView& drhs) {
+  if (dispatch::given(dlhs) == dispatch::given(drhs)) return dispatch::given(dlhs) ? "" : "|grads=none";
+  return dispatch::given(dlhs) ? "|grads=dlhs" : "|grads=drhs";
 }
 
 void run_backward(const Implementation& impl, const BlockSizes& bs, const Problem& p, const Inputs& in,
@@ -150,7 +157,7 @@ std::string gmm(const Inputs& in, const TensorView& out, const Options& opt) {
   dispatch::Dims d = bind(in, opt);
   const Problem p = normalize(d, in, opt);
   d.check(out, "out", "M,N", "=lhs|f32");
-  return dispatch_call(p, opt, Pass::kForward, false, {tune::buffer_of("out", out)},
+  return dispatch_call(p, opt, Pass::kForward, "", {tune::buffer_of("out", out)},
                        [&](const Implementation& impl, const BlockSizes& bs) {
     impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
   });
@@ -161,7 +168,7 @@ std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView
   dispatch::Dims d = rules(opt.transpose_rhs).bind({{"lhs", lhs}, {"drhs", drhs}, {"dout", dout}});
   const Problem p = make_problem(d, lhs, group_sizes, opt);
   if (opt.check_finite) args.finite(dout, "dout");
-  return dispatch_call(p, opt, Pass::kBackward, true, {tune::buffer_of("drhs", drhs)},
+  return dispatch_call(p, opt, Pass::kBackward, "|tgmm", {tune::buffer_of("drhs", drhs)},
                        [&](const Implementation& impl, const BlockSizes& bs) {
     impl.tgmm(p, bs, {lhs.data, dout.data, drhs.data, drhs.dtype});
   });
@@ -173,7 +180,8 @@ std::string backward(const Inputs& in, const TensorView& dout, const TensorView&
   const Problem p = normalize(d, in, opt);
   check_dout(d, dout, opt);
   check_grads(d, dlhs, drhs, opt);
-  return dispatch_call(p, opt, Pass::kBackward, false, {tune::buffer_of("dlhs", dlhs), tune::buffer_of("drhs", drhs)},
+  return dispatch_call(p, opt, Pass::kBackward, grads_part(dlhs, drhs),
+                       {tune::buffer_of("dlhs", dlhs), tune::buffer_of("drhs", drhs)},
                        [&](const Implementation& impl, const BlockSizes& bs) {
     run_backward(impl, bs, p, in, dout, dlhs, drhs);
   });
@@ -188,7 +196,7 @@ std::string forward_backward(const Inputs& in, const TensorView& dout, const Ten
   check_grads(d, dlhs, drhs, opt);
   const std::vector<tune::Buffer> outs{tune::buffer_of("out", out), tune::buffer_of("dlhs", dlhs),
                                        tune::buffer_of("drhs", drhs)};
-  return dispatch_call(p, opt, Pass::kFused, false, outs, [&](const Implementation& impl, const BlockSizes& bs) {
+  return dispatch_call(p, opt, Pass::kFused, grads_part(dlhs, drhs), outs, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
     run_backward(impl, bs, p, in, dout, dlhs, drhs);
   });

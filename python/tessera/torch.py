@@ -96,98 +96,129 @@ def _skip_list(text: str) -> List[str]:
     return [n for n in text.split(",") if n] if text else []
 
 
-def _hint(d) -> int:
-    """A size as an int: a symbolic one (torch.compile's dynamic shapes) by its hint, the value it
-    has in the example being traced, without installing a guard on it."""
-    if isinstance(d, torch.SymInt):
-        h = d.node.hint
-        return int(h) if h is not None else int(d)
-    return int(d)
+_FALLBACK_SIZE = 64  # the value tried for a size with no hint (an unbacked, data-dependent one)
+_STEP = 64  # how far a probe moves a size (a multiple of every alignment a spec asks for)
 
 
-def _metas(tensors: Dict[str, torch.Tensor], change=None) -> Dict[str, Any]:
-    """The C++ spec's view of the tensors (dtype, shape, strides) at their hints; `change` (sizes by
-    symbol) gives some sizes another value, each tensor keeping its layout (a probe,
-    _symbolic_shapes)."""
+def _symbols(tensors: Dict[str, torch.Tensor]):
+    """The free symbols of the tensors' symbolic sizes and strides, each with its hint (the value
+    in the example being traced; _FALLBACK_SIZE for an unbacked one): {} without dynamic shapes."""
     out = {}
-    for n, t in tensors.items():
-        strides = [_hint(st) for st in t.stride()]
-        if not change:
-            out[n] = (dtype_name(t.dtype), [_hint(d) for d in t.shape], strides)
-            continue
-        shape = [change.get(d.node.expr, _hint(d)) if isinstance(d, torch.SymInt) else int(d) for d in t.shape]
-        out[n] = (dtype_name(t.dtype), shape, _permuted_strides(shape, strides))
+    for t in tensors.values():
+        for d in (*t.shape, *t.stride()):
+            if isinstance(d, torch.SymInt):
+                for sym in d.node.expr.free_symbols:
+                    if sym not in out:
+                        env = d.node.shape_env
+                        h = getattr(env, "backed_var_to_val", None)  # torch >= 2.15; var_to_val before
+                        h = (h if h is not None else env.var_to_val).get(sym)
+                        out[sym] = int(h) if h is not None else _FALLBACK_SIZE
     return out
 
 
-def _permuted_strides(shape: List[int], like: List[int]) -> List[int]:
-    """Contiguous strides of `shape` in the dimension order of strides `like` (the largest first)."""
+def _value(d, point) -> int:
+    """A size at a point (the value of every free symbol); a plain int is itself. No guard."""
+    return int(d.node.expr.xreplace(point)) if isinstance(d, torch.SymInt) else int(d)
+
+
+def _metas(tensors: Dict[str, torch.Tensor], point=None) -> Dict[str, Any]:
+    """The C++ spec's view of the tensors (dtype, shape, strides), sizes and strides evaluated at
+    `point` (default: the hints; a probe moves them, _symbolic_shapes)."""
+    point = _symbols(tensors) if point is None else point
+    return {n: (dtype_name(t.dtype), [_value(d, point) for d in t.shape], [_value(st, point) for st in t.stride()])
+            for n, t in tensors.items()}
+
+
+def _permuted_strides(shape, like):
+    """Contiguous strides of `shape` in the dimension order of strides `like` (the largest first);
+    sizes may be symbolic."""
     order = sorted(range(len(shape)), key=lambda i: -like[i])
     strides, acc = [0] * len(shape), 1
     for i in reversed(order):
         strides[i] = acc
-        acc *= shape[i]
+        acc = acc * shape[i]
     return strides
 
 
 def _descs(k: Kernel, pass_: str, tensors: Dict[str, torch.Tensor], options: Dict[str, str], skip=()):
-    """[(name, dtype, shape, strides)] of the pass's outputs; under dynamic shapes the sizes that
-    follow an input's symbolic size are that symbol (_symbolic_shapes), so one compiled graph serves
+    """[(name, dtype, shape, strides)] of the pass's outputs; under dynamic shapes each output size
+    that is an input's symbolic size is that size (_symbolic_shapes), so one compiled graph serves
     every size instead of recompiling per shape."""
     tensors = {n: widen_mask(t) for n, t in tensors.items()}
     descs = _ext.outputs(k.name, pass_, _metas(tensors), options, list(skip))
-    if not any(isinstance(d, torch.SymInt) for t in tensors.values() for d in t.shape):
+    if not _symbols(tensors):
         return descs
     return _symbolic_shapes(k, pass_, tensors, options, skip, descs)
 
 
+def _probe_points(base):
+    """Where the spec is asked again: each symbol moved alone, all moved by one step (sizes that must
+    stay related, N and N + 1, move together), all moved by different steps."""
+    syms = list(base)
+    points = [{**base, s: base[s] + _STEP} for s in syms]
+    points.append({s: v + _STEP for s, v in base.items()})
+    if len(syms) > 1:
+        points.append({s: v + _STEP * (i + 2) for i, (s, v) in enumerate(base.items())})
+    return points
+
+
 def _symbolic_shapes(k: Kernel, pass_: str, tensors, options, skip, descs):
-    """Which output sizes follow which symbolic input size, found by asking the C++ spec again with
-    one symbol's value changed (every input size that is exactly that symbol): a size that moves
-    with it by the same amount is that symbol. A size that moves otherwise (a product), a probe the
-    spec refuses, or an input size that is an expression rather than a symbol specializes the
-    symbols involved (int(): a guard, so a new value recompiles, as before) — never a wrong shape."""
-    syms, compound = {}, []
+    """Output sizes as the inputs' symbolic sizes. The spec (which sees only numbers) is asked again
+    at probe points, each symbol at another value; an output size is an input size (a symbol or an
+    expression such as B·T − B) when it equals that size at the hints and at every point the spec
+    accepts. Contract (registry.h, CallSpec::outputs): every output size is an input's size or a
+    constant. Two input sizes that match alike (no accepted point moved one without the other: the
+    spec requires them equal) are declared equal (torch._check). A size that matches no input size
+    and changes, or a symbol that no accepted point moved, specializes every input size (int():
+    guards, so a new value recompiles, as before) — never a wrong shape."""
+    base = _symbols(tensors)
+    probes = []
+    for point in _probe_points(base):
+        try:
+            probes.append((point, _ext.outputs(k.name, pass_, _metas(tensors, point), options, list(skip))))
+        except (ValueError, TypeError, NotImplementedError):
+            continue  # a size relation the spec enforces (N and N + 1 apart): another point moves them together
+    moved = {s for point, _ in probes for s in base if point[s] != base[s]}
+    sizes = {}  # input size expression -> (SymInt, its values at the hints and the accepted points)
+    for t in tensors.values():
+        for d in t.shape:
+            if isinstance(d, torch.SymInt) and d.node.expr not in sizes:
+                sizes[d.node.expr] = (d, [_value(d, base)] + [_value(d, pt) for pt, _ in probes])
+    layout = [(len(sh), name) for name, _, sh, _ in descs]
+    if moved != set(base) or any([(len(p[2]), p[0]) for p in out] != layout for _, out in probes):
+        return _specialized(tensors, descs)
+    result = []
+    for i, (name, dt, sh, st) in enumerate(descs):
+        shape = []
+        for j, v in enumerate(sh):
+            seen = [v] + [out[i][2][j] for _, out in probes]
+            match = [d for d, vals in sizes.values() if vals == seen]
+            if not match and len(set(seen)) > 1:
+                return _specialized(tensors, descs)
+            for other in match[1:]:  # sizes no accepted point told apart (x's rows and the labels'):
+                torch._check(other == match[0])  # the spec requires them equal; torch checks it at run time
+            shape.append(match[0] if match else v)
+        result.append((name, dt, shape, st))
+    return result
+
+
+def _specialized(tensors, descs):
+    """Every symbolic input size specialized to its hint (a guard each): the descs hold then."""
     for t in tensors.values():
         for d in t.shape:
             if isinstance(d, torch.SymInt):
-                (syms.setdefault(d.node.expr, d) if d.node.expr.is_symbol else compound.append(d))
-    for d in compound:
-        int(d)  # guard: specialized
-    shapes = [list(sh) for _, _, sh, _ in descs]
-    follows = [[None] * len(sh) for sh in shapes]
-    for expr, sym in syms.items():
-        h = _hint(sym)
-        moved = h * 2 + 3
-        try:
-            probe = _ext.outputs(k.name, pass_, _metas(tensors, {expr: moved}), options, list(skip))
-        except (ValueError, TypeError, NotImplementedError):
-            int(sym)
-            continue
-        same_layout = len(probe) == len(descs) and all(len(p[2]) == len(sh) for p, sh in zip(probe, shapes))
-        changed = [(i, j) for i, (p, sh) in enumerate(zip(probe, shapes)) if same_layout
-                   for j in range(len(sh)) if p[2][j] != sh[j]]
-        if not same_layout or any(probe[i][2][j] != moved or shapes[i][j] != h or follows[i][j] is not None
-                                  for i, j in changed):
-            int(sym)
-            continue
-        for i, j in changed:
-            follows[i][j] = sym
-    return [(name, dt, [f if f is not None else v for f, v in zip(fol, sh)], st)
-            for (name, dt, sh, st), fol in zip(descs, follows)]
+                int(d)
+    return descs
 
 
 def _alloc(descs, dev: torch.device) -> List[torch.Tensor]:
-    """The outputs the descs describe: each laid out as its strides say (a permutation of a
-    contiguous layout: dw in w's layout), its sizes possibly symbolic."""
+    """The outputs the descs describe, laid out as their strides say (a permutation of a contiguous
+    layout: dw in w's layout); symbolic sizes get the same layout's symbolic strides."""
     out = []
     for _, d, shape, strides in descs:
-        if not any(isinstance(v, torch.SymInt) for v in shape):
-            out.append(torch.empty_strided(shape, strides, dtype=_TORCH[d], device=dev))
-            continue
-        order = sorted(range(len(shape)), key=lambda i: -strides[i]) if strides else list(range(len(shape)))
-        base = torch.empty([shape[i] for i in order], dtype=_TORCH[d], device=dev)
-        out.append(base.permute([order.index(i) for i in range(len(shape))]))
+        if any(isinstance(v, torch.SymInt) for v in shape):
+            strides = _permuted_strides(shape, strides)
+        out.append(torch.empty_strided(shape, strides, dtype=_TORCH[d], device=dev))
     return out
 
 

@@ -93,3 +93,77 @@ def test_equal_sizes_share_a_symbol_and_a_later_difference_recompiles():
         assert torch.equal(compiled(x, w, y), tt.linear_cross_entropy(x, w, y, reduction="none"))
         counts.append(len(graphs))
     assert counts[1] == counts[0] and counts[2] > counts[1], counts
+
+
+def test_flattened_language_model_inputs_any_batch_and_length():
+    """The usual loss: hidden[:, :-1] and labels[:, 1:] flattened inside the compiled step. x's row
+    count is an expression (B·T − B); the loss and lse follow it: one graph for every (B, T)."""
+    w = torch.randn(40, 8, requires_grad=True)
+
+    def step(h, w, y):
+        H = h.shape[-1]
+        return tt.linear_cross_entropy(h[:, :-1].reshape(-1, H).contiguous(), w, y[:, 1:].reshape(-1).contiguous(),
+                                       reduction="none")
+
+    def make(bt):
+        B, T = bt
+        g = torch.Generator().manual_seed(B * 100 + T)
+        return torch.randn(B, T, 8, generator=g, requires_grad=True), w, torch.randint(0, 40, (B, T), generator=g)
+
+    expect_one_graph_for_every_size(step, make, [(2, 5), (2, 7), (3, 9)])
+
+
+def test_two_sizes_varying_independently_and_a_transposed_weight():
+    """B and V both vary; w in the hv layout (dw's fake is a transposed layout too)."""
+    def make(bv):
+        B, V = bv
+        g = torch.Generator().manual_seed(B + V)
+        return (torch.randn(B, 8, generator=g, requires_grad=True),
+                torch.randn(V, 8, generator=g).t().contiguous().requires_grad_(),
+                torch.randint(0, V, (B,), generator=g))
+
+    expect_one_graph_for_every_size(lambda x, w, y: tt.linear_cross_entropy(x, w, y, w_layout="hv"), make,
+                                    [(7, 30), (9, 45), (13, 38)])
+
+
+def test_paged_attention_any_batch_of_sequences():
+    """page_table and kv_lens are [N], cu_q_lens [N + 1]: two symbols the spec keeps one apart, moved
+    together by the probes; o follows the token count."""
+    import test_paged_attention as pa
+
+    def make(n):
+        q_lens, kv_lens = (1, 4, 0, 3, 2, 1, 2)[:n], (9, 6, 2, 11, 5, 7, 3)[:n]
+        return [torch.from_numpy(a) for a in pa.problem(seed=n, q_lens=q_lens, kv_lens=kv_lens)]
+
+    compiled, graphs = compiled_counting(lambda *a: tt.paged_attention(*a, causal=True))
+    counts = []
+    for n in (4, 6, 7):
+        args = make(n)
+        assert torch.equal(compiled(*args), tt.paged_attention(*args, causal=True)), n
+        counts.append(len(graphs))
+    assert counts[1] == counts[2], counts  # (the first change may still specialize a size: a page-table width)
+
+
+def test_inductor_backend():
+    w = torch.randn(30, 8, requires_grad=True)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, w, y: tt.linear_cross_entropy(x, w, y), dynamic=True, fullgraph=True)
+    for B in (6, 10):
+        x, y = torch.randn(B, 8, requires_grad=True), torch.randint(0, 30, (B,))
+        v, g = run(f, x, w, y)
+        rv, rg = run(lambda x, w, y: tt.linear_cross_entropy(x, w, y), x, w, y)
+        assert torch.equal(v, rv) and all(torch.equal(a, b) for a, b in zip(g, rg))
+
+
+def test_unbacked_row_counts():
+    """Sizes marked unbacked (data-dependent: MoE routing, masks) have no hint: the probes start from
+    a stand-in, x's and the labels' rows (two symbols) are declared equal, and the outputs follow."""
+    w = torch.randn(30, 8)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, w, y: tt.linear_cross_entropy(x, w, y, reduction="none"), backend="aot_eager",
+                      fullgraph=True)
+    for B in (5, 9):
+        x, y = torch.randn(B, 8), torch.randint(0, 30, (B,))
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        torch._dynamo.decorators.mark_unbacked(y, 0)
+        assert torch.equal(f(x, w, y), tt.linear_cross_entropy(x, w, y, reduction="none")), B

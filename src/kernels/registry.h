@@ -223,7 +223,10 @@ struct CallSpec {
   std::vector<std::string> forward_outputs = {};  // the forward's outputs that take an upstream gradient
   std::vector<std::string> saved_outputs = {};  // forward outputs that backward may take back
   // The outputs of `pass` for these inputs (only dtype, shape and strides of args.tensors are
-  // read; data may be null). Throws Error(kInvalidArgument) like the call would.
+  // read; data may be null). Throws Error(kInvalidArgument) like the call would. Every output size
+  // must be one of the inputs' sizes (or a product of them only as they appear in an input) or a
+  // constant: torch.compile's dynamic shapes map output sizes to the inputs' symbolic ones by
+  // asking again at other sizes (python/tessera/torch.py, _symbolic_shapes).
   std::function<std::vector<OutputDesc>(const CallArgs& args)> outputs = {};
   // Runs args.pass writing `out` (views of what `outputs` described, in its order). Returns the
   // name of the implementation that ran.

@@ -147,7 +147,8 @@ class Driver {
     try {
       p = bc.make();
     } catch (const Error& e) {
-      say("skipping " + bc.label + ": cannot allocate the inputs: " + e.what());
+      say("skipping " + bc.label + (e.code() == ErrorCode::kOutOfMemory ? ": cannot allocate the inputs: " : ": ") +
+          e.what());
       return;
     }
     gemm_s_.reset();

@@ -84,6 +84,25 @@ void check_skip(const CallSpec& call, const CallArgs& args, const std::string& k
   }
 }
 
+std::vector<std::string> parse_skip(const CallSpec& call, const std::string& text, const std::string& flag) {
+  std::vector<std::string> out;
+  std::string list;
+  for (const std::string& s : call.skippable) list += (list.empty() ? "" : ", ") + s;
+  for (size_t b = 0; !text.empty() && b <= text.size();) {
+    const size_t e = std::min(text.find(',', b), text.size());
+    const std::string name = text.substr(b, e - b);
+    check(std::find(call.skippable.begin(), call.skippable.end(), name) != call.skippable.end(),
+          ErrorCode::kInvalidArgument,
+          flag + " takes a comma list of " + (list.empty() ? "nothing (no gradient can be skipped)" : list) +
+              ", got '" + text + "'");
+    check(std::find(out.begin(), out.end(), name) == out.end(), ErrorCode::kInvalidArgument,
+          flag + " names " + name + " twice");
+    out.push_back(name);
+    b = e + 1;
+  }
+  return out;
+}
+
 std::vector<OutputDesc> outputs_of(const CallSpec& call, const CallArgs& args, const std::string& kernel) {
   check_skip(call, args, kernel);
   std::vector<OutputDesc> out = call.outputs(args);

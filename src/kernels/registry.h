@@ -240,6 +240,9 @@ struct CallSpec {
 // cannot skip 'lse' (skippable: dx, dw, dbias)" ("none" when the kernel declares none), and
 // unless the pass computes gradients.
 void check_skip(const CallSpec& call, const CallArgs& args, const std::string& kernel);
+// "dx,dw" -> {"dx", "dw"}: a comma list of gradients to skip (CLI and bench flags), each one of
+// call.skippable and named once, else Error(kInvalidArgument) naming `flag`; "" -> {}.
+std::vector<std::string> parse_skip(const CallSpec& call, const std::string& text, const std::string& flag);
 // call.outputs(args) without the skipped ones (check_skip first): what a caller allocates.
 std::vector<OutputDesc> outputs_of(const CallSpec& call, const CallArgs& args, const std::string& kernel);
 

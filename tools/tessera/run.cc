@@ -132,11 +132,7 @@ Loaded load(const kernels::KernelSpec& k, const RunArgs& a, const harness::Optio
     for (const auto& g : grad_inputs(k)) take(g.name);
   l.args.pass = a.grad ? Pass::kFused : Pass::kForward;
   check(a.skip.empty() || a.grad, ErrorCode::kInvalidArgument, "--skip-grads needs --grad");
-  for (size_t b = 0; !a.skip.empty() && b <= a.skip.size();) {  // "dx,dw" -> {"dx", "dw"}
-    const size_t e = std::min(a.skip.find(',', b), a.skip.size());
-    l.args.skip.push_back(a.skip.substr(b, e - b));
-    b = e + 1;
-  }
+  l.args.skip = kernels::parse_skip(k.call, a.skip, "--skip-grads");
   l.args.options = options;
   l.args.exec.implementation = a.impl;
   l.args.exec.num_threads = a.threads;

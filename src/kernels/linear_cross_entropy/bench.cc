@@ -182,28 +182,6 @@ class LceBench final : public kernels::CallBenchProblem {
 
 }  // namespace
 
-namespace {
-// "dx,dw" -> {"dx", "dw"}: each one of dx, dw, dbias, once.
-std::vector<std::string> skip_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (size_t i = 0; i <= text.size(); ++i) {
-    if (i < text.size() && text[i] != ',') {
-      cur += text[i];
-      continue;
-    }
-    if (cur.empty() && text.empty()) break;
-    check(cur == "dx" || cur == "dw" || cur == "dbias", ErrorCode::kInvalidArgument,
-          "--skip-grads takes a comma list of dx, dw, dbias, got '" + text + "'");
-    check(std::find(out.begin(), out.end(), cur) == out.end(), ErrorCode::kInvalidArgument,
-          "--skip-grads names " + cur + " twice");
-    out.push_back(cur);
-    cur.clear();
-  }
-  return out;
-}
-}  // namespace
-
 std::vector<harness::OptionSpec> bench_options() {
   using K = harness::OptionSpec::Kind;
   return {{"layout", K::kString, "memory layout of w: hv ([H, V]) or vh ([V, H], lm_head.weight)", "hv", {"hv", "vh"}},
@@ -235,7 +213,7 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   check(s.label_smoothing >= 0.0 && s.label_smoothing <= 1.0, ErrorCode::kInvalidArgument,
         "--label-smoothing must be in [0, 1]");
   s.class_weights = o.flag("class-weights");
-  s.skip = skip_list(o.str("skip-grads"));
+  s.skip = kernels::parse_skip(spec().call, o.str("skip-grads"), "--skip-grads");
   return std::make_unique<LceBench>(s, seed, with_data);
 }
 

@@ -322,14 +322,13 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   if (B == 0) {
     if (fwd && p.reduction != Reduction::kNone)
       cuda::check(cudaMemsetAsync(fo->loss, 0, sizeof(float), stream), "loss zeroing (empty batch)");
-    if (grad && go->dw) {
+    if (grad && go->dw)
       cuda::check(cudaMemsetAsync(go->dw, 0, static_cast<size_t>(H) * static_cast<size_t>(V) * dtype_size(go->dw_dtype),
                                   stream),
                   "dw zeroing (empty batch)");
-      if (go->dbias)
-        cuda::check(cudaMemsetAsync(go->dbias, 0, static_cast<size_t>(V) * dtype_size(go->dbias_dtype), stream),
-                    "dbias zeroing (empty batch)");
-    }
+    if (grad && go->dbias)
+      cuda::check(cudaMemsetAsync(go->dbias, 0, static_cast<size_t>(V) * dtype_size(go->dbias_dtype), stream),
+                  "dbias zeroing (empty batch)");
     return;
   }
 

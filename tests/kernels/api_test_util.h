@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstring>
+#include <functional>
+#include <string>
 
+#include "tessera/error.h"
 #include "tessera/tensor.h"
 
 namespace tessera::api_test {
@@ -23,6 +26,16 @@ inline bool untouched(const Tensor& t) {
   for (size_t i = 0; i < t.view().nbytes(); ++i)
     if (b[i] != kSentinel) return false;
   return true;
+}
+
+// The message of the tessera::Error that `call` throws, or "(no error)" when it returns.
+inline std::string error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace tessera::api_test

@@ -785,15 +785,24 @@ lt::CaseSpec behaviour_case() {
   return s;
 }
 
+// behaviour_case on the device, with the cuda implementation named.
+struct BehaviourOnCuda {
+  lt::CaseSpec s = behaviour_case();
+  lt::CaseData d = lt::make_case(s).to(Device::cuda());
+  lce::Options opt = cuda_options(s.opt);
+  static lce::Options cuda_options(lce::Options o) {
+    o.implementation = "cuda";
+    return o;
+  }
+};
+BehaviourOnCuda behaviour_on_cuda() { return {}; }
+
 }  // namespace
 
 TEST(LceCuda, RunsAreBitwiseDeterministic) {
   SKIP_WITHOUT_GPU();
-  const lt::CaseSpec s = behaviour_case();
-  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
-  lce::Options opt = s.opt;
-  opt.implementation = "cuda";
-  const DeviceRun a = run_fused(d, s, opt), b = run_fused(d, s, opt);
+  const BehaviourOnCuda on = behaviour_on_cuda();
+  const DeviceRun a = run_fused(on.d, on.s, on.opt), b = run_fused(on.d, on.s, on.opt);
   EXPECT_TRUE(same_bytes(a.loss, b.loss));
   EXPECT_TRUE(same_bytes(a.lse, b.lse));
   EXPECT_TRUE(same_bytes(a.argmax, b.argmax));
@@ -807,26 +816,25 @@ TEST(LceCuda, RunsAreBitwiseDeterministic) {
 // here either way), fused and backward.
 TEST(LceCuda, LeftOutGradientsKeepTheOthersBits) {
   SKIP_WITHOUT_GPU();
-  const lt::CaseSpec s = behaviour_case();
-  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
-  lce::Options opt = s.opt;
-  opt.implementation = "cuda";
+  const BehaviourOnCuda on = behaviour_on_cuda();
+  const lt::CaseSpec& s = on.s;
   const Device dev = Device::cuda();
   // One call asking for the gradients of `mask` (bit 0 dx, 1 dw, 2 dbias): fused, or backward given lse.
   const auto call = [&](int mask, const Tensor* lse_in) {
     DeviceRun r;
     r.loss = Tensor::empty(DType::kF32, {}, dev), r.lse = Tensor::empty(DType::kF32, s.lead, dev);
     r.argmax = Tensor::empty(DType::kI64, s.lead, dev);
-    r.dx = Tensor::zeros(s.dtype, d.x.shape(), dev), r.dw = Tensor::zeros(s.dtype, d.w.shape(), dev);
+    r.dx = Tensor::zeros(s.dtype, on.d.x.shape(), dev), r.dw = Tensor::zeros(s.dtype, on.d.w.shape(), dev);
     r.dbias = Tensor::zeros(s.dtype, {s.V}, dev);
     lce::Gradients g;
     if (mask & 1) g.dx = r.dx.view();
     if (mask & 2) g.dw = r.dw.view();
     if (mask & 4) g.dbias = r.dbias.view();
     if (lse_in)
-      lce::backward(d.inputs(), d.grad_loss.view(), lse_in->view(), g, opt);
+      lce::backward(on.d.inputs(), on.d.grad_loss.view(), lse_in->view(), g, on.opt);
     else
-      lce::forward_backward(d.inputs(), d.grad_loss.view(), {r.loss.view(), r.lse.view(), r.argmax.view()}, g, opt);
+      lce::forward_backward(on.d.inputs(), on.d.grad_loss.view(), {r.loss.view(), r.lse.view(), r.argmax.view()}, g,
+                            on.opt);
     return r;
   };
   const DeviceRun all = call(7, nullptr);
@@ -893,10 +901,10 @@ bool same_host_bytes(const Tensor& a, const Tensor& b) {
 // reproducibility with one active stream, so that run is finished first).
 TEST(LceCuda, NonDefaultStreamIsTheOnlyStreamUsed) {
   SKIP_WITHOUT_GPU();
-  const lt::CaseSpec s = behaviour_case();
-  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
-  lce::Options opt = s.opt;
-  opt.implementation = "cuda";
+  const BehaviourOnCuda on = behaviour_on_cuda();
+  const lt::CaseSpec& s = on.s;
+  const lt::CaseData& d = on.d;
+  lce::Options opt = on.opt;  // the stream is set below
   const DeviceRun a = run_fused(d, s, opt);
   const Tensor a_loss = a.loss.to(Device::cpu()), a_dx = a.dx.to(Device::cpu()), a_dw = a.dw.to(Device::cpu()),
                a_dbias = a.dbias.to(Device::cpu());
@@ -1114,10 +1122,10 @@ TEST(LceCuda, ExtraDeviceMemoryStaysWithinTheBudget) {
 // leased from a per-device pool now: sequential calls from 16 fresh threads create none.
 TEST(LceCuda, CublasHandlesAreReusedAcrossThreads) {
   SKIP_WITHOUT_GPU();
-  const lt::CaseSpec s = behaviour_case();
-  const lt::CaseData d = lt::make_case(s).to(Device::cuda());
-  lce::Options opt = s.opt;
-  opt.implementation = "cuda";
+  const BehaviourOnCuda on = behaviour_on_cuda();
+  const lt::CaseSpec& s = on.s;
+  const lt::CaseData& d = on.d;
+  const lce::Options& opt = on.opt;
   (void)run_fused(d, s, opt);  // the pool holds at least one idle handle now
   const int dev = Device::cuda().index;
   const size_t before = tessera::cuda::blas_handles_created(dev);

@@ -16,11 +16,14 @@
 //             zeros below the diagonal within a block must be there).
 //   kLowerC   only C[i][n] for n ≤ i is computed; C[i][n] for i < n < N is set to 0 (beta must be 0).
 //
-// gemm runs a register-blocked AVX-512 FMA micro-kernel (6 rows × 64 columns; fewer column
-// vectors at the edges) where the CPU has AVX-512F (runtime check) and a portable loop over the
-// same layout elsewhere (the same values up to the order of the f32 sums: both sum over k in
-// order, the portable loop per element, so they differ by the FMA's single rounding only).
-// TESSERA_CPU_F32_GEMM=0 forces the portable loop (triage, side-by-side timing).
+// gemm runs a register-blocked FMA micro-kernel chosen at run time by the CPU (isa()): AVX-512
+// (6 rows × 64 columns, fewer column vectors at the edges) where the CPU has AVX-512F, AVX2
+// (6 rows × 16 columns, each panel in four column blocks) where it has AVX2 and FMA, and a
+// portable loop over the same layout elsewhere. The two SIMD kernels give the same bits (each
+// element is one FMA chain over k in order, then the same epilogue); the portable loop sums per
+// element in the same order, so it differs by the FMA's single rounding only.
+// TESSERA_CPU_F32_GEMM=0 forces the portable loop, =avx2 the AVX2 kernel at most (triage,
+// side-by-side timing, and the tests of each path on one machine).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +34,14 @@ inline constexpr int64_t kPanel = 64;  // columns of B per packed panel
 
 enum class Tri { kNone, kLowerA, kUpperA, kLowerC };
 
-// AVX-512F present (and not turned off by TESSERA_CPU_F32_GEMM=0): gemm is fast.
+// Which kernel gemm, pack and transpose run (read per call, so a test can switch it).
+enum class Isa { kPortable, kAvx2, kAvx512 };
+Isa isa();
+const char* isa_name(Isa isa);  // "portable", "avx2", "avx512"
+
+// The AVX-512 kernel runs (isa() == kAvx512). The routes of callers that were tuned and measured
+// on it, or that run AVX-512 code of their own beside it, ask this; a caller that wants any SIMD
+// kernel asks isa() != Isa::kPortable (knowledge: capability-flag-read-as-an-isa).
 bool available();
 
 // Floats of a packed B with K rows and N columns: ceil(N / kPanel) · K · kPanel.

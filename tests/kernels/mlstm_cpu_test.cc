@@ -82,9 +82,9 @@ TEST(MlstmCpu, ThreadsShareAHead) {
       for (const Tensor* t : {&h, &dq, &dk, &dv, &di, &df, &dc0, &dn0})
         all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
       if (first.empty()) first = all;
-      if (cpu_f32_gemm::available()) {
+      if (cpu_f32_gemm::isa() != cpu_f32_gemm::Isa::kPortable) {
         EXPECT_EQ(all, first) << "NH " << NH << ", " << threads << " threads";
-      } else {  // OpenBLAS (no AVX-512): a column block of a product need not round as the whole does
+      } else {  // OpenBLAS (no AVX2/AVX-512 kernel): a column block of a product need not round as the whole does
         ASSERT_EQ(all.size(), first.size());
         for (size_t i = 0; i < all.size(); ++i)
           ASSERT_NEAR(all[i], first[i], 1e-5 * (1.0 + std::fabs(first[i])))
@@ -226,7 +226,7 @@ TEST(MlstmCpu, ScratchKeptBetweenCalls) {
 }
 
 // v0.4's two routes for the chunk products (cpu.cc use_kernel_gemm): the kernel-owned micro-kernel
-// (primitives/cpu_f32_gemm, the default where the CPU has AVX-512) and OpenBLAS for every product
+// (primitives/cpu_f32_gemm, the default where the CPU has AVX-512 or AVX2) and OpenBLAS for every product
 // (TESSERA_MLSTM_CPU_GEMM=blas, v0.3's route). Head dims past the micro-kernel's 64-column panels
 // and 6-row blocks with tails (DK = 70, DV = 130), chunks of 64 and 40 with a tail, the forward's
 // split of one head's value columns over 2 and 3 threads (parts of 65 and 43 columns), resets,
@@ -258,9 +258,9 @@ TEST(MlstmCpu, KernelGemmAndBlasRoutes) {
           expect_parity(c, Pass::kFused);
           // bf16 inputs: other values. The bits on the blas route: OpenBLAS rounds a part of the
           // columns (65 of 130) differently from all of them, so only the kernel route keeps them.
-          // Without the micro-kernel (no AVX-512F, or TESSERA_CPU_F32_GEMM=0 in the environment)
-          // the "kernel" route is the blas route: parity above, no bits.
-          if (threads == 3 || blas || !cpu_f32_gemm::available()) continue;
+          // Without the micro-kernel (no AVX2 or AVX-512F, or TESSERA_CPU_F32_GEMM=0 in the
+          // environment) the "kernel" route is the blas route: parity above, no bits.
+          if (threads == 3 || blas || cpu_f32_gemm::isa() == cpu_f32_gemm::Isa::kPortable) continue;
           c.seed = 7;  // the same inputs on 1 and 2 threads
           const mlstm::testing::CaseData d = mlstm::testing::make_case(c);
           auto out = [](const Tensor& like) { return Tensor::empty(DType::kF32, like.shape()); };

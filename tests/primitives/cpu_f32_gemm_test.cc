@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <tuple>
@@ -23,10 +24,17 @@ using g::Tri;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// Runs f with the AVX-512 path and, where the CPU has it, again forced portable.
+// Runs f on every path this CPU has: the default (its best kernel), the AVX2 kernel forced on an
+// AVX-512 CPU, and the portable loop forced (f(true)).
 template <class F>
 void both_paths(F&& f) {
-  testing::both_paths(g::available(), "TESSERA_CPU_F32_GEMM", f);
+  if (g::isa() == g::Isa::kAvx512) {
+    ::setenv("TESSERA_CPU_F32_GEMM", "avx2", 1);
+    EXPECT_EQ(g::isa(), g::Isa::kAvx2);
+    f(false);
+    ::unsetenv("TESSERA_CPU_F32_GEMM");
+  }
+  testing::both_paths(g::isa() != g::Isa::kPortable, "TESSERA_CPU_F32_GEMM", f);
 }
 
 // A row-major matrix [rows × ld] of values in [-1, 1], NaN in the padding columns ≥ cols.
@@ -197,6 +205,51 @@ TEST(CpuF32Gemm, TransposeOverTailsBothPaths) {
       }
     });
   }
+}
+
+// The AVX2 and AVX-512 kernels form each element the same way (one FMA chain over k in order,
+// the same epilogue), so a result does not depend on which of them the CPU runs: the same bits
+// over tails of every dimension, every causal shape, both A layouts, beta. Needs an AVX-512 CPU
+// (where TESSERA_CPU_F32_GEMM=avx2 forces the other); the portable path is checked above.
+TEST(CpuF32Gemm, Avx2AndAvx512GiveTheSameBits) {
+  if (g::isa() != g::Isa::kAvx512) GTEST_SKIP() << "needs AVX-512F (this CPU runs " << g::isa_name(g::isa()) << ")";
+  uint64_t seed = 500;
+  for (Tri tri : {Tri::kNone, Tri::kLowerA, Tri::kUpperA, Tri::kLowerC})
+    for (bool ta : {false, true})
+      for (auto mnk : {std::tuple<int64_t, int64_t, int64_t>{7, 17, 7}, {13, 70, 13}, {64, 256, 64}, {25, 130, 300}}) {
+        const int64_t M = std::get<0>(mnk), N = std::get<1>(mnk);
+        const int64_t K = tri == Tri::kNone ? std::get<2>(mnk) : M, lda = (ta ? M : K) + 1, ldc = N + 2;
+        const float beta = tri == Tri::kLowerC ? 0.0f : 0.5f;
+        std::vector<float> A = matrix(ta ? K : M, ta ? M : K, lda, seed++);
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t k = 0; k < K; ++k)
+            (ta ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)]) = op_a({tri, ta, M, N, K, 1.0f, 0.0f}, A, lda, i, k);
+        const std::vector<float> B = matrix(K, N, N, seed++), C0 = matrix(M, N, ldc, seed++);
+        std::vector<float> packed(size_t(g::packed_floats(K, N)));
+        g::pack(false, K, N, B.data(), N, packed.data());
+        std::vector<float> wide = C0, narrow = C0;
+        g::gemm(tri, ta, M, N, K, 0.75f, A.data(), lda, packed.data(), beta, wide.data(), ldc);
+        ::setenv("TESSERA_CPU_F32_GEMM", "avx2", 1);
+        g::gemm(tri, ta, M, N, K, 0.75f, A.data(), lda, packed.data(), beta, narrow.data(), ldc);
+        ::unsetenv("TESSERA_CPU_F32_GEMM");
+        for (size_t e = 0; e < wide.size(); ++e)
+          if (!(std::isnan(wide[e]) && std::isnan(narrow[e])))
+            ASSERT_EQ(narrow[e], wide[e]) << "tri " << int(tri) << " ta " << ta << " M " << M << " N " << N << " K " << K
+                                          << " e " << e;
+      }
+}
+
+TEST(CpuF32Gemm, IsaFollowsTheEnvironment) {
+  const g::Isa best = g::isa();
+  ::setenv("TESSERA_CPU_F32_GEMM", "0", 1);
+  EXPECT_EQ(g::isa(), g::Isa::kPortable);
+  EXPECT_FALSE(g::available());
+  ::setenv("TESSERA_CPU_F32_GEMM", "avx2", 1);
+  EXPECT_EQ(g::isa(), std::min(best, g::Isa::kAvx2));
+  EXPECT_FALSE(g::available()) << "available() is the AVX-512 kernel only";
+  ::unsetenv("TESSERA_CPU_F32_GEMM");
+  EXPECT_EQ(g::available(), best == g::Isa::kAvx512);
+  EXPECT_STREQ(g::isa_name(g::Isa::kAvx2), "avx2");
 }
 
 TEST(CpuF32Gemm, EmptyDimensions) {

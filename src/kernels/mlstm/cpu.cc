@@ -63,10 +63,11 @@ namespace f32 = cpu_f32_gemm;
 // transposed (abt_via_transpose); Q̂Kᵀ, dNum·Vᵀ, dS·K and dSᵀ·Q̂ stay on OpenBLAS, which measured
 // as fast or faster for them once their packing is counted (devlog v0.4).
 // TESSERA_MLSTM_CPU_GEMM=blas runs every product on OpenBLAS (v0.3's route, for side-by-side
-// timing); so does a CPU without AVX-512.
+// timing); so does a CPU with neither AVX-512F nor AVX2 + FMA (v0.6: the AVX2 kernel, 0.92× the
+// fused pass's OpenBLAS time on a Zen 3).
 bool use_kernel_gemm() {
   const auto v = env::get("TESSERA_MLSTM_CPU_GEMM");
-  return f32::available() && !(v && *v == "blas");
+  return f32::isa() != f32::Isa::kPortable && !(v && *v == "blas");
 }
 
 // The L×L products of a chunk are causal: P_ts, dS_ts are 0 for s > t. They are issued in row
@@ -428,10 +429,10 @@ void chunk_state_in_place(const ChunkRef& c) {
   for (int64_t x = 0; x < DK; ++x) n[x] = f.b * c.tb.dn[x] + (f.a != 0.f ? f.a * n[x] : 0.f);
 }
 
-// The chain steps' element loops on the micro-kernel route (the CPU has AVX-512F: cx.kern). The
-// library is built for baseline x86-64, where std::fma is a call into libm per element and the
-// plain loops run 4 lanes wide; v0.4's forward chain step alone was ~13 % of a fused call's time
-// in those calls (perf, v0.5).
+// The chain steps' element loops on the micro-kernel route (the CPU has AVX-512F or AVX2 + FMA:
+// cx.kern). The library is built for baseline x86-64, where std::fma is a call into libm per
+// element and the plain loops run 4 lanes wide; v0.4's forward chain step alone was ~13 % of a
+// fused call's time in those calls (perf, v0.5). Both widths give the same bits (one fma per element).
 #if defined(__x86_64__)
 // out = fma(a, x, b·y) (the in-place update's micro-kernel store: chunk_state_in_place).
 __attribute__((target("avx512f"))) void fma_axpby_avx512(int64_t n, float a, const float* x, float b, const float* y,
@@ -440,6 +441,14 @@ __attribute__((target("avx512f"))) void fma_axpby_avx512(int64_t n, float a, con
   int64_t e = 0;
   for (; e + 16 <= n; e += 16)
     _mm512_storeu_ps(out + e, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + e), _mm512_mul_ps(vb, _mm512_loadu_ps(y + e))));
+  for (; e < n; ++e) out[e] = std::fma(a, x[e], b * y[e]);
+}
+__attribute__((target("avx2,fma"))) void fma_axpby_avx2(int64_t n, float a, const float* x, float b, const float* y,
+                                                        float* out) {
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+  int64_t e = 0;
+  for (; e + 8 <= n; e += 8)
+    _mm256_storeu_ps(out + e, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + e), _mm256_mul_ps(vb, _mm256_loadu_ps(y + e))));
   for (; e < n; ++e) out[e] = std::fma(a, x[e], b * y[e]);
 }
 // y = fma(a, x, y): one rounding (GCC contracts a product and a sum in AVX-512 code anyway, so
@@ -451,13 +460,30 @@ __attribute__((target("avx512f"))) void axpy_avx512(int64_t n, float a, const fl
     _mm512_storeu_ps(y + e, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + e), _mm512_loadu_ps(y + e)));
   for (; e < n; ++e) y[e] = std::fma(a, x[e], y[e]);
 }
+__attribute__((target("avx2,fma"))) void axpy_avx2(int64_t n, float a, const float* x, float* y) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t e = 0;
+  for (; e + 8 <= n; e += 8)
+    _mm256_storeu_ps(y + e, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + e), _mm256_loadu_ps(y + e)));
+  for (; e < n; ++e) y[e] = std::fma(a, x[e], y[e]);
+}
 #endif
 
-// y += a·x on the kernel's route (AVX-512, fma: the same bits for every thread count, the last bit
-// apart from the plain loop's) or the plain loop.
+// out = fma(a, x, b·y) on the kernel's route (the widest the CPU has).
+void fma_axpby(int64_t n, float a, const float* x, float b, const float* y, float* out) {
+#if defined(__x86_64__)
+  if (f32::isa() == f32::Isa::kAvx512) return fma_axpby_avx512(n, a, x, b, y, out);
+  if (f32::isa() == f32::Isa::kAvx2) return fma_axpby_avx2(n, a, x, b, y, out);
+#endif
+  for (int64_t e = 0; e < n; ++e) out[e] = std::fma(a, x[e], b * y[e]);
+}
+
+// y += a·x on the kernel's route (AVX-512 or AVX2, fma: the same bits for every thread count, the
+// last bit apart from the plain loop's) or the plain loop.
 void axpy(bool kern, int64_t n, float a, const float* x, float* y) {
 #if defined(__x86_64__)
-  if (kern) return axpy_avx512(n, a, x, y);
+  if (kern && f32::isa() == f32::Isa::kAvx512) return axpy_avx512(n, a, x, y);
+  if (kern && f32::isa() == f32::Isa::kAvx2) return axpy_avx2(n, a, x, y);
 #endif
   (void)kern;
   for (int64_t e = 0; e < n; ++e) y[e] += a * x[e];
@@ -471,11 +497,7 @@ void chunk_state_chain(const ChunkRef& c, const float* dC, const float* dn) {
   float *C1 = c.C(c.j + 1), *n1 = c.n(c.j + 1);  // C_j's slot itself when in place
   const float *C0 = c.C(c.j), *n0 = c.n(c.j);
   if (a != 0.f && c.cx.kern) {  // rounded as chunk_state_in_place's micro-kernel store: fma(a, C, b·ΔC)
-#if defined(__x86_64__)
-    fma_axpby_avx512(N, a, C0, b, dC, C1);
-#else
-    for (int64_t e = 0; e < N; ++e) C1[e] = std::fma(a, C0[e], b * dC[e]);
-#endif
+    fma_axpby(N, a, C0, b, dC, C1);
     for (int64_t x = 0; x < DK; ++x) n1[x] = b * dn[x] + a * n0[x];
   } else if (a != 0.f) {
     for (int64_t e = 0; e < N; ++e) C1[e] = b * dC[e] + a * C0[e];

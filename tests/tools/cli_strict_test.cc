@@ -181,6 +181,13 @@ TEST_F(CliStrict, UnknownKernelIsNamedWithTheKnownOnes) {
     const Cmd c = run_cli(std::string(sub) + " no_such_kernel");
     EXPECT_NE(c.out.find("linear_cross_entropy"), std::string::npos) << c.out;
   }
+  // tune takes the tunable kernels only: a kernel without block sizes is not "unknown", and the
+  // list names what tune takes (it once said "unknown kernel 'paged_attention' (kernels: ...,
+  // paged_attention, ...)").
+  refused("tune paged_attention --list", "tune: kernel 'paged_attention' has nothing for tune (it takes: ");
+  const Cmd t = run_cli("tune no_such_kernel");
+  EXPECT_NE(t.out.find("mla_decode"), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find("paged_attention"), std::string::npos) << "not a tune subcommand: " << t.out;
   // A word before the kernel belongs to the subcommand, which does not know it either.
   refused("run --bogus linear_cross_entropy" + required_args("run linear_cross_entropy") + " --out " + out, "--bogus");
 }

@@ -10,6 +10,25 @@ namespace {
 
 int g_exit = 0;
 
+// The kernels `parent` has a subcommand for ("a, b"): tune lists only the tunable ones.
+std::string kernel_subcommands(CLI::App* parent) {
+  std::string out;
+  for (const CLI::App* sub : parent->get_subcommands([](CLI::App*) { return true; }))
+    out += (out.empty() ? "" : ", ") + sub->get_name();
+  return out;
+}
+
+// The error for a word that names no subcommand of `parent`: a kernel that `parent` does not
+// take (tune paged_attention: nothing to tune) is said so, anything else is an unknown kernel.
+Error not_a_kernel_of(CLI::App* parent, const std::string& word) {
+  const std::string known = kernel_subcommands(parent);
+  for (const kernels::KernelSpec* k : kernels::all())
+    if (k->name == word)
+      return Error(ErrorCode::kNotFound, parent->get_name() + ": kernel '" + word + "' has nothing for " +
+                                             parent->get_name() + " (it takes: " + known + ")");
+  return Error(ErrorCode::kNotFound, parent->get_name() + ": unknown kernel '" + word + "' (kernels: " + known + ")");
+}
+
 // Runs once `parent` has parsed its words, before any subcommand's callback: a word it did not
 // take is refused here (nothing has run, nothing is written). No allow_extras anywhere: a kernel
 // subcommand refuses its own unknown words through CLI11 (ExtrasError).
@@ -18,13 +37,11 @@ void kernel_words(CLI::App* parent, bool required) {
   parent->parse_complete_callback([parent, required] {
     const auto extras = parent->remaining(false);
     const bool named = !parent->get_subcommands().empty();
-    if (!named && !extras.empty() && extras.front().rfind("-", 0) != 0)
-      throw Error(ErrorCode::kNotFound,
-                  parent->get_name() + ": unknown kernel '" + extras.front() + "' (kernels: " + kernels::names() + ")");
+    if (!named && !extras.empty() && extras.front().rfind("-", 0) != 0) throw not_a_kernel_of(parent, extras.front());
     if (!extras.empty()) throw CLI::ExtrasError(parent->get_name(), extras);
     if (!named && required)
       throw Error(ErrorCode::kInvalidArgument,
-                  parent->get_name() + " needs a kernel: one of " + kernels::names() + " (tessera " +
+                  parent->get_name() + " needs a kernel: one of " + kernel_subcommands(parent) + " (tessera " +
                       parent->get_name() + " KERNEL --help)");
   });
 }

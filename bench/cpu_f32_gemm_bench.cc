@@ -1,5 +1,5 @@
 // primitives/cpu_f32_gemm against OpenBLAS sgemm, one thread, f32 (never a unit test). Decides
-// which callers take the micro-kernel on a CPU (docs/kernels/mlstm.md v0.7, knowledge:
+// which callers take the micro-kernel on a CPU (docs/kernels/mlstm.md v0.6, knowledge:
 // own-microkernel-over-the-blas).
 //
 //   bin/cpu_f32_gemm_bench [M,N,K ...]        (default: the fused kernels' tile shapes)

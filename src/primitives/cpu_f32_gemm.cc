@@ -3,6 +3,7 @@
 #include "primitives/cpu_f32_gemm.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -380,8 +381,11 @@ Isa isa() {
   static const Isa have = __builtin_cpu_supports("avx512f")                                   ? Isa::kAvx512
                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Isa::kAvx2
                                                                                              : Isa::kPortable;
-  const std::optional<std::string> v = env::get("TESSERA_CPU_F32_GEMM");
-  if (v && *v == "avx2") return std::min(have, Isa::kAvx2);
+  std::string v = env::get("TESSERA_CPU_F32_GEMM").value_or("");
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (v == "portable") return Isa::kPortable;  // isa_name's spellings cap the kernel
+  if (v == "avx2") return std::min(have, Isa::kAvx2);
+  if (v == "avx512") return have;
   return env::flag("TESSERA_CPU_F32_GEMM", true) ? have : Isa::kPortable;
 #else
   return Isa::kPortable;

@@ -22,8 +22,8 @@
 // portable loop over the same layout elsewhere. The two SIMD kernels give the same bits (each
 // element is one FMA chain over k in order, then the same epilogue); the portable loop sums per
 // element in the same order, so it differs by the FMA's single rounding only.
-// TESSERA_CPU_F32_GEMM=0 forces the portable loop, =avx2 the AVX2 kernel at most (triage,
-// side-by-side timing, and the tests of each path on one machine).
+// TESSERA_CPU_F32_GEMM=0 (or =portable) forces the portable loop, =avx2 the AVX2 kernel at most
+// (triage, side-by-side timing, and the tests of each path on one machine).
 #pragma once
 
 #include <cstdint>

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,15 +53,40 @@ TEST(MlstmCpu, ThreadCounts) {
   }
 }
 
+// v0.4's two routes for the chunk products (cpu.cc use_kernel_gemm): TESSERA_MLSTM_CPU_GEMM=blas
+// for a scope (else unset), the caller's value restored.
+class GemmRoute {
+ public:
+  explicit GemmRoute(bool blas) {
+    if (const char* v = std::getenv(kVar)) old_ = v;
+    if (blas) ::setenv(kVar, "blas", 1);
+    else ::unsetenv(kVar);
+  }
+  ~GemmRoute() {
+    if (old_) ::setenv(kVar, old_->c_str(), 1);
+    else ::unsetenv(kVar);
+  }
+  // The micro-kernel route runs: not blas, and a kernel on this CPU (AVX2 or AVX-512, not
+  // turned off by TESSERA_CPU_F32_GEMM=0).
+  static bool kernel_runs(bool blas) { return !blas && cpu_f32_gemm::isa() != cpu_f32_gemm::Isa::kPortable; }
+
+ private:
+  static constexpr const char* kVar = "TESSERA_MLSTM_CPU_GEMM";
+  std::optional<std::string> old_;
+};
+
 // Threads sharing a head (chunks round-robin, the state chain handed between them): one head of
 // 18 chunks (teams of 2, 3, 7 threads), and three heads of 9 chunks (one team of 2 taking the
 // heads in turn; one thread per head; three teams of 2). Every hand-over runs, and the results
 // are the same bits for every thread count: each chunk is computed the same way whichever
-// thread takes it, and the chain runs in one order. On the micro-kernel route (AVX-512) only:
-// on OpenBLAS (an AVX2 Zen 3, 2026-11-26) the forward's split of a head's value columns
-// rounds a column block as sgemm's edge kernels do, so there the results agree to 1e-5.
+// thread takes it, and the chain runs in one order. On the micro-kernel route (AVX2 or AVX-512)
+// only: on OpenBLAS (TESSERA_MLSTM_CPU_GEMM=blas; found on an AVX2 Zen 3, 2026-11-26) the
+// forward's split of a head's value columns rounds a column block as sgemm's edge kernels do,
+// so there the results agree to 1e-5. Both routes run.
 TEST(MlstmCpu, ThreadsShareAHead) {
+  for (bool blas : {false, true})
   for (const auto& [NH, chunk] : {std::pair<int64_t, int64_t>{1, 4}, {3, 8}}) {
+    const GemmRoute route(blas);
     std::vector<float> first;
     for (int threads : {1, 2, 3, 7}) {
       CaseSpec c;
@@ -82,13 +108,13 @@ TEST(MlstmCpu, ThreadsShareAHead) {
       for (const Tensor* t : {&h, &dq, &dk, &dv, &di, &df, &dc0, &dn0})
         all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
       if (first.empty()) first = all;
-      if (cpu_f32_gemm::isa() != cpu_f32_gemm::Isa::kPortable) {
+      if (GemmRoute::kernel_runs(blas)) {
         EXPECT_EQ(all, first) << "NH " << NH << ", " << threads << " threads";
-      } else {  // OpenBLAS (no AVX2/AVX-512 kernel): a column block of a product need not round as the whole does
+      } else {  // OpenBLAS: a column block of a product need not round as the whole does
         ASSERT_EQ(all.size(), first.size());
         for (size_t i = 0; i < all.size(); ++i)
           ASSERT_NEAR(all[i], first[i], 1e-5 * (1.0 + std::fabs(first[i])))
-              << "NH " << NH << ", " << threads << " threads, value " << i;
+              << (blas ? "blas" : "kernel") << " NH " << NH << ", " << threads << " threads, value " << i;
       }
     }
   }
@@ -232,13 +258,6 @@ TEST(MlstmCpu, ScratchKeptBetweenCalls) {
 // split of one head's value columns over 2 and 3 threads (parts of 65 and 43 columns), resets,
 // initial and last states or none, f32 and bf16: parity against the reference on both routes, and
 // on the kernel route the same bits for 1 and 2 threads.
-class GemmRoute {
- public:
-  explicit GemmRoute(bool blas) {
-    if (blas) ::setenv("TESSERA_MLSTM_CPU_GEMM", "blas", 1);
-  }
-  ~GemmRoute() { ::unsetenv("TESSERA_MLSTM_CPU_GEMM"); }
-};
 
 TEST(MlstmCpu, KernelGemmAndBlasRoutes) {
   uint64_t seed = 900;
@@ -260,7 +279,7 @@ TEST(MlstmCpu, KernelGemmAndBlasRoutes) {
           // columns (65 of 130) differently from all of them, so only the kernel route keeps them.
           // Without the micro-kernel (no AVX2 or AVX-512F, or TESSERA_CPU_F32_GEMM=0 in the
           // environment) the "kernel" route is the blas route: parity above, no bits.
-          if (threads == 3 || blas || cpu_f32_gemm::isa() == cpu_f32_gemm::Isa::kPortable) continue;
+          if (threads == 3 || !GemmRoute::kernel_runs(blas)) continue;
           c.seed = 7;  // the same inputs on 1 and 2 threads
           const mlstm::testing::CaseData d = mlstm::testing::make_case(c);
           auto out = [](const Tensor& like) { return Tensor::empty(DType::kF32, like.shape()); };

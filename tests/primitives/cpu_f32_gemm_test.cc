@@ -10,11 +10,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "core/random.h"
-#include "primitives/both_paths.h"
 
 namespace tessera {
 namespace {
@@ -24,17 +25,49 @@ using g::Tri;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// Runs f on every path this CPU has: the default (its best kernel), the AVX2 kernel forced on an
-// AVX-512 CPU, and the portable loop forced (f(true)).
+// TESSERA_CPU_F32_GEMM set to `value` (nullptr: unset) for a scope, the caller's value restored.
+class Route {
+ public:
+  explicit Route(const char* value) {
+    if (const char* v = std::getenv(kVar)) old_ = v;
+    if (value) ::setenv(kVar, value, 1);
+    else ::unsetenv(kVar);
+  }
+  ~Route() {
+    if (old_) ::setenv(kVar, old_->c_str(), 1);
+    else ::unsetenv(kVar);
+  }
+
+ private:
+  static constexpr const char* kVar = "TESSERA_CPU_F32_GEMM";
+  std::optional<std::string> old_;
+};
+
+// The best kernel this CPU has, whatever the environment says.
+g::Isa hardware_isa() {
+  const Route unset(nullptr);
+  return g::isa();
+}
+
+// Runs f on every path this CPU has: its best kernel, the AVX2 kernel forced on an AVX-512 CPU,
+// and the portable loop forced (f(true)).
 template <class F>
 void both_paths(F&& f) {
-  if (g::isa() == g::Isa::kAvx512) {
-    ::setenv("TESSERA_CPU_F32_GEMM", "avx2", 1);
-    EXPECT_EQ(g::isa(), g::Isa::kAvx2);
+  const g::Isa best = hardware_isa();
+  {
+    const Route route(nullptr);
     f(false);
-    ::unsetenv("TESSERA_CPU_F32_GEMM");
   }
-  testing::both_paths(g::isa() != g::Isa::kPortable, "TESSERA_CPU_F32_GEMM", f);
+  if (best == g::Isa::kAvx512) {
+    const Route route("avx2");
+    ASSERT_EQ(g::isa(), g::Isa::kAvx2);
+    f(false);
+  }
+  if (best != g::Isa::kPortable) {
+    const Route route("0");
+    ASSERT_EQ(g::isa(), g::Isa::kPortable);
+    f(true);
+  }
 }
 
 // A row-major matrix [rows × ld] of values in [-1, 1], NaN in the padding columns ≥ cols.
@@ -129,8 +162,10 @@ TEST(CpuF32Gemm, MatchesADoubleLoopOverTailsAndShapes) {
   uint64_t seed = 100;
   for (Tri tri : {Tri::kNone, Tri::kLowerA, Tri::kUpperA, Tri::kLowerC})
     for (bool ta : {false, true})
+      // N = 13 and 75: a 16-column block with 9-15 live columns (AVX2's two-vector edge tile).
       for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 7, 3}, {6, 16, 6}, {7, 17, 7}, {13, 33, 13},
-                             {12, 48, 12}, {64, 64, 64}, {65, 65, 65}, {70, 130, 70}, {20, 200, 20}}) {
+                             {12, 48, 12}, {64, 64, 64}, {65, 65, 65}, {70, 130, 70}, {20, 200, 20}, {7, 13, 9},
+                             {11, 75, 11}}) {
         // The causal shapes are square in (i, k) (L × L tiles); kNone also takes K ≠ M.
         const int64_t Kc = tri == Tri::kNone ? K + 9 : tri == Tri::kLowerC ? K + 1 : M;
         const int64_t Nc = tri == Tri::kLowerC ? M + N % 5 : N;  // kLowerC: L × L outputs, and wider
@@ -212,11 +247,12 @@ TEST(CpuF32Gemm, TransposeOverTailsBothPaths) {
 // over tails of every dimension, every causal shape, both A layouts, beta. Needs an AVX-512 CPU
 // (where TESSERA_CPU_F32_GEMM=avx2 forces the other); the portable path is checked above.
 TEST(CpuF32Gemm, Avx2AndAvx512GiveTheSameBits) {
-  if (g::isa() != g::Isa::kAvx512) GTEST_SKIP() << "needs AVX-512F (this CPU runs " << g::isa_name(g::isa()) << ")";
+  if (hardware_isa() != g::Isa::kAvx512) GTEST_SKIP() << "needs AVX-512F (this CPU has " << g::isa_name(hardware_isa()) << ")";
   uint64_t seed = 500;
   for (Tri tri : {Tri::kNone, Tri::kLowerA, Tri::kUpperA, Tri::kLowerC})
     for (bool ta : {false, true})
-      for (auto mnk : {std::tuple<int64_t, int64_t, int64_t>{7, 17, 7}, {13, 70, 13}, {64, 256, 64}, {25, 130, 300}}) {
+      for (auto mnk : {std::tuple<int64_t, int64_t, int64_t>{7, 17, 7}, {13, 70, 13}, {64, 256, 64}, {25, 130, 300},
+                       {9, 75, 11}}) {
         const int64_t M = std::get<0>(mnk), N = std::get<1>(mnk);
         const int64_t K = tri == Tri::kNone ? std::get<2>(mnk) : M, lda = (ta ? M : K) + 1, ldc = N + 2;
         const float beta = tri == Tri::kLowerC ? 0.0f : 0.5f;
@@ -228,10 +264,16 @@ TEST(CpuF32Gemm, Avx2AndAvx512GiveTheSameBits) {
         std::vector<float> packed(size_t(g::packed_floats(K, N)));
         g::pack(false, K, N, B.data(), N, packed.data());
         std::vector<float> wide = C0, narrow = C0;
-        g::gemm(tri, ta, M, N, K, 0.75f, A.data(), lda, packed.data(), beta, wide.data(), ldc);
-        ::setenv("TESSERA_CPU_F32_GEMM", "avx2", 1);
-        g::gemm(tri, ta, M, N, K, 0.75f, A.data(), lda, packed.data(), beta, narrow.data(), ldc);
-        ::unsetenv("TESSERA_CPU_F32_GEMM");
+        {
+          const Route route(nullptr);
+          ASSERT_EQ(g::isa(), g::Isa::kAvx512);
+          g::gemm(tri, ta, M, N, K, 0.75f, A.data(), lda, packed.data(), beta, wide.data(), ldc);
+        }
+        {
+          const Route route("avx2");
+          ASSERT_EQ(g::isa(), g::Isa::kAvx2);
+          g::gemm(tri, ta, M, N, K, 0.75f, A.data(), lda, packed.data(), beta, narrow.data(), ldc);
+        }
         for (size_t e = 0; e < wide.size(); ++e)
           if (!(std::isnan(wide[e]) && std::isnan(narrow[e])))
             ASSERT_EQ(narrow[e], wide[e]) << "tri " << int(tri) << " ta " << ta << " M " << M << " N " << N << " K " << K
@@ -240,16 +282,24 @@ TEST(CpuF32Gemm, Avx2AndAvx512GiveTheSameBits) {
 }
 
 TEST(CpuF32Gemm, IsaFollowsTheEnvironment) {
-  const g::Isa best = g::isa();
-  ::setenv("TESSERA_CPU_F32_GEMM", "0", 1);
-  EXPECT_EQ(g::isa(), g::Isa::kPortable);
-  EXPECT_FALSE(g::available());
-  ::setenv("TESSERA_CPU_F32_GEMM", "avx2", 1);
-  EXPECT_EQ(g::isa(), std::min(best, g::Isa::kAvx2));
-  EXPECT_FALSE(g::available()) << "available() is the AVX-512 kernel only";
-  ::unsetenv("TESSERA_CPU_F32_GEMM");
-  EXPECT_EQ(g::available(), best == g::Isa::kAvx512);
+  const g::Isa best = hardware_isa();
+  for (const char* off : {"0", "off", "portable", "Portable"}) {
+    const Route route(off);
+    EXPECT_EQ(g::isa(), g::Isa::kPortable) << off;
+    EXPECT_FALSE(g::available()) << off;
+  }
+  for (const char* cap : {"avx2", "AVX2"}) {
+    const Route route(cap);
+    EXPECT_EQ(g::isa(), std::min(best, g::Isa::kAvx2)) << cap;
+    EXPECT_FALSE(g::available()) << "available() is the AVX-512 kernel only";
+  }
+  for (const char* any : {"1", "avx512", static_cast<const char*>(nullptr)}) {
+    const Route route(any);
+    EXPECT_EQ(g::isa(), best) << (any ? any : "unset");
+    EXPECT_EQ(g::available(), best == g::Isa::kAvx512);
+  }
   EXPECT_STREQ(g::isa_name(g::Isa::kAvx2), "avx2");
+  EXPECT_STREQ(g::isa_name(g::Isa::kPortable), "portable");
 }
 
 TEST(CpuF32Gemm, EmptyDimensions) {

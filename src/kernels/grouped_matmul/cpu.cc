@@ -18,7 +18,8 @@
 // the f32 route: the results differ from it only in the order of the sums.
 //
 // f32 on the packed AVX-512 FMA micro-kernel (primitives/cpu_f32_gemm; TESSERA_CPU_F32_GEMM=0 or
-// a CPU without AVX-512F selects the OpenBLAS route above). Items are (group, kPanel-aligned
+// =avx2, or a CPU without AVX-512F, selects the OpenBLAS route above: the AVX2 kernel took
+// 1.05-1.6x OpenBLAS's time here, devlog 2026-11-28). Items are (group, kPanel-aligned
 // column chunk of ≤ max(n, kPanel) columns) over the whole group — cut into row parts only
 // where one is over a (2·threads)-th of the call's work — so a group's rhs panel is packed once
 // and every row of the group runs against it (the block size m is not used). gmm packs one kPanel-column panel

@@ -1,7 +1,7 @@
 // GENERATED FILE: the tuned block sizes of attention.
 // Regenerate (do not hand-edit values; review the diff like code):
 //   tessera tune attention --emit-table   (from the repository root, on the machine to tune; rebuild first: rows of other machines are kept)
-// Last generated 2026-11-26. Each row: implementation, device kind, dtype,
+// Last generated 2026-11-28. Each row: implementation, device kind, dtype,
 // shape bucket (see tuning.cc), winning parameters; the comment above it says where and
 // when it was measured and the winner's median time on the bucket's representative
 // shape. Lookup: src/tune/table.h; sanitizing for the actual shape: the kernel's fit (tuning.cc).
@@ -11,6 +11,42 @@ namespace tessera::attention {
 
 const std::vector<tune::TableEntry>& tuned_table() {
   static const std::vector<tune::TableEntry> rows = {
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=1,S=1024,H=4,D=128: 54.551 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "bf16", "d128",
+       {{"q", 256}, {"kv", 128}},
+       "B=1,S=1024,H=4,D=128", "fused", 54.551, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=1,S=1024,H=4,D=256: 120.430 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "bf16", "d256",
+       {{"q", 128}, {"kv", 128}},
+       "B=1,S=1024,H=4,D=256", "fused", 120.430, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=1,S=1024,H=4,D=64: 45.005 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "bf16", "d64",
+       {{"q", 64}, {"kv", 512}},
+       "B=1,S=1024,H=4,D=64", "fused", 45.005, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=1,S=1024,H=4,D=128: 65.427 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f16", "d128",
+       {{"q", 64}, {"kv", 256}},
+       "B=1,S=1024,H=4,D=128", "fused", 65.427, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=1,S=1024,H=4,D=256: 113.736 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f16", "d256",
+       {{"q", 256}, {"kv", 128}},
+       "B=1,S=1024,H=4,D=256", "fused", 113.736, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=1,S=1024,H=4,D=64: 49.200 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f16", "d64",
+       {{"q", 64}, {"kv", 256}},
+       "B=1,S=1024,H=4,D=64", "fused", 49.200, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=1,S=1024,H=4,D=128: 49.901 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f32", "d128",
+       {{"q", 64}, {"kv", 256}},
+       "B=1,S=1024,H=4,D=128", "fused", 49.901, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=1,S=1024,H=4,D=256: 125.663 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f32", "d256",
+       {{"q", 256}, {"kv", 256}},
+       "B=1,S=1024,H=4,D=256", "fused", 125.663, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=1,S=1024,H=4,D=64: 27.338 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f32", "d64",
+       {{"q", 64}, {"kv", 256}},
+       "B=1,S=1024,H=4,D=64", "fused", 27.338, "2026-11-28"},
       // cpu:AMD EPYC:zen4:2c:avx512 | fused B=1,S=2048,H=8,D=128: 168.419 ms median, measured 2026-11-26
       {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "d128",
        {{"q", 128}, {"kv", 512}},

@@ -1,7 +1,7 @@
 // GENERATED FILE: the tuned block sizes of linear_cross_entropy.
 // Regenerate (do not hand-edit values; review the diff like code):
 //   tessera tune linear_cross_entropy --emit-table   (from the repository root, on the machine to tune; rebuild first: rows of other machines are kept)
-// Last generated 2026-11-26. Each row: implementation, device kind, dtype,
+// Last generated 2026-11-28. Each row: implementation, device kind, dtype,
 // shape bucket (see tuning.cc), winning parameters; the comment above it says where and
 // when it was measured and the winner's median time on the bucket's representative
 // shape. Lookup: src/tune/table.h; sanitizing for the actual shape: the kernel's fit (tuning.cc).
@@ -43,6 +43,54 @@ const std::vector<tune::TableEntry>& tuned_table() {
       {"cpu", "cpu:AMD EPYC:2c:avx2", "f32", "small",
        {{"b", 256}, {"h", 512}, {"v", 1024}},
        "B=512,H=256,V=8192", "forward_backward", 40.453, "2026-11-22"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=64,H=512,V=256000: 809.911 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "bf16", "gemma-ish",
+       {{"b", 64}, {"h", 512}, {"v", 1024}},
+       "B=64,H=512,V=256000", "fused", 809.911, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=256,H=512,V=32000: 243.543 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "bf16", "llama2-ish",
+       {{"b", 256}, {"h", 512}, {"v", 4096}},
+       "B=256,H=512,V=32000", "fused", 243.543, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=128,H=512,V=128256: 521.172 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "bf16", "llama3-ish",
+       {{"b", 128}, {"h", 512}, {"v", 1024}},
+       "B=128,H=512,V=128256", "fused", 521.172, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=512,H=256,V=8192: 57.257 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "bf16", "small",
+       {{"b", 256}, {"h", 1024}, {"v", 2048}},
+       "B=512,H=256,V=8192", "fused", 57.257, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=64,H=512,V=256000: 798.315 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f16", "gemma-ish",
+       {{"b", 64}, {"h", 512}, {"v", 2048}},
+       "B=64,H=512,V=256000", "fused", 798.315, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=256,H=512,V=32000: 225.801 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f16", "llama2-ish",
+       {{"b", 256}, {"h", 256}, {"v", 2048}},
+       "B=256,H=512,V=32000", "fused", 225.801, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=128,H=512,V=128256: 609.331 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f16", "llama3-ish",
+       {{"b", 128}, {"h", 512}, {"v", 2048}},
+       "B=128,H=512,V=128256", "fused", 609.331, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=512,H=256,V=8192: 53.694 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f16", "small",
+       {{"b", 256}, {"h", 512}, {"v", 4096}},
+       "B=512,H=256,V=8192", "fused", 53.694, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=64,H=512,V=256000: 457.070 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f32", "gemma-ish",
+       {{"b", 64}, {"h", 512}, {"v", 1024}},
+       "B=64,H=512,V=256000", "fused", 457.070, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=256,H=512,V=32000: 189.133 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f32", "llama2-ish",
+       {{"b", 256}, {"h", 256}, {"v", 2048}},
+       "B=256,H=512,V=32000", "fused", 189.133, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=128,H=512,V=128256: 411.379 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f32", "llama3-ish",
+       {{"b", 64}, {"h", 1024}, {"v", 2048}},
+       "B=128,H=512,V=128256", "fused", 411.379, "2026-11-28"},
+      // cpu:AMD EPYC:zen3:2c:avx2 | fused B=512,H=256,V=8192: 54.872 ms median, measured 2026-11-28
+      {"cpu", "cpu:AMD EPYC:zen3:2c:avx2", "f32", "small",
+       {{"b", 256}, {"h", 1024}, {"v", 2048}},
+       "B=512,H=256,V=8192", "fused", 54.872, "2026-11-28"},
       // cpu:AMD EPYC:zen4:2c:avx512 | fused B=64,H=512,V=256000: 659.267 ms median, measured 2026-11-24
       {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "gemma-ish",
        {{"b", 64}, {"h", 512}, {"v", 1024}},

@@ -67,11 +67,13 @@ using HostCopy = Tensor (*)(void* stream, const TensorView& t);
 
 ffi::Error run(Device dev, void* stream, HostCopy host_copy, ffi::RemainingArgs args, ffi::RemainingRets rets,
                std::string_view kernel, std::string_view pass, std::string_view names, std::string_view options,
-               std::string_view implementation, int64_t memory_budget) {
+               std::string_view implementation, int64_t memory_budget, std::string_view skip) {
   try {
     const kernels::KernelSpec& k = kernels::get(std::string(kernel));
     kernels::CallArgs call;
     call.pass = parse_pass(std::string(pass));
+    for (const std::string& s : split(skip, ','))  // gradients left out: their work skipped
+      if (!s.empty()) call.skip.push_back(s);
     const std::vector<std::string> n = split(names, ',');
     if (n.size() != args.size())
       return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tessera: " + std::to_string(args.size()) +
@@ -93,6 +95,7 @@ ffi::Error run(Device dev, void* stream, HostCopy host_copy, ffi::RemainingArgs 
       given[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
     }
     call.options = option_values(k.call, k.name, given);
+    kernels::check_skip(k.call, call, k.name);
     call.exec.implementation = std::string(implementation);
     call.exec.stream = stream;
     if (memory_budget < 0)
@@ -118,8 +121,9 @@ ffi::Error run(Device dev, void* stream, HostCopy host_copy, ffi::RemainingArgs 
 
 ffi::Error call_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel, std::string_view pass,
                     std::string_view names, std::string_view options, std::string_view implementation,
-                    int64_t memory_budget) {
-  return run(Device::cpu(), nullptr, nullptr, args, rets, kernel, pass, names, options, implementation, memory_budget);
+                    int64_t memory_budget, std::string_view skip) {
+  return run(Device::cpu(), nullptr, nullptr, args, rets, kernel, pass, names, options, implementation, memory_budget,
+             skip);
 }
 
 // The CUDA handler links no CUDA runtime (importing tessera must not need one): the stream is an
@@ -150,7 +154,7 @@ int cuda_device_of(ffi::RemainingArgs& args, ffi::RemainingRets& rets) {
 
 ffi::Error call_cuda(void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view kernel,
                      std::string_view pass, std::string_view names, std::string_view options,
-                     std::string_view implementation, int64_t memory_budget) {
+                     std::string_view implementation, int64_t memory_budget, std::string_view skip) {
   int device = -1;
   try {
     device = cuda_device_of(args, rets);
@@ -169,7 +173,7 @@ ffi::Error call_cuda(void* stream, ffi::RemainingArgs args, ffi::RemainingRets r
     device = 0;  // empty outputs: the call still validates everything, then writes nothing
   }
   return run(Device::cuda(device), stream, cuda_host_copy, args, rets, kernel, pass, names, options, implementation,
-             memory_budget);
+             memory_budget, skip);
 }
 
 }  // namespace
@@ -183,7 +187,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCpu, call_cpu,
                                   .Attr<std::string_view>("names")
                                   .Attr<std::string_view>("options")
                                   .Attr<std::string_view>("implementation")
-                                  .Attr<int64_t>("memory_budget"));
+                                  .Attr<int64_t>("memory_budget")
+                                  .Attr<std::string_view>("skip"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCuda, call_cuda,
                               ffi::Ffi::Bind()
@@ -195,7 +200,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TesseraCallCuda, call_cuda,
                                   .Attr<std::string_view>("names")
                                   .Attr<std::string_view>("options")
                                   .Attr<std::string_view>("implementation")
-                                  .Attr<int64_t>("memory_budget"));
+                                  .Attr<int64_t>("memory_budget")
+                                  .Attr<std::string_view>("skip"));
 
 nb::dict ffi_targets() {
   nb::dict d;

@@ -11,7 +11,10 @@ and the upstream gradient. When the loss is a scalar (linear_cross_entropy with 
 or "mean") the custom_vjp's fwd rule (taken under jax.grad / vjp only) runs the "fused" pass
 instead, as Liger-Kernel does: loss and dx / dw / dbias at once for an upstream gradient of 1,
 kept as residuals (allocated in the forward, held until the backward) and scaled by the upstream
-gradient in the VJP; no second pass recomputes the logits. A plain call runs "forward" alone. Options are static (part of the jit cache key). Inputs without a
+gradient in the VJP; no second pass recomputes the logits. A plain call runs "forward" alone.
+An input that jax.grad does not differentiate (a frozen weight: ``argnums`` without it) has its
+gradient left out of the kernel's call where the kernel can skip it (``skippable``: LCE's dx, dw,
+dbias; grouped_matmul's dlhs, drhs), as tessera.torch does for ``requires_grad=False``. Options are static (part of the jit cache key). Inputs without a
 gradient in the kernel (labels, token_weights) get a zero cotangent: token_weights are treated as
 constants. The handlers are compiled into tessera._ext and registered with ``jax.ffi`` for CPU
 and CUDA (the CUDA one reaches the GPU through Tessera's CUDA module; without it a call fails
@@ -20,7 +23,7 @@ saying why).
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -42,16 +45,19 @@ _JNP = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp
 Exec = Tuple[str, int]
 
 
-def _ffi(k: Kernel, pass_: str, tensors: Dict[str, Any], options: Tuple[Tuple[str, str], ...], ex: Exec):
-    """One pass through the FFI: {output name: array}. Shapes come from the C++ CallSpec."""
+def _ffi(k: Kernel, pass_: str, tensors: Dict[str, Any], options: Tuple[Tuple[str, str], ...], ex: Exec,
+         skip: Tuple[str, ...] = ()):
+    """One pass through the FFI: {output name: array}, without the gradients in `skip` (their work
+    skipped). Shapes come from the C++ CallSpec."""
     names = [n for n, t in tensors.items() if t is not None]
     args = [tensors[n] for n in names]
     metas = {n: (dtype_name(t.dtype), list(t.shape), []) for n, t in zip(names, args)}
-    descs = outputs(k, pass_, metas, dict(options))
+    descs = outputs(k, pass_, metas, dict(options), skip)
     result = [jax.ShapeDtypeStruct(tuple(s), _JNP[d]) for _, d, s, _ in descs]
     outs = jax.ffi.ffi_call(_TARGET, result, vmap_method="sequential")(
         *args, kernel=k.name, pass_=pass_, names=",".join(names),
-        options=";".join(f"{n}={v}" for n, v in options), implementation=ex[0], memory_budget=np.int64(ex[1]))
+        options=";".join(f"{n}={v}" for n, v in options), implementation=ex[0], memory_budget=np.int64(ex[1]),
+        skip=",".join(skip))
     # Inside shard_map the results vary over every mesh axis an input varies over (typed as
     # invariant, a result used beside varying values gets an implicit pvary, whose transpose sums
     # the cotangent over the devices: wrong gradients).
@@ -116,38 +122,54 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
     def f(*args):
         return primal_out(_ffi(k, "forward", dict(zip(present, args)), options, ex), args)
 
-    def fwd(*args):
+    def fwd(*primals):
+        # symbolic_zeros: each input comes with `perturbed`, False for one jax.grad does not
+        # differentiate (a frozen weight: argnums without it). Its gradient is left out of the
+        # kernel's call where the kernel can skip it (skippable: LCE's dw costs a third of the pass).
+        args = tuple(p.value for p in primals)
+        skip = tuple("d" + n for n, p in zip(present, primals)
+                     if n in diff and not p.perturbed and "d" + n in k.skippable)
+        skipped = {s: None for s in skip}  # a pytree's keys: static, as the residuals need
         tensors = dict(zip(present, args))
         if fused_in_forward(args):  # loss and gradients at once, for an upstream gradient of 1
             tensors.update({"grad_" + n: jnp.ones((), jnp.float32) for n in k.forward_outputs})
-            out = _ffi(k, "fused", tensors, options, ex)
-            return primal_out(out, args), (args, {}, {n: out["d" + n] for n in present if n in diff})
+            out = _ffi(k, "fused", tensors, options, ex, skip)
+            fused = {n: out["d" + n] for n in present if n in diff and "d" + n not in skipped}
+            return primal_out(out, args), (args, {}, fused, skipped)
         out = _ffi(k, "forward", tensors, options, ex)
         saved = {n: out[n] for n in k.saved_outputs if n in out}
-        return primal_out(out, args), (args, saved, {})
+        return primal_out(out, args), (args, saved, None, skipped)
 
     def scaled(d, g):
         """d times the upstream scalar g (in f32, rounded once to d's dtype); d itself when g == 1."""
         return jax.lax.cond(g == 1, lambda d: d, lambda d: (d.astype(jnp.float32) * g).astype(d.dtype), d)
 
+    def dense(gi):
+        """An upstream gradient as an f32 array (symbolic_zeros hands a SymbolicZero for an output
+        nothing downstream differentiates)."""
+        if isinstance(gi, jax.custom_derivatives.SymbolicZero):
+            return jnp.zeros(gi.aval.shape, jnp.float32)
+        return jnp.asarray(gi, jnp.float32)
+
     def bwd(res, g):
-        args, saved, fused = res
+        args, saved, fused, skipped = res
         public = public_names(args)
         gs = g if isinstance(g, tuple) else (g,)
-        if fused:
-            g0 = jnp.asarray(gs[0], jnp.float32)
+        if fused is not None:
+            g0 = dense(gs[0])
             return tuple(_varying_like(scaled(fused[n], g0), a) if n in fused else None for n, a in zip(present, args))
         tensors = dict(zip(present, args))
         # Upstream gradients of the outputs that take one: the forward_outputs (the first public
         # outputs) and those whose grad_<name> the backward declares (last states).
         for name, gi in zip(public, gs):
             if k.takes_grad(name):
-                tensors["grad_" + name] = jnp.asarray(gi, jnp.float32)
+                tensors["grad_" + name] = dense(gi)
         tensors.update(saved)
-        grads = _ffi(k, "backward", tensors, options, ex)
-        return tuple(_varying_like(grads["d" + n], a) if n in diff else None for n, a in zip(present, args))
+        grads = _ffi(k, "backward", tensors, options, ex, tuple(skipped))
+        return tuple(_varying_like(grads["d" + n], a) if n in diff and "d" + n not in skipped else None
+                     for n, a in zip(present, args))
 
-    f.defvjp(fwd, bwd)
+    f.defvjp(fwd, bwd, symbolic_zeros=True)
     return f
 
 
@@ -175,11 +197,13 @@ def _make(k: Kernel):
 
 
 def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: str = "",
-         memory_budget: Optional[int] = None, **options):
-    """One pass of a kernel on JAX arrays (jit-able, no autodiff): {output name: array}."""
+         memory_budget: Optional[int] = None, skip: Sequence[str] = (), **options):
+    """One pass of a kernel on JAX arrays (jit-able, no autodiff): {output name: array}. skip:
+    gradients a backward / fused pass leaves out (the kernel's ``skippable``), absent from the result."""
     k = KERNELS[kernel]
     ex = (implementation or "", memory_budget_bytes(memory_budget, kernel))
-    return _ffi(k, pass_, tensors, tuple(sorted(k.option_texts(options).items())), ex)
+    skip = tuple(n for n in skip.split(",") if n) if isinstance(skip, str) else tuple(skip)
+    return _ffi(k, pass_, tensors, tuple(sorted(k.option_texts(options).items())), ex, skip)
 
 
 for _name, _k in KERNELS.items():

@@ -237,3 +237,63 @@ def test_forward_only_without_grad_and_for_reduction_none():
     assert "('pass_', 'fused')" not in str(jax.make_jaxpr(lambda x: tj.linear_cross_entropy(x, w, y))(x))
     per_token = jax.make_jaxpr(jax.grad(lambda x: tj.linear_cross_entropy(x, w, y, reduction="none").sum()))(x)
     assert "('pass_', 'fused')" not in str(per_token) and "('pass_', 'backward')" in str(per_token)
+
+
+def _record_ffi_skips(monkeypatch):
+    """(pass, sorted skip) of every FFI call tessera.jax traces from now on."""
+    seen = []
+    real = tj._ffi
+
+    def spy(k, pass_, tensors, options, ex, skip=()):
+        seen.append((pass_, sorted(skip)))
+        return real(k, pass_, tensors, options, ex, skip)
+
+    monkeypatch.setattr(tj, "_ffi", spy)
+    return seen
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("argnums", [(0,), (1,), (0, 2)], ids=["x", "w", "x,bias"])
+def test_inputs_grad_does_not_differentiate_skip_their_gradients(monkeypatch, reduction, argnums):
+    """jax.grad over some inputs only (a frozen lm_head: argnums without w) asks the kernel to
+    skip the others' gradients (the fused pass of a scalar loss, the backward for reduction
+    'none'), and the gradients it computes are the same bits as with every input differentiated."""
+    x, w, y, b = arrays(seed=3, bias=True)
+    up = jnp.linspace(0.5, 2.0, y.size).reshape(y.shape)
+
+    def loss(x, w, b):
+        out = tj.linear_cross_entropy(x, w, y, bias=b, reduction=reduction)
+        return out if reduction == "mean" else (out * up).sum()
+
+    full = jax.grad(loss, argnums=(0, 1, 2))(x, w, b)
+    seen = _record_ffi_skips(monkeypatch)
+    part = jax.jit(jax.grad(loss, argnums=argnums))(x, w, b)
+    names = ("dx", "dw", "dbias")
+    want = ("fused" if reduction == "mean" else "backward", sorted(n for i, n in enumerate(names) if i not in argnums))
+    assert want in seen, seen
+    for g, i in zip(part, argnums):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(full[i]), err_msg=names[i])
+
+
+def test_every_input_differentiated_skips_nothing(monkeypatch):
+    x, w, y = arrays(seed=5)
+    seen = _record_ffi_skips(monkeypatch)
+    jax.grad(lambda x, w: tj.linear_cross_entropy(x, w, y), argnums=(0, 1))(x, w)
+    assert seen == [("fused", [])], seen
+
+
+def test_grouped_matmul_frozen_experts_skip_drhs(monkeypatch):
+    rng = np.random.default_rng(7)
+    lhs = jnp.asarray(rng.standard_normal((10, 6)).astype(np.float32))
+    rhs = jnp.asarray(rng.standard_normal((3, 6, 5)).astype(np.float32))
+    sizes = jnp.asarray(np.array([4, 0, 6], np.int32))
+    up = jnp.asarray(rng.standard_normal((10, 5)).astype(np.float32))
+
+    def loss(lhs, rhs):
+        return (tj.grouped_matmul(lhs, rhs, sizes) * up).sum()
+
+    full = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
+    seen = _record_ffi_skips(monkeypatch)
+    dl = jax.grad(loss, argnums=0)(lhs, rhs)
+    assert ("backward", ["drhs"]) in seen, seen
+    np.testing.assert_array_equal(np.asarray(dl), np.asarray(full[0]))

@@ -151,6 +151,10 @@ def _local_vocab(x, w, layout: str) -> int:
     raise ValueError(f"w_local {w.shape} does not match H={h} in layout {layout!r}")
 
 
+def _is_primal(p) -> bool:
+    return isinstance(p, jax.custom_derivatives.CustomVJPPrimal)
+
+
 def _zero_cotangent(a):
     """A zero cotangent for a non-differentiable argument (float0 for integers and booleans)."""
     if jnp.issubdtype(a.dtype, jnp.inexact):
@@ -219,24 +223,32 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis
     def loss_fn(xx, ww, bb, a):
         return outputs(xx, ww, bb, a)
 
-    def fwd(xx, ww, bb, a):
+    def fwd(*primals):
+        # symbolic_zeros: a w slice or bias that jax.grad does not differentiate (frozen) has its
+        # gradient skipped in the backward; dx is always formed (every device all-reduces it).
+        xx, ww, bb, a = jax.tree_util.tree_map(lambda p: p.value, primals, is_leaf=_is_primal)
+        frozen = {"dw": not primals[1].perturbed, "dbias": bb is not None and not primals[2].perturbed}
         outs = outputs(xx, ww, bb, a)
-        return outs, (xx, ww, bb, a, outs[1])
+        return outs, (xx, ww, bb, a, outs[1], {n: None for n, f in frozen.items() if f})
 
     def bwd(res, gs):  # only the loss carries a gradient: the statistics' cotangents are dropped
-        xx, ww, bb, a, lse = res
+        xx, ww, bb, a, lse, skipped = res
+        g0 = gs[0]
+        g0 = jnp.zeros(g0.aval.shape, jnp.float32) if isinstance(g0, jax.custom_derivatives.SymbolicZero) else g0
         t = dict(x=xx, w=ww, bias=bb, labels=a["labels"], token_weights=a["token_weights"],
-                 class_weights=a["class_weights"], grad_loss=jnp.asarray(gs[0], jnp.float32), lse=lse)
-        grads = tj.call("linear_cross_entropy", "backward", t, implementation=impl, memory_budget=budget, **opts)
+                 class_weights=a["class_weights"], grad_loss=jnp.asarray(g0, jnp.float32), lse=lse)
+        grads = tj.call("linear_cross_entropy", "backward", t, implementation=impl, memory_budget=budget,
+                        skip=tuple(skipped), **opts)
         zeros = jax.tree_util.tree_map(_zero_cotangent, a)
         # Each cotangent varies over its primal's mesh axes only: on a data x tensor parallel mesh
         # dw and dbias come back varying over the data axes too and are summed over them (the
         # weights are the same on every data shard), as tessera.jax does for its own calls.
         dx = tj._varying_like(jax.lax.psum(grads["dx"], axis_name), xx)
-        db = None if bb is None else tj._varying_like(grads["dbias"], bb)
-        return dx, tj._varying_like(grads["dw"], ww), db, zeros
+        db = None if bb is None or "dbias" in skipped else tj._varying_like(grads["dbias"], bb)
+        dw = None if "dw" in skipped else tj._varying_like(grads["dw"], ww)
+        return dx, dw, db, zeros
 
-    loss_fn.defvjp(fwd, bwd)
+    loss_fn.defvjp(fwd, bwd, symbolic_zeros=True)
     outs = loss_fn(x, w_local, bias, aux)
     loss = outs[0]
     if not (return_argmax or return_z_loss or return_token_accuracy or return_lse):

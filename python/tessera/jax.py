@@ -12,9 +12,10 @@ or "mean") the custom_vjp's fwd rule (taken under jax.grad / vjp only) runs the 
 instead, as Liger-Kernel does: loss and dx / dw / dbias at once for an upstream gradient of 1,
 kept as residuals (allocated in the forward, held until the backward) and scaled by the upstream
 gradient in the VJP; no second pass recomputes the logits. A plain call runs "forward" alone.
-An input that jax.grad does not differentiate (a frozen weight: ``argnums`` without it) has its
-gradient left out of the kernel's call where the kernel can skip it (``skippable``: LCE's dx, dw,
-dbias; grouped_matmul's dlhs, drhs), as tessera.torch does for ``requires_grad=False``. Options are static (part of the jit cache key). Inputs without a
+``frozen=("w",)`` treats inputs as constants (zero gradient, like jax.lax.stop_gradient) and
+skips their gradient work where the kernel can (``skippable``: LCE's x, w, bias; grouped_matmul's
+lhs, rhs): JAX cannot tell a custom_vjp which inputs are differentiated reliably (symbolic_zeros
+shares one residual layout between patterns: wrong gradients), so the caller says it. Options are static (part of the jit cache key). Inputs without a
 gradient in the kernel (labels, token_weights) get a zero cotangent: token_weights are treated as
 constants. The handlers are compiled into tessera._ext and registered with ``jax.ffi`` for CPU
 and CUDA (the CUDA one reaches the GPU through Tessera's CUDA module; without it a call fails
@@ -23,6 +24,7 @@ saying why).
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -93,11 +95,13 @@ def _varying_like(g, primal):
 
 @functools.lru_cache(maxsize=None)
 def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[str, str], ...], ex: Exec,
-                    saved_wanted: Tuple[str, ...] = ()):
+                    saved_wanted: Tuple[str, ...] = (), frozen: Tuple[str, ...] = ()):
     """A custom_vjp function of the present inputs (positional, in `present` order); the saved
-    outputs in `saved_wanted` (lse) come last."""
+    outputs in `saved_wanted` (lse) come last. The `frozen` inputs get a zero cotangent and their
+    gradients are left out of the kernel's calls (their work skipped)."""
     k = KERNELS[kname]
     diff = {i.name for i in k.inputs if i.differentiable}
+    skip = tuple("d" + n for n in frozen)  # static: part of this function's identity
 
     def forward_descs(args):
         metas = {n: (dtype_name(a.dtype), list(a.shape), []) for n, a in zip(present, args)}
@@ -118,70 +122,76 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
         return ("fused" in k.passes and all(descs.get(n) == [] for n in k.forward_outputs) and
                 not any(k.takes_grad(n) for n in public_names(args) if n not in k.forward_outputs))
 
+    def takes(n: str) -> bool:
+        """Input n gets a cotangent from the kernel (differentiable and not frozen)."""
+        return n in diff and n not in frozen
+
     @jax.custom_vjp
     def f(*args):
         return primal_out(_ffi(k, "forward", dict(zip(present, args)), options, ex), args)
 
-    def fwd(*primals):
-        # symbolic_zeros: each input comes with `perturbed`, False for one jax.grad does not
-        # differentiate (a frozen weight: argnums without it). Its gradient is left out of the
-        # kernel's call where the kernel can skip it (skippable: LCE's dw costs a third of the pass).
-        args = tuple(p.value for p in primals)
-        skip = tuple("d" + n for n, p in zip(present, primals)
-                     if n in diff and not p.perturbed and "d" + n in k.skippable)
-        skipped = {s: None for s in skip}  # a pytree's keys: static, as the residuals need
+    def fwd(*args):
         tensors = dict(zip(present, args))
         if fused_in_forward(args):  # loss and gradients at once, for an upstream gradient of 1
             tensors.update({"grad_" + n: jnp.ones((), jnp.float32) for n in k.forward_outputs})
             out = _ffi(k, "fused", tensors, options, ex, skip)
-            fused = {n: out["d" + n] for n in present if n in diff and "d" + n not in skipped}
-            return primal_out(out, args), (args, {}, fused, skipped)
+            return primal_out(out, args), (args, {}, {n: out["d" + n] for n in present if takes(n)})
         out = _ffi(k, "forward", tensors, options, ex)
         saved = {n: out[n] for n in k.saved_outputs if n in out}
-        return primal_out(out, args), (args, saved, None, skipped)
+        return primal_out(out, args), (args, saved, None)
 
     def scaled(d, g):
         """d times the upstream scalar g (in f32, rounded once to d's dtype); d itself when g == 1."""
         return jax.lax.cond(g == 1, lambda d: d, lambda d: (d.astype(jnp.float32) * g).astype(d.dtype), d)
 
-    def dense(gi):
-        """An upstream gradient as an f32 array (symbolic_zeros hands a SymbolicZero for an output
-        nothing downstream differentiates)."""
-        if isinstance(gi, jax.custom_derivatives.SymbolicZero):
-            return jnp.zeros(gi.aval.shape, jnp.float32)
-        return jnp.asarray(gi, jnp.float32)
-
     def bwd(res, g):
-        args, saved, fused, skipped = res
+        args, saved, fused = res
         public = public_names(args)
         gs = g if isinstance(g, tuple) else (g,)
         if fused is not None:
-            g0 = dense(gs[0])
+            g0 = jnp.asarray(gs[0], jnp.float32)
             return tuple(_varying_like(scaled(fused[n], g0), a) if n in fused else None for n, a in zip(present, args))
         tensors = dict(zip(present, args))
         # Upstream gradients of the outputs that take one: the forward_outputs (the first public
         # outputs) and those whose grad_<name> the backward declares (last states).
         for name, gi in zip(public, gs):
             if k.takes_grad(name):
-                tensors["grad_" + name] = dense(gi)
+                tensors["grad_" + name] = jnp.asarray(gi, jnp.float32)
         tensors.update(saved)
-        grads = _ffi(k, "backward", tensors, options, ex, tuple(skipped))
-        return tuple(_varying_like(grads["d" + n], a) if n in diff and "d" + n not in skipped else None
-                     for n, a in zip(present, args))
+        grads = _ffi(k, "backward", tensors, options, ex, skip)
+        return tuple(_varying_like(grads["d" + n], a) if takes(n) else None for n, a in zip(present, args))
 
-    f.defvjp(fwd, bwd, symbolic_zeros=True)
+    f.defvjp(fwd, bwd)
     return f
 
 
+def _frozen_of(k: Kernel, frozen) -> Tuple[str, ...]:
+    """`frozen=` as a sorted tuple of input names ("w", "w,bias" or a sequence), each an input
+    whose gradient the kernel can skip."""
+    names = [n for n in frozen.split(",") if n] if isinstance(frozen, str) else list(frozen or ())
+    allowed = [i.name for i in k.inputs if i.differentiable and "d" + i.name in k.skippable]
+    for n in names:
+        if n not in allowed:
+            raise ValueError(f"{k.name}: frozen={n!r} is not an input whose gradient can be skipped "
+                             f"(frozen: {', '.join(allowed) or 'none'})")
+    return tuple(sorted(set(names)))
+
+
+_FROZEN = inspect.Parameter("frozen", inspect.Parameter.KEYWORD_ONLY, default=())
+
+
 def _make(k: Kernel):
+    extra = (_FROZEN,) if k.skippable else ()
+
     def fn(*args, **kwargs):
-        tensors, options, implementation, extras = k.bind(args, kwargs)
+        tensors, options, implementation, extras = k.bind(args, kwargs, extra)
+        frozen = _frozen_of(k, extras.get("frozen", ()))
         ex = (implementation, extras["memory_budget"])
         present = tuple(n for n, t in tensors.items() if t is not None)
         arrays = [widen_mask(jnp.asarray(tensors[n])) for n in present]
         opts = tuple(sorted(k.option_texts(options).items()))
         wanted = k.wanted_saved(extras)
-        out = _differentiable(k.name, present, opts, ex, wanted)(*arrays)
+        out = _differentiable(k.name, present, opts, ex, wanted, tuple(n for n in frozen if n in present))(*arrays)
         if not isinstance(out, tuple):
             return out
         # No gradient flows through an output whose cotangent the VJP ignores (a saved lse, m_last,
@@ -191,8 +201,13 @@ def _make(k: Kernel):
         return tuple(o if k.takes_grad(n) else jax.lax.stop_gradient(o) for n, o in zip(names, out))
 
     fn.__name__ = fn.__qualname__ = k.name
-    fn.__signature__ = k.signature()
-    fn.__doc__ = k.doc("JAX: XLA FFI + custom_vjp; works under jit and grad (vmap runs it per element)") + k.returns_doc()
+    fn.__signature__ = k.signature(extra)
+    doc = k.doc("JAX: XLA FFI + custom_vjp; works under jit and grad (vmap runs it per element)")
+    if k.skippable:
+        allowed = ", ".join(i.name for i in k.inputs if i.differentiable and "d" + i.name in k.skippable)
+        doc += (f"\n  frozen=(): inputs treated as constants ({allowed}): a zero gradient, and their gradient work "
+                "skipped (a frozen lm_head under LoRA: frozen=\"w\")")
+    fn.__doc__ = doc + k.returns_doc()
     return fn
 
 

@@ -160,12 +160,12 @@ def check_vocab_parallel(devices: int, case: dict) -> None:
     mesh = Mesh(np.array(jax.devices()[:devices]), ("tp",))
     b0 = np.zeros(V, np.float32) if bias is None else bias
 
-    def sharded(xx, ww, bb, cc):
+    def sharded(xx, ww, bb, cc, frozen=()):
         def local(xl, wl, bl, cl):
             s = jax.lax.axis_index("tp") * vd
             return tj.linear_cross_entropy(xl, wl, labels, vocab_start=s, axis_name="tp",
                                            bias=None if bias is None else bl, token_weights=tw,
-                                           class_weights=None if cw is None else cl, **case)
+                                           class_weights=None if cw is None else cl, frozen=frozen, **case)
         return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("tp"), P("tp"), P("tp")), out_specs=P())(xx, ww, bb, cc)
 
     def whole(xx, ww, bb, cc):
@@ -177,9 +177,9 @@ def check_vocab_parallel(devices: int, case: dict) -> None:
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
-    def scalar(f):
+    def scalar(f, **kw):
         def s(xx, ww, bb):
-            out = f(xx, ww, bb, c0)
+            out = f(xx, ww, bb, c0, **kw)
             loss = out[0] if isinstance(out, tuple) else out
             return jnp.sum(loss * jnp.linspace(0.5, 1.5, loss.size).reshape(loss.shape))
         return s
@@ -189,8 +189,9 @@ def check_vocab_parallel(devices: int, case: dict) -> None:
     for a, b in zip(gs, gw):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
-    # A frozen classifier (grad over x only): each device's backward skips its dw slice (and
-    # dbias); dx is the same bits as with every input differentiated.
+    # A frozen classifier (frozen="w,bias"): each device's backward skips its dw slice and dbias,
+    # dx is the same bits as with nothing frozen; a frozen x (head-only training) skips dx and
+    # its all-reduce, dw the same bits.
     seen, real = [], tj._ffi
 
     def spy(k, pass_, tensors, options, ex, skip=()):
@@ -199,12 +200,15 @@ def check_vocab_parallel(devices: int, case: dict) -> None:
 
     tj._ffi = spy
     try:
-        dx = jax.jit(jax.grad(scalar(sharded), argnums=0))(x, w, b0)
+        dx = jax.jit(jax.grad(scalar(sharded, frozen="w,bias"), argnums=0))(x, w, b0)
+        dw = jax.jit(jax.grad(scalar(sharded, frozen="x"), argnums=1))(x, w, b0)
     finally:
         tj._ffi = real
     want_skip = ("dw",) if bias is None else ("dbias", "dw")
     assert ("backward", want_skip) in seen, seen
+    assert ("backward", ("dx",)) in seen, seen
     np.testing.assert_array_equal(np.asarray(dx), np.asarray(gs[0]))
+    np.testing.assert_array_equal(np.asarray(dw), np.asarray(gs[1]))
 
 
 def check_vocab_parallel_2d() -> None:

@@ -253,33 +253,41 @@ def _record_ffi_skips(monkeypatch):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-@pytest.mark.parametrize("argnums", [(0,), (1,), (0, 2)], ids=["x", "w", "x,bias"])
-def test_inputs_grad_does_not_differentiate_skip_their_gradients(monkeypatch, reduction, argnums):
-    """jax.grad over some inputs only (a frozen lm_head: argnums without w) asks the kernel to
-    skip the others' gradients (the fused pass of a scalar loss, the backward for reduction
-    'none'), and the gradients it computes are the same bits as with every input differentiated."""
+@pytest.mark.parametrize("frozen", [("w",), ("x",), ("bias", "w")], ids=["w", "x", "w,bias"])
+def test_frozen_inputs_skip_their_gradients(monkeypatch, reduction, frozen):
+    """frozen= (a frozen lm_head under LoRA: frozen="w") asks the kernel to skip those gradients
+    (the fused pass of a scalar loss, the backward for reduction 'none'); their cotangent is zero,
+    and the gradients it computes are the same bits as with nothing frozen."""
     x, w, y, b = arrays(seed=3, bias=True)
     up = jnp.linspace(0.5, 2.0, y.size).reshape(y.shape)
 
-    def loss(x, w, b):
-        out = tj.linear_cross_entropy(x, w, y, bias=b, reduction=reduction)
+    def loss(x, w, b, **kw):
+        out = tj.linear_cross_entropy(x, w, y, bias=b, reduction=reduction, **kw)
         return out if reduction == "mean" else (out * up).sum()
 
     full = jax.grad(loss, argnums=(0, 1, 2))(x, w, b)
     seen = _record_ffi_skips(monkeypatch)
-    part = jax.jit(jax.grad(loss, argnums=argnums))(x, w, b)
-    names = ("dx", "dw", "dbias")
-    want = ("fused" if reduction == "mean" else "backward", sorted(n for i, n in enumerate(names) if i not in argnums))
+    part = jax.jit(jax.grad(lambda x, w, b: loss(x, w, b, frozen=frozen), argnums=(0, 1, 2)))(x, w, b)
+    want = ("fused" if reduction == "mean" else "backward", sorted("d" + n for n in frozen))
     assert want in seen, seen
-    for g, i in zip(part, argnums):
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(full[i]), err_msg=names[i])
+    for n, g, r in zip(("x", "w", "bias"), part, full):
+        if n in frozen:
+            assert not np.any(np.asarray(g)), n
+        else:
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(r), err_msg=n)
 
 
-def test_every_input_differentiated_skips_nothing(monkeypatch):
+def test_nothing_frozen_skips_nothing_and_bad_names_are_refused(monkeypatch):
     x, w, y = arrays(seed=5)
     seen = _record_ffi_skips(monkeypatch)
+    jax.grad(lambda x, w: tj.linear_cross_entropy(x, w, y, frozen="w"), argnums=(0, 1))(x, w)
     jax.grad(lambda x, w: tj.linear_cross_entropy(x, w, y), argnums=(0, 1))(x, w)
-    assert seen == [("fused", [])], seen
+    assert seen == [("fused", ["dw"]), ("fused", [])], seen
+    with pytest.raises(ValueError, match=r"frozen='labels'.*\(frozen: x, w, bias\)"):
+        tj.linear_cross_entropy(x, w, y, frozen=("labels",))
+    import inspect
+    assert "frozen=()" in str(inspect.signature(tj.grouped_matmul))
+    assert "frozen" not in str(inspect.signature(tj.attention))  # nothing skippable there
 
 
 def test_grouped_matmul_frozen_experts_skip_drhs(monkeypatch):
@@ -289,11 +297,53 @@ def test_grouped_matmul_frozen_experts_skip_drhs(monkeypatch):
     sizes = jnp.asarray(np.array([4, 0, 6], np.int32))
     up = jnp.asarray(rng.standard_normal((10, 5)).astype(np.float32))
 
-    def loss(lhs, rhs):
-        return (tj.grouped_matmul(lhs, rhs, sizes) * up).sum()
+    def loss(lhs, rhs, **kw):
+        return (tj.grouped_matmul(lhs, rhs, sizes, **kw) * up).sum()
 
     full = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
     seen = _record_ffi_skips(monkeypatch)
-    dl = jax.grad(loss, argnums=0)(lhs, rhs)
+    dl, dr = jax.grad(lambda a, b: loss(a, b, frozen="rhs"), argnums=(0, 1))(lhs, rhs)
     assert ("backward", ["drhs"]) in seen, seen
     np.testing.assert_array_equal(np.asarray(dl), np.asarray(full[0]))
+    assert not np.any(np.asarray(dr))
+
+
+def test_vjps_in_different_inputs_of_one_jitted_loss():
+    """Two vjps of one jitted call site, in x then in w, the first pulled back last: JAX keeps one
+    residual structure per call site for every pattern of differentiated inputs, so nothing in
+    the residuals may depend on the pattern (a symbolic_zeros version that skipped the
+    undifferentiated inputs' gradients returned x's as zeros here, silently: not landed)."""
+    x, w, y = arrays(seed=6)
+    up = jnp.linspace(0.5, 2.0, y.size).reshape(y.shape)
+    jl = jax.jit(lambda x, w: tj.linear_cross_entropy(x, w, y, reduction="none"))
+    _, vx = jax.vjp(lambda x: jl(x, w), x)
+    _, vw = jax.vjp(lambda w: jl(x, w), w)
+    dx, = vx(up)
+    dw, = vw(up)
+    want = jax.vjp(lambda x, w: tj.linear_cross_entropy(x, w, y, reduction="none"), x, w)[1](up)
+    np.testing.assert_array_equal(np.asarray(dx), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(dw), np.asarray(want[1]))
+
+
+def test_inside_an_unjitted_shard_map():
+    """Forward and grad inside an un-jitted shard_map (JAX refuses a custom_vjp defined with
+    symbolic_zeros there: the reason tessera.jax's is not)."""
+    from jax.sharding import PartitionSpec as P
+    x, w, y = arrays(seed=7)
+    mesh = jax.make_mesh((1,), ("i",))
+    f = jax.shard_map(lambda a, b: tj.linear_cross_entropy(a, b, y), mesh=mesh, in_specs=(P(), P()), out_specs=P())
+    np.testing.assert_allclose(np.asarray(f(x, w)), np.asarray(tj.linear_cross_entropy(x, w, y)), rtol=1e-6)
+    g = jax.grad(lambda a: f(a, w))(x)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(lambda a: tj.linear_cross_entropy(a, w, y))(x)),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_call_skip_as_a_string_and_refused_on_forward():
+    x, w, y = arrays(seed=8)
+    t = {"x": x, "w": w, "labels": y, "grad_loss": jnp.ones((), jnp.float32)}
+    out = tj.call("linear_cross_entropy", "backward", t, skip="dw")
+    assert set(out) == {"dx"}, set(out)
+    full = tj.call("linear_cross_entropy", "backward", t)
+    np.testing.assert_array_equal(np.asarray(out["dx"]), np.asarray(full["dx"]))
+    with pytest.raises(Exception, match="skip"):
+        tj.call("linear_cross_entropy", "forward", {"x": x, "w": w, "labels": y}, skip="dw")

@@ -103,8 +103,8 @@ def test_jax_budget_reaches_the_kernel(capfd):
     jax.grad(lambda a, b: tj.linear_cross_entropy(a, b, yj, implementation="cpu", reduction="none",
                                                    memory_budget=108).astype(jnp.float32).sum(), argnums=(0, 1))(xj, wj)
     assert warned(capfd, 108)  # per-token losses: the forward, then the backward through the FFI
-    # w frozen (grad over x only): dw is skipped, so no f32 dw accumulator and nothing over budget.
-    jax.grad(lambda a: tj.linear_cross_entropy(a, wj, yj, implementation="cpu", reduction="none",
+    # w frozen: dw is skipped, so no f32 dw accumulator and nothing over budget.
+    jax.grad(lambda a: tj.linear_cross_entropy(a, wj, yj, implementation="cpu", reduction="none", frozen="w",
                                                 memory_budget=110).astype(jnp.float32).sum())(xj)
     assert not warned(capfd, 110)
     t = {"x": xj, "w": wj, "labels": yj, "grad_loss": jnp.ones((), jnp.float32)}

@@ -151,10 +151,6 @@ def _local_vocab(x, w, layout: str) -> int:
     raise ValueError(f"w_local {w.shape} does not match H={h} in layout {layout!r}")
 
 
-def _is_primal(p) -> bool:
-    return isinstance(p, jax.custom_derivatives.CustomVJPPrimal)
-
-
 def _zero_cotangent(a):
     """A zero cotangent for a non-differentiable argument (float0 for integers and booleans)."""
     if jnp.issubdtype(a.dtype, jnp.inexact):
@@ -168,13 +164,16 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis
                                         z_loss_weight: float = 0.0, soft_cap: float = 0.0, w_layout: str = "auto",
                                         return_argmax: bool = False, return_z_loss: bool = False,
                                         return_token_accuracy: bool = False, return_lse: bool = False,
-                                        implementation: Optional[str] = None, memory_budget: Optional[int] = None):
+                                        implementation: Optional[str] = None, memory_budget: Optional[int] = None,
+                                        frozen=()):
     """``tessera.jax.linear_cross_entropy`` with the classifier split along the mesh axis
     ``axis_name`` (inside ``shard_map``): w_local holds classes [vocab_start, vocab_start + V_d) of
     V = V_d × axis size (``vocab_start`` may be traced, e.g. ``lax.axis_index("tp") * V_d``); bias
     and class_weights are the matching slices, x / labels / token_weights the same on every
     device. The partial form on each slice, a pmax and a psum of three floats per token, and a
-    psum of dx in the VJP. jit and grad; same results and return order as one device."""
+    psum of dx in the VJP. jit and grad; same results and return order as one device. frozen:
+    inputs among x, w, bias treated as constants, their gradients skipped (as on one device)."""
+    frozen_names = tj._frozen_of(tj.KERNELS["linear_cross_entropy"], frozen)
     vt = _local_vocab(x, w_local, w_layout) * jax.lax.axis_size(axis_name)
     valid = labels != ignore_index
     rel = jnp.where(valid, labels.astype(jnp.int32) - vocab_start, _REL_IGNORE)
@@ -219,36 +218,34 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis
             return loss, lse, zy, sz, out["argmax"], out["max_logit"]
         return loss, lse, zy, sz
 
+    # frozen inputs: a zero cotangent, their gradients skipped in the backward (a frozen x also
+    # drops dx's all-reduce, on every device alike: frozen is static, the same SPMD program).
+    skip = tuple("d" + n for n in frozen_names)
+
     @jax.custom_vjp
     def loss_fn(xx, ww, bb, a):
         return outputs(xx, ww, bb, a)
 
-    def fwd(*primals):
-        # symbolic_zeros: a w slice or bias that jax.grad does not differentiate (frozen) has its
-        # gradient skipped in the backward; dx is always formed (every device all-reduces it).
-        xx, ww, bb, a = jax.tree_util.tree_map(lambda p: p.value, primals, is_leaf=_is_primal)
-        frozen = {"dw": not primals[1].perturbed, "dbias": bb is not None and not primals[2].perturbed}
+    def fwd(xx, ww, bb, a):
         outs = outputs(xx, ww, bb, a)
-        return outs, (xx, ww, bb, a, outs[1], {n: None for n, f in frozen.items() if f})
+        return outs, (xx, ww, bb, a, outs[1])
 
     def bwd(res, gs):  # only the loss carries a gradient: the statistics' cotangents are dropped
-        xx, ww, bb, a, lse, skipped = res
-        g0 = gs[0]
-        g0 = jnp.zeros(g0.aval.shape, jnp.float32) if isinstance(g0, jax.custom_derivatives.SymbolicZero) else g0
+        xx, ww, bb, a, lse = res
         t = dict(x=xx, w=ww, bias=bb, labels=a["labels"], token_weights=a["token_weights"],
-                 class_weights=a["class_weights"], grad_loss=jnp.asarray(g0, jnp.float32), lse=lse)
+                 class_weights=a["class_weights"], grad_loss=jnp.asarray(gs[0], jnp.float32), lse=lse)
         grads = tj.call("linear_cross_entropy", "backward", t, implementation=impl, memory_budget=budget,
-                        skip=tuple(skipped), **opts)
+                        skip=tuple(n for n in skip if n != "dbias" or bb is not None), **opts)
         zeros = jax.tree_util.tree_map(_zero_cotangent, a)
         # Each cotangent varies over its primal's mesh axes only: on a data x tensor parallel mesh
         # dw and dbias come back varying over the data axes too and are summed over them (the
         # weights are the same on every data shard), as tessera.jax does for its own calls.
-        dx = tj._varying_like(jax.lax.psum(grads["dx"], axis_name), xx)
-        db = None if bb is None or "dbias" in skipped else tj._varying_like(grads["dbias"], bb)
-        dw = None if "dw" in skipped else tj._varying_like(grads["dw"], ww)
+        dx = None if "dx" in skip else tj._varying_like(jax.lax.psum(grads["dx"], axis_name), xx)
+        dw = None if "dw" in skip else tj._varying_like(grads["dw"], ww)
+        db = None if bb is None or "dbias" in skip else tj._varying_like(grads["dbias"], bb)
         return dx, dw, db, zeros
 
-    loss_fn.defvjp(fwd, bwd, symbolic_zeros=True)
+    loss_fn.defvjp(fwd, bwd)
     outs = loss_fn(x, w_local, bias, aux)
     loss = outs[0]
     if not (return_argmax or return_z_loss or return_token_accuracy or return_lse):

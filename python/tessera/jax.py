@@ -13,8 +13,8 @@ instead, as Liger-Kernel does: loss and dx / dw / dbias at once for an upstream 
 kept as residuals (allocated in the forward, held until the backward) and scaled by the upstream
 gradient in the VJP; no second pass recomputes the logits. A plain call runs "forward" alone.
 ``frozen=("w",)`` treats inputs as constants (zero gradient, like jax.lax.stop_gradient) and
-skips their gradient work where the kernel can (``skippable``: LCE's x, w, bias; grouped_matmul's
-lhs, rhs): JAX cannot tell a custom_vjp which inputs are differentiated reliably (symbolic_zeros
+skips their gradient work; the kernels whose gradients can be skipped take it (``skippable``:
+linear_cross_entropy's x, w, bias; grouped_matmul's lhs, rhs): JAX cannot tell a custom_vjp which inputs are differentiated reliably (symbolic_zeros
 shares one residual layout between patterns: wrong gradients), so the caller says it. Options are static (part of the jit cache key). Inputs without a
 gradient in the kernel (labels, token_weights) get a zero cotangent: token_weights are treated as
 constants. The handlers are compiled into tessera._ext and registered with ``jax.ffi`` for CPU

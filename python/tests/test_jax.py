@@ -347,3 +347,13 @@ def test_call_skip_as_a_string_and_refused_on_forward():
     np.testing.assert_array_equal(np.asarray(out["dx"]), np.asarray(full["dx"]))
     with pytest.raises(Exception, match="skip"):
         tj.call("linear_cross_entropy", "forward", {"x": x, "w": w, "labels": y}, skip="dw")
+
+
+def test_every_input_frozen():
+    """x and w both frozen: the fused pass asks for no gradient at all, the loss is unchanged and
+    both cotangents are zero."""
+    x, w, y = arrays(seed=9)
+    loss = lambda x, w, **kw: tj.linear_cross_entropy(x, w, y, **kw)
+    v, g = jax.value_and_grad(lambda x, w: loss(x, w, frozen="x,w"), argnums=(0, 1))(x, w)
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(loss(x, w)))
+    assert not np.any(np.asarray(g[0])) and not np.any(np.asarray(g[1]))

@@ -207,3 +207,19 @@ def test_jax_empty_host_read_inputs_on_gpu():
     got = got if isinstance(got, tuple) else (got,)
     for g, w in zip(got, want):
         assert np.asarray(g).shape == w.shape
+
+
+def test_jax_frozen_w_on_gpu():
+    """tessera.jax with frozen="w" on GPU arrays: the CUDA FFI handler's skip attribute reaches the
+    cuda implementation (dw left out), dx matches the all-gradients run and the CPU's."""
+    jax, gpu, tj = jax_on_gpu("linear_cross_entropy")
+    x, w, y = ref.problem(seed=6)
+    xg, wg, yg = (jax.device_put(a, gpu) for a in (x, w, y.astype(np.int32)))
+    loss = lambda a, b, **kw: tj.linear_cross_entropy(a, b, yg, **kw)
+    dx_all, dw_all = jax.grad(loss, argnums=(0, 1))(xg, wg)
+    dx, dw = jax.grad(lambda a, b: loss(a, b, frozen="w"), argnums=(0, 1))(xg, wg)
+    np.testing.assert_allclose(np.asarray(dx), np.asarray(dx_all), rtol=RTOL, atol=ATOL)
+    assert not np.any(np.asarray(dw))
+    want = tessera.call("linear_cross_entropy", "fused", {"x": x, "w": w, "labels": y,
+                                                           "grad_loss": np.ones((), np.float32)}, skip=["dw"])
+    np.testing.assert_allclose(np.asarray(dx), want["dx"], rtol=RTOL, atol=ATOL)

@@ -41,6 +41,38 @@ KRange k_range(Tri tri, int64_t i0, int64_t rows, int64_t K) {
 // Row i of C keeps columns n < keep(i); kLowerC: n ≤ i.
 int64_t keep_cols(Tri tri, int64_t i, int64_t N) { return tri == Tri::kLowerC ? std::min(N, i + 1) : N; }
 
+constexpr int kMR = 6;  // rows of a register block (both SIMD kernels)
+
+// Row block i0 .. i0 + rows (≤ kMR) of the panel at columns c0 .. c0 + width, as both SIMD walks
+// take it: its k range, the columns it computes (kLowerC: up to its last row's diagonal), keep0
+// (row i keeps the panel's columns < keep0 + i; ≥ width when all), where its A, C, Cin start.
+struct RowBlock {
+  int64_t rows;
+  KRange kr;
+  int64_t cols, keep0;
+  const float* a;
+  float* c;
+  const float* ci;
+};
+inline RowBlock row_block(Tri tri, bool trans_a, int64_t M, int64_t K, int64_t i0, int64_t c0, int64_t width,
+                          const float* A, int64_t lda, const float* Cin, int64_t ldci, float* C, int64_t ldc) {
+  const int64_t rows = std::min<int64_t>(kMR, M - i0);
+  const bool lower_c = tri == Tri::kLowerC;
+  return {rows,
+          k_range(tri, i0, rows, K),
+          lower_c ? std::clamp<int64_t>(i0 + rows - c0, 0, width) : width,
+          lower_c ? i0 + 1 - c0 : width,
+          trans_a ? A + i0 : A + i0 * lda,
+          C + i0 * ldc + c0,
+          Cin + i0 * ldci + c0};
+}
+
+// walk(panel, c0, width) for every packed panel of B (K × N): both SIMD kernels' outer loop.
+template <class Walk>
+inline void each_panel(int64_t N, int64_t K, const float* packed, Walk&& walk) {
+  for (int64_t p = 0; p < panels_of(N); ++p) walk(packed + p * K * kPanel, p * kPanel, std::min(kPanel, N - p * kPanel));
+}
+
 void gemm_portable(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                    const float* packed, float beta, const float* Cin, int64_t ldci, float* C, int64_t ldc) {
   for (int64_t i = 0; i < M; ++i) {
@@ -105,7 +137,7 @@ TESSERA_F32_TARGET void tile(KRange kr, const float* A, int64_t lda, const float
   }
 }
 
-constexpr int kMR = 6, kNV = int(kPanel / 16);  // 24 accumulators + 4 B vectors + 1 broadcast of 32 zmm
+constexpr int kNV = int(kPanel / 16);  // 24 accumulators + 4 B vectors + 1 broadcast of 32 zmm
 
 // Rows `rows` (≤ MR) of one panel: columns 0 .. cols of it computed (vectors as needed), the
 // panel's columns cols .. width set to 0 (kLowerC's blocks past the diagonal).
@@ -141,29 +173,19 @@ TESSERA_F32_TARGET void panel_rows(Tri tri, int64_t M, int64_t K, const float* A
                                    int64_t c0, int64_t width, float alpha, float beta, const float* Cin, int64_t ldci,
                                    float* C, int64_t ldc) {
   for (int64_t i0 = 0; i0 < M; i0 += kMR) {
-    const int64_t rows = std::min<int64_t>(kMR, M - i0);
-    const KRange kr = k_range(tri, i0, rows, K);
-    // kLowerC: the block's last row reaches column i0 + rows − 1; row i keeps n ≤ i.
-    const bool lower_c = tri == Tri::kLowerC;
-    const int64_t cols = lower_c ? std::clamp<int64_t>(i0 + rows - c0, 0, width) : width;
-    const int64_t keep0 = lower_c ? i0 + 1 - c0 : width;
-    const float* a = TA ? A + i0 : A + i0 * lda;
-    float* c = C + i0 * ldc + c0;
-    const float* ci = Cin + i0 * ldci + c0;
-    if (rows == kMR) rows_tile<kMR, TA>(kr, a, lda, panel, cols, width, keep0, alpha, beta, ci, ldci, c, ldc);
-    else tail_rows<kMR - 1, TA>(rows, kr, a, lda, panel, cols, width, keep0, alpha, beta, ci, ldci, c, ldc);
+    const RowBlock r = row_block(tri, TA, M, K, i0, c0, width, A, lda, Cin, ldci, C, ldc);
+    if (r.rows == kMR) rows_tile<kMR, TA>(r.kr, r.a, lda, panel, r.cols, width, r.keep0, alpha, beta, r.ci, ldci, r.c, ldc);
+    else tail_rows<kMR - 1, TA>(r.rows, r.kr, r.a, lda, panel, r.cols, width, r.keep0, alpha, beta, r.ci, ldci, r.c, ldc);
   }
 }
 
 TESSERA_F32_TARGET void gemm_avx512(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                                     int64_t lda, const float* packed, float beta, const float* Cin, int64_t ldci, float* C,
                                     int64_t ldc) {
-  for (int64_t p = 0; p < panels_of(N); ++p) {
-    const int64_t c0 = p * kPanel, width = std::min(kPanel, N - c0);
-    const float* panel = packed + p * K * kPanel;
+  each_panel(N, K, packed, [&](const float* panel, int64_t c0, int64_t width) {
     if (trans_a) panel_rows<true>(tri, M, K, A, lda, panel, c0, width, alpha, beta, Cin, ldci, C, ldc);
     else panel_rows<false>(tri, M, K, A, lda, panel, c0, width, alpha, beta, Cin, ldci, C, ldc);
-  }
+  });
 }
 
 // A 16 × 16 block transposed: rows [0, nr) of src (row stride lds; columns [0, nc), the rest read
@@ -283,21 +305,13 @@ template <bool TA>
 TESSERA_AVX2_TARGET void panel_rows2(Tri tri, int64_t M, int64_t K, const float* A, int64_t lda, const float* panel,
                                      int64_t c0, int64_t width, float alpha, float beta, const float* Cin, int64_t ldci,
                                      float* C, int64_t ldc) {
-  const bool lower_c = tri == Tri::kLowerC;
   for (int64_t b0 = 0; b0 < width; b0 += 16) {
     const int64_t w = std::min<int64_t>(16, width - b0);
     for (int64_t i0 = 0; i0 < M; i0 += kMR) {
-      const int64_t rows = std::min<int64_t>(kMR, M - i0);
-      const KRange kr = k_range(tri, i0, rows, K);
-      // kLowerC: the block's last row reaches column i0 + rows − 1; row i keeps n ≤ i.
-      const int64_t cols = lower_c ? std::clamp<int64_t>(i0 + rows - c0, 0, width) : width;
-      const int64_t keep0 = (lower_c ? i0 + 1 - c0 : width) - b0;
-      const int64_t n = std::min(cols - b0, w);
-      const float* a = TA ? A + i0 : A + i0 * lda;
-      float* c = C + i0 * ldc + c0 + b0;
-      const float* ci = Cin + i0 * ldci + c0 + b0;
-      if (rows == kMR) block2<kMR, TA>(kr, a, lda, panel + b0, n, w, keep0, alpha, beta, ci, ldci, c, ldc);
-      else tail_block2<kMR - 1, TA>(rows, kr, a, lda, panel + b0, n, w, keep0, alpha, beta, ci, ldci, c, ldc);
+      const RowBlock r = row_block(tri, TA, M, K, i0, c0, width, A, lda, Cin, ldci, C, ldc);
+      const int64_t n = std::min(r.cols - b0, w), keep0 = r.keep0 - b0;
+      if (r.rows == kMR) block2<kMR, TA>(r.kr, r.a, lda, panel + b0, n, w, keep0, alpha, beta, r.ci + b0, ldci, r.c + b0, ldc);
+      else tail_block2<kMR - 1, TA>(r.rows, r.kr, r.a, lda, panel + b0, n, w, keep0, alpha, beta, r.ci + b0, ldci, r.c + b0, ldc);
     }
   }
 }
@@ -305,12 +319,10 @@ TESSERA_AVX2_TARGET void panel_rows2(Tri tri, int64_t M, int64_t K, const float*
 TESSERA_AVX2_TARGET void gemm_avx2(Tri tri, bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                                    int64_t lda, const float* packed, float beta, const float* Cin, int64_t ldci, float* C,
                                    int64_t ldc) {
-  for (int64_t p = 0; p < panels_of(N); ++p) {
-    const int64_t c0 = p * kPanel, width = std::min(kPanel, N - c0);
-    const float* panel = packed + p * K * kPanel;
+  each_panel(N, K, packed, [&](const float* panel, int64_t c0, int64_t width) {
     if (trans_a) panel_rows2<true>(tri, M, K, A, lda, panel, c0, width, alpha, beta, Cin, ldci, C, ldc);
     else panel_rows2<false>(tri, M, K, A, lda, panel, c0, width, alpha, beta, Cin, ldci, C, ldc);
-  }
+  });
 }
 
 // r[i] = row i of an 8 × 8 block of floats; afterwards r[i] = column i.

@@ -143,6 +143,8 @@ struct PartialOutputs {
 // into scratch. The gradients given are the same bits as with all three, except where a
 // memory_budget puts a 16-bit dw in vocabulary slices (cpu) or limits cuda's chunk rows: without
 // dw (or a 16-bit dbias) the route or the chunks may differ, and dx, dbias are within rounding.
+// None at all: forward_backward runs the forward alone (its bits), backward runs nothing and
+// returns "(no gradient asked for)".
 struct Gradients {
   TensorView dx;
   TensorView dw;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "core/trace.h"
 #include "cpu_backend.h"
 #include "kernels/api_test_util.h"
 #include "kernels/registry.h"
@@ -233,7 +234,8 @@ TEST(LceSkippedGradients, CallArgsSkipLeavesOutputsOut) {
 }
 
 // The C++ API: dbias without a bias is still refused; a call asking for no gradient at all runs
-// (the fused pass then gives the loss alone, the same bits).
+// the forward alone (fused: the forward's bits, and no phase B — the trace has no gradient
+// scope) or nothing (backward).
 TEST(LceSkippedGradients, ApiEdges) {
   const Case c;
   const Data d(c);
@@ -247,14 +249,22 @@ TEST(LceSkippedGradients, ApiEdges) {
   for (const char* impl : host_implementations()) {
     Options o;
     o.implementation = impl;
+    trace::start();
     const Out none = run(c, d, Pass::kFused, {}, o);
+    trace::stop();
+    for (const char* scope : {"lce.phase_b1", "lce.phase_b2", "lce.gemm.dw", "lce.gemm.dx"})
+      EXPECT_EQ(trace::span(scope).events, 0u) << impl << " " << scope;
+    if (std::string(impl) == "cpu") EXPECT_GT(trace::span("lce.call").events, 0u);  // it did trace
     Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, {c.B});
     o.w_layout = c.layout;
     o.reduction = Reduction::kMean;
-    forward({d.x.view(), d.w.view(), d.bias.view(), d.labels.view(), std::nullopt}, {loss.view(), lse.view(), std::nullopt},
-            o);
-    EXPECT_NEAR(none.loss.data_as<float>()[0], loss.data_as<float>()[0], 1e-6f * std::abs(loss.data_as<float>()[0]))
-        << impl;
+    const Inputs in{d.x.view(), d.w.view(), d.bias.view(), d.labels.view(), std::nullopt};
+    forward(in, {loss.view(), lse.view(), std::nullopt}, o);
+    EXPECT_TRUE(same_bits(none.loss, loss)) << impl;
+    trace::start();
+    EXPECT_EQ(backward(in, one.view(), Gradients{}, o), "(no gradient asked for)") << impl;
+    trace::stop();
+    EXPECT_EQ(trace::event_count(), 0u) << impl;
   }
 }
 

@@ -410,7 +410,12 @@ struct AllGradients {
   }
 };
 
+// A gradient pass that asks for no gradient (every input frozen) is the forward alone (fused) or
+// nothing at all (backward): phase B's softmax gradient would feed no product.
 std::string run(const Call& k, const Options& opt, Pass pass, bool every_row) {
+  const bool none_wanted = !k.go.dx && !k.go.dw && !k.go.dbias;
+  if (pass == Pass::kBackward && none_wanted) return "(no gradient asked for)";
+  if (pass == Pass::kFused && none_wanted) pass = Pass::kForward;
   const bool fwd = pass != Pass::kBackward, bwd = pass != Pass::kForward;
   std::optional<Compaction> c =
       opt.skip_ignored && !every_row && !k.p.partial() ? Compaction::make(k.p) : std::nullopt;

@@ -41,6 +41,36 @@ def check(devices: int) -> None:
     np.testing.assert_allclose(np.asarray(dw), want, rtol=1e-5, atol=1e-5)
     assert not np.any(np.asarray(dw)[E - 1]), "an expert with no tokens gets no gradient"
 
+    # frozen experts: the backward skips drhs, dx the same bits; a frozen x skips dlhs, dw the same.
+    def frozen_loss(fr):
+        lay = jax.shard_map(lambda a, b, c: tpj.expert_parallel_grouped_matmul(a, b, c, num_experts=E, axis_name="ep",
+                                                                               frozen=fr),
+                            mesh=mesh, in_specs=(P("ep"), P("ep"), P("ep")), out_specs=P("ep"))
+        return lambda a, c: jnp.sum(lay(a, ids, c) * dout)
+
+    seen, real = [], tj._ffi
+
+    def spy(k, pass_, tensors, options, ex, skip=()):
+        seen.append((pass_, tuple(sorted(skip))))
+        return real(k, pass_, tensors, options, ex, skip)
+
+    tj._ffi = spy
+    try:
+        dx_f = jax.jit(jax.grad(frozen_loss("w_local"), argnums=0))(x, w)
+        dw_f = jax.jit(jax.grad(frozen_loss(("x",)), argnums=1))(x, w)
+        dx_0 = jax.jit(jax.grad(frozen_loss("x, w_local"), argnums=0))(x, w)
+    finally:
+        tj._ffi = real
+    assert ("backward", ("drhs",)) in seen and ("backward", ("dlhs",)) in seen, seen
+    np.testing.assert_array_equal(np.asarray(dx_f), np.asarray(dx))
+    np.testing.assert_array_equal(np.asarray(dw_f), np.asarray(dw))
+    assert not np.any(np.asarray(dx_0)), "a frozen x has a zero gradient"
+    try:
+        frozen_loss("w")(x, w)
+        raise AssertionError("frozen='w' was accepted")
+    except ValueError as e:
+        assert "frozen='w' is not an input whose gradient can be skipped (frozen: x, w_local)" in str(e), e
+
 
 def check_replicated_weights(devices: int) -> None:
     """Data parallel: tokens sharded, the experts replicated (P()): the weights' gradient is the sum

@@ -24,7 +24,8 @@ __all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "cont
 
 
 def expert_parallel_grouped_matmul(x, expert_ids, w_local, *, num_experts: int, axis_name: str,
-                                   transpose_rhs: bool = False, implementation: Optional[str] = None):
+                                   transpose_rhs: bool = False, implementation: Optional[str] = None,
+                                   frozen=()):
     """out[t] = x[t] · W[expert_ids[t]] with the experts sharded over the mesh axis ``axis_name``.
 
     Per device: x [T_d, K] and expert_ids [T_d] (its tokens; top-1 routing), w_local [E_d, K, N]
@@ -35,13 +36,21 @@ def expert_parallel_grouped_matmul(x, expert_ids, w_local, *, num_experts: int, 
     back, and a reduce-scatter (``psum_scatter``) returns every device its tokens' rows.
     Communication per device: T·K in, T·N out (T all tokens) — simple and shape-static; a
     ``ragged_all_to_all`` dispatch would move only the routed rows. Returns [T_d, N].
+
+    frozen: inputs treated as constants ("w_local", "x", both, as a comma list or a sequence): a
+    zero gradient, and its work left out of the backward — frozen experts (LoRA on the experts'
+    inputs) cost no tgmm; a frozen x costs no gmm for its gradient and none of the gradient's
+    reduce-scatter / all-gather transposes.
     """
+    frozen_names = _ep_frozen(frozen)
     e_local = w_local.shape[0]
     if x.ndim != 2 or expert_ids.shape != x.shape[:1]:
         raise ValueError(f"x must be [T, K] and expert_ids [T], got {x.shape} and {expert_ids.shape}")
     if e_local * jax.lax.axis_size(axis_name) != num_experts:
         raise ValueError(f"w_local holds {e_local} experts per device, {jax.lax.axis_size(axis_name)} devices: "
                          f"not num_experts={num_experts}")
+    if "x" in frozen_names:  # nothing flows back through the gather either
+        x = jax.lax.stop_gradient(x)
     x_all = jax.lax.all_gather(x, axis_name, tiled=True)
     ids = jax.lax.all_gather(expert_ids.astype(jnp.int32), axis_name, tiled=True)
     order = jnp.argsort(ids, stable=True)
@@ -50,10 +59,22 @@ def expert_parallel_grouped_matmul(x, expert_ids, w_local, *, num_experts: int, 
     row0 = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)])[first]
     sizes = jax.lax.dynamic_slice(counts, (first,), (e_local,))
     rows = jnp.roll(x_all[order], -row0, axis=0)
-    y = tj.grouped_matmul(rows, w_local, sizes, transpose_rhs=transpose_rhs, implementation=implementation)
+    kernel_frozen = tuple(k for n, k in (("x", "lhs"), ("w_local", "rhs")) if n in frozen_names)
+    y = tj.grouped_matmul(rows, w_local, sizes, transpose_rhs=transpose_rhs, implementation=implementation,
+                          frozen=kernel_frozen)
     y = jnp.roll(y, row0, axis=0)
     y_tokens = jnp.zeros_like(y).at[order].set(y)  # rows back in token order; others' experts are 0
     return jax.lax.psum_scatter(y_tokens, axis_name, scatter_dimension=0, tiled=True)
+
+
+def _ep_frozen(frozen) -> tuple:
+    """expert_parallel_grouped_matmul's frozen= as a tuple of its input names."""
+    names = [n.strip() for n in frozen.split(",") if n.strip()] if isinstance(frozen, str) else list(frozen or ())
+    for n in names:
+        if n not in ("x", "w_local"):
+            raise ValueError(f"expert_parallel_grouped_matmul: frozen={n!r} is not an input whose gradient can be "
+                             "skipped (frozen: x, w_local)")
+    return tuple(sorted(set(names)))
 
 
 def context_parallel_attention(q, k, v, *, axis_name: str, causal: bool = False, window_left: int = -1,

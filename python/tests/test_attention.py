@@ -135,3 +135,78 @@ def test_jax_jit_and_grad():
                                rtol=2e-5, atol=2e-5)
     for a, b in zip(ours(q, k, v), theirs(q, k, v)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+
+
+# Two documents packed in each row (MaxText's bug: a JAX path that dropped the segment ids and
+# let the documents attend to each other). Every binding must mask across documents: the result is
+# each document run alone, and it differs from the unmasked call.
+SEGMENTS = np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 2, 2]], dtype=np.int32)
+
+
+def documents(seg):
+    """(row, start, stop) of each document of each packed row."""
+    out = []
+    for b, row in enumerate(seg):
+        edges = [0] + [i for i in range(1, len(row)) if row[i] != row[i - 1]] + [len(row)]
+        out += [(b, s, e) for s, e in zip(edges[:-1], edges[1:])]
+    return out
+
+
+def test_numpy_segments_keep_packed_documents_apart():
+    q, k, v = qkv(Sq=7, Sk=7, seed=7)
+    for causal in (False, True):
+        o = tessera.attention(q, k, v, segment_ids_q=SEGMENTS, segment_ids_k=SEGMENTS, causal=causal)
+        for b, s, e in documents(SEGMENTS):
+            want, _ = expected(q[b:b + 1, s:e], k[b:b + 1, s:e], v[b:b + 1, s:e], causal=causal)
+            np.testing.assert_allclose(o[b:b + 1, s:e], want, rtol=2e-5, atol=2e-5)
+        assert not np.allclose(o, tessera.attention(q, k, v, causal=causal), atol=1e-3)
+
+
+def test_torch_segments_keep_packed_documents_apart():
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    q, k, v = (torch.from_numpy(t).requires_grad_() for t in qkv(Sq=7, Sk=7, Hq=4, Hkv=4, Dv=8, seed=8))
+    seg = torch.from_numpy(SEGMENTS)
+    o = tessera.attention(q, k, v, segment_ids_q=seg, segment_ids_k=seg, causal=True)
+    g = torch.linspace(-1, 1, o.numel()).reshape(o.shape)
+    ours = torch.autograd.grad((o * g).sum(), (q, k, v))
+    parts = []
+    for b, s, e in documents(SEGMENTS):  # each document alone through SDPA ([B, H, S, D], causal)
+        r = F.scaled_dot_product_attention(*(t[b:b + 1, s:e].transpose(1, 2) for t in (q, k, v)), is_causal=True)
+        r = r.transpose(1, 2)
+        parts.append(((r - o[b:b + 1, s:e]).detach().abs().max(), (r * g[b:b + 1, s:e]).sum()))
+    assert max(float(d) for d, _ in parts) < 2e-5
+    theirs = torch.autograd.grad(sum(l for _, l in parts), (q, k, v))
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+    unmasked = tessera.attention(q, k, v, causal=True)
+    assert (unmasked - o).abs().max() > 1e-3
+
+
+def test_jax_segments_keep_packed_documents_apart_under_jit_and_grad():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+
+    q, k, v = qkv(Sq=7, Sk=7, seed=9)
+    g = np.random.default_rng(10).standard_normal((2, 7, 4, 6)).astype(np.float32)
+    seg = jnp.asarray(SEGMENTS)
+
+    def ref(q, k, v):  # the mask written out: same document and causal
+        kk, vv = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
+        s = jnp.einsum("bihd,bjhd->bhij", q, kk) / jnp.sqrt(8.0)
+        keep = (seg[:, :, None] == seg[:, None, :]) & (jnp.arange(7)[None, :] <= jnp.arange(7)[:, None])
+        s = jnp.where(keep[:, None], s, -jnp.inf)
+        return jnp.einsum("bhij,bjhd->bihd", jax.nn.softmax(s, axis=-1), vv)
+
+    def ours(q, k, v, sq, sk):
+        return tj.attention(q, k, v, segment_ids_q=sq, segment_ids_k=sk, causal=True)
+
+    o = jax.jit(ours)(q, k, v, seg, seg)
+    np.testing.assert_allclose(np.asarray(o), np.asarray(ref(q, k, v)), rtol=2e-5, atol=2e-5)
+    grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(ours(q, k, v, seg, seg) * g), argnums=(0, 1, 2)))(q, k, v)
+    want = jax.grad(lambda q, k, v: jnp.sum(ref(q, k, v) * g), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(grads, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+    assert float(jnp.max(jnp.abs(o - tj.attention(q, k, v, causal=True)))) > 1e-3

@@ -220,7 +220,7 @@ TEST(AttentionCpu, Deterministic) {
   const CpuRun one = run_cpu(s, d);
   s.opt.num_threads = 4;  // 4 = B·Hkv: no chunks
   const CpuRun four = run_cpu(s, d);
-  for (auto [x, y] : {std::pair<const Tensor*, const Tensor*>{&one.o, &four.o}, {&one.lse, &four.lse}, {&one.dq, &four.dq}, {&one.dk, &four.dk}})
+  for (auto [x, y] : {std::pair<const Tensor*, const Tensor*>{&one.o, &four.o}, {&one.lse, &four.lse}, {&one.dq, &four.dq}, {&one.dk, &four.dk}, {&one.dv, &four.dv}})
     EXPECT_TRUE(same_bits(*x, *y));
 }
 

@@ -6,8 +6,10 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <vector>
 
 #include "core/log.h"
+#include "cpu_backend.h"
 #include "kernels/lce_test_util.h"
 #include "tessera/error.h"
 #include "tessera/linear_cross_entropy.h"
@@ -263,19 +265,32 @@ TEST(LceApi, WeightLayoutsAgree) {
 }
 
 TEST(LceApi, ReductionNoneAppliesEachUpstreamGradient) {
-  // Peer bug: reduction="none" backward applied only the first upstream gradient.
-  Fixture f;
-  Options o = f.opt;
-  o.reduction = Reduction::kNone;
-  Tensor g1 = f32_tensor({3}, {1, 0, 0}), g2 = f32_tensor({3}, {0, 1, 0});
-  Tensor dx1 = Tensor::empty(DType::kF32, {3, 4}), dx2 = Tensor::empty(DType::kF32, {3, 4});
-  backward(f.inputs(), g1, {dx1, f.dw, f.dbias.view()}, o);
-  backward(f.inputs(), g2, {dx2, f.dw, f.dbias.view()}, o);
-  for (int h = 0; h < 4; ++h) {
-    EXPECT_NE(dx1.data_as<float>()[h], 0.0f);          // token 0 has gradient under g1
-    EXPECT_EQ(dx1.data_as<float>()[4 + h], 0.0f);      // token 1 has none under g1
-    EXPECT_EQ(dx2.data_as<float>()[h], 0.0f);
-    EXPECT_NE(dx2.data_as<float>()[4 + h], 0.0f);
+  // Peer bug: reduction="none" backward applied only the first upstream gradient (and gave
+  // ignored rows a gradient). Token 2 is ignored: its dx is 0 whatever its upstream gradient.
+  std::vector<const char*> impls = {"reference"};
+  if (::tessera::testing::kHaveCpuBackend) impls.insert(impls.end(), {"cpu", "cpu_v2"});
+  for (const char* impl : impls) {
+    Fixture f;
+    Options o = f.opt;
+    o.implementation = impl;
+    o.reduction = Reduction::kNone;
+    const auto dx_of = [&](std::initializer_list<float> g) {
+      Tensor dx = Tensor::empty(DType::kF32, {3, 4});
+      backward(f.inputs(), f32_tensor({3}, g), {dx, f.dw, f.dbias.view()}, o);
+      return dx;
+    };
+    const Tensor dx1 = dx_of({1, 0, 0}), dx2 = dx_of({0, 1, 0}), dx3 = dx_of({0, 0, 1}), all = dx_of({1, 1, 1});
+    for (int h = 0; h < 4; ++h) {
+      EXPECT_NE(dx1.data_as<float>()[h], 0.0f) << impl;      // token 0 has gradient under g1
+      EXPECT_EQ(dx1.data_as<float>()[4 + h], 0.0f) << impl;  // token 1 has none under g1
+      EXPECT_EQ(dx2.data_as<float>()[h], 0.0f) << impl;
+      EXPECT_NE(dx2.data_as<float>()[4 + h], 0.0f) << impl;
+      for (int t = 0; t < 3; ++t) EXPECT_EQ(dx3.data_as<float>()[t * 4 + h], 0.0f) << impl << " token " << t;
+      EXPECT_EQ(all.data_as<float>()[8 + h], 0.0f) << impl;  // the ignored row
+      // Each row's gradient is its own upstream gradient's (weights 1 and 2 are in dx already).
+      EXPECT_FLOAT_EQ(all.data_as<float>()[h], dx1.data_as<float>()[h]) << impl;
+      EXPECT_FLOAT_EQ(all.data_as<float>()[4 + h], dx2.data_as<float>()[4 + h]) << impl;
+    }
   }
 }
 

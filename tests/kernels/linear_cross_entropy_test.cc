@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "cpu_backend.h"
 #include "kernels/lce_test_util.h"
 #include "kernels/linear_cross_entropy/testing.h"
 #include "tessera/error.h"
@@ -119,10 +120,14 @@ TEST(LceReference, BiasAddedExactlyOnceToTheLabelLogit) {
   Tensor b = f32_tensor({3}, {5.0f, 0.0f, 0.0f});
   Tensor y = i64_tensor({1}, {0});
   Inputs in{x, w, b.view(), y, std::nullopt};
-  Result r = compute(in, ref_opts(Reduction::kSum));
   const double want = std::log(std::exp(5.0) + 2.0) - 5.0;
-  EXPECT_NEAR(r.loss.data_as<float>()[0], want, 1e-6);
-  EXPECT_GE(r.loss.data_as<float>()[0], 0.0f);
+  for (const char* impl : ::tessera::testing::reference_and_cpu()) {
+    Options o = ref_opts(Reduction::kSum);
+    o.implementation = impl;
+    Result r = compute(in, o);
+    EXPECT_NEAR(r.loss.data_as<float>()[0], want, 1e-6) << impl;
+    EXPECT_GE(r.loss.data_as<float>()[0], 0.0f) << impl;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

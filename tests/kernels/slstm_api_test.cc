@@ -140,6 +140,21 @@ TEST(SlstmApi, NonFiniteInputsAreRejectedWhenAsked) {
   opt.check_finite = true;
   EXPECT_THROW(forward(f.d.inputs(), f.out(), opt), Error);
   EXPECT_TRUE(f.all_untouched());
+  // The upstream gradients of the last state too (they were not checked: NaN reached dwx).
+  for (const char* name : {"dh_last", "dc_last", "dn_last"}) {
+    Fixture g;
+    Tensor& t = std::string(name) == "dh_last" ? g.d.dh_last : std::string(name) == "dc_last" ? g.d.dc_last : g.d.dn_last;
+    ASSERT_TRUE(t.defined()) << name;
+    t.data_as<float>()[1] = INFINITY;
+    try {
+      forward_backward(g.d.inputs(), g.d.upstream(), g.out(), g.grads(), opt);
+      ADD_FAILURE() << name << " with Inf accepted under check_finite";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(name) + " contains NaN or Inf"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(g.all_untouched()) << name;
+    forward_backward(g.d.inputs(), g.d.upstream(), g.out(), g.grads());  // unchecked: it runs
+  }
 }
 
 TEST(SlstmApi, DhOverTheCpuLimitIsNamed) {

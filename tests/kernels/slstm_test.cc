@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "harness/process.h"
 #include "kernels/slstm/testing.h"
 #include "tessera/error.h"
 #include "tessera/slstm.h"
@@ -92,6 +93,7 @@ double loss(const CaseSpec& s, const CaseData& d) {
 // gate path, a gradient through a reset) is off by O(0.01..1).
 void expect_fd(const CaseSpec& s) {
   CaseData d = slstm::testing::make_case(s);
+  d.dc_last = d.dn_last = Tensor{};  // their gradients hold m (not a plain derivative of the outputs)
   const Out g = run(s, d, "reference", true);
   const float eps = 1.0f / 128;
   auto check = [&](Tensor& x, const Tensor& grad, const char* what) {
@@ -223,6 +225,29 @@ TEST(SlstmReference, TheBatchBlockChangesNothingButThePartition) {
   }
 }
 
+// The backward's per-task dR partials stay within 256 MiB: B = 64, NH = 8, DH = 256 at
+// batch_block = 1 asked for 64 blocks × 8 heads × 1 MiB = 514 MiB of them before (the process's
+// peak RSS grew by ~560 MiB); now 31 blocks, and dr matches the default partition's.
+TEST(SlstmCpu, WeightGradientPartialsStayWithinTheirBudget) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
+  CaseSpec s;
+  s.B = 64, s.S = 2, s.NH = 8, s.DH = 256;
+  const CaseData d = slstm::testing::make_case(s);
+  const Out want = run(s, d, "cpu", true);
+  if (!harness::reset_peak_rss()) GTEST_SKIP() << "the peak RSS cannot be reset here";
+  const size_t before = harness::rss_bytes().value_or(0);
+  const Out got = run(s, d, "cpu", true, 1);
+  const size_t peak = harness::peak_rss_bytes().value_or(0);
+  ASSERT_GT(peak, before);
+  // Partials 256 MiB, R packed and transposed 16 MiB, the outputs 13 MiB, the tapes a few MiB.
+  EXPECT_LT(peak - before, size_t(384) << 20) << "peak RSS grew by " << ((peak - before) >> 20) << " MiB";
+  double m = 0;
+  for (int64_t i = 0; i < want.dr.numel(); ++i) m = std::max(m, double(std::abs(want.dr.data_as<float>()[i])));
+  ASSERT_GT(m, 0.0);
+  for (int64_t i = 0; i < want.dr.numel(); ++i)
+    ASSERT_NEAR(got.dr.data_as<float>()[i], want.dr.data_as<float>()[i], 1e-5 * m) << i;
+}
+
 // An output that shares memory with an input (an in-place state carry h_last = h0, a gradient
 // over its upstream) or with another output is refused before anything is written.
 TEST(SlstmReference, OutputsThatAliasInputsAreRefused) {
@@ -289,7 +314,9 @@ TEST(SlstmReference, TwoCallsEqualOneCall) {
           ASSERT_NEAR(got, whole.h.data_as<float>()[(bi * s.S + t) * cell + e], 1e-6) << impl << " b" << bi << " t" << t;
         }
     for (int64_t i = 0; i < whole.hl.numel(); ++i) {
+      ASSERT_NEAR(b.hl.data_as<float>()[i], whole.hl.data_as<float>()[i], 1e-6);
       ASSERT_NEAR(b.cl.data_as<float>()[i], whole.cl.data_as<float>()[i], 1e-6);
+      ASSERT_NEAR(b.nl.data_as<float>()[i], whole.nl.data_as<float>()[i], 1e-6);
       ASSERT_NEAR(b.ml.data_as<float>()[i], whole.ml.data_as<float>()[i], 1e-6);
     }
   }

@@ -8,6 +8,7 @@
 //   then dh_{t-1} = dpre[Bb, 4·DH] · R_hᵀ (R_hᵀ packed once as well); at the end
 //   dR_h = Σ_t h_{t-1}ᵀ·dpre_t as one sgemm over all steps, summed over batch blocks after the join.
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <vector>
 
@@ -23,6 +24,18 @@ namespace {
 
 constexpr int64_t kMaxDH = 1024;   // R_h is 16·DH² bytes: 64 MiB at 1024
 constexpr int64_t kMaxBlock = 64;  // batch rows per task: the step's GEMM stays in L1/L2
+constexpr int64_t kPartialBytes = int64_t(256) << 20;  // the backward's dR / db partials, all tasks
+
+// Batch blocks: enough tasks (block, head) for every thread, blocks of at most batch_block rows
+// (tuned), and in the backward the tasks' f32 dR / db partials within kPartialBytes — B = 256,
+// NH = 8, DH = 512 at batch_block = 8 held 1 GiB of them: fewer, larger blocks then (the same
+// math; dr and db summed over the blocks in another grouping).
+int64_t batch_blocks(const Problem& p) {
+  const int64_t block = p.batch_block > 0 ? p.batch_block : kMaxBlock;
+  const int64_t want = std::max<int64_t>((p.num_threads + p.NH - 1) / p.NH, (p.B + block - 1) / block);
+  const int64_t per_block = p.NH * 16 * p.DH * (p.DH + 1);  // bytes of one block's partials, every head
+  return std::min({p.B, want, p.backward ? std::max<int64_t>(1, kPartialBytes / per_block) : p.B});
+}
 
 void load_f32(const void* base, DType dt, int64_t off, int64_t n, float* dst) {
   if (dt == DType::kF32) {
@@ -223,6 +236,10 @@ class Cpu final : public Implementation {
   Availability supports(const Problem& p) const override {
     if (p.device.type != DeviceType::kCPU) return Availability::no("cpu runs on host memory");
     if (p.DH > kMaxDH) return Availability::no("DH=" + std::to_string(p.DH) + " is over the cpu limit of " + std::to_string(kMaxDH));
+    const int64_t nb = batch_blocks(p), rows = (p.B + nb - 1) / nb;  // the dR GEMM's K = S · rows of a block
+    if (p.backward && p.S > INT_MAX / rows)
+      return Availability::no("S times a batch block's rows (" + std::to_string(p.S) + " x " + std::to_string(rows) +
+                              ") must fit a BLAS int for the dr GEMM");
     return Availability::yes();
   }
 
@@ -230,10 +247,7 @@ class Cpu final : public Implementation {
     const std::vector<float> R = pack_r(p);
     const std::vector<float> RT = p.backward ? transpose_r(p, R) : std::vector<float>{};
     const int64_t D = p.DH, W = 4 * D;
-    // Enough tasks for every thread, blocks of at most `block` rows (Options::batch_block, tuned).
-    const int64_t block = p.batch_block > 0 ? p.batch_block : kMaxBlock;
-    const int64_t want = std::max<int64_t>((p.num_threads + p.NH - 1) / p.NH, (p.B + block - 1) / block);
-    const int64_t nb = std::min(p.B, want), tasks = nb * p.NH;
+    const int64_t nb = batch_blocks(p), tasks = nb * p.NH;
     std::vector<float> dR(p.backward ? size_t(tasks * D * W) : 0), db(p.backward ? size_t(tasks * W) : 0);
     const int T = int(std::min<int64_t>(p.num_threads, tasks));
     cpu_threads::run_threads(T, true, "slstm cpu", [&](int tid) {

@@ -91,7 +91,7 @@ Inputs CaseData::inputs() const {
 }
 
 Upstream CaseData::upstream() const {
-  return {dh.view(), view_or_none(dh_last)};
+  return {dh.view(), view_or_none(dh_last), view_or_none(dc_last), view_or_none(dn_last)};
 }
 
 CaseData make_case(const CaseSpec& s) {
@@ -121,6 +121,8 @@ CaseData make_case(const CaseSpec& s) {
   }
   if (s.last) {
     d.dh_last = random_uniform(DType::kF32, st, 1.0f, k + 10);
+    d.dc_last = random_uniform(DType::kF32, st, 0.5f, k + 11);  // a next call's gradient through c, n
+    d.dn_last = random_uniform(DType::kF32, st, 0.5f, k + 12);
   }
   return d;
 }
@@ -151,7 +153,7 @@ harness::ParityReport check_parity(const CaseSpec& s, const std::string& impl, P
       run_one(s, d, impl, pass, got);
     } else {  // inputs and NaN-filled outputs copied to the device (resets stay host memory), results back
       CaseData dd = d;
-      for (Tensor* t : {&dd.wx, &dd.r, &dd.b, &dd.h0, &dd.c0, &dd.n0, &dd.m0, &dd.dh, &dd.dh_last})
+      for (Tensor* t : {&dd.wx, &dd.r, &dd.b, &dd.h0, &dd.c0, &dd.n0, &dd.m0, &dd.dh, &dd.dh_last, &dd.dc_last, &dd.dn_last})
         if (t->defined()) *t = t->to(dev);
       Results on = got;
       for (auto& [name, t] : on.t) t = t.to(dev);
@@ -203,6 +205,8 @@ std::vector<CaseSpec> check_grid(bool quick) {
     c = CaseSpec{}, c.label = "dh64_heads", c.B = 33, c.S = 33, c.NH = 4, c.DH = 64, c.resets = "random";
     add(c);
     c.label = "threads3", c.num_threads = 3, c.B = 17, c.S = 2;
+    add(c);
+    c.label = "threads3_one_head", c.NH = 1, c.initial = true;  // 3 batch blocks: dr, db summed over them
     add(c);
   }
   return add.take();

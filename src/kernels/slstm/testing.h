@@ -26,7 +26,7 @@ struct CaseSpec {
 
 // Host tensors of a case, rounded to its dtype when generated (every implementation sees the same numbers).
 struct CaseData {
-  Tensor wx, r, b, resets, h0, c0, n0, m0, dh, dh_last;
+  Tensor wx, r, b, resets, h0, c0, n0, m0, dh, dh_last, dc_last, dn_last;
   Inputs inputs() const;
   Upstream upstream() const;
 };

@@ -20,7 +20,10 @@
 // Limits: only the first ceil(L_b / page_size) entries of page_table's row b are read (the rest
 // may hold anything); they must be page ids in [0, P). L_b ≤ max_pages · page_size. Cache
 // entries past L_b in a page are never read (they may hold NaN). Pages may be shared between
-// sequences and appear in any order.
+// sequences and appear in any order. Entries j < L_b must be finite: with causal and Sq > 1 a
+// non-finite key that a row cannot see still reaches that row on cpu (its weight 0 times Inf in
+// P·V is NaN), where the reference reads only what a row sees. o and lse must not share memory
+// with an input or with each other (refused).
 // Every check (shapes, dtypes, page ids, lengths, Dv ≤ D) runs before anything is written: a
 // rejected call is Error(kInvalidArgument) naming the batch index where one is at fault.
 #pragma once

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -145,6 +146,40 @@ TEST(MlaDecodeApi, CheckFiniteScansQ) {
   mla_decode::Options opt = scale_one();
   opt.check_finite = true;
   expect_rejected(h, opt, "q contains NaN or Inf");
+}
+
+// An output that shares memory with an input (o written into the cache that later rows read) or
+// with the other output is refused before anything is written.
+TEST(MlaDecodeApi, OutputsThatAliasInputsAreRefused) {
+  Hand h({0.f, 1.f}, 1, 1);
+  const std::vector<float> kv = h.kv;
+  const mla_decode::Inputs in{TensorView(h.q.data(), DType::kF32, {1, 1, 1, 2}),
+                              TensorView(h.kv.data(), DType::kF32, {3, 1, 1, 2}),
+                              TensorView(h.pt.data(), DType::kI32, {1, 2}), TensorView(h.L.data(), DType::kI32, {1})};
+  mla_decode::Options opt = scale_one();
+  opt.dv = 1;
+  const TensorView o(h.o.data(), DType::kF32, {1, 1, 1, 1}), lse(h.lse.data(), DType::kF32, {1, 1, 1});
+  const auto refused = [&](const TensorView& oo, const TensorView& ll, const std::string& needle) {
+    for (const char* impl : {"reference", ""}) {
+      opt.implementation = impl;
+      try {
+        mla_decode::forward(in, {oo, ll}, opt);
+        ADD_FAILURE() << "accepted; wanted '" << needle << "'";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
+    }
+  };
+  refused(TensorView(h.kv.data() + 4, DType::kF32, {1, 1, 1, 1}), lse, "o shares memory with kv_cache");
+  refused(o, TensorView(h.o.data(), DType::kF32, {1, 1, 1}), "o shares memory with lse: outputs must not alias each other");
+  refused(o, TensorView(h.q.data() + 1, DType::kF32, {1, 1, 1}), "lse shares memory with q");
+  EXPECT_EQ(std::memcmp(kv.data(), h.kv.data(), kv.size() * sizeof(float)), 0) << "the cache was written";
+  EXPECT_EQ(h.o[0], -7.f);
+  EXPECT_EQ(h.lse[0], -7.f);
+  opt.implementation = "reference";
+  mla_decode::forward(in, {o, lse}, opt);  // apart: it runs
+  EXPECT_NEAR(h.o[0], 17.5f, 1e-5f);
 }
 
 TEST(MlaDecodeApi, DvAndScale) {

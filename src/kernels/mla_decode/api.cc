@@ -48,6 +48,9 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.num_threads = resolve_num_threads(opt.num_threads);
   p.stream = opt.stream;
   args.pages({p.page_table, p.seqlens, p.B, p.max_pages, p.page_size, p.P}, "page_table", "cache_seqlens");
+  // An o inside the cache would be read back by later rows (and an autotune sweep writes the
+  // outputs before the call it keeps): refused, as lse over o.
+  tensors().apart(in, {{"o", out.o}, {"lse", out.lse}});
   return p;
 }
 

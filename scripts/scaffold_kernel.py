@@ -116,6 +116,7 @@ std::vector<ImplementationInfo> implementations() {{ return registry().infos(); 
 std::string forward(const Inputs& in, const TensorView& y, const Options& opt) {{
   dispatch::Dims d = tensors().bind(in, dispatch::BindMode::kFull);
   dispatch::check_rule(d, tensors().rules(), "y", y);  // the output: x's dims, on x's device
+  tensors().apart(in, {{{{"y", y}}}});  // y must not share memory with x (a backend reads x after writing y)
   Problem p;
   p.N = d["N"], p.D = d["D"];
   p.device = d.device();

@@ -191,10 +191,25 @@ dispatch::Dims bind_tensors(const Inputs& in, dispatch::BindMode mode) {
                       {"segment_ids_k", in.segment_ids_k.value_or(TensorView{})}}, mode);
 }
 
+namespace {
+// No output shares memory with an input, a saved tensor or another output: a backend reads its
+// inputs after it has written outputs (dq over q), and an autotune sweep writes the outputs
+// before the call it keeps.
+void check_apart(const Inputs& in, const dispatch::ArgCheck::Named& outputs, dispatch::ArgCheck::Named reads) {
+  reads.insert(reads.end(), {{"q", in.q}, {"k", in.k}, {"v", in.v}});
+  for (const auto& [name, t] : {std::pair{"alibi_slopes", &in.alibi_slopes}, {"segment_ids_q", &in.segment_ids_q},
+                                {"segment_ids_k", &in.segment_ids_k}, {"cu_seqlens_q", &in.cu_seqlens_q},
+                                {"cu_seqlens_k", &in.cu_seqlens_k}})
+    if (*t) reads.emplace_back(name, **t);
+  args.apart(outputs, reads);
+}
+}  // namespace
+
 std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
   const dispatch::Dims d = bind_tensors(in, dispatch::BindMode::kFull);
   const Problem p = normalize(in, d, opt);
   const ForwardOut fo = check_forward_outputs(d, p, out);
+  check_apart(in, {{"o", out.o}, {"lse", out.lse}}, {});
   if (trivial_forward(p, out)) return "(empty)";
   return dispatch_call(p, opt, Pass::kForward, {tune::buffer_of("o", out.o), tune::buffer_of("lse", out.lse)},
                        [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
@@ -205,6 +220,8 @@ std::string backward(const Inputs& in, const BackwardInputs& saved, const Gradie
   const Problem p = normalize(in, d, opt);
   const BackwardIn bi = check_saved(d, p, saved, opt);
   const GradOut go = check_gradients(in, p, grads);
+  check_apart(in, {{"dq", grads.dq}, {"dk", grads.dk}, {"dv", grads.dv}},
+              {{"o", saved.o}, {"lse", saved.lse}, {"grad_o", saved.grad_o}});
   if (trivial_backward(p, grads)) return "(empty)";
   const std::vector<tune::Buffer> outs{tune::buffer_of("dq", grads.dq), tune::buffer_of("dk", grads.dk),
                                        tune::buffer_of("dv", grads.dv)};
@@ -219,6 +236,8 @@ std::string forward_backward(const Inputs& in, const TensorView& grad_o, const F
   const ForwardOut fo = check_forward_outputs(d, p, out);
   check_grad_o(d, p, grad_o, opt);
   const GradOut go = check_gradients(in, p, grads);
+  check_apart(in, {{"o", out.o}, {"lse", out.lse}, {"dq", grads.dq}, {"dk", grads.dk}, {"dv", grads.dv}},
+              {{"grad_o", grad_o}});
   if (trivial_forward(p, out)) {
     trivial_backward(p, grads);
     return "(empty)";

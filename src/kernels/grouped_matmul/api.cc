@@ -153,10 +153,19 @@ void validate_block_sizes(const std::string& implementation, const BlockSizes& b
 
 std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
+namespace {
+// No output shares memory with an input, dout or another output (a backend reads its inputs after
+// writing outputs; an autotune sweep writes the outputs before the call it keeps).
+void check_apart(const Inputs& in, const dispatch::ArgCheck::Named& outputs, const TensorView& dout = {}) {
+  args.apart(outputs, {{"lhs", in.lhs}, {"rhs", in.rhs}, {"group_sizes", in.group_sizes}, {"dout", dout}});
+}
+}  // namespace
+
 std::string gmm(const Inputs& in, const TensorView& out, const Options& opt) {
   dispatch::Dims d = bind(in, opt);
   const Problem p = normalize(d, in, opt);
   d.check(out, "out", "M,N", "=lhs|f32");
+  check_apart(in, {{"out", out}});
   return dispatch_call(p, opt, Pass::kForward, "", {tune::buffer_of("out", out)},
                        [&](const Implementation& impl, const BlockSizes& bs) {
     impl.gmm(p, bs, {in.lhs.data, in.rhs.data, out.data, out.dtype});
@@ -168,6 +177,7 @@ std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView
   dispatch::Dims d = rules(opt.transpose_rhs).bind({{"lhs", lhs}, {"drhs", drhs}, {"dout", dout}});
   const Problem p = make_problem(d, lhs, group_sizes, opt);
   if (opt.check_finite) args.finite(dout, "dout");
+  args.apart({{"drhs", drhs}}, {{"lhs", lhs}, {"dout", dout}, {"group_sizes", group_sizes}});
   return dispatch_call(p, opt, Pass::kBackward, "|tgmm", {tune::buffer_of("drhs", drhs)},
                        [&](const Implementation& impl, const BlockSizes& bs) {
     impl.tgmm(p, bs, {lhs.data, dout.data, drhs.data, drhs.dtype});
@@ -180,6 +190,7 @@ std::string backward(const Inputs& in, const TensorView& dout, const TensorView&
   const Problem p = normalize(d, in, opt);
   check_dout(d, dout, opt);
   check_grads(d, dlhs, drhs, opt);
+  check_apart(in, {{"dlhs", dlhs}, {"drhs", drhs}}, dout);
   return dispatch_call(p, opt, Pass::kBackward, grads_part(dlhs, drhs),
                        {tune::buffer_of("dlhs", dlhs), tune::buffer_of("drhs", drhs)},
                        [&](const Implementation& impl, const BlockSizes& bs) {
@@ -194,6 +205,7 @@ std::string forward_backward(const Inputs& in, const TensorView& dout, const Ten
   d.check(out, "out", "M,N", "=lhs|f32");
   check_dout(d, dout, opt);
   check_grads(d, dlhs, drhs, opt);
+  check_apart(in, {{"out", out}, {"dlhs", dlhs}, {"drhs", drhs}}, dout);
   const std::vector<tune::Buffer> outs{tune::buffer_of("out", out), tune::buffer_of("dlhs", dlhs),
                                        tune::buffer_of("drhs", drhs)};
   return dispatch_call(p, opt, Pass::kFused, grads_part(dlhs, drhs), outs, [&](const Implementation& impl, const BlockSizes& bs) {

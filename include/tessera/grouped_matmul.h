@@ -58,8 +58,8 @@ struct Inputs {
 // shape, dtype, device or group size is wrong.
 // Each returns the name of the implementation that ran.
 std::string gmm(const Inputs& in, const TensorView& out, const Options& opt = {});
-// drhs [G_local, K, N] (or [G_local, N, K] with transpose_rhs) from lhs and dout [M, N];
-// in.rhs is not read (it may be an empty view) except for its shape when given.
+// drhs [G_local, K, N] (or [G_local, N, K] with transpose_rhs) from lhs and dout [M, N]; G_local,
+// K and N come from drhs's shape.
 std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView& group_sizes,
                  const TensorView& drhs, const Options& opt = {});
 // Both gradients of gmm: dlhs [M, K] (rows outside the local groups are zero), drhs like rhs.

@@ -51,20 +51,36 @@ TEST(GroupedMatmulCpu, EmptySumsAreZero) {
       }
 }
 
+// N = 11 is under one 64-column panel of the f32 micro-kernel route (AVX-512), which takes n in
+// whole panels and ignores m: N = 139 gives it three panels, the last one of 11 columns.
 TEST(GroupedMatmulCpu, BlockSizesThatLeaveTailsEverywhere) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    for (BlockSizes bs : {BlockSizes{1, 1}, BlockSizes{7, 5}, BlockSizes{64, 3}, BlockSizes{3, 64}}) {
+    for (BlockSizes bs : {BlockSizes{1, 1}, BlockSizes{7, 5}, BlockSizes{64, 3}, BlockSizes{3, 64}, BlockSizes{8, 70}}) {
       for (bool t : {false, true}) {
         testing::CaseSpec s;
         s.label = "tails";
         s.dtype = dt;
-        s.M = 41, s.K = 13, s.N = 11, s.sizes = {9, 0, 14, 1, 12};
+        s.M = 41, s.K = 13, s.N = dt == DType::kF32 ? 139 : 11, s.sizes = {9, 0, 14, 1, 12};
         s.transpose_rhs = t;
         s.opt.block_sizes = bs;
         expect_parity(s);
       }
     }
   }
+}
+
+// K past the f32 micro-kernel tgmm's output span (4096 rows of drhs a pass: kMaxSpan) and past
+// its K chunks, both layouts, with a group offset (an expert-parallel shard) on the second run.
+TEST(GroupedMatmulCpu, DeepKAndAGroupOffset) {
+  for (bool t : {false, true})
+    for (int64_t offset : {0, 1}) {
+      testing::CaseSpec s;
+      s.label = "deep_k";
+      s.transpose_rhs = t;
+      s.M = 24, s.K = 4100, s.N = 7, s.sizes = {5, 0, 11, 8};
+      if (offset) s.offset = offset, s.local_groups = 2;
+      expect_parity(s);
+    }
 }
 
 // A group longer than the tgmm row block of bf16 inputs (1024 rows, accumulated in steps).

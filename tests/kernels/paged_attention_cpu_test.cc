@@ -3,10 +3,13 @@
 // do not depend on the schedule (each key block is summed in a fixed order per task).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "kernels/paged_attention/testing.h"
 #include "tessera/paged_attention.h"
@@ -42,6 +45,39 @@ TEST(PagedAttentionCpu, SplitKvDecodeAndPrefill) {
       c.q_lens = {3}, c.causal = false;  // prefill rows split too
       expect_parity(c);
     }
+}
+
+// Every key counted exactly once across the splits: q = 0 makes every visible key's weight the
+// same (scores 0), and value dim 0 of key j holds j / 8192, so o[0] is the mean position of the
+// keys a row saw and lse = ln(count) (+ the sink's term) — a key lost or counted twice at a split
+// boundary moves o[0] by ~1/(2·count) of itself, 50x the f32 rounding of these sums. (The grid's
+// random scores hide one key in 9,000 below their tolerance.) Decode and prefill rows, windows.
+TEST(PagedAttentionCpu, EverySplitKeyCountedOnce) {
+  for (int64_t window : {int64_t{-1}, int64_t{3000}})
+    for (int64_t q_len : {1, 3})
+      for (int threads : {1, 4}) {
+        testing::CaseSpec c;
+        c.q_lens = {q_len}, c.kv_lens = {9000}, c.num_threads = threads, c.window = window, c.page_size = 32;
+        c.Hq = 2, c.Hkv = 1;
+        testing::CaseData d = testing::make_case(c);
+        std::fill_n(d.q.data_as<float>(), d.q.numel(), 0.0f);
+        const int32_t* pt = d.page_table.data_as<int32_t>();
+        for (int64_t j = 0; j < 9000; ++j)
+          d.v_cache.data_as<float>()[(pt[j / 32] * 32 + j % 32) * c.Dv] = float(j) / 8192.0f;
+        Options opt = testing::options_of(c);
+        opt.implementation = "cpu";
+        const Result r = compute(d.inputs(), opt);
+        for (int64_t i = 0; i < q_len; ++i) {
+          const int64_t pos = 9000 - q_len + i, lo = window >= 0 ? std::max<int64_t>(0, pos - window) : 0;
+          const double count = double(pos - lo + 1), mean = (double(lo) + double(pos)) / 2.0 / 8192.0;
+          for (int64_t h = 0; h < c.Hq; ++h) {
+            const std::string at = "q_len " + std::to_string(q_len) + " window " + std::to_string(window) + " threads " +
+                                   std::to_string(threads) + " row " + std::to_string(i) + " head " + std::to_string(h);
+            EXPECT_NEAR(r.o.data_as<float>()[(i * c.Hq + h) * c.Dv], mean, 1e-5 * mean) << at;
+            EXPECT_NEAR(r.lse.data_as<float>()[i * c.Hq + h], std::log(count), 2e-6 * std::log(count)) << at;
+          }
+        }
+      }
 }
 
 // bf16 decode rows (D, Dv multiples of 32) take the vdpbf16ps path where the CPU has it; with
@@ -124,6 +160,50 @@ TEST(PagedAttentionCpu, NanInAVisibleKeyPropagates) {
     const int64_t row = r.o.view().numel() / 2;  // sequence 1 never reads that page
     EXPECT_FALSE(std::isnan(o[row])) << impl << ": sequence 1 does not read the NaN key";
   }
+}
+
+// Inf in a value row that some rows of a prefill see and others do not (past a row's causal
+// position, or left of its window): only the rows that see it go non-finite, as in the reference
+// (cpu multiplied the masked rows' 0 weights by Inf: NaN). The caches are not scanned, and an f16
+// cache overflows to Inf. Decode-sized blocks (a few query vectors) and GEMM-sized ones (48).
+TEST(PagedAttentionCpu, InfInAKeyARowDoesNotSeeStaysOutOfThatRow) {
+  struct Shape {
+    int64_t q_len, kv_len, Hq, window, bad_key;
+  };
+  // causal: key kv_len - 1 is seen by the last row only; window 1: key q_len... seen by the first rows only.
+  for (const Shape sh : {Shape{3, 6, 4, -1, 5}, Shape{3, 6, 4, 1, 3}, Shape{12, 20, 8, -1, 19}, Shape{12, 20, 8, 2, 9}})
+    for (DType dt : {DType::kF32, DType::kF16}) {
+      testing::CaseSpec c;
+      c.q_lens = {sh.q_len}, c.kv_lens = {sh.kv_len}, c.Hq = sh.Hq, c.Hkv = 2, c.window = sh.window, c.dtype = dt;
+      testing::CaseData d = testing::make_case(c);
+      const int32_t page = static_cast<const int32_t*>(d.page_table.data())[sh.bad_key / c.page_size];
+      const int64_t base = ((page * c.page_size + sh.bad_key % c.page_size) * c.Hkv) * c.Dv;  // kv head 0, dim 0
+      if (dt == DType::kF32) static_cast<float*>(d.v_cache.data())[base] = INFINITY;
+      else static_cast<uint16_t*>(d.v_cache.data())[base] = 0x7c00;  // f16 +Inf
+      std::vector<Result> r;
+      for (const char* impl : {"reference", "cpu"}) {
+        Options opt = testing::options_of(c);
+        opt.implementation = impl;
+        r.push_back(compute(d.inputs(), opt));
+      }
+      int64_t finite_rows = 0, bad_rows = 0;
+      std::vector<float> want(size_t(r[0].o.numel())), got(want.size());  // o in the inputs' dtype
+      for (int64_t i = 0; i < r[0].o.numel(); ++i)
+        want[size_t(i)] = load_as_f32(r[0].o.data(), r[0].o.dtype(), i), got[size_t(i)] = load_as_f32(r[1].o.data(), r[1].o.dtype(), i);
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(std::isfinite(got[i]), std::isfinite(want[i]))
+            << dtype_name(dt) << " q_len " << sh.q_len << " window " << sh.window << " element " << i << ": cpu "
+            << got[i] << ", reference " << want[i];
+        if (!std::isfinite(want[i])) {
+          ++bad_rows;
+          continue;
+        }
+        ++finite_rows;
+        EXPECT_NEAR(got[i], want[i], dt == DType::kF16 ? 2e-3 : 2e-5) << i;  // f16 o: a unit 2^-11 of |o| < 1
+      }
+      EXPECT_GT(bad_rows, 0) << "some row sees the Inf";
+      EXPECT_GT(finite_rows, bad_rows) << "most rows do not";
+    }
 }
 
 }  // namespace

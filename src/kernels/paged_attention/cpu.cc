@@ -16,6 +16,7 @@
 // split tasks: extra memory O(threads × tile), independent of kv_len.
 // Keys past kv_len, and pages the page table does not reach, are never read.
 #include <algorithm>
+#include <utility>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -174,9 +175,16 @@ void pack_q(const Problem& p, const Task& t, Scratch& w) {
   }
 }
 
+// The keys [lo, hi) of block [j0, j0 + n) that query vector r (of one kv head's rows·G) sees.
+std::pair<int64_t, int64_t> visible(const Problem& p, const Task& t, int64_t r, int64_t j0, int64_t n) {
+  const int64_t pos = p.kv_len(t.s) - p.q_len(t.s) + t.i0 + r / p.group();
+  const int64_t lo = std::max(j0, p.key_lo(pos)), hi = p.causal ? std::min(j0 + n, pos + 1) : j0 + n;
+  return {lo, std::max(lo, hi)};
+}
+
 // Soft cap, then the causal and window masks, on a block of scores (one kv head's rows·G query
-// vectors) for keys [j0, j0 + n).
-void cap_and_mask(const Problem& p, const Task& t, int64_t j0, int64_t n, Scratch& w) {
+// vectors) for keys [j0, j0 + n). Returns whether any score was masked.
+bool cap_and_mask(const Problem& p, const Task& t, int64_t j0, int64_t n, Scratch& w) {
   const int64_t G = p.group(), R = t.rows * G, pos0 = p.kv_len(t.s) - p.q_len(t.s) + t.i0;
   if (p.softcap > 0.0) {
     const float c = static_cast<float>(p.softcap), inv = 1.0f / c;
@@ -186,11 +194,25 @@ void cap_and_mask(const Problem& p, const Task& t, int64_t j0, int64_t n, Scratc
   const int64_t pos_last = pos0 + t.rows - 1;
   const bool all_causal = !p.causal || j0 + n - 1 <= pos0;
   const bool all_window = p.window < 0 || j0 >= pos_last - p.window;
-  if (all_causal && all_window) return;
+  if (all_causal && all_window) return false;
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t pos = pos0 + r / G, lo = p.key_lo(pos), hi = p.causal ? pos + 1 : j0 + n;
+    const auto [lo, hi] = visible(p, t, r, j0, n);
     for (int64_t j = 0; j < n; ++j)
       if (j0 + j < lo || j0 + j >= hi) w.s[r * kKeyBlock + j] = kNegInf;
+  }
+  return true;
+}
+
+// O = alpha·O + P·V over each row's visible keys only, for a masked block: a key a row does not
+// see is never read for it, so a non-finite value there (the caches are not scanned; an f16
+// cache overflows to Inf) cannot turn that row's 0 weight into NaN — as the reference and cuda_v2.
+void accumulate_visible(const Problem& p, const Task& t, int64_t j0, int64_t n, int64_t Rg, const float* P,
+                        const float* V, const float* alpha, float* O) {
+  for (int64_t r = 0; r < Rg; ++r) {
+    const auto [lo, hi] = visible(p, t, r, j0, n);
+    const int64_t a = hi > lo ? lo - j0 : 0;  // none: alpha's rescale alone
+    cpu_simd::accumulate(P + r * kKeyBlock + a, kKeyBlock, 1, V + a * p.Dv, p.Dv, hi - lo, p.Dv, alpha + r,
+                         O + r * p.Dv, p.Dv);
   }
 }
 
@@ -222,9 +244,11 @@ void stream_keys(const Problem& p, const Task& t, Scratch& w) {
       } else {  // prefill tile: S = Q·Kᵀ as a GEMM (OpenBLAS, one thread per worker)
         cpu_blas::sgemm(false, true, Rg, n, p.D, 1.0f, w.q.data() + r0 * p.D, p.D, Kg, p.D, 0.0f, w.s.data(), kKeyBlock);
       }
-      cap_and_mask(p, t, j, n, w);
+      const bool masked = cap_and_mask(p, t, j, n, w);
       cpu_simd::online_softmax(w.s.data(), Rg, n, kKeyBlock, m, l, alpha);
-      if (Rg < kGemmRows) {
+      if (masked) {
+        accumulate_visible(p, t, j, n, Rg, w.s.data(), Vg, alpha, O);
+      } else if (Rg < kGemmRows) {
         cpu_simd::accumulate(w.s.data(), kKeyBlock, Rg, Vg, p.Dv, n, p.Dv, alpha, O, p.Dv);
       } else {  // O = alpha·O + P·V
         for (int64_t r = 0; r < Rg; ++r)

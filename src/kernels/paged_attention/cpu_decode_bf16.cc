@@ -62,8 +62,11 @@ namespace {
 #define TESSERA_BF16_TARGET TESSERA_BF16_FN __attribute__((always_inline)) inline
 
 // e^x in f32 (Cody–Waite reduction, Cephes' expf polynomial, vscalefps: ≈ 1 ulp); −inf → 0.
+// x is clamped at −104 first (e^−104 is 0 in f32): a huge negative gap left the reduction's r
+// without precision and the polynomial at ±Inf. max(−104, x) keeps a NaN x (the second operand).
 TESSERA_BF16_TARGET __m512 exp16(__m512 x) {
   const __mmask16 finite = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_NEQ_UQ);
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);

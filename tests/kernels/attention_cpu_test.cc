@@ -138,7 +138,7 @@ TEST(AttentionCpu, NarrowerInstructionSets) {
 // heads on 1 kv head) splits the heads; a single head (Hq = Hkv = 1) splits the kv blocks.
 TEST(AttentionCpu, ChunkedBackwardEveryOption) {
   uint64_t seed = 500;
-  for (DType dt : {DType::kF32, DType::kBF16})
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})  // f16: the f32 route's per-thread dq stored in f16
   for (int64_t hq : {3, 1}) {
     at::CaseSpec c;
     c.dtype = dt;
@@ -161,6 +161,16 @@ TEST(AttentionCpu, ChunkedBackwardEveryOption) {
       c.opt.num_threads = t;
       expect_parity(c, "threads=" + std::to_string(t));
     }
+  }
+  // Varlen (two sequences, one head each: 2 pairs on 4 threads) splits too: each sequence's kv
+  // blocks, at its own offsets.
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    at::CaseSpec v;
+    v.dtype = dt, v.Hq = 1, v.Hkv = 1, v.D = 20, v.Dv = 12;
+    v.seqlens_q = {7, 30}, v.seqlens_k = {19, 41};
+    v.opt.causal = true, v.opt.softcap = 4.0, v.opt.block_sizes = BlockSizes{8, 8}, v.opt.num_threads = 4;
+    v.seed = seed++;
+    expect_parity(v, "varlen threads=4");
   }
 }
 
@@ -210,7 +220,7 @@ TEST(AttentionCpu, Deterministic) {
   s.opt.window_left = 23;  // kv spans that start mid-sequence
   s.opt.block_sizes = BlockSizes{16, 16};
   const at::CaseData d = at::make_case(s);
-  for (int t : {1, 3}) {
+  for (int t : {1, 3, 8}) {  // 8 > B·Hkv = 4: the backward splits each pair's 2 query heads
     s.opt.num_threads = t;
     const CpuRun a = run_cpu(s, d), b = run_cpu(s, d);
     for (auto [x, y] : {std::pair<const Tensor*, const Tensor*>{&a.o, &b.o}, {&a.lse, &b.lse}, {&a.dq, &b.dq}, {&a.dk, &b.dk}, {&a.dv, &b.dv}})
@@ -222,6 +232,14 @@ TEST(AttentionCpu, Deterministic) {
   const CpuRun four = run_cpu(s, d);
   for (auto [x, y] : {std::pair<const Tensor*, const Tensor*>{&one.o, &four.o}, {&one.lse, &four.lse}, {&one.dq, &four.dq}, {&one.dk, &four.dk}, {&one.dv, &four.dv}})
     EXPECT_TRUE(same_bits(*x, *y));
+  // One head (Hq = Hkv = 1, B = 1) on 3 threads: the kv blocks split, dq reduced from f32
+  // partials in chunk order — the same bits on every run.
+  at::CaseSpec k = s;
+  k.B = 1, k.Hq = 1, k.Hkv = 1, k.opt.num_threads = 3;
+  const at::CaseData kd = at::make_case(k);
+  const CpuRun a = run_cpu(k, kd), b = run_cpu(k, kd);
+  for (auto [x, y] : {std::pair<const Tensor*, const Tensor*>{&a.dq, &b.dq}, {&a.dk, &b.dk}, {&a.dv, &b.dv}})
+    EXPECT_TRUE(same_bits(*x, *y)) << "kv split";
 }
 
 // Rows that see nothing (causal Sq > Sk, a window that misses, a lonely segment): o = 0,

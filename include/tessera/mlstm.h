@@ -2,8 +2,8 @@
 // layout of PyPI `mlstm_kernels` (so its users can switch).
 //
 // Inputs: q, k [B, NH, S, DHQK], v [B, NH, S, DHV] (one of f32, bf16, f16, shared), gate
-// pre-activations i, f [B, NH, S] (any float dtype). Gates and states are computed in f32 (the
-// reference: double). Per (b, head), from the state (C [DHQK, DHV], n [DHQK], m scalar), by
+// pre-activations i, f [B, NH, S] (any float dtype). States are computed in f32, the gates'
+// cumulative sums and stabilizers in double on cpu (the reference: double throughout). Per (b, head), from the state (C [DHQK, DHV], n [DHQK], m scalar), by
 // default zeros (c0, n0, m0 set it: f32 [B, NH, DHQK, DHV], [B, NH, DHQK], [B, NH]), for t = 0..S−1:
 //
 //   logf_t = logsigmoid(f_t)
@@ -34,7 +34,7 @@
 // device (cuda: read and written in their own dtypes, nothing converted).
 //
 // Limits: S ≥ 1, DHQK and DHV ≥ 1; each backend names its own limit on DHQK/DHV (cpu:
-// ≤ 1024 each; cuda: ≤ 1024 each, chunk_size ≤ 128). See docs/kernels/mlstm.md.
+// ≤ 1024 each, chunk_size ≤ 1024; cuda: ≤ 1024 each, chunk_size ≤ 128). See docs/kernels/mlstm.md.
 #pragma once
 
 #include <cstdint>

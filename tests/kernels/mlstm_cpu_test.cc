@@ -83,11 +83,20 @@ class GemmRoute {
 // only: on OpenBLAS (TESSERA_MLSTM_CPU_GEMM=blas; found on an AVX2 Zen 3, 2026-11-26) the
 // forward's split of a head's value columns rounds a column block as sgemm's edge kernels do,
 // so there the results agree to 1e-5. Both routes run.
+// On the kernel route also with TESSERA_CPU_F32_GEMM=avx2: on an AVX-512 CPU the AVX2 kernel and
+// mlstm's AVX2 element loops then run, and must give the AVX-512 bits (the same FMA chains).
 TEST(MlstmCpu, ThreadsShareAHead) {
+  const char* outer = std::getenv("TESSERA_CPU_F32_GEMM");
+  const std::optional<std::string> saved = outer ? std::optional<std::string>(outer) : std::nullopt;
   for (bool blas : {false, true})
   for (const auto& [NH, chunk] : {std::pair<int64_t, int64_t>{1, 4}, {3, 8}}) {
     const GemmRoute route(blas);
     std::vector<float> first;
+    for (const char* isa : {"", "avx2"}) {
+    if (*isa && blas) continue;
+    if (*isa) ::setenv("TESSERA_CPU_F32_GEMM", isa, 1);
+    else if (saved) ::setenv("TESSERA_CPU_F32_GEMM", saved->c_str(), 1);
+    else ::unsetenv("TESSERA_CPU_F32_GEMM");
     for (int threads : {1, 2, 3, 7}) {
       CaseSpec c;
       c.B = 1, c.NH = NH, c.S = 70, c.DK = 6, c.DV = 10, c.resets = "random", c.initial_state = true;
@@ -109,7 +118,7 @@ TEST(MlstmCpu, ThreadsShareAHead) {
         all.insert(all.end(), t->data_as<float>(), t->data_as<float>() + t->numel());
       if (first.empty()) first = all;
       if (GemmRoute::kernel_runs(blas)) {
-        EXPECT_EQ(all, first) << "NH " << NH << ", " << threads << " threads";
+        EXPECT_EQ(all, first) << "NH " << NH << ", " << threads << " threads, isa '" << isa << "'";
       } else {  // OpenBLAS: a column block of a product need not round as the whole does
         ASSERT_EQ(all.size(), first.size());
         for (size_t i = 0; i < all.size(); ++i)
@@ -117,6 +126,9 @@ TEST(MlstmCpu, ThreadsShareAHead) {
               << (blas ? "blas" : "kernel") << " NH " << NH << ", " << threads << " threads, value " << i;
       }
     }
+    }
+    if (saved) ::setenv("TESSERA_CPU_F32_GEMM", saved->c_str(), 1);
+    else ::unsetenv("TESSERA_CPU_F32_GEMM");
   }
 }
 
@@ -241,9 +253,12 @@ TEST(MlstmCpu, ScratchKeptBetweenCalls) {
   CaseSpec a, b;
   a.B = 1, a.NH = 3, a.S = 90, a.DK = 24, a.DV = 40, a.resets = "inside", a.seed = 5;
   a.opt.chunk_size = 16, a.opt.num_threads = 2;
-  b = a, b.S = 33, b.DV = 16, b.seed = 6;
+  b = a, b.seed = 6;  // the same shape (the same block, reused) with other values in it
   const std::vector<float> first = run(a);
   EXPECT_EQ(run(a), first);
+  EXPECT_NE(run(b), first);
+  EXPECT_EQ(run(a), first);  // on the block b left its values in
+  b.S = 33, b.DV = 16;       // another shape in between (a block of its own)
   run(b);
   EXPECT_EQ(run(a), first);
   ::setenv("TESSERA_MLSTM_CPU_KEEP_SCRATCH", "0", 1);

@@ -369,6 +369,23 @@ TEST(MlstmApi, ErrorsNameTheProblem) {
   o = {}, o.check_finite = true;
   has(call(ok, hv, o), "q contains NaN or Inf");
   q[0] = 0;
+  {  // the upstream gradients of the last states too (dc_last and dn_last were not scanned)
+    std::vector<float> dh(4, 0.5f), dc(4, 0.f), dn(2, 0.f), g(4, -7.f), gk(4, -7.f), gv(4, -7.f), gi(2, -7.f),
+        gf(2, -7.f);
+    const mlstm::Grads gr{f32(g, {1, 1, 2, 2}), f32(gk, {1, 1, 2, 2}), f32(gv, {1, 1, 2, 2}), f32(gi, {1, 1, 2}),
+                          f32(gf, {1, 1, 2})};
+    for (auto [vec, name] : {std::pair{&dc, "dc_last"}, {&dn, "dn_last"}}) {
+      (*vec)[1] = INFINITY;
+      try {
+        mlstm::backward(ok, f32(dh, {1, 1, 2, 2}), gr, o, f32(dc, {1, 1, 2, 2}), f32(dn, {1, 1, 2}));
+        ADD_FAILURE() << name << " with Inf accepted under check_finite";
+      } catch (const Error& e) {
+        has(e.what(), std::string(name) + " contains NaN or Inf");
+      }
+      (*vec)[1] = 0.f;
+      for (float x : g) EXPECT_EQ(x, -7.0f);
+    }
+  }
   o = {}, o.implementation = "cpu", o.chunk_size = 4096;
   has(call(ok, hv, o), "chunk_size must be <= 1024 (cpu)");
   std::vector<float> big(2 * 2048);

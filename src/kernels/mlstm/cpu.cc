@@ -181,7 +181,7 @@ class ScratchLease {
   explicit ScratchLease(size_t bytes)
       : keep_(bytes <= kMaxCachedBytes && env::flag("TESSERA_MLSTM_CPU_KEEP_SCRATCH", true)) {
     Cache& c = cache();
-    {
+    if (keep_) {  // not kept: not taken either (KEEP_SCRATCH=0 means a fresh block per call)
       std::lock_guard<std::mutex> lock(c.mu);
       if (c.buf && c.bytes >= bytes && c.bytes <= bytes + bytes / 16) {
         buf_ = std::move(c.buf), bytes_ = c.bytes;

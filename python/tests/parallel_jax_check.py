@@ -2,6 +2,7 @@
 starts. Checks expert-parallel grouped matmul, context-parallel attention, decode context
 parallelism over a paged cache and vocab-parallel linear cross-entropy on 2 and 4 devices against
 the single-device math."""
+import contextlib
 import os
 import sys
 
@@ -15,6 +16,22 @@ import tessera.jax as tj  # noqa: E402
 import tessera.parallel.jax as tpj  # noqa: E402
 
 E, K, N, T = 8, 6, 5, 24
+
+
+@contextlib.contextmanager
+def ffi_skips():
+    """Every FFI call made inside, as (pass, sorted skip list), through tessera.jax's _ffi."""
+    seen, real = [], tj._ffi
+
+    def spy(k, pass_, tensors, options, ex, skip=()):
+        seen.append((pass_, tuple(sorted(skip))))
+        return real(k, pass_, tensors, options, ex, skip)
+
+    tj._ffi = spy
+    try:
+        yield seen
+    finally:
+        tj._ffi = real
 
 
 def problem(seed=0):
@@ -48,19 +65,10 @@ def check(devices: int) -> None:
                             mesh=mesh, in_specs=(P("ep"), P("ep"), P("ep")), out_specs=P("ep"))
         return lambda a, c: jnp.sum(lay(a, ids, c) * dout)
 
-    seen, real = [], tj._ffi
-
-    def spy(k, pass_, tensors, options, ex, skip=()):
-        seen.append((pass_, tuple(sorted(skip))))
-        return real(k, pass_, tensors, options, ex, skip)
-
-    tj._ffi = spy
-    try:
+    with ffi_skips() as seen:
         dx_f = jax.jit(jax.grad(frozen_loss("w_local"), argnums=0))(x, w)
         dw_f = jax.jit(jax.grad(frozen_loss(("x",)), argnums=1))(x, w)
         dx_0 = jax.jit(jax.grad(frozen_loss("x, w_local"), argnums=0))(x, w)
-    finally:
-        tj._ffi = real
     assert ("backward", ("drhs",)) in seen and ("backward", ("dlhs",)) in seen, seen
     np.testing.assert_array_equal(np.asarray(dx_f), np.asarray(dx))
     np.testing.assert_array_equal(np.asarray(dw_f), np.asarray(dw))
@@ -222,18 +230,9 @@ def check_vocab_parallel(devices: int, case: dict) -> None:
     # A frozen classifier (frozen="w,bias"): each device's backward skips its dw slice and dbias,
     # dx is the same bits as with nothing frozen; a frozen x (head-only training) skips dx and
     # its all-reduce, dw the same bits.
-    seen, real = [], tj._ffi
-
-    def spy(k, pass_, tensors, options, ex, skip=()):
-        seen.append((pass_, tuple(sorted(skip))))
-        return real(k, pass_, tensors, options, ex, skip)
-
-    tj._ffi = spy
-    try:
+    with ffi_skips() as seen:
         dx = jax.jit(jax.grad(scalar(sharded, frozen="w,bias"), argnums=0))(x, w, b0)
         dw = jax.jit(jax.grad(scalar(sharded, frozen="x"), argnums=1))(x, w, b0)
-    finally:
-        tj._ffi = real
     want_skip = ("dw",) if bias is None else ("dbias", "dw")
     assert ("backward", want_skip) in seen, seen
     assert ("backward", ("dx",)) in seen, seen

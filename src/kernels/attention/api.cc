@@ -196,11 +196,10 @@ namespace {
 // inputs after it has written outputs (dq over q), and an autotune sweep writes the outputs
 // before the call it keeps.
 void check_apart(const Inputs& in, const dispatch::ArgCheck::Named& outputs, dispatch::ArgCheck::Named reads) {
-  reads.insert(reads.end(), {{"q", in.q}, {"k", in.k}, {"v", in.v}});
-  for (const auto& [name, t] : {std::pair{"alibi_slopes", &in.alibi_slopes}, {"segment_ids_q", &in.segment_ids_q},
-                                {"segment_ids_k", &in.segment_ids_k}, {"cu_seqlens_q", &in.cu_seqlens_q},
-                                {"cu_seqlens_k", &in.cu_seqlens_k}})
-    if (*t) reads.emplace_back(name, **t);
+  const TensorView none;  // an absent input spans nothing
+  reads.insert(reads.end(), {{"q", in.q}, {"k", in.k}, {"v", in.v}, {"alibi_slopes", in.alibi_slopes.value_or(none)},
+                             {"segment_ids_q", in.segment_ids_q.value_or(none)}, {"segment_ids_k", in.segment_ids_k.value_or(none)},
+                             {"cu_seqlens_q", in.cu_seqlens_q.value_or(none)}, {"cu_seqlens_k", in.cu_seqlens_k.value_or(none)}});
   args.apart(outputs, reads);
 }
 }  // namespace

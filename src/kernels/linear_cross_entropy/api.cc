@@ -492,36 +492,22 @@ void refuse_partial(const Options& opt, const char* what) {
 }
 
 namespace {
+// No output shares memory with an input, an upstream gradient or another output: the backends read
+// x and w after writing outputs (dx over x), an autotune sweep writes outputs before the call it
+// keeps. Absent views (TensorView{}) span nothing.
 using Named = dispatch::ArgCheck::Named;
-void add(Named& v, const char* name, const std::optional<TensorView>& t) {
-  if (t) v.emplace_back(name, *t);
-}
-Named reads_of(const Inputs& in) {
-  Named r{{"x", in.x}, {"w", in.w}, {"labels", in.labels}};
-  add(r, "bias", in.bias), add(r, "token_weights", in.token_weights), add(r, "class_weights", in.class_weights);
-  return r;
-}
-Named outputs_of(const ForwardOutputs& out) {
-  Named o{{"loss", out.loss}, {"lse", out.lse}};
-  add(o, "argmax", out.argmax), add(o, "z_loss", out.z_loss), add(o, "accuracy", out.accuracy);
-  return o;
-}
-Named outputs_of(const Gradients& g) {
-  Named o{{"dx", g.dx}, {"dw", g.dw}};
-  add(o, "dbias", g.dbias);
-  return o;
-}
-// No output shares memory with an input, an upstream gradient or another output: the backends
-// read x and w after writing outputs (dx over x), and an autotune sweep writes the outputs before
-// the call it keeps.
+const TensorView kNone;
 void check_apart(const Inputs& in, const Named& outputs, Named reads = {}) {
-  for (auto& r : reads_of(in)) reads.push_back(r);
+  reads.insert(reads.end(), {{"x", in.x}, {"w", in.w}, {"labels", in.labels}, {"bias", in.bias.value_or(kNone)},
+                             {"token_weights", in.token_weights.value_or(kNone)},
+                             {"class_weights", in.class_weights.value_or(kNone)}});
   args.apart(outputs, reads);
 }
-Named operator+(Named a, const Named& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
+Named outputs_of(const ForwardOutputs& o) {
+  return {{"loss", o.loss}, {"lse", o.lse}, {"argmax", o.argmax.value_or(kNone)}, {"z_loss", o.z_loss.value_or(kNone)},
+          {"accuracy", o.accuracy.value_or(kNone)}};
 }
+Named outputs_of(const Gradients& g) { return {{"dx", g.dx}, {"dw", g.dw}, {"dbias", g.dbias.value_or(kNone)}}; }
 }  // namespace
 
 std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& opt) {
@@ -566,9 +552,8 @@ std::string forward_partial(const Inputs& in, const PartialOutputs& out, const O
     args.fail("the partial form has no z_loss or accuracy outputs: form them from the combined statistics");
   Call k{normalize(in, opt)};
   k.fo = check_partial_outputs(in, k.p, out);
-  Named o{{"lse", out.lse}, {"label_logit", out.label_logit}, {"logit_sum", out.logit_sum}};
-  add(o, "argmax", out.argmax), add(o, "max_logit", out.max_logit);
-  check_apart(in, o);
+  check_apart(in, {{"lse", out.lse}, {"label_logit", out.label_logit}, {"logit_sum", out.logit_sum},
+                   {"argmax", out.argmax.value_or(kNone)}, {"max_logit", out.max_logit.value_or(kNone)}});
   return run(k, opt, Pass::kForward, true);
 }
 
@@ -592,9 +577,7 @@ std::string backward_impl(const Inputs& in, const TensorView& grad_loss, const s
     args.tensor(*lse, k.p.device, lead_of(in), DType::kF32, "lse");
     k.gi.lse = static_cast<const float*>(lse->data);
   }
-  Named reads{{"grad_loss", grad_loss}};
-  add(reads, "lse", lse);
-  check_apart(in, outputs_of(grads), reads);
+  check_apart(in, outputs_of(grads), {{"grad_loss", grad_loss}, {"lse", lse.value_or(kNone)}});
   return run(k, opt, Pass::kBackward, false);
 }
 
@@ -617,7 +600,9 @@ std::string forward_backward(const Inputs& in, const TensorView& grad_loss, cons
   Tensor scratch;
   want_argmax_for_accuracy(out, k.p, k.fo, scratch);
   check_backward(in, grad_loss, grads, k);
-  check_apart(in, outputs_of(out) + outputs_of(grads), {{"grad_loss", grad_loss}});
+  Named outs = outputs_of(out), gs = outputs_of(grads);
+  outs.insert(outs.end(), gs.begin(), gs.end());
+  check_apart(in, outs, {{"grad_loss", grad_loss}});
   k.loss = out.loss;
   const std::string ran = run(k, opt, Pass::kFused, out.argmax.has_value());
   write_metrics(k.p, k.fo, out);

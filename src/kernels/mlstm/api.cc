@@ -101,11 +101,8 @@ struct Call {
     check("dq", g.dq), check("dk", g.dk), check("dv", g.dv), check("di", g.di), check("df", g.df);
     if (args().exactly_with(given(in.c0), "an initial state", {{"dc0", g.dc0}, {"dn0", g.dn0}}))
       check("dc0", g.dc0), check("dn0", g.dn0);
-    if (opt.check_finite) {
-      args().finite(dh_view, "dh");
-      if (given(dc_last)) args().finite(dc_last, "dc_last");
-      if (given(dn_last)) args().finite(dn_last, "dn_last");
-    }
+    if (opt.check_finite)  // host data; absent ones (null) pass
+      for (auto [t, what] : {std::pair{&dh_view, "dh"}, {&dc_last, "dc_last"}, {&dn_last, "dn_last"}}) args().finite(*t, what);
   }
 
   // The inputs as the backends take them: f32 host arrays, or a device call's own (impl.h).

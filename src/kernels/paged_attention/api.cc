@@ -77,10 +77,9 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.o_f32 = out.o.dtype == DType::kF32;
   p.lse = static_cast<float*>(out.lse.data);
   // An o inside a cache would be read back by later rows: refused, as o and lse over each other.
-  dispatch::ArgCheck::Named reads{{"q", in.q},         {"k_cache", in.k_cache}, {"v_cache", in.v_cache},
-                                  {"page_table", in.page_table}, {"kv_lens", in.kv_lens}, {"cu_q_lens", in.cu_q_lens}};
-  if (in.sinks) reads.emplace_back("sinks", *in.sinks);
-  args.apart({{"o", out.o}, {"lse", out.lse}}, reads);
+  args.apart({{"o", out.o}, {"lse", out.lse}}, {{"q", in.q}, {"k_cache", in.k_cache}, {"v_cache", in.v_cache},
+                                              {"page_table", in.page_table}, {"kv_lens", in.kv_lens},
+                                              {"cu_q_lens", in.cu_q_lens}, {"sinks", in.sinks.value_or(TensorView{})}});
   return p;
 }
 

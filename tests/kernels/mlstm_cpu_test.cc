@@ -2,6 +2,7 @@
 // runs the quick one), thread counts, and determinism.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <optional>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "harness/process.h"
 #include "kernels/mlstm/testing.h"
 #include "primitives/cpu_f32_gemm.h"
 #include "tessera/mlstm.h"
@@ -229,6 +231,48 @@ TEST(MlstmCpu, FusedPassAsTwoCalls) {
     expect_parity(c, Pass::kFused);
   }
   ::unsetenv("TESSERA_MLSTM_CPU_FUSED");
+}
+
+// The fused pass keeps each chunk's forward quantities for the reverse (cpu.cc HeadBufs::saved,
+// S·(2L + 5) floats a team) only while they fit kSavedBudget (256 MiB); past it the reverse forms
+// them again. At S = 36,864 and chunks of 1,024 they are 303 MiB: the call's peak RSS grew by
+// that much before (the budget was not counted); it grows by the thread buffers (12 MiB a
+// thread) and the states now, and gives the bits of the forward and backward calls.
+TEST(MlstmCpu, FusedPassSavedDataStaysWithinItsBudget) {
+  CaseSpec c;
+  c.B = 1, c.NH = 1, c.S = 36864, c.DK = 8, c.DV = 8;
+  c.opt.chunk_size = 1024, c.opt.num_threads = 2;
+  c.opt.implementation = "cpu";
+  const mlstm::testing::CaseData d = mlstm::testing::make_case(c);
+  auto run = [&] {
+    auto out = [](const Tensor& like) { return Tensor::zeros(DType::kF32, like.shape()); };
+    std::vector<Tensor> t{out(d.v), out(d.q), out(d.k), out(d.v), out(d.i), out(d.f)};
+    mlstm::forward_backward(d.inputs(), t[0].view(), {}, d.dh.view(), {t[1].view(), t[2].view(), t[3].view(), t[4].view(), t[5].view()}, c.opt);
+    return t;
+  };
+  std::vector<Tensor> got;
+  {
+    std::vector<Tensor> warm = run();  // the outputs' pages and the tensors' allocator warmed
+  }
+  if (!harness::reset_peak_rss()) GTEST_SKIP() << "the peak RSS cannot be reset here";
+  const size_t before = harness::rss_bytes().value_or(0);
+  ::setenv("TESSERA_MLSTM_CPU_KEEP_SCRATCH", "0", 1);  // a fresh block: the call's own size
+  got = run();
+  const size_t peak = harness::peak_rss_bytes().value_or(0);
+  ::setenv("TESSERA_MLSTM_CPU_FUSED", "0", 1);
+  const std::vector<Tensor> want = run();
+  ::unsetenv("TESSERA_MLSTM_CPU_FUSED");
+  ::unsetenv("TESSERA_MLSTM_CPU_KEEP_SCRATCH");
+  ASSERT_GT(peak, before);
+  EXPECT_LT(peak - before, size_t(128) << 20) << "peak RSS grew by " << ((peak - before) >> 20) << " MiB";
+  const char* names[] = {"h", "dq", "dk", "dv", "di", "df"};
+  for (size_t n = 0; n < got.size(); ++n) {
+    const float *g = got[n].data_as<float>(), *w = want[n].data_as<float>();
+    bool nonzero = false;
+    for (int64_t e = 0; e < got[n].numel(); ++e) nonzero |= w[e] != 0.f;
+    EXPECT_TRUE(nonzero) << names[n];
+    EXPECT_TRUE(std::equal(g, g + got[n].numel(), w)) << names[n] << " differs from the two calls'";
+  }
 }
 
 // v0.5: a call's scratch is one block, kept for the next call of the same size (cpu.cc

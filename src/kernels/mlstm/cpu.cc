@@ -841,6 +841,13 @@ void gate_suffix(const Ctx& cx, int64_t b, int64_t bh, double dot_last, const Ba
 // chunk of one head) and each thread's ThreadBufs.
 constexpr double kStateBudget = 48.0 * 1024 * 1024;  // S = 8192, D = 256, 2 threads: 64.5 MiB, one team
 
+// The fused pass keeps each chunk's forward quantities (HeadBufs::saved) while the whole call's
+// take at most this; past it the reverse forms them again, as the backward alone does (the same
+// bits). S·(2L + 5)·4 + 8S bytes per team: 35 MiB at S = 65,536, L = 64; 540 MiB at L = 1024.
+constexpr double kSavedBudget = 256.0 * 1024 * 1024;
+
+double saved_bytes(int64_t NC, int64_t Lc) { return double(NC) * double(2 * Lc * Lc + 5 * Lc) * 4.0 + double(NC * Lc) * 8.0; }
+
 struct Plan {
   int size = 1, teams = 1;
   int64_t parts = 1;  // the forward: each head's columns of v (and C, h) in parts, one thread each,
@@ -881,6 +888,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, 
   const Plan pl = plan_of(p, NC, reverse);
   const Ctx cx{p, Lc, NC, DK, DV, 1.0f / std::sqrt(float(DK)), use_kernel_gemm(), pl.size};
   const int T = pl.size * pl.teams;
+  const bool save = fused && double(pl.teams) * saved_bytes(NC, Lc) <= kSavedBudget;
   std::vector<std::unique_ptr<Team>> teams;
   for (int t = 0; t < pl.teams; ++t) teams.push_back(std::make_unique<Team>(NC, pl.size));
   std::vector<ThreadBufs> tbs(T);
@@ -892,7 +900,7 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, 
       h.C = ar.take<float>(slots * DK * DV), h.n = ar.take<float>(slots * DK);
       h.cum = ar.take<double>(p.S), h.gl = ar.take<double>(p.S), h.lmax = ar.take<double>(p.S);
       h.seg = ar.take<int32_t>(p.S), h.hs = ar.take<uint8_t>(p.S), h.m = ar.take<double>(NC + 1);
-      if (fused) h.saved = ar.take<float>(NC * (2 * Lc * Lc + 5 * Lc)), h.saved_mt = ar.take<double>(NC * Lc);
+      if (save) h.saved = ar.take<float>(NC * (2 * Lc * Lc + 5 * Lc)), h.saved_mt = ar.take<double>(NC * Lc);
     }
     for (ThreadBufs& b : tbs) {
       b.E = ar.take<float>(Lc * Lc), b.P = ar.take<float>(Lc * Lc), b.dP = ar.take<float>(Lc * Lc);

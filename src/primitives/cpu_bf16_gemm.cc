@@ -3,7 +3,9 @@
 #include "primitives/cpu_bf16_gemm.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
+#include <string>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -230,21 +232,27 @@ TESSERA_BF16_TARGET void pack_rows_avx512(const uint16_t* const* rows, int64_t K
 
 }  // namespace
 
-bool available() {
+Mode mode() {
 #if defined(__x86_64__)
   static const bool have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-  return have && env::flag("TESSERA_CPU_BF16_DOT", true);
 #else
-  return false;
+  static const bool have = false;
 #endif
+  const std::string v = env::get("TESSERA_CPU_BF16_DOT").value_or("");
+  if (v.size() == 8 && std::equal(v.begin(), v.end(), "portable", [](char a, char b) { return std::tolower(a) == b; }))
+    return Mode::kPortable;
+  return have && env::flag("TESSERA_CPU_BF16_DOT", true) ? Mode::kNative : Mode::kOff;
 }
+
+bool available() { return mode() != Mode::kOff; }
+bool native() { return mode() == Mode::kNative; }
 
 int64_t packed_words(int64_t K, int64_t N) { return panels_of(N) * pairs_of(K) * kPanel; }
 
 void pack_rows(const uint16_t* const* rows, int64_t K, int64_t N, uint32_t* packed) {
 #if defined(__x86_64__)
-  if (available()) return pack_rows_avx512(rows, K, N, packed);
+  if (native()) return pack_rows_avx512(rows, K, N, packed);
 #endif
   const int64_t K2 = pairs_of(K);
   static const uint16_t zero_row[kPanel] = {};
@@ -263,7 +271,7 @@ void pack_rows(const uint16_t* const* rows, int64_t K, int64_t N, uint32_t* pack
 
 void pack_cols(const uint16_t* const* cols, int64_t K, int64_t N, uint32_t* packed) {
 #if defined(__x86_64__)
-  if (available()) return pack_cols_avx512(cols, K, N, packed);
+  if (native()) return pack_cols_avx512(cols, K, N, packed);
 #endif
   const int64_t K2 = pairs_of(K);
   for (int64_t p = 0; p < panels_of(N); ++p) {
@@ -283,7 +291,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const
     return;
   }
 #if defined(__x86_64__)
-  if (available()) return gemm_avx512(M, N, K, A, lda, packed, alpha, accumulate, C, ldc);
+  if (native()) return gemm_avx512(M, N, K, A, lda, packed, alpha, accumulate, C, ldc);
 #endif
   gemm_portable(M, N, K, A, lda, packed, alpha, accumulate, C, ldc);
 }

@@ -13,7 +13,8 @@
 //
 // gemm runs a register-blocked vdpbf16ps micro-kernel (4 rows × 64 columns; 8 rows × 16 columns
 // where N ≤ 16) where the CPU has AVX512-BF16 (runtime check) and a portable loop over the same
-// layout elsewhere (the same values up to the order of the f32 sums). TESSERA_CPU_BF16_DOT=0 forces the portable loop (triage, side-by-side timing).
+// layout elsewhere (the same values up to the order of the f32 sums). TESSERA_CPU_BF16_DOT=portable forces the
+// portable loop (mode() below).
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,19 @@ namespace tessera::cpu_bf16_gemm {
 
 inline constexpr int64_t kPanel = 32;  // columns of B per packed panel
 
-// AVX512-BF16 present (and not turned off by TESSERA_CPU_BF16_DOT=0): gemm is fast.
+// How the kernels' bf16 dot routes run, read per call from TESSERA_CPU_BF16_DOT:
+//   kNative    AVX512-BF16 present (and the variable unset or on): the vdpbf16ps micro-kernel;
+//   kPortable  TESSERA_CPU_BF16_DOT=portable: the routes run on any CPU, through the portable
+//              loops (slow; the same values up to the order of the f32 sums) — so that the routes'
+//              bookkeeping is tested on CPUs without AVX512-BF16 (CI's);
+//   kOff       no AVX512-BF16, or TESSERA_CPU_BF16_DOT=0: the kernels take their f32 routes.
+enum class Mode { kOff, kNative, kPortable };
+Mode mode();
+// A kernel takes its bf16 dot route (mode() != kOff).
 bool available();
+// The AVX512-BF16 instructions run (mode() == kNative): a kernel's own AVX-512 code on the route
+// (attention's transposes) checks this one.
+bool native();
 
 // uint32 words of a packed B with K rows and N columns: ceil(N / kPanel) · ceil(K / 2) · kPanel.
 int64_t packed_words(int64_t K, int64_t N);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "scoped_env.h"
 #include "kernels/grouped_matmul/testing.h"
 #include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_f32_gemm.h"
@@ -18,6 +19,8 @@
 
 namespace tessera::grouped_matmul {
 namespace {
+
+using tessera::testing::ScopedEnv;  // tests/scoped_env.h
 
 // Every pass by default. The route tests below check the fused pass alone: it runs the forward's
 // gmm and the backward's products in the same backend calls as the two passes apart (api.cc
@@ -98,7 +101,8 @@ TEST(GroupedMatmulCpu, LongGroupsAccumulateOverRowBlocks) {
   }
 }
 
-// bf16 runs on the AVX512-BF16 dot product where the CPU has it; TESSERA_CPU_BF16_DOT=0 keeps the
+// bf16 runs on the AVX512-BF16 dot product where the CPU has it (elsewhere the test runs that
+// route through the portable loops: TESSERA_CPU_BF16_DOT=portable); TESSERA_CPU_BF16_DOT=0 keeps the
 // f32 route (converted operands, sgemm). Both against the reference, then against each other
 // with f32 outputs, in both rhs layouts: the same exact products, f32 sums in another order, so
 // they agree to a few f32 ulps of the sums and yet differ somewhere where the dot route ran.
@@ -116,10 +120,8 @@ std::vector<float> gmm_and_tgmm(const testing::CaseSpec& s) {
 }
 
 TEST(GroupedMatmulCpu, Bf16DotAndF32RoutesAgree) {
-  const char* outer = std::getenv("TESSERA_CPU_BF16_DOT");
-  const std::string saved = outer ? outer : "";
-  ::unsetenv("TESSERA_CPU_BF16_DOT");
-  const bool dot_runs = cpu_bf16_gemm::available();
+  const ScopedEnv outer("TESSERA_CPU_BF16_DOT", nullptr);
+  const bool native = cpu_bf16_gemm::native();  // else the dot route runs the portable loops
   testing::CaseSpec base;
   base.label = "routes";
   base.dtype = DType::kBF16;
@@ -138,7 +140,7 @@ TEST(GroupedMatmulCpu, Bf16DotAndF32RoutesAgree) {
     SCOPED_TRACE("K=" + std::to_string(s.K) + (t ? " transposed" : "") + (s.f32_outputs ? "" : " bf16 outputs"));
     std::vector<float> got[2];
     for (int dot : {1, 0}) {
-      ::setenv("TESSERA_CPU_BF16_DOT", dot ? "1" : "0", 1);
+      const ScopedEnv route("TESSERA_CPU_BF16_DOT", !dot ? "0" : native ? "1" : "portable");
       expect_parity(s, {Pass::kFused});
       got[dot] = gmm_and_tgmm(s);
     }
@@ -149,31 +151,10 @@ TEST(GroupedMatmulCpu, Bf16DotAndF32RoutesAgree) {
       ASSERT_NEAR(got[1][i], got[0][i], 1e-3 + (s.f32_outputs ? 0.0 : std::abs(got[0][i]) * 0x1p-7)) << i;
       worst = std::max(worst, double(std::abs(got[1][i] - got[0][i])));
     }
-    if (dot_runs) EXPECT_GT(worst, 0.0) << "the dot route did not run" << (t ? " (transposed)" : "");
+    EXPECT_GT(worst, 0.0) << "the dot route did not run" << (t ? " (transposed)" : "");
   }
-  if (outer) ::setenv("TESSERA_CPU_BF16_DOT", saved.c_str(), 1);
-  else ::unsetenv("TESSERA_CPU_BF16_DOT");
 }
 
-// Sets an environment variable for a scope and puts the outer value back.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* outer = std::getenv(name);
-    had_ = outer != nullptr;
-    if (had_) saved_ = outer;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) ::setenv(name_, saved_.c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string saved_;
-};
 
 // f32 runs on the packed AVX-512 micro-kernel (cpu_f32_gemm) where the CPU has AVX-512F;
 // TESSERA_CPU_F32_GEMM=0 keeps OpenBLAS. Both routes against the reference (every pass, the

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "scoped_env.h"
 #include "kernels/lce_test_util.h"
 #include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_f32_gemm.h"
@@ -149,7 +150,7 @@ std::vector<lt::CaseSpec> tail_cases(DType dtype) {
 }
 
 TEST(LinearCrossEntropyCpu, Bf16TailsEveryOption) {
-  if (!cpu_bf16_gemm::available()) GTEST_LOG_(INFO) << "no AVX512-BF16 here: the f32 route runs these";
+  const tessera::testing::Bf16DotOn dot;  // natively, or through the portable loops without AVX512-BF16
   for (const lt::CaseSpec& c : tail_cases(DType::kBF16)) expect_parity(c, "bf16 dot route");
 }
 
@@ -652,7 +653,7 @@ TEST(LinearCrossEntropyCpu, Bf16DotScratchIsBounded) {
 // (3× w); without the fallback, 64 MiB for H = 4096, V = 8192 at 2 threads. The loss and lse
 // stay those of the fused pass, bit for bit, on either route.
 TEST(LinearCrossEntropyCpu, Bf16DotForwardScratchStaysUnderItsBudget) {
-  if (!cpu_bf16_gemm::available()) GTEST_SKIP() << "no AVX512-BF16: the dot route does not run";
+  const tessera::testing::Bf16DotOn dot;  // natively, or through the portable loops without AVX512-BF16
   struct Shape { int64_t H, V; int threads; };
   for (const Shape sh : {Shape{2048, 4096, 1}, Shape{2048, 4096, 2}, Shape{2048, 4096, 3}, Shape{4096, 8192, 2}}) {
     lt::CaseSpec s;
@@ -720,7 +721,7 @@ TEST(LinearCrossEntropyCpu, Bf16DotDeterministicAndForwardEqualsFused) {
 // within ~2^-16 of a tie) and its f32 sums; the same oracle with dz truncated toward zero instead
 // (a bias of half a bf16 unit per element) must be off by far more.
 TEST(LinearCrossEntropyCpu, Bf16DotRoundsDzToNearestEven) {
-  if (!cpu_bf16_gemm::available()) GTEST_SKIP() << "no AVX512-BF16: the f32 route does not round dz";
+  const tessera::testing::Bf16DotOn dot;  // natively, or through the portable loops without AVX512-BF16
   const int64_t B = 48, H = 64, V = 2048;
   lt::CaseSpec s;
   s.lead = {B};

@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "scoped_env.h"
+
 namespace tessera::reliability {
 
 // A fresh directory under the temp dir, removed by the destructor.
@@ -39,21 +41,6 @@ inline std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
-// Sets an environment variable for the scope, restoring the old value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;  // tests/scoped_env.h
 
 }  // namespace tessera::reliability

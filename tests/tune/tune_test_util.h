@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "scoped_env.h"
 #include "core/log.h"
 #include "tune/declared.h"
 #include "tune/device_kind.h"
@@ -36,26 +37,7 @@ class TempDir {
   std::string path_;
 };
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_.c_str(), old_->c_str(), 1);
-    else
-      ::unsetenv(name_.c_str());
-  }
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;  // tests/scoped_env.h
 
 // Captures log lines (warn and above by default) for its lifetime.
 class LogCapture {

@@ -150,8 +150,8 @@ bool use_bf16_dot(const Problem& p) {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define TESSERA_ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 // The bf16 dot route's transposes in 16 × 16 blocks of 32-bit words (only called where
-// use_bf16_dot() found AVX512-BF16, hence AVX-512F/BW/VL). f32: dst[c·ldd + r] = src[r·lds + c].
-TESSERA_ATTN_AVX512 void transpose_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+// cpu_bf16_gemm::native() found AVX512-BF16, hence AVX-512F/BW/VL). f32: dst[c·ldd + r] = src[r·lds + c].
+TESSERA_ATTN_AVX512 void transpose_f32_avx512(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
                                        int64_t ldd) {
   for (int64_t r0 = 0; r0 < rows; r0 += 16)
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
@@ -166,7 +166,7 @@ TESSERA_ATTN_AVX512 void transpose_f32(const float* src, int64_t lds, int64_t ro
 }
 // bf16: dst[c·ldd + r] = src[r·lds + c]; pairs of rows become one word (r even low, r + 1 high),
 // so 32 rows × 16 columns go through one word transpose; an odd last row is copied alone.
-TESSERA_ATTN_AVX512 void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
+TESSERA_ATTN_AVX512 void transpose_bf16_avx512(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
                                         int64_t ldd) {
   const int64_t pairs = rows / 2;
   for (int64_t k0 = 0; k0 < pairs; k0 += 16)
@@ -191,20 +191,27 @@ TESSERA_ATTN_AVX512 void transpose_bf16(const uint16_t* src, int64_t lds, int64_
     for (int64_t c = 0; c < cols; ++c) dst[c * ldd + rows - 1] = src[(rows - 1) * lds + c];
 }
 #pragma GCC diagnostic pop
-#else
-// Not reached (no bf16 dot route off x86-64); here so that the route compiles everywhere.
+#endif
+
+// The transposes elementwise: the route without AVX512-BF16 (TESSERA_CPU_BF16_DOT=portable, or
+// off x86-64).
 template <class T>
 void transpose_any(const T* src, int64_t lds, int64_t rows, int64_t cols, T* dst, int64_t ldd) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
 }
 void transpose_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
+#if defined(__x86_64__)
+  if (cpu_bf16_gemm::native()) return transpose_f32_avx512(src, lds, rows, cols, dst, ldd);
+#endif
   transpose_any(src, lds, rows, cols, dst, ldd);
 }
 void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst, int64_t ldd) {
+#if defined(__x86_64__)
+  if (cpu_bf16_gemm::native()) return transpose_bf16_avx512(src, lds, rows, cols, dst, ldd);
+#endif
   transpose_any(src, lds, rows, cols, dst, ldd);
 }
-#endif
 
 // Operand B of a tile product, B[k][n] = trans ? m[n·ld + k] : m[k·ld + n]; `packed` holds it
 // in the micro-kernel's panel layout (filled by Common::pack, unused with BLAS).

@@ -17,6 +17,7 @@
 #endif
 
 #include "core/env.h"
+#include "primitives/cpu_bf16_gemm.h"
 
 namespace tessera::paged_attention::cpu_bf16 {
 
@@ -24,7 +25,7 @@ bool available() {
 #if defined(__x86_64__)
   static const bool have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                            __builtin_cpu_supports("avx512bf16");
-  return have && env::flag("TESSERA_CPU_BF16_DOT", true);
+  return have && cpu_bf16_gemm::native();  // TESSERA_CPU_BF16_DOT=0 or =portable: the generic path
 #else
   return false;
 #endif

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "scoped_env.h"
 #include "kernels/mla_decode/cpu_stages.h"
 #include "kernels/mla_decode/testing.h"
 #include "kernels/registry.h"
@@ -180,16 +181,18 @@ namespace {
 // |Δo| = |Σ_j p_j δ_j v_j| / l ≤ 2^-8 · max|v| = 2^-8 here (values in [-1, 1]); f32 sums add
 // ~1e-6.
 TEST(MlaDecodeCpu, Bf16DotPathEqualsTheF32Path) {
-  if (!cpu_bf16_gemm::available()) GTEST_SKIP() << "no AVX512-BF16 here";
+  const tessera::testing::Bf16DotOn on;  // natively, or through the portable loops without AVX512-BF16
   testing::CaseSpec s;
   s.seqlens = {300, 1, 0, 129};
   s.Sq = 3, s.Hq = 32, s.D = 41, s.Dv = 24, s.page_size = 10, s.dtype = DType::kBF16;  // odd D, Dv < 32
   s.opt.causal = true;
   const testing::CaseData d = testing::make_case(s);
   const CpuRun dot = run_cpu(s, d, 64);
-  ::setenv("TESSERA_CPU_BF16_DOT", "0", 1);
-  const CpuRun f32 = run_cpu(s, d, 64);
-  ::unsetenv("TESSERA_CPU_BF16_DOT");
+  CpuRun f32;
+  {
+    const tessera::testing::ScopedEnv off("TESSERA_CPU_BF16_DOT", "0");
+    f32 = run_cpu(s, d, 64);
+  }
   double worst = 0;
   for (size_t i = 0; i < dot.o.size(); ++i) {
     ASSERT_NEAR(dot.o[i], f32.o[i], std::ldexp(1.0, -8) + 1e-5) << i;
@@ -198,6 +201,50 @@ TEST(MlaDecodeCpu, Bf16DotPathEqualsTheF32Path) {
   EXPECT_GT(worst, 0.0);  // the paths really differ: the dot products ran
   for (size_t i = 0; i < dot.lse.size(); ++i)
     if (!std::isinf(f32.lse[i])) ASSERT_NEAR(dot.lse[i], f32.lse[i], 1e-5) << i;
+}
+
+// Inf in a cache entry j < L_b that the last query of a causal multi-token decode sees and the
+// others do not: only the rows that see it go non-finite, as in the reference (cpu multiplied
+// the other rows' 0 weights by Inf in P·V: NaN), and those rows are NaN (cpu wrote o = 0, lse =
+// −inf, "saw nothing", where a +Inf score made the softmax sum NaN). f32, and bf16 on the dot route (natively, or the
+// portable loops); a chunk of 128 keys wholly visible to every row before the straddling one.
+TEST(MlaDecodeCpu, InfInAKeyARowDoesNotSeeStaysOutOfThatRow) {
+  const tessera::testing::Bf16DotOn on;
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (int64_t bad_dim : {0, 30}) {  // inside Dv (reaches o), past it (scores only)
+      testing::CaseSpec s;
+      s.seqlens = {150, 7};
+      s.Sq = 3, s.Hq = 4, s.D = 40, s.Dv = 24, s.page_size = 10, s.dtype = dt;
+      s.opt.causal = true;
+      testing::CaseData d = testing::make_case(s);
+      Problem where;
+      where.page_table = static_cast<const int32_t*>(d.page_table.data());
+      where.page_size = s.page_size, where.max_pages = d.page_table.shape()[1], where.D = s.D;
+      store_from_f32(d.kv.data(), dt, where.entry(0, 149) + bad_dim, INFINITY);  // seen by query 2 only
+      const CpuRun got = run_cpu(s, d, 1024);
+      std::vector<float> want(got.o.size()), want_lse(got.lse.size());
+      Options opt = s.opt;
+      opt.dv = s.Dv, opt.implementation = "reference";
+      forward(d.inputs(), {TensorView(want.data(), DType::kF32, {s.B(), s.Sq, s.Hq, s.Dv}),
+                           TensorView(want_lse.data(), DType::kF32, {s.B(), s.Sq, s.Hq})},
+              opt);
+      int64_t bad = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(std::isfinite(got.o[i]), std::isfinite(want[i]))
+            << dtype_name(dt) << " dim " << bad_dim << " element " << i << ": cpu " << got.o[i] << ", reference " << want[i];
+        if (!std::isfinite(want[i])) {
+          ++bad;
+          continue;
+        }
+        EXPECT_NEAR(got.o[i], want[i], dt == DType::kF32 ? 2e-5 : 1e-2) << i;  // bf16: P rounded to bf16
+      }
+      for (size_t i = 0; i < want_lse.size(); ++i) {  // NaN where the row sees the Inf (not "saw nothing")
+        ASSERT_EQ(std::isnan(got.lse[i]), std::isnan(want_lse[i])) << i << ": cpu " << got.lse[i] << ", reference " << want_lse[i];
+        if (!std::isnan(want_lse[i])) EXPECT_NEAR(got.lse[i], want_lse[i], 1e-4) << i;
+      }
+      EXPECT_GT(bad, 0) << "query 2 sees the Inf";
+      EXPECT_LT(bad, int64_t(want.size()) / 2) << "queries 0 and 1 and sequence 1 do not";
+    }
 }
 
 }  // namespace

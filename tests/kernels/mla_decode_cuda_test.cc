@@ -76,6 +76,51 @@ TEST_P(MlaDecodeCudaSplits, SplitEqualsUnsplit) {
   }
 }
 
+// Inf in a cache entry j < L_b (never scanned), as the reference and cpu
+// (MlaDecodeCpu.InfInAKeyARowDoesNotSeeStaysOutOfThatRow): the rows of the query that sees it are
+// NaN (o and lse; never o = 0, lse = −inf), the other queries' rows keep their values. Small
+// splits, so that the NaN partial meets finite ones in the combine. Written 2026-11-28
+// (twenty-first session) without a GPU: first run at the next lease.
+TEST_P(MlaDecodeCudaSplits, NonFiniteEntryAsTheReference) {
+  const std::string impl = GetParam();
+  TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), impl);
+  for (const int64_t bad_dim : {0, 30}) {  // inside Dv (reaches o), past it (scores only)
+    testing::CaseSpec s;
+    s.seqlens = {150, 7};
+    s.Sq = 3, s.Hq = 4, s.D = 40, s.Dv = 24, s.page_size = 10;
+    s.opt.causal = true, s.opt.dv = s.Dv;
+    testing::CaseData d = testing::make_case(s);
+    const int32_t page = static_cast<const int32_t*>(d.page_table.data())[149 / s.page_size];
+    static_cast<float*>(d.kv.data())[(page * s.page_size + 149 % s.page_size) * s.D + bad_dim] = INFINITY;  // query 2 sees it
+    const Shape o_shape{s.B(), s.Sq, s.Hq, s.Dv}, lse_shape{s.B(), s.Sq, s.Hq};
+    Tensor want_o = Tensor::zeros(DType::kF32, o_shape), want_lse = Tensor::zeros(DType::kF32, lse_shape);
+    Options opt = s.opt;
+    opt.implementation = "reference";
+    forward(d.inputs(), {want_o.view(), want_lse.view()}, opt);
+    const Tensor q = d.q.to(Device::cuda()), kv = d.kv.to(Device::cuda());
+    Tensor o = Tensor::zeros(DType::kF32, o_shape, Device::cuda()), lse = Tensor::zeros(DType::kF32, lse_shape, Device::cuda());
+    Inputs in = d.inputs();
+    in.q = q.view(), in.kv_cache = kv.view();
+    opt.implementation = impl;
+    opt.block_sizes = BlockSizes{impl == "cuda" ? 16 : 128};
+    forward(in, {o.view(), lse.view()}, opt);
+    const Tensor got_o = o.to(Device::cpu()), got_lse = lse.to(Device::cpu());
+    int64_t nan_rows = 0;
+    for (int64_t i = 0; i < got_lse.numel(); ++i) {
+      const float w = want_lse.data_as<float>()[i], g = got_lse.data_as<float>()[i];
+      ASSERT_EQ(std::isnan(g), std::isnan(w)) << "dim " << bad_dim << " lse " << i << ": " << g << ", reference " << w;
+      nan_rows += std::isnan(w);
+      if (!std::isnan(w)) EXPECT_NEAR(g, w, 1e-4) << i;
+    }
+    for (int64_t i = 0; i < got_o.numel(); ++i) {
+      const float w = want_o.data_as<float>()[i], g = got_o.data_as<float>()[i];
+      ASSERT_EQ(std::isfinite(g), std::isfinite(w)) << "dim " << bad_dim << " o " << i << ": " << g << ", reference " << w;
+      if (std::isfinite(w)) EXPECT_NEAR(g, w, 1e-4) << i;
+    }
+    EXPECT_GT(nan_rows, 0) << "query 2 sees the Inf";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Impls, MlaDecodeCudaSplits, ::testing::Values("cuda", "cuda_v2"),
                          [](const auto& info) { return std::string(info.param); });
 

@@ -206,5 +206,42 @@ TEST(PagedAttentionCpu, InfInAKeyARowDoesNotSeeStaysOutOfThatRow) {
     }
 }
 
+// Inf in a key that rows see (the caches are not scanned; an f16 cache overflows to Inf): those
+// rows come back NaN, o and lse, as in the reference. cpu wrote o = 0, lse = −inf — "saw
+// nothing" — where a +Inf score made the softmax sum NaN. Decode (q_len 1), and a prefill tile
+// whose last rows alone see the key.
+TEST(PagedAttentionCpu, NonFiniteKeyARowSeesMakesThatRowNaN) {
+  for (const int64_t q_len : {1, 12})
+    for (DType dt : {DType::kF32, DType::kF16}) {
+      testing::CaseSpec c;
+      c.q_lens = {q_len, 1}, c.kv_lens = {20, 9}, c.Hq = 8, c.Hkv = 2, c.dtype = dt;
+      testing::CaseData d = testing::make_case(c);
+      const int64_t bad_key = 19;  // the last key of sequence 0: its last row sees it
+      const int32_t page = static_cast<const int32_t*>(d.page_table.data())[bad_key / c.page_size];
+      for (int64_t g = 0; g < c.Hkv; ++g)
+        for (int64_t e = 0; e < c.D; e += 7) {  // +Inf and −Inf across q's signs: +Inf scores on some heads
+          const int64_t at = ((page * c.page_size + bad_key % c.page_size) * c.Hkv + g) * c.D + e;
+          store_from_f32(d.k_cache.data(), dt, at, e % 2 ? -INFINITY : INFINITY);
+        }
+      Result r[2];
+      for (int i = 0; i < 2; ++i) {
+        Options opt = testing::options_of(c);
+        opt.implementation = i ? "cpu" : "reference";
+        r[i] = compute(d.inputs(), opt);
+      }
+      int64_t nan_rows = 0;
+      for (int64_t i = 0; i < r[0].lse.numel(); ++i) {
+        const float want = r[0].lse.data_as<float>()[i], got = r[1].lse.data_as<float>()[i];
+        ASSERT_EQ(std::isnan(got), std::isnan(want)) << dtype_name(dt) << " q_len " << q_len << " lse " << i << ": cpu " << got << ", reference " << want;
+        nan_rows += std::isnan(want);
+        if (!std::isnan(want)) EXPECT_NEAR(got, want, 1e-4) << i;
+      }
+      for (int64_t i = 0; i < r[0].o.numel(); ++i)
+        ASSERT_EQ(std::isfinite(load_as_f32(r[1].o.data(), dt, i)), std::isfinite(load_as_f32(r[0].o.data(), dt, i))) << i;
+      EXPECT_GT(nan_rows, 0) << "some row sees the Inf";
+      EXPECT_LE(nan_rows, c.Hq) << "only sequence 0's last row sees it";
+    }
+}
+
 }  // namespace
 }  // namespace tessera::paged_attention

@@ -182,5 +182,58 @@ TEST(PagedAttentionCuda, LargeShapeCachePast2To31Elements) {
   }
 }
 
+// Inf in the caches (never scanned; an f16 cache overflows to Inf), as the reference and cpu
+// (tests/kernels/paged_attention_cpu_test.cc): a value a row does not see stays out of it; a key a
+// row sees (+Inf and −Inf across its dims) makes that row NaN, o and lse — never o = 0, lse = −inf
+// ("saw nothing"). Written 2026-11-28 (twenty-first session) without a GPU: first run at the
+// next lease.
+void expect_non_finite_as_the_reference(const char* impl) {
+  for (const bool in_k : {true, false})
+    for (const DType dt : {DType::kF32, DType::kF16}) {
+      SCOPED_TRACE(std::string(impl) + (in_k ? " key" : " value") + " " + dtype_name(dt));
+      testing::CaseSpec c;
+      c.q_lens = {12, 1}, c.kv_lens = {20, 9}, c.Hq = 8, c.Hkv = 2, c.dtype = dt, c.causal = true;
+      testing::CaseData d = testing::make_case(c);
+      const int64_t bad_key = in_k ? 19 : 11;  // key: the last row of sequence 0 alone sees it; value: rows 3.. see it
+      const int32_t page = static_cast<const int32_t*>(d.page_table.data())[bad_key / c.page_size];
+      const int64_t width = in_k ? c.D : c.Dv, base = (page * c.page_size + bad_key % c.page_size) * c.Hkv;
+      for (int64_t g = 0; g < c.Hkv; ++g)
+        for (int64_t e = 0; e < width; e += in_k ? 7 : width)
+          store_from_f32(in_k ? d.k_cache.data() : d.v_cache.data(), dt, (base + g) * width + e, e % 2 ? -INFINITY : INFINITY);
+      Options opt = testing::options_of(c);
+      opt.implementation = "reference";
+      const Result want = compute(d.inputs(), opt);
+      Inputs in = d.inputs();
+      const Tensor q = d.q.to(Device::cuda()), k = d.k_cache.to(Device::cuda()), v = d.v_cache.to(Device::cuda());
+      in.q = q.view(), in.k_cache = k.view(), in.v_cache = v.view();
+      opt.implementation = impl;
+      const Result r = compute(in, opt);
+      const Tensor o = r.o.to(Device::cpu()), lse = r.lse.to(Device::cpu());
+      int64_t nan_rows = 0, non_finite = 0;
+      for (int64_t i = 0; i < lse.numel(); ++i) {
+        const float w = want.lse.data_as<float>()[i], g = lse.data_as<float>()[i];
+        ASSERT_EQ(std::isnan(g), std::isnan(w)) << "lse " << i << ": " << g << ", reference " << w;
+        nan_rows += std::isnan(w);
+      }
+      for (int64_t i = 0; i < o.numel(); ++i) {
+        const float w = load_as_f32(want.o.data(), dt, i), g = load_as_f32(o.data(), dt, i);
+        ASSERT_EQ(std::isfinite(g), std::isfinite(w)) << "o " << i << ": " << g << ", reference " << w;
+        non_finite += !std::isfinite(w);
+      }
+      EXPECT_GT(non_finite, 0) << "a row sees the Inf";
+      if (in_k) EXPECT_GT(nan_rows, 0) << "the row that sees it is NaN";
+    }
+}
+
+TEST(PagedAttentionCuda, NonFiniteCacheEntriesAsTheReference) {
+  TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda");
+  expect_non_finite_as_the_reference("cuda");
+}
+
+TEST(PagedAttentionCuda, V2NonFiniteCacheEntriesAsTheReference) {
+  TESSERA_SKIP_UNLESS_AVAILABLE(implementations(), "cuda_v2");
+  expect_non_finite_as_the_reference("cuda_v2");
+}
+
 }  // namespace
 }  // namespace tessera::paged_attention

@@ -83,13 +83,31 @@ void softmax_rows(const Problem& p, const Split& sp, int64_t j0, int64_t n, Work
   }
 }
 
+// acc += P·C[:, :Dv] over each row's visible keys only: `pv(r0, rows, k)` adds the product of
+// rows r0 .. r0 + rows and the chunk's first k keys. A key a row does not see (causal, Sq > 1) is
+// never read for it, so a non-finite entry there cannot turn the row's 0 weight into NaN, as in
+// the reference. The rows of one query position see the same keys (Hq rows each, in order); every
+// row sees the whole chunk but where it straddles a causal boundary (the last Sq keys).
+template <class PV>
+void accumulate_visible(const Problem& p, const Split& sp, int64_t j0, int64_t n, PV&& pv) {
+  const int64_t Sq = p.rows() / p.Hq;
+  if (p.visible(sp.b, 0) - j0 >= n) return pv(0, p.rows(), n);  // query 0 sees the least
+  for (int64_t i = 0; i < Sq; ++i) {
+    const int64_t k = std::clamp<int64_t>(p.visible(sp.b, i) - j0, 0, n);
+    if (k > 0) pv(i * p.Hq, p.Hq, k);
+  }
+}
+
 // One chunk on the f32 path: gather and widen, S = scale·Q·Cᵀ and acc += P·C[:, :Dv] on sgemm.
 void chunk_f32(const Problem& p, const Split& sp, int64_t j0, int64_t n, Work& w) {
   const int64_t R = p.rows(), D = p.D;
   for (int64_t j = 0; j < n; ++j) to_f32(p.kv, p.dtype, p.entry(sp.b, j0 + j), D, w.c.data() + j * D);
   cpu_blas::sgemm(false, true, R, n, D, static_cast<float>(p.scale), w.q.data(), D, w.c.data(), D, 0.0f, w.s.data(), n);
   softmax_rows(p, sp, j0, n, w);
-  cpu_blas::sgemm(false, false, R, p.Dv, n, 1.0f, w.s.data(), n, w.c.data(), D, 1.0f, w.acc.data(), p.Dv);
+  accumulate_visible(p, sp, j0, n, [&](int64_t r0, int64_t rows, int64_t k) {
+    cpu_blas::sgemm(false, false, rows, p.Dv, k, 1.0f, w.s.data() + r0 * n, n, w.c.data(), D, 1.0f,
+                    w.acc.data() + r0 * p.Dv, p.Dv);
+  });
 }
 
 // One chunk on the bf16 dot-product path: the entries packed straight from their pages, P
@@ -101,12 +119,15 @@ void chunk_bf16(const Problem& p, const Split& sp, int64_t j0, int64_t n, Work& 
   uint32_t *pk = memory::as<uint32_t>(w.pk), *pv = memory::as<uint32_t>(w.pv);
   uint16_t* pb = memory::as<uint16_t>(w.pb);
   cpu_bf16_gemm::pack_cols(w.keys.data(), p.D, n, pk);
-  cpu_bf16_gemm::pack_rows(w.keys.data(), n, p.Dv, pv);
   const auto* q = static_cast<const uint16_t*>(p.q) + sp.b * R * p.D;
   cpu_bf16_gemm::gemm(R, n, p.D, q, p.D, pk, static_cast<float>(p.scale), false, w.s.data(), n);
   softmax_rows(p, sp, j0, n, w);
   cpu_convert::f32_to_bf16(w.s.data(), pb, R * n);
-  cpu_bf16_gemm::gemm(R, p.Dv, n, pb, n, pv, 1.0f, true, w.acc.data(), p.Dv);
+  int64_t packed = -1;  // the keys pv holds (the packed layout depends on their count)
+  accumulate_visible(p, sp, j0, n, [&](int64_t r0, int64_t rows, int64_t k) {
+    if (k != packed) cpu_bf16_gemm::pack_rows(w.keys.data(), k, p.Dv, pv), packed = k;
+    cpu_bf16_gemm::gemm(rows, p.Dv, k, pb + r0 * n, n, pv, 1.0f, true, w.acc.data() + r0 * p.Dv, p.Dv);
+  });
 }
 
 // Stage 1 for one split: o_part [R, Dv] and lse values at lse_part[r·stride].
@@ -123,11 +144,11 @@ void partial(const Problem& p, const Split& sp, float* o_part, float* lse_part, 
     if (bf16_dot) chunk_bf16(p, sp, j0, n, w);
     else chunk_f32(p, sp, j0, n, w);
   }
-  for (int64_t r = 0; r < R; ++r) {
+  for (int64_t r = 0; r < R; ++r) {  // l = 0: no key seen (o 0, lse −inf); NaN (a non-finite key seen) stays NaN
     const float l = w.l[static_cast<size_t>(r)];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     for (int64_t d = 0; d < Dv; ++d) o_part[r * Dv + d] = w.acc[static_cast<size_t>(r * Dv + d)] * inv;
-    lse_part[r * stride] = l > 0.0f ? w.m[static_cast<size_t>(r)] + std::log(l) : kNegInf;
+    lse_part[r * stride] = l == 0.0f ? kNegInf : w.m[static_cast<size_t>(r)] + std::log(l);
   }
 }
 

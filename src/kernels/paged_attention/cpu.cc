@@ -278,12 +278,12 @@ void attend(const Problem& p, const Task& t, Scratch& w) {
     cpu_bf16::decode_row(p, t.s, p.cu_q[t.s] + t.i0, t.k0, t.k1, w.m.data(), w.l.data(), w.o.data(), w.bf16.data());
   else
     stream_keys(p, t, w);
-  for (int64_t r = 0; r < R; ++r) {  // normalize: o / l, lse = m + log l (−inf and 0 when l = 0)
-    float* o = w.o.data() + r * p.Dv;
+  for (int64_t r = 0; r < R; ++r) {  // normalize: o / l, lse = m + log l (−inf and 0 when l = 0; a
+    float* o = w.o.data() + r * p.Dv;   // NaN l — a non-finite key the row sees — stays NaN, as in the reference)
     const float l = w.l[static_cast<size_t>(r)];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     for (int64_t d = 0; d < p.Dv; ++d) o[d] *= inv;
-    w.m[static_cast<size_t>(r)] = l > 0.0f ? w.m[static_cast<size_t>(r)] + std::log(l) : kNegInf;
+    w.m[static_cast<size_t>(r)] = l == 0.0f ? kNegInf : w.m[static_cast<size_t>(r)] + std::log(l);
   }
 }
 

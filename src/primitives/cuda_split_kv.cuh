@@ -248,7 +248,9 @@ __global__ void merge_kernel(Params p) {
   for (int c = 0; c < p.chunks; ++c) M = fmaxf(M, part[c * stride + p.Dv]);
   float L = p.sinks ? weight(p.sinks[h], M) : 0.0f;
   for (int c = 0; c < p.chunks; ++c) L += weight(part[c * stride + p.Dv], M) * part[c * stride + p.Dv + 1];
-  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  // L = 0: no key seen (o 0, lse −inf); a NaN L (a non-finite key seen: the caches are not
+  // scanned) stays NaN in o and lse, as in the reference — never "saw nothing".
+  const float inv = L == 0.0f ? 0.0f : 1.0f / L;
   for (int64_t d = threadIdx.x; d < p.Dv; d += blockDim.x) {
     float sum = 0.0f;
     for (int c = 0; c < p.chunks; ++c) sum += weight(part[c * stride + p.Dv], M) * part[c * stride + d];
@@ -259,7 +261,7 @@ __global__ void merge_kernel(Params p) {
     else
       static_cast<T*>(p.o)[at] = from_f32<T>(x);
   }
-  if (threadIdx.x == 0) p.lse[t * p.Hq + h] = L > 0.0f && M > -INFINITY ? M + logf(L) : -INFINITY;
+  if (threadIdx.x == 0) p.lse[t * p.Hq + h] = L == 0.0f ? -INFINITY : M + logf(L);
 }
 
 // ---- host: the plan and the launch ----

@@ -92,25 +92,32 @@ __global__ void mla_split_kv(const T* q, const T* kv, const int32_t* page_table,
     }
   }
   if (!active) return;
-  const float inv = l > 0.f ? 1.f / l : 0.f;
+  const float inv = l == 0.f ? 0.f : 1.f / l;  // NaN (a non-finite entry seen) stays NaN
 #pragma unroll
   for (int i = 0; i < kMaxPerLane; ++i) {
     const int64_t e = lane + 32 * i;
     if (e < d.Dv) o_part[(s * d.R + r) * d.Dv + e] = acc[i] * inv;
   }
-  if (lane == 0) lse_part[s * d.R + r] = l > 0.f ? m + logf(l) : -INFINITY;
+  if (lane == 0) lse_part[s * d.R + r] = l == 0.f ? -INFINITY : m + logf(l);
 }
 
-// One warp per (b, r): lse = log Σ exp(lse_s), o = Σ exp(lse_s − lse)·o_s; no key: o 0, lse −inf.
+// One warp per (b, r): lse = log Σ exp(lse_s), o = Σ exp(lse_s − lse)·o_s; no key: o 0, lse −inf;
+// a NaN partial (a non-finite cache entry seen) makes o and lse NaN (fmaxf would drop it).
 template <class O>
 __global__ void mla_combine(const float* o_part, const float* lse_part, const int32_t* first, int64_t B, Dims d,
                             O* o, float* lse) {
   const int64_t w = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (w >= B * d.R) return;
+  if (w >= B * d.R) return;  // whole warps: B·R rows of 32 lanes each
   const int64_t b = w / d.R, r = w % d.R, s0 = first[b], s1 = first[b + 1];
   float m = -INFINITY;
-  for (int64_t s = s0 + lane; s < s1; s += 32) m = fmaxf(m, lse_part[s * d.R + r]);
+  bool nan = false;
+  for (int64_t s = s0 + lane; s < s1; s += 32) m = fmaxf(m, lse_part[s * d.R + r]), nan |= isnan(lse_part[s * d.R + r]);
+  if (__any_sync(0xffffffffu, nan)) {
+    for (int64_t e = lane; e < d.Dv; e += 32) store(o, w * d.Dv + e, NAN);
+    if (lane == 0) lse[w] = NAN;
+    return;
+  }
   m = warp_max(m);
   float total = 0.f;
   if (m != -INFINITY)

@@ -103,12 +103,12 @@ __global__ void forward_kernel(Params p) {
       if (d < p.Dv) acc[i] = acc[i] * a + e * load(p.v, p.dtype, (row * p.Hkv + g) * p.Dv + d);
     }
   }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // NaN (a non-finite key seen) stays NaN
   for (int i = 0; i < kMaxPerLane; ++i) {
     const int64_t d = lane + 32 * i;
     if (d < p.Dv) store(p.o, p.dtype, p.o_f32, (t * p.Hq + h) * p.Dv + d, acc[i] * inv);
   }
-  if (lane == 0) p.lse[t * p.Hq + h] = l > 0.0f && m > -INFINITY ? m + logf(l) : -INFINITY;
+  if (lane == 0) p.lse[t * p.Hq + h] = l == 0.0f ? -INFINITY : m + logf(l);
 }
 
 class Cuda final : public primitives::CudaBackend<Implementation> {

@@ -293,5 +293,41 @@ TEST(AttentionCpu, ExtraMemoryIsPerThreadTiles) {
   EXPECT_LT(extra, S * S * f);  // one head's Sq × Sk f32 scores
 }
 
+// A non-finite key that a row sees (+Inf and −Inf across its dims: a NaN or infinite score)
+// makes that row NaN, o and lse, as in the reference: the forward's `l > 0` test wrote o = 0,
+// lse = −inf — "saw nothing" — for a NaN softmax sum, so a NaN in k looked like an empty row.
+// Causal, Sq = Sk: the last key is seen by the last query alone; f32 and bf16, 1 and 2 threads.
+TEST(AttentionCpu, NonFiniteKeyARowSeesMakesThatRowNaN) {
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    for (const int threads : {1, 2}) {
+      at::CaseSpec c;
+      c.B = 1, c.Sq = c.Sk = 9, c.dtype = dt, c.o_f32 = true;
+      c.opt.causal = true, c.opt.num_threads = threads;
+      at::CaseData d = at::make_case(c);
+      for (int64_t g = 0; g < c.Hkv; ++g)
+        for (int64_t e = 0; e < c.D; e += 3)
+          store_from_f32(d.k.data(), dt, ((c.Sk - 1) * c.Hkv + g) * c.D + e, e % 2 ? -INFINITY : INFINITY);
+      std::vector<float> o[2], lse[2];
+      for (int i = 0; i < 2; ++i) {
+        Tensor ot = Tensor::empty(DType::kF32, at::o_shape(c)), lt = Tensor::empty(DType::kF32, at::lse_shape(c));
+        Options opt = c.opt;
+        opt.implementation = i ? "cpu" : "reference";
+        forward(d.inputs(), {ot.view(), lt.view()}, opt);
+        o[i].assign(ot.data_as<float>(), ot.data_as<float>() + ot.numel());
+        lse[i].assign(lt.data_as<float>(), lt.data_as<float>() + lt.numel());
+      }
+      int64_t nan_rows = 0;
+      for (size_t i = 0; i < lse[0].size(); ++i) {
+        ASSERT_EQ(std::isnan(lse[1][i]), std::isnan(lse[0][i])) << dtype_name(dt) << " lse " << i << ": cpu " << lse[1][i] << ", reference " << lse[0][i];
+        nan_rows += std::isnan(lse[0][i]);
+        if (!std::isnan(lse[0][i])) EXPECT_NEAR(lse[1][i], lse[0][i], 1e-4) << i;
+      }
+      for (size_t i = 0; i < o[0].size(); ++i)
+        ASSERT_EQ(std::isfinite(o[1][i]), std::isfinite(o[0][i])) << dtype_name(dt) << " o " << i << ": cpu " << o[1][i] << ", reference " << o[0][i];
+      EXPECT_GT(nan_rows, 0) << "the last query sees the key";
+      EXPECT_LE(nan_rows, c.Hq) << "it alone";
+    }
+}
+
 }  // namespace
 }  // namespace tessera::attention

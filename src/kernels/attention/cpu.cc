@@ -503,7 +503,7 @@ class Forward : Common {
     }
     TESSERA_TRACE_SCOPE("attn.fwd.store");  // O / l and lse, to the end of the item
     for (int64_t r = 0; r < rows; ++r) {
-      const bool seen = s.l[r] > 0.0f;
+      const bool seen = s.l[r] != 0.0f;  // l = 0: no key seen; NaN (a non-finite key seen) stays NaN
       const float inv = seen ? 1.0f / s.l[r] : 0.0f;
       const int64_t base = ((qbeg + r0 + r) * p.Hq + h) * p.Dv;
       float* o = s.O + r * p.Dv;

@@ -182,22 +182,31 @@ void OnlineSoftmax(float* S, int64_t rows, int64_t n, int64_t ld, float* m, floa
   for (int64_t r = 0; r < rows; ++r) {
     float* s = S + r * ld;
     for (int64_t j = n; j < cols; ++j) s[j] = ninf;
-    auto m0 = hn::Set(df, ninf), m1 = m0;
+    auto m0 = hn::Set(df, ninf), m1 = m0, nan = hn::Zero(df);  // nan: lanes that met a NaN score
     int64_t j = 0;
     for (; j + 2 * N <= cols; j += 2 * N) {
-      m0 = hn::Max(m0, hn::Load(df, s + j));
-      m1 = hn::Max(m1, hn::Load(df, s + j + N));
+      const auto x0 = hn::Load(df, s + j), x1 = hn::Load(df, s + j + N);
+      m0 = hn::Max(m0, x0), m1 = hn::Max(m1, x1);
+      nan = hn::Or(nan, hn::Or(hn::VecFromMask(df, hn::IsNaN(x0)), hn::VecFromMask(df, hn::IsNaN(x1))));
     }
-    if (j < cols) m0 = hn::Max(m0, hn::Load(df, s + j));
+    if (j < cols) {
+      const auto x0 = hn::Load(df, s + j);
+      m0 = hn::Max(m0, x0);
+      nan = hn::Or(nan, hn::VecFromMask(df, hn::IsNaN(x0)));
+    }
     const float mt = hn::GetLane(hn::MaxOfLanes(df, hn::Max(m0, m1)));
     const float mnew = mt > m[r] ? mt : m[r];
     uint16_t* p16 = P16 ? P16 + r * ld : nullptr;
-    if (!(mnew > ninf)) {  // nothing seen yet: P row 0, state unchanged
+    // A NaN or +Inf score (a non-finite q or k: inputs are scanned only with check_finite) makes
+    // the row NaN, as in the reference (exp(Inf − Inf)); Max and Exp would drop it.
+    const bool poisoned = !hn::AllFalse(df, hn::MaskFromVec(nan)) || mt == -ninf;
+    if (poisoned || !(mnew > ninf)) {  // nothing seen yet: P row 0, state unchanged (l NaN if poisoned)
       for (j = 0; j < cols; j += N) {
         hn::Store(hn::Zero(df), df, s + j);
         if (p16) StoreBf16(df, hn::Zero(df), p16 + j);
       }
       alpha[r] = 1.0f;
+      if (poisoned) l[r] = std::numeric_limits<float>::quiet_NaN();
       continue;
     }
     const auto vm = hn::Set(df, mnew);

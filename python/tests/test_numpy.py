@@ -223,3 +223,23 @@ def test_host_work_loads_no_cuda_runtime():
     for lib in ("libcudart", "libcublas", "libtessera_cuda"):
         assert lib not in maps, f"{lib} is mapped after host work"
 
+
+
+@pytest.mark.parametrize("impl", ["cpu", "cpu_v2"])
+def test_non_finite_hidden_state_makes_its_token_loss_nan(impl):
+    # A NaN or Inf in one token's hidden state (check_finite is off by default) must make that
+    # token's loss NaN, as the reference's, and leave the others: a fused softmax that dropped it
+    # would hide a diverged step behind a finite loss (attention's cpu softmax did, 2026-11-28).
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 32), dtype=np.float32)
+    w = (rng.standard_normal((300, 32)) * 0.1).astype(np.float32)
+    y = rng.integers(0, 300, 16).astype(np.int64)
+    for bad in (np.nan, np.inf, -np.inf):
+        xx = x.copy()
+        xx[3, 5] = bad
+        want = np.asarray(tessera.linear_cross_entropy(xx, w, y, implementation="reference", reduction="none"))
+        got = np.asarray(tessera.linear_cross_entropy(xx, w, y, implementation=impl, reduction="none"))
+        assert np.isnan(want[3]) and np.isnan(got[3]), (bad, got[3])
+        keep = np.arange(16) != 3
+        np.testing.assert_allclose(got[keep], want[keep], rtol=1e-5)
+        assert np.isnan(tessera.linear_cross_entropy(xx, w, y, implementation=impl)), bad

@@ -248,6 +248,32 @@ TEST(SlstmCpu, WeightGradientPartialsStayWithinTheirBudget) {
     ASSERT_NEAR(got.dr.data_as<float>()[i], want.dr.data_as<float>()[i], 1e-5 * m) << i;
 }
 
+// A non-finite pre-activation (check_finite is off by default) gives the cpu the reference's
+// non-finite pattern in h and the last state: NaN in any gate, or ī = +inf, makes the cell NaN
+// from that step on (its batch row, then every unit through R). cpu's gates (Max, Min, Ge and a
+// clamped Exp) turned a NaN ī, f̄ or ō into a finite cell: a diverged projection looked healthy.
+TEST(SlstmCpu, NonFinitePreActivationsAsTheReference) {
+  TESSERA_SKIP_WITHOUT_CPU_BACKEND();
+  for (const float bad : {NAN, INFINITY, -INFINITY})
+    for (int gate = 0; gate < 4; ++gate) {
+      CaseSpec s;
+      s.B = 2, s.S = 9, s.NH = 2, s.DH = 8;
+      CaseData d = slstm::testing::make_case(s);
+      d.wx.data_as<float>()[(((0 * s.S + 4) * 4 + gate) * s.NH + 1) * s.DH + 3] = bad;  // batch 0, step 4, head 1, unit 3
+      const Out want = run(s, d, "reference", false), got = run(s, d, "cpu", false);
+      int64_t non_finite = 0;
+      for (const auto& [w, g] : {std::pair{&want.h, &got.h}, {&want.hl, &got.hl}, {&want.cl, &got.cl}, {&want.nl, &got.nl}})
+        for (int64_t e = 0; e < w->numel(); ++e) {
+          const float a = w->data_as<float>()[e], b = g->data_as<float>()[e];
+          ASSERT_EQ(std::isnan(b), std::isnan(a)) << "gate " << gate << " = " << bad << ", element " << e << ": cpu " << b << ", reference " << a;
+          ASSERT_EQ(std::isfinite(b), std::isfinite(a)) << "gate " << gate << " = " << bad << ", element " << e;
+          non_finite += !std::isfinite(a);
+          if (std::isfinite(a)) EXPECT_NEAR(b, a, 1e-4 * std::max(1.0f, std::abs(a))) << e;
+        }
+      if (std::isnan(bad)) EXPECT_GT(non_finite, 0) << "gate " << gate;
+    }
+}
+
 // An output that shares memory with an input (an in-place state carry h_last = h0, a gradient
 // over its upstream) or with another output is refused before anything is written.
 TEST(SlstmReference, OutputsThatAliasInputsAreRefused) {

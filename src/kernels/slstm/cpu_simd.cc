@@ -1,5 +1,8 @@
 // slstm CPU backend: the fused pointwise gates (Highway, run-time dispatch). Each loop handles
 // any DH: full vectors, then one tail through padded stack buffers (the same code path).
+#include <cmath>
+#include <limits>
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/slstm/cpu_simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -126,8 +129,13 @@ HWY_INLINE void ForwardRowT(const float* pre, int64_t DH, bool first, float* m, 
     }
     const auto zt = hn::Tanh(df, z);
     const auto og = Sigmoid(df, og_pre);
-    const auto ct = hn::MulAdd(F, v[5], hn::Mul(I, zt));
-    const auto nt = hn::MulAdd(F, v[6], I);
+    auto ct = hn::MulAdd(F, v[5], hn::Mul(I, zt));
+    auto nt = hn::MulAdd(F, v[6], I);
+    // A NaN pre-activation (or ī = +inf: exp(ī − m) with m = +inf) makes the cell NaN, as in the
+    // reference: Max, Min, Ge and the clamped Exp above would turn it into finite gates.
+    const auto bad = hn::Or(hn::Or(hn::IsNaN(i), hn::IsNaN(f)), hn::Or(hn::IsNaN(hn::Add(z, og_pre)), hn::Eq(i, hn::Set(df, HUGE_VALF))));
+    const auto nan = hn::Set(df, std::numeric_limits<float>::quiet_NaN());
+    mt = hn::IfThenElse(bad, nan, mt), ct = hn::IfThenElse(bad, nan, ct), nt = hn::IfThenElse(bad, nan, nt);
     o[0] = mt, o[1] = ct, o[2] = nt, o[3] = hn::Div(hn::Mul(og, ct), nt);
     if (kTape) {
       o[4] = I, o[5] = F, o[6] = zt, o[7] = og;

@@ -60,6 +60,7 @@ def test_numpy_default_scale_and_errors():
     o, lse = tessera.mla_decode(q, kv, pt, lens, dv=24)
     want_o, want_lse = expected(q, kv, pt, lens, 24)
     np.testing.assert_allclose(o, want_o, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="dv"):
         tessera.mla_decode(q, kv, pt, lens)  # dv 512 > D 24
     bad = pt.copy()

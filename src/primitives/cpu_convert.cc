@@ -6,6 +6,7 @@
 
 #include "hwy/highway.h"
 #include "primitives/cpu_convert.h"
+#include "tessera/dtype.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::cpu_convert {
@@ -26,7 +27,20 @@ HWY_INLINE hn::Vec<D> Widen(D df, const uint16_t* src, bool is_bf16) {
   return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src)));
 }
 
+// x86 targets below AVX2 have no F16C: Highway 1.0's emulated f16 conversions there truncate
+// instead of rounding to nearest even and map ±Inf, NaN and values past 65504 to finite ones.
+// They take dtype.h's scalar conversions instead (the same bits as the F16C targets).
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX2
+constexpr bool kScalarF16 = true;
+#else
+constexpr bool kScalarF16 = false;
+#endif
+
 void HalfToF32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
+  if (kScalarF16 && !is_bf16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = tessera::f16_to_f32(src[i]);
+    return;
+  }
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   int64_t i = 0;
@@ -41,6 +55,10 @@ void HalfToF32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
 }
 
 void F32ToF16(const float* src, uint16_t* dst, int64_t n) {
+  if (kScalarF16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = tessera::f32_to_f16(src[i]);
+    return;
+  }
   const DF df;
   const hn::Rebind<hwy::float16_t, DF> dh;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));

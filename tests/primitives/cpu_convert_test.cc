@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "hwy/targets.h"
 #include "primitives/cpu_convert.h"
 #include "tessera/dtype.h"
 
@@ -90,6 +91,32 @@ TEST(CpuConvert, F32ToBf16IsBitForBitTheScalarConversion) {
     for (int64_t i = 0; i < n; ++i) EXPECT_EQ(t[i], f32_to_bf16(src[7 + i]));
     EXPECT_EQ(t[n], 0xabcd) << "wrote past n=" << n;
   }
+}
+
+// The same checks with Highway restricted to SSE4 (x86 CPUs without AVX2, VMs that hide it):
+// Highway 1.0 emulates f16 there by truncation (1 + 2^-11 + 2^-20 gave 0x3c00, not 0x3c01;
+// 65520 gave 0x7bff, not Inf), so those targets take the scalar conversions.
+class CpuConvertSse4 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!(hwy::SupportedTargets() & HWY_SSE4)) GTEST_SKIP() << "no SSE4 target here";
+    hwy::SetSupportedTargetsForTest(HWY_SSE4);
+  }
+  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+};
+
+TEST_F(CpuConvertSse4, F32ToF16RoundsAndOverflowsLikeTheScalarConversion) {
+  const float src[] = {1.0f + 0x1p-11f + 0x1p-20f, 65520.0f, 1e6f, -INFINITY, 0.1f, 3e-8f, -2.5f, 65504.0f, 1.0f + 0x1p-11f};
+  uint16_t got[9];
+  cpu_convert::f32_to_f16(src, got, 9);
+  for (int i = 0; i < 9; ++i) EXPECT_EQ(got[i], f32_to_f16(src[i])) << src[i];
+}
+
+TEST_F(CpuConvertSse4, F16InfinitiesAndNaNWidenExactly) {
+  const uint16_t src[] = {0x7c00, 0xfc00, 0x7e00, 0x3c01, 0x0001, 0x7bff, 0x8000, 0x3555};
+  float got[8];
+  cpu_convert::half_to_f32(src, false, got, 8);
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(same_bits_or_both_nan(got[i], f16_to_f32(src[i]))) << std::hex << src[i];
 }
 
 }  // namespace

@@ -509,6 +509,22 @@ TEST_F(Cli, RunsMlstmAsTheIssueSpellsIt) {
   mlstm::backward(plain, ones.view(), {dq.view(), dk.view(), dv.view(), di.view(), df.view()}, dflt);
   expect_file_equals(p("ml2/dv.npy"), dv, "dv (dh = ones)");
 
+  // The last states' upstream gradients (--grad-c-last, --grad-n-last), as the API takes them.
+  Tensor dcl = mlstm_input(c0.shape(), 5.1f), dnl = mlstm_input(n0.shape(), 6.7f);
+  npy::save(p("DCL.npy"), dcl), npy::save(p("DNL.npy"), dnl);
+  c = sh(ins + state + " --grad --dh " + p("DH.npy") + " --grad-c-last " + p("DCL.npy") + " --grad-n-last " +
+         p("DNL.npy") + " --out " + p("mlg"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  mlstm::forward_backward(in, h.view(), {}, dh.view(),
+                          {dq.view(), dk.view(), dv.view(), di.view(), df.view(), dc0.view(), dn0.view()}, dflt,
+                          dcl.view(), dnl.view());
+  for (auto [name, want] : {std::pair{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"di", &di}, {"df", &df}, {"dc0", &dc0},
+                            {"dn0", &dn0}})
+    expect_file_equals(p(std::string("mlg/") + name + ".npy"), *want, name);
+  c = sh(ins + " --grad-c-last " + p("DCL.npy") + " --out " + p("mlx"));
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_NE(c.out.find("--grad-c-last needs --grad"), std::string::npos) << c.out;
+
   // Errors: nothing written, exit 2.
   c = sh(ins + " --c0 " + p("C.npy") + " --out " + p("ml3"));
   EXPECT_EQ(c.code, 2) << c.out;

@@ -98,6 +98,40 @@ TEST_F(SlstmCli, ForwardOnlyAndDhDefaultsToOnes) {
   expect_file("g/h.npy", h), expect_file("g/dwx.npy", dwx), expect_file("g/dr.npy", dr), expect_file("g/db.npy", db);
 }
 
+// The last states' upstream gradients, as the contract names them (--grad-h-last, --grad-c-last,
+// --grad-n-last): the CLI once documented them and refused them as unknown options.
+TEST_F(SlstmCli, GradOfTheLastStates) {
+  const Tensor dhl = wave({B, NH, DH}, 0.29f, 0.7f), dcl = wave({B, NH, DH}, 0.43f, 0.5f),
+               dnl = wave({B, NH, DH}, 0.17f, 0.3f);
+  npy::save(p("dhl.npy"), dhl), npy::save(p("dcl.npy"), dcl), npy::save(p("dnl.npy"), dnl);
+  const std::string in = "run slstm --wx " + p("wx.npy") + " --r " + p("r.npy") + " --b " + p("b.npy") + " --h0 " +
+                         p("h0.npy") + " --c0 " + p("c0.npy") + " --n0 " + p("n0.npy") + " --m0 " + p("m0.npy");
+  cli_test::Cmd c = cli_test::run_cli(in + " --grad --dh " + p("dh.npy") + " --grad-h-last " + p("dhl.npy") +
+                                      " --grad-c-last " + p("dcl.npy") + " --grad-n-last " + p("dnl.npy") + " --out " + p("l"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  Tensor h = Tensor::zeros(DType::kF32, {B, S, NH, DH});
+  std::vector<Tensor> d0(3);
+  for (Tensor& t : d0) t = Tensor::zeros(DType::kF32, {B, NH, DH});
+  Tensor dwx = Tensor::zeros(DType::kF32, wx.shape()), dr = Tensor::zeros(DType::kF32, r.shape()),
+         db = Tensor::zeros(DType::kF32, b.shape());
+  const slstm::Inputs inputs{wx.view(), r.view(), b.view(), {}, h0.view(), c0.view(), n0.view(), m0.view()};
+  const slstm::Grads g{dwx.view(), dr.view(), db.view(), d0[0].view(), d0[1].view(), d0[2].view()};
+  slstm::forward_backward(inputs, {dh.view(), dhl.view(), dcl.view(), dnl.view()}, {h.view()}, g);
+  expect_file("l/dwx.npy", dwx), expect_file("l/dr.npy", dr), expect_file("l/db.npy", db);
+  expect_file("l/dh0.npy", d0[0]), expect_file("l/dc0.npy", d0[1]), expect_file("l/dn0.npy", d0[2]);
+  // The last states' gradients do reach the result: without them dh0 differs.
+  c = cli_test::run_cli(in + " --grad --dh " + p("dh.npy") + " --out " + p("n"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  const Tensor without = npy::load(p("n/dh0.npy"));
+  bool differs = false;
+  for (int64_t i = 0; i < without.numel(); ++i) differs |= without.data_as<float>()[i] != d0[0].data_as<float>()[i];
+  EXPECT_TRUE(differs);
+  c = cli_test::run_cli(in + " --grad-h-last " + p("dhl.npy") + " --out " + p("x"));  // needs --grad, like --dh
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_NE(c.out.find("--grad-h-last needs --grad"), std::string::npos) << c.out;
+  EXPECT_FALSE(fs::exists(p("x/h.npy")));
+}
+
 TEST_F(SlstmCli, ErrorsWriteNothing) {
   const std::string in = "run slstm --wx " + p("wx.npy") + " --r " + p("b.npy") + " --b " + p("b.npy");
   cli_test::Cmd c = cli_test::run_cli(in + " --out " + p("e"));

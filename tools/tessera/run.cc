@@ -1,7 +1,8 @@
 // tessera run KERNEL: a kernel on the user's own .npy arrays, derived from the kernel's declared
 // call signature (CallSpec, kernels/registry.h) — the same one the Python bindings use. Flags:
-// every input (--kebab-name, plus older spellings), every option, --grad with an upstream
-// gradient --grad-<output> per differentiable output (default ones). The forward (or, with
+// every input (--kebab-name, plus older spellings), every option, --grad with the upstream
+// gradients --grad-<output> the backward declares (a forward output's: ones by default; the last
+// states' of mlstm and slstm: zero unless given). The forward (or, with
 // --grad, the fused pass) runs on host tensors; outputs are written as NAME.npy (floats as f32).
 // Users' files are checked for NaN/Inf before anything runs (ExecOptions::check_finite), and
 // nothing is written unless the whole call succeeded.
@@ -40,13 +41,12 @@ bool has_grad(const kernels::KernelSpec& k) {
          std::find(k.passes.begin(), k.passes.end(), Pass::kFused) != k.passes.end();
 }
 
-// Upstream gradients offered with --grad: grad_<output> for each differentiable forward output.
-std::vector<kernels::CallInput> grad_inputs(const kernels::KernelSpec& k) {
-  std::vector<kernels::CallInput> out;
+// Whether grad_<output> is that of a forward output (required by the backward: ones by default)
+// rather than an optional one (the last states of mlstm and slstm: zero when not given).
+bool of_forward_output(const kernels::KernelSpec& k, const kernels::CallInput& g) {
   for (const std::string& f : k.call.forward_outputs)
-    for (const kernels::CallInput& g : k.call.grad_inputs)
-      if (g.name == "grad_" + f) out.push_back(g);
-  return out;
+    if (g.name == "grad_" + f) return true;
+  return false;
 }
 
 std::string outputs_help(const kernels::KernelSpec& k) {
@@ -128,8 +128,12 @@ Loaded load(const kernels::KernelSpec& k, const RunArgs& a, const harness::Optio
     if (it != a.files.end() && !it->second.empty()) l.tensors.push_back({name, npy::load(it->second)});
   };
   for (const auto& in : k.call.inputs) take(in.name);
-  if (a.grad)
-    for (const auto& g : grad_inputs(k)) take(g.name);
+  for (const auto& g : k.call.grad_inputs) {  // every upstream gradient declared, each with --grad only
+    auto it = a.files.find(g.name);
+    check(a.grad || it == a.files.end() || it->second.empty(), ErrorCode::kInvalidArgument,
+          "--" + harness::kebab_case(g.name) + " needs --grad");
+    take(g.name);
+  }
   l.args.pass = a.grad ? Pass::kFused : Pass::kForward;
   check(a.skip.empty() || a.grad, ErrorCode::kInvalidArgument, "--skip-grads needs --grad");
   l.args.skip = kernels::parse_skip(k.call, a.skip, "--skip-grads");
@@ -208,8 +212,9 @@ void add_kernel(CLI::App* run, const kernels::KernelSpec& k) {
   for (const auto& c : k.call.compound_flags) cmd->add_option("--" + c.flag, a->compounds[c.flag], c.help);
   if (has_grad(k)) {
     cmd->add_flag("--grad", a->grad, "also write the gradients (as f32)");
-    for (const auto& g : grad_inputs(k))
-      cmd->add_option(flag_names(g.name, g.aliases), a->files[g.name], g.help + " (with --grad; default ones)");
+    for (const auto& g : k.call.grad_inputs)
+      cmd->add_option(flag_names(g.name, g.aliases), a->files[g.name],
+                      g.help + (of_forward_output(k, g) ? " (with --grad; default ones)" : " (with --grad; default zero)"));
     if (!k.call.skippable.empty()) {
       std::string names;
       for (const std::string& n : k.call.skippable) names += (names.empty() ? "" : ", ") + n;

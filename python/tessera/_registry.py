@@ -142,6 +142,21 @@ class Kernel:
         return output in self.forward_outputs or any(g.name == "grad_" + output for g in self.grad_inputs)
 
     @property
+    def forward_only(self) -> bool:
+        """No backward pass (paged_attention, mla_decode): differentiating through it is an error."""
+        return "backward" not in self.passes
+
+    def no_gradient(self, detach: str) -> str:
+        """The error of a gradient asked of a forward-only kernel; `detach` says how not to ask."""
+        return (f"{self.name}: forward only (no backward pass): no gradient reaches its inputs; "
+                f"{detach} to use its outputs in a differentiated computation")
+
+    def no_second_order(self) -> str:
+        """The error of a second derivative: the backward pass is not itself differentiated."""
+        return (f"{self.name}: no second derivative: its backward pass is not differentiable "
+                "(a gradient of its gradients, e.g. create_graph=True / a gradient penalty, is not supported)")
+
+    @property
     def saved_flags(self) -> Tuple[str, ...]:
         """``return_<name>`` for each saved-only output (``return_lse``): asks for it after the others."""
         return tuple("return_" + n for n in self.saved_only)

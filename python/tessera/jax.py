@@ -145,6 +145,8 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
         return jax.lax.cond(g == 1, lambda d: d, lambda d: (d.astype(jnp.float32) * g).astype(d.dtype), d)
 
     def bwd(res, g):
+        if k.forward_only:  # a zero gradient would hide that none exists
+            raise TypeError(k.no_gradient("apply jax.lax.stop_gradient to its inputs"))
         args, saved, fused = res
         public = public_names(args)
         gs = g if isinstance(g, tuple) else (g,)
@@ -192,7 +194,7 @@ def _make(k: Kernel):
         opts = tuple(sorted(k.option_texts(options).items()))
         wanted = k.wanted_saved(extras)
         out = _differentiable(k.name, present, opts, ex, wanted, tuple(n for n in frozen if n in present))(*arrays)
-        if not isinstance(out, tuple):
+        if not isinstance(out, tuple) or k.forward_only:  # forward only: every output says so in bwd
             return out
         # No gradient flows through an output whose cotangent the VJP ignores (a saved lse, m_last,
         # argmax): say so to JAX, as tessera.torch marks them non-differentiable.

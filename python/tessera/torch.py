@@ -280,10 +280,14 @@ def _register_autograd(k: Kernel):
         ctx.out_names = [d[0] for d in _ext.outputs(k.name, "forward", metas, options)]
         # forward_outputs take a gradient, and the outputs whose grad_<name> the backward declares
         # (last states); the saved-only ones (lse) and the others (argmax, z_loss) do not pretend to.
+        # A forward-only kernel marks none: a gradient through any output is an error (backward).
         ctx.mark_non_differentiable(*[o for i, o in enumerate(output)
-                                      if i >= nf and not k.takes_grad(ctx.out_names[i])])
+                                      if i >= nf and not k.takes_grad(ctx.out_names[i]) and not k.forward_only])
 
     def backward(ctx, *grads):
+        if k.forward_only:  # a zero or missing gradient would hide that none exists
+            raise RuntimeError(k.no_gradient("call it under torch.no_grad() or .detach() its inputs"))
+        _first_order_only(k)
         if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
             grads = grads[0]
         saved = ctx.saved_tensors
@@ -316,6 +320,14 @@ def _register_autograd(k: Kernel):
         return tuple(by_name.get(a) if a in diff else None for a in fwd_names[:len(ctx.needs_input_grad)])
 
     torch.library.register_autograd("tessera::" + k.name, backward, setup_context=setup_context, lib=_lib)
+
+
+def _first_order_only(k: Kernel) -> None:
+    """Inside a backward: autograd records it only for a second derivative (create_graph=True, a
+    gradient penalty, a Hessian-vector product). The backward ops have no autograd formula, so
+    PyTorch would treat them as constants and return a wrong second derivative: refused."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(k.no_second_order())
 
 
 def _unwanted(k: Kernel, diff, named, fwd_names, needs_input_grad) -> List[str]:
@@ -375,6 +387,7 @@ def _register_fused(k: Kernel, op_name: str):
         ctx.mark_non_differentiable(*output[1:])  # only the loss takes a gradient (the spec's forward_outputs)
 
     def backward(ctx, *grads):
+        _first_order_only(k)
         if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
             grads = grads[0]
         g = grads[0]

@@ -210,3 +210,50 @@ def test_jax_segments_keep_packed_documents_apart_under_jit_and_grad():
     for a, b in zip(grads, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
     assert float(jnp.max(jnp.abs(o - tj.attention(q, k, v, causal=True)))) > 1e-3
+
+
+# Sliding windows with Sq != Sk, each row's visible keys listed by hand from the contract's rule
+# (j >= i + off - window_left and j <= i + off + window_right, off = Sk - Sq): the reference and the
+# cpu backend share their mask code, so only a mask written out independently can catch a wrong rule.
+WINDOWS = [
+    # (Sq, Sk, window_left, window_right, visible keys per row)
+    (2, 4, 1, 0, [{1, 2}, {2, 3}]),
+    (4, 2, -1, 0, [set(), set(), {0}, {0, 1}]),
+    (3, 5, 0, 1, [{2, 3}, {3, 4}, {4}]),
+    (3, 6, 2, -1, [{1, 2, 3, 4, 5}, {2, 3, 4, 5}, {3, 4, 5}]),
+]
+
+
+def masked(q, k, v, g, visible, scale):
+    """o, lse and the gradients of sum(o * g) for one head in float64, over the keys each row sees."""
+    q, k, v, g = (t.astype(np.float64) for t in (q, k, v, g))
+    Sq, Sk = q.shape[0], k.shape[0]
+    mask = np.array([[j in visible[i] for j in range(Sk)] for i in range(Sq)])
+    s = np.where(mask, scale * q @ k.T, -np.inf)
+    lse = np.full(Sq, -np.inf)
+    p = np.zeros((Sq, Sk))
+    for i in range(Sq):
+        if mask[i].any():
+            m = s[i, mask[i]].max()
+            lse[i] = m + np.log(np.exp(s[i, mask[i]] - m).sum())
+            p[i] = np.where(mask[i], np.exp(s[i] - lse[i]), 0.0)
+    o = p @ v
+    dp = g @ v.T
+    ds = p * (dp - (g * o).sum(1, keepdims=True))
+    return o, lse, scale * ds @ k, scale * ds.T @ q, p.T @ g
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+@pytest.mark.parametrize("Sq,Sk,left,right,visible", WINDOWS)
+def test_windows_with_sq_not_sk_against_a_mask_written_out(impl, Sq, Sk, left, right, visible):
+    rng = np.random.default_rng(Sq * 10 + Sk)
+    q, k, v = (rng.standard_normal((1, n, 1, 4)).astype(np.float32) for n in (Sq, Sk, Sk))
+    g = rng.standard_normal((1, Sq, 1, 4)).astype(np.float32)
+    opts = dict(window_left=left, window_right=right, scale=0.5, implementation=impl)
+    fwd = tessera.call("attention", "forward", {"q": q, "k": k, "v": v}, **opts)
+    o, lse, dq, dk, dv = masked(q[0, :, 0], k[0, :, 0], v[0, :, 0], g[0, :, 0], visible, 0.5)
+    np.testing.assert_allclose(fwd["o"][0, :, 0], o, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fwd["lse"][0, 0], lse, rtol=1e-5, atol=1e-6)  # -inf where a row sees nothing
+    grads = tessera.call("attention", "backward", {"q": q, "k": k, "v": v, "grad_o": g}, **opts)
+    for name, want in (("dq", dq), ("dk", dk), ("dv", dv)):
+        np.testing.assert_allclose(grads[name][0, :, 0], want, rtol=1e-5, atol=1e-5, err_msg=name)

@@ -357,3 +357,17 @@ def test_every_input_frozen():
     v, g = jax.value_and_grad(lambda x, w: loss(x, w, frozen="x,w"), argnums=(0, 1))(x, w)
     np.testing.assert_array_equal(np.asarray(v), np.asarray(loss(x, w)))
     assert not np.any(np.asarray(g[0])) and not np.any(np.asarray(g[1]))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])  # the fused pass in fwd; forward, then backward
+def test_second_derivative_is_refused(reduction):
+    """A gradient of a gradient has no rule (the backward's FFI call is not differentiable): JAX
+    raises ("The FFI call to `tessera_call` cannot be differentiated") instead of returning a
+    wrong second derivative."""
+    x, w, y = arrays(seed=4)
+
+    def dx_norm(x):
+        return (jax.grad(lambda x: tj.linear_cross_entropy(x, w, y, reduction=reduction).sum())(x) ** 2).sum()
+
+    with pytest.raises(Exception, match="tessera_call` cannot be differentiated"):
+        jax.grad(dx_norm)(x)

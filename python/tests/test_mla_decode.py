@@ -95,3 +95,31 @@ def test_jax_jit():
     want_o, want_lse = expected(q, kv, pt, lens, 16, True)
     np.testing.assert_allclose(np.asarray(o), want_o, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_forward_only_kernels_refuse_a_gradient():
+    """No backward pass: asking a gradient through o or lse raises (JAX once returned a zero
+    gradient for q, torch left q without one), and a call on inputs that need no gradient works."""
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+    import tessera.torch as tt
+    q, kv, pt, lens = problem(seed=4)
+    with pytest.raises(TypeError, match="mla_decode: forward only"):
+        jax.grad(lambda q: tj.mla_decode(q, kv, pt, lens, dv=16)[0].sum())(jnp.asarray(q))
+    with pytest.raises(TypeError, match="mla_decode: forward only"):
+        jax.grad(lambda q: jnp.where(jnp.isfinite(lse := tj.mla_decode(q, kv, pt, lens, dv=16)[1]), lse, 0).sum())(
+            jnp.asarray(q))
+    o = jax.grad(lambda q: (tj.mla_decode(jax.lax.stop_gradient(q), kv, pt, lens, dv=16)[0] + q[..., :16]).sum())(
+        jnp.asarray(q))
+    np.testing.assert_array_equal(np.asarray(o)[..., :16], 1)  # only the other term's gradient
+    qt = torch.from_numpy(q).requires_grad_()
+    args = [torch.from_numpy(a) for a in (kv, pt, lens)]
+    o, lse = tt.mla_decode(qt, *args, dv=16)
+    assert o.requires_grad
+    with pytest.raises(RuntimeError, match="mla_decode: forward only"):
+        (o.sum() + qt.sum()).backward()
+    with torch.no_grad():
+        o2, _ = tt.mla_decode(qt, *args, dv=16)
+    torch.testing.assert_close(o2, o.detach(), rtol=0, atol=0)

@@ -110,3 +110,20 @@ def test_jax_jit():
     o = f(*[jnp.asarray(a) for a in (q, k, v, pt, kv, cu)])
     want_o, _ = expected(q, k, v, pt, kv, cu, causal=True, window=4)
     np.testing.assert_allclose(np.asarray(o), want_o, rtol=2e-5, atol=2e-5)
+
+
+def test_forward_only_kernels_refuse_a_gradient():
+    """No backward pass: a gradient through o raises in torch and JAX (torch's once came from the
+    C++ backward's "forward only"; JAX's now says so before any call)."""
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+    import tessera.torch as tt
+    q, k, v, pt, kv, cu = problem(seed=5)
+    with pytest.raises(TypeError, match="paged_attention: forward only"):
+        jax.grad(lambda q: tj.paged_attention(q, k, v, pt, kv, cu).sum())(jnp.asarray(q))
+    qt = torch.from_numpy(q).requires_grad_()
+    o = tt.paged_attention(qt, *[torch.from_numpy(a) for a in (k, v, pt, kv, cu)])
+    with pytest.raises(RuntimeError, match="paged_attention: forward only"):
+        o.sum().backward()

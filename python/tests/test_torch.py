@@ -489,3 +489,20 @@ def test_fused_in_forward_f16_keeps_small_gradients_under_a_loss_scale():
     # f16 rounding of the inputs' products is exact in f32; the f32 sums over 512 tokens and the
     # final rounding to f16 at ~65536·|entry| (normal): 2^-11 relative, a few of them.
     assert rel.max() < 4 * 2 ** -11, rel.max()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])  # the fused op's backward; the backward op
+def test_second_derivative_is_refused(reduction):
+    """A backward that autograd records (create_graph=True: a gradient penalty, a Hessian-vector
+    product) raises when it reaches a kernel: its backward ops have no autograd formula, and
+    PyTorch once treated them as constants (a wrong second derivative, a warning at most)."""
+    x, w, y = tensors(seed=3)
+    loss = tt.linear_cross_entropy(x, w, y, reduction=reduction).sum()
+    with pytest.raises(RuntimeError, match="linear_cross_entropy: no second derivative"):
+        torch.autograd.grad(loss, (x, w), create_graph=True)
+    dx, dw = torch.autograd.grad(tt.linear_cross_entropy(x, w, y, reduction=reduction).sum(), (x, w))
+    assert dx.abs().sum() > 0 and dw.abs().sum() > 0  # the first derivative as before
+    q = torch.randn(1, 5, 2, 4, requires_grad=True)
+    k, v = torch.randn(1, 6, 2, 4), torch.randn(1, 6, 2, 4)
+    with pytest.raises(RuntimeError, match="attention: no second derivative"):
+        torch.autograd.grad(tt.attention(q, k, v, causal=True).sum(), q, create_graph=True)

@@ -18,6 +18,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -784,6 +786,126 @@ TEST(LinearCrossEntropyCpu, Bf16DotRoundsDzToNearestEven) {
   EXPECT_LE(dw_near, 1e-4) << "dz truncated: " << dw_trunc;
   EXPECT_GT(dx_trunc, 10 * dx_near);
   EXPECT_GT(dw_trunc, 10 * dw_near);
+}
+
+// ---- Non-finite logits (a second engineer's review, 2026-11-29). check_finite is off by
+// default, so a bias or w with −inf (a padded vocabulary masked out), NaN or +inf reaches the
+// backend; it must give the reference's results, never crash or hide a NaN.
+
+namespace nonfinite {
+
+struct Run {
+  Tensor loss, lse, argmax, dx, dw, dbias;
+};
+
+// forward_backward, reduction none, with argmax, on x [B, H], w [H, V], bias [V], f32.
+Run run(const std::string& impl, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
+        std::optional<BlockSizes> blocks, int threads) {
+  const int64_t B = x.shape()[0], H = x.shape()[1], V = w.shape()[1];
+  Options o;
+  o.implementation = impl;
+  o.reduction = Reduction::kNone;
+  o.return_argmax = true;
+  o.num_threads = threads;
+  if (impl == "cpu") o.block_sizes = blocks;
+  Run r{Tensor::zeros(DType::kF32, {B}), Tensor::zeros(DType::kF32, {B}), Tensor::zeros(DType::kI64, {B}),
+        Tensor::zeros(DType::kF32, {B, H}), Tensor::zeros(DType::kF32, {H, V}), Tensor::zeros(DType::kF32, {V})};
+  Tensor g = Tensor::empty(DType::kF32, {B});
+  std::fill_n(g.data_as<float>(), B, 1.0f);
+  forward_backward({x.view(), w.view(), bias.view(), y.view(), std::nullopt}, g.view(),
+                   {r.loss.view(), r.lse.view(), r.argmax.view()}, {r.dx.view(), r.dw.view(), r.dbias.view()}, o);
+  return r;
+}
+
+// Element by element: NaN where the reference has NaN, the same infinities, else within 1e-4
+// relative (f32 sums in another order against the reference's f64).
+void expect_as_reference(const Tensor& got, const Tensor& want, const std::string& what) {
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const float a = got.data_as<float>()[i], b = want.data_as<float>()[i];
+    if (std::isnan(b) || std::isinf(b)) {
+      EXPECT_TRUE(std::isnan(b) ? std::isnan(a) : a == b) << what << "[" << i << "]: " << a << " vs reference " << b;
+    } else {
+      EXPECT_NEAR(a, b, 1e-4 * (1.0 + std::fabs(b))) << what << "[" << i << "]";
+    }
+  }
+}
+
+void expect_runs_agree(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
+                       std::optional<BlockSizes> blocks, int threads, const std::string& label) {
+  const Run ref = run("reference", x, w, bias, y, std::nullopt, 1), cpu = run("cpu", x, w, bias, y, blocks, threads);
+  expect_as_reference(cpu.loss, ref.loss, label + " loss");
+  expect_as_reference(cpu.lse, ref.lse, label + " lse");
+  expect_as_reference(cpu.dx, ref.dx, label + " dx");
+  expect_as_reference(cpu.dw, ref.dw, label + " dw");
+  expect_as_reference(cpu.dbias, ref.dbias, label + " dbias");
+  for (int64_t t = 0; t < y.numel(); ++t)
+    if (!std::isnan(ref.lse.data_as<float>()[t]))  // a NaN row's argmax is unspecified
+      EXPECT_EQ(cpu.argmax.data_as<int64_t>()[t], ref.argmax.data_as<int64_t>()[t]) << label << " argmax " << t;
+}
+
+Tensor wave(const Shape& shape, float f, float scale) {
+  Tensor t = Tensor::empty(DType::kF32, shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = scale * std::sin(f * static_cast<float>(i) + 0.3f);
+  return t;
+}
+
+Tensor labels(int64_t B, int64_t lo, int64_t hi) {
+  Tensor y = Tensor::empty(DType::kI64, {B});
+  for (int64_t t = 0; t < B; ++t) y.data_as<int64_t>()[t] = lo + (t * 7) % (hi - lo);
+  return y;
+}
+
+}  // namespace nonfinite
+
+// A vocabulary tile of only −inf logits (the padded tail of a vocabulary masked by a −inf bias)
+// with argmax asked for: the argmax scan looked for −FLT_MAX, which no logit held, and read past
+// the row (SIGSEGV; found by a review). One thread whose first tile is all −inf, and two threads
+// where the second owns only −inf columns.
+TEST(LinearCrossEntropyCpu, AllMinusInfTilesWithArgmax) {
+  namespace nf = nonfinite;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  {
+    const Tensor x = nf::wave({2, 16}, 0.7f, 1.0f), w = nf::wave({16, 64}, 0.37f, 0.5f);
+    Tensor bias = Tensor::zeros(DType::kF32, {64});
+    std::fill_n(bias.data_as<float>(), 32, ninf);
+    const Tensor y = nf::labels(2, 32, 64);
+    for (auto blocks : {std::optional<BlockSizes>{BlockSizes{16, 16, 32}}, std::optional<BlockSizes>{BlockSizes{16, 16, 16}},
+                        std::optional<BlockSizes>{}})
+      nf::expect_runs_agree(x, w, bias, y, blocks, 1, "first half -inf " + (blocks ? blocks->str() : "default"));
+  }
+  {
+    const Tensor x = nf::wave({64, 48}, 0.3f, 1.0f), w = nf::wave({48, 64}, 0.11f, 0.5f);
+    Tensor bias = Tensor::zeros(DType::kF32, {64});
+    std::fill_n(bias.data_as<float>() + 32, 32, ninf);
+    nf::expect_runs_agree(x, w, bias, nf::labels(64, 0, 32), std::nullopt, 2, "second half -inf, 2 threads");
+  }
+}
+
+// NaN and +inf logits make their rows NaN (lse, loss, every gradient entry of the row), as the
+// reference's: the SIMD max dropped a NaN and Highway's Exp returns 0 for NaN, so the cpu gave a
+// finite lse and finite gradients (dx = 0.471 where the reference has NaN). A row of only −inf
+// logits has a NaN lse too (−inf − (−inf)), where the cpu gave −inf.
+TEST(LinearCrossEntropyCpu, NonFiniteLogitsAsTheReference) {
+  namespace nf = nonfinite;
+  const Tensor x = nf::wave({6, 16}, 0.7f, 1.0f), w = nf::wave({16, 200}, 0.37f, 0.5f), y = nf::labels(6, 0, 200);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    for (int64_t col : {3, 150, 199}) {  // a body vector, another thread's range, the tail
+      Tensor bias = Tensor::zeros(DType::kF32, {200});
+      bias.data_as<float>()[col] = bad;
+      for (int threads : {1, 2})
+        nf::expect_runs_agree(x, w, bias, y, BlockSizes{4, 8, 64}, threads,
+                              "bias[" + std::to_string(col) + "]=" + std::to_string(bad) + " threads " + std::to_string(threads));
+    }
+  }
+  // One row of x all NaN reaches only its own row and the shared dw, dbias.
+  Tensor xn = nf::wave({6, 16}, 0.7f, 1.0f);
+  std::fill_n(xn.data_as<float>() + 2 * 16, 16, std::numeric_limits<float>::quiet_NaN());
+  nf::expect_runs_agree(xn, w, Tensor::zeros(DType::kF32, {200}), y, std::nullopt, 2, "x row 2 NaN");
+  // Every logit −inf: lse NaN as the reference's.
+  Tensor all = Tensor::zeros(DType::kF32, {200});
+  std::fill_n(all.data_as<float>(), 200, -std::numeric_limits<float>::infinity());
+  const nf::Run r = nf::run("cpu", x, w, all, y, std::nullopt, 2);
+  for (int64_t t = 0; t < 6; ++t) EXPECT_TRUE(std::isnan(r.lse.data_as<float>()[t])) << t;
 }
 
 }  // namespace

@@ -831,12 +831,13 @@ void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
       for (int k = 0; k < T; ++k) m = std::max(m, static_cast<double>(part[k * rb + i].m));
       double s = 0.0, sumz = 0.0, zy = 0.0;
       int64_t amax = 0;
-      bool found = false;
+      bool found = false, poisoned = false;
       for (int k = 0; k < T; ++k) {
         const RowPartial& q = part[k * rb + i];
         const Range r = split(p.V, k, T, 16);
         if (r.size() == 0) continue;
-        s += q.s * std::exp(static_cast<double>(q.m) - m);
+        poisoned |= q.poisoned;
+        s += q.s * std::exp(static_cast<double>(q.m) - m);  // all −inf: exp(NaN), lse NaN as the reference's
         sumz += q.sumz;
         if (!found && static_cast<double>(q.m) == m) {
           amax = q.amax;
@@ -844,7 +845,7 @@ void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
         }
         if (y >= r.begin && y < r.end) zy = q.zy;
       }
-      lse = m + std::log(s);
+      lse = poisoned ? std::numeric_limits<double>::quiet_NaN() : m + std::log(s);
       if (write_fwd && p.partial()) {  // the slice's statistics; the caller forms the loss
         fout->lse[t] = static_cast<float>(lse);
         fout->label_logit[t] = ign ? 0.0f : static_cast<float>(zy);
@@ -892,7 +893,10 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
     for (int64_t i = 0; i < nb; ++i) {
       float* z = D + i * ldd;
       const float scale = row_scale[i];
-      if (scale == 0.0f) {  // ignored row, zero weight or zero upstream gradient
+      // An ignored row, a zero weight or upstream gradient: zero, unless the row's lse is NaN
+      // (the reference's 0·NaN); ignored rows never count.
+      const bool nan_row = std::isnan(row_lse[i]) && p.label(b0 + i) != p.ignore_index;
+      if (scale == 0.0f && !nan_row) {
         std::memset(z, 0, static_cast<size_t>(n) * sizeof(float));
       } else if (p.class_weights) {
         cpu_rows::class_weighted_grad(p, b0 + i, row_lse[i], scale, v0, n, z);

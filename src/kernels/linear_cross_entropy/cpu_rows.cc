@@ -28,11 +28,13 @@ void row_stats(const Problem& p, const float* biasf, bool need_stats, RowPartial
                int64_t v0, int64_t t) {
   cpu_simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, static_cast<float>(p.soft_cap));
   if (!need_stats) return;
-  const float tm = cpu_simd::max_value(z, n);
-  if (tm > s.m) {
+  bool poisoned = false;
+  const float tm = cpu_simd::max_value(z, n, &poisoned);
+  s.poisoned |= poisoned;
+  if (tm > s.m) {  // tm is then one of the z (the max starts at −inf, as s.m)
     if (p.want_argmax) {
       int64_t k = 0;
-      while (z[k] != tm) ++k;
+      while (k + 1 < n && z[k] != tm) ++k;
       s.amax = v0 + k;
     }
     s.s *= std::exp(static_cast<double>(s.m) - static_cast<double>(tm));  // exp(−inf) = 0

@@ -41,6 +41,7 @@ struct RowPartial {
   double s;      // Σ exp(z − m)
   double sumz;   // Σ z (class-weighted when p.class_weights)
   int64_t amax;  // first index of m
+  bool poisoned = false;  // a NaN or +inf logit was seen: the row's lse is NaN (as the reference's)
 };
 
 // Token t's logits z[0..n) of vocabulary columns v0.. get the bias (biasf: [V] f32 or nullptr)

@@ -6,6 +6,8 @@
 #define HWY_TARGET_INCLUDE "kernels/linear_cross_entropy/cpu_simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
+#include <limits>
+
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "kernels/linear_cross_entropy/cpu_simd.h"
@@ -52,19 +54,34 @@ void BiasSoftcap(float* z, int64_t n, const float* bias, float cap) {
   }
 }
 
-float MaxValue(const float* z, int64_t n) {
+// The max over the non-NaN values, from −inf (an all −inf tile gives −inf, a value it holds);
+// *poisoned: some z is NaN or +inf (x86 max drops a NaN operand, so the max alone cannot say).
+float MaxValue(const float* z, int64_t n, bool* poisoned) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  auto m0 = hn::Set(df, -hwy::HighestValue<float>());
+  const auto inf = hn::Set(df, std::numeric_limits<float>::infinity());
+  auto m0 = hn::Set(df, -std::numeric_limits<float>::infinity());
   auto m1 = m0;
+  auto bad = hn::FirstN(df, 0);
   int64_t i = 0;
   for (; i + 2 * N <= n; i += 2 * N) {
-    m0 = hn::Max(m0, hn::LoadU(df, z + i));
-    m1 = hn::Max(m1, hn::LoadU(df, z + i + N));
+    const auto a = hn::LoadU(df, z + i), b = hn::LoadU(df, z + i + N);
+    m0 = hn::Max(m0, a);
+    m1 = hn::Max(m1, b);
+    bad = hn::Or(bad, hn::Or(hn::Not(hn::Lt(a, inf)), hn::Not(hn::Lt(b, inf))));  // NaN, +inf: not < inf
   }
-  for (; i + N <= n; i += N) m0 = hn::Max(m0, hn::LoadU(df, z + i));
+  for (; i + N <= n; i += N) {
+    const auto a = hn::LoadU(df, z + i);
+    m0 = hn::Max(m0, a);
+    bad = hn::Or(bad, hn::Not(hn::Lt(a, inf)));
+  }
   float m = hn::GetLane(hn::MaxOfLanes(df, hn::Max(m0, m1)));
-  for (; i < n; ++i) m = z[i] > m ? z[i] : m;
+  bool any = !hn::AllFalse(df, bad);
+  for (; i < n; ++i) {
+    any |= !(z[i] < std::numeric_limits<float>::infinity());
+    m = z[i] > m ? z[i] : m;
+  }
+  *poisoned = any;
   return m;
 }
 
@@ -124,17 +141,23 @@ HWY_INLINE void SoftmaxGradT(float* z, int64_t n, float lse, float coef, float o
   const auto vs = hn::Set(df, scale);
   // sigma rides in for_each_vec's aux lane (zero when null, so the offset is selected instead).
   auto off = [&](auto s) { return kSigma ? hn::Mul(vo, s) : vo; };
+  // p = exp(z − lse), NaN where z − lse is (Highway's Exp returns 0 there): a NaN logit or lse
+  // reaches the gradient, as in the reference.
+  auto prob = [&](auto v) {
+    const auto a = hn::Sub(v, vl);
+    return hn::IfThenElse(hn::IsNaN(a), a, hn::Exp(df, a));
+  };
   if (cap > 0.0f) {
     const auto inv_c = hn::Set(df, 1.0f / cap);
     const auto one = hn::Set(df, 1.0f);
     for_each_vec(z, n, sigma, [&](auto v, auto s) {
-      const auto g = hn::Mul(vs, hn::MulSub(vc, hn::Exp(df, hn::Sub(v, vl)), off(s)));
+      const auto g = hn::Mul(vs, hn::MulSub(vc, prob(v), off(s)));
       const auto r = hn::Mul(v, inv_c);
       return hn::Mul(g, hn::NegMulAdd(r, r, one));  // g * (1 - r^2)
     });
   } else {
     for_each_vec(z, n, sigma, [&](auto v, auto s) {
-      return hn::Mul(vs, hn::MulSub(vc, hn::Exp(df, hn::Sub(v, vl)), off(s)));
+      return hn::Mul(vs, hn::MulSub(vc, prob(v), off(s)));
     });
   }
 }
@@ -162,7 +185,7 @@ HWY_EXPORT(SoftmaxGrad);
 void bias_softcap(float* z, int64_t n, const float* bias, float cap) {
   HWY_DYNAMIC_DISPATCH(BiasSoftcap)(z, n, bias, cap);
 }
-float max_value(const float* z, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValue)(z, n); }
+float max_value(const float* z, int64_t n, bool* poisoned) { return HWY_DYNAMIC_DISPATCH(MaxValue)(z, n, poisoned); }
 void sum_exp(const float* z, int64_t n, float m, const float* sigma, float* sum_exp, float* sum_z) {
   HWY_DYNAMIC_DISPATCH(SumExp)(z, n, m, sigma, sum_exp, sum_z);
 }

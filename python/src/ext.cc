@@ -19,12 +19,14 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/set.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <set>
 #include <regex>
 
 #include "ext.h"
@@ -56,9 +58,12 @@ namespace {
 
 using Array = nb::ndarray<nb::ro>;
 
-DType dtype_of(const nb::dlpack::dtype& d, const std::string& name) {
+// bf16_bits: the array holds bf16 as uint16 (NumPy's ml_dtypes.bfloat16, which neither DLPack
+// nor the buffer protocol can describe; tessera/__init__.py passes a uint16 view of it).
+DType dtype_of(const nb::dlpack::dtype& d, const std::string& name, bool bf16_bits = false) {
   using C = nb::dlpack::dtype_code;
   const auto code = static_cast<C>(d.code);
+  if (bf16_bits && d.lanes == 1 && code == C::UInt && d.bits == 16) return DType::kBF16;
   if (d.lanes == 1) {
     if (code == C::Float && d.bits == 32) return DType::kF32;
     if (code == C::Float && d.bits == 16) return DType::kF16;
@@ -83,10 +88,10 @@ Device device_of(const A& a, const std::string& name) {
 }
 
 template <class A>
-TensorView view_of(const A& a, const std::string& name) {
+TensorView view_of(const A& a, const std::string& name, bool bf16_bits = false) {
   TensorView v;
   v.data = const_cast<void*>(a.data());
-  v.dtype = dtype_of(a.dtype(), name);
+  v.dtype = dtype_of(a.dtype(), name, bf16_bits);
   v.device = device_of(a, name);
   v.shape.resize(a.ndim());
   v.strides.resize(a.ndim());
@@ -189,26 +194,28 @@ OutList outputs(const std::string& kernel, const std::string& pass, const std::m
 std::string call(const std::string& kernel, const std::string& pass, const std::map<std::string, Array>& tensors,
                  const std::vector<nb::ndarray<>>& outs, const std::map<std::string, std::string>& options,
                  const std::string& implementation, int num_threads, uintptr_t stream, uint64_t memory_budget,
-                 const std::vector<std::string>& skip) {
+                 const std::vector<std::string>& skip, const std::set<std::string>& bf16,
+                 const std::set<size_t>& bf16_outputs) {
   const kernels::KernelSpec& k = kernels::get(kernel);
   kernels::CallArgs args;
   args.pass = parse_pass(pass);
   args.skip = skip;
   kernels::check_skip(k.call, args, kernel);
-  for (const auto& [name, a] : tensors) args.tensors.push_back({name, view_of(a, name)});
+  for (const auto& [name, a] : tensors) args.tensors.push_back({name, view_of(a, name, bf16.count(name) > 0)});
   args.options = option_values(k.call, kernel, options);
   args.exec.implementation = implementation;
   args.exec.num_threads = num_threads;
   args.exec.stream = reinterpret_cast<void*>(stream);
   args.exec.memory_budget = static_cast<size_t>(memory_budget);
   std::vector<TensorView> out;
-  for (size_t i = 0; i < outs.size(); ++i) out.push_back(view_of(outs[i], "output " + std::to_string(i)));
+  for (size_t i = 0; i < outs.size(); ++i)
+    out.push_back(view_of(outs[i], "output " + std::to_string(i), bf16_outputs.count(i) > 0));
   nb::gil_scoped_release release;  // the kernel runs without the GIL
   return k.call.call(args, out);
 }
 
-nb::dict view_info(const Array& a, const std::string& name) {
-  const TensorView v = view_of(a, name);
+nb::dict view_info(const Array& a, const std::string& name, bool bf16) {
+  const TensorView v = view_of(a, name, bf16);
   nb::dict d;
   d["data"] = reinterpret_cast<uintptr_t>(v.data);
   d["dtype"] = dtype_name(v.dtype);
@@ -258,9 +265,12 @@ NB_MODULE(_ext, m) {
         "The outputs (name, dtype, shape, strides) a pass writes for inputs of these dtypes and shapes");
   m.def("call", &python::call, "kernel"_a, "pass_"_a, "tensors"_a, "outputs"_a, "options"_a,
         "implementation"_a = "", "num_threads"_a = 0, "stream"_a = 0, "memory_budget"_a = 0,
-        "skip"_a = std::vector<std::string>{},
-        "Runs a pass on DLPack arrays (zero-copy), writing the preallocated outputs; returns the implementation");
-  m.def("view", &python::view_info, "array"_a, "name"_a = "array", "How Tessera sees an array through DLPack (no copy)");
+        "skip"_a = std::vector<std::string>{}, "bf16"_a = std::set<std::string>{},
+        "bf16_outputs"_a = std::set<size_t>{},
+        "Runs a pass on DLPack arrays (zero-copy), writing the preallocated outputs; returns the implementation. "
+        "bf16 / bf16_outputs: the inputs (by name) and outputs (by index) given as uint16 views of bf16 data");
+  m.def("view", &python::view_info, "array"_a, "name"_a = "array", "bf16"_a = false,
+        "How Tessera sees an array through DLPack (no copy); bf16: a uint16 array holding bf16");
   m.def("ffi_targets", &python::ffi_targets, "XLA FFI handlers by platform");
   m.def("dtype_error", &python::is_dtype_error);
 }

@@ -77,6 +77,12 @@ def _empty(xp, dtype: str, shape, strides):
     return base.transpose([order.index(i) for i in range(len(shape))])
 
 
+def _is_np_bf16(t: Any) -> bool:
+    """A NumPy array of ml_dtypes.bfloat16: DLPack and the buffer protocol cannot describe its
+    dtype, so it crosses as a uint16 view that the extension is told holds bf16."""
+    return isinstance(t, np.ndarray) and t.dtype.name == "bfloat16"
+
+
 def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Optional[str] = None,
          num_threads: int = 0, memory_budget: Optional[int] = None, skip: Sequence[str] = (),
          **options) -> Dict[str, Any]:
@@ -91,10 +97,12 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
     k = _kernel(kernel)
     budget = memory_budget_bytes(memory_budget, k.name)
     given = {n: widen_mask(t) for n, t in tensors.items() if t is not None}
+    bf16 = {n for n, t in given.items() if _is_np_bf16(t)}
+    given = {n: t.view(np.uint16) if n in bf16 else t for n, t in given.items()}
     opts = k.option_texts(options)
     metas = {}
     for n, t in given.items():
-        v = _ext.view(t, n)
+        v = _ext.view(t, n, bf16=n in bf16)
         metas[n] = (v["dtype"], v["shape"], v["strides"])
     skip = [n for n in skip.split(",") if n] if isinstance(skip, str) else list(skip)  # "dx,dw" too
     descs = outputs(k, pass_, metas, opts, skip)
@@ -103,8 +111,10 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
         import cupy as xp  # noqa: F811
         stream = xp.cuda.get_current_stream().ptr
     outs = [_empty(xp, d, s, st) for _, d, s, st in descs]
-    _ext.call(k.name, pass_, given, outs, opts, implementation or "", num_threads, stream, memory_budget=budget,
-              skip=skip)
+    bf16_outs = {i for i, o in enumerate(outs) if _is_np_bf16(o)}
+    _ext.call(k.name, pass_, given, [o.view(np.uint16) if i in bf16_outs else o for i, o in enumerate(outs)], opts,
+              implementation or "", num_threads, stream, memory_budget=budget, skip=skip, bf16=bf16,
+              bf16_outputs=bf16_outs)
     return {name: o for (name, _, _, _), o in zip(descs, outs)}
 
 

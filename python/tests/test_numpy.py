@@ -243,3 +243,38 @@ def test_non_finite_hidden_state_makes_its_token_loss_nan(impl):
         keep = np.arange(16) != 3
         np.testing.assert_allclose(got[keep], want[keep], rtol=1e-5)
         assert np.isnan(tessera.linear_cross_entropy(xx, w, y, implementation=impl)), bad
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+def test_bf16_numpy_arrays(impl):
+    """NumPy bf16 (ml_dtypes.bfloat16) in and out: DLPack cannot describe the dtype, so it crosses
+    as a uint16 view flagged bf16 (before, every bf16 call failed in nanobind with
+    "incompatible function arguments"). Values against the f32 call on the same rounded inputs."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = ml_dtypes.bfloat16
+    x, w, y = ref.problem(B=24, H=32, V=80, seed=5)
+    xb, wb = x.astype(bf16), w.astype(bf16)
+    g = np.float32(1.0)
+    got = tessera.call("linear_cross_entropy", "fused", {"x": xb, "w": wb, "labels": y, "grad_loss": g},
+                       implementation=impl)
+    want = tessera.call("linear_cross_entropy", "fused", {"x": xb.astype(np.float32), "w": wb.astype(np.float32),
+                                                           "labels": y, "grad_loss": g}, implementation="reference")
+    assert got["dx"].dtype == bf16 and got["dw"].dtype == bf16 and got["loss"].dtype == np.float32
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
+    for n in ("dx", "dw"):  # one bf16 rounding of the f32 gradient (2^-8 relative) plus f32 sums
+        scale = np.abs(want[n]).max()
+        np.testing.assert_allclose(got[n].astype(np.float32), want[n], rtol=2**-7, atol=2**-8 * scale, err_msg=n)
+    # The generated function on a view of the arrays; attention's bf16 output too.
+    loss = tessera.linear_cross_entropy(xb[:12], wb, y[:12], implementation=impl)
+    np.testing.assert_allclose(loss, tessera.linear_cross_entropy(xb[:12].astype(np.float32), wb.astype(np.float32),
+                                                                  y[:12], implementation="reference"), rtol=1e-4)
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.uniform(-1, 1, (1, 5, 2, 8)).astype(bf16) for _ in range(3))
+    o = tessera.attention(q, k, v, causal=True, implementation=impl)
+    o32 = tessera.attention(*(a.astype(np.float32) for a in (q, k, v)), causal=True, implementation="reference")
+    assert o.dtype == bf16
+    np.testing.assert_allclose(o.astype(np.float32), o32, rtol=2**-6, atol=2**-7)
+    # Only a flagged uint16 is bf16: a plain uint16 array is still refused.
+    assert _ext.view(xb.view(np.uint16), "x", bf16=True)["dtype"] == "bf16"
+    with pytest.raises(TypeError, match="x has dtype uint16 which Tessera does not take"):
+        tessera.call("linear_cross_entropy", "forward", {"x": xb.view(np.uint16), "w": wb, "labels": y})

@@ -257,3 +257,28 @@ def test_windows_with_sq_not_sk_against_a_mask_written_out(impl, Sq, Sk, left, r
     grads = tessera.call("attention", "backward", {"q": q, "k": k, "v": v, "grad_o": g}, **opts)
     for name, want in (("dq", dq), ("dk", dk), ("dv", dv)):
         np.testing.assert_allclose(grads[name][0, :, 0], want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("blocks", ["q=64,kv=128", "q=96,kv=256", "q=128,kv=512"])
+def test_the_last_key_of_a_tail_tile_is_seen(dtype, blocks):
+    """Sk = 257: the last key is alone in its kv tile (kv = 128 or 256) or ends a clipped one.
+    It gets a score far above the others, so o ≈ its value: a backend that dropped it would be off
+    by ~1, where the grid's 16-bit tolerances (2^-8 relative) cannot see one ordinary key."""
+    if dtype == "bf16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        dt = ml_dtypes.bfloat16
+    else:
+        dt = {"f32": np.float32, "f16": np.float16}[dtype]
+    rng = np.random.default_rng(7)
+    Sq, Sk, D = 3, 257, 16
+    q = rng.uniform(0.4, 0.5, (1, Sq, 1, D)).astype(np.float32)
+    k = rng.uniform(-0.5, 0.5, (1, Sk, 1, D)).astype(np.float32)
+    v = rng.uniform(-0.5, 0.5, (1, Sk, 1, D)).astype(np.float32)
+    k[0, -1, 0] = 8.0  # its score 0.25·q·k >= 12.8 against |s| <= 1 for the others: weight > 0.99
+    v[0, -1, 0] = 1.0
+    q, k, v = (a.astype(dt) for a in (q, k, v))
+    o = tessera.attention(q, k, v, implementation="cpu", block_sizes=blocks).astype(np.float32)
+    want, _ = expected(*(a.astype(np.float32) for a in (q, k, v)))
+    np.testing.assert_allclose(o, want, rtol=0, atol=2**-6)
+    assert np.all(o[0, :, 0] > 0.9)  # the last key's value dominates

@@ -227,6 +227,33 @@ def _check_vocab_parallel(rank, world, case):
         torch.testing.assert_close(part[3], whole[3][sl], rtol=1e-5, atol=1e-6)
 
 
+def _check_vocab_masked_shard(rank, world):
+    """A padded vocabulary masked by a −inf bias, the last rank's whole slice among it: that slice's
+    lse is −inf (log Σ 0), which the combine counts as 0. It was NaN for a day (a review caught it
+    before it shipped), and a masked class made any loss NaN without smoothing (0·inf)."""
+    import tessera.torch as tt
+    g = torch.Generator().manual_seed(22)
+    B, H, V = 6, 7, 11  # H unlike every slice's width: w's layout is not ambiguous
+    sizes = VOCAB_SPLITS[world]
+    a = sum(sizes[:rank])
+    x, w = torch.randn(B, H, generator=g), torch.randn(V, H, generator=g)
+    bias = torch.randn(V, generator=g)
+    bias[V - sizes[-1] - 1:] = float("-inf")  # the last slice and one more class
+    labels = torch.tensor([0, 3, 1, -100, 2, 4]) % (V - sizes[-1] - 1)
+
+    def run(weight, b, **extra):
+        X = x.clone().requires_grad_()
+        loss, lse = tt.linear_cross_entropy(X, weight, labels, bias=b, return_lse=True, reduction="sum", **extra)
+        loss.backward()
+        return loss, lse, X.grad
+
+    whole = run(w, bias)
+    part = run(w[a:a + sizes[rank]], bias[a:a + sizes[rank]], vocab_start=a, process_group=dist.group.WORLD)
+    assert torch.isfinite(whole[0]) and torch.isfinite(whole[2]).all()
+    for got, want in zip(part, whole):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def _check_vocab_errors(rank, world):
     import tessera.torch as tt
     labels = torch.tensor([3, 0, 1])
@@ -249,6 +276,7 @@ def _worker(rank, world, port, failures):
         _check_errors_reach_every_rank(rank, world)
         for case in LCE_CASES:
             _check_vocab_parallel(rank, world, case)
+        _check_vocab_masked_shard(rank, world)
         _check_vocab_errors(rank, world)
     except BaseException:
         failures.put(f"rank {rank}/{world}:\n{traceback.format_exc()}")

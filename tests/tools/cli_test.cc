@@ -185,6 +185,16 @@ TEST_F(Cli, RunSkipGradsWritesTheOthersUnchanged) {
   EXPECT_EQ(nograd.code, 2);
   EXPECT_NE(nograd.out.find("--skip-grads needs --grad"), std::string::npos) << nograd.out;
   EXPECT_EQ(sh("run attention --help").out.find("--skip-grads"), std::string::npos);  // nothing to skip there
+  // Saved forward outputs (lse, o) are grad inputs of the backward, not upstream gradients: the
+  // fused pass that --grad runs forms them, so they are no flags (offered for a day, and ignored).
+  const Cmd lse = sh("run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --labels " + p("y.npy") +
+                     " --grad --lse " + p("y.npy") + " --out " + p("lse"));
+  EXPECT_EQ(lse.code, 2) << lse.out;
+  EXPECT_FALSE(fs::exists(p("lse")));
+  const std::string attention_help = sh("run attention --help").out;
+  EXPECT_EQ(attention_help.find("--lse"), std::string::npos) << attention_help;
+  EXPECT_EQ(attention_help.find("--o "), std::string::npos) << attention_help;
+  EXPECT_NE(attention_help.find("--grad-o"), std::string::npos) << attention_help;
 }
 
 TEST_F(Cli, BadInputsGiveOneLineErrorsAndNonZeroExit) {

@@ -41,6 +41,15 @@ bool has_grad(const kernels::KernelSpec& k) {
          std::find(k.passes.begin(), k.passes.end(), Pass::kFused) != k.passes.end();
 }
 
+// The upstream gradients the backward declares (grad_<output>); its other grad inputs are saved
+// forward outputs (lse, o), which the fused pass that --grad runs forms itself: not offered.
+std::vector<kernels::CallInput> upstream_gradients(const kernels::KernelSpec& k) {
+  std::vector<kernels::CallInput> out;
+  for (const kernels::CallInput& g : k.call.grad_inputs)
+    if (g.name.rfind("grad_", 0) == 0) out.push_back(g);
+  return out;
+}
+
 // Whether grad_<output> is that of a forward output (required by the backward: ones by default)
 // rather than an optional one (the last states of mlstm and slstm: zero when not given).
 bool of_forward_output(const kernels::KernelSpec& k, const kernels::CallInput& g) {
@@ -128,7 +137,7 @@ Loaded load(const kernels::KernelSpec& k, const RunArgs& a, const harness::Optio
     if (it != a.files.end() && !it->second.empty()) l.tensors.push_back({name, npy::load(it->second)});
   };
   for (const auto& in : k.call.inputs) take(in.name);
-  for (const auto& g : k.call.grad_inputs) {  // every upstream gradient declared, each with --grad only
+  for (const auto& g : upstream_gradients(k)) {  // every upstream gradient declared, each with --grad only
     auto it = a.files.find(g.name);
     check(a.grad || it == a.files.end() || it->second.empty(), ErrorCode::kInvalidArgument,
           "--" + harness::kebab_case(g.name) + " needs --grad");
@@ -212,7 +221,7 @@ void add_kernel(CLI::App* run, const kernels::KernelSpec& k) {
   for (const auto& c : k.call.compound_flags) cmd->add_option("--" + c.flag, a->compounds[c.flag], c.help);
   if (has_grad(k)) {
     cmd->add_flag("--grad", a->grad, "also write the gradients (as f32)");
-    for (const auto& g : k.call.grad_inputs)
+    for (const auto& g : upstream_gradients(k))
       cmd->add_option(flag_names(g.name, g.aliases), a->files[g.name],
                       g.help + (of_forward_output(k, g) ? " (with --grad; default ones)" : " (with --grad; default zero)"));
     if (!k.call.skippable.empty()) {

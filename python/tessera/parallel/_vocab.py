@@ -14,7 +14,8 @@ def token_losses(where, lse, zy, sz, valid, weight, token_weight, *, smoothing: 
                  vocab: int, sigma_sum):
     """Per-token loss and z-loss part (0 where not valid)."""
     main = weight * ((1.0 - smoothing) * (lse - zy) + z_loss * lse * lse)
-    smooth = token_weight * (smoothing / vocab) * (sigma_sum * lse - sz)
+    # Absent without smoothing: a masked (−inf) class makes sz −inf, and 0·inf would be NaN.
+    smooth = token_weight * (smoothing / vocab) * (sigma_sum * lse - sz) if smoothing else 0.0 * lse
     return where(valid, main + smooth, 0.0 * lse), where(valid, weight * z_loss * lse * lse, 0.0 * lse)
 
 

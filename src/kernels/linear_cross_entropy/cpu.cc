@@ -837,7 +837,7 @@ void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
         const Range r = split(p.V, k, T, 16);
         if (r.size() == 0) continue;
         poisoned |= q.poisoned;
-        s += q.s * std::exp(static_cast<double>(q.m) - m);  // all −inf: exp(NaN), lse NaN as the reference's
+        s += q.s * std::exp(static_cast<double>(q.m) - m);
         sumz += q.sumz;
         if (!found && static_cast<double>(q.m) == m) {
           amax = q.amax;
@@ -845,7 +845,9 @@ void Call::merge_rows(int tid, int64_t b0, int64_t nb) {
         }
         if (y >= r.begin && y < r.end) zy = q.zy;
       }
-      lse = poisoned ? std::numeric_limits<double>::quiet_NaN() : m + std::log(s);
+      // NaN when a NaN / +inf logit was seen; −inf when every logit is −inf (a fully masked
+      // vocabulary slice: the partial form's combine then counts it as 0), as the reference.
+      lse = poisoned ? std::numeric_limits<double>::quiet_NaN() : m == -INFINITY ? -INFINITY : m + std::log(s);
       if (write_fwd && p.partial()) {  // the slice's statistics; the caller forms the loss
         fout->lse[t] = static_cast<float>(lse);
         fout->label_logit[t] = ign ? 0.0f : static_cast<float>(zy);

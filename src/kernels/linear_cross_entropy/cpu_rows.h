@@ -13,7 +13,8 @@ namespace tessera::linear_cross_entropy {
 inline double row_loss_value(const Problem& p, int64_t t, double lse, double zy, double sigma_z) {
   const double eps = p.label_smoothing;
   const double main = (1.0 - eps) * (lse - zy) + p.z_loss_weight * lse * lse;
-  const double smooth = eps / p.vocab() * (p.smooth_total() * lse - sigma_z);
+  // Absent without smoothing (not 0·it: a −inf logit makes Σσ·z −inf, and 0·inf is NaN).
+  const double smooth = eps > 0.0 ? eps / p.vocab() * (p.smooth_total() * lse - sigma_z) : 0.0;
   return static_cast<double>(p.weight(t)) * main + static_cast<double>(p.smooth_weight(t)) * smooth;
 }
 

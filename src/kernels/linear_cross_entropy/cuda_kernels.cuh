@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(kRowThreads, 3) row_kernel(RowParams p) {
               float s_unused;
               const float zy = transform(p, row[y], y, &s_unused);
               const float wt = p.weights ? p.weights[t] : 1.f;
-              const float ce = (1.f - p.eps) * (l - zy) + p.eps * (l - w.sum_z / static_cast<float>(V));
+              // The smoothing term is absent at ε = 0 (0·inf is NaN when a logit is −inf).
+              const float ce = (1.f - p.eps) * (l - zy) + (p.eps > 0.f ? p.eps * (l - w.sum_z / static_cast<float>(V)) : 0.f);
               loss = wt * (ce + p.zloss * l * l);
             } else {
               loss = NAN;  // out-of-range label (only reachable when the host check is disabled)

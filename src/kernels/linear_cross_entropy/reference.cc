@@ -34,7 +34,11 @@ void logits_row(const Problem& p, int64_t t, std::vector<double>& z) {
 
 double logsumexp(const std::vector<double>& z) {
   double m = -INFINITY;
-  for (double v : z) m = std::max(m, v);
+  for (double v : z) {
+    if (std::isnan(v)) return NAN;  // (std::max would skip it)
+    m = std::max(m, v);
+  }
+  if (m == -INFINITY) return -INFINITY;  // log Σ 0: every logit −inf (a fully masked vocabulary slice)
   double s = 0.0;
   for (double v : z) s += std::exp(v - m);
   return m + std::log(s);
@@ -61,9 +65,13 @@ RowLoss row_loss(const Problem& p, int64_t t, const std::vector<double>& z) {
   const double eps = p.label_smoothing;
   // Smoothing: ε/V · Σ_c σ_c·(−log p_c), σ = class weights (1 without), scaled by the token
   // weight alone when class weights are given (PyTorch), else by the row's weight.
+  // Without smoothing the term is absent, not 0 times it: a −inf logit (a masked class) makes
+  // lse − z_c infinite, and 0·inf would turn the loss into NaN.
   double smooth = 0.0;
-  for (int64_t c = 0; c < p.V; ++c) smooth += sigma(p, c) * (r.lse - z[static_cast<size_t>(c)]);
-  smooth *= eps / static_cast<double>(p.V);
+  if (eps > 0.0) {
+    for (int64_t c = 0; c < p.V; ++c) smooth += sigma(p, c) * (r.lse - z[static_cast<size_t>(c)]);
+    smooth *= eps / static_cast<double>(p.V);
+  }
   r.loss = static_cast<double>(p.weight(t)) * ((1.0 - eps) * nll + p.z_loss_weight * r.lse * r.lse) +
            static_cast<double>(p.smooth_weight(t)) * smooth;
   return r;

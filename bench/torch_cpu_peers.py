@@ -12,23 +12,18 @@ Prints one JSON object {"what dtype": median ms, ...} (and writes it to --out).
 """
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+
+from torch_timing import wall  # bench/torch_timing.py, beside this script
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
 def median_ms(fn, iters):
-    fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return round(statistics.median(times), 1)
+    """Median wall-clock ms of `iters` calls after one untimed call (torch_timing.wall)."""
+    return round(wall(fn, 0, iters)["median_ms"], 1)
 
 
 def lce(B, H, V, dt, iters, g):

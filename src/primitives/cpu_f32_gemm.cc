@@ -22,6 +22,7 @@
 #endif
 
 #include "core/env.h"
+#include "primitives/cpu_convert.h"
 
 namespace tessera::cpu_f32_gemm {
 namespace {
@@ -435,6 +436,28 @@ void pack(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float
       for (int64_t c = 0; c < cols; ++c) dst[c] = B[(n0 + c) * ldb + k];
       std::fill(dst + cols, dst + kPanel, 0.0f);
     }
+  }
+}
+
+int64_t pack_half_scratch(bool trans_b, int64_t K) { return trans_b ? kPanel * std::max<int64_t>(K, 0) : 0; }
+
+void pack_half(bool trans_b, int64_t K, int64_t N, const uint16_t* B, int64_t ldb, bool is_bf16, float* packed,
+               float* scratch) {
+  if (K <= 0 || N <= 0) return;
+  if (!trans_b) {  // row by row as pack: each panel's piece of row k widened into place
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t p = 0; p < panels_of(N); ++p) {
+        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+        float* dst = packed + (p * K + k) * kPanel;
+        cpu_convert::half_to_f32(B + k * ldb + n0, is_bf16, dst, cols);
+        std::fill(dst + cols, dst + kPanel, 0.0f);
+      }
+    return;
+  }
+  for (int64_t p = 0; p < panels_of(N); ++p) {  // a panel's rows of B widened into scratch [cols × K], then packed
+    const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+    for (int64_t c = 0; c < cols; ++c) cpu_convert::half_to_f32(B + (n0 + c) * ldb, is_bf16, scratch + c * K, K);
+    pack(true, K, cols, scratch, K, packed + p * K * kPanel);  // one panel: its layout at its offset
   }
 }
 

@@ -51,6 +51,14 @@ int64_t packed_floats(int64_t K, int64_t N);
 // transpose, N rows of K: the keys for Q·Kᵀ).
 void pack(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* packed);
 
+// pack of a bf16 (is_bf16) or f16 B, widened to f32 on the way (exact): the same floats, bit for
+// bit, as pack of the f32 copy of B, without that copy (16-bit weights on the f32 micro-kernel:
+// linear_cross_entropy's w, grouped_matmul's rhs). trans_b widens a panel's ≤ kPanel rows of K
+// values at a time into `scratch` (pack_half_scratch floats; none without trans_b: may be null).
+int64_t pack_half_scratch(bool trans_b, int64_t K);
+void pack_half(bool trans_b, int64_t K, int64_t N, const uint16_t* B, int64_t ldb, bool is_bf16, float* packed,
+               float* scratch);
+
 // C = alpha·op(A)·B + beta·C with B packed by pack(·, K, N' ≥ N, ...) (its first N columns).
 // C: row i at C + i·ldc, N values; nothing else of C is touched. M or N ≤ 0: nothing; K ≤ 0:
 // C = beta·C (0 for beta = 0).

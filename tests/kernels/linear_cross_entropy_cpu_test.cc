@@ -169,8 +169,9 @@ class EnvOff {
   const char* name_;
 };
 
-// The f32 route (TESSERA_CPU_BF16_DOT=0: bf16 converted to f32 chunks, OpenBLAS sgemm) stays
-// available for side-by-side timing and on CPUs without AVX512-BF16: the same cases.
+// The f32 route (TESSERA_CPU_BF16_DOT=0: bf16 widened to f32, on the pk route where the CPU has
+// AVX-512F, else OpenBLAS sgemm) stays available for side-by-side timing and on CPUs without
+// AVX512-BF16: the same cases.
 TEST(LinearCrossEntropyCpu, Bf16F32RouteStillPasses) {
   const EnvOff off("TESSERA_CPU_BF16_DOT");
   for (const lt::CaseSpec& c : tail_cases(DType::kBF16)) expect_parity(c, "bf16 f32 route");
@@ -193,6 +194,24 @@ TEST(LinearCrossEntropyCpu, F32TailsEveryOption) {
 TEST(LinearCrossEntropyCpu, F32BlasRouteStillPasses) {
   const EnvOff off("TESSERA_CPU_F32_GEMM");
   for (const lt::CaseSpec& c : tail_cases(DType::kF32)) expect_parity(c, "f32 OpenBLAS route");
+}
+
+// f16 (and bf16 off the dot route: Bf16F32RouteStillPasses) on the pk route where the CPU has
+// AVX-512F: w widened to f32 as it is packed (cpu_f32_gemm::pack_half), the hv dx GEMM's rows of
+// w widened into a per-thread buffer, x per token block; f32 products and sums from there, so
+// the f32 route's error plus the harness's storage rounding. The same tail cases: a panel or
+// row widened from the wrong offset would be O(1) off.
+TEST(LinearCrossEntropyCpu, F16TailsEveryOption) {
+  if (!cpu_f32_gemm::available()) GTEST_LOG_(INFO) << "no AVX-512F here: OpenBLAS runs these";
+  for (const lt::CaseSpec& c : tail_cases(DType::kF16)) expect_parity(c, "f16 pk route");
+}
+
+// Both switches off: 16-bit inputs on the OpenBLAS route (w converted chunk by chunk), the route
+// of CPUs without AVX-512F, still passes on one that has it.
+TEST(LinearCrossEntropyCpu, HalfBlasRouteStillPasses) {
+  const EnvOff f32_gemm("TESSERA_CPU_F32_GEMM"), dot("TESSERA_CPU_BF16_DOT");
+  for (DType dt : {DType::kF16, DType::kBF16})
+    for (const lt::CaseSpec& c : tail_cases(dt)) expect_parity(c, std::string(dtype_name(dt)) + " OpenBLAS route");
 }
 
 // Peer bug: dw accumulated in bf16 across token chunks drifts. 1024 identical rows (same x,

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "tessera/dtype.h"
 
 namespace tessera {
 namespace {
@@ -109,6 +111,44 @@ TEST(CpuF32Gemm, PackedLayoutBothPackersBothPaths) {
       }
     });
   }
+}
+
+// pack_half widens a bf16 / f16 B exactly: the packed floats equal, bit for bit, pack of B's f32
+// copy (the bits span every exponent: subnormals, infinities and NaN of both formats included),
+// over panel tails, both layouts, a strided B, and every path (the trans packer is the SIMD one).
+// A NaN matches any NaN: the SIMD widening (F16C) quiets a signalling f16 NaN, dtype.h's keeps it.
+bool same(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b)); }
+
+TEST(CpuF32Gemm, PackHalfIsPackOfTheWidenedCopy) {
+  for (bool bf16 : {true, false})
+    for (auto kn : {std::pair<int64_t, int64_t>{1, 1}, {5, 17}, {17, 65}, {33, 130}, {64, 256}}) {
+      const int64_t K = kn.first, N = kn.second, ld = N + 3, ldt = K + 5;
+      std::vector<uint16_t> B(size_t(K * ld)), Bt(size_t(N * ldt));
+      for (size_t e = 0; e < B.size(); ++e) B[e] = uint16_t(random_unit(21, int64_t(e)) * 65536.0);
+      for (size_t e = 0; e < Bt.size(); ++e) Bt[e] = uint16_t(random_unit(22, int64_t(e)) * 65536.0);
+      const auto widen = [&](const std::vector<uint16_t>& h) {
+        std::vector<float> f(h.size());
+        for (size_t e = 0; e < h.size(); ++e) f[e] = bf16 ? bf16_to_f32(h[e]) : f16_to_f32(h[e]);
+        return f;
+      };
+      const std::vector<float> B32 = widen(B), Bt32 = widen(Bt);
+      both_paths([&](bool portable) {
+        const size_t n = size_t(g::packed_floats(K, N));
+        std::vector<float> want(n), want_t(n), got(n, kNaN), got_t(n, kNaN);
+        g::pack(false, K, N, B32.data(), ld, want.data());
+        g::pack(true, K, N, Bt32.data(), ldt, want_t.data());
+        ASSERT_EQ(g::pack_half_scratch(false, K), 0);
+        std::vector<float> scratch(size_t(g::pack_half_scratch(true, K)), kNaN);
+        g::pack_half(false, K, N, B.data(), ld, bf16, got.data(), nullptr);
+        g::pack_half(true, K, N, Bt.data(), ldt, bf16, got_t.data(), scratch.data());
+        for (size_t e = 0; e < n; ++e) {
+          ASSERT_TRUE(same(got[e], want[e])) << (bf16 ? "bf16" : "f16") << " K " << K << " N " << N << " e " << e
+                                             << " portable " << portable;
+          ASSERT_TRUE(same(got_t[e], want_t[e])) << (bf16 ? "bf16" : "f16") << " trans K " << K << " N " << N
+                                                 << " e " << e << " portable " << portable;
+        }
+      });
+    }
 }
 
 struct Case {

@@ -336,7 +336,7 @@ class Cpu final : public Implementation {
       });
       return;
     }
-    if (!in_f32 && cpu_f32_gemm::available()) {  // f16 (bf16 without the dot): converted into f32 panels
+    if (!in_f32 && cpu_f32_gemm::available()) {  // f16 (bf16 without the dot): widened into f32 panels (+ scratch)
       s.make(T, mb * static_cast<size_t>(p.K), 2 * static_cast<size_t>(kPanel * p.K), out_f32 ? 0 : mb * nb);
       for_items(p, items, T, [&](const Item& it, int tid) { gmm_item_panels(p, x, it, s.a[tid], s.b[tid], s.c[tid]); });
       return;
@@ -531,8 +531,7 @@ class Cpu final : public Implementation {
   }
 
   // gmm_item for bf16/f16 inputs on the f32 micro-kernel: the item's lhs rows converted to f32 once,
-  // rhs[g] converted straight into packed f32 panels (a panel is kc rows of kPanel floats: the
-  // converted rows themselves; transposed, through a [w, kc] block and f32::pack), a chunk at a
+  // rhs[g] widened straight into packed f32 panels (f32::pack_half), a chunk at a
   // time (K in kKChunk rows for groups of <= kChunkedRows rows) with the next chunk's source
   // prefetched while the rows run; the output accumulates over the chunks.
   static void gmm_item_panels(const Problem& p, const GmmArgs& x, const Item& it, float* abuf, float* bbuf,
@@ -549,23 +548,14 @@ class Cpu final : public Implementation {
     const int64_t ldc = out_f32 ? N : cols, kc_max = p.rows(it.g) <= kChunkedRows ? kKChunk : K;
     const uint16_t* B = bits(x.b) + it.g * K * N;
     const auto at = [&](int64_t c0, int64_t k0) { return trans ? B + c0 * K + k0 : B + k0 * N + c0; };
-    float *panel = bbuf, *tblock = bbuf + kPanel * K;
+    float *panel = bbuf, *scratch = bbuf + kPanel * K;  // pack_half_scratch(trans, kc) ≤ kPanel·K
     for (int64_t c0 = it.c0; c0 < it.c1; c0 += kPanel) {
       const int64_t w = std::min(kPanel, it.c1 - c0);
       for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
         const int64_t kc = std::min(kc_max, K - k0);
         {
           TESSERA_TRACE_SCOPE("gmm.pack");
-          if (trans) {
-            to_f32(x.b, p.dtype, at(c0, k0) - bits(x.b), K, w, kc, tblock);  // [w, kc]
-            f32::pack(true, kc, w, tblock, kc, panel);
-          } else {
-            to_f32(x.b, p.dtype, at(c0, k0) - bits(x.b), N, kc, w, panel);  // [kc, w]: the panel when w = kPanel
-            if (w < kPanel) {  // the last, narrower panel: padded by pack
-              f32::pack(false, kc, w, panel, w, tblock);
-              std::swap(panel, tblock);
-            }
-          }
+          f32::pack_half(trans, kc, w, at(c0, k0), trans ? K : N, p.dtype == DType::kBF16, panel, scratch);
         }
         const NextChunk n(c0, k0, kc, K, it.c1, kPanel, kc_max);
         TESSERA_TRACE_SCOPE("gmm.gemm");

@@ -32,13 +32,15 @@
 //   the three GEMMs run on cpu_bf16_gemm's packed vdpbf16ps micro-kernel, w packed chunk by
 //   chunk (never whole), dz rounded to bf16 for dw / dx; forward alone packs each chunk of w
 //   once per call. TESSERA_CPU_BF16_DOT=0 selects the f32 route instead.
-//   f32 on a CPU with AVX-512F (the "pk route", below `---- the f32 packed route`): the three
-//   GEMMs run on cpu_f32_gemm's packed FMA micro-kernel instead of sgemm, in vocab chunks of at
-//   most kPkMaxCols, the slab chunk-major; w packed chunk by chunk per token block, never whole.
+//   f32, f16 and bf16 off the dot route on a CPU with AVX-512F (the "pk route", below `---- the
+//   f32 packed route`): the three GEMMs run on cpu_f32_gemm's packed FMA micro-kernel instead of
+//   sgemm, in vocab chunks of at most kPkMaxCols, the slab chunk-major; w packed chunk by chunk
+//   per token block, never whole (a 16-bit w widened to f32 as it is packed: pack_half).
 //   TESSERA_CPU_F32_GEMM=0 keeps OpenBLAS (the v0.3 route).
-//   f16 (and bf16 on the f32 route): x_blk is converted to f32 once per token block (b×H); w is
-//   converted per (h-block × v-block) chunk into a per-thread buffer, never as a whole (cpu_v2:
-//   into one f32 copy of w per gradient call, memory budget permitting; then as f32).
+//   f16 and bf16 off the dot route: x_blk is converted to f32 once per token block (b×H); on
+//   the OpenBLAS route w is converted per (h-block × v-block) chunk into a per-thread buffer,
+//   never as a whole (cpu_v2, either route: into one f32 copy of w per gradient call, memory
+//   budget permitting; then as f32).
 //   Gradients accumulate in f32; a bf16/f16 dw output needs an f32 accumulator of w's size
 //   (gradient-sized, documented); a bf16/f16 dx needs a b×H f32 buffer.
 //
@@ -184,7 +186,7 @@ struct Call {
   const bool copy_w;               // cpu_v2: a half w converted to f32 once per gradient call (use_w_copy)
   bool half = false;               // bf16 / f16 inputs
   bool dot = false;                // bf16 on the AVX512-BF16 dot product (cpu_bf16_gemm), see below
-  bool pk = false;                 // f32 on the packed AVX-512 micro-kernel (cpu_f32_gemm), see below
+  bool pk = false;                 // the packed AVX-512 f32 micro-kernel (cpu_f32_gemm; not dot), see below
   int64_t bbp = 1;                 // pk: bb rounded up to cpu_f32_gemm::kPanel (a slab slot's rows)
   bool fwd_once = false;           // dot forward: each w chunk packed once per call, all tokens
   int64_t vo = 1;                  // fwd_once: columns of a packed chunk, min(vb, a thread's range)
@@ -203,7 +205,7 @@ struct Call {
   float* tile = nullptr;       // [T][bb][vb]   forward only
   float* slab = nullptr;       // [bb][V]       gradients
   float* xconv = nullptr;      // [bb][H]       half inputs
-  float* wconv = nullptr;      // [T][hb*vb]    half inputs, w by chunks
+  float* wconv = nullptr;      // [T][hb*vb]    half inputs, w by chunks (pk: [T][wconv_floats])
   float* w32 = nullptr;        // [H*V]         cpu_v2: w-sized f32 copy of a half w (use_w_copy)
   float* dxs = nullptr;        // [bb][H]       dx not f32
   float* dw32 = nullptr;       // w-sized f32: dw output itself when f32, else accumulator
@@ -228,6 +230,7 @@ struct Call {
   // [nb × n] row-major, then dz, then dz packed for dx); nothing of w's size is allocated.
   memory::HostBuffer pkw_buf, xpk32_buf, xt32_buf, wonce_buf;
   int64_t pk_floats = 0;
+  int64_t wconv_floats = 0;  // pk, 16-bit w: hv the dx GEMM's rows of w widened; vh pack_half's scratch
   // Several token blocks and all of a thread's range of w packed within kOnceBudgetBytes (all
   // threads together, as the bf16 pack-once forward): each piece of w is packed on the first
   // token block and kept for the others. Else (w large: 128 MiB at H = 1024, V = 32768) per block.
@@ -237,6 +240,7 @@ struct Call {
   float* pkw = nullptr;    // [T][pk_floats] a packed chunk of w (or dz) per thread
   float* xpk32 = nullptr;  // vh: x_blk packed (K = tokens, N = H): B of the dw GEMM
   float* xt32 = nullptr;   // hv: x_blkᵀ [H × bb]: A of the dw GEMM
+  const float* wf = nullptr;  // w as f32 when it is (f32 w, or cpu_v2's copy w32); else packed by pack_half
 
   Call(const Problem& prob, Mode m, bool copy) : p(prob), mode(m), copy_w(copy) {}
 
@@ -281,6 +285,8 @@ struct Call {
   void dw_dot(int tid, int64_t nb, int64_t v0, int64_t n, bool first_block);
   void phase_b2_dot(int tid, int64_t b0, int64_t nb);
   void setup_pk();
+  void pack_w(int tid, bool trans, int64_t K, int64_t N, int64_t offset, int64_t ldb, float* dst) const;
+  const float* w_rows_pk(int tid, int64_t h0, int64_t m, int64_t v0, int64_t n, int64_t* lda) const;
   float* pkw_of(int tid) const { return pkw + tid * pk_floats; }
   float* slot(int64_t v0) const { return slab + v0 * bbp; }
   void prepare_x_pk(int tid, const float* xb, int64_t nb);
@@ -327,7 +333,7 @@ void Call::setup(const BlockSizes& bs) {
   half = p.dtype != DType::kF32;
   dot = p.dtype == DType::kBF16 && cpu_bf16_gemm::available();
   if (dot) vb += vb & 1;  // even: every vocab chunk starts on a pair (dzp's layout)
-  pk = p.dtype == DType::kF32 && cpu_f32_gemm::available();
+  pk = !dot && cpu_f32_gemm::available();
   if (pk) {
     vb = std::min(vb, kPkMaxCols);
     bbp = (bb + cpu_f32_gemm::kPanel - 1) / cpu_f32_gemm::kPanel * cpu_f32_gemm::kPanel;
@@ -358,13 +364,15 @@ void Call::setup(const BlockSizes& bs) {
     tile = alloc<float>(tile_buf, static_cast<size_t>(T) * ubb * static_cast<size_t>(vb));
   if (dot) {
     setup_dot();
-  } else if (pk) {
-    setup_pk();
-  } else if (half) {
-    xconv = alloc<float>(xconv_buf, ubb * uH);
-    if (use_w_copy())
-      w32 = alloc<float>(w32_buf, uH * uV);
-    else
+  } else {
+    if (half) {
+      xconv = alloc<float>(xconv_buf, ubb * uH);
+      if (use_w_copy()) w32 = alloc<float>(w32_buf, uH * uV);
+    }
+    wf = w32 ? w32 : half ? nullptr : static_cast<const float*>(p.w);
+    if (pk)
+      setup_pk();
+    else if (half && !w32)
       wconv = alloc<float>(wconv_buf, static_cast<size_t>(T) * static_cast<size_t>(hb * vb));
   }
   if (p.bias) {
@@ -606,6 +614,10 @@ void Call::setup_pk() {
   const size_t once_floats = static_cast<size_t>(T) * static_cast<size_t>(once_thread);
   w_once = p.B > bb && once_floats * sizeof(float) <= kOnceBudgetBytes;
   if (w_once) wonce = alloc<float>(wonce_buf, once_floats);
+  if (!wf) {  // a 16-bit w: hv widens the dx GEMM's rows of w, vh packs transposed through a scratch
+    wconv_floats = p.layout == WLayout::kHV ? (grads ? kPkDxRows * vb : 0) : g::pack_half_scratch(true, hb);
+    if (wconv_floats > 0) wconv = alloc<float>(wconv_buf, static_cast<size_t>(T) * static_cast<size_t>(wconv_floats));
+  }
   if (!grads) return;
   const auto uHbb = static_cast<size_t>(p.H) * static_cast<size_t>(bb);
   if (p.layout == WLayout::kVH) {
@@ -614,6 +626,32 @@ void Call::setup_pk() {
     xt32 = alloc<float>(xt32_buf, uHbb);
     dxt = alloc<float>(dxt_buf, uHbb);
   }
+}
+
+// B = w's K × N block at element `offset` (row stride ldb; trans: given as its transpose) packed
+// into dst: f32 as it is, a 16-bit w widened on the way (the same floats).
+void Call::pack_w(int tid, bool trans, int64_t K, int64_t N, int64_t offset, int64_t ldb, float* dst) const {
+  TESSERA_TRACE_SCOPE("lce.pack_w");
+  if (wf)
+    cpu_f32_gemm::pack(trans, K, N, wf + offset, ldb, dst);
+  else
+    cpu_f32_gemm::pack_half(trans, K, N, static_cast<const uint16_t*>(p.w) + offset, ldb, p.dtype == DType::kBF16,
+                            dst, wconv + static_cast<int64_t>(tid) * wconv_floats);  // trans: K ≤ hb
+}
+
+// hv: rows h0 .. h0+m of w's columns v0 .. v0+n as f32 (A of the dx GEMM, read in place when w
+// is f32; a 16-bit w widened into this thread's buffer, m ≤ kPkDxRows, n ≤ vb).
+const float* Call::w_rows_pk(int tid, int64_t h0, int64_t m, int64_t v0, int64_t n, int64_t* lda) const {
+  if (wf) {
+    *lda = p.V;
+    return wf + h0 * p.V + v0;
+  }
+  TESSERA_TRACE_SCOPE("lce.pack_w");
+  float* dst = wconv + static_cast<int64_t>(tid) * wconv_floats;
+  const auto* w = static_cast<const uint16_t*>(p.w);
+  for (int64_t h = 0; h < m; ++h) simd::half_to_f32(w + (h0 + h) * p.V + v0, p.dtype == DType::kBF16, dst + h * n, n);
+  *lda = n;
+  return dst;
 }
 
 // The dw GEMM's x operand, thread tid's share of H: hv x_blkᵀ (its rows run along the tokens, so
@@ -635,18 +673,16 @@ void Call::prepare_x_pk(int tid, const float* xb, int64_t nb) {
 void Call::logits_tile_pk(int tid, const float* xb, int64_t b0, int64_t nb, int64_t v0, int64_t n, float* Z,
                           int64_t ldz) const {
   namespace g = cpu_f32_gemm;
-  const auto* w = static_cast<const float*>(p.w);
   const int64_t chunk = (v0 - split(p.V, tid, T, 16).begin) / vb;  // of this thread's range
   for (int64_t h0 = 0; h0 < p.H; h0 += hb) {
     const int64_t hc = std::min(hb, p.H - h0);
     float* pkc = w_once ? wonce + tid * once_thread + (chunk * ((p.H + hb - 1) / hb) + h0 / hb) * once_piece
                         : pkw_of(tid);
     if (!w_once || b0 == 0) {
-      TESSERA_TRACE_SCOPE("lce.pack_w");
       if (p.layout == WLayout::kHV)
-        g::pack(false, hc, n, w + h0 * p.V + v0, p.V, pkc);
+        pack_w(tid, false, hc, n, h0 * p.V + v0, p.V, pkc);
       else
-        g::pack(true, hc, n, w + v0 * p.H + h0, p.H, pkc);
+        pack_w(tid, true, hc, n, v0 * p.H + h0, p.H, pkc);
     }
     TESSERA_TRACE_SCOPE("lce.gemm.logits");
     g::gemm(g::Tri::kNone, false, nb, n, hc, 1.0f, xb + h0, p.H, pkc, h0 > 0 ? 1.0f : 0.0f, Z, ldz);
@@ -688,7 +724,6 @@ void Call::phase_b2_pk(int tid, int64_t b0, int64_t nb) {
   const Range r = split(p.H, tid, T, 16);
   if (r.size() == 0) return;
   const bool hv = p.layout == WLayout::kHV;
-  const auto* w = static_cast<const float*>(p.w);
   float* dxf = dxs ? dxs : static_cast<float*>(gout->dx) + b0 * p.H;
   if (!hv) {
     float* pkc = pkw_of(tid);
@@ -699,10 +734,7 @@ void Call::phase_b2_pk(int tid, int64_t b0, int64_t nb) {
         const int64_t n = std::min(vb, rv.end - v0);
         for (int64_t h0 = r.begin; h0 < r.end; h0 += hb) {
           const int64_t hc = std::min(hb, r.end - h0);
-          {
-            TESSERA_TRACE_SCOPE("lce.pack_w");
-            g::pack(false, n, hc, w + v0 * p.H + h0, p.H, pkc);
-          }
+          pack_w(tid, false, n, hc, v0 * p.H + h0, p.H, pkc);
           TESSERA_TRACE_SCOPE("lce.gemm.dx");
           g::gemm(g::Tri::kNone, false, nb, hc, n, 1.0f, slot(v0), n, pkc, first ? 0.0f : 1.0f, dxf + h0, p.H);
         }
@@ -716,11 +748,12 @@ void Call::phase_b2_pk(int tid, int64_t b0, int64_t nb) {
     const Range rv = split(p.V, k, T, 16);
     for (int64_t v0 = rv.begin; v0 < rv.end; v0 += vb, first = false) {
       const int64_t n = std::min(vb, rv.end - v0);
-      TESSERA_TRACE_SCOPE("lce.gemm.dx");
       for (int64_t h0 = r.begin; h0 < r.end; h0 += kPkDxRows) {  // rows of w that stay in the L2 for every panel
         const int64_t m = std::min(kPkDxRows, r.end - h0);
-        const float* A = w + h0 * p.V + v0;
-        g::gemm(g::Tri::kNone, false, m, nb, n, 1.0f, A, p.V, slot(v0), first ? 0.0f : 1.0f, dxt + h0 * bb, bb);
+        int64_t lda = 0;
+        const float* A = w_rows_pk(tid, h0, m, v0, n, &lda);
+        TESSERA_TRACE_SCOPE("lce.gemm.dx");
+        g::gemm(g::Tri::kNone, false, m, nb, n, 1.0f, A, lda, slot(v0), first ? 0.0f : 1.0f, dxt + h0 * bb, bb);
       }
     }
   }
@@ -1021,15 +1054,16 @@ void Call::worker(int tid, Barrier& bar) {
     const float* xb = static_cast<const float*>(p.x) + b0 * p.H;
     if (dot) {
       if (dw32) prepare_x_dot(tid, b0, nb);  // read after phase A's barrier (by the dw GEMM only)
-    } else if (pk) {
-      if (dw32) prepare_x_pk(tid, xb, nb);   // read after phase A's barrier (by the dw GEMM only)
-    } else if (half) {
-      const Range rows = split(nb, tid, T, 1);
-      const auto* x = static_cast<const uint16_t*>(p.x);
-      simd::half_to_f32(x + (b0 + rows.begin) * p.H, p.dtype == DType::kBF16,
-                        xconv + rows.begin * p.H, rows.size() * p.H);
-      bar.arrive_and_wait();
-      xb = xconv;
+    } else {
+      if (half) {
+        const Range rows = split(nb, tid, T, 1);
+        const auto* x = static_cast<const uint16_t*>(p.x);
+        simd::half_to_f32(x + (b0 + rows.begin) * p.H, p.dtype == DType::kBF16,
+                          xconv + rows.begin * p.H, rows.size() * p.H);
+        bar.arrive_and_wait();
+        xb = xconv;
+      }
+      if (pk && dw32) prepare_x_pk(tid, xb, nb);  // read after phase A's barrier (by the dw GEMM only)
     }
     phase_a(tid, b0, nb, xb);
     bar.arrive_and_wait();
@@ -1097,8 +1131,8 @@ class Cpu : public Implementation {
   explicit Cpu(bool copy_w = false) : copy_w_(copy_w) {}
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "optimized CPU backend: packed AVX-512 f32 micro-kernel tiles (OpenBLAS sgemm without AVX-512; bf16: "
-           "AVX512-BF16 packed micro-kernel; f16: OpenBLAS) + "
+    return "optimized CPU backend: packed AVX-512 f32 micro-kernel tiles, f16 (and bf16 without AVX512-BF16) widened "
+           "as w is packed (OpenBLAS sgemm without AVX-512; bf16: AVX512-BF16 packed micro-kernel) + "
            "Highway SIMD online softmax, threads own vocab ranges (deterministic); extra memory in backward ~ b*V*4 "
            "bytes (f32 on the AVX-512 route: b rounded up to 64 rows, "
            "bf16 dot route b*V*6, plus an f32 H*V accumulator when dw is bf16/f16, or, when that exceeds "

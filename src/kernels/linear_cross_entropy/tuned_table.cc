@@ -1,7 +1,7 @@
 // GENERATED FILE: the tuned block sizes of linear_cross_entropy.
 // Regenerate (do not hand-edit values; review the diff like code):
 //   tessera tune linear_cross_entropy --emit-table   (from the repository root, on the machine to tune; rebuild first: rows of other machines are kept)
-// Last generated 2026-11-28. Each row: implementation, device kind, dtype,
+// Last generated 2026-11-29. Each row: implementation, device kind, dtype,
 // shape bucket (see tuning.cc), winning parameters; the comment above it says where and
 // when it was measured and the winner's median time on the bucket's representative
 // shape. Lookup: src/tune/table.h; sanitizing for the actual shape: the kernel's fit (tuning.cc).
@@ -107,6 +107,14 @@ const std::vector<tune::TableEntry>& tuned_table() {
       {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "bf16", "small",
        {{"b", 256}, {"h", 512}, {"v", 1024}},
        "B=512,H=256,V=8192", "fused", 39.230, "2026-11-24"},
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=64,H=512,V=256000: 494.645 ms median, measured 2026-11-29
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f16", "gemma-ish",
+       {{"b", 64}, {"h", 512}, {"v", 1024}},
+       "B=64,H=512,V=256000", "fused", 494.645, "2026-11-29"},
+      // cpu:AMD EPYC:zen4:2c:avx512 | fused B=128,H=512,V=128256: 362.346 ms median, measured 2026-11-29
+      {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f16", "llama3-ish",
+       {{"b", 128}, {"h", 512}, {"v", 4096}},
+       "B=128,H=512,V=128256", "fused", 362.346, "2026-11-29"},
       // cpu:AMD EPYC:zen4:2c:avx512 | fused B=64,H=512,V=256000: 374.673 ms median, measured 2026-11-24
       {"cpu", "cpu:AMD EPYC:zen4:2c:avx512", "f32", "gemma-ish",
        {{"b", 64}, {"h", 512}, {"v", 2048}},

@@ -1,7 +1,7 @@
 // Tessera: fused linear + softmax cross-entropy (large-vocabulary LM head).
 //
 // Computes, per token t (x's leading axes flattened to B tokens):
-//   z      = x_t · W (+ bias);   if soft_cap c > 0:  z = c · tanh(z / c)
+//   z      = x_t · W (+ bias);   if softcap c > 0:  z = c · tanh(z / c)
 //   lse    = logsumexp_j z_j                                  (f32 or wider)
 //   nll    = lse − z[label_t]
 //   ce     = (1 − ε)·nll + ε·(lse − mean_j z_j)               (label smoothing ε)
@@ -56,7 +56,7 @@ struct Options : ExecOptions {
   int64_t ignore_index = -100;
   double label_smoothing = 0.0;  // ε in [0, 1]
   double z_loss_weight = 0.0;    // coefficient of lse², >= 0
-  double soft_cap = 0.0;         // c > 0 enables c·tanh(z/c); 0 disables
+  double softcap = 0.0;         // c > 0 enables c·tanh(z/c); 0 disables
   WLayout w_layout = WLayout::kAuto;
   bool return_argmax = false;    // fill ForwardOutputs::argmax
   // compute() / compute_with_grad() only: also allocate and fill Result::z_loss / ::accuracy

@@ -3,7 +3,7 @@
 // the kernel registry like the rest of the extension:
 //   args:  the present tensors, named in order by the attribute `names` ("x,w,labels,grad_loss")
 //   rets:  the pass's outputs in the order CallSpec::outputs gives them
-//   attrs: kernel, pass, names, options ("reduction=mean;soft_cap=30"), implementation,
+//   attrs: kernel, pass, names, options ("reduction=mean;softcap=30"), implementation,
 //          memory_budget (i64 bytes, 0: the backend's default)
 // XLA owns every buffer; the handler wraps them as TensorViews (no copy) and returns an ffi::Error
 // with Tessera's one-line message when the call is rejected.

@@ -3,7 +3,7 @@
     import numpy as np, tessera
     loss = tessera.linear_cross_entropy(x, w, labels)              # x [..., H], w [V, H], labels [...]
     loss = tessera.linear_cross_entropy(x, w, labels, reduction="sum", z_loss_weight=1e-4,
-                                        soft_cap=30.0, implementation="cpu")
+                                        softcap=30.0, implementation="cpu")
 
 One function per kernel of the C++ registry, generated at import time from its description
 (``tessera.kernels()``): required inputs positional, optional inputs and the C++ options
@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 
 from . import _ext
-from ._registry import KERNELS, Kernel, memory_budget_bytes, outputs, public_outputs, widen_mask
+from ._registry import KERNELS, Kernel, canonical_keywords, memory_budget_bytes, outputs, public_outputs, widen_mask
 
 __version__ = _ext.__version__
 __all__ = ["call", "kernels", "implementations"] + sorted(KERNELS)
@@ -95,6 +95,7 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
     ``skippable`` ones), absent from the result.
     """
     k = _kernel(kernel)
+    options = canonical_keywords(k.name, options)
     budget = memory_budget_bytes(memory_budget, k.name)
     given = {n: widen_mask(t) for n, t in tensors.items() if t is not None}
     bf16 = {n for n, t in given.items() if _is_np_bf16(t)}

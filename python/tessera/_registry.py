@@ -180,7 +180,7 @@ class Kernel:
     def bind(self, args: Sequence[Any], kwargs: Dict[str, Any], extra: Sequence[inspect.Parameter] = ()):
         """(tensors by name (None when absent), options as typed values, implementation, extras);
         extras["memory_budget"] is the checked budget in bytes (0: the backend's default)."""
-        b = self.signature(extra).bind(*args, **kwargs)
+        b = self.signature(extra).bind(*args, **canonical_keywords(self.name, kwargs))
         b.apply_defaults()
         a = b.arguments
         tensors = {i.name: a[i.name] for i in self.inputs}
@@ -220,6 +220,36 @@ class Kernel:
         lines.append("  memory_budget=None: bytes of extra memory (scratch) the implementation may use "
                      "(None or 0: its default; what each backend does under it is in the kernel's docs)")
         return "\n".join(lines)
+
+
+# Python keywords renamed after they shipped (one vocabulary across kernels, issue #23): the older
+# spelling keeps working. The CLI's older spellings are declared with the option in C++ (aliases).
+OLDER_KEYWORDS: Dict[str, Dict[str, str]] = {"linear_cross_entropy": {"soft_cap": "softcap"}}
+
+
+def canonical_keywords(kernel: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """kwargs with the older spellings of `kernel`'s keywords renamed (soft_cap -> softcap); both
+    spellings at once is a TypeError."""
+    older = OLDER_KEYWORDS.get(kernel, {})
+    if not any(k in older for k in kwargs):
+        return kwargs
+    out = dict(kwargs)
+    for old, new in older.items():
+        if old in out:
+            if new in out:
+                raise TypeError(f"{kernel}: {old} is the older spelling of {new}; give one of them")
+            out[new] = out.pop(old)
+    return out
+
+
+def older_keyword(kernel: str, name: str, value: Any, older_value: Any, default: Any) -> Any:
+    """An explicit keyword `name` and its older spelling given as `older_value` (None: not given)."""
+    if older_value is None:
+        return value
+    old = next(o for o, n in OLDER_KEYWORDS[kernel].items() if n == name)
+    if value != default:
+        raise TypeError(f"{kernel}: {old} is the older spelling of {name}; give one of them")
+    return older_value
 
 
 def memory_budget_bytes(value: Any, kernel: str = "") -> int:

@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ext
-from ._registry import KERNELS, Kernel, dtype_name, memory_budget_bytes, outputs, public_outputs, widen_mask
+from ._registry import (KERNELS, Kernel, canonical_keywords, dtype_name, memory_budget_bytes, outputs,
+                        public_outputs, widen_mask)
 
 __all__ = sorted(KERNELS)
 
@@ -232,6 +233,7 @@ _single_device_linear_cross_entropy = linear_cross_entropy  # noqa: F821 - gener
 
 
 def linear_cross_entropy(x, w, labels, *, vocab_start=None, axis_name=None, **kwargs):
+    kwargs = canonical_keywords("linear_cross_entropy", kwargs)  # soft_cap= still works
     if kwargs.get("vocab_total"):
         raise ValueError("linear_cross_entropy: pass vocab_start= and axis_name= for a vocab-parallel loss; "
                          "vocab_total is the kernel's partial form, which tessera.parallel.jax drives")

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import _ext
-from ._registry import KERNELS, Kernel, dtype_name, memory_budget_bytes, widen_mask
+from ._registry import KERNELS, Kernel, canonical_keywords, dtype_name, memory_budget_bytes, widen_mask
 
 __all__ = sorted(KERNELS) + ["LinearCrossEntropyLoss"]
 
@@ -499,6 +499,7 @@ def _frozen(x, w, bias) -> List[str]:
 
 
 def linear_cross_entropy(x, w, labels, *, vocab_start=None, process_group=None, **kwargs):
+    kwargs = canonical_keywords("linear_cross_entropy", kwargs)  # soft_cap= still works
     if kwargs.get("vocab_total"):
         raise ValueError("linear_cross_entropy: pass vocab_start= and process_group= for a vocab-parallel loss; "
                          "vocab_total is the kernel's partial form, which tessera.parallel.torch drives")
@@ -534,7 +535,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
     ``LigerFusedLinearCrossEntropyLoss(...)(lin_weight, _input, target, bias=None)`` becomes
     ``tessera.torch.LinearCrossEntropyLoss(...)(lin_weight, _input, target, bias=None)``:
-    lse_square_scale -> z_loss_weight, softcap (None = off) -> soft_cap, ce_weight -> class_weights
+    lse_square_scale -> z_loss_weight, softcap (None = off) -> softcap, ce_weight -> class_weights
     (PyTorch's weight=, with label smoothing too; a buffer, so ``.to()`` and ``state_dict`` carry
     it). ``ce_weight`` with ``lse_square_scale > 0`` is refused: Liger leaves its z-loss unweighted
     and averages it over tokens, Tessera weights it like the loss. With ``return_z_loss`` or
@@ -572,7 +573,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             class_weights=None if self.ce_weight is None else self.ce_weight.float(),  # .bfloat16() moves buffers too
             reduction=self.reduction,
             ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
-            z_loss_weight=self.lse_square_scale, soft_cap=self.softcap or 0.0, implementation=self.implementation,
+            z_loss_weight=self.lse_square_scale, softcap=self.softcap or 0.0, implementation=self.implementation,
             memory_budget=self.memory_budget or None, return_z_loss=self.return_z_loss, return_token_accuracy=self.return_token_accuracy)
         if not (self.return_z_loss or self.return_token_accuracy):
             return out

@@ -176,7 +176,7 @@ def check_paged_decode(devices: int) -> None:
 
 LCE_CASES = [
     dict(reduction="mean", memory_budget=1 << 20),  # taken by the vocab-parallel call too
-    dict(reduction="none", label_smoothing=0.1, z_loss_weight=1e-2, soft_cap=3.0, bias=True),
+    dict(reduction="none", label_smoothing=0.1, z_loss_weight=1e-2, softcap=3.0, bias=True),
     dict(reduction="sum", class_weights=True, token_weights=True, label_smoothing=0.2, return_argmax=True,
          return_z_loss=True, return_token_accuracy=True, return_lse=True),
 ]

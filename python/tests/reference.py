@@ -13,13 +13,13 @@ def problem(B=24, H=32, V=80, seed=0, ignore=True):
 
 
 def loss(x, w, y, *, bias=None, token_weights=None, reduction="mean", ignore_index=-100,
-         label_smoothing=0.0, z_loss_weight=0.0, soft_cap=0.0):
+         label_smoothing=0.0, z_loss_weight=0.0, softcap=0.0):
     x = np.asarray(x, np.float64)
     z = x.reshape(-1, x.shape[-1]) @ np.asarray(w, np.float64).T
     if bias is not None:
         z = z + np.asarray(bias, np.float64)
-    if soft_cap:
-        z = soft_cap * np.tanh(z / soft_cap)
+    if softcap:
+        z = softcap * np.tanh(z / softcap)
     y = np.asarray(y).reshape(-1)
     m = z.max(-1, keepdims=True)
     lse = (m + np.log(np.exp(z - m).sum(-1, keepdims=True)))[:, 0]

@@ -13,13 +13,13 @@ import reference as ref  # noqa: E402
 
 
 def materialized(x, w, y, bias=None, token_weights=None, reduction="mean", ignore_index=-100,
-                 label_smoothing=0.0, z_loss_weight=0.0, soft_cap=0.0):
+                 label_smoothing=0.0, z_loss_weight=0.0, softcap=0.0):
     """The loss as JAX users write it: logits, jax.nn.logsumexp, then the options."""
     z = (x @ w.T).astype(jnp.float32)
     if bias is not None:
         z = z + bias
-    if soft_cap:
-        z = soft_cap * jnp.tanh(z / soft_cap)
+    if softcap:
+        z = softcap * jnp.tanh(z / softcap)
     lse = jax.nn.logsumexp(z, axis=-1)
     keep = y != ignore_index
     zy = jnp.take_along_axis(z, jnp.where(keep, y, 0)[..., None], axis=-1)[..., 0]
@@ -38,8 +38,8 @@ OPTIONS = [
     {"reduction": "sum"},
     {"label_smoothing": 0.1},
     {"z_loss_weight": 1e-3},
-    {"soft_cap": 5.0},
-    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "soft_cap": 3.0},
+    {"softcap": 5.0},
+    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "softcap": 3.0},
 ]
 
 
@@ -66,6 +66,17 @@ def test_value_and_grad_under_jit(opts):
     np.testing.assert_allclose(v, rv, rtol=2e-5, atol=1e-6)
     for a, r in zip(g, rg):
         np.testing.assert_allclose(a, r, rtol=1e-4, atol=2e-6)
+
+
+def test_soft_cap_is_the_older_spelling_of_softcap():
+    """soft_cap= (linear_cross_entropy's name until 2026-11-29) keeps working under jit and grad."""
+    x, w, y = arrays()
+    f = lambda name: jax.jit(jax.value_and_grad(lambda w: tj.linear_cross_entropy(x, w, y, **{name: 3.0})))(w)  # noqa: E731
+    (new_v, new_g), (old_v, old_g) = f("softcap"), f("soft_cap")
+    assert new_v == old_v and jnp.array_equal(new_g, old_g)
+    assert new_v != tj.linear_cross_entropy(x, w, y)
+    with pytest.raises(TypeError, match="older spelling"):
+        tj.linear_cross_entropy(x, w, y, softcap=3.0, soft_cap=3.0)
 
 
 def test_reduction_none_vjp_with_a_nonuniform_cotangent():
@@ -192,7 +203,7 @@ FUSED_OPTIONS = [
     {"reduction": "mean"},
     {"reduction": "sum"},
     {"reduction": "mean", "label_smoothing": 0.1, "z_loss_weight": 1e-3},
-    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "soft_cap": 3.0},
+    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "softcap": 3.0},
 ]
 
 

@@ -19,8 +19,8 @@ OPTIONS = [
     {"reduction": "none"},
     {"label_smoothing": 0.1},
     {"z_loss_weight": 1e-3},
-    {"soft_cap": 5.0},
-    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "soft_cap": 3.0},
+    {"softcap": 5.0},
+    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "softcap": 3.0},
 ]
 
 
@@ -150,6 +150,25 @@ def test_signature_generated_from_the_registry():
     for n in names:
         assert callable(getattr(tessera, n))
     assert any(i["name"] == "reference" for i in tessera.implementations("linear_cross_entropy"))
+
+
+def test_soft_cap_is_the_older_spelling_of_softcap():
+    """The soft cap is `softcap` in every kernel (attention's name, Liger's, CCE's); linear_cross_entropy
+    called it soft_cap until 2026-11-29, and that keyword keeps working (functions and tessera.call)."""
+    x, w, y = ref.problem()
+    want = tessera.linear_cross_entropy(x, w, y, softcap=3.0)
+    assert want != tessera.linear_cross_entropy(x, w, y)  # the cap changes the loss: it was read
+    assert tessera.linear_cross_entropy(x, w, y, soft_cap=3.0) == want
+    assert tessera.call("linear_cross_entropy", "forward", {"x": x, "w": w, "labels": y}, soft_cap=3.0)["loss"] == want
+    assert "softcap" in inspect.signature(tessera.linear_cross_entropy).parameters
+    with pytest.raises(TypeError, match="soft_cap is the older spelling of softcap"):
+        tessera.linear_cross_entropy(x, w, y, softcap=3.0, soft_cap=3.0)
+    # The vocab-parallel functions take it as an explicit keyword: resolved by older_keyword.
+    from tessera._registry import older_keyword
+    assert older_keyword("linear_cross_entropy", "softcap", 0.0, 3.0, 0.0) == 3.0
+    assert older_keyword("linear_cross_entropy", "softcap", 3.0, None, 0.0) == 3.0
+    with pytest.raises(TypeError, match="older spelling"):
+        older_keyword("linear_cross_entropy", "softcap", 2.0, 3.0, 0.0)
 
 
 def test_gil_is_released_while_a_kernel_runs():

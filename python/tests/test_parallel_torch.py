@@ -171,11 +171,12 @@ def _check_errors_reach_every_rank(rank, world):
 VOCAB_SPLITS = {2: [5, 6], 4: [3, 3, 2, 3]}  # V = 11 classes, ragged
 LCE_CASES = [
     dict(reduction="mean", memory_budget=1 << 20),  # taken by the vocab-parallel call too
-    dict(reduction="none", label_smoothing=0.1, z_loss_weight=1e-2, soft_cap=3.0, bias=True),
+    dict(reduction="none", label_smoothing=0.1, z_loss_weight=1e-2, softcap=3.0, bias=True),
     dict(reduction="sum", class_weights=True, token_weights=True, label_smoothing=0.2, w_layout="hv",
          return_argmax=True, return_z_loss=True, return_token_accuracy=True, return_lse=True),
     dict(reduction="mean", class_weights=True, z_loss_weight=1e-3, return_token_accuracy=True),
     dict(reduction="sum", bias=True, frozen_w=True),  # the backward skips dw (dbias follows dx)
+    dict(reduction="mean", soft_cap=2.0),  # softcap's older spelling, through both paths
 ]
 
 

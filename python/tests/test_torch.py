@@ -24,11 +24,11 @@ def tensors(seed=0, dtype=torch.float32, bias=False):
 
 
 def materialized(x, w, y, bias=None, reduction="mean", ignore_index=-100, label_smoothing=0.0,
-                 z_loss_weight=0.0, soft_cap=0.0):
+                 z_loss_weight=0.0, softcap=0.0):
     """The materialized loss: F.cross_entropy on the logits (+ z-loss and soft cap by hand)."""
     z = F.linear(x, w, bias).float()
-    if soft_cap:
-        z = soft_cap * torch.tanh(z / soft_cap)
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
     ce = F.cross_entropy(z, y, reduction="none", ignore_index=ignore_index, label_smoothing=label_smoothing)
     keep = y != ignore_index
     per = ce + z_loss_weight * torch.where(keep, torch.logsumexp(z, -1) ** 2, 0.0)
@@ -50,8 +50,8 @@ OPTIONS = [
     {"reduction": "none"},
     {"label_smoothing": 0.1},
     {"z_loss_weight": 1e-3},
-    {"soft_cap": 5.0},
-    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "soft_cap": 3.0},
+    {"softcap": 5.0},
+    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "softcap": 3.0},
 ]
 
 
@@ -63,6 +63,18 @@ def test_value_and_gradients_vs_autograd(opts):
     torch.testing.assert_close(v, rv, rtol=2e-5, atol=1e-6)
     for a, r in zip(g, rg):
         torch.testing.assert_close(a, r, rtol=1e-4, atol=2e-6)
+
+
+def test_soft_cap_is_the_older_spelling_of_softcap():
+    """soft_cap= (linear_cross_entropy's name until 2026-11-29) keeps working, on the fused pass
+    too (grad on), with the same loss and gradients; both spellings at once is an error."""
+    x, w, y = tensors()
+    new_v, new_g = grads_of(lambda x, w: tt.linear_cross_entropy(x, w, y, softcap=3.0), [x, w])
+    old_v, old_g = grads_of(lambda x, w: tt.linear_cross_entropy(x, w, y, soft_cap=3.0), [x, w])
+    assert torch.equal(new_v, old_v) and all(torch.equal(a, b) for a, b in zip(new_g, old_g))
+    assert not torch.equal(new_v, tt.linear_cross_entropy(x, w, y).detach())
+    with pytest.raises(TypeError, match="older spelling"):
+        tt.linear_cross_entropy(x, w, y, softcap=3.0, soft_cap=3.0)
 
 
 def test_bf16_gradients_keep_the_dtype():
@@ -112,7 +124,7 @@ def test_liger_style_module():
     x, w, y = tensors()
     loss_fn = tt.LinearCrossEntropyLoss(ignore_index=-100, lse_square_scale=1e-3, label_smoothing=0.1, softcap=4.0)
     v, g = grads_of(lambda w, x, y: loss_fn(w, x, y), [w, x, y])  # Liger's order: (lin_weight, _input, target)
-    rv, rg = grads_of(lambda w, x, y: materialized(x, w, y, z_loss_weight=1e-3, label_smoothing=0.1, soft_cap=4.0),
+    rv, rg = grads_of(lambda w, x, y: materialized(x, w, y, z_loss_weight=1e-3, label_smoothing=0.1, softcap=4.0),
                       [w, x, y])
     torch.testing.assert_close(v, rv, rtol=2e-5, atol=1e-6)
     for a, r in zip(g, rg):
@@ -264,7 +276,7 @@ FUSED_OPTIONS = [
     {"reduction": "mean"},
     {"reduction": "sum"},
     {"reduction": "mean", "label_smoothing": 0.1, "z_loss_weight": 1e-3},
-    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "soft_cap": 3.0},
+    {"reduction": "sum", "label_smoothing": 0.2, "z_loss_weight": 1e-2, "softcap": 3.0},
 ]
 
 

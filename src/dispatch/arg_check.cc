@@ -31,7 +31,7 @@ void ArgCheck::nonnegative_f32(double v, const std::string& what) const {
   if (!(v >= 0.0 && v <= kF32Max)) fail(what + " must be finite in f32 and >= 0, got " + g(v));
 }
 
-void ArgCheck::soft_cap(double c, const std::string& what) const {
+void ArgCheck::softcap(double c, const std::string& what) const {
   constexpr double kMin = std::numeric_limits<float>::min();
   if (!(c == 0.0 || (c >= kMin && c <= kF32Max)))
     fail(what + " must be 0 (off) or in [" + g(kMin) + ", " + g(kF32Max) + "] (a normal f32), got " + g(c));

@@ -69,7 +69,7 @@ class ArgCheck {
   void nonnegative_f32(double v, const std::string& what) const;
   // A soft cap c·tanh(s/c): 0 (off) or a normal f32 (below FLT_MIN the backward divides by 0:
   // NaN gradients, and LCE's forward dropped the cap). "<what> must be 0 (off) or in [..], got X"
-  void soft_cap(double c, const std::string& what) const;
+  void softcap(double c, const std::string& what) const;
   // "<what> must be >= 0 or -1 (unbounded), got W". Returns w, or -1 when w >= span (a window
   // as long as every query's and key's span together reaches every key: i + w then cannot overflow).
   int64_t window(int64_t w, const std::string& what, int64_t span = -1) const;

@@ -236,7 +236,7 @@ inline std::vector<OutputDesc> declared_outputs(const dispatch::Dims& d, const d
 
 // ---- options ----
 // The options the attention kernels share (attention, paged_attention, mla_decode): one name,
-// help and unset text each; their checks are dispatch::ArgCheck's softmax_scale and soft_cap.
+// help and unset text each; their checks are dispatch::ArgCheck's softmax_scale and softcap.
 template <class Options>
 OptionField<Options> softmax_scale_field(std::optional<double> Options::*member) {
   return field(member, "scale", "softmax scale; 0: 1/sqrt(D)", "0");

@@ -165,20 +165,20 @@ TEST(ArgCheck, ScalarsMustBeFiniteInF32) {
   EXPECT_EQ(message_of([&] { a.nonnegative_f32(0.0, "softcap"); }), "");
   EXPECT_EQ(message_of([&] { a.nonnegative_f32(1e39, "z"); }),
             "foo: z must be finite in f32 and >= 0, got 1e+39");
-  EXPECT_EQ(message_of([&] { a.soft_cap(1e-39, "cap"); }),
+  EXPECT_EQ(message_of([&] { a.softcap(1e-39, "cap"); }),
             "foo: cap must be 0 (off) or in [1.17549435e-38, 3.40282347e+38] (a normal f32), got 1e-39");
   // Just past FLT_MAX prints apart from it (6 digits printed both as 3.40282e+38).
-  EXPECT_NE(message_of([&] { a.soft_cap(3.4028236e38, "cap"); }).find("got 3.4028236e+38"), std::string::npos);
+  EXPECT_NE(message_of([&] { a.softcap(3.4028236e38, "cap"); }).find("got 3.4028236e+38"), std::string::npos);
   EXPECT_NE(message_of([&] { a.nonnegative_f32(-0.5, "eps"); }), "");
   EXPECT_NE(message_of([&] { a.nonnegative_f32(std::nan(""), "eps"); }), "");
   EXPECT_EQ(a.window(-1, "window"), -1);
   EXPECT_EQ(a.window(7, "window", 8), 7);
   EXPECT_EQ(a.window(8, "window", 8), -1);  // reaches every key: unbounded
   EXPECT_EQ(a.window(std::numeric_limits<int64_t>::max(), "window", 8), -1);
-  EXPECT_EQ(message_of([&] { a.soft_cap(0.0, "cap"); }), "");
-  EXPECT_EQ(message_of([&] { a.soft_cap(std::numeric_limits<float>::min(), "cap"); }), "");
+  EXPECT_EQ(message_of([&] { a.softcap(0.0, "cap"); }), "");
+  EXPECT_EQ(message_of([&] { a.softcap(std::numeric_limits<float>::min(), "cap"); }), "");
   for (double bad : {-1.0, 1e-39, 1e-300, 1e39, std::nan("")})
-    EXPECT_NE(message_of([&] { a.soft_cap(bad, "cap"); }).find("foo: cap must be 0 (off) or in ["), std::string::npos) << bad;
+    EXPECT_NE(message_of([&] { a.softcap(bad, "cap"); }).find("foo: cap must be 0 (off) or in ["), std::string::npos) << bad;
   EXPECT_EQ(message_of([&] { a.window(-2, "window"); }), "foo: window must be >= 0 or -1 (unbounded), got -2");
 }
 

@@ -168,13 +168,13 @@ TEST(LceApi, UnsupportedDtypes) {
 TEST(LceApi, BadOptions) {
   expect_rejected([](Fixture& f, Inputs&) { f.opt.label_smoothing = 1.5; }, ErrorCode::kInvalidArgument, "label_smoothing");
   expect_rejected([](Fixture& f, Inputs&) { f.opt.z_loss_weight = -1; }, ErrorCode::kInvalidArgument, "z_loss_weight");
-  expect_rejected([](Fixture& f, Inputs&) { f.opt.soft_cap = NAN; }, ErrorCode::kInvalidArgument, "soft_cap");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = NAN; }, ErrorCode::kInvalidArgument, "softcap");
   // Past FLT_MAX: inf in the cuda rows (and in the f32 logits a cap divides).
-  expect_rejected([](Fixture& f, Inputs&) { f.opt.soft_cap = 1e39; }, ErrorCode::kInvalidArgument,
-                  "soft_cap must be 0 (off) or in [");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = 1e39; }, ErrorCode::kInvalidArgument,
+                  "softcap must be 0 (off) or in [");
   // Below FLT_MIN: the forward dropped the cap (loss uncapped) and dx was inf / NaN.
-  expect_rejected([](Fixture& f, Inputs&) { f.opt.soft_cap = 1e-50; }, ErrorCode::kInvalidArgument,
-                  "soft_cap must be 0 (off) or in [");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = 1e-50; }, ErrorCode::kInvalidArgument,
+                  "softcap must be 0 (off) or in [");
   expect_rejected([](Fixture& f, Inputs&) { f.opt.z_loss_weight = 1e39; }, ErrorCode::kInvalidArgument,
                   "z_loss_weight must be finite in f32 and >= 0");
 }

@@ -85,7 +85,7 @@ TEST(LinearCrossEntropyCpu, OddShapesEveryOption) {
         c.weights = true;
         c.ignore_fraction = 0.2;
         c.opt.reduction = tv ? Reduction::kNone : Reduction::kMean;
-        c.opt.soft_cap = 4.0;
+        c.opt.softcap = 4.0;
         c.opt.z_loss_weight = 1e-3;
         c.opt.label_smoothing = 0.1;
         c.opt.return_argmax = true;
@@ -141,7 +141,7 @@ std::vector<lt::CaseSpec> tail_cases(DType dtype) {
           c.class_weights = sh.B > 1;
           c.ignore_fraction = 0.2;
           c.opt.reduction = Reduction::kNone;
-          c.opt.soft_cap = 4.0;
+          c.opt.softcap = 4.0;
           c.opt.z_loss_weight = 1e-3;
           c.opt.label_smoothing = 0.1;
         }

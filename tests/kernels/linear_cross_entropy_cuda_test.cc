@@ -201,7 +201,7 @@ std::vector<lt::CaseSpec> chunk_cases() {
           c.opt.memory_budget = 20480;
           c.f32_grads = true;
           c.opt.reduction = lce::Reduction::kNone;
-          c.opt.soft_cap = 4.0;
+          c.opt.softcap = 4.0;
           c.opt.z_loss_weight = 1e-3;
           break;
         default:  // one row per chunk, [V, H] layout, sum
@@ -276,7 +276,7 @@ std::vector<lt::CaseSpec> row_path_cases() {
     c.V = r.V;
     c.memory_layout = r.layout;
     c.opt.reduction = r.red;
-    c.opt.soft_cap = 8.0;
+    c.opt.softcap = 8.0;
     c.opt.label_smoothing = v.size() % 2 ? 0.1 : 0.0;
     c.opt.z_loss_weight = v.size() % 3 ? 0.0 : 1e-3;
     c.opt.return_argmax = true;

@@ -204,7 +204,7 @@ TEST(LceClassWeights, WithLabelSmoothingEveryImplementationsGradientsMatchTheRef
     Options o = with("reference", Reduction::kMean);
     o.label_smoothing = 0.3;
     o.z_loss_weight = 0.05;
-    o.soft_cap = 4.0;
+    o.softcap = 4.0;
     const Result want = compute_with_grad(p.in(true, true), o);
     for (const std::string& impl : host_implementations()) {
       o.implementation = impl;

@@ -32,7 +32,7 @@ std::vector<Case> cases() {
   return {{"plain"},
           {"smoothing", 0.1},
           {"z_loss", 0.0, 1e-2},
-          {"soft_cap_bias", 0.0, 0.0, 2.5, true},
+          {"softcap_bias", 0.0, 0.0, 2.5, true},
           {"class_weights", 0.0, 0.0, 0.0, false, true},
           {"class_weights_smoothing_tokens", 0.2, 1e-3, 0.0, true, true, true}};
 }
@@ -63,7 +63,7 @@ Options options(const Case& c, const std::string& impl, Reduction r, int64_t voc
   o.ignore_index = kIgnore;
   o.label_smoothing = c.smoothing;
   o.z_loss_weight = c.z_loss;
-  o.soft_cap = c.cap;
+  o.softcap = c.cap;
   o.w_layout = WLayout::kVH;
   o.vocab_total = vocab_total;
   return o;

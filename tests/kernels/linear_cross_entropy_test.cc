@@ -52,7 +52,7 @@ TEST(LceReference, MatchesHandComputedSoftmax) {
   EXPECT_NEAR(r.loss.data_as<float>()[0], lse + 0.5 * lse * lse, 1e-6);
   // Soft cap c: z = c·tanh(z/c).
   o.z_loss_weight = 0;
-  o.soft_cap = 1.0;
+  o.softcap = 1.0;
   r = compute(in, o);
   const double z1 = std::tanh(std::log(3.0));
   EXPECT_NEAR(r.loss.data_as<float>()[0], std::log(1 + std::exp(z1)), 1e-6);
@@ -182,7 +182,7 @@ TEST_P(LceFiniteDifference, ReferenceGradientMatchesCentralDifferences) {
   Options o = ref_opts(c.red);
   o.label_smoothing = c.eps;
   o.z_loss_weight = c.z;
-  o.soft_cap = c.cap;
+  o.softcap = c.cap;
   o.ignore_index = c.ignore_index;
   Tensor g = c.red == Reduction::kNone ? f32_tensor({2, 2}, {0.5f, -1.25f, 2.0f, 0.75f}) : scalar_f32(1.5f);
 
@@ -244,7 +244,7 @@ std::vector<FdCase> fd_cases() {
     FdCase c = make_fd("bias+weights", r);
     c.bias = c.weights = true;
     v.push_back(c);
-    c = make_fd("soft_cap", r);
+    c = make_fd("softcap", r);
     c.cap = 1.5;
     v.push_back(c);
     c = make_fd("z_loss", r);
@@ -262,7 +262,7 @@ std::vector<FdCase> fd_cases() {
     c = make_fd("class_weights", r);  // issue #17: PyTorch's weight, mean over Σ w[y]
     c.class_weights = true;
     v.push_back(c);
-    c = make_fd("class_weights+token weights+z_loss+soft_cap", r);
+    c = make_fd("class_weights+token weights+z_loss+softcap", r);
     c.class_weights = c.weights = c.bias = true;
     c.z = 0.2;
     c.cap = 2.0;
@@ -271,7 +271,7 @@ std::vector<FdCase> fd_cases() {
     c.class_weights = true;
     c.eps = 0.2;
     v.push_back(c);
-    c = make_fd("class_weights+smoothing+token weights+z_loss+soft_cap+bias", r);
+    c = make_fd("class_weights+smoothing+token weights+z_loss+softcap+bias", r);
     c.class_weights = c.weights = c.bias = true;
     c.eps = 0.3;
     c.z = 0.1;

@@ -117,7 +117,7 @@ TEST_F(Cli, RunWritesLossAndGradientsMatchingTheLibrary) {
   ASSERT_EQ(c.code, 0) << c.out;
   lce::Options o;
   o.reduction = lce::Reduction::kNone;
-  o.soft_cap = 4;
+  o.softcap = 4;
   o.z_loss_weight = 0.01;
   o.label_smoothing = 0.1;
   o.return_argmax = true;

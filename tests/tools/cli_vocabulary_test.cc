@@ -72,9 +72,9 @@ TEST_F(CliVocabulary, LinearCrossEntropyOptionsHaveThePythonNamesAndTheOldSpelli
   std::memcpy(y.data(), labels, sizeof labels);
   save("y.npy", y);
   const std::string in = "run linear_cross_entropy --x " + p("x.npy") + " --w " + p("w.npy") + " --labels " + p("y.npy");
-  Cmd c = sh(in + " --z-loss-weight 0.01 --return-argmax --return-token-accuracy --grad --out " + p("new"));
+  Cmd c = sh(in + " --z-loss-weight 0.01 --softcap 0.3 --return-argmax --return-token-accuracy --grad --out " + p("new"));
   ASSERT_EQ(c.code, 0) << c.out;
-  c = sh(in + " --z-loss 0.01 --argmax --token-accuracy --grad --out " + p("old"));
+  c = sh(in + " --z-loss 0.01 --soft-cap 0.3 --argmax --token-accuracy --grad --out " + p("old"));
   ASSERT_EQ(c.code, 0) << c.out;
   expect_same_outputs("new", "old");
   for (const char* f : {"loss", "lse", "argmax", "accuracy", "dx", "dw"})
@@ -83,6 +83,11 @@ TEST_F(CliVocabulary, LinearCrossEntropyOptionsHaveThePythonNamesAndTheOldSpelli
   c = sh(in + " --grad --out " + p("plain"));
   ASSERT_EQ(c.code, 0) << c.out;
   EXPECT_NE(npy::load(p("plain/loss.npy")).data_as<float>()[0], npy::load(p("new/loss.npy")).data_as<float>()[0]);
+  // So does the soft cap (lse = 0.3·tanh(0.36/0.3) + log 7 against 0.36 + log 7): read under either name.
+  EXPECT_NE(npy::load(p("plain/lse.npy")).data_as<float>()[0], npy::load(p("new/lse.npy")).data_as<float>()[0]);
+  c = sh(in + " --z-loss 0.01 --grad --out " + p("uncapped"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(npy::load(p("uncapped/lse.npy")).data_as<float>()[0], npy::load(p("old/lse.npy")).data_as<float>()[0]);
 }
 
 TEST_F(CliVocabulary, UpstreamGradientIsGradOfTheOutputAndScalesTheGradients) {
@@ -185,7 +190,7 @@ TEST_F(CliVocabulary, HelpListsTheNewNamesWithTheirAliases) {
   for (const char* f : {"--segment-ids-q", "--q-segment-ids", "--grad-o", "--do", "--window-left", "--window"})
     EXPECT_NE(c.out.find(f), std::string::npos) << f << "\n" << c.out;
   const Cmd l = sh("run linear_cross_entropy --help");
-  for (const char* f : {"--z-loss-weight", "--z-loss", "--return-argmax", "--argmax", "--grad-loss"})
+  for (const char* f : {"--z-loss-weight", "--z-loss", "--softcap", "--soft-cap", "--return-argmax", "--argmax", "--grad-loss"})
     EXPECT_NE(l.out.find(f), std::string::npos) << f << "\n" << l.out;
 }
 

@@ -71,7 +71,7 @@ TEST(LceBuckets, KeyHoldsWhatChangesTheWork) {
   c.variant = autotune_variant(p);
   const std::string k = tune::declared_key(tuning("cpu"), c, "dev");
   EXPECT_NE(k.find("version=" TESSERA_VERSION), std::string::npos);
-  EXPECT_NE(k.find("B=1024|H=64|V=32000|layout=hv|bias=none|soft_cap=off"), std::string::npos) << k;
+  EXPECT_NE(k.find("B=1024|H=64|V=32000|layout=hv|bias=none|softcap=off"), std::string::npos) << k;
   const auto differs = [&](auto edit) {
     Problem q = p;
     tune::DeclaredCall d = c;
@@ -80,7 +80,7 @@ TEST(LceBuckets, KeyHoldsWhatChangesTheWork) {
     return tune::declared_key(tuning("cpu"), d, "dev") != k;
   };
   float bias = 0;
-  EXPECT_TRUE(differs([](Problem& q, tune::DeclaredCall&) { q.soft_cap = 30; }));
+  EXPECT_TRUE(differs([](Problem& q, tune::DeclaredCall&) { q.softcap = 30; }));
   EXPECT_TRUE(differs([](Problem& q, tune::DeclaredCall&) { q.want_argmax = true; }));
   EXPECT_TRUE(differs([&](Problem& q, tune::DeclaredCall&) { q.bias = &bias; }));
   EXPECT_TRUE(differs([](Problem& q, tune::DeclaredCall&) { q.layout = WLayout::kVH; }));

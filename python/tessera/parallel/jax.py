@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import jax as tj
-from .._registry import memory_budget_bytes
+from .._registry import memory_budget_bytes, older_keyword
 from . import _vocab
 
 __all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "context_parallel_paged_decode",
@@ -182,11 +182,11 @@ def _zero_cotangent(a):
 def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis_name: str, bias=None,
                                         token_weights=None, class_weights=None, reduction: str = "mean",
                                         ignore_index: int = -100, label_smoothing: float = 0.0,
-                                        z_loss_weight: float = 0.0, soft_cap: float = 0.0, w_layout: str = "auto",
+                                        z_loss_weight: float = 0.0, softcap: float = 0.0, w_layout: str = "auto",
                                         return_argmax: bool = False, return_z_loss: bool = False,
                                         return_token_accuracy: bool = False, return_lse: bool = False,
                                         implementation: Optional[str] = None, memory_budget: Optional[int] = None,
-                                        frozen=()):
+                                        frozen=(), soft_cap: Optional[float] = None):
     """``tessera.jax.linear_cross_entropy`` with the classifier split along the mesh axis
     ``axis_name`` (inside ``shard_map``): w_local holds classes [vocab_start, vocab_start + V_d) of
     V = V_d × axis size (``vocab_start`` may be traced, e.g. ``lax.axis_index("tp") * V_d``); bias
@@ -194,6 +194,7 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis
     device. The partial form on each slice, a pmax and a psum of three floats per token, and a
     psum of dx in the VJP. jit and grad; same results and return order as one device. frozen:
     inputs among x, w, bias treated as constants, their gradients skipped (as on one device)."""
+    softcap = older_keyword("linear_cross_entropy", "softcap", softcap, soft_cap, 0.0)  # the older spelling
     frozen_names = tj._frozen_of(tj.KERNELS["linear_cross_entropy"], frozen)
     vt = _local_vocab(x, w_local, w_layout) * jax.lax.axis_size(axis_name)
     valid = labels != ignore_index
@@ -206,7 +207,7 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis
     cw_rot = None if cw_full is None else jnp.roll(cw_full, -vocab_start)
     want_argmax = return_argmax or return_token_accuracy
     opts = dict(reduction=reduction, ignore_index=_REL_IGNORE, label_smoothing=label_smoothing,
-                z_loss_weight=z_loss_weight, soft_cap=soft_cap, w_layout=w_layout, vocab_total=vt)
+                z_loss_weight=z_loss_weight, softcap=softcap, w_layout=w_layout, vocab_total=vt)
     tw = jnp.ones(labels.shape, jnp.float32) if token_weights is None else token_weights.astype(jnp.float32)
     sigma_y = 1.0 if cw_full is None else cw_full[jnp.where(valid, labels, 0)]
     weight = jnp.where(valid, tw * sigma_y, 0.0)

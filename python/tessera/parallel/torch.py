@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from .. import _ext
 from .. import torch as tt
-from .._registry import KERNELS, dtype_name, memory_budget_bytes
+from .._registry import KERNELS, dtype_name, memory_budget_bytes, older_keyword
 from . import _vocab
 
 __all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "context_parallel_paged_decode",
@@ -333,7 +333,7 @@ def _gather_ragged(t: torch.Tensor, lengths: List[int], group) -> torch.Tensor:
 
 def _lce_options(o: dict, vocab_total: int, argmax: bool) -> dict:
     return dict(reduction=o["reduction"], ignore_index=_REL_IGNORE, label_smoothing=float(o["label_smoothing"]),
-                z_loss_weight=float(o["z_loss_weight"]), soft_cap=float(o["soft_cap"]), w_layout=o["w_layout"],
+                z_loss_weight=float(o["z_loss_weight"]), softcap=float(o["softcap"]), w_layout=o["w_layout"],
                 return_argmax=argmax, vocab_total=vocab_total, implementation=o["implementation"] or "",
                 memory_budget=o["memory_budget"])
 
@@ -405,10 +405,11 @@ class _VocabParallelLCE(torch.autograd.Function):
 def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int, group=None, bias=None,
                                         token_weights=None, class_weights=None, reduction: str = "mean",
                                         ignore_index: int = -100, label_smoothing: float = 0.0,
-                                        z_loss_weight: float = 0.0, soft_cap: float = 0.0, w_layout: str = "auto",
+                                        z_loss_weight: float = 0.0, softcap: float = 0.0, w_layout: str = "auto",
                                         return_argmax: bool = False, return_z_loss: bool = False,
                                         return_token_accuracy: bool = False, return_lse: bool = False,
-                                        implementation: Optional[str] = None, memory_budget: Optional[int] = None):
+                                        implementation: Optional[str] = None, memory_budget: Optional[int] = None,
+                                        soft_cap: Optional[float] = None):
     """``tessera.torch.linear_cross_entropy`` with the classifier split over the ranks of ``group``.
 
     w_local holds classes [vocab_start, vocab_start + V_local) (either layout, as ``w_layout``);
@@ -418,6 +419,7 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int,
     floats per token combine the statistics; the backward all-reduces dx. Same results as one
     device (every option), same return order as the single-device function.
     """
+    softcap = older_keyword("linear_cross_entropy", "softcap", softcap, soft_cap, 0.0)  # the older spelling
     dev = x.device
     lead = tuple(x.shape[:-1])
 
@@ -432,7 +434,7 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int,
     _checked(check, group, dev)
     slices = _gather_ints([vocab_start, v_box[0]], group, dev)
     budget = memory_budget_bytes(memory_budget, "linear_cross_entropy")
-    opts = dict(reduction=reduction, label_smoothing=label_smoothing, z_loss_weight=z_loss_weight, soft_cap=soft_cap,
+    opts = dict(reduction=reduction, label_smoothing=label_smoothing, z_loss_weight=z_loss_weight, softcap=softcap,
                 w_layout=w_layout, implementation=implementation, memory_budget=budget)
     vt_box: List[int] = []
 
@@ -446,7 +448,7 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int,
     if class_weights is not None:
         cw_full = _gather_ragged(class_weights.to(torch.float32).contiguous(), [int(n) for _, n in slices.tolist()], group)
     o = dict(group=group, vocab_start=int(vocab_start), vocab_total=vt, class_weights_full=cw_full, reduction=reduction,
-             ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss_weight=z_loss_weight, soft_cap=soft_cap,
+             ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss_weight=z_loss_weight, softcap=softcap,
              w_layout=w_layout, return_argmax=return_argmax, return_z_loss=return_z_loss,
              return_token_accuracy=return_token_accuracy, return_lse=return_lse, implementation=implementation,
              memory_budget=budget)

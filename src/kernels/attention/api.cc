@@ -45,7 +45,7 @@ void check_alibi(const TensorView& a, Problem& p) {
 
 void check_options(const Options& opt, Problem& p) {
   p.scale = args.softmax_scale(opt.scale, p.D);
-  args.soft_cap(opt.softcap, "softcap");
+  args.softcap(opt.softcap, "softcap");
   const int64_t span = p.Sq + p.Sk;  // a window this long sees every key: unbounded
   p.window_left = args.window(opt.window_left, "window_left", span);
   p.window_right = args.window(opt.window_right, "window_right", span);

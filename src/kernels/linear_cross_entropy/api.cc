@@ -195,12 +195,12 @@ void normalize_options(const Options& opt, Problem& p) {
   args.need(opt.label_smoothing >= 0.0 && opt.label_smoothing <= 1.0,
             "label_smoothing must be in [0, 1], got " + std::to_string(opt.label_smoothing));
   args.nonnegative_f32(opt.z_loss_weight, "z_loss_weight");  // the cuda rows take it in f32
-  args.soft_cap(opt.soft_cap, "soft_cap");
+  args.softcap(opt.softcap, "softcap");
   p.reduction = opt.reduction;
   p.ignore_index = opt.ignore_index;
   p.label_smoothing = opt.label_smoothing;
   p.z_loss_weight = opt.z_loss_weight;
-  p.soft_cap = opt.soft_cap;
+  p.softcap = opt.softcap;
   p.want_argmax = opt.return_argmax;
   p.stream = opt.stream;
   p.memory_budget = opt.memory_budget;

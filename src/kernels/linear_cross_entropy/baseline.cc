@@ -61,7 +61,7 @@ class MaterializedBaseline final : public Baseline {
     const float* x = memory::as<float>(x_);
     const float* w = memory::as<float>(w_);
     const float* bias = bias_ ? memory::as<float>(bias_) : nullptr;
-    const float cap = static_cast<float>(in_.soft_cap);
+    const float cap = static_cast<float>(in_.softcap);
     blas::sgemm(false, tb, B, V, H, 1.f, x, H, w, ldw, 0.f, L, V);
 
     const bool forward = pass_ != Pass::kBackward;

@@ -31,7 +31,7 @@ struct BaselineInputs {
   const void* bias = nullptr;     // host, bias_dtype, or nullptr
   DType bias_dtype = DType::kF32;
   const int64_t* labels = nullptr;  // host [B], all in [0, V)
-  double soft_cap = 0.0;
+  double softcap = 0.0;
   int threads = 0;                // elementwise threads (0 = all); BLAS threads are set apart
 };
 

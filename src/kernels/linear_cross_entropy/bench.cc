@@ -28,7 +28,7 @@ struct Settings {
   DType dtype = DType::kF32;
   WLayout layout = WLayout::kHV;
   bool bias = false;
-  double soft_cap = 0.0;
+  double softcap = 0.0;
   double ignored = 0.0;  // fraction of tokens labelled ignore_index, spread evenly
   double label_smoothing = 0.0;
   bool class_weights = false;  // random per-class weights in [0.5, 1.5)
@@ -60,7 +60,7 @@ class LceBench final : public kernels::CallBenchProblem {
     r["layout"] = w_layout_name(s_.layout);
     if (s_.ignored > 0) r["ignored"] = s_.ignored;
     r["bias"] = s_.bias;
-    r["soft_cap"] = s_.soft_cap;
+    r["softcap"] = s_.softcap;
     if (s_.label_smoothing > 0) r["label_smoothing"] = s_.label_smoothing;
     if (s_.class_weights) r["class_weights"] = true;
     if (!s_.skip.empty()) {
@@ -85,7 +85,7 @@ class LceBench final : public kernels::CallBenchProblem {
     harness::Cost c;
     const double B = double(s_.B), H = double(s_.H), V = double(s_.V), BV = B * V, gemm = 2.0 * B * H * V;
     const double in = double(dtype_size(s_.dtype));
-    const bool cap = s_.soft_cap > 0.0, fwd = pass != Pass::kBackward, bwd = pass != Pass::kForward;
+    const bool cap = s_.softcap > 0.0, fwd = pass != Pass::kBackward, bwd = pass != Pass::kForward;
     const auto logits = [&](const std::string& why, bool recompute) {  // GEMM plus epilogue
       c.add({why + ": logits GEMM x·W", gemm, 0, 0, recompute});
       if (s_.bias) c.add({why + ": bias add", BV, 0, 0, recompute});
@@ -146,7 +146,7 @@ class LceBench final : public kernels::CallBenchProblem {
     if (s_.bias) c.tensors.push_back({"bias", bias_});
     if (s_.class_weights) c.tensors.push_back({"class_weights", class_weights_});
     c.options.set("w_layout", w_layout_name(s_.layout));
-    c.options.set("soft_cap", kernels::option_text(s_.soft_cap));
+    c.options.set("softcap", kernels::option_text(s_.softcap));
     c.options.set("label_smoothing", kernels::option_text(s_.label_smoothing));
     c.skip = s_.skip;
     return c;
@@ -160,7 +160,7 @@ class LceBench final : public kernels::CallBenchProblem {
     BaselineInputs bin;
     bin.B = s_.B, bin.H = s_.H, bin.V = s_.V, bin.dtype = s_.dtype, bin.layout = s_.layout;
     bin.x = x_.data(), bin.w = w_.data(), bin.bias = s_.bias ? bias_.data() : nullptr;
-    bin.bias_dtype = s_.dtype, bin.labels = labels_.data_as<int64_t>(), bin.soft_cap = s_.soft_cap;
+    bin.bias_dtype = s_.dtype, bin.labels = labels_.data_as<int64_t>(), bin.softcap = s_.softcap;
     bin.threads = threads;
     std::vector<harness::BaselineCall> out;
     for (Pass pass : passes) {
@@ -206,7 +206,7 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   s.layout = parse_w_layout(o.str("layout"));
   check(s.layout != WLayout::kAuto, ErrorCode::kInvalidArgument, "--layout must be hv or vh");
   s.bias = o.flag("bias");
-  s.soft_cap = o.real("soft-cap");
+  s.softcap = o.real("soft-cap");
   s.ignored = o.real("ignored");
   check(s.ignored >= 0.0 && s.ignored <= 1.0, ErrorCode::kInvalidArgument, "--ignored must be in [0, 1]");
   s.label_smoothing = o.real("label-smoothing");

@@ -918,7 +918,7 @@ void Call::phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first
   TESSERA_TRACE_SCOPE_I("lce.phase_b1", b0);  // softmax gradient (self time) + dw GEMM
   const Range r = split(p.V, tid, T, 16);
   const bool hv = p.layout == WLayout::kHV;
-  const double eps = p.label_smoothing, lam = p.z_loss_weight, cap = p.soft_cap;
+  const double eps = p.label_smoothing, lam = p.z_loss_weight, cap = p.softcap;
   const float offset = static_cast<float>(eps / p.vocab());
   const int64_t step = slab_step(r);
   for (int64_t v0 = r.begin; v0 < r.end; v0 += step) {

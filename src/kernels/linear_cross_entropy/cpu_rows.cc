@@ -8,7 +8,7 @@ namespace tessera::linear_cross_entropy::cpu_rows {
 
 void class_weighted_grad(const Problem& p, int64_t t, double lse, float up, int64_t v0, int64_t n, float* z) {
   const GradCoefs g = grad_coefs(p, t, lse);
-  const double cap = p.soft_cap;
+  const double cap = p.softcap;
   const int64_t y = p.label(t);
   const bool has_y = y >= v0 && y < v0 + n;
   const double zy = has_y ? z[y - v0] : 0.0;
@@ -26,7 +26,7 @@ void class_weighted_grad(const Problem& p, int64_t t, double lse, float up, int6
 
 void row_stats(const Problem& p, const float* biasf, bool need_stats, RowPartial& s, float* z, int64_t n,
                int64_t v0, int64_t t) {
-  cpu_simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, static_cast<float>(p.soft_cap));
+  cpu_simd::bias_softcap(z, n, biasf ? biasf + v0 : nullptr, static_cast<float>(p.softcap));
   if (!need_stats) return;
   bool poisoned = false;
   const float tm = cpu_simd::max_value(z, n, &poisoned);

@@ -432,7 +432,7 @@ void Cuda::run(const Problem& p, const BlockSizes& bs, const ForwardOut* fo, con
   rp.labels_i32 = p.label_dtype == DType::kI32;
   rp.weights = p.weights;
   rp.ignore_index = p.ignore_index;
-  rp.soft_cap = static_cast<float>(p.soft_cap);
+  rp.softcap = static_cast<float>(p.softcap);
   rp.eps = static_cast<float>(p.label_smoothing);
   rp.zloss = static_cast<float>(p.z_loss_weight);
   if (fwd) {

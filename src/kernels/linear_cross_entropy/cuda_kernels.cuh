@@ -48,7 +48,7 @@ struct RowParams {
   bool labels_i32 = false;
   const float* weights = nullptr;  // [B] global or null (ones)
   int64_t ignore_index = -100;
-  float soft_cap = 0.f;            // 0: off
+  float softcap = 0.f;            // 0: off
   float eps = 0.f;                 // label smoothing
   float zloss = 0.f;               // λ
 
@@ -120,7 +120,7 @@ __device__ __forceinline__ float transform(const RowParams& p, float g, int64_t 
   float s = g;
   if (p.bias_type != kBiasNone) s += load_bias(p.bias, p.bias_type, j);
   *pre = s;
-  return p.soft_cap > 0.f ? p.soft_cap * tanhf(s / p.soft_cap) : s;
+  return p.softcap > 0.f ? p.softcap * tanhf(s / p.softcap) : s;
 }
 
 // The logit gradient of one element (see the header comment), before the row factor.
@@ -134,8 +134,8 @@ __device__ __forceinline__ float grad_elem(const RowParams& p, float z, float s,
   } else {
     d = a * pj - off;
   }
-  if (p.soft_cap > 0.f) {
-    const float ch = coshf(s / p.soft_cap);  // inf for large |s/c|: sech² = 0
+  if (p.softcap > 0.f) {
+    const float ch = coshf(s / p.softcap);  // inf for large |s/c|: sech² = 0
     d *= 1.f / (ch * ch);
   }
   return d;

@@ -45,7 +45,7 @@ struct Problem {
   int64_t ignore_index = -100;
   double label_smoothing = 0.0;
   double z_loss_weight = 0.0;
-  double soft_cap = 0.0;
+  double softcap = 0.0;
   bool want_argmax = false;
 
   // Vocab-parallel partial form (Options::vocab_total): 0 = off. Labels are then relative to

@@ -27,7 +27,7 @@ void logits_row(const Problem& p, int64_t t, std::vector<double>& z) {
     double s = 0.0;
     for (int64_t h = 0; h < p.H; ++h) s += x_at(p, t, h) * w_at(p, h, j);
     if (p.bias) s += load_as_f32(p.bias, p.bias_dtype, j);
-    if (p.soft_cap > 0.0) s = p.soft_cap * std::tanh(s / p.soft_cap);
+    if (p.softcap > 0.0) s = p.softcap * std::tanh(s / p.softcap);
     z[static_cast<size_t>(j)] = s;
   }
 }
@@ -170,7 +170,7 @@ class Reference final : public Implementation {
                      st * eps / p.vocab() * (sigma_sum * pj - sigma(p, static_cast<int64_t>(j)));
           d *= up;
           // Through the soft cap: z = c·tanh(s/c)  =>  dz/ds = 1 − (z/c)².
-          if (p.soft_cap > 0.0) d *= 1.0 - (z[j] / p.soft_cap) * (z[j] / p.soft_cap);
+          if (p.softcap > 0.0) d *= 1.0 - (z[j] / p.softcap) * (z[j] / p.softcap);
           dz[j] = d;
         }
         for (int64_t h = 0; h < p.H; ++h) {

@@ -30,7 +30,8 @@ const kernels::DeclaredOptions<Options>& options() {
        field(&Options::ignore_index, "ignore_index", "label value whose rows are ignored"),
        field(&Options::label_smoothing, "label_smoothing", "label smoothing ε in [0, 1]"),
        field(&Options::z_loss_weight, "z_loss_weight", "z-loss weight λ (adds λ·lse² per token)", {"z-loss"}),
-       field(&Options::soft_cap, "soft_cap", "logit soft cap c (z = c·tanh(z/c)); 0 disables"),
+       field(&Options::softcap, "softcap", "logit soft cap c (z = c·tanh(z/c)); 0 disables (the attention kernels' "
+             "name; soft_cap before 2026-11-29)", {"soft-cap"}),
        kernels::choice(&Options::w_layout, "w_layout",
                        "auto (from the shape; an error when H == V), vh ([V, H]) or hv ([H, V])", {"auto", "vh", "hv"},
                        parse_w_layout, w_layout_name),

@@ -41,7 +41,7 @@ std::string CaseSpec::name() const {
   if (ignore_fraction > 0) os << " ign=" << ignore_fraction;
   if (opt.label_smoothing > 0) os << " eps=" << opt.label_smoothing;
   if (opt.z_loss_weight > 0) os << " z=" << opt.z_loss_weight;
-  if (opt.soft_cap > 0) os << " cap=" << opt.soft_cap;
+  if (opt.softcap > 0) os << " cap=" << opt.softcap;
   if (opt.return_argmax) os << " argmax";
   if (f32_grads) os << " f32grads";
   if (logit_scale != 3.0) os << " scale=" << logit_scale;
@@ -292,7 +292,7 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.bias = true;
       c.bias_dtype = DType::kF32;
       c.weights = true;
-      c.opt.soft_cap = 5.0;
+      c.opt.softcap = 5.0;
       c.opt.z_loss_weight = 1e-2;
       c.opt.label_smoothing = 0.1;
       c.opt.return_argmax = true;
@@ -314,7 +314,7 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.memory_layout = WLayout::kVH;
       c.opt.reduction = Reduction::kNone;
       c.opt.label_smoothing = 0.2;
-      c.opt.soft_cap = 6.0;
+      c.opt.softcap = 6.0;
       c.opt.z_loss_weight = 1e-2;
       add(c);
     }
@@ -387,7 +387,7 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.V = 2048 + 37;
       c.bias = true;
       c.f32_grads = true;
-      c.opt.soft_cap = 15.0;
+      c.opt.softcap = 15.0;
       add(c);
     }
     // Class weights with smoothing over more than a vocab block (odd tail), mean.

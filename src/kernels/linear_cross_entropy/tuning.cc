@@ -101,7 +101,7 @@ BlockSizes sanitize_for_shape(const BlockSizes& bs, const Problem& p) {
 std::string autotune_variant(const Problem& p, const GradOut* g) {
   const auto on = [](bool b) { return b ? "on" : "off"; };
   std::string v = std::string("layout=") + w_layout_name(p.layout) + "|bias=" + (p.bias ? dtype_name(p.bias_dtype) : "none") +
-                  "|soft_cap=" + on(p.soft_cap > 0) + "|label_smoothing=" + on(p.label_smoothing > 0) +
+                  "|softcap=" + on(p.softcap > 0) + "|label_smoothing=" + on(p.label_smoothing > 0) +
                   "|argmax=" + on(p.want_argmax);
   // A memory budget changes the route (cpu: a 16-bit dw's gradients in vocabulary slices, the
   // bf16 forward packing per block; cuda: its chunk rows): sizes timed under one class of budget

@@ -58,7 +58,7 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   check_shapes(in, d, p);
   check_sequences(in, d, p);
   p.scale = args.softmax_scale(opt.scale, p.D);
-  args.soft_cap(opt.softcap, "softcap");
+  args.softcap(opt.softcap, "softcap");
   args.window(opt.window, "window");
   p.softcap = opt.softcap;
   p.causal = opt.causal;

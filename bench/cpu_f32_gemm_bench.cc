@@ -12,27 +12,22 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "gemm_bench_util.h"
 #include "primitives/cpu_f32_gemm.h"
 
 extern "C" void openblas_set_num_threads(int);
 
 namespace {
 
+using gemm_bench::median;
+using gemm_bench::now;
 namespace g = tessera::cpu_f32_gemm;
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void run(int64_t M, int64_t N, int64_t K) {
   std::vector<float> A(size_t(M * K)), B(size_t(K * N)), C(size_t(M * N)), D(size_t(M * N));
@@ -66,23 +61,10 @@ void run(int64_t M, int64_t N, int64_t K) {
 
 int main(int argc, char** argv) {
   openblas_set_num_threads(1);
-  std::vector<std::vector<int64_t>> shapes;
-  for (int i = 1; i < argc; ++i) {
-    std::vector<int64_t> s;
-    for (std::string a = argv[i]; !a.empty();) {
-      const size_t c = a.find(',');
-      s.push_back(std::stoll(a.substr(0, c)));
-      a = c == std::string::npos ? "" : a.substr(c + 1);
-    }
-    if (s.size() != 3 || s[0] < 1 || s[1] < 1 || s[2] < 1) {
-      std::fprintf(stderr, "usage: %s [M,N,K ...] (each >= 1)\n", argv[0]);
-      return 2;
-    }
-    shapes.push_back(s);
-  }
-  if (shapes.empty())  // mlstm's chunk products (L = 64, D = 256), attention-like tiles, gmm / LCE depths
-    shapes = {{256, 256, 64}, {64, 256, 256}, {64, 256, 64}, {64, 64, 256}, {128, 128, 128},
-              {128, 256, 128}, {128, 128, 256}, {64, 2048, 1024}, {512, 2048, 1024}};
+  // mlstm's chunk products (L = 64, D = 256), attention-like tiles, gmm / LCE depths
+  const auto shapes = gemm_bench::shapes(argc, argv,
+                                         {{256, 256, 64}, {64, 256, 256}, {64, 256, 64}, {64, 64, 256}, {128, 128, 128},
+                                          {128, 256, 128}, {128, 128, 256}, {64, 2048, 1024}, {512, 2048, 1024}});
   std::printf("cpu_f32_gemm (%s) vs OpenBLAS sgemm, one thread, GFLOP/s (median of 15 interleaved rounds)\n",
               g::isa_name(g::isa()));
   std::printf("     M      N      K |  kernel   +pack   sgemm | sgemm/kernel time | max |diff|\n");

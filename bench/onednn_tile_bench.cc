@@ -19,7 +19,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -27,6 +26,7 @@
 
 #include "oneapi/dnnl/dnnl.hpp"
 #include "primitives/cpu_bf16_gemm.h"
+#include "gemm_bench_util.h"
 #include "primitives/cpu_f32_gemm.h"
 #include "tessera/dtype.h"
 
@@ -34,15 +34,10 @@ extern "C" void openblas_set_num_threads(int);
 
 namespace {
 
+using gemm_bench::median;
+using gemm_bench::now;
 namespace f32g = tessera::cpu_f32_gemm;
 namespace bfg = tessera::cpu_bf16_gemm;
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // A oneDNN matmul C = A·B with plain row-major layouts, created once per shape and dtype.
 struct Dnnl {
@@ -127,23 +122,10 @@ void run_bf16(int64_t M, int64_t N, int64_t K, int reps) {
 
 int main(int argc, char** argv) {
   openblas_set_num_threads(1);
-  std::vector<std::vector<int64_t>> shapes;
-  for (int i = 1; i < argc; ++i) {
-    std::vector<int64_t> s;
-    for (std::string a = argv[i]; !a.empty();) {
-      const size_t c = a.find(',');
-      s.push_back(std::stoll(a.substr(0, c)));
-      a = c == std::string::npos ? "" : a.substr(c + 1);
-    }
-    if (s.size() != 3 || s[0] < 1 || s[1] < 1 || s[2] < 1) {
-      std::fprintf(stderr, "usage: %s [M,N,K ...] (each >= 1)\n", argv[0]);
-      return 2;
-    }
-    shapes.push_back(s);
-  }
-  if (shapes.empty())  // LCE's logits / dx tiles (b × chunk × h), attention's S = QKᵀ and O = PV tiles, mlstm's chunk
-    shapes = {{256, 512, 512}, {256, 512, 1024}, {64, 2048, 1024}, {256, 512, 128}, {256, 128, 512},
-              {64, 256, 256}, {512, 2048, 1024}};
+  // LCE's logits / dx tiles (b × chunk × h), attention's S = QKᵀ and O = PV tiles, mlstm's chunk
+  const auto shapes = gemm_bench::shapes(argc, argv,
+                                         {{256, 512, 512}, {256, 512, 1024}, {64, 2048, 1024}, {256, 512, 128},
+                                          {256, 128, 512}, {64, 256, 256}, {512, 2048, 1024}});
   std::printf("one thread, GFLOP/s, median of 15 interleaved rounds; f32 kernel isa %s, bf16 dot %s\n",
               f32g::isa_name(f32g::isa()), bfg::native() ? "native" : "not native");
   std::printf("dt        M      N      K |  kernel   +pack  oneDNN   sgemm | max|diff| vs oneDNN, sgemm\n");

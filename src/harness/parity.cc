@@ -15,6 +15,14 @@ std::string Deviation::str() const {
   return buf;
 }
 
+std::vector<double> to_doubles(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i)
+    v[static_cast<size_t>(i)] = is_float(t.dtype()) ? load_as_f32(t.data(), t.dtype(), i)
+                                                    : static_cast<double>(load_as_i64(t.data(), t.dtype(), i));
+  return v;
+}
+
 Deviation compare(const std::vector<double>& got, const std::vector<double>& want, Tolerance tol) {
   Deviation d;
   d.n = static_cast<int64_t>(std::min(got.size(), want.size()));

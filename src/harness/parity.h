@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tessera/dtype.h"
+#include "tessera/tensor.h"
 
 namespace tessera::harness {
 
@@ -59,6 +60,10 @@ struct Deviation {
 };
 
 Deviation compare(const std::vector<double>& got, const std::vector<double>& want, Tolerance tol);
+
+// Every element of a host tensor as a double, in index order: floating dtypes widened exactly
+// (bf16 and f16 through f32), integer ones converted (exact below 2^53). What compare() takes.
+std::vector<double> to_doubles(const Tensor& t);
 
 // The deviation of one output of a kernel (a "field": "loss", "dx", "o", ...).
 struct FieldReport {

@@ -206,6 +206,43 @@ TEST(LinearCrossEntropyCpu, F16TailsEveryOption) {
   for (const lt::CaseSpec& c : tail_cases(DType::kF16)) expect_parity(c, "f16 pk route");
 }
 
+// Backward given the forward's lse (the path of a backward that kept it: tessera.torch and JAX
+// outside the fused form, and the vocabulary slices) on every route — f32 and f16 on the packed
+// f32 route where the CPU has AVX-512F, bf16 on the dot route — against the reference's backward
+// given the same lse, with the grid's gradient tolerances. (The parity grids run the backward
+// without an lse: the backend then forms its own.) The tail cases, less the transposed views.
+TEST(LinearCrossEntropyCpu, BackwardGivenLseEveryRoute) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (const lt::CaseSpec& c : tail_cases(dt)) {
+      if (c.transposed_view) continue;  // dw takes w's view layout: made plain here
+      const lt::CaseData d = lt::make_case(c);
+      const Shape lead = d.labels.shape();
+      Options fo = lt::options_for(c, "reference");
+      fo.return_argmax = false;
+      Tensor loss = Tensor::empty(DType::kF32, c.opt.reduction == Reduction::kNone ? lead : Shape{});
+      Tensor lse = Tensor::empty(DType::kF32, lead);
+      forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, fo);
+      const DType gt = c.f32_grads ? DType::kF32 : dt;
+      const auto grads = [&](const std::string& impl) {
+        Options o = lt::options_for(c, impl);
+        o.return_argmax = false;
+        std::vector<Tensor> g{Tensor::empty(gt, d.x.shape()), Tensor::empty(gt, d.w.shape())};
+        if (c.bias) g.push_back(Tensor::empty(c.f32_grads ? DType::kF32 : c.bias_dtype, d.bias.shape()));
+        backward(d.inputs(), d.grad_loss.view(), lse.view(),
+                 {g[0].view(), g[1].view(), c.bias ? std::optional<TensorView>(g[2].view()) : std::nullopt}, o);
+        return g;
+      };
+      const std::vector<Tensor> got = grads("cpu"), want = grads("reference");
+      const lt::Tolerances tol = lt::tolerances(c);
+      const harness::Tolerance per[] = {tol.dx, tol.dw, tol.dbias};
+      const char* names[] = {"dx", "dw", "dbias"};
+      for (size_t i = 0; i < got.size(); ++i) {
+        const harness::Deviation dev = harness::compare(harness::to_doubles(got[i]), harness::to_doubles(want[i]), per[i]);
+        EXPECT_TRUE(dev.ok()) << c.name() << " " << names[i] << ": " << dev.str();
+      }
+    }
+}
+
 // Both switches off: 16-bit inputs on the OpenBLAS route (w converted chunk by chunk), the route
 // of CPUs without AVX-512F, still passes on one that has it.
 TEST(LinearCrossEntropyCpu, HalfBlasRouteStillPasses) {
@@ -305,6 +342,52 @@ TEST(LinearCrossEntropyCpu, SixteenBitDwInVocabSlicesUnderABudget) {
       }
     }
   }
+}
+
+// Every route stays within a memory budget, with more tokens than a block (B > b: the route that
+// packs w once per call is then possible; a reviewer found it over the budget, 10.2 MiB of 4 with
+// f16 on the packed f32 route, as were its slab rows rounded up to 64, which the slices' sizing
+// did not count): bf16 on the dot route, f16 on the packed f32 route where the CPU has AVX-512F
+// (else OpenBLAS), both layouts, a small and a panel-sized token block, forward, backward (which
+// runs a forward for the lse first) and fused.
+TEST(LinearCrossEntropyCpu, EveryRouteStaysWithinTheMemoryBudget) {
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (WLayout l : {WLayout::kHV, WLayout::kVH})
+      for (int64_t b : {8, 64}) {
+        lt::CaseSpec s;
+        s.lead = {128};
+        s.H = 256;
+        s.V = 8192;
+        s.dtype = dt;
+        s.memory_layout = l;
+        s.ignore_fraction = 0.0;
+        const lt::CaseData d = lt::make_case(s);
+        Options o;
+        o.implementation = "cpu";
+        o.num_threads = 2;
+        o.block_sizes = BlockSizes{b, 256, 512};
+        o.memory_budget = size_t{4} << 20;
+        const std::string at = std::string(dtype_name(dt)) + (l == WLayout::kHV ? " hv" : " vh") + " b=" + std::to_string(b);
+        Tensor loss = Tensor::empty(DType::kF32, {}), lse = Tensor::empty(DType::kF32, s.lead);
+        Tensor dx = Tensor::empty(dt, d.x.shape()), dw = Tensor::empty(dt, d.w.shape());
+        const auto peak_of = [&](auto&& call) {
+          memory::reset_peak(memory::Space::kHost);
+          const size_t before = memory::current_bytes(memory::Space::kHost);
+          call();
+          return memory::peak_bytes(memory::Space::kHost) - before;
+        };
+        const size_t fwd = peak_of([&] { forward(d.inputs(), {loss.view(), lse.view(), std::nullopt}, o); });
+        EXPECT_LE(fwd, o.memory_budget) << at << " forward";
+        const size_t bwd = peak_of([&] {
+          backward(d.inputs(), d.grad_loss.view(), {dx.view(), dw.view(), std::nullopt}, o);
+        });
+        EXPECT_LE(bwd, o.memory_budget) << at << " backward";
+        const size_t fused = peak_of([&] {
+          forward_backward(d.inputs(), d.grad_loss.view(), {loss.view(), lse.view(), std::nullopt},
+                           {dx.view(), dw.view(), std::nullopt}, o);
+        });
+        EXPECT_LE(fused, o.memory_budget) << at << " fused";
+      }
 }
 
 // The slices' scratch: the backend's accumulator of one slice, w's and dw's slice copies and two

@@ -151,7 +151,7 @@ TEST(LceSkippedGradients, EveryImplementationDtypeAndLayout) {
 // V = 1100 at b = 8, H = 64 gives it three; ignored tokens compacted at 2.
 TEST(LceSkippedGradients, CpuBlocksThreadsAndCompaction) {
   TESSERA_SKIP_WITHOUT_CPU_BACKEND();
-  for (DType dt : {DType::kF32, DType::kBF16})
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})  // f16: the packed f32 route with w widened (v0.17)
     for (WLayout layout : {WLayout::kVH, WLayout::kHV})
       for (int threads : {1, 2, 3}) {
         Case c;

@@ -18,11 +18,7 @@ int64_t sum(const std::vector<int64_t>& v) {
 }
 
 
-std::vector<double> to_doubles(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = load_as_f32(t.data(), t.dtype(), i);
-  return v;
-}
+using harness::to_doubles;
 
 Tensor i32_tensor(const Shape& shape) { return Tensor::zeros(DType::kI32, shape); }
 

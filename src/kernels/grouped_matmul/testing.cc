@@ -11,11 +11,7 @@
 namespace tessera::grouped_matmul::testing {
 namespace {
 
-std::vector<double> to_doubles(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = load_as_f32(t.data(), t.dtype(), i);
-  return v;
-}
+using harness::to_doubles;
 
 struct Outputs {
   Tensor out, dlhs, drhs;

@@ -341,7 +341,8 @@ void Call::setup(const BlockSizes& bs) {
   grads = mode != Mode::kForward;
   vo = std::min(vb, split(p.V, 0, T, 16).size());  // the first thread's range is the largest
   const size_t once_bytes = static_cast<size_t>(T) * once_words() * sizeof(uint32_t);
-  fwd_once = dot && !grads && once_bytes <= kOnceBudgetBytes && (p.memory_budget == 0 || once_bytes <= p.memory_budget);
+  fwd_once = dot && !grads && once_bytes <= kOnceBudgetBytes && !p.budget_spent &&
+             (p.memory_budget == 0 || once_bytes <= p.memory_budget);
   rb = fwd_once ? p.B : bb;
   need_stats = !(mode == Mode::kBackward && gin->lse != nullptr);
   const auto ubb = static_cast<size_t>(bb), uV = static_cast<size_t>(p.V),
@@ -612,10 +613,14 @@ void Call::setup_pk() {
   once_piece = g::packed_floats(hb, vb);
   once_thread = (range + vb - 1) / vb * ((p.H + hb - 1) / hb) * once_piece;
   const size_t once_floats = static_cast<size_t>(T) * static_cast<size_t>(once_thread);
-  w_once = p.B > bb && once_floats * sizeof(float) <= kOnceBudgetBytes;
+  // Optional scratch: not in a vocabulary slice, and under a memory budget only in a forward
+  // (whose other scratch is a tile; a gradient call's slab and accumulator take the budget).
+  const size_t once_bytes = once_floats * sizeof(float);
+  w_once = p.B > bb && once_bytes <= kOnceBudgetBytes && !p.budget_spent &&
+           (p.memory_budget == 0 || (!grads && once_bytes <= p.memory_budget));
   if (w_once) wonce = alloc<float>(wonce_buf, once_floats);
   if (!wf) {  // a 16-bit w: hv widens the dx GEMM's rows of w, vh packs transposed through a scratch
-    wconv_floats = p.layout == WLayout::kHV ? (grads ? kPkDxRows * vb : 0) : g::pack_half_scratch(true, hb);
+    wconv_floats = p.layout == WLayout::kHV ? (grads && gout->dx ? kPkDxRows * vb : 0) : g::pack_half_scratch(true, hb);
     if (wconv_floats > 0) wconv = alloc<float>(wconv_buf, static_cast<size_t>(T) * static_cast<size_t>(wconv_floats));
   }
   if (!grads) return;

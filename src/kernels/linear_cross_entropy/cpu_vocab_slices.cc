@@ -7,7 +7,9 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "core/trace.h"
+#include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_convert.h"
+#include "primitives/cpu_f32_gemm.h"
 #include "tessera/error.h"
 
 namespace tessera::linear_cross_entropy::vocab_slices {
@@ -45,6 +47,7 @@ Problem slice_of(const Problem& p, int64_t c0, int64_t n, const void* w_slice, i
   q.V = n;
   q.V_total = p.V;
   q.memory_budget = 0;
+  q.budget_spent = true;
   q.want_argmax = false;
   q.ignore_index = -p.V;  // outside (−V, V), where every relative label lies
   for (int64_t t = 0; t < p.B; ++t) {
@@ -62,13 +65,34 @@ Problem slice_of(const Problem& p, int64_t c0, int64_t n, const void* w_slice, i
   return q;
 }
 
+// The backend's route for a 16-bit problem, as cpu.cc's Call::setup picks it: the bf16 dot
+// product, the packed f32 micro-kernel (pk), or OpenBLAS.
+bool dot_route(const Problem& p) { return p.dtype == DType::kBF16 && cpu_bf16_gemm::available(); }
+bool pk_route(const Problem& p) { return !dot_route(p) && cpu_f32_gemm::available(); }
+// Rows of the pk route's slab slot: b rounded up to the micro-kernel's 64-column panel.
+double pk_rows(const Problem& p, const BlockSizes& bs) {
+  const int64_t bb = std::min(bs.b, p.B), panel = cpu_f32_gemm::kPanel;
+  return static_cast<double>((bb + panel - 1) / panel * panel);
+}
+
+// Bytes of the backend's b×V slab per vocabulary column: f32 plus dz in bf16 on the dot route
+// (6·b), f32 for b rounded up to 64 rows on the pk route, f32 (4·b) on OpenBLAS.
+double slab_per_column(const Problem& p, const BlockSizes& bs) {
+  if (dot_route(p)) return 6.0 * static_cast<double>(std::min(bs.b, p.B));
+  return 4.0 * (pk_route(p) ? pk_rows(p, bs) : static_cast<double>(std::min(bs.b, p.B)));
+}
+
 // The backend's own scratch besides the slab and the dw accumulator: per thread a converted (f32
-// route) or packed (bf16 dot route) h × v chunk of w, the token block's x converted and dx
-// staged (b × H f32 each), and a little more. An estimate: the Call does not report its sizes.
+// route) or packed h × v chunk of w, the token block's x converted and dx staged (b × H f32
+// each); on the pk route also x_blkᵀ and dxᵀ (or x_blk packed) and per thread w's rows widened or
+// the packer's scratch; and a little more. An estimate: the Call does not report its sizes.
 double backend_reserve(const Problem& p, const BlockSizes& bs) {
-  const double bb = static_cast<double>(std::min(bs.b, p.B)), h = static_cast<double>(std::min(bs.h, p.H)),
-               v = static_cast<double>(std::min(bs.v, p.V));
-  return std::max(1, p.num_threads) * 4.0 * h * v + 8.0 * bb * static_cast<double>(p.H) + static_cast<double>(kReserve);
+  const double T = std::max(1, p.num_threads), bb = static_cast<double>(std::min(bs.b, p.B)),
+               h = static_cast<double>(std::min(bs.h, p.H)), v = static_cast<double>(std::min(bs.v, p.V)),
+               H = static_cast<double>(p.H);
+  double r = T * 4.0 * h * v + 8.0 * bb * H + static_cast<double>(kReserve);
+  if (pk_route(p)) r += 8.0 * pk_rows(p, bs) * H + T * 4.0 * std::max(48.0 * std::min(v, 512.0), 64.0 * h);
+  return r;
 }
 
 // The route's own buffers, all allocated before anything is written (an allocation failure then
@@ -102,6 +126,7 @@ struct Buffers {
 void forward_lse(const Implementation& impl, const Problem& p, const BlockSizes& bs, const Buffers& b) {
   Problem f = p;
   f.want_argmax = false;
+  f.budget_spent = true;  // the route's buffers are allocated already
   ForwardOut o;
   o.lse = b.lse;
   o.loss = b.loss;
@@ -151,15 +176,15 @@ bool needed(const Problem& p, const BlockSizes& bs, const GradOut& out) {
     return false;
   // The route without slices: the f32 accumulator of dw, the b×V slab (f32 + its bf16 copy), the rest.
   const double H = static_cast<double>(p.H), V = static_cast<double>(p.V);
-  const double whole = 4.0 * H * V + 6.0 * static_cast<double>(std::min(bs.b, p.B)) * V + backend_reserve(p, bs);
+  const double whole = 4.0 * H * V + slab_per_column(p, bs) * V + backend_reserve(p, bs);
   return whole > static_cast<double>(p.memory_budget);
 }
 
 int64_t columns(const Problem& p, const BlockSizes& bs) {
-  const double H = static_cast<double>(p.H), bb = static_cast<double>(std::min(bs.b, p.B));
+  const double H = static_cast<double>(p.H);
   const double fixed = 8.0 * static_cast<double>(p.B) * H + backend_reserve(p, bs);
   const double left = std::max(0.0, static_cast<double>(p.memory_budget) - fixed);
-  const double per_column = (p.layout == WLayout::kHV ? 8.0 : 4.0) * H + 6.0 * bb;
+  const double per_column = (p.layout == WLayout::kHV ? 8.0 : 4.0) * H + slab_per_column(p, bs);
   const auto vc = static_cast<int64_t>(left / per_column) / kAlign * kAlign;
   return std::clamp<int64_t>(vc, kAlign, std::max<int64_t>(kAlign, p.V));
 }

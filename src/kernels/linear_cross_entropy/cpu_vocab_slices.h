@@ -10,11 +10,13 @@
 // backward given none): one more GEMM (4 instead of 3), the price of the bounded memory; a
 // backward given the forward's lse costs no more GEMMs than without slices. The route's own
 // buffers are allocated before anything is written. Extra memory: the backend's accumulator of one
-// slice (4·H·vc) and its slab of b tokens (6·b·vc), w's and dw's slice copies for an [H, V] w
+// slice (4·H·vc) and its slab of b tokens (6·b·vc on the bf16 dot route, 4·b'·vc with b rounded
+// up to 64 on the packed f32 route, 4·b·vc on OpenBLAS), w's and dw's slice copies for an [H, V] w
 // (2·H·vc each), two f32 B×H dx buffers, and the backend's other scratch (estimated: per thread
-// an h × v f32 chunk, 8·b·H, 1 MiB); vc is the widest multiple of 64 that keeps all of it within
-// the budget (at least 64 columns: a budget below the fixed part is exceeded, and the slices are
-// narrow).
+// an h × v f32 chunk, 8·b·H, on the packed route 8·b'·H and a widened block of w per thread,
+// 1 MiB); vc is the widest multiple of 64 that keeps all of it within the budget (at least 64
+// columns: a budget below the fixed part is exceeded, and the slices are narrow). The slices, and
+// the forward run for their lse, take no optional scratch (Problem::budget_spent).
 #pragma once
 
 #include "kernels/linear_cross_entropy/impl.h"

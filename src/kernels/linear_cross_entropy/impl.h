@@ -55,6 +55,9 @@ struct Problem {
   int num_threads = 0;  // resolved by the API: >= 1 for CPU backends
   void* stream = nullptr;
   size_t memory_budget = 0;
+  // A vocabulary slice of cpu_vocab_slices (or the forward it runs first): the caller's
+  // memory_budget went to the slices, so the backend takes no optional scratch (w packed once).
+  bool budget_spent = false;
 
   int64_t label(int64_t t) const { return load_as_i64(labels, label_dtype, t); }
   float weight(int64_t t) const { return weights ? weights[t] : 1.0f; }

@@ -11,13 +11,7 @@ namespace tessera::linear_cross_entropy::testing {
 namespace {
 
 
-std::vector<double> to_doubles(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i)
-    v[static_cast<size_t>(i)] = is_float(t.dtype()) ? load_as_f32(t.data(), t.dtype(), i)
-                                                    : static_cast<double>(load_as_i64(t.data(), t.dtype(), i));
-  return v;
-}
+using harness::to_doubles;
 
 // Memory of a (possibly transposed) 2-D view, in memory order.
 std::vector<double> memory_doubles(const Tensor& t) {

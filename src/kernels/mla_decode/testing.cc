@@ -14,11 +14,7 @@ namespace {
 
 int64_t pages_of(int64_t L, int64_t ps) { return (L + ps - 1) / ps; }
 
-std::vector<double> to_doubles(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = load_as_f32(t.data(), t.dtype(), i);
-  return v;
-}
+using harness::to_doubles;
 
 Tensor nan_filled(DType t, Shape shape) {
   Tensor x = Tensor::empty(t, std::move(shape));

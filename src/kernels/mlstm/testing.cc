@@ -12,11 +12,7 @@ namespace {
 
 TensorView view_or_empty(const Tensor& t) { return t.defined() ? t.view() : TensorView{}; }
 
-std::vector<double> to_doubles(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t j = 0; j < t.numel(); ++j) v[static_cast<size_t>(j)] = load_as_f32(t.data(), t.dtype(), j);
-  return v;
-}
+using harness::to_doubles;
 
 Tensor nan_filled(DType dt, const Shape& shape) {
   Tensor x = Tensor::empty(dt, shape);

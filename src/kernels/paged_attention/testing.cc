@@ -13,11 +13,7 @@
 namespace tessera::paged_attention::testing {
 namespace {
 
-std::vector<double> to_doubles(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = load_as_f32(t.data(), t.dtype(), i);
-  return v;
-}
+using harness::to_doubles;
 
 int64_t pages_of(const CaseSpec& s, size_t i) { return (s.kv_lens[i] + s.page_size - 1) / s.page_size; }
 

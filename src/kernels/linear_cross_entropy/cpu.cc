@@ -188,7 +188,7 @@ struct Call {
   bool dot = false;                // bf16 on the AVX512-BF16 dot product (cpu_bf16_gemm), see below
   bool pk = false;                 // the packed AVX-512 f32 micro-kernel (cpu_f32_gemm; not dot), see below
   int64_t bbp = 1;                 // pk: bb rounded up to cpu_f32_gemm::kPanel (a slab slot's rows)
-  bool fwd_once = false;           // dot forward: each w chunk packed once per call, all tokens
+  bool fwd_once = false;           // dot / pk forward: each w chunk packed once per call, all tokens
   int64_t vo = 1;                  // fwd_once: columns of a packed chunk, min(vb, a thread's range)
   int64_t rb = 1;                  // rows of the per-row state: bb, or B when fwd_once
   bool grads = false;
@@ -257,6 +257,13 @@ struct Call {
   size_t once_words() const {
     return static_cast<size_t>((p.H + hb - 1) / hb * cpu_bf16_gemm::packed_words(hb, vo));
   }
+  // pk: floats of one thread's pack-once chunk (vo columns of w over all of H, in hb pieces); the
+  // bytes of the pk forward-once route: every thread's chunk and, for a 16-bit x, all of x widened.
+  int64_t once_chunk_pk() const { return (p.H + hb - 1) / hb * cpu_f32_gemm::packed_floats(hb, vo); }
+  size_t once_bytes_pk() const {
+    return (static_cast<size_t>(T) * static_cast<size_t>(once_chunk_pk()) + (half ? static_cast<size_t>(p.B * p.H) : 0)) *
+           sizeof(float);
+  }
   // f32 route with a half w converted chunk by chunk (no f32 copy of w).
   bool w_chunks() const { return half && !dot && !w32; }
   int64_t slab_step(const Range& r) const {
@@ -270,6 +277,7 @@ struct Call {
   void phase_a(int tid, int64_t b0, int64_t nb, const float* xb);
   void row_stats(RowPartial& s, float* z, int64_t n, int64_t v0, int64_t t) const;
   void phase_a_once(int tid);
+  void phase_a_once_pk(int tid);
   void merge_rows(int tid, int64_t b0, int64_t nb);
   void phase_b1(int tid, int64_t b0, int64_t nb, const float* xb, bool first_block);
   void phase_b2(int tid, int64_t b0, int64_t nb);
@@ -340,8 +348,8 @@ void Call::setup(const BlockSizes& bs) {
   }
   grads = mode != Mode::kForward;
   vo = std::min(vb, split(p.V, 0, T, 16).size());  // the first thread's range is the largest
-  const size_t once_bytes = static_cast<size_t>(T) * once_words() * sizeof(uint32_t);
-  fwd_once = dot && !grads && once_bytes <= kOnceBudgetBytes && !p.budget_spent &&
+  const size_t once_bytes = dot ? static_cast<size_t>(T) * once_words() * sizeof(uint32_t) : pk ? once_bytes_pk() : 0;
+  fwd_once = (dot || (pk && p.B > bb)) && !grads && once_bytes <= kOnceBudgetBytes && !p.budget_spent &&
              (p.memory_budget == 0 || once_bytes <= p.memory_budget);
   rb = fwd_once ? p.B : bb;
   need_stats = !(mode == Mode::kBackward && gin->lse != nullptr);
@@ -367,7 +375,7 @@ void Call::setup(const BlockSizes& bs) {
     setup_dot();
   } else {
     if (half) {
-      xconv = alloc<float>(xconv_buf, ubb * uH);
+      xconv = alloc<float>(xconv_buf, (fwd_once ? static_cast<size_t>(p.B) : ubb) * uH);  // pk forward-once: all of x
       if (use_w_copy()) w32 = alloc<float>(w32_buf, uH * uV);
     }
     wf = w32 ? w32 : half ? nullptr : static_cast<const float*>(p.w);
@@ -607,7 +615,8 @@ void Call::phase_b2_dot(int tid, int64_t b0, int64_t nb) {
 void Call::setup_pk() {
   namespace g = cpu_f32_gemm;
   pk_floats = std::max({g::packed_floats(hb, vb), grads ? g::packed_floats(vb, hb) : 0,
-                        grads ? g::packed_floats(bb, vb) : 0, grads ? g::packed_floats(vb, bb) : 0});
+                        grads ? g::packed_floats(bb, vb) : 0, grads ? g::packed_floats(vb, bb) : 0,
+                        fwd_once ? once_chunk_pk() : 0});
   pkw = alloc<float>(pkw_buf, static_cast<size_t>(T) * static_cast<size_t>(pk_floats));
   const int64_t range = split(p.V, 0, T, 16).size();  // the first thread's range is the largest
   once_piece = g::packed_floats(hb, vb);
@@ -616,7 +625,7 @@ void Call::setup_pk() {
   // Optional scratch: not in a vocabulary slice, and under a memory budget only in a forward
   // (whose other scratch is a tile; a gradient call's slab and accumulator take the budget).
   const size_t once_bytes = once_floats * sizeof(float);
-  w_once = p.B > bb && once_bytes <= kOnceBudgetBytes && !p.budget_spent &&
+  w_once = !fwd_once && p.B > bb && once_bytes <= kOnceBudgetBytes && !p.budget_spent &&
            (p.memory_budget == 0 || (!grads && once_bytes <= p.memory_budget));
   if (w_once) wonce = alloc<float>(wonce_buf, once_floats);
   if (!wf) {  // a 16-bit w: hv widens the dx GEMM's rows of w, vh packs transposed through a scratch
@@ -816,6 +825,45 @@ void Call::phase_a_once(int tid) {
         TESSERA_TRACE_SCOPE("lce.gemm.logits");
         for (int64_t h0 = 0; h0 < p.H; h0 += hb)
           g::gemm(nb, n, std::min(hb, p.H - h0), x16(b0) + h0, p.H, pk + h0 / hb * piece, 1.0f, h0 > 0, Z, vb);
+      }
+      TESSERA_TRACE_SCOPE("lce.softmax");
+      for (int64_t i = 0; i < nb; ++i) row_stats(P[b0 + i], Z + i * vb, n, v0, b0 + i);
+    }
+  }
+}
+
+// Forward on the pk route, as phase_a_once on the dot route: vocab chunks outer, every token
+// block inside, so each chunk of w (all of H, in h pieces) is packed once per call (w past the
+// pk route's pack-once budget was packed once per token block: 8 times at B=2048, b=256). The
+// per-row state of all B rows is kept. Per row the chunks, and per logit the h pieces, come in
+// phase_a's order: the same bits as the forward by token blocks.
+void Call::phase_a_once_pk(int tid) {
+  TESSERA_TRACE_SCOPE("lce.phase_a");
+  namespace g = cpu_f32_gemm;
+  const Range r = split(p.V, tid, T, 16);
+  RowPartial* P = part + static_cast<int64_t>(tid) * rb;
+  for (int64_t t = 0; t < p.B; ++t)
+    P[t] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, r.begin};
+  const float* x = half ? xconv : static_cast<const float*>(p.x);
+  const int64_t piece = g::packed_floats(hb, vo);
+  float* chunk = pkw_of(tid);
+  float* Z = tile + static_cast<int64_t>(tid) * bb * vb;
+  for (int64_t v0 = r.begin; v0 < r.end; v0 += vb) {  // n ≤ vo: a range is at most vo wide
+    const int64_t n = std::min(vb, r.end - v0);
+    for (int64_t h0 = 0; h0 < p.H; h0 += hb) {
+      const int64_t hc = std::min(hb, p.H - h0);
+      if (p.layout == WLayout::kHV)
+        pack_w(tid, false, hc, n, h0 * p.V + v0, p.V, chunk + h0 / hb * piece);
+      else
+        pack_w(tid, true, hc, n, v0 * p.H + h0, p.H, chunk + h0 / hb * piece);
+    }
+    for (int64_t b0 = 0; b0 < p.B; b0 += bb) {
+      const int64_t nb = std::min(bb, p.B - b0);
+      {
+        TESSERA_TRACE_SCOPE("lce.gemm.logits");
+        for (int64_t h0 = 0; h0 < p.H; h0 += hb)
+          g::gemm(g::Tri::kNone, false, nb, n, std::min(hb, p.H - h0), 1.0f, x + b0 * p.H + h0, p.H,
+                  chunk + h0 / hb * piece, h0 > 0 ? 1.0f : 0.0f, Z, vb);
       }
       TESSERA_TRACE_SCOPE("lce.softmax");
       for (int64_t i = 0; i < nb; ++i) row_stats(P[b0 + i], Z + i * vb, n, v0, b0 + i);
@@ -1046,7 +1094,16 @@ void Call::worker(int tid, Barrier& bar) {
     bar.arrive_and_wait();
   }
   if (fwd_once) {
-    phase_a_once(tid);
+    if (pk && half) {  // all of x widened first (each thread its rows): every chunk reads every row
+      const Range rows = split(p.B, tid, T, 1);
+      simd::half_to_f32(static_cast<const uint16_t*>(p.x) + rows.begin * p.H, p.dtype == DType::kBF16,
+                        xconv + rows.begin * p.H, rows.size() * p.H);
+      bar.arrive_and_wait();
+    }
+    if (pk)
+      phase_a_once_pk(tid);
+    else
+      phase_a_once(tid);
     bar.arrive_and_wait();
     merge_rows(tid, 0, p.B);
     bar.arrive_and_wait();

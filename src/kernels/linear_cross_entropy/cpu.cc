@@ -276,6 +276,7 @@ struct Call {
                    int64_t ldz) const;
   void phase_a(int tid, int64_t b0, int64_t nb, const float* xb);
   void row_stats(RowPartial& s, float* z, int64_t n, int64_t v0, int64_t t) const;
+  RowPartial* fresh_rows(int tid, int64_t n, int64_t begin) const;
   void phase_a_once(int tid);
   void phase_a_once_pk(int tid);
   void merge_rows(int tid, int64_t b0, int64_t nb);
@@ -796,9 +797,7 @@ void Call::phase_a_once(int tid) {
   TESSERA_TRACE_SCOPE("lce.phase_a");
   namespace g = cpu_bf16_gemm;
   const Range r = split(p.V, tid, T, 16);
-  RowPartial* P = part + static_cast<int64_t>(tid) * rb;
-  for (int64_t t = 0; t < p.B; ++t)
-    P[t] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, r.begin};
+  RowPartial* P = fresh_rows(tid, p.B, r.begin);
   const auto* w = static_cast<const uint16_t*>(p.w);
   const uint16_t** ptr = ptrs_of(tid);
   uint32_t* pk = wpk_of(tid);
@@ -841,9 +840,7 @@ void Call::phase_a_once_pk(int tid) {
   TESSERA_TRACE_SCOPE("lce.phase_a");
   namespace g = cpu_f32_gemm;
   const Range r = split(p.V, tid, T, 16);
-  RowPartial* P = part + static_cast<int64_t>(tid) * rb;
-  for (int64_t t = 0; t < p.B; ++t)
-    P[t] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, r.begin};
+  RowPartial* P = fresh_rows(tid, p.B, r.begin);
   const float* x = half ? xconv : static_cast<const float*>(p.x);
   const int64_t piece = g::packed_floats(hb, vo);
   float* chunk = pkw_of(tid);
@@ -871,12 +868,18 @@ void Call::phase_a_once_pk(int tid) {
   }
 }
 
+// Thread tid's per-row state of rows [0, n), reset: nothing seen yet of its vocabulary range,
+// which starts at column `begin`.
+RowPartial* Call::fresh_rows(int tid, int64_t n, int64_t begin) const {
+  RowPartial* P = part + static_cast<int64_t>(tid) * rb;
+  for (int64_t t = 0; t < n; ++t) P[t] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, begin};
+  return P;
+}
+
 void Call::phase_a(int tid, int64_t b0, int64_t nb, const float* xb) {
   TESSERA_TRACE_SCOPE_I("lce.phase_a", b0);
   const Range r = split(p.V, tid, T, 16);
-  RowPartial* P = part + static_cast<int64_t>(tid) * rb;
-  for (int64_t i = 0; i < nb; ++i)
-    P[i] = RowPartial{-std::numeric_limits<float>::infinity(), 0.0f, 0.0, 0.0, r.begin};
+  RowPartial* P = fresh_rows(tid, nb, r.begin);
   const int64_t step = slab_step(r);
   for (int64_t v0 = r.begin; v0 < r.end; v0 += step) {
     const int64_t n = std::min(step, r.end - v0);

@@ -787,20 +787,31 @@ TEST(LinearCrossEntropyCpu, Bf16DotForwardScratchStaysUnderItsBudget) {
 
 // The dot route is deterministic for a fixed thread count, and a forward call gives the fused
 // pass's loss and lse bit for bit (both layouts, 1–3 threads, tails in every block).
+// The case a forward is compared with the fused pass on, bit for bit: tails in every block (150
+// tokens in blocks of 32, H = 67 in pieces of 33, V = 1031 in chunks of 64), bias and token
+// weights, per-token losses, smoothing; no ignored row (its lse is unspecified: the fused call
+// compacts it away, a forward asking for argmax keeps it).
+lt::CaseSpec forward_vs_fused_case(DType dt, WLayout l) {
+  lt::CaseSpec s;
+  s.lead = {150};
+  s.H = 67;
+  s.V = 1031;
+  s.dtype = dt;
+  s.bias_dtype = dt;
+  s.memory_layout = l;
+  s.bias = true;
+  s.weights = true;
+  s.ignore_fraction = 0.0;
+  s.opt.reduction = Reduction::kNone;
+  s.opt.label_smoothing = 0.1;
+  s.opt.block_sizes = BlockSizes{32, 33, 64};
+  s.f32_grads = true;
+  return s;
+}
+
 TEST(LinearCrossEntropyCpu, Bf16DotDeterministicAndForwardEqualsFused) {
   for (WLayout l : {WLayout::kHV, WLayout::kVH}) {
-    lt::CaseSpec s;
-    s.lead = {150};
-    s.H = 67;
-    s.V = 1031;
-    s.dtype = DType::kBF16;
-    s.memory_layout = l;
-    s.bias = true;
-    s.weights = true;
-    s.opt.reduction = Reduction::kNone;
-    s.opt.label_smoothing = 0.1;
-    s.opt.block_sizes = BlockSizes{32, 33, 64};
-    s.f32_grads = true;
+    lt::CaseSpec s = forward_vs_fused_case(DType::kBF16, l);
     const lt::CaseData d = lt::make_case(s);
     for (int T : {1, 2, 3}) {
       const Out a = run_fused(s, d, T), b = run_fused(s, d, T);
@@ -830,19 +841,7 @@ TEST(LinearCrossEntropyCpu, PkForwardPacksEachChunkOnceAndKeepsTheBits) {
   if (!cpu_f32_gemm::available()) GTEST_SKIP() << "no AVX-512F: the OpenBLAS route";
   for (DType dt : {DType::kF32, DType::kF16})
     for (WLayout l : {WLayout::kHV, WLayout::kVH}) {
-      lt::CaseSpec s;
-      s.lead = {150};
-      s.H = 67;
-      s.V = 1031;
-      s.dtype = dt;
-      s.bias_dtype = dt;
-      s.memory_layout = l;
-      s.bias = true;
-      s.opt.reduction = Reduction::kNone;
-      s.opt.label_smoothing = 0.1;
-      s.opt.block_sizes = BlockSizes{32, 33, 64};
-      s.f32_grads = true;
-      s.ignore_fraction = 0.0;  // an ignored row's lse is unspecified (the fused call compacts them away)
+      const lt::CaseSpec s = forward_vs_fused_case(dt, l);
       const lt::CaseData d = lt::make_case(s);
       for (int T : {1, 2, 3}) {
         const Out fused = run_fused(s, d, T);

@@ -23,6 +23,12 @@ std::vector<double> to_doubles(const Tensor& t) {
   return v;
 }
 
+Tensor nan_filled(DType dtype, const Shape& shape) {
+  Tensor x = Tensor::empty(dtype, shape);
+  for (int64_t i = 0; i < x.numel(); ++i) store_from_f32(x.data(), dtype, i, NAN);
+  return x;
+}
+
 Deviation compare(const std::vector<double>& got, const std::vector<double>& want, Tolerance tol) {
   Deviation d;
   d.n = static_cast<int64_t>(std::min(got.size(), want.size()));

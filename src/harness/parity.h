@@ -65,6 +65,9 @@ Deviation compare(const std::vector<double>& got, const std::vector<double>& wan
 // (bf16 and f16 through f32), integer ones converted (exact below 2^53). What compare() takes.
 std::vector<double> to_doubles(const Tensor& t);
 
+// A host tensor of NaN in `dtype`: an output element an implementation forgets to write shows.
+Tensor nan_filled(DType dtype, const Shape& shape);
+
 // The deviation of one output of a kernel (a "field": "loss", "dx", "o", ...).
 struct FieldReport {
   std::string field;

@@ -22,12 +22,7 @@ Outputs to_device(const Outputs& o, Device dev) { return {o.out.to(dev), o.dlhs.
 Outputs make_outputs(const CaseSpec& s, const CaseData& d) {
   const DType t = s.f32_outputs ? DType::kF32 : s.dtype;
   // NaN-filled: an output element an implementation forgets to write is caught.
-  auto nan_filled = [&](Shape shape) {
-    Tensor x = Tensor::empty(t, std::move(shape));
-    for (int64_t i = 0; i < x.numel(); ++i) store_from_f32(x.data(), t, i, NAN);
-    return x;
-  };
-  return {nan_filled({s.M, s.N}), nan_filled(d.lhs.shape()), nan_filled(d.rhs.shape())};
+  return {harness::nan_filled(t, {s.M, s.N}), harness::nan_filled(t, d.lhs.shape()), harness::nan_filled(t, d.rhs.shape())};
 }
 
 void run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass pass, Outputs& o) {

@@ -14,11 +14,7 @@ TensorView view_or_empty(const Tensor& t) { return t.defined() ? t.view() : Tens
 
 using harness::to_doubles;
 
-Tensor nan_filled(DType dt, const Shape& shape) {
-  Tensor x = Tensor::empty(dt, shape);
-  for (int64_t j = 0; j < x.numel(); ++j) store_from_f32(x.data(), dt, j, NAN);
-  return x;
-}
+using harness::nan_filled;
 
 Tensor to_dev(const Tensor& t, Device dev) { return t.defined() ? t.to(dev) : Tensor{}; }
 

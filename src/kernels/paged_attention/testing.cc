@@ -23,9 +23,8 @@ struct Outputs {
 };
 Outputs make_outputs(const CaseSpec& s, const CaseData& d, Device dev) {
   const int64_t T = d.q.shape()[0];
-  Outputs out{Tensor::empty(s.f32_out ? DType::kF32 : s.dtype, {T, s.Hq, s.Dv}), Tensor::empty(DType::kF32, {T, s.Hq})};
-  for (Tensor* t : {&out.o, &out.lse})
-    for (int64_t i = 0; i < t->numel(); ++i) store_from_f32(t->data(), t->dtype(), i, NAN);
+  Outputs out{harness::nan_filled(s.f32_out ? DType::kF32 : s.dtype, {T, s.Hq, s.Dv}),
+              harness::nan_filled(DType::kF32, {T, s.Hq})};
   if (dev.type != DeviceType::kCPU) out = {out.o.to(dev), out.lse.to(dev)};
   return out;
 }

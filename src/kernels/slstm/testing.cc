@@ -15,11 +15,7 @@ using harness::to_doubles;
 TensorView view_or_none(const Tensor& t) { return t.numel() > 0 ? t.view() : TensorView{}; }
 
 // NaN-filled: an element an implementation forgets to write is caught.
-Tensor nan_filled(DType t, Shape shape) {
-  Tensor x = Tensor::empty(t, std::move(shape));
-  for (int64_t i = 0; i < x.numel(); ++i) store_from_f32(x.data(), t, i, NAN);
-  return x;
-}
+using harness::nan_filled;
 
 struct Results {
   std::vector<std::pair<std::string, Tensor>> t;  // name -> tensor, in output order

@@ -16,7 +16,8 @@
 //                 && (window_right < 0 || j <= i + off + window_right)
 //                 && (no segment ids || seg_q[i] == seg_k[j])
 //   lse_i = log Σ_{allowed j} exp(s_ij),   o_i = Σ_{allowed j} exp(s_ij − lse_i) · v_j
-// A row that sees no key has o_i = 0 and lse_i = −inf (never NaN).
+// A row that sees no key has o_i = 0 and lse_i = −inf (never NaN; FlashAttention 2's non-split
+// forward writes +inf there).
 // Backward takes dO and the forward's o and lse and returns dq, dk, dv (f32 accumulation; dk and
 // dv summed over the query heads that share a kv head). See docs/kernels/attention.md.
 #pragma once

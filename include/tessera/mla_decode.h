@@ -61,7 +61,7 @@ struct Inputs {
 
 struct Outputs {
   TensorView o;    // [B, Sq, Hq, Dv], f32 or q's dtype
-  TensorView lse;  // [B, Sq, Hq], f32
+  TensorView lse;  // [B, Sq, Hq], f32 (FlashMLA's softmax_lse is [B, Hq, Sq]: the transpose)
 };
 
 // Returns the name of the implementation that ran ("(empty)" when there was nothing to compute).

@@ -132,3 +132,23 @@ def test_torch_frozen_experts_skip_drhs(monkeypatch):
     with pytest.raises(ValueError, match=r"cannot skip 'dout'"):
         tessera.call("grouped_matmul", "backward", {"lhs": lhs, "rhs": rhs, "group_sizes": sizes,
                                                     "grad_out": dout.numpy()}, skip=["dout"])
+
+
+def test_no_rows_from_every_front_end():
+    """An expert-parallel rank that received no token (M = 0): out [0, N], drhs zero. The cpu
+    backend's f32 route divided by M (SIGFPE: the Python process died, from NumPy, torch and
+    JAX's backward; a reviewer's finding)."""
+    lhs, rhs, sizes = np.zeros((0, 8), np.float32), np.ones((2, 8, 5), np.float32), np.zeros(2, np.int32)
+    out = tessera.grouped_matmul(lhs, rhs, sizes)
+    assert out.shape == (0, 5)
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+    r = torch.ones(2, 8, 5, requires_grad=True)
+    o = tt.grouped_matmul(torch.zeros(0, 8), r, torch.zeros(2, dtype=torch.long))
+    o.sum().backward()
+    assert o.shape == (0, 5) and torch.equal(r.grad, torch.zeros(2, 8, 5))
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+    g = jax.grad(lambda w: tj.grouped_matmul(jnp.zeros((0, 8)), w, jnp.zeros(2, jnp.int32)).sum())(jnp.ones((2, 8, 5)))
+    np.testing.assert_array_equal(np.asarray(g), np.zeros((2, 8, 5), np.float32))

@@ -54,6 +54,24 @@ TEST(GroupedMatmulCpu, EmptySumsAreZero) {
       }
 }
 
+// M = 0: an expert-parallel rank that received no token. The f32 micro-kernel route divided by M
+// when splitting a group's rows (SIGFPE, the process gone: a reviewer's finding from Python);
+// every dtype, both layouts, the micro-kernel and OpenBLAS routes; out and dlhs are empty, drhs
+// is zero (NaN-filled before the call).
+TEST(GroupedMatmulCpu, NoRowsAtAll) {
+  for (const char* route : {"1", "0"}) {
+    const ScopedEnv r("TESSERA_CPU_F32_GEMM", route);
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+      for (bool t : {false, true}) {
+        testing::CaseSpec s;
+        s.label = std::string("no_rows_f32gemm=") + route;
+        s.dtype = dt, s.transpose_rhs = t;
+        s.M = 0, s.K = 40, s.N = 70, s.sizes = {0, 0};
+        expect_parity(s);
+      }
+  }
+}
+
 // N = 11 is under one 64-column panel of the f32 micro-kernel route (AVX-512), which takes n in
 // whole panels and ignores m: N = 139 gives it three panels, the last one of 11 columns.
 TEST(GroupedMatmulCpu, BlockSizesThatLeaveTailsEverywhere) {

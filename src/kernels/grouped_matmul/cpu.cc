@@ -218,8 +218,10 @@ std::vector<std::pair<int64_t, int64_t>> split_panels(int64_t n, int64_t block) 
 
 // [0, n) in `parts` near-equal parts (at least ceil(n / most), at most n; none for n = 0).
 std::vector<std::pair<int64_t, int64_t>> split_count(int64_t n, int64_t parts, int64_t most) {
-  parts = std::min(n, std::max({parts, int64_t(1), (n + most - 1) / most}));
   std::vector<std::pair<int64_t, int64_t>> out;
+  if (n <= 0) return out;  // before the division: most is M, 0 for an expert rank with no tokens (SIGFPE)
+  most = std::max<int64_t>(most, 1);
+  parts = std::min(n, std::max({parts, int64_t(1), (n + most - 1) / most}));
   for (int64_t i = 0; i < parts; ++i) out.emplace_back(n * i / parts, n * (i + 1) / parts);
   return out;
 }

@@ -83,6 +83,28 @@ def _is_np_bf16(t: Any) -> bool:
     return isinstance(t, np.ndarray) and t.dtype.name == "bfloat16"
 
 
+def _array_in(kernel: str, name: str, t: Any) -> Any:
+    """An input as it crosses to the extension: a list, tuple or Python scalar becomes a NumPy
+    array; NumPy, CuPy and DLPack arrays pass as they are. A NumPy array in the other byte order
+    cannot cross zero-copy: refused by name (nanobind's own error listed only signatures)."""
+    if isinstance(t, (list, tuple, int, float)):
+        t = np.asarray(t)
+    if isinstance(t, np.ndarray) and not t.dtype.isnative:
+        raise TypeError(f"{kernel}: {name} is a {t.dtype.str} array in the other byte order: pass "
+                        f"{name}.astype({name}.dtype.newbyteorder('='))")
+    return t
+
+
+def _view(kernel: str, name: str, t: Any, bf16: bool) -> Dict[str, Any]:
+    try:
+        return _ext.view(t, name, bf16=bf16)
+    except TypeError as e:
+        if "incompatible function arguments" not in str(e):  # the extension's own message (a dtype)
+            raise
+        raise TypeError(f"{kernel}: {name} ({type(t).__name__}) is not an array the extension can read in place: "
+                        f"pass a NumPy array, or a CuPy / DLPack array of a supported dtype") from None
+
+
 def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Optional[str] = None,
          num_threads: int = 0, memory_budget: Optional[int] = None, skip: Sequence[str] = (),
          **options) -> Dict[str, Any]:
@@ -97,13 +119,13 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
     k = _kernel(kernel)
     options = canonical_keywords(k.name, options)
     budget = memory_budget_bytes(memory_budget, k.name)
-    given = {n: widen_mask(t) for n, t in tensors.items() if t is not None}
+    given = {n: widen_mask(_array_in(k.name, n, t)) for n, t in tensors.items() if t is not None}
     bf16 = {n for n, t in given.items() if _is_np_bf16(t)}
     given = {n: t.view(np.uint16) if n in bf16 else t for n, t in given.items()}
     opts = k.option_texts(options)
     metas = {}
     for n, t in given.items():
-        v = _ext.view(t, n, bf16=n in bf16)
+        v = _view(k.name, n, t, n in bf16)
         metas[n] = (v["dtype"], v["shape"], v["strides"])
     skip = [n for n in skip.split(",") if n] if isinstance(skip, str) else list(skip)  # "dx,dw" too
     descs = outputs(k, pass_, metas, opts, skip)

@@ -203,6 +203,9 @@ class Kernel:
         extra = [o.name for o in self.options if o.kind == "flag" and o.name.startswith("return_")]
         more = f"; {', '.join(extra)} add their outputs after it, as a tuple" if extra else ""
         saved = "".join(f"; return_{n}=True appends {n}" for n in self.saved_only)
+        if not self.forward_outputs:  # a forward-only kernel that declares none (mla_decode): all of them
+            return (f"\n\nReturns every output of the forward, as a tuple in the order of "
+                    f"docs/kernels/{self.name}.md{more}; no gradient flows through them.")
         return f"\n\nReturns {', '.join(self.forward_outputs)}{hidden}{more}{saved}."
 
     def doc(self, front_end: str) -> str:

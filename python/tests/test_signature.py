@@ -70,6 +70,10 @@ def test_docstrings_say_what_is_returned():
     assert "Returns o" in tessera.attention.__doc__
     assert "(loss, argmax)" not in tessera.attention.__doc__
     assert "block_sizes" in tessera.grouped_matmul.__doc__
+    # A forward-only kernel that declares no forward outputs returns all of them (it said "Returns .").
+    assert "Returns every output of the forward" in tessera.mla_decode.__doc__
+    for k in tessera.kernels():
+        assert "Returns ." not in getattr(tessera, k["name"]).__doc__, k["name"]
 
 
 def test_torch_lse_on_request_has_no_gradient():

@@ -61,6 +61,8 @@ std::string dict_value(const std::string& header, const std::string& key) {
 }  // namespace
 
 Tensor load(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw Error(ErrorCode::kIo, path + ": is a directory, not a .npy file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(ErrorCode::kIo, path + ": cannot open for reading");
   return read(f, path);

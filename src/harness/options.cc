@@ -9,7 +9,9 @@ namespace tessera::harness {
 namespace {
 
 [[noreturn]] void bad_value(const std::string& name, const std::string& v, const char* want) {
-  throw Error(ErrorCode::kInvalidArgument, "option --" + name + " wants " + want + ", got '" + v + "'");
+  // Both spellings: the declared name (C++ field, Python keyword) and the CLI flag.
+  throw Error(ErrorCode::kInvalidArgument,
+              "option " + name + " (--" + kebab_case(name) + ") wants " + want + ", got '" + v + "'");
 }
 
 }  // namespace

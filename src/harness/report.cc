@@ -4,6 +4,7 @@
 #include "harness/report.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <sstream>
 
@@ -284,7 +285,9 @@ std::string render_reports_html(const std::vector<json>& docs) {
 void write_report(const json& doc, const std::string& path) { write_reports({doc}, path); }
 
 void write_reports(const std::vector<json>& docs, const std::string& path) {
-  const bool svg = path.size() >= 4 && path.compare(path.size() - 4, 4, ".svg") == 0;
+  std::string ext = path.size() >= 4 ? path.substr(path.size() - 4) : "";
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool svg = ext == ".svg";
   check(!svg || docs.size() == 1, ErrorCode::kInvalidArgument,
         "report: an .svg output holds one roofline: give one bench file, or write .html");
   write_text_file(path, svg ? "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" + render_roofline_svg(docs.front())

@@ -140,10 +140,14 @@ auto with_param(const Problem& p, T Problem::*member, std::string name) {
 // autotune_on_miss are filled in here from impl and `opt`) and at(params) is the call's problem
 // with them; autotune-on-miss times run(impl, at(candidate)) into `outputs` (the call's own
 // buffers). Returns the implementation that ran.
-template <class Registry, class Problem, class At, class Run>
+// `check_given(impl)` first: the call's own sizes (a block_sizes option), refused by impl before
+// anything is chosen or run, with impl's message alone (they are the call's, not a table's).
+template <class Registry, class Problem, class At, class Run, class CheckGiven>
 std::string dispatch_declared(const Registry& registry, const Declared& d, const ExecOptions& opt, const Problem& p,
-                              const DeclaredCall& call, const std::vector<Buffer>& outputs, At&& at, Run&& run) {
+                              const DeclaredCall& call, const std::vector<Buffer>& outputs, At&& at, Run&& run,
+                              CheckGiven&& check_given) {
   return registry.dispatch_problem(opt.implementation, p, [&](const auto& impl) {
+    check_given(impl);
     DeclaredCall c = call;
     c.implementation = impl.name();
     c.device = impl.device_type();
@@ -160,6 +164,12 @@ std::string dispatch_declared(const Registry& registry, const Declared& d, const
                                        : "; TESSERA_AUTOTUNE=0 or removing the autotune cache file avoids them]"));
     }
   });
+}
+
+template <class Registry, class Problem, class At, class Run>
+std::string dispatch_declared(const Registry& registry, const Declared& d, const ExecOptions& opt, const Problem& p,
+                              const DeclaredCall& call, const std::vector<Buffer>& outputs, At&& at, Run&& run) {
+  return dispatch_declared(registry, d, opt, p, call, outputs, at, run, [](const auto&) {});
 }
 
 // The cache key: kernel, implementation, device kind, dtype, dims (ragged_dims by power-of-two

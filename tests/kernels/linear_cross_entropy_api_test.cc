@@ -104,6 +104,12 @@ TEST(LceApi, ShapeMismatches) {
                   ErrorCode::kInvalidArgument, "x must be contiguous");
   expect_rejected([](Fixture& f, Inputs& in) { in.x = TensorView(f.x.data(), DType::kF32, Shape{}); },
                   ErrorCode::kInvalidArgument, "at least one dimension");
+  // An empty vocabulary in either layout is named as such, whatever its strides (NumPy gives an
+  // empty array strides [0, 0]: it was refused as "w must be contiguous ..., got strides [0, 0]").
+  for (const Shape& empty : {Shape{0, 4}, Shape{4, 0}})
+    for (const Shape& strides : {contiguous_strides(empty), Shape{0, 0}})
+      expect_rejected([&](Fixture& f, Inputs& in) { in.w = TensorView(f.w.data(), DType::kF32, empty, strides); },
+                      ErrorCode::kInvalidArgument, "vocabulary size V must be >= 1");
 }
 
 TEST(LceApi, OutputShapeAndDtypeMismatches) {

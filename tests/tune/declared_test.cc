@@ -117,6 +117,30 @@ TEST(DeclaredTuning, SizesATableGaveAndTheBackendRefusesNameTheirSource) {
   g_rows.clear();
 }
 
+// Sizes the caller gave that the backend refuses, but that the choice did not take (a 0 reads as
+// "not given", so the table row ran): check_given refuses them first, with the backend's message
+// alone — it said "from the tuned table; TESSERA_TUNED_TABLE=0 avoids them", which did not.
+TEST(DeclaredTuning, GivenSizesAreCheckedBeforeTheChoiceAndBlameNoTable) {
+  g_rows = {{"cpu", default_device_kind(DeviceType::kCPU), "f32", "small", {{"block", 32}}, "N=64", "forward", 1.0, "2026-11-25"}};
+  const ScopedEnv off("TESSERA_AUTOTUNE", "0");
+  int runs = 0;
+  const auto run = [&](const OneImpl&, int64_t) { ++runs; };
+  const auto at = [](const Params& p) { return param(p, "block").value_or(0); };
+  const auto refuse_zero = [](const OneImpl&) { throw Error(ErrorCode::kInvalidArgument, "toy cpu: block 0 is not supported"); };
+  try {
+    dispatch_declared(OneImplRegistry{}, toy(), ExecOptions{}, int64_t{0}, call(50, 0), {}, at, run, refuse_zero);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "toy cpu: block 0 is not supported");
+  }
+  EXPECT_EQ(runs, 0);
+  EXPECT_EQ(dispatch_declared(OneImplRegistry{}, toy(), ExecOptions{}, int64_t{0}, call(50), {}, at, run,
+                              [](const OneImpl&) {}),
+            "cpu");
+  EXPECT_EQ(runs, 1);
+  g_rows.clear();
+}
+
 TEST(DeclaredTuning, AnUntunableImplementationGetsTheDefault) {
   DeclaredCall c = call(5000);
   c.implementation = "reference";

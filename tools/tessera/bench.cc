@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "common.h"
 #include "core/trace.h"
@@ -128,6 +129,8 @@ Plan plan_shapes(const kernels::KernelSpec& k, const BenchArgs& a) {
   } else {
     const std::string path = harness::find_grid_file(k.name, a.grid_file);
     const auto file = harness::load_grid_file(path);
+    check(file.kernel == k.name, ErrorCode::kInvalidArgument,
+          path + " holds grids of " + file.kernel + ", not of " + k.name);
     const auto& g = file.grid(a.grid.empty() ? "smoke" : a.grid);
     p.shapes = g.shapes;
     p.dtypes = g.dtypes;
@@ -176,6 +179,9 @@ harness::BenchConfig make_config(const kernels::KernelSpec& k, const BenchArgs& 
   for (const auto& m : messages) fmt::print(stderr, "bench: {}\n", m);
   cfg.passes = parse_passes(a.passes, k);
   check(a.repeats >= 1, ErrorCode::kInvalidArgument, "--repeats must be >= 1");
+  check(a.max_seconds > 0 && std::isfinite(a.max_seconds), ErrorCode::kInvalidArgument,
+        "--max-seconds must be a positive number of seconds, got " + fmt::format("{}", a.max_seconds));
+  check(a.threads >= 0, ErrorCode::kInvalidArgument, "--threads must be >= 0 (0: all cores), got " + std::to_string(a.threads));
   cfg.timing.repeats = a.repeats;
   cfg.timing.min_repeats = std::min(3, a.repeats);
   cfg.timing.max_seconds = a.max_seconds;
@@ -286,6 +292,8 @@ void write_trace(const kernels::KernelSpec& k, const BenchArgs& a) {
 }
 
 void run_bench(const kernels::KernelSpec& k, const BenchArgs& a, const harness::OptionValues& options) {
+  check_outputs({{"--json", a.json}, {"--csv", a.csv}, {"--trace", a.trace}}, {},
+                {{"--grid-file", a.grid_file}, {"--roofline", a.roofline}});
   if (a.predict) {
     check(a.trace.empty(), ErrorCode::kInvalidArgument, "--trace records a run; --predict runs nothing");
     return run_predict(k, a, options);

@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "common.h"
 #include "tessera/error.h"
@@ -117,6 +118,42 @@ Counts check_kernel(const kernels::KernelSpec& k, const CheckArgs& a) {
   return n;
 }
 
+// Every kernel when none is named: one that lacks a --pass or an --impl given is skipped with a
+// line saying so (`--pass backward` checks the kernels that have one); a name no kernel takes is
+// the first kernel's error, before anything runs.
+std::vector<const kernels::KernelSpec*> applicable(const CheckArgs& a) {
+  std::vector<const kernels::KernelSpec*> out;
+  std::vector<std::string> skipped;
+  std::optional<Error> first;
+  for (const kernels::KernelSpec* k : kernels::all()) {
+    try {
+      parse_passes(a.passes, *k);
+      kernels::pick_implementations(*k, a.impl);
+      out.push_back(k);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kNotFound) throw;
+      if (!first) first = e;
+      skipped.push_back(e.what());
+    }
+  }
+  if (out.empty() && first) throw *first;
+  for (const std::string& why : skipped) fmt::print("SKIP kernel: {}\n", why);
+  return out;
+}
+
+// The flags given before the kernel's name and after it, as one set: passes and flags add up; two
+// different --impl lists are an error (one silently replaced the other).
+CheckArgs merged(const CheckArgs& top, const CheckArgs& sub) {
+  check(top.impl.empty() || sub.impl.empty() || top.impl == sub.impl, ErrorCode::kInvalidArgument,
+        "--impl " + top.impl + " before the kernel and --impl " + sub.impl + " after it: give one");
+  CheckArgs m = sub;
+  if (m.impl.empty()) m.impl = top.impl;
+  m.quick = top.quick || sub.quick;
+  m.verbose = top.verbose || sub.verbose;
+  m.passes.insert(m.passes.begin(), top.passes.begin(), top.passes.end());
+  return m;
+}
+
 void finish(const Counts& n) {
   fmt::print("check: {} passed, {} failed, {} skipped\n", n.passed, n.failed, n.skipped);
   if (n.failed) set_exit_code(1);
@@ -131,25 +168,26 @@ void finish(const Counts& n) {
 void register_check(CLI::App& app) {
   auto* check = app.add_subcommand("check", "Check implementations against the reference over each kernel's grid "
                                             "(every kernel when none is named)");
-  auto a = std::make_shared<CheckArgs>();
-  auto add_flags = [a](CLI::App* cmd) {
-    cmd->add_option("--impl", a->impl, "implementation(s), comma-separated (default: all but the reference); "
+  auto a = std::make_shared<CheckArgs>();    // flags before a kernel's name (or with none)
+  auto sub = std::make_shared<CheckArgs>();  // after it
+  auto add_flags = [](CLI::App* cmd, CheckArgs& to) {
+    cmd->add_option("--impl", to.impl, "implementation(s), comma-separated (default: all but the reference); "
                                        "an unknown name is an error");
-    cmd->add_flag("--quick", a->quick, "a smaller grid");
-    cmd->add_flag("-v,--verbose", a->verbose, "print every output's deviation");
-    add_pass_option(cmd, a->passes);
+    cmd->add_flag("--quick", to.quick, "a smaller grid");
+    cmd->add_flag("-v,--verbose", to.verbose, "print every output's deviation");
+    add_pass_option(cmd, to.passes);
   };
-  add_flags(check);
+  add_flags(check, *a);
   optional_kernel(check);
   for (const kernels::KernelSpec* k : kernels::all()) {
     auto* cmd = check->add_subcommand(k->name, "Parity of " + k->name + " implementations");
-    add_flags(cmd);
-    cmd->callback([a, k] { finish(check_kernel(*k, *a)); });
+    add_flags(cmd, *sub);
+    cmd->callback([a, sub, k] { finish(check_kernel(*k, merged(*a, *sub))); });
   }
   check->callback([a, check] {
     if (!check->get_subcommands().empty()) return;  // a kernel's callback ran
     Counts all;
-    for (const kernels::KernelSpec* k : kernels::all()) {
+    for (const kernels::KernelSpec* k : applicable(*a)) {
       const Counts n = check_kernel(*k, *a);
       all.passed += n.passed, all.failed += n.failed, all.skipped += n.skipped;
     }

@@ -1,6 +1,10 @@
 #include "common.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <optional>
 
 #include "dispatch/dispatch.h"
 #include "tessera/error.h"
@@ -117,14 +121,72 @@ std::vector<Pass> parse_passes(const std::vector<std::string>& names, const kern
 
 std::vector<DType> parse_float_dtypes(const std::string& list, const kernels::KernelSpec& k) {
   std::vector<DType> out;
+  std::string takes;
+  for (DType t : k.dtypes) takes += (takes.empty() ? "" : ", ") + std::string(dtype_name(t));
   for (const std::string& d : dispatch::split_names(list)) {
-    const DType t = parse_dtype(d);
-    check(std::find(k.dtypes.begin(), k.dtypes.end(), t) != k.dtypes.end(), ErrorCode::kInvalidArgument,
-          "--dtype: " + k.name + " takes no " + d + " inputs");
-    out.push_back(t);
+    std::optional<DType> t;
+    try {
+      t = parse_dtype(d);  // f32, float32, bf16, bfloat16, ...
+    } catch (const Error&) {
+    }
+    check(t && std::find(k.dtypes.begin(), k.dtypes.end(), *t) != k.dtypes.end(), ErrorCode::kInvalidArgument,
+          "--dtype: " + k.name + " takes no '" + d + "' inputs (it takes " + takes + ")");
+    out.push_back(*t);
   }
   check(!out.empty(), ErrorCode::kInvalidArgument, "--dtype is empty");
   return out;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void refuse(const PathArg& a, const std::string& why) {
+  throw Error(ErrorCode::kInvalidArgument, a.flag + " " + a.path + ": " + why + "; nothing was run");
+}
+
+// The nearest ancestor of `p` (absolute) that exists: where a write would create what is missing.
+fs::path existing_ancestor(fs::path p) {
+  std::error_code ec;
+  while (!fs::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+  return p;
+}
+
+// `dir` (absolute) is a writable directory, or missing below one.
+void can_make_dir(const PathArg& a, const fs::path& dir) {
+  std::error_code ec;
+  const fs::path at = existing_ancestor(dir);
+  if (!fs::is_directory(at, ec)) refuse(a, at == dir ? "is not a directory" : at.string() + " is not a directory");
+  if (::access(at.c_str(), W_OK) != 0) refuse(a, "cannot write in " + at.string());
+}
+
+// Two names of one file (a link, "./a" and "a"): their canonical forms, missing parts kept.
+fs::path identity(const std::string& path) {
+  std::error_code ec;
+  const fs::path c = fs::weakly_canonical(fs::absolute(path), ec);
+  return ec ? fs::absolute(path).lexically_normal() : c;
+}
+
+}  // namespace
+
+void check_outputs(const std::vector<PathArg>& files, const std::vector<PathArg>& dirs,
+                   const std::vector<PathArg>& inputs) {
+  std::error_code ec;
+  for (const PathArg& d : dirs)  // first: a file in a directory that cannot be is refused as that
+    if (!d.path.empty()) can_make_dir(d, identity(d.path));
+  std::vector<std::pair<fs::path, const PathArg*>> seen;
+  for (const PathArg& f : files) {
+    if (f.path.empty()) continue;
+    const fs::path p = identity(f.path);
+    if (fs::is_directory(p, ec)) refuse(f, "is a directory");
+    can_make_dir(f, p.parent_path());
+    if (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0) refuse(f, "is not writable");
+    for (const auto& [q, other] : seen)
+      if (q == p) refuse(f, "is also " + other->flag + "'s file");
+    for (const PathArg& in : inputs)
+      if (!in.path.empty() && identity(in.path) == p) refuse(f, "is the " + in.flag + " file this command reads");
+    seen.push_back({p, &f});
+  }
 }
 
 }  // namespace tessera::cli

@@ -54,4 +54,16 @@ std::vector<Pass> parse_passes(const std::vector<std::string>& names, const kern
 // "f32,bf16" -> float dtypes the kernel takes (error naming the bad one).
 std::vector<DType> parse_float_dtypes(const std::string& list, const kernels::KernelSpec& k);
 
+// A path a command writes or reads, by the flag that names it ("" when not given: skipped).
+struct PathArg {
+  std::string flag, path;
+};
+// The output paths, checked before any work (a long bench or sweep must not end in "cannot
+// write"): each file can be written (not a directory; its nearest existing ancestor is a writable
+// directory), each directory exists or can be made, no two outputs are one file and none is one
+// of `inputs` (a results file over the grid file that made it). Error(kInvalidArgument), exit 2:
+// "--json out: is a directory; nothing was run".
+void check_outputs(const std::vector<PathArg>& files, const std::vector<PathArg>& dirs = {},
+                   const std::vector<PathArg>& inputs = {});
+
 }  // namespace tessera::cli

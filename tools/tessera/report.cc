@@ -55,8 +55,17 @@ void register_report(CLI::App& app) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->check(CLI::ExistingFile);
   cmd->callback([a] {
+    std::vector<PathArg> inputs;
+    for (const auto& f : a->in) inputs.push_back({"input", f});
+    for (const auto& p : a->peers) inputs.push_back({"--peers", p});
+    check_outputs({{"--out", a->out}}, {}, inputs);  // a report over its own bench file lost the results
     std::vector<nlohmann::json> docs;
-    for (const auto& f : a->in) docs.push_back(harness::read_json_file(f));
+    for (const auto& f : a->in) {
+      docs.push_back(harness::read_json_file(f));
+      const std::string schema = docs.back().value("schema", std::string());
+      check(schema.rfind("tessera-bench/", 0) == 0, ErrorCode::kInvalidArgument,
+            "report: " + f + " is not a `tessera bench --json` file (schema '" + schema + "')");
+    }
     for (const auto& p : a->peers) {
       const nlohmann::json peers = harness::read_json_file(p);
       harness::merge_peer_results(peer_target(docs, peers, p), peers, p);

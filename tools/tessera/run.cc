@@ -91,11 +91,15 @@ Tensor ones_f32(const Shape& shape) {
 }
 
 // The forward output `name`'s shape, as the kernel describes it for these inputs and options.
+// The forward output `name`'s shape, as the kernel describes it for these inputs and options (the
+// partial form of linear_cross_entropy has no loss, and no fused pass: said so, as a usage error).
 Shape forward_output_shape(const kernels::KernelSpec& k, kernels::CallArgs args, const std::string& name) {
   args.pass = Pass::kForward;
   for (const kernels::OutputDesc& d : k.call.outputs(args))
     if (d.name == name) return d.shape;
-  throw Error(ErrorCode::kInternal, k.name + ": no forward output '" + name + "'");
+  throw Error(ErrorCode::kInvalidArgument, k.name + ": --grad: with these options the forward gives no '" + name +
+                                               "' to take a gradient of, and the fused pass is not defined for them "
+                                               "(run without --grad)");
 }
 
 // Element i (row-major order) of a strided view, as an offset in elements.
@@ -161,6 +165,12 @@ Loaded load(const kernels::KernelSpec& k, const RunArgs& a, const harness::Optio
   return l;
 }
 
+// Outputs of a forward pass on these arguments (a fused pass writes them, then the gradients).
+size_t descs_of_forward(const kernels::KernelSpec& k, kernels::CallArgs args) {
+  args.pass = Pass::kForward;
+  return k.call.outputs(args).size();
+}
+
 // One line: the inputs' shapes and dtypes, the options that differ from their defaults and the
 // value of every scalar f32 output (a loss).
 std::string summary(const kernels::KernelSpec& k, const Loaded& l,
@@ -175,6 +185,17 @@ std::string summary(const kernels::KernelSpec& k, const Loaded& l,
   return s;
 }
 
+std::string file_of(const std::string& dir, const std::string& name) {
+  return (std::filesystem::path(dir) / (name + ".npy")).string();
+}
+
+// --out and every NAME.npy in it writable, before anything is computed.
+void check_out(const std::string& dir, const std::vector<kernels::OutputDesc>& outs) {
+  std::vector<PathArg> files;
+  for (const kernels::OutputDesc& d : outs) files.push_back({"--out", file_of(dir, d.name)});
+  check_outputs(files, {{"--out", dir}});
+}
+
 void write_outputs(const std::vector<std::pair<std::string, Tensor>>& outs, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -182,22 +203,37 @@ void write_outputs(const std::vector<std::pair<std::string, Tensor>>& outs, cons
   std::string names;
   std::vector<std::pair<std::string, TensorView>> files;
   for (const auto& [name, t] : outs) {
-    files.push_back({(std::filesystem::path(dir) / (name + ".npy")).string(), t.view()});
+    files.push_back({file_of(dir, name), t.view()});
     names += (names.empty() ? "" : ",") + name;
   }
   npy::save_all(files);  // all or none: a failure leaves no new file beside old ones
-  fmt::print("wrote {}/{{{}}}.npy\n", dir, names);
+  // dir/{a,b}.npy as a shell expands it; one file by its name (dir/{out}.npy named no file).
+  fmt::print("wrote {}\n", outs.size() == 1 ? files.front().first : fmt::format("{}/{{{}}}.npy", dir, names));
 }
 
-void run_kernel(const kernels::KernelSpec& k, const RunArgs& a, harness::OptionValues options) {
+// A compound flag and a flag of one of its options on one command line: which wins would be an
+// accident of the parse order (--window 3,-1 --window-left 2 ran window_left=3).
+void refuse_compound_and_parts(const CLI::App* cmd, const kernels::CompoundFlag& c) {
+  for (const std::string& o : c.options) {
+    const std::string flag = "--" + harness::kebab_case(o);
+    check(cmd->get_option_no_throw(flag) == nullptr || cmd->count(flag) == 0, ErrorCode::kInvalidArgument,
+          "--" + c.flag + " and " + flag + " both set " + o + ": give one");
+  }
+}
+
+void run_kernel(const CLI::App* cmd, const kernels::KernelSpec& k, const RunArgs& a, harness::OptionValues options) {
   for (const kernels::CompoundFlag& c : k.call.compound_flags) {
     auto it = a.compounds.find(c.flag);
-    if (it != a.compounds.end() && !it->second.empty()) apply_compound(c, it->second, options);
+    if (it == a.compounds.end() || it->second.empty()) continue;
+    refuse_compound_and_parts(cmd, c);
+    apply_compound(c, it->second, options);
   }
   Loaded l = load(k, a, options);
   std::vector<std::pair<std::string, Tensor>> outs;
   std::vector<TensorView> views;
-  for (const kernels::OutputDesc& d : kernels::outputs_of(k.call, l.args, k.name)) {
+  const std::vector<kernels::OutputDesc> descs = kernels::outputs_of(k.call, l.args, k.name);
+  check_out(a.out, descs);
+  for (const kernels::OutputDesc& d : descs) {
     outs.push_back({d.name, kernels::allocate_output(d, Device::cpu())});
     views.push_back(outs.back().second.view());
   }
@@ -205,8 +241,9 @@ void run_kernel(const kernels::KernelSpec& k, const RunArgs& a, harness::OptionV
   const std::string impl = k.call.call(l.args, views);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   for (auto& [name, t] : outs) t = for_file(t);
+  const bool grads = a.grad && outs.size() > descs_of_forward(k, l.args);
   fmt::print("{}: implementation={}{}{} time={:.3f} ms\n", k.name, impl, summary(k, l, outs),
-             a.grad ? " (with gradients)" : "", ms);
+             grads ? " (with gradients)" : a.grad ? " (every gradient skipped)" : "", ms);
   write_outputs(outs, a.out);
 }
 
@@ -237,7 +274,7 @@ void add_kernel(CLI::App* run, const kernels::KernelSpec& k) {
                   "Extra memory the implementation may use, MiB (ExecOptions::memory_budget; 0: its default)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));  // up to 1 PiB: MiB << 20 fits in size_t
   cmd->add_option("--out", a->out, "output directory")->required();
-  cmd->callback([a, options, &k] { run_kernel(k, *a, options()); });
+  cmd->callback([cmd, a, options, &k] { run_kernel(cmd, k, *a, options()); });
 }
 
 }  // namespace

@@ -214,11 +214,14 @@ void emit_table(const kernels::KernelSpec& k, const std::string& path, const std
 void run_tune(const kernels::KernelSpec& k, const TuneArgs& a) {
   const Plan p = make_plan(k, a);
   const std::string table = a.table.empty() ? k.tune.table_path : a.table;
+  check(a.table.empty() || a.emit_table, ErrorCode::kInvalidArgument, "--table names the file --emit-table writes: "
+        "give both (without --emit-table no table is written)");
   if (a.emit_table) {  // fail before timing anything
     const fs::path parent = fs::path(table).parent_path();
     check(fs::is_directory(parent.empty() ? fs::path(".") : parent), ErrorCode::kIo,
           "tune: no directory for " + table + " (run from the repository root or pass --table PATH)");
   }
+  check_outputs({{"--table", a.emit_table ? table : ""}}, {{"--out", a.list ? "" : a.out}});
   if (a.list) return list_candidates(p);
   if (p.impls.empty())
     fmt::print(stderr, "tessera tune: no tunable implementation is available in this build; nothing to time\n");
@@ -263,6 +266,10 @@ void run_tune(const kernels::KernelSpec& k, const TuneArgs& a) {
         summary.push_back(s);
       }
   progress.finish();
+  if (records.empty()) {  // no implementation, bucket or candidate: no empty result files either
+    fmt::print(stderr, "tune: nothing was timed\n");
+    return set_exit_code(1);
+  }
 
   std::error_code ec;
   fs::create_directories(a.out, ec);
@@ -289,8 +296,8 @@ void add_kernel(CLI::App* tune, const kernels::KernelSpec& k) {
   cmd->add_option("--out", a->out, "Directory for the raw CSV / JSON results")->capture_default_str();
   cmd->add_flag("--emit-table", a->emit_table, "Regenerate the kernel's tuned_table.cc from the winners");
   cmd->add_option("--table", a->table, "Path of the tuned table to write (default: " + k.tune.table_path + ")");
-  cmd->add_option("--warmup", a->warmup, "Untimed runs per candidate after its first call")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--repeats", a->repeats, "Timed runs per candidate (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", a->warmup, "Untimed runs per candidate after its first call")->capture_default_str()->check(CLI::Range(0, 1000000));
+  cmd->add_option("--repeats", a->repeats, "Timed runs per candidate (median)")->capture_default_str()->check(CLI::Range(1, 1000000));
   cmd->add_option("--shape", a->shape, "Time at " + dims + " instead of each bucket's representative shape (must lie in the buckets)");
   cmd->add_flag("--list", a->list, "List buckets and candidates without timing anything");
   cmd->callback([a, &k] { run_tune(k, *a); });

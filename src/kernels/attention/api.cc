@@ -135,12 +135,15 @@ std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const s
   // Only a tunable implementation's sizes are fitted to the lengths: cuda and cudnn have fixed
   // tiles of their own (a q=16,kv=32 clamped to kv=16 for 9 keys is refused by cuda).
   const std::vector<std::string>& tunable = tuning().implementations;
-  return tune::dispatch_declared(registry(), tuning(), opt, p, c, outputs, at,
-                                 [&](const Implementation& impl, const BlockSizes& bs) {
-                                   if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
-                                   const bool fit = std::count(tunable.begin(), tunable.end(), impl.name()) > 0;
-                                   body(impl, fit ? sanitize_for_shape(bs, p) : bs);
-                                 });
+  return tune::dispatch_declared(
+      registry(), tuning(), opt, p, c, outputs, at,
+      [&](const Implementation& impl, const BlockSizes& bs) {
+        const bool fit = std::count(tunable.begin(), tunable.end(), impl.name()) > 0;
+        body(impl, fit ? sanitize_for_shape(bs, p) : bs);
+      },
+      [&](const Implementation& impl) {
+        if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
+      });
 }
 
 // Calls with nothing to compute. No query rows: nothing to write but dk = dv = 0. No keys: every

@@ -115,12 +115,15 @@ std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const s
       .given = opt.block_sizes ? tune::Params{{"m", opt.block_sizes->m}, {"n", opt.block_sizes->n}} : tune::Params{},
       .variant = std::string("transpose_rhs=") + (p.transpose_rhs ? "on" : "off") + part};
   const auto at = [](const tune::Params& s) { return BlockSizes{*tune::param(s, "m"), *tune::param(s, "n")}; };
-  return tune::dispatch_declared(registry(), tuning(), opt, p, c, outputs, at,
-                                 [&](const Implementation& impl, const BlockSizes& bs) {
-                                   if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
-                                   impl.validate_block_sizes(bs);  // a table row too
-                                   body(impl, bs);
-                                 });
+  return tune::dispatch_declared(
+      registry(), tuning(), opt, p, c, outputs, at,
+      [&](const Implementation& impl, const BlockSizes& bs) {
+        impl.validate_block_sizes(bs);  // a table row too
+        body(impl, bs);
+      },
+      [&](const Implementation& impl) {
+        if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
+      });
 }
 
 // dlhs is a gmm of dout against rhs transposed: K and N swap, and so does rhs's layout.

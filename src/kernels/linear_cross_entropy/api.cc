@@ -47,6 +47,7 @@ WLayout resolve_w_layout(const TensorView& w, int64_t H, WLayout requested, int6
             " (x is [..., H])");
   }
   *V = logical_hv ? c : r;
+  args.need(*V >= 1, "vocabulary size V must be >= 1, got w " + shape_str(w.shape));  // before its strides
   // Memory: row-major of the view, or its transpose (a transposed view of a contiguous array).
   const bool row_major = (w.strides[1] == 1 || c == 1) && (w.strides[0] == c || r == 1);
   const bool col_major = (w.strides[0] == 1 || r == 1) && (w.strides[1] == r || c == 1);
@@ -158,7 +159,6 @@ Problem normalize_x_w(const Inputs& in, const Options& opt) {
             std::string("w dtype ") + dtype_name(w.dtype) + " differs from x dtype " + dtype_name(x.dtype));
   args.device(w, p.device, "w");
   p.layout = resolve_w_layout(w, p.H, opt.w_layout, &p.V);
-  args.need(p.V >= 1, "vocabulary size V must be >= 1, got w " + shape_str(w.shape));
   args.data(w, "w");
   p.w = w.data;
   return p;

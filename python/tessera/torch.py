@@ -439,6 +439,12 @@ def _autocast(*tensors):
     return tuple(t.to(dt) if t is not None and t.is_floating_point() and t.dtype != dt else t for t in tensors)
 
 
+def _int_options(kernel: str, **values):
+    for name, v in values.items():
+        if isinstance(v, bool):
+            raise TypeError(f"{kernel}: {name} must be an int, got bool")
+
+
 def _make(k: Kernel, op=None, drop_grads=False):
     """The user-facing function, generated as Python source so that torch.compile traces it.
     With `drop_grads` (the fused op) the trailing d<input> outputs are left out, and `_skip` names
@@ -458,12 +464,17 @@ def _make(k: Kernel, op=None, drop_grads=False):
             if drop_grads else "")
     cast = [t.name for t in k.inputs if t.autocast]
     cast_line = f"    {', '.join(cast)}, = _autocast({', '.join(cast)})\n" if cast else ""
-    src = (f"def {k.name}({', '.join(params)}):\n" + cast_line +
+    # An int option given a bool (ignore_index=True) is refused, as in NumPy and JAX: the op's
+    # schema took it as 1.
+    ints = [o.name for o in k.options if o.kind == "int"]
+    ints_line = (f"    _int_options({k.name!r}, {', '.join(f'{n}={n}' for n in ints)})\n" if ints else "")
+    src = (f"def {k.name}({', '.join(params)}):\n" + ints_line + cast_line +
            f"    outs = _op({', '.join(call_args)})\n" + drop +
            f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"
            + "".join(f"    if {f}:\n        public.append(outs[{nf + i}])\n" for i, f in enumerate(k.saved_flags)) +
            f"    return public[0] if len(public) == 1 else tuple(public)\n")
-    scope = {"_op": op or getattr(torch.ops.tessera, k.name), "_budget": memory_budget_bytes, "_autocast": _autocast}
+    scope = {"_op": op or getattr(torch.ops.tessera, k.name), "_budget": memory_budget_bytes, "_autocast": _autocast,
+             "_int_options": _int_options}
     exec(src, scope)  # noqa: S102 - source built from the registry's names only
     fn = scope[k.name]
     fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + k.returns_doc()

@@ -518,3 +518,15 @@ def test_second_derivative_is_refused(reduction):
     k, v = torch.randn(1, 6, 2, 4), torch.randn(1, 6, 2, 4)
     with pytest.raises(RuntimeError, match="attention: no second derivative"):
         torch.autograd.grad(tt.attention(q, k, v, causal=True).sum(), q, create_graph=True)
+
+
+def test_an_int_option_refuses_a_bool():
+    """ignore_index=True ran as ignore_index=1 (the op's schema takes a bool as an int); NumPy and
+    JAX refuse it (a reviewer's finding)."""
+    x, w = torch.randn(4, 8), torch.randn(10, 8)
+    y = torch.tensor([1, 2, 3, 4])
+    with pytest.raises(TypeError, match="ignore_index must be an int, got bool"):
+        tt.linear_cross_entropy(x, w, y, ignore_index=True)
+    with pytest.raises(TypeError, match="group_offset must be an int, got bool"):
+        tt.grouped_matmul(torch.zeros(2, 8), torch.ones(1, 8, 5), torch.tensor([2, 0]), group_offset=True)
+    assert torch.isfinite(tt.linear_cross_entropy(x, w, y, ignore_index=1))

@@ -31,6 +31,8 @@ void save(const std::string& path, const TensorView& t);
 // Several files as one: each is written to a temporary name beside it and checked (a full disk
 // is an error, not a short file), then all are renamed into place; an error in writing leaves
 // every destination as it was, and a destination that is a directory is refused before any write.
+// The renames themselves are one by one (no directory-level atomicity): one failing after another
+// succeeded (a file vanishing from a shared directory mid-call) leaves the earlier ones replaced.
 void save_all(const std::vector<std::pair<std::string, TensorView>>& files);
 
 }  // namespace tessera::npy

@@ -99,6 +99,8 @@ TEST_F(CliOutputs, BenchRefusesSettingsThatMeanNothing) {
   EXPECT_EQ(bench("--max-seconds -1").code, 2);
   EXPECT_EQ(bench("--max-seconds nan").code, 2);
   EXPECT_EQ(bench("--threads -3").code, 2);
+  EXPECT_EQ(sh(lce_run() + " --threads -3 --out " + p("o")).code, 2);
+  EXPECT_FALSE(fs::exists(p("o")));
   Cmd c = sh("bench attention --grid-file " + std::string(TESSERA_TEST_SOURCE_DIR) + "/bench/mlstm.json -q");
   EXPECT_EQ(c.code, 2) << c.out;
   EXPECT_TRUE(has(c, "holds grids of mlstm, not of attention")) << c.out;

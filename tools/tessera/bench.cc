@@ -181,7 +181,6 @@ harness::BenchConfig make_config(const kernels::KernelSpec& k, const BenchArgs& 
   check(a.repeats >= 1, ErrorCode::kInvalidArgument, "--repeats must be >= 1");
   check(a.max_seconds > 0 && std::isfinite(a.max_seconds), ErrorCode::kInvalidArgument,
         "--max-seconds must be a positive number of seconds, got " + fmt::format("{}", a.max_seconds));
-  check(a.threads >= 0, ErrorCode::kInvalidArgument, "--threads must be >= 0 (0: all cores), got " + std::to_string(a.threads));
   cfg.timing.repeats = a.repeats;
   cfg.timing.min_repeats = std::min(3, a.repeats);
   cfg.timing.max_seconds = a.max_seconds;
@@ -343,7 +342,8 @@ void add_kernel(CLI::App* bench, const kernels::KernelSpec& k) {
   cmd->add_option("--seed", a->seed, "Seed of the generated inputs")->capture_default_str();
   cmd->add_flag("--compare", a->compare, "Also time the kernel's baselines (e.g. the BLAS-materialized math)");
   cmd->add_flag("--no-gemm", a->no_gemm, "Do not time the plain GEMM floor");
-  cmd->add_option("--threads", a->threads, "Threads for the implementations and the BLAS (default: all)");
+  cmd->add_option("--threads", a->threads, "Threads for the implementations and the BLAS (default: all)")
+      ->check(CLI::Range(0, 1024));  // 0: all cores; a negative count meant "all" unseen
   cmd->add_option("--memory-budget-mib", a->memory_budget_mib,
                   "Extra memory an implementation may use, MiB (ExecOptions::memory_budget; 0: its default)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));  // up to 1 PiB: MiB << 20 fits in size_t

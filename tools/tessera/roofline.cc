@@ -55,7 +55,8 @@ void register_roofline(CLI::App& app) {
                   "else ~/.cache/tessera/roofline.json)");
   cmd->add_flag("--quick", a->quick, "Smaller, faster measurement (rougher)");
   cmd->add_flag("--no-gpu", a->no_gpu, "Skip GPU ceilings even when a GPU backend is built");
-  cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
+  cmd->add_option("--threads", a->threads, "CPU threads (default: all)")
+      ->check(CLI::Range(0, 1024));  // 0: all cores; a negative count meant "all" unseen
   cmd->add_flag("--show", a->show, "Print the stored ceilings and exit (measure nothing)");
   cmd->callback([a] {
     const std::string path = a->out.empty() ? harness::default_roofline_path() : a->out;

@@ -269,7 +269,8 @@ void add_kernel(CLI::App* run, const kernels::KernelSpec& k) {
     }
   }
   cmd->add_option("--impl", a->impl, "implementation name or comma list (default: the dispatch order)");
-  cmd->add_option("--threads", a->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--threads", a->threads, "CPU threads (default: all cores)")
+      ->check(CLI::Range(0, 1024));  // 0: all cores; a negative count meant "all" unseen
   cmd->add_option("--memory-budget-mib", a->memory_budget_mib,
                   "Extra memory the implementation may use, MiB (ExecOptions::memory_budget; 0: its default)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));  // up to 1 PiB: MiB << 20 fits in size_t

@@ -25,9 +25,7 @@ using cli_test::Cmd;
 class CliOutputs : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("tessera_cli_outputs_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
+    dir = cli_test::fresh_test_dir("tessera_cli_outputs");
     fs::create_directories(dir / "a_dir");
     std::ofstream(p("a_file")) << "x";
     save("x.npy", DType::kF32, {3, 4});

@@ -81,10 +81,7 @@ std::string misspelled(const Flags& f) {
 class CliStrict : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("tessera_cli_strict_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    dir = tessera::cli_test::fresh_test_dir("tessera_cli_strict");
     out = (dir / "out").string();
   }
   void TearDown() override { fs::remove_all(dir); }

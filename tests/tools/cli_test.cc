@@ -33,10 +33,7 @@ Cmd sh(const std::string& args) { return cli_test::run_cli(args); }
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("tessera_cli_test_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    dir = tessera::cli_test::fresh_test_dir("tessera_cli_test");
     x = Tensor::empty(DType::kF32, {3, 4});
     w = Tensor::empty(DType::kF32, {6, 4});  // [V, H]: PyTorch lm_head layout
     bias = Tensor::empty(DType::kF32, {6});

@@ -30,10 +30,7 @@ Tensor filled(DType dt, const Shape& shape, float phase) {
 class CliVocabulary : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("tessera_cli_vocab_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    dir = tessera::cli_test::fresh_test_dir("tessera_cli_vocab");
   }
   void TearDown() override { fs::remove_all(dir); }
   std::string p(const std::string& name) const { return (dir / name).string(); }

@@ -21,10 +21,7 @@ using cli_test::Cmd;
 class MlaDecodeCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("tessera_mla_cli_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    dir = tessera::cli_test::fresh_test_dir("tessera_mla_cli");
     // B 2, Sq 2, Hq 3, D 8, page_size 4; entry 0 has 6 keys on pages [3, 1], entry 1 has 9 on [0, 4, 2].
     q = Tensor::empty(DType::kF32, {2, 2, 3, 8});
     kv = Tensor::empty(DType::kF32, {5, 4, 1, 8});

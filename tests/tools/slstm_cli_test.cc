@@ -26,10 +26,7 @@ Tensor wave(const Shape& shape, float freq, float scale) {
 class SlstmCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("tessera_slstm_cli_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    dir = tessera::cli_test::fresh_test_dir("tessera_slstm_cli");
     wx = wave({B, S, 4, NH, DH}, 0.37f, 1.0f), r = wave({4, NH, DH, DH}, 0.61f, 0.3f), b = wave({4, NH, DH}, 0.23f, 0.5f);
     resets = Tensor::zeros(DType::kI32, {B, S});
     resets.data_as<int32_t>()[1 * S + 2] = 1;

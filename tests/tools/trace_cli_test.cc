@@ -29,10 +29,7 @@ using nlohmann::json;
 class BenchTrace : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("tessera_trace_cli_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    dir = tessera::cli_test::fresh_test_dir("tessera_trace_cli");
     // Ceilings with round numbers: 100 GFLOP/s for f32 GEMMs, 10 GB/s.
     std::ofstream(p("roof.json")) << R"({"schema": "tessera-roofline/1", "measured_at": "2026-01-01T00:00:00Z",
       "devices": [{"device": "cpu", "name": "test", "gemm_gflops": {"f32": 100}, "bandwidth_gbs": 10}]})";

@@ -22,10 +22,7 @@ using tessera::cli_test::run_cli;
 class TuneCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("tessera_tune_cli_test_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    dir = tessera::cli_test::fresh_test_dir("tessera_tune_cli_test");
   }
   void TearDown() override { fs::remove_all(dir); }
   fs::path dir;

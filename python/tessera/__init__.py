@@ -85,10 +85,12 @@ def _is_np_bf16(t: Any) -> bool:
 
 def _array_in(kernel: str, name: str, t: Any) -> Any:
     """An input as it crosses to the extension: a list, tuple or Python scalar becomes a NumPy
-    array; NumPy, CuPy and DLPack arrays pass as they are. A NumPy array in the other byte order
+    array (Python floats as float32); NumPy, CuPy and DLPack arrays pass as they are. A NumPy array in the other byte order
     cannot cross zero-copy: refused by name (nanobind's own error listed only signatures)."""
     if isinstance(t, (list, tuple, int, float)):
         t = np.asarray(t)
+        if t.dtype == np.float64:  # Python floats: f32, the dtype every kernel takes
+            t = t.astype(np.float32)
     if isinstance(t, np.ndarray) and not t.dtype.isnative:
         raise TypeError(f"{kernel}: {name} is a {t.dtype.str} array in the other byte order: pass "
                         f"{name}.astype({name}.dtype.newbyteorder('='))")

@@ -305,6 +305,7 @@ def test_lists_are_arrays_and_other_byte_orders_are_named():
     x, w, y = ref.problem(B=6, H=8, V=10)
     want = tessera.linear_cross_entropy(x, w, y)
     np.testing.assert_array_equal(tessera.linear_cross_entropy(x, w, [int(t) for t in y]), want)
+    np.testing.assert_array_equal(tessera.linear_cross_entropy(x.tolist(), w, y), want)  # Python floats: f32
     with pytest.raises(TypeError, match=r"x is a >f4 array in the other byte order: pass x\.astype"):
         tessera.linear_cross_entropy(x.astype(">f4"), w, y)
     with pytest.raises(TypeError, match=r"labels \(object\) is not an array"):

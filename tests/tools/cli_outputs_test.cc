@@ -3,6 +3,7 @@
 // "cannot write"), no command writes over a file it reads or one output over another, a command
 // that did nothing says so in its exit code, and the messages name the real cause.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -82,6 +83,35 @@ TEST_F(CliOutputs, BenchChecksEveryOutputBeforeTiming) {
   EXPECT_TRUE(has(c, "is not a directory")) << c.out;
 }
 
+// What the writers do (a temp file beside the path as given, renamed over it) decides what is
+// refused: a read-only file or a link is replaced, as before the checks; a device or pipe, a name
+// ending in '/', a path through a file ("afile/../x") are refused before the run (a second review).
+TEST_F(CliOutputs, OutputChecksFollowWhatTheWritersDo) {
+  std::ofstream(p("ro.json")) << "{}";
+  fs::permissions(p("ro.json"), fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  Cmd c = bench("--json " + p("ro.json"));
+  EXPECT_EQ(c.code, 0) << c.out;  // was "is not writable" for a non-root user
+  fs::create_directories(p("elsewhere"));
+  std::ofstream(p("elsewhere/target.json")) << "{}";
+  fs::create_symlink(p("elsewhere/target.json"), p("link.json"));
+  c = bench("--json " + p("link.json"));
+  EXPECT_EQ(c.code, 0) << c.out;
+  ASSERT_EQ(::mkfifo(p("fifo").c_str(), 0600), 0);
+  c = bench("--json " + p("fifo"));
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_TRUE(has(c, "is not a regular file")) << c.out;
+  c = bench("--json " + p("newdir") + "/");
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_TRUE(has(c, "ends in '/'")) << c.out;
+  EXPECT_FALSE(fs::exists(p("newdir")));
+  c = bench("--json " + p("a_file/../x.json"));
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_TRUE(has(c, p("a_file") + " is not a directory")) << c.out;  // names the file in the way
+  c = sh("roofline --quick --no-gpu --out " + p("a_file/r.json"));
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_FALSE(has(c, "GFLOP/s")) << c.out;  // refused before measuring
+}
+
 // The results over the grid file that made them lost the grids (the next bench failed).
 TEST_F(CliOutputs, BenchNeverWritesOverItsGridFile) {
   fs::copy_file(std::string(TESSERA_TEST_SOURCE_DIR) + "/bench/linear_cross_entropy.json", p("grid.json"));
@@ -91,6 +121,13 @@ TEST_F(CliOutputs, BenchNeverWritesOverItsGridFile) {
   EXPECT_EQ(c.code, 2) << c.out;
   EXPECT_TRUE(has(c, "is the --grid-file file this command reads")) << c.out;
   EXPECT_EQ(text(p("grid.json")), before);
+  // The grid file the tool finds itself ($TESSERA_BENCH_DIR here) is protected the same way.
+  fs::create_directories(p("bd"));
+  fs::copy_file(p("grid.json"), p("bd/linear_cross_entropy.json"));
+  const testing::ScopedEnv bench_dir("TESSERA_BENCH_DIR", p("bd").c_str());
+  const Cmd d = sh("bench linear_cross_entropy --json " + p("bd/linear_cross_entropy.json") + " --no-roofline -q");
+  EXPECT_EQ(d.code, 2) << d.out;
+  EXPECT_EQ(text(p("bd/linear_cross_entropy.json")), before);
 }
 
 TEST_F(CliOutputs, BenchRefusesSettingsThatMeanNothing) {

@@ -291,8 +291,10 @@ void write_trace(const kernels::KernelSpec& k, const BenchArgs& a) {
 }
 
 void run_bench(const kernels::KernelSpec& k, const BenchArgs& a, const harness::OptionValues& options) {
+  // The grid file as found (--grid-file, $TESSERA_BENCH_DIR, the tool's or the source tree's bench/).
+  const std::string grid = a.shapes.empty() ? harness::find_grid_file(k.name, a.grid_file) : a.grid_file;
   check_outputs({{"--json", a.json}, {"--csv", a.csv}, {"--trace", a.trace}}, {},
-                {{"--grid-file", a.grid_file}, {"--roofline", a.roofline}});
+                {{"--grid-file", grid}, {"--roofline", a.roofline}});
   if (a.predict) {
     check(a.trace.empty(), ErrorCode::kInvalidArgument, "--trace records a run; --predict runs nothing");
     return run_predict(k, a, options);

@@ -145,42 +145,55 @@ namespace fs = std::filesystem;
   throw Error(ErrorCode::kInvalidArgument, a.flag + " " + a.path + ": " + why + "; nothing was run");
 }
 
-// The nearest ancestor of `p` (absolute) that exists: where a write would create what is missing.
+// The nearest ancestor of `p` that exists, walking the path as written: no normalization, so
+// "afile/../x" stops at afile as the write would (a file is no directory to go up from).
 fs::path existing_ancestor(fs::path p) {
   std::error_code ec;
   while (!fs::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
   return p;
 }
 
-// `dir` (absolute) is a writable directory, or missing below one.
+// `dir` (absolute, as written) is a directory this user can create files in, or missing below one.
 void can_make_dir(const PathArg& a, const fs::path& dir) {
   std::error_code ec;
   const fs::path at = existing_ancestor(dir);
-  if (!fs::is_directory(at, ec)) refuse(a, at == dir ? "is not a directory" : at.string() + " is not a directory");
-  if (::access(at.c_str(), W_OK) != 0) refuse(a, "cannot write in " + at.string());
+  if (!fs::is_directory(at, ec))
+    refuse(a, at == fs::absolute(a.path) ? "is not a directory" : at.string() + " is not a directory");
+  if (::access(at.c_str(), W_OK | X_OK) != 0) refuse(a, "cannot create files in " + at.string());
 }
 
-// Two names of one file (a link, "./a" and "a"): their canonical forms, missing parts kept.
+// Two names of one file (a link, "./a" and "a"): their canonical forms, missing parts kept. For
+// the comparisons only: the writers put a temp file beside the path as given and rename it there.
 fs::path identity(const std::string& path) {
   std::error_code ec;
   const fs::path c = fs::weakly_canonical(fs::absolute(path), ec);
   return ec ? fs::absolute(path).lexically_normal() : c;
 }
 
+// A file output as the writers see it: a temp file beside the path as given, renamed over it (a
+// read-only file or a link is replaced; its own permissions do not matter, its directory's do).
+void check_file_output(const PathArg& f) {
+  std::error_code ec;
+  if (f.path.back() == '/') refuse(f, "ends in '/': a directory's name, not a file's");
+  const fs::path given = fs::absolute(f.path);
+  const fs::file_status st = fs::status(given, ec);
+  if (fs::is_directory(st)) refuse(f, "is a directory");
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    refuse(f, "is not a regular file (a device or a pipe: the write would replace it with one)");
+  can_make_dir(f, given.parent_path());
+}
+
 }  // namespace
 
 void check_outputs(const std::vector<PathArg>& files, const std::vector<PathArg>& dirs,
                    const std::vector<PathArg>& inputs) {
-  std::error_code ec;
   for (const PathArg& d : dirs)  // first: a file in a directory that cannot be is refused as that
-    if (!d.path.empty()) can_make_dir(d, identity(d.path));
+    if (!d.path.empty()) can_make_dir(d, fs::absolute(d.path));
   std::vector<std::pair<fs::path, const PathArg*>> seen;
   for (const PathArg& f : files) {
     if (f.path.empty()) continue;
+    check_file_output(f);
     const fs::path p = identity(f.path);
-    if (fs::is_directory(p, ec)) refuse(f, "is a directory");
-    can_make_dir(f, p.parent_path());
-    if (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0) refuse(f, "is not writable");
     for (const auto& [q, other] : seen)
       if (q == p) refuse(f, "is also " + other->flag + "'s file");
     for (const PathArg& in : inputs)

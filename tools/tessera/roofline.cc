@@ -71,6 +71,7 @@ void register_roofline(CLI::App& app) {
       print_roofline(*r);
       return;
     }
+    check_outputs({{"--out", path}});  // before the measurement, not after it
     harness::RooflineOptions opt;
     opt.quick = a->quick;
     opt.gpu = !a->no_gpu;

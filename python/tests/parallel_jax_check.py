@@ -240,6 +240,35 @@ def check_vocab_parallel(devices: int, case: dict) -> None:
     np.testing.assert_array_equal(np.asarray(dw), np.asarray(gs[1]))
 
 
+def check_vocab_parallel_sequence_parallel(devices: int) -> None:
+    """Sequence parallelism: x's rows sharded over the vocab axis and all-gathered just before the
+    head, so the head's x varies over the axis. dx summed the devices' shares and the gather's
+    transpose summed them again: dx came back `devices` times too large (a review; loss and dw
+    were right)."""
+    g = np.random.default_rng(13)
+    B, H, V = 8, 5, 12
+    x = g.standard_normal((B, H)).astype(np.float32)
+    w = g.standard_normal((V, H)).astype(np.float32)
+    labels = np.array([3, 0, 11, -100, 5, 4, 7, 9], np.int32)
+    mesh, vd = Mesh(np.array(jax.devices()[:devices]), ("tp",)), V // devices
+
+    def sharded(xx, ww):
+        def local(xl, wl):
+            rows = jax.lax.all_gather(xl, "tp", tiled=True)
+            return tj.linear_cross_entropy(rows, wl, labels, vocab_start=jax.lax.axis_index("tp") * vd,
+                                           axis_name="tp", reduction="sum")
+        return jax.shard_map(local, mesh=mesh, in_specs=(P("tp"), P("tp")), out_specs=P())(xx, ww)
+
+    def whole(xx, ww):
+        return tj.linear_cross_entropy(xx, ww, labels, reduction="sum")
+
+    np.testing.assert_allclose(np.asarray(jax.jit(sharded)(x, w)), np.asarray(whole(x, w)), rtol=1e-5)
+    gs = jax.jit(jax.grad(sharded, argnums=(0, 1)))(x, w)
+    gw = jax.grad(whole, argnums=(0, 1))(x, w)
+    for a, b in zip(gs, gw):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 def check_vocab_parallel_2d() -> None:
     """A data x tensor parallel mesh (2 x 2): tokens split over dp, the vocabulary over tp; the
     gradients of the weights (the same on every data shard) are summed over dp. jax.grad failed
@@ -280,6 +309,7 @@ if __name__ == "__main__":
         for case in LCE_CASES:
             print("vocab-parallel", d, case, file=sys.stderr)
             check_vocab_parallel(d, case)
+        check_vocab_parallel_sequence_parallel(d)
     if len(jax.devices()) >= 4:
         check_vocab_parallel_2d()
     print("ok", file=sys.stderr)

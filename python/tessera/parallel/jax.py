@@ -23,6 +23,17 @@ __all__ = ["expert_parallel_grouped_matmul", "context_parallel_attention", "cont
            "vocab_parallel_linear_cross_entropy"]
 
 
+def _dx_cotangent(dx_share, xx, axis_name):
+    """x's cotangent from this device's share of dx (its vocabulary slice's). x the same on every
+    device of the vocab axis (the usual LM head, or JAX's types unchecked: check_vma off): the
+    shares are summed. x varying over it (sequence parallelism: rows all-gathered over the axis
+    just before the head): the share is this copy's cotangent and the gather's transpose sums
+    them; summing here too counted each share once per device (dx 2x at 2 devices, a review)."""
+    axes = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+    shared = tuple(a for a in axes if a not in tj._varying_axes(xx))
+    return tj._varying_like(jax.lax.psum(dx_share, shared) if shared else dx_share, xx)
+
+
 def expert_parallel_grouped_matmul(x, expert_ids, w_local, *, num_experts: int, axis_name: str,
                                    transpose_rhs: bool = False, implementation: Optional[str] = None,
                                    frozen=()):
@@ -262,7 +273,7 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start, axis
         # Each cotangent varies over its primal's mesh axes only: on a data x tensor parallel mesh
         # dw and dbias come back varying over the data axes too and are summed over them (the
         # weights are the same on every data shard), as tessera.jax does for its own calls.
-        dx = None if "dx" in skip else tj._varying_like(jax.lax.psum(grads["dx"], axis_name), xx)
+        dx = None if "dx" in skip else _dx_cotangent(grads["dx"], xx, axis_name)
         dw = None if "dw" in skip else tj._varying_like(grads["dw"], ww)
         db = None if bb is None or "dbias" in skip else tj._varying_like(grads["dbias"], bb)
         return dx, dw, db, zeros

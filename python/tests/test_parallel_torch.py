@@ -164,7 +164,7 @@ def _check_errors_reach_every_rank(rank, world):
         bad[0, 0] = 99  # the kernel's own check, on one rank: every rank raises before the partials move
     with pytest.raises(ValueError, match=r"rank 1: paged_attention: sequence 0: page_table\[0, 0\] = 99"):
         tpt.context_parallel_paged_decode(q, k, v, bad, kv, cu)
-    with pytest.raises(ValueError, match="ranks disagree on .* sink_rank"):
+    with pytest.raises(ValueError, match="the ranks must agree on sink_rank; rank 0: sink_rank=0; rank 1: sink_rank=1"):
         tpt.context_parallel_paged_decode(q, k, v, table, kv, cu, sinks=sinks, sink_rank=rank % 2)
 
 
@@ -257,13 +257,59 @@ def _check_vocab_masked_shard(rank, world):
 
 def _check_vocab_errors(rank, world):
     import tessera.torch as tt
-    labels = torch.tensor([3, 0, 1])
-    if rank == 1:
-        labels = torch.tensor([3, 0, 11])
+    labels = torch.tensor([3, 0, 11])  # the same (global) labels on every rank, one past V
     sizes = VOCAB_SPLITS[world]
-    with pytest.raises(ValueError, match=r"rank 1: labels must lie in \[0, V=11\)"):
+    with pytest.raises(ValueError, match=r"rank 0: labels must lie in \[0, V=11\)"):
         tt.linear_cross_entropy(torch.zeros(3, 4), torch.zeros(sizes[rank], 4), labels, vocab_start=sum(sizes[:rank]),
                                 process_group=dist.group.WORLD)
+
+
+def _check_ranks_must_agree(rank, world):
+    """What must be the same on every rank, refused on every rank with the values that differ (a
+    review: these hung a rank in a collective the others never entered, aborted gloo, or gave
+    each rank its own loss). Rank 1 differs in one thing at a time."""
+    import tessera.parallel.torch as tpt
+    import tessera.torch as tt
+    sizes, odd = VOCAB_SPLITS[world], rank == 1
+    start = sum(sizes[:rank])
+    x, w, y = torch.ones(3, 4), torch.ones(sizes[rank], 4), torch.tensor([3, 0, 1])
+
+    def lce(**kw):
+        args = dict(x=x, w=w, labels=y)
+        args.update({n: kw.pop(n) for n in ("x", "w", "labels") if n in kw})
+        return tt.linear_cross_entropy(args["x"], args["w"], args["labels"], vocab_start=start,
+                                       process_group=dist.group.WORLD, **kw)
+
+    for kw, needle in ((dict(reduction="sum" if odd else "mean"), "agree on reduction"),
+                       (dict(label_smoothing=0.1 if odd else 0.0), "agree on label_smoothing"),
+                       (dict(return_argmax=odd), "agree on return_argmax"),
+                       (dict(token_weights=torch.ones(3) if odd else None), "agree on token_weights"),
+                       (dict(x=torch.ones(4 if odd else 3, 4), labels=torch.tensor([3, 0, 1, 2][:4 if odd else 3])),
+                        "agree on x"),
+                       (dict(labels=torch.tensor([3, 0, 2 if odd else 1])), "labels must hold the same values"),
+                       (dict(class_weights=torch.ones(sizes[rank] - 1 if odd else sizes[rank])),
+                        r"rank 1: class_weights must be this rank's slice"),
+                       (dict(implementation="no_such" if odd else None), "rank 1: linear_cross_entropy: unknown implementation"),
+                       (dict(memory_budget=-1 if odd else None), "rank 1: .*memory_budget")):
+        with pytest.raises(ValueError, match=needle):
+            lce(**kw)
+    q = torch.zeros(1, 3, 2, 4)
+    with pytest.raises(ValueError, match="agree on causal"):
+        tpt.context_parallel_attention(q, q, q, causal=odd)
+    with pytest.raises(ValueError, match="agree on Hkv, Hq; rank 0: Hkv=2, Hq=2; rank 1: Hkv=1, Hq=1"):
+        qq = torch.zeros(1, 3, 1 if odd else 2, 4)
+        tpt.context_parallel_attention(qq, qq, qq)
+    x_e, ids, _ = _tokens(rank)
+    w_e = torch.zeros(EXPERT_SPLITS[world][rank], K, N, dtype=torch.bfloat16 if odd else torch.float32)
+    with pytest.raises(ValueError, match="rank 1: w_local must be torch.float32 like x"):
+        tpt.expert_parallel_grouped_matmul(torch.from_numpy(x_e), torch.from_numpy(ids), w_e, num_experts=E,
+                                           expert_start=sum(EXPERT_SPLITS[world][:rank]))
+    # Two row layouts of the same T: compared whole (the old check compared Σ (i+1)·cu[i], which
+    # two layouts can share: [0,1,1,1,1,2] and [0,0,0,1,2,2]).
+    q, k, v, table, kv, cu, sinks = _paged_problem()
+    cu_a, cu_b = torch.tensor([0, 1, 1, 1, 2], dtype=torch.int32), torch.tensor([0, 0, 1, 2, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match="agree on cu_q_lens"):
+        tpt.context_parallel_paged_decode(q[:2], k, v, table, kv, cu_b if odd else cu_a)
 
 
 def _worker(rank, world, port, failures):
@@ -279,6 +325,7 @@ def _worker(rank, world, port, failures):
             _check_vocab_parallel(rank, world, case)
         _check_vocab_masked_shard(rank, world)
         _check_vocab_errors(rank, world)
+        _check_ranks_must_agree(rank, world)
     except BaseException:
         failures.put(f"rank {rank}/{world}:\n{traceback.format_exc()}")
     finally:

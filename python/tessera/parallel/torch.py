@@ -10,6 +10,7 @@ like paged_attention. Each equals the single-device result.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import List, Optional, Sequence
 
 import torch
@@ -72,6 +73,60 @@ def _gather_ints(values: Sequence[int], group, device) -> torch.Tensor:
     return torch.stack(out).cpu()
 
 
+def _agree_on(what: str, settings: dict, group, device) -> None:
+    """Every rank must call with the same `settings` (options, the shapes and dtypes that must
+    match, which optional inputs are given). One all-gather of an 8-byte digest per rank; on a
+    mismatch every rank raises, naming the settings that differ and each rank's values. Before
+    it, a mismatch hung a rank in a collective the others never entered, aborted gloo (tensors of
+    different sizes), or returned a different loss on each rank (a review)."""
+    blob = repr(sorted(settings.items())).encode()
+    digest = int.from_bytes(hashlib.sha256(blob).digest()[:8], "little", signed=True)
+    got = _gather_ints([digest], group, device)[:, 0].tolist()
+    if all(d == got[0] for d in got):
+        return
+    everyone: List[Optional[dict]] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, settings, group=group)
+    diff = [k for k in sorted(settings) if len({repr(e.get(k)) for e in everyone}) > 1]
+    per_rank = "; ".join(f"rank {r}: " + ", ".join(f"{k}={e.get(k)!r}" for k in diff) for r, e in enumerate(everyone))
+    raise ValueError(f"{what}: the ranks must agree on {', '.join(diff)}; {per_rank}")
+
+
+def _same_content(what: str, tensors: dict, group, device) -> None:
+    """Inputs that must hold the same values on every rank (labels, token weights), compared
+    exactly: one MAX and one MIN all-reduce of them all; every rank sees the same verdict. Call
+    after _agree_on has made their shapes equal (gloo aborts on different sizes)."""
+    given = {n: t for n, t in tensors.items() if t is not None and t.numel()}
+    if not given:
+        return
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in given.values()]).to(device)
+    hi, lo = flat.clone(), flat.clone()
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
+    same = (hi == lo) | (torch.isnan(hi) & torch.isnan(lo))
+    if bool(same.all()):
+        return
+    bad, at = [], 0
+    for n, t in given.items():
+        if not bool(same[at:at + t.numel()].all()):
+            bad.append(n)
+        at += t.numel()
+    raise ValueError(f"{what}: {', '.join(bad)} must hold the same values on every rank; they differ")
+
+
+def _check_implementation(kernel: str, implementation: Optional[str], device: torch.device) -> None:
+    """A name (or comma list) the kernel knows, one of them able to run on `device`: an
+    implementation that can run on one rank only raised there alone, at the kernel call."""
+    if not implementation:
+        return
+    impls = {i["name"]: i for i in KERNELS[kernel].implementations}
+    names = [n for n in implementation.split(",") if n]
+    unknown = [n for n in names if n not in impls]
+    if unknown:
+        raise ValueError(f"{kernel}: unknown implementation {unknown[0]!r} (have: {', '.join(impls)})")
+    if not any(impls[n]["available"] and impls[n]["device"] == device.type for n in names):
+        raise ValueError(f"{kernel}: no implementation of {implementation!r} can run on {device.type} here")
+
+
 def _check_experts(x, expert_ids, w_local, num_experts, transpose_rhs):
     if x.dim() != 2:
         raise ValueError(f"x must be [T, K], got shape {tuple(x.shape)}")
@@ -82,6 +137,8 @@ def _check_experts(x, expert_ids, w_local, num_experts, transpose_rhs):
     if w_local.dim() != 3 or w_local.shape[2 if transpose_rhs else 1] != x.shape[1]:
         raise ValueError(f"w_local must be [E_local, K={x.shape[1]}, N]"
                          f"{' (transposed: [E_local, N, K])' if transpose_rhs else ''}, got {tuple(w_local.shape)}")
+    if w_local.dtype != x.dtype:
+        raise TypeError(f"w_local must be {x.dtype} like x, got {w_local.dtype}")
     if expert_ids.numel() and (int(expert_ids.min()) < 0 or int(expert_ids.max()) >= num_experts):
         raise ValueError(f"expert_ids must lie in [0, num_experts={num_experts}), got "
                          f"[{int(expert_ids.min())}, {int(expert_ids.max())}]")
@@ -122,7 +179,15 @@ def expert_parallel_grouped_matmul(x: torch.Tensor, expert_ids: torch.Tensor, w_
     the rows back. Differentiable in x and w_local. Returns [T, N] in x's dtype.
     """
     dev = x.device
-    _checked(lambda: _check_experts(x, expert_ids, w_local, num_experts, transpose_rhs), group, dev)
+
+    def check():
+        _check_experts(x, expert_ids, w_local, num_experts, transpose_rhs)
+        _check_implementation("grouped_matmul", implementation, dev)
+    _checked(check, group, dev)
+    n_out = w_local.shape[1 if transpose_rhs else 2] if w_local.dim() == 3 else -1
+    _agree_on("expert_parallel_grouped_matmul", dict(K=x.shape[1], N=n_out, dtype=str(x.dtype),
+                                                     num_experts=num_experts, transpose_rhs=bool(transpose_rhs)),
+              group, dev)
     ranges = _gather_ints([expert_start, w_local.shape[0]], group, dev)
     _checked(lambda: _check_ranges(ranges, num_experts), group, dev)
     me = dist.get_rank(group)
@@ -194,7 +259,15 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     q, k, v: dk and dv are summed over the ranks whose queries used them.
     """
     dev = q.device
-    _checked(lambda: _check_shards(q, k, v, causal, window_left, -1), group, dev)
+
+    def check():
+        _check_shards(q, k, v, causal, window_left, -1)
+        _check_implementation("attention", implementation, dev)
+    _checked(check, group, dev)
+    _agree_on("context_parallel_attention",
+              dict(B=q.shape[0], Hq=q.shape[2], Hkv=k.shape[2], D=q.shape[3], Dv=v.shape[3], dtype=str(q.dtype),
+                   causal=bool(causal), window_left=int(window_left), scale=float(scale), softcap=float(softcap),
+                   return_lse=bool(return_lse)), group, dev)
     lengths = _gather_ints([q.shape[1]], group, dev)[:, 0].tolist()
     me = dist.get_rank(group)
     k_all = _GatherSequence.apply(k, lengths, group)
@@ -249,17 +322,14 @@ def _local_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens, sinks, kw
     return o, lse
 
 
-def _agreed_call(group, world: int, sink_rank: int, q, v_cache, cu_q_lens, sinks) -> None:
-    """What every rank must share: the rows [T, Hq, Dv], N, cu_q_lens (a checksum), sink_rank and
-    whether sinks are given. One all-gather of a few integers; every rank sees the same table and
-    raises the same error."""
-    cu = [int(c) for c in cu_q_lens.tolist()]
-    mine = [q.shape[0], q.shape[1], v_cache.shape[-1] if v_cache.dim() else -1, len(cu),
-            sum((i + 1) * c for i, c in enumerate(cu)) % (1 << 61), sink_rank, int(sinks is not None)]
-    got = _gather_ints(mine, group, q.device)
-    if not bool((got == got[0]).all()):
-        raise ValueError("context_parallel_paged_decode: the ranks disagree on [T, Hq, Dv, N + 1, cu_q_lens "
-                         f"(checksum), sink_rank, sinks given]: {got.tolist()} by rank")
+def _agreed_call(group, sink_rank: int, q, v_cache, cu_q_lens, sinks, scale, softcap, return_lse) -> None:
+    """What every rank must share: the rows [T, Hq, Dv], cu_q_lens itself (a checksum of it let
+    two different row layouts through: a review), sink_rank, whether sinks are given, the options."""
+    _agree_on("context_parallel_paged_decode",
+              dict(T=q.shape[0], Hq=q.shape[1], Dv=v_cache.shape[-1] if v_cache.dim() else -1, dtype=str(q.dtype),
+                   cu_q_lens=tuple(int(c) for c in cu_q_lens.tolist()), sink_rank=sink_rank,
+                   sinks=sinks is not None, scale=scale, softcap=float(softcap), return_lse=bool(return_lse)),
+              group, q.device)
 
 
 def context_parallel_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -287,8 +357,11 @@ def context_parallel_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     dev = q.device
     page_table, kv_lens, cu_q_lens = page_table.cpu(), kv_lens.cpu(), cu_q_lens.cpu()
     world, me = dist.get_world_size(group), dist.get_rank(group)
-    _checked(lambda: _check_decode_rows(q, k_cache, page_table, kv_lens, cu_q_lens, sink_rank, world), group, dev)
-    _agreed_call(group, world, sink_rank, q, v_cache, cu_q_lens, sinks)
+    def check():
+        _check_decode_rows(q, k_cache, page_table, kv_lens, cu_q_lens, sink_rank, world)
+        _check_implementation("paged_attention", implementation, dev)
+    _checked(check, group, dev)
+    _agreed_call(group, sink_rank, q, v_cache, cu_q_lens, sinks, scale, softcap, return_lse)
     kw = {"softcap": softcap, "implementation": implementation}
     if scale is not None:
         kw["scale"] = scale
@@ -419,21 +492,35 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int,
     floats per token combine the statistics; the backward all-reduces dx. Same results as one
     device (every option), same return order as the single-device function.
     """
-    softcap = older_keyword("linear_cross_entropy", "softcap", softcap, soft_cap, 0.0)  # the older spelling
     dev = x.device
     lead = tuple(x.shape[:-1])
 
     v_box: List[int] = []
+    local = {}
 
-    def check():
+    def check():  # everything that can fail on one rank alone, agreed before any other collective
+        local["softcap"] = older_keyword("linear_cross_entropy", "softcap", softcap, soft_cap, 0.0)
+        local["budget"] = memory_budget_bytes(memory_budget, "linear_cross_entropy")
         if tuple(labels.shape) != lead:
             raise ValueError(f"labels shape {tuple(labels.shape)} does not match x's leading axes {lead}")
         if labels.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"labels must be int32 or int64, got {labels.dtype}")
         v_box.append(_local_vocab(x, w_local, w_layout))
+        if class_weights is not None and tuple(class_weights.shape) != (v_box[0],):
+            raise ValueError(f"class_weights must be this rank's slice [V_local={v_box[0]}], got "
+                             f"{tuple(class_weights.shape)}")
+        _check_implementation("linear_cross_entropy", implementation, dev)
     _checked(check, group, dev)
+    softcap, budget = local["softcap"], local["budget"]
+    _agree_on("vocab_parallel_linear_cross_entropy",
+              dict(x=tuple(x.shape), dtype=str(x.dtype), reduction=reduction, ignore_index=int(ignore_index),
+                   label_smoothing=float(label_smoothing), z_loss_weight=float(z_loss_weight), softcap=float(softcap),
+                   return_argmax=bool(return_argmax), return_z_loss=bool(return_z_loss),
+                   return_token_accuracy=bool(return_token_accuracy), return_lse=bool(return_lse),
+                   bias=bias is not None, token_weights=token_weights is not None,
+                   class_weights=class_weights is not None), group, dev)
+    _same_content("vocab_parallel_linear_cross_entropy", dict(labels=labels, token_weights=token_weights), group, dev)
     slices = _gather_ints([vocab_start, v_box[0]], group, dev)
-    budget = memory_budget_bytes(memory_budget, "linear_cross_entropy")
     opts = dict(reduction=reduction, label_smoothing=label_smoothing, z_loss_weight=z_loss_weight, softcap=softcap,
                 w_layout=w_layout, implementation=implementation, memory_budget=budget)
     vt_box: List[int] = []

@@ -1,9 +1,7 @@
 // Tessera: slstm — the sLSTM cell of xLSTM (scalar memory, head-wise recurrent weights), forward
 // and backward through time, with resets and an initial state.
 //
-// THE CONTRACT (the semantics of the `xlstm` package's sLSTM with the stabilizer rule; its
-// parameters are laid out otherwise: r = recurrent_kernel[:].permute(2, 0, 1, 3), b =
-// bias[:].permute(1, 0, 2) — docs/kernels/slstm.md, "From the xlstm package"):
+// THE CONTRACT (xlstm's sLSTM with the stabilizer rule; its parameters map by permutes: slstm.md):
 //   wx [B, S, 4, NH, DH]  gate pre-activations from the input projection, gates (i, f, z, o)
 //   r  [4, NH, DH, DH]    head-wise recurrent weights: ry[g, h, k] = Σ_j h_{t-1}[h, j]·r[g, h, j, k]
 //   b  [4, NH, DH]        bias

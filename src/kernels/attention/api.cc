@@ -141,9 +141,7 @@ std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const s
         const bool fit = std::count(tunable.begin(), tunable.end(), impl.name()) > 0;
         body(impl, fit ? sanitize_for_shape(bs, p) : bs);
       },
-      [&](const Implementation& impl) {
-        if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
-      });
+      [&](const Implementation& impl) { if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes); });
 }
 
 // Calls with nothing to compute. No query rows: nothing to write but dk = dv = 0. No keys: every

@@ -121,9 +121,7 @@ std::string dispatch_call(const Problem& p, const Options& opt, Pass op, const s
         impl.validate_block_sizes(bs);  // a table row too
         body(impl, bs);
       },
-      [&](const Implementation& impl) {
-        if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes);
-      });
+      [&](const Implementation& impl) { if (opt.block_sizes) impl.validate_block_sizes(*opt.block_sizes); });
 }
 
 // dlhs is a gmm of dout against rhs transposed: K and N swap, and so does rhs's layout.

@@ -8,7 +8,8 @@
 //       {{&Inputs::wx, {"wx", "B,S,4,NH,DH", "float"}, "gate pre-activations", true, true},
 //        {&Inputs::resets, {"resets", "B,S", "int", true}, "reset mask: nonzero resets", false}},
 //       {{"h", "B,S,NH,DH", "f32"}, {"dwx", "B,S,4,NH,DH", "=wx"}}};
-//   dispatch::Dims d = t.bind(in, BindMode::kFull);   // every given input, in declaration order
+//   dispatch::Dims d = t.bind(in, BindMode::kFull);   // every given input, in declaration order;
+//                                                      // a required one not given is an error
 //   if (opt.check_finite) t.check_finite(in);
 //   check_rule(d, t.rules(), "h", out.h);
 //
@@ -51,9 +52,14 @@ class DeclaredTensors {
   const ArgCheck& args() const { return rules_.args(); }
 
   // Binds `in`'s given inputs (an absent optional one is skipped).
+  // A required input left out (an empty view) is "<name> is required": the backends got its null
+  // pointer (a segfault) or a later rule a dim nobody bound.
   Dims bind(const In& in, BindMode mode) const {
     std::vector<std::pair<std::string, TensorView>> views;
-    for (const TensorInput<In>& t : inputs_) views.emplace_back(t.rule.name, in.*t.member);
+    for (const TensorInput<In>& t : inputs_) {
+      if (t.required && !given(in.*t.member)) args().fail(t.rule.name + " is required");
+      views.emplace_back(t.rule.name, in.*t.member);
+    }
     return rules_.bind(views, mode);
   }
   // No view of `outputs` shares memory with an input of `in`, with a view of `reads` (upstream

@@ -183,10 +183,25 @@ class Registry final : public RegistryView {
 
   // find(name), or Error(kNotFound) "<kernel>: unknown implementation '<name>'" (a kernel's public
   // validate_block_sizes(implementation, sizes)).
+  // A declared implementation that cannot load here (a CUDA module on a machine without one) is
+  // Error(kUnsupported) with its reason, not "unknown".
   const Impl& require(const std::string& name) const {
     const Impl* impl = find(name);
+    check(impl != nullptr || RegistryView::find(name) == nullptr, ErrorCode::kUnsupported,
+          kernel_ + ": implementation '" + name + "' is not available here: " +
+              (RegistryView::find(name) ? RegistryView::find(name)->available().reason : std::string()));
     check(impl != nullptr, ErrorCode::kNotFound, kernel_ + ": unknown implementation '" + name + "'");
     return *impl;
+  }
+
+  // Error(kNotFound) for a name `requested` (or TESSERA_IMPLEMENTATION) gives that is not
+  // registered, as dispatch() would: for a call with nothing to compute, which returns before
+  // dispatch (a typo must fail there too, exec.h).
+  void check_names(const std::string& requested, DeviceType device) const {
+    const Plan plan = make_plan(requested, default_order(device));
+    for (const std::string& n : plan.order)
+      check(RegistryView::find(n) != nullptr, ErrorCode::kNotFound,
+            kernel_ + ": unknown implementation '" + n + "' (from " + plan.source + ")");
   }
 
   // Runs `body(const Impl&)` on the implementation the rules of dispatch.h choose for

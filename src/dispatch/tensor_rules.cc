@@ -126,6 +126,8 @@ void Dims::check_dims(const TensorView& t, const TensorRule& rule) {
   const std::vector<std::string> names = dim_names(rule.dims);
   const auto wrong = [&] { args_->fail(rule.name + " must be " + spelled(rule.dims) + ", got " + shape_str(t.shape)); };
   if (t.ndim() != static_cast<int64_t>(names.size())) wrong();
+  for (int64_t size : t.shape)  // a negative size passed every rule (and a reference call ran on it)
+    if (size < 0) args_->fail(rule.name + " has a negative size: " + shape_str(t.shape));
   std::map<std::string, int64_t> fresh;  // bound by this tensor: a repeated name must agree with itself
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string& n = names[i];

@@ -210,6 +210,7 @@ std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& 
   const Problem p = normalize(in, d, opt);
   const ForwardOut fo = check_forward_outputs(d, p, out);
   check_apart(in, {{"o", out.o}, {"lse", out.lse}}, {});
+  registry().check_names(opt.implementation, p.device.type);  // also when nothing runs
   if (trivial_forward(p, out)) return "(empty)";
   return dispatch_call(p, opt, Pass::kForward, {tune::buffer_of("o", out.o), tune::buffer_of("lse", out.lse)},
                        [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
@@ -222,6 +223,7 @@ std::string backward(const Inputs& in, const BackwardInputs& saved, const Gradie
   const GradOut go = check_gradients(in, p, grads);
   check_apart(in, {{"dq", grads.dq}, {"dk", grads.dk}, {"dv", grads.dv}},
               {{"o", saved.o}, {"lse", saved.lse}, {"grad_o", saved.grad_o}});
+  registry().check_names(opt.implementation, p.device.type);
   if (trivial_backward(p, grads)) return "(empty)";
   const std::vector<tune::Buffer> outs{tune::buffer_of("dq", grads.dq), tune::buffer_of("dk", grads.dk),
                                        tune::buffer_of("dv", grads.dv)};
@@ -238,6 +240,7 @@ std::string forward_backward(const Inputs& in, const TensorView& grad_o, const F
   const GradOut go = check_gradients(in, p, grads);
   check_apart(in, {{"o", out.o}, {"lse", out.lse}, {"dq", grads.dq}, {"dk", grads.dk}, {"dv", grads.dv}},
               {{"grad_o", grad_o}});
+  registry().check_names(opt.implementation, p.device.type);
   if (trivial_forward(p, out)) {
     trivial_backward(p, grads);
     return "(empty)";

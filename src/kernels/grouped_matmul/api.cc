@@ -30,6 +30,7 @@ const dispatch::TensorRules& rules(bool transpose_rhs) {
 // The local groups' row offsets from group_sizes (validated: host int32/int64 [G_total], sizes
 // >= 0, Σ <= M, G_total = G without an offset, offset + G <= G_total with one).
 std::vector<int64_t> group_rows(const TensorView& gs, int64_t G, int64_t M, const Options& opt) {
+  if (!dispatch::given(gs)) args.fail("group_sizes is required");
   args.integer(gs, "group_sizes");
   if (gs.ndim() != 1) args.fail("group_sizes must be 1-D [G], got " + shape_str(gs.shape));
   args.host(gs, "group_sizes");
@@ -55,9 +56,16 @@ std::vector<int64_t> group_rows(const TensorView& gs, int64_t G, int64_t M, cons
   return begin;
 }
 
+// Every named view given: an empty one is "<name> is required" (it reached a rule as an unbound dim).
+void required(std::initializer_list<std::pair<const char*, TensorView>> views) {
+  for (const auto& [name, t] : views)
+    if (!dispatch::given(t)) args.fail(std::string(name) + " is required");
+}
+
 }  // namespace
 
 dispatch::Dims bind_tensors(const Inputs& in, const Options& opt, dispatch::BindMode mode) {
+  required({{"lhs", in.lhs}, {"rhs", in.rhs}});  // group_sizes: make_problem (outputs() has none)
   return rules(opt.transpose_rhs).bind({{"lhs", in.lhs}, {"rhs", in.rhs}}, mode);
 }
 
@@ -175,6 +183,7 @@ std::string gmm(const Inputs& in, const TensorView& out, const Options& opt) {
 
 std::string tgmm(const TensorView& lhs, const TensorView& dout, const TensorView& group_sizes, const TensorView& drhs,
                  const Options& opt) {
+  required({{"lhs", lhs}, {"dout", dout}, {"group_sizes", group_sizes}, {"drhs", drhs}});
   dispatch::Dims d = rules(opt.transpose_rhs).bind({{"lhs", lhs}, {"drhs", drhs}, {"dout", dout}});
   const Problem p = make_problem(d, lhs, group_sizes, opt);
   if (opt.check_finite) args.finite(dout, "dout");

@@ -146,6 +146,9 @@ Problem normalize_x_w(const Inputs& in, const Options& opt) {
   const TensorView &x = in.x, &w = in.w;
   args.floating(x, "x");
   args.need(x.ndim() >= 1, "x must have at least one dimension [..., H], got a 0-d tensor");
+  for (const TensorView* t : {&x, &w})  // a negative size ran on the reference and blamed block sizes on cpu
+    args.need(std::all_of(t->shape.begin(), t->shape.end(), [](int64_t n) { return n >= 0; }),
+              std::string(t == &x ? "x" : "w") + " has a negative size: " + shape_str(t->shape));
   args.contiguous(x, "x");
   args.data(x, "x");
   Problem p;
@@ -424,6 +427,7 @@ std::string run(const Call& k, const Options& opt, Pass pass, bool every_row) {
   const GradIn gi = c && bwd ? c->grad_in(k.gi) : k.gi;
   const GradOut go = c && bwd ? c->grad_out(k.go) : k.go;
   std::string ran = "(empty batch)";
+  registry().check_names(opt.implementation, q.device.type);  // also when nothing runs
   if (q.B == 0) {
     synchronize(q.device, q.stream);  // the caller's queued work first (zero_fill is not on its stream)
     if (k.loss) zero_fill(*k.loss);

@@ -86,6 +86,10 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
 }  // namespace
 
 dispatch::Dims bind_tensors(const Inputs& in, dispatch::BindMode mode) {
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView&>{"q", in.q}, {"k_cache", in.k_cache},
+                                {"v_cache", in.v_cache}, {"page_table", in.page_table}, {"kv_lens", in.kv_lens},
+                                {"cu_q_lens", in.cu_q_lens}})
+    if (!dispatch::given(t)) args.fail(std::string(name) + " is required");  // a null pointer segfaulted
   return kRules.bind({{"q", in.q}, {"k_cache", in.k_cache}, {"v_cache", in.v_cache},
                       {"sinks", in.sinks.value_or(TensorView{})}, {"page_table", in.page_table}, {"kv_lens", in.kv_lens}},
                      mode);
@@ -95,6 +99,7 @@ std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
   const Problem p = normalize(in, out, opt);
+  registry().check_names(opt.implementation, p.device.type);  // also when nothing runs
   if (p.T == 0) return "(empty)";
   return registry().dispatch_problem(opt.implementation, p, [&](const Implementation& impl) { impl.forward(p); });
 }

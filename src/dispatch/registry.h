@@ -203,6 +203,11 @@ class Registry final : public RegistryView {
       check(RegistryView::find(n) != nullptr, ErrorCode::kNotFound,
             kernel_ + ": unknown implementation '" + n + "' (from " + plan.source + ")");
   }
+  // A call with nothing to compute: check_names, then "(empty)" for the caller to return.
+  std::string empty_call(const std::string& requested, DeviceType device) const {
+    check_names(requested, device);
+    return "(empty)";
+  }
 
   // Runs `body(const Impl&)` on the implementation the rules of dispatch.h choose for
   // `requested` (ExecOptions::implementation) on `device`; `supports(const Impl&)` says

@@ -70,8 +70,7 @@ std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
   const Problem p = normalize(in, out, opt);
-  registry().check_names(opt.implementation, p.device.type);  // also when nothing runs
-  if (p.B * p.Sq * p.Hq == 0) return "(empty)";
+  if (p.B * p.Sq * p.Hq == 0) return registry().empty_call(opt.implementation, p.device.type);
   // The split length: the call's (block_sizes.split_keys > 0), else the tuned table's, else
   // autotune-on-miss (timing the implementation on this call), else the automatic rule.
   int64_t Lmax = 0;  // cache_seqlens are host memory on every device

@@ -99,8 +99,7 @@ std::vector<ImplementationInfo> implementations() { return registry().infos(); }
 
 std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
   const Problem p = normalize(in, out, opt);
-  registry().check_names(opt.implementation, p.device.type);  // also when nothing runs
-  if (p.T == 0) return "(empty)";
+  if (p.T == 0) return registry().empty_call(opt.implementation, p.device.type);
   return registry().dispatch_problem(opt.implementation, p, [&](const Implementation& impl) { impl.forward(p); });
 }
 

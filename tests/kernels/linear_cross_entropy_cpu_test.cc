@@ -66,6 +66,19 @@ TEST(LinearCrossEntropyCpu, CheckGridSmallBlocksAndThreadCounts) {
   }
 }
 
+// B tokens of hidden size H over V classes, x, w and bias in `dt`, w laid out as `l`: what every
+// hand-made case below starts from (each then sets its own options and block sizes).
+lt::CaseSpec shaped_case(int64_t B, int64_t H, int64_t V, DType dt = DType::kF32, WLayout l = WLayout::kHV) {
+  lt::CaseSpec c;
+  c.lead = {B};
+  c.H = H;
+  c.V = V;
+  c.dtype = dt;
+  c.bias_dtype = dt;
+  c.memory_layout = l;
+  return c;
+}
+
 // Larger odd shapes where B, H, V are not multiples of any block, several vocab blocks per
 // thread; every option on, both layouts and transposed views, every dtype.
 TEST(LinearCrossEntropyCpu, OddShapesEveryOption) {
@@ -73,13 +86,7 @@ TEST(LinearCrossEntropyCpu, OddShapesEveryOption) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
     for (WLayout l : {WLayout::kHV, WLayout::kVH})
       for (bool tv : {false, true}) {
-        lt::CaseSpec c;
-        c.lead = {37};
-        c.H = 29;
-        c.V = 283;
-        c.dtype = dt;
-        c.bias_dtype = dt;
-        c.memory_layout = l;
+        lt::CaseSpec c = shaped_case(37, 29, 283, dt, l);
         c.transposed_view = tv;
         c.bias = true;
         c.weights = true;
@@ -123,13 +130,7 @@ std::vector<lt::CaseSpec> tail_cases(DType dtype) {
   for (const Shape3& sh : shapes)
     for (WLayout l : {WLayout::kHV, WLayout::kVH})
       for (int opts = 0; opts < 2; ++opts) {
-        lt::CaseSpec c;
-        c.lead = {sh.B};
-        c.H = sh.H;
-        c.V = sh.V;
-        c.dtype = dtype;
-        c.bias_dtype = dtype;
-        c.memory_layout = l;
+        lt::CaseSpec c = shaped_case(sh.B, sh.H, sh.V, dtype, l);
         c.transposed_view = opts == 1 && l == WLayout::kVH;
         c.opt.block_sizes = sh.bs;
         c.opt.num_threads = sh.threads;
@@ -441,12 +442,7 @@ TEST(LinearCrossEntropyCpu, VocabSlicesBoundTheDwScratch) {
 // V smaller than the per-thread vocab alignment: thread 1 owns no vocabulary (but half of H).
 TEST(LinearCrossEntropyCpu, ThreadWithoutVocabulary) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    lt::CaseSpec c;
-    c.lead = {300};
-    c.H = 128;
-    c.V = 7;
-    c.dtype = dt;
-    c.bias_dtype = dt;
+    lt::CaseSpec c = shaped_case(300, 128, 7, dt);
     c.bias = true;
     c.opt.return_argmax = true;
     c.opt.label_smoothing = 0.2;
@@ -508,10 +504,7 @@ void expect_near_all(const Tensor& a, const Tensor& b, double tol, const char* w
 }
 
 lt::CaseSpec medium_case() {
-  lt::CaseSpec c;
-  c.lead = {150};
-  c.H = 48;
-  c.V = 517;
+  lt::CaseSpec c = shaped_case(150, 48, 517);
   c.bias = true;
   c.weights = true;
   c.opt.reduction = Reduction::kNone;  // per-token upstream gradients
@@ -792,13 +785,7 @@ TEST(LinearCrossEntropyCpu, Bf16DotForwardScratchStaysUnderItsBudget) {
 // weights, per-token losses, smoothing; no ignored row (its lse is unspecified: the fused call
 // compacts it away, a forward asking for argmax keeps it).
 lt::CaseSpec forward_vs_fused_case(DType dt, WLayout l) {
-  lt::CaseSpec s;
-  s.lead = {150};
-  s.H = 67;
-  s.V = 1031;
-  s.dtype = dt;
-  s.bias_dtype = dt;
-  s.memory_layout = l;
+  lt::CaseSpec s = shaped_case(150, 67, 1031, dt, l);
   s.bias = true;
   s.weights = true;
   s.ignore_fraction = 0.0;

@@ -137,6 +137,7 @@ nb::list describe_inputs(const std::vector<kernels::CallInput>& in) {
     d["differentiable"] = i.differentiable;
     d["host_only"] = i.host_only;
     d["autocast"] = i.autocast;
+    d["transposed"] = i.transposed;
     out.append(d);
   }
   return out;

@@ -83,10 +83,13 @@ def _is_np_bf16(t: Any) -> bool:
     return isinstance(t, np.ndarray) and t.dtype.name == "bfloat16"
 
 
-def _array_in(kernel: str, name: str, t: Any) -> Any:
+def _array_in(kernel: str, name: str, t: Any, transposed: bool = False) -> Any:
     """An input as it crosses to the extension: a list, tuple or Python scalar becomes a NumPy
-    array (Python floats as float32); NumPy, CuPy and DLPack arrays pass as they are. A NumPy array in the other byte order
-    cannot cross zero-copy: refused by name (nanobind's own error listed only signatures)."""
+    array (Python floats as float32); a strided NumPy view (x[:, ::2], a slice of a fused
+    projection) is copied once into a contiguous array, except a 2-D transposed view where the
+    kernel reads one in place (`transposed`: linear_cross_entropy's w); CuPy and DLPack arrays pass
+    as they are. A NumPy array in the other byte order cannot cross zero-copy: refused by name
+    (nanobind's own error listed only signatures)."""
     if isinstance(t, (list, tuple, int, float)):
         t = np.asarray(t)
         if t.dtype == np.float64:  # Python floats: f32, the dtype every kernel takes
@@ -94,6 +97,8 @@ def _array_in(kernel: str, name: str, t: Any) -> Any:
     if isinstance(t, np.ndarray) and not t.dtype.isnative:
         raise TypeError(f"{kernel}: {name} is a {t.dtype.str} array in the other byte order: pass "
                         f"{name}.astype({name}.dtype.newbyteorder('='))")
+    if isinstance(t, np.ndarray) and not t.flags.c_contiguous and not (transposed and t.ndim == 2 and t.flags.f_contiguous):
+        t = np.ascontiguousarray(t)
     return t
 
 
@@ -121,7 +126,8 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
     k = _kernel(kernel)
     options = canonical_keywords(k.name, options)
     budget = memory_budget_bytes(memory_budget, k.name)
-    given = {n: widen_mask(_array_in(k.name, n, t)) for n, t in tensors.items() if t is not None}
+    transposed = {i.name for i in k.inputs if i.transposed}
+    given = {n: widen_mask(_array_in(k.name, n, t, n in transposed)) for n, t in tensors.items() if t is not None}
     bf16 = {n for n, t in given.items() if _is_np_bf16(t)}
     given = {n: t.view(np.uint16) if n in bf16 else t for n, t in given.items()}
     opts = k.option_texts(options)

@@ -109,6 +109,7 @@ class Input:
     differentiable: bool
     host_only: bool = False  # read on the host whatever the device (group sizes, page tables)
     autocast: bool = False  # the computation's dtype: cast to torch.autocast's (x and w; q, k, v)
+    transposed: bool = False  # a 2-D transposed view is read in place (LCE's w); others are made contiguous
 
 
 @dataclass
@@ -273,9 +274,11 @@ def _load() -> Dict[str, Kernel]:
     for d in _ext.kernels():
         opts = tuple(Option(o["name"], o["kind"], o["help"], _typed_default(o["kind"], o["default"]),
                             tuple(o["choices"])) for o in d["options"])
-        ins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"], i["autocast"])
+        ins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"], i["autocast"],
+                          i["transposed"])
                     for i in d["inputs"])
-        gins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"], i["autocast"])
+        gins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"], i["autocast"],
+                          i["transposed"])
                      for i in d["grad_inputs"])
         out[d["name"]] = Kernel(d["name"], d["description"], tuple(d["passes"]), ins, gins, opts,
                                 tuple(d["forward_outputs"]), tuple(d["saved_outputs"]), d["implementations"],

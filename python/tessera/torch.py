@@ -439,6 +439,18 @@ def _autocast(*tensors):
     return tuple(t.to(dt) if t is not None and t.is_floating_point() and t.dtype != dt else t for t in tensors)
 
 
+def _dense(t, transposed: bool = False):
+    """An input as the kernels read it: contiguous (a strided view, such as q split off a fused qkv
+    projection or hidden[:, :-1], is copied once, as FlashAttention's and Liger's wrappers do; the
+    copy is differentiable, so gradients reach the view). A 2-D transposed view of a contiguous
+    array is kept where the kernel reads it in place (`transposed`: linear_cross_entropy's w)."""
+    if t is None or not isinstance(t, torch.Tensor) or t.is_contiguous():
+        return t
+    if transposed and t.dim() == 2 and t.t().is_contiguous():
+        return t
+    return t.contiguous()
+
+
 def _int_options(kernel: str, **values):
     for name, v in values.items():
         if isinstance(v, bool):
@@ -468,13 +480,15 @@ def _make(k: Kernel, op=None, drop_grads=False):
     # schema took it as 1.
     ints = [o.name for o in k.options if o.kind == "int"]
     ints_line = (f"    _int_options({k.name!r}, {', '.join(f'{n}={n}' for n in ints)})\n" if ints else "")
-    src = (f"def {k.name}({', '.join(params)}):\n" + ints_line + cast_line +
+    dense_line = (f"    {', '.join(t.name for t in k.inputs)}, = "
+                  f"{', '.join(f'_dense({t.name}, {t.transposed})' for t in k.inputs)},\n")
+    src = (f"def {k.name}({', '.join(params)}):\n" + ints_line + cast_line + dense_line +
            f"    outs = _op({', '.join(call_args)})\n" + drop +
            f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"
            + "".join(f"    if {f}:\n        public.append(outs[{nf + i}])\n" for i, f in enumerate(k.saved_flags)) +
            f"    return public[0] if len(public) == 1 else tuple(public)\n")
     scope = {"_op": op or getattr(torch.ops.tessera, k.name), "_budget": memory_budget_bytes, "_autocast": _autocast,
-             "_int_options": _int_options}
+             "_int_options": _int_options, "_dense": _dense}
     exec(src, scope)  # noqa: S102 - source built from the registry's names only
     fn = scope[k.name]
     fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + k.returns_doc()

@@ -114,6 +114,9 @@ struct CallInput {
   // these inputs to its dtype, as it does a matmul's operands (x and w; q, k, v); gates, states,
   // weights and indices keep theirs.
   bool autocast = false;
+  // A 2-D transposed view of a contiguous array is read in place (linear_cross_entropy's w); any
+  // other input must be contiguous (the front ends copy a strided view once: docs/PYTHON.md).
+  bool transposed = false;
 };
 
 // A CLI flag that sets several options at once from "A,B" (attention's --window LEFT,RIGHT sets

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from .. import _ext
 from .. import torch as tt
+from ..torch import _dense
 from .._registry import KERNELS, dtype_name, memory_budget_bytes, older_keyword
 from . import _vocab
 
@@ -492,6 +493,8 @@ def vocab_parallel_linear_cross_entropy(x, w_local, labels, *, vocab_start: int,
     floats per token combine the statistics; the backward all-reduces dx. Same results as one
     device (every option), same return order as the single-device function.
     """
+    x, labels, bias, token_weights = (_dense(t) for t in (x, labels, bias, token_weights))
+    w_local = _dense(w_local, transposed=True)
     dev = x.device
     lead = tuple(x.shape[:-1])
 

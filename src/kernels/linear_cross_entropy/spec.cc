@@ -61,7 +61,8 @@ const kernels::DeclaredInputs<Inputs>& inputs() {
   static const kernels::DeclaredInputs<Inputs> d{
       kKernelName,
       {input(&Inputs::x, {"x", "hidden states [..., H] (f32, bf16 or f16)", true, true, {}, false, true}),
-       input(&Inputs::w, {"w", "classifier [V, H] (PyTorch lm_head.weight) or [H, V], same dtype as x", true, true, {}, false, true}),
+       input(&Inputs::w, {"w", "classifier [V, H] (PyTorch lm_head.weight) or [H, V], same dtype as x", true, true, {},
+                                false, true, true}),
        input(&Inputs::labels, {"labels", "labels [...] (i32 or i64), ignore_index rows are ignored", true, false}),
        input(&Inputs::bias, {"bias", "bias [V] (float)", false, true, {}, false, true}),
        input(&Inputs::token_weights, {"token_weights", "per-token loss weights [...] (f32); no gradient"}),

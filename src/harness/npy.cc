@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <utility>
 #include <vector>
 
 #include "core/text.h"
@@ -58,6 +59,32 @@ std::string dict_value(const std::string& header, const std::string& key) {
   return v;
 }
 
+// A Fortran-order array (np.save of a transposed view, of a column-major array): `stored` holds
+// its bytes as the C-order array of the reversed shape; the result is `shape` in C order. Element
+// (i_0, .., i_{n-1}) is at stored offset sum_k i_k * prod_{m<k} shape[m] (an odometer over the
+// destination, one element copied at a time: the loader's path, not a kernel's).
+Tensor from_fortran(Tensor stored, const Shape& shape) {
+  const size_t n = shape.size(), es = dtype_size(stored.dtype());
+  if (n < 2) return stored;  // one axis or none: both orders are the same bytes
+  Tensor out = Tensor::empty(stored.dtype(), shape);
+  const int64_t count = out.numel();
+  std::vector<int64_t> stride(n), index(n, 0);
+  for (size_t k = 0, s = 1; k < n; s *= static_cast<size_t>(shape[k]), ++k) stride[k] = static_cast<int64_t>(s);
+  const char* src = static_cast<const char*>(stored.data());
+  char* dst = static_cast<char*>(out.data());
+  int64_t from = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    std::memcpy(dst + static_cast<size_t>(j) * es, src + static_cast<size_t>(from) * es, es);
+    for (size_t k = n; k-- > 0;) {  // next C-order index; `from` follows it
+      from += stride[k];
+      if (++index[k] < shape[k]) break;
+      from -= stride[k] * shape[k];
+      index[k] = 0;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Tensor load(const std::string& path) {
@@ -96,8 +123,8 @@ Tensor read(std::istream& f, const std::string& path) {
   const bool bytes1 = descr == "|b1" || descr == "|u1" || descr == "|i1";
   const DType dtype = bytes1 ? DType::kI32 : parse_descr(path, descr);
   const std::string order = dict_value(header, "fortran_order");
-  if (order == "True") bad(path, "Fortran-order arrays are not supported: save a C-order array (np.ascontiguousarray)");
-  if (order != "False") bad(path, "header has no fortran_order");
+  if (order != "True" && order != "False") bad(path, "header has no fortran_order");
+  const bool fortran = order == "True";  // read as the reversed shape in C order, then reordered
   if (header.find("'shape'") == std::string::npos) bad(path, "header has no shape");
   Shape shape;
   const std::string dims = dict_value(header, "shape");
@@ -140,19 +167,18 @@ Tensor read(std::istream& f, const std::string& path) {
                       std::to_string(bytes) + " bytes, the file has " + std::to_string(left) + " after the header");
     }
   }
-  Tensor t = Tensor::empty(dtype, shape);
+  Tensor t = Tensor::empty(dtype, fortran ? Shape(shape.rbegin(), shape.rend()) : shape);
   if (bytes1) {
     std::vector<char> raw(bytes);
     if (bytes && !f.read(raw.data(), static_cast<std::streamsize>(bytes)))
       bad(path, "truncated data: expected " + std::to_string(bytes) + " bytes for " + descr + shape_str(shape));
     for (uint64_t j = 0; j < bytes; ++j)
       t.data_as<int32_t>()[j] = descr == "|i1" ? int32_t(static_cast<signed char>(raw[j])) : int32_t(static_cast<unsigned char>(raw[j]));
-    return t;
-  }
-  if (bytes && !f.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(bytes)))
+  } else if (bytes && !f.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(bytes))) {
     bad(path, "truncated data: expected " + std::to_string(bytes) + " bytes for " + dtype_name(dtype) +
                   shape_str(shape));
-  return t;
+  }
+  return fortran ? from_fortran(std::move(t), shape) : t;
 }
 
 namespace {

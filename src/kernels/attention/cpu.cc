@@ -57,7 +57,7 @@
 //   once per item (bf16, <= 8 MiB per thread, else the f32 route; backward also needs dO in
 //   bf16).
 //
-// Threads: std::thread, work items handed out by an atomic counter (heaviest first). On the
+// Threads: the shared worker threads (primitives/cpu_threads.h), work items handed out by an atomic counter (heaviest first). On the
 // sgemm path, OpenBLAS is switched to one thread while a call runs (process-wide,
 // reference-counted, restored afterwards), because each worker calls sgemm on its own tiles —
 // the linear_cross_entropy backend's rule; its guard is a separate counter, so concurrent calls

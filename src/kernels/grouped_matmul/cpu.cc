@@ -32,7 +32,7 @@
 // group's item adds each chunk's sum to the output: one more rounding per chunk; the route differs from
 // OpenBLAS in the order of the sums only).
 //
-// Threads: std::thread, items handed out by an atomic counter, heaviest first; OpenBLAS at one
+// Threads: the shared worker threads (primitives/cpu_threads.h), items handed out by an atomic counter, heaviest first; OpenBLAS at one
 // thread meanwhile (primitives/cpu_threads.h). Determinism: every output element is computed by
 // exactly one item, whose arithmetic does not depend on the thread that runs it, so results are
 // bitwise identical for any thread count.

@@ -44,8 +44,8 @@
 //   Gradients accumulate in f32; a bf16/f16 dw output needs an f32 accumulator of w's size
 //   (gradient-sized, documented); a bf16/f16 dx needs a b×H f32 buffer.
 //
-// Threads: std::thread + a spin-then-sleep barrier, spawned per call (tens of µs, negligible against the
-// GEMMs). Not OpenMP: static ownership with explicit barriers is what makes the sums
+// Threads: the shared worker threads (primitives/cpu_threads.h: parked between calls) + a
+// spin-then-sleep barrier. Not OpenMP: static ownership with explicit barriers is what makes the sums
 // deterministic, and it avoids mixing an OpenMP runtime with OpenBLAS's own pthread pool.
 // While a call runs, OpenBLAS is switched to one thread (process-wide, reference-counted,
 // restored afterwards), because each worker calls sgemm on its own tile.
@@ -68,6 +68,7 @@
 #include "core/trace.h"
 #include "primitives/cpu_bf16_gemm.h"
 #include "primitives/cpu_blas.h"
+#include "primitives/cpu_threads.h"
 #include "primitives/cpu_convert.h"
 #include "primitives/cpu_f32_gemm.h"
 #include "kernels/linear_cross_entropy/cpu_rows.h"
@@ -98,7 +99,6 @@ constexpr int64_t kPkMaxCols = 512;
 // the L2 while every panel of the chunk's packed dz passes over them.
 constexpr int64_t kPkDxRows = 48;
 
-using BlasSingleThreaded = cpu_blas::SingleThreaded;  // OpenBLAS single-threaded while we run
 
 // A reusable barrier that spins briefly before sleeping (std::atomic::wait). A token block
 // crosses up to five barriers; on an idle machine the other worker usually arrives within
@@ -1156,32 +1156,11 @@ void Call::worker(int tid, Barrier& bar) {
 void Call::run() {
   TESSERA_TRACE_SCOPE("lce.call");
   {
-    BlasSingleThreaded blas_guard;
-    if (T == 1) {
-      Barrier bar(1);
-      worker(0, bar);
-    } else {
-      // Workers wait on `go` so that a failure to start a thread leaves none stuck on a barrier.
-      Barrier bar(T);
-      std::atomic<int> go{0};  // 0 wait, 1 run, 2 abort
-      std::vector<std::thread> threads;
-      threads.reserve(static_cast<size_t>(T - 1));
-      auto body = [&](int tid) {
-        while (go.load(std::memory_order_acquire) == 0) std::this_thread::yield();
-        if (go.load(std::memory_order_acquire) == 1) worker(tid, bar);
-      };
-      try {
-        for (int k = 1; k < T; ++k) threads.emplace_back(body, k);
-      } catch (...) {
-        go.store(2, std::memory_order_release);
-        for (auto& t : threads) t.join();
-        throw Error(ErrorCode::kUnsupported, std::string(kKernelName) + " cpu backend: could not start " +
-                                              std::to_string(T) + " threads");
-      }
-      go.store(1, std::memory_order_release);
-      worker(0, bar);
-      for (auto& t : threads) t.join();
-    }
+    // The workers meet at barriers and never throw (every buffer is allocated before): noexcept
+    // keeps a broken promise a crash (std::terminate) rather than threads waiting at a barrier.
+    Barrier bar(T);
+    cpu_threads::run_threads(T, /*blas=*/true, std::string(kKernelName) + " cpu",
+                             [&](int tid) noexcept { worker(tid, bar); });
   }
   if (mode != Mode::kBackward && !p.partial()) {
     if (p.reduction == Reduction::kSum) fout->loss[0] = static_cast<float>(total);

@@ -22,12 +22,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import tessera.torch as tt  # noqa: E402
 
-V, H, B, S = 96, 32, 2, 12          # vocabulary, hidden, batch, sequence
-HQ, HKV, D = 4, 2, 8                 # attention heads (GQA 2:1), head dim
-E, FF = 4, 24                        # experts, expert hidden
-NH, DH = 2, 8                        # xLSTM heads, head dim
-WINDOW, SOFTCAP = 6, 20.0
-SMOOTH, ZLOSS = 0.1, 1e-3
+from training_model import (B, D, DH, E, FF, H, HKV, HQ, IGNORE, NH, S, SMOOTH, SOFTCAP, V, WINDOW,  # noqa: E402
+                            ZLOSS, tessera_ops)
 
 
 # ---- PyTorch's own math: the oracle of each op, in the kernels' contracts ----
@@ -99,7 +95,7 @@ def lce_ref(x, w, labels):
     x, labels = x.reshape(-1, x.shape[-1]), labels.reshape(-1)
     z = x @ w.T
     lse = torch.logsumexp(z, -1)
-    keep = labels != -100
+    keep = labels != IGNORE
     zy = z.gather(1, labels.clamp(min=0)[:, None])[:, 0]
     per = (1 - SMOOTH) * (lse - zy) + SMOOTH * (lse - z.mean(-1)) + ZLOSS * lse**2
     return (per * keep).sum() / keep.sum()
@@ -113,13 +109,7 @@ class TorchOps:
     lce = staticmethod(lce_ref)
 
 
-class TesseraOps:
-    attention = staticmethod(lambda q, k, v: tt.attention(q, k, v, causal=True, window_left=WINDOW, softcap=SOFTCAP))
-    gmm = staticmethod(lambda lhs, rhs, gs, transpose_rhs=False: tt.grouped_matmul(lhs, rhs, gs,
-                                                                                  transpose_rhs=transpose_rhs))
-    mlstm = staticmethod(lambda q, k, v, i, f: tt.mlstm(q, k, v, i, f))
-    slstm = staticmethod(lambda wx, r, b: tt.slstm(wx, r, b))
-    lce = staticmethod(lambda x, w, y: tt.linear_cross_entropy(x, w, y, label_smoothing=SMOOTH, z_loss_weight=ZLOSS))
+TesseraOps = tessera_ops(tt)
 
 
 class Model(torch.nn.Module):
@@ -178,7 +168,7 @@ def batch(step):
     g = torch.Generator().manual_seed(100 + step)
     tokens = torch.randint(0, V, (B, S), generator=g)
     labels = (tokens * 7 + 3) % V
-    labels[:, -1] = -100                                # ignored tokens
+    labels[:, -1] = IGNORE                             # ignored tokens
     return tokens, labels
 
 

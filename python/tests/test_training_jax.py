@@ -28,13 +28,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import tessera.jax as tj  # noqa: E402
 
-V, H, B, S = 96, 32, 2, 12          # vocabulary, hidden, batch, sequence
-HQ, HKV, D = 4, 2, 8                 # attention heads (GQA 2:1), head dim
-E, FF = 4, 24                        # experts, expert hidden
-NH, DH = 2, 8                        # xLSTM heads, head dim
-WINDOW, SOFTCAP = 6, 20.0
-SMOOTH, ZLOSS = 0.1, 1e-3
-IGNORE = -100
+from training_model import (B, D, DH, E, FF, H, HKV, HQ, IGNORE, NH, S, SMOOTH, SOFTCAP, V, WINDOW,  # noqa: E402
+                            ZLOSS, tessera_ops)
 
 
 # ---- jnp's own math: the oracle of each op, in the kernels' contracts ----
@@ -130,13 +125,7 @@ class JnpOps:
     lce = staticmethod(lce_ref)
 
 
-class TesseraOps:
-    attention = staticmethod(lambda q, k, v: tj.attention(q, k, v, causal=True, window_left=WINDOW, softcap=SOFTCAP))
-    gmm = staticmethod(lambda lhs, rhs, gs, transpose_rhs=False: tj.grouped_matmul(lhs, rhs, gs,
-                                                                                  transpose_rhs=transpose_rhs))
-    mlstm = staticmethod(lambda q, k, v, i, f: tj.mlstm(q, k, v, i, f))
-    slstm = staticmethod(lambda wx, r, b: tj.slstm(wx, r, b))
-    lce = staticmethod(lambda x, w, y: tj.linear_cross_entropy(x, w, y, label_smoothing=SMOOTH, z_loss_weight=ZLOSS))
+TesseraOps = tessera_ops(tj)
 
 
 # ---- the model: a pure function of a parameter dict ----

@@ -6,9 +6,10 @@
 // Off (the default) a scope costs one relaxed atomic load and a branch: nothing is allocated,
 // no clock is read. On (trace::start), each thread records into a buffer of its own (a lock
 // no other thread takes while recording), found through a thread_local; a thread's buffer
-// outlives the thread and is handed to the next new thread, so the per-call worker threads of
-// the CPU backends reuse a few stable track ids instead of one per call (a thread owns its track
-// from its first scope on, so two threads' open scopes never share one). The total number of
+// outlives the thread and is handed to the next new thread, so threads that come and go reuse a
+// few stable track ids instead of one each (the CPU backends' helpers are parked between calls
+// and keep theirs; a thread owns its track from its first scope on, so two threads' open scopes
+// never share one). The total number of
 // events is capped (start's `max_events`); events past the cap are counted as dropped.
 // trace::write / trace::document produce {"traceEvents": [...], ...}; open it in
 // https://ui.perfetto.dev or chrome://tracing.

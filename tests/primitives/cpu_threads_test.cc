@@ -1,10 +1,14 @@
 // The CPU backends' worker threads (primitives/cpu_threads.h): every tid runs once and all of a
 // call's bodies run at the same time (they meet at a barrier), helpers are parked and reused
-// between calls, callers on several threads get their own helpers, a body's exception comes back
-// to the caller, and a fork()ed child starts its own.
+// between calls (no more than max_parked()), callers on several threads get their own helpers, a
+// body's exception comes back to the caller, every body runs with the caller's rounding mode and
+// CPU affinity, and a fork()ed child starts its own helpers.
 #include "primitives/cpu_threads.h"
 
+#include <fenv.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,6 +70,56 @@ TEST(CpuThreads, ABodysExceptionReachesTheCallerAfterEveryBodyEnded) {
                std::runtime_error);
   EXPECT_EQ(finished.load(), 3);
   EXPECT_EQ(meet(4), std::vector<int>(4, 1));  // the helpers are back and work
+}
+
+// Helpers first started by another thread take the caller's floating-point environment (a
+// helper that kept FTZ or a rounding mode of its first caller would make results depend on which
+// thread took which work item) and its CPU affinity (a helper started by a pinned thread would
+// pin every later call).
+TEST(CpuThreads, BodiesRunWithTheCallersRoundingAndAffinity) {
+  const auto modes = [](int T) {
+    std::vector<int> out(static_cast<size_t>(T));
+    run_threads(T, false, "test", [&](int tid) { out[static_cast<size_t>(tid)] = fegetround(); });
+    return out;
+  };
+  std::thread([&] {  // starts (or wakes) helpers while rounding upward
+    fesetround(FE_UPWARD);
+    EXPECT_EQ(modes(4), std::vector<int>(4, FE_UPWARD));
+  }).join();
+  ASSERT_EQ(fegetround(), FE_TONEAREST);
+  EXPECT_EQ(modes(4), std::vector<int>(4, FE_TONEAREST));
+
+  cpu_set_t all;
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof all, &all), 0);
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "one CPU: nothing to pin apart";
+  const auto cpus = [](int T) {
+    std::vector<int> out(static_cast<size_t>(T));
+    run_threads(T, false, "test", [&](int tid) {
+      cpu_set_t s;
+      pthread_getaffinity_np(pthread_self(), sizeof s, &s);
+      out[static_cast<size_t>(tid)] = CPU_COUNT(&s);
+    });
+    return out;
+  };
+  std::thread([&] {  // a pinned caller: its call stays on its one CPU
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &all)) {
+        CPU_SET(c, &one);
+        break;
+      }
+    ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+    EXPECT_EQ(cpus(3), std::vector<int>(3, 1));
+  }).join();
+  EXPECT_EQ(cpus(3), std::vector<int>(3, CPU_COUNT(&all)));  // the same helpers, unpinned again
+}
+
+TEST(CpuThreads, NoMoreThanMaxParkedStayParked) {
+  const int wide = max_parked() + 5;
+  EXPECT_EQ(meet(wide), std::vector<int>(static_cast<size_t>(wide), 1));
+  EXPECT_EQ(parked(), max_parked());
+  EXPECT_EQ(meet(4), std::vector<int>(4, 1));  // the helpers that stayed still work
 }
 
 TEST(CpuThreads, AForkedChildStartsItsOwnHelpers) {

@@ -439,14 +439,23 @@ def _autocast(*tensors):
     return tuple(t.to(dt) if t is not None and t.is_floating_point() and t.dtype != dt else t for t in tensors)
 
 
+try:  # a contiguity test that never guards: False when a size is unknown (unbacked) under compile
+    from torch._prims_common import is_contiguous_or_false as _contiguous
+except ImportError:  # older torch
+    def _contiguous(t):
+        return t.is_contiguous()
+
+
 def _dense(t, transposed: bool = False):
     """An input as the kernels read it: contiguous (a strided view, such as q split off a fused qkv
     projection or hidden[:, :-1], is copied once, as FlashAttention's and Liger's wrappers do; the
     copy is differentiable, so gradients reach the view). A 2-D transposed view of a contiguous
-    array is kept where the kernel reads it in place (`transposed`: linear_cross_entropy's w)."""
-    if t is None or not isinstance(t, torch.Tensor) or t.is_contiguous():
+    array is kept where the kernel reads it in place (`transposed`: linear_cross_entropy's w).
+    Under torch.compile with unbacked sizes, a tensor whose layout cannot be decided is copied
+    (t.is_contiguous() would need a guard on a data-dependent size and fail)."""
+    if t is None or not isinstance(t, torch.Tensor) or _contiguous(t):
         return t
-    if transposed and t.dim() == 2 and t.t().is_contiguous():
+    if transposed and t.dim() == 2 and _contiguous(t.t()):
         return t
     return t.contiguous()
 

@@ -167,3 +167,28 @@ def test_unbacked_row_counts():
         torch._dynamo.decorators.mark_unbacked(x, 0)
         torch._dynamo.decorators.mark_unbacked(y, 0)
         assert torch.equal(f(x, w, y), tt.linear_cross_entropy(x, w, y, reduction="none")), B
+
+
+def test_unbacked_sizes_with_strided_views():
+    """A strided view (x[:, :H], q, k, v split off one projection) or linear_cross_entropy's
+    transposed w, with a size marked unbacked: the front end cannot ask whether it is contiguous
+    without guarding on a data-dependent size, so it copies (a transposed w with an unbacked V
+    failed with GuardOnDataDependentSymNode once the front end copied strided views: a review's
+    finding)."""
+    torch._dynamo.reset()
+    lce = torch.compile(lambda x, w, y: tt.linear_cross_entropy(x, w, y, reduction="none"), backend="aot_eager",
+                        fullgraph=True)
+    x, y = torch.randn(6, 8), torch.randint(0, 20, (6,))
+    w = torch.randn(8, 25).t()                      # [V=25, H=8], a transposed view
+    torch._dynamo.decorators.mark_unbacked(w, 0)
+    assert torch.equal(lce(x, w, y), tt.linear_cross_entropy(x, w, y, reduction="none"))
+    wide = torch.randn(7, 12)
+    torch._dynamo.decorators.mark_unbacked(wide, 0)
+    got = lce(wide[:, :8], torch.randn(20, 8), torch.randint(0, 20, (7,)))
+    assert got.shape == (7,)
+
+    attn = torch.compile(lambda qkv: tt.attention(*qkv.split([4, 2, 2], dim=2), causal=True), backend="aot_eager",
+                         fullgraph=True)
+    qkv = torch.randn(1, 9, 8, 8)                   # [B, S, Hq + 2·Hkv, D]
+    torch._dynamo.decorators.mark_unbacked(qkv, 1)
+    assert torch.equal(attn(qkv), tt.attention(*qkv.split([4, 2, 2], dim=2), causal=True))

@@ -318,5 +318,8 @@ def test_strided_views_are_copied_once_and_a_transposed_w_is_read_in_place():
     assert tessera.linear_cross_entropy(wide[:, ::2], w, y) == want
     w_hv = np.ascontiguousarray(w.T)                # [H, V] in memory, w_hv.T a transposed view
     assert tessera.linear_cross_entropy(x, w_hv.T, y) == pytest.approx(want, rel=1e-6)
+    g = tessera.call("linear_cross_entropy", "fused", {"x": x, "w": w_hv.T, "labels": y,
+                                                        "grad_loss": np.ones((), np.float32)})
+    assert g["dw"].flags.f_contiguous and not g["dw"].flags.c_contiguous  # dw in w's layout: w not copied
     strided_w = np.repeat(w, 2, axis=0)[::2]        # neither layout: copied
     assert tessera.linear_cross_entropy(x, strided_w, y) == want

@@ -175,8 +175,8 @@ static DeviceAllocator get_allocator(DeviceType type) {
 }
 
 Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
-  for (int64_t d : shape)
-    check(d >= 0, ErrorCode::kInvalidArgument, "negative dimension in " + shape_str(shape));
+  for (int64_t d : shape)  // the message is built only for a failure (a loop over many dims)
+    if (d < 0) throw Error(ErrorCode::kInvalidArgument, "negative dimension in " + shape_str(shape));
   Tensor t;
   size_t bytes = 0;
   if (__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype), &bytes) ||

@@ -139,6 +139,8 @@ Tensor read(std::istream& f, const std::string& path) {
         if (__builtin_mul_overflow(d, int64_t{10}, &d) || __builtin_add_overflow(d, int64_t{dims[k] - '0'}, &d))
           bad(path, "dimension " + dims.substr(i, e - i) + " in shape '(" + dims + ")' is too large");
       shape.push_back(d);
+      // NumPy's NPY_MAXDIMS: a hostile header of 500k dims made loading quadratic (hours).
+      if (shape.size() > 64) bad(path, "more than 64 dimensions in shape '(" + dims.substr(0, 40) + "...)'");
       i = e;
     } else if (dims[i] == ',' || dims[i] == ' ' || dims[i] == 'L') {
       ++i;

@@ -1,10 +1,12 @@
-// Tessera harness: NumPy .npy files (format versions 1.0, 2.0 and 3.0), C order, little endian.
+// Tessera harness: NumPy .npy files (format versions 1.0, 2.0 and 3.0), little endian; a
+// Fortran-order file (np.save of a transposed or column-major array) is reordered into C order on
+// load, and every saved file is C order.
 //
 // dtypes: '<f4' f32, '<f2' f16, '<i4' i32, '<i8' i64, one-byte masks ('|b1' bool, '|u1', '|i1')
 // widened to i32 on load, and bf16 stored as 2-byte void ('<V2' or
-// '|V2', as ml_dtypes' bfloat16 arrays are saved) or with the descr 'bfloat16'. Anything else
-// (float64, Fortran order, big endian, object arrays) is rejected with a one-line reason, never
-// silently converted.
+// '|V2', as ml_dtypes' bfloat16 arrays are saved) or with the descr 'bfloat16'. At most 64
+// dimensions (NumPy's own limit). Anything else (float64, big endian, object arrays) is rejected
+// with a one-line reason, never silently converted.
 #pragma once
 
 #include <istream>

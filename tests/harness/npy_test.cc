@@ -129,6 +129,10 @@ TEST(Npy, RejectsWhatItCannotReadFaithfully) {
   const std::string p = tmp("bad.npy");
   write_raw(p, "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }", std::string(8, '\0'));
   expect_load_error(p, "float64 is not supported");
+  std::string dims;  // 65 dims of 1: past NumPy's limit of 64
+  for (int k = 0; k < 65; ++k) dims += "1, ";
+  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }", std::string(4, '\0'));
+  expect_load_error(p, "more than 64 dimensions");
   write_raw(p, "{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }", std::string(4, '\0'));
   expect_load_error(p, "big-endian");
   write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", std::string(8, '\0'));

@@ -922,7 +922,9 @@ void run_heads(const Problem& p, Fwd&& fwd, Rev&& rev, Fin&& fin, bool reverse, 
   carve(ar);
   for (auto& team : teams) advise_huge_pages(team->hb.C, slots * DK * DV * int64_t(sizeof(float)));
   for (ThreadBufs& b : tbs) std::fill_n(b.ones, Lc, 1.f);
-  cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) {
+  // The team members wait for each other (barrier, chain) and allocate nothing (the arena above):
+  // noexcept keeps a broken promise a crash rather than members waiting for one that threw.
+  cpu_threads::run_threads(T, true, "mlstm cpu", [&](int tid) noexcept {
     Team& team = *teams[tid / pl.size];
     const int rank = tid % pl.size;
     int64_t seq = 0;

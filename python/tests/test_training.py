@@ -22,8 +22,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import tessera.torch as tt  # noqa: E402
 
-from training_model import (B, D, DH, E, FF, H, HKV, HQ, IGNORE, NH, S, SMOOTH, SOFTCAP, V, WINDOW,  # noqa: E402
-                            ZLOSS, tessera_ops)
+from training_model import (B, D, DH, E, FF, H, HKV, HQ, IGNORE, NH, S, SMOOTH, V, ZLOSS,  # noqa: E402
+                            reference_ops, tessera_ops)
 
 
 # ---- PyTorch's own math: the oracle of each op, in the kernels' contracts ----
@@ -101,12 +101,7 @@ def lce_ref(x, w, labels):
     return (per * keep).sum() / keep.sum()
 
 
-class TorchOps:
-    attention = staticmethod(lambda q, k, v: attention_ref(q, k, v, True, WINDOW, SOFTCAP))
-    gmm = staticmethod(gmm_ref)
-    mlstm = staticmethod(mlstm_ref)
-    slstm = staticmethod(slstm_ref)
-    lce = staticmethod(lce_ref)
+TorchOps = reference_ops(attention_ref, gmm_ref, mlstm_ref, slstm_ref, lce_ref)
 
 
 TesseraOps = tessera_ops(tt)

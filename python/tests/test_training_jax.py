@@ -28,8 +28,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import tessera.jax as tj  # noqa: E402
 
-from training_model import (B, D, DH, E, FF, H, HKV, HQ, IGNORE, NH, S, SMOOTH, SOFTCAP, V, WINDOW,  # noqa: E402
-                            ZLOSS, tessera_ops)
+from training_model import (B, D, DH, E, FF, H, HKV, HQ, IGNORE, NH, S, SMOOTH, V, ZLOSS,  # noqa: E402
+                            reference_ops, tessera_ops)
 
 
 # ---- jnp's own math: the oracle of each op, in the kernels' contracts ----
@@ -117,12 +117,7 @@ def lce_ref(x, w, labels):
     return jnp.where(keep, per, 0.0).sum() / keep.sum()
 
 
-class JnpOps:
-    attention = staticmethod(lambda q, k, v: attention_ref(q, k, v, True, WINDOW, SOFTCAP))
-    gmm = staticmethod(gmm_ref)
-    mlstm = staticmethod(mlstm_ref)
-    slstm = staticmethod(slstm_ref)
-    lce = staticmethod(lce_ref)
+JnpOps = reference_ops(attention_ref, gmm_ref, mlstm_ref, slstm_ref, lce_ref)
 
 
 TesseraOps = tessera_ops(tj)

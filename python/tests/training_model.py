@@ -1,5 +1,6 @@
 """What test_training.py (PyTorch) and test_training_jax.py share: the small model's sizes and
-options, and its Tessera ops from one front end (tessera.torch or tessera.jax)."""
+options, its Tessera ops from one front end (tessera.torch or tessera.jax), and the same five ops
+from a framework's own math (the oracle)."""
 
 V, H, B, S = 96, 32, 2, 12          # vocabulary, hidden, batch, sequence
 HQ, HKV, D = 4, 2, 8                 # attention heads (GQA 2:1), head dim
@@ -22,3 +23,14 @@ def tessera_ops(m):
         lce = staticmethod(lambda x, w, y: m.linear_cross_entropy(x, w, y, label_smoothing=SMOOTH,
                                                                    z_loss_weight=ZLOSS, ignore_index=IGNORE))
     return TesseraOps
+
+
+def reference_ops(attention_ref, gmm_ref, mlstm_ref, slstm_ref, lce_ref):
+    """The model's five ops in a framework's own math, with the options tessera_ops passes."""
+    class ReferenceOps:
+        attention = staticmethod(lambda q, k, v: attention_ref(q, k, v, True, WINDOW, SOFTCAP))
+        gmm = staticmethod(gmm_ref)
+        mlstm = staticmethod(mlstm_ref)
+        slstm = staticmethod(slstm_ref)
+        lce = staticmethod(lce_ref)
+    return ReferenceOps

@@ -258,7 +258,7 @@ stage_test() {
   if [ "$plan" = 1 ] && [ ! -x "$build/tests/tessera_cuda_tests" ]; then
     echo "[$stage] tests SUITE (timeout 240s): one process per suite that tessera_cuda_tests --gtest_list_tests lists"
   fi
-  rm -f "$out"/tests/*.json "$out/tests/python.xml"  # a suite that dies this time must not show last time's
+  rm -f "$out"/tests/*.json "$out/tests/python.xml" "$out/tests/python_model.xml"  # a suite that dies this time must not show last time's
   # The Python extension compiles (niced) while the GPU suites run; its step below waits for it.
   local pyrc=$out/tests/python_build.rc pyargs=("$root/build/gpu-py" "$root/build/gpu-pkg" -DCMAKE_PREFIX_PATH="$deps/usr"
     "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real;80-virtual}" "${cudnn_args[@]}")
@@ -287,6 +287,13 @@ stage_test() {
       step "tests (Python, CUDA tensors)" 180 tests/python.log env TESSERA_REQUIRE_CUDA=1 \
         PYTHONPATH="$root/build/gpu-pkg:$root/python/tests" python3 -m pytest -q -rs -p no:cacheprovider \
         "$root/python/tests/test_cuda.py" --junitxml="$out/tests/python.xml"
+    # The whole model of test_training.py (every kernel, autograd, torch.compile, autocast,
+    # checkpointing; the JAX jitted step) and the serving loops of test_serving.py, on the GPU.
+    [ -f "$pyrc" ] && [ "$(cat "$pyrc")" = 0 ] || [ "$plan" = 1 ] &&
+      step "tests (Python, whole model and serving on CUDA)" 240 tests/python_model.log env TESSERA_REQUIRE_CUDA=1 \
+        PYTHONPATH="$root/build/gpu-pkg:$root/python/tests" python3 -m pytest -q -rs -p no:cacheprovider \
+        "$root/python/tests/test_training.py" "$root/python/tests/test_serving.py" \
+        "$root/python/tests/test_training_jax.py" -k "cuda or gpu" --junitxml="$out/tests/python_model.xml"
   fi
   # A build the stage did not wait for (its wait step skipped or cut) must not run on into the next stage.
   # (timeout, its child, passes the TERM on to the build.)

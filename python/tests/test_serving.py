@@ -30,8 +30,20 @@ torch = pytest.importorskip("torch")
 
 import tessera.torch as tt  # noqa: E402
 
+from devices import DEVICES  # noqa: E402
+
 NAN = float("nan")
 F64 = torch.float64
+
+# On CUDA the caches live on the device and are written there in place; the checks run on the
+# CPU, in float64.
+
+
+def tol(device, cpu):
+    """A bound measured on the CPU (f32 kernels, ~10x margin), or 1e-4 on CUDA: other summation
+    orders and the device's exp; a key read from a wrong slot or page, a missed window or sink or
+    a NaN slot read is off by O(1) or NaN either way."""
+    return cpu if device == "cpu" else max(cpu, 1e-4)
 
 
 def max_err(got, want):
@@ -130,11 +142,11 @@ def attention_f64(q, k, v, causal=True, window=-1, softcap=0.0, sinks=None):
 class PagedServer:
     """Continuous batching over a paged KV cache, as vLLM-style servers do it."""
 
-    def __init__(self, model, opts, seed):
-        self.model, self.opts = model, opts
+    def __init__(self, model, opts, seed, device="cpu"):
+        self.model, self.opts, self.dev = model, opts, device
         self.g = torch.Generator().manual_seed(seed)
-        self.k_cache = torch.full((POOL, PAGE, HKV, D), NAN)   # never-written slots are NaN
-        self.v_cache = torch.full((POOL, PAGE, HKV, DV), NAN)
+        self.k_cache = torch.full((POOL, PAGE, HKV, D), NAN, device=device)   # never-written slots are NaN
+        self.v_cache = torch.full((POOL, PAGE, HKV, DV), NAN, device=device)
         self.free = torch.randperm(POOL, generator=self.g).tolist()   # pages in a shuffled order
         self.running = {}
         self.finished = {}
@@ -184,8 +196,8 @@ class PagedServer:
                                         torch.float32)
             slots = [self._page_of(seq, int(p)) for p in positions]
             pg, sl = torch.tensor([p for p, _ in slots]), torch.tensor([s for _, s in slots])
-            self.k_cache[pg, sl] = k
-            self.v_cache[pg, sl] = v
+            self.k_cache[pg.to(self.dev), sl.to(self.dev)] = k.to(self.dev)
+            self.v_cache[pg.to(self.dev), sl.to(self.dev)] = v.to(self.dev)
             seq["k"].append(k)
             seq["v"].append(v)
             seq["cached"] += take
@@ -200,14 +212,17 @@ class PagedServer:
         kw = dict(causal=True, window=self.opts.get("window", -1), softcap=self.opts.get("softcap", 0.0))
         sinks = self.opts.get("sinks")
         sinks_t = None if sinks is None else torch.tensor(sinks, dtype=torch.float32)
+        dev = lambda *ts: [None if t is None else t.to(self.dev) for t in ts]  # noqa: E731
+        host = lambda *ts: [t.cpu() for t in ts]  # noqa: E731
 
         for (name, seq, _, _), n in zip(batch, kv_lens):
             last = seq["pages"][-1]
             if n % PAGE and any(last == p for p, _, new in self.reused if new == name):
                 assert torch.isnan(self.k_cache[last, n % PAGE:]).all()
                 self.nan_tails += 1
-        o, lse = tt.paged_attention(q, self.k_cache, self.v_cache, page_table, kv, cu_q,
-                                    sinks=sinks_t, return_lse=True, **kw)
+        q_d, pt_d, kv_d, cu_d, sinks_d = dev(q, page_table, kv, cu_q, sinks_t)
+        o, lse = host(*tt.paged_attention(q_d, self.k_cache, self.v_cache, pt_d, kv_d, cu_d,
+                                          sinks=sinks_d, return_lse=True, **kw))
         assert o.shape == (q.shape[0], HQ, DV) and lse.shape == (q.shape[0], HQ)
         assert torch.isfinite(o).all() and torch.isfinite(lse).all()
 
@@ -224,8 +239,9 @@ class PagedServer:
         k_flat = torch.cat([torch.cat(seq["k"]) for _, seq, _, _ in batch])
         v_flat = torch.cat([torch.cat(seq["v"]) for _, seq, _, _ in batch])
         cu_k = torch.tensor([0] + kv_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
-        a_o, a_lse = tt.attention(q, k_flat, v_flat, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True,
-                                  window_left=kw["window"], softcap=kw["softcap"], return_lse=True)
+        a_o, a_lse = host(*tt.attention(*dev(q, k_flat, v_flat), cu_seqlens_q=cu_d, cu_seqlens_k=dev(cu_k)[0],
+                                        causal=True, window_left=kw["window"], softcap=kw["softcap"],
+                                        return_lse=True))
         a_lse = a_lse.T                                       # [Hq, T] (FlashAttention's) -> [T, Hq]
         if sinks is not None:   # a sink is one more logit: lse' = logaddexp(lse, σ), o' = o·e^(lse - lse')
             with_sink = torch.logaddexp(a_lse, sinks_t[None, :])
@@ -245,7 +261,8 @@ class PagedServer:
             v2.view(-1, HKV, DV)[base * PAGE:base * PAGE + n] = torch.cat(seq["v"])
             pt2[b, :n_pages[b]] = torch.arange(base, base + n_pages[b], dtype=torch.int32)
             base += n_pages[b]
-        c_o, c_lse = tt.paged_attention(q, k2, v2, pt2, kv, cu_q, sinks=sinks_t, return_lse=True, **kw)
+        c_o, c_lse = host(*tt.paged_attention(*dev(q, k2, v2, pt2, kv, cu_q), sinks=sinks_d, return_lse=True,
+                                              **kw))
         self._note("o vs contiguous cache", max_err(o, c_o))
         self._note("lse vs contiguous cache", max_err(lse, c_lse))
 
@@ -281,11 +298,12 @@ def naive_generation(model, prompt, new, opts):
     return tokens
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_paged_attention_continuous_batching(variant):
+def test_paged_attention_continuous_batching(variant, device):
     opts = VARIANTS[variant]
     model = TinyLM(seed=0)
-    server = PagedServer(model, opts, seed=1)
+    server = PagedServer(model, opts, seed=1, device=device)
     g = torch.Generator().manual_seed(2)
     prompts = {n: torch.randint(0, VOCAB, (r["prompt"],), generator=g).tolist() for n, r in REQUESTS.items()}
     while server.running or len(server.finished) < len(REQUESTS):
@@ -311,9 +329,10 @@ def test_paged_attention_continuous_batching(variant):
     # read is off by O(1) or NaN. The contiguous cache gave the same bits (the cpu kernel follows
     # key positions, not page ids); 2e-6 (2 ulps of lse) leaves room for another blocking.
     err = server.errors
-    assert err["o vs float64"] < 1e-5 and err["lse vs float64"] < 1e-5, err
-    assert err["o vs attention"] < 1.5e-5 and err["lse vs attention"] < 1.5e-5, err
-    assert err["o vs contiguous cache"] < 2e-6 and err["lse vs contiguous cache"] < 2e-6, err
+    t64, tatt, tcont = tol(device, 1e-5), tol(device, 1.5e-5), tol(device, 2e-6)
+    assert err["o vs float64"] < t64 and err["lse vs float64"] < t64, err
+    assert err["o vs attention"] < tatt and err["lse vs attention"] < tatt, err
+    assert err["o vs contiguous cache"] < tcont and err["lse vs contiguous cache"] < tcont, err
     assert server.nan_tails > 0          # a reused page's slots past kv_len held NaN during a call
 
     # The generated tokens are the naive float64 server's. Smallest argmax margins (top-1 minus
@@ -403,10 +422,11 @@ def mla_materialized_f64(model, q_nope, q_rope, lat, causal):
     return torch.einsum("hqk,khd->qhd", torch.exp(s - lse[..., None]), v), lse.T
 
 
-def test_mla_decode_loop_with_speculative_steps():
+@pytest.mark.parametrize("device", DEVICES)
+def test_mla_decode_loop_with_speculative_steps(device):
     model = TinyMLA()
     g = torch.Generator().manual_seed(4)
-    cache = torch.full((MLA_POOL, MLA_PAGE, 1, MLA_D), NAN)
+    cache = torch.full((MLA_POOL, MLA_PAGE, 1, MLA_D), NAN, device=device)
     free = torch.randperm(MLA_POOL, generator=g).tolist()
     prompts = [7, 2]                                    # tokens cached before the loop (the prefill)
     seqs = [dict(tokens=torch.randint(0, VOCAB, (n,), generator=g).tolist(), pages=[], L=0) for n in prompts]
@@ -418,7 +438,7 @@ def test_mla_decode_loop_with_speculative_steps():
         for p, row in zip(pos.tolist(), lat):
             while p // MLA_PAGE >= len(seq["pages"]):
                 seq["pages"].append(free.pop())
-            cache[seq["pages"][p // MLA_PAGE], p % MLA_PAGE, 0] = row
+            cache[seq["pages"][p // MLA_PAGE], p % MLA_PAGE, 0] = row.to(device)
         seq["tokens"] = seq["tokens"][:seq["L"]] + list(new_tokens)
         seq["L"] += len(new_tokens)
 
@@ -451,7 +471,9 @@ def test_mla_decode_loop_with_speculative_steps():
         q = torch.stack(qa).float()                                       # [B, Sq, H, D]
         causal = sq > 1
         causal_steps += causal
-        o, lse = tt.mla_decode(q, cache, page_table, lens, dv=DLAT, causal=causal, scale=model.scale)
+        o, lse = tt.mla_decode(q.to(device), cache, page_table.to(device), lens.to(device), dv=DLAT, causal=causal,
+                               scale=model.scale)
+        o, lse = o.cpu(), lse.cpu()
         assert o.shape == (len(seqs), sq, MLA_HQ, DLAT) and lse.shape == (len(seqs), sq, MLA_HQ)
         assert torch.isfinite(o).all() and torch.isfinite(lse).all()
         for b, seq in enumerate(seqs):
@@ -478,8 +500,9 @@ def test_mla_decode_loop_with_speculative_steps():
     # against the materialized MLA (which also carries the f32 rounding of the absorbed q). One
     # or two f32 ulps; asserted with ~10x margin. Scores over the latent dims only, values past
     # dv, a causal shift by one or a rolled-back NaN slot read are off by O(1) or NaN.
-    assert errs["o vs contract"] < 1e-5 and errs["lse vs contract"] < 1e-5, errs
-    assert errs["o·W_uv vs materialized MLA"] < 1e-5 and errs["lse vs materialized MLA"] < 1e-5, errs
+    t = tol(device, 1e-5)
+    assert errs["o vs contract"] < t and errs["lse vs contract"] < t, errs
+    assert errs["o·W_uv vs materialized MLA"] < t and errs["lse vs materialized MLA"] < t, errs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -495,7 +518,9 @@ def decode_step(q, k_new, v_new, k_cache, v_cache, pages, slots, page_table, kv_
                               softcap=3.0, return_lse=True)
 
 
-def test_torch_compile_decode_step_sees_the_cache_as_it_is():
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_decode_step_sees_the_cache_as_it_is(device):
+    torch._dynamo.reset()   # the cpu and cuda cases compile decode_step each on its own
     g = torch.Generator().manual_seed(5)
     n_seq, L0 = 3, [5, 8, 3]
     perm = torch.randperm(POOL, generator=g)
@@ -506,15 +531,17 @@ def test_torch_compile_decode_step_sees_the_cache_as_it_is():
         for p in range(n):
             k_cache[page_table[b, p // PAGE], p % PAGE] = torch.randn(HKV, D, generator=g)
             v_cache[page_table[b, p // PAGE], p % PAGE] = torch.randn(HKV, DV, generator=g)
-    cu = torch.arange(n_seq + 1, dtype=torch.int32)
+    k_cache, v_cache, page_table = k_cache.to(device), v_cache.to(device), page_table.to(device)
+    cu = torch.arange(n_seq + 1, dtype=torch.int32, device=device)
 
     def inputs(lens):
         """The next token of each sequence: q, k, v, where it goes, and the lengths after it."""
         pages = torch.tensor([int(page_table[b, n // PAGE]) for b, n in enumerate(lens)])
         slots = torch.tensor([n % PAGE for n in lens])
-        return (torch.randn(n_seq, HQ, D, generator=g), torch.randn(n_seq, HKV, D, generator=g),
-                torch.randn(n_seq, HKV, DV, generator=g), pages, slots,
-                torch.tensor([n + 1 for n in lens], dtype=torch.int32))
+        return tuple(t.to(device) for t in (
+            torch.randn(n_seq, HQ, D, generator=g), torch.randn(n_seq, HKV, D, generator=g),
+            torch.randn(n_seq, HKV, DV, generator=g), pages, slots,
+            torch.tensor([n + 1 for n in lens], dtype=torch.int32)))
 
     graph = torch.compile(decode_step, fullgraph=True)
     calls = [0]
@@ -545,9 +572,9 @@ def test_torch_compile_decode_step_sees_the_cache_as_it_is():
         for b, n in enumerate(kv.tolist()):
             keys = torch.stack([k_cache[page_table[b, p // PAGE], p % PAGE] for p in range(n)])
             vals = torch.stack([v_cache[page_table[b, p // PAGE], p % PAGE] for p in range(n)])
-            want_o, want_lse = attention_f64(q[b:b + 1], keys, vals, softcap=3.0)
-            assert max_err(o_c[b:b + 1], want_o) < 3e-6
-            assert max_err(lse_c[b:b + 1], want_lse) < 3e-6
+            want_o, want_lse = attention_f64(q[b:b + 1].cpu(), keys.cpu(), vals.cpu(), softcap=3.0)
+            assert max_err(o_c[b:b + 1].cpu(), want_o) < tol(device, 3e-6)
+            assert max_err(lse_c[b:b + 1].cpu(), want_lse) < tol(device, 3e-6)
         lens = kv.tolist()
 
     # A cache changed in place outside the graph (a key of every sequence overwritten, same
@@ -556,7 +583,7 @@ def test_torch_compile_decode_step_sees_the_cache_as_it_is():
     kv = torch.tensor(lens, dtype=torch.int32)
     o1, _ = compiled(q, k_new, v_new, k_cache, v_cache, pages, slots, page_table, kv, cu)
     for b in range(n_seq):
-        k_cache[page_table[b, 0], 0] += 5.0 * torch.randn(HKV, D, generator=g)   # the first key, in place
+        k_cache[page_table[b, 0], 0] += 5.0 * torch.randn(HKV, D, generator=g).to(device)   # the first key, in place
     o2, _ = compiled(q, k_new, v_new, k_cache, v_cache, pages, slots, page_table, kv, cu)
     o2_eager, _ = decode_step(q, k_new, v_new, k_cache.clone(), v_cache.clone(), pages, slots, page_table, kv, cu)
     torch.testing.assert_close(o2, o2_eager, rtol=0, atol=0)

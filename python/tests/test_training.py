@@ -22,6 +22,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import tessera.torch as tt  # noqa: E402
 
+from devices import DEVICES  # noqa: E402
+
 from training_model import (B, D, DH, E, FF, H, HKV, HQ, IGNORE, NH, S, SMOOTH, V, ZLOSS,  # noqa: E402
                             reference_ops, tessera_ops)
 
@@ -33,8 +35,8 @@ def attention_ref(q, k, v, causal, window_left, softcap):
     k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
     s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(q.shape[1])[:, None] + (k.shape[1] - q.shape[1])
-    j = torch.arange(k.shape[1])[None, :]
+    i = torch.arange(q.shape[1], device=q.device)[:, None] + (k.shape[1] - q.shape[1])
+    j = torch.arange(k.shape[1], device=q.device)[None, :]
     seen = (j <= i) & (j >= i - window_left)
     s = s.masked_fill(~seen, float("-inf"))
     return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
@@ -167,19 +169,23 @@ def batch(step):
     return tokens, labels
 
 
-def twins():
+def twins(device="cpu"):
+    """Tessera's model on `device` and PyTorch's own model on the CPU (the f32 oracle), from the
+    same weights."""
     torch.manual_seed(0)
     mine = Model(TesseraOps)
     ref = Model(TorchOps)
     ref.load_state_dict(mine.state_dict())
-    return mine, ref
+    return mine.to(device), ref
 
 
-def gradients(model, step=0, loss_fn=None):
+def gradients(model, step=0, loss_fn=None, device="cpu"):
+    """The loss and every parameter's gradient (on the CPU) of one batch on `device`, where the
+    model's parameters are."""
     model.zero_grad(set_to_none=True)
-    loss = (model if loss_fn is None else loss_fn)(*batch(step))
+    loss = (model if loss_fn is None else loss_fn)(*(t.to(device) for t in batch(step)))
     loss.backward()
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    return loss.item(), {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
 
 
 def assert_gradients_close(got, want, rtol, what):
@@ -192,61 +198,69 @@ def assert_gradients_close(got, want, rtol, what):
         assert err <= rtol * scale + 1e-7, f"{what}: {name}: max |Δ| {err:.3g} against max |grad| {scale:.3g}"
 
 
-def test_first_step_loss_and_every_gradient_match_pytorch():
-    mine, ref = twins()
-    loss, grads = gradients(mine)
+# Gradients against PyTorch's f32 model on the CPU, of each gradient's largest entry. CPU: the
+# kernels sum in other orders (tiles, chunks) than the einsums; measured on a Zen 4 at most 6.2e-7,
+# 1e-5 leaves 16x. CUDA: as test_cuda.py, 2e-3 also covers f32 products in TF32 (2^-11 each). A
+# gradient lost at one step of one kernel (the sLSTM's i at t = 0, say) is off by 1e-1 everywhere
+# upstream of it.
+RTOL = {"cpu": 1e-5, "cuda": 2e-3}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_first_step_loss_and_every_gradient_match_pytorch(device):
+    mine, ref = twins(device)
+    loss, grads = gradients(mine, device=device)
     want_loss, want = gradients(ref)
-    assert loss == pytest.approx(want_loss, rel=1e-5)
-    # f32 throughout; the kernels sum in other orders (tiles, chunks) than the einsums. Measured
-    # on a Zen 4: at most 6.2e-7 of each gradient's largest entry; 1e-5 leaves 16x. A gradient
-    # lost at one step of one kernel (the sLSTM's i at t = 0, say) is off by 1e-1 everywhere
-    # upstream of it.
-    assert_gradients_close(grads, want, 1e-5, "eager")
+    assert loss == pytest.approx(want_loss, rel=RTOL[device])
+    assert_gradients_close(grads, want, RTOL[device], device)
     assert all(g.abs().max() > 0 for g in want.values())   # every kernel's gradient reached a weight
 
 
-def test_sgd_steps_follow_pytorch():
-    mine, ref = twins()
+@pytest.mark.parametrize("device", DEVICES)
+def test_sgd_steps_follow_pytorch(device):
+    mine, ref = twins(device)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (mine, ref)]
     losses = [[], []]
     for step in range(6):
-        for m, opt, out in zip((mine, ref), opts, losses):
+        for m, opt, out, dev in zip((mine, ref), opts, losses, (device, "cpu")):
             opt.zero_grad(set_to_none=True)
-            loss = m(*batch(step))
+            loss = m(*(t.to(dev) for t in batch(step)))
             loss.backward()
             opt.step()
             out.append(loss.item())
-    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-4)
+    np.testing.assert_allclose(losses[0], losses[1], rtol=max(1e-4, RTOL[device]))
     assert losses[0][-1] < losses[0][0]                    # it learns (the rule is learnable)
 
 
-def test_torch_compile_of_the_whole_model_matches_eager():
-    mine, _ = twins()
-    loss, grads = gradients(mine)
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_of_the_whole_model_matches_eager(device):
+    mine, _ = twins(device)
+    loss, grads = gradients(mine, device=device)
     compiled = torch.compile(mine, fullgraph=True)   # every kernel and its backward in one graph
-    got_loss, got = gradients(mine, loss_fn=compiled)
-    assert got_loss == pytest.approx(loss, rel=1e-6)
-    assert_gradients_close(got, grads, 1e-5, "compiled")
+    got_loss, got = gradients(mine, loss_fn=compiled, device=device)
+    assert got_loss == pytest.approx(loss, rel=1e-6 if device == "cpu" else RTOL[device])
+    assert_gradients_close(got, grads, RTOL[device], "compiled")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype,bound", [(torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
-def test_autocast_stays_as_close_to_f32_as_pytorch_does(dtype, bound):
+def test_autocast_stays_as_close_to_f32_as_pytorch_does(dtype, bound, device):
     """Under torch.autocast the kernels take 16-bit operands (x and w, q, k and v, lhs and rhs,
     ...) as a matmul would. Against the f32 model's gradients, Tessera's model must be no further
-    off than PyTorch's own model under the same autocast. Measured on a Zen 4, of a gradient's
-    largest entry: bf16 Tessera 1.3e-2, PyTorch 8.5e-2 (its mLSTM recurrence runs in bf16
-    arithmetic; the kernels accumulate in f32 and the loss is f32); f16 1.3e-3 and 2.6e-3."""
-    mine, ref = twins()
+    off than PyTorch's own model under the same autocast on the same device. Measured on a Zen 4,
+    of a gradient's largest entry: bf16 Tessera 1.3e-2, PyTorch 8.5e-2 (its mLSTM recurrence runs
+    in bf16 arithmetic; the kernels accumulate in f32 and the loss is f32); f16 1.3e-3 and 2.6e-3."""
+    mine, ref = twins(device)
     want_loss, truth = gradients(ref)
     worst = {}
-    for name, model in (("tessera", mine), ("torch", ref)):
-        with torch.autocast("cpu", dtype=dtype):
-            loss, grads = gradients(model)
+    for name, model in (("tessera", mine), ("torch", ref.to(device))):
+        with torch.autocast(device, dtype=dtype):
+            loss, grads = gradients(model, device=device)
         worst[name] = max(((grads[n] - truth[n]).abs().max() / truth[n].abs().max()).item() for n in truth)
         if name == "tessera":
             assert loss == pytest.approx(want_loss, rel=1e-3)
-    assert 1e-4 < worst["tessera"] < bound       # 16-bit operands did reach the kernels (f32: ~1e-7)
-    assert worst["tessera"] <= worst["torch"]
+    assert 1e-4 < worst["tessera"] < bound, worst   # 16-bit operands did reach the kernels (f32: ~1e-7)
+    assert worst["tessera"] <= worst["torch"], worst
 
 
 class Checkpointed(torch.nn.Module):
@@ -268,11 +282,18 @@ class Checkpointed(torch.nn.Module):
         return checkpoint(head, x, use_reentrant=self.use_reentrant)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("use_reentrant", [False, True])
-def test_activation_checkpointing_gives_the_same_bits(use_reentrant):
-    mine, _ = twins()
-    loss, grads = gradients(mine)
-    got_loss, got = gradients(mine, loss_fn=Checkpointed(mine, use_reentrant))
-    assert got_loss == loss
-    for name in grads:
-        torch.testing.assert_close(got[name], grads[name], rtol=0, atol=0, msg=name)
+def test_activation_checkpointing_gives_the_same_bits(use_reentrant, device):
+    """The CPU kernels are deterministic: the same bits. A CUDA backward may sum with atomics
+    (another order on each run): there within 1e-6 of each gradient's largest entry."""
+    mine, _ = twins(device)
+    loss, grads = gradients(mine, device=device)
+    got_loss, got = gradients(mine, loss_fn=Checkpointed(mine, use_reentrant), device=device)
+    if device == "cpu":
+        assert got_loss == loss
+        for name in grads:
+            torch.testing.assert_close(got[name], grads[name], rtol=0, atol=0, msg=name)
+    else:
+        assert got_loss == pytest.approx(loss, rel=1e-6)
+        assert_gradients_close(got, grads, 1e-6, "checkpointed")

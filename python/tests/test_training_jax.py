@@ -19,6 +19,7 @@ optimizer:
 """
 import functools
 import math
+import os
 
 import numpy as np
 import pytest
@@ -277,3 +278,26 @@ def test_eager_value_and_grad_matches_jit():
     # gradient's largest entry (m_proj.w), the loss equal; 5e-6 leaves ~7x
     assert float(loss_) == pytest.approx(float(want_loss), rel=1e-6)
     assert_gradients_close(got, want, 5e-6, "eager")
+
+
+def _gpu():
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.skipif(_gpu() is None and os.environ.get("TESSERA_REQUIRE_CUDA") != "1",
+                    reason="JAX sees no GPU")
+def test_first_step_on_gpu_matches_jnp_on_cpu():
+    """The jitted training step with its arrays on the GPU (the kernels' cuda implementations
+    through the XLA FFI's CUDA handler; group sizes read on the host) against the jnp model on
+    the CPU. 2e-3 of each gradient's largest entry, as test_cuda.py: other summation orders, and
+    f32 products in TF32 where cuBLAS or a kernel uses it."""
+    cpu, gpu = jax.devices("cpu")[0], jax.devices("gpu")[0]
+    params = init_params()
+    want_loss, want = value_and_grad(JnpOps)(jax.device_put(params, cpu), *jax.device_put(batch(0), cpu))
+    loss_, grads = value_and_grad(TesseraOps)(jax.device_put(params, gpu), *jax.device_put(batch(0), gpu))
+    assert all(g.devices() == {gpu} for g in grads.values())
+    assert float(loss_) == pytest.approx(float(want_loss), rel=2e-3)
+    assert_gradients_close(grads, want, 2e-3, "gpu")

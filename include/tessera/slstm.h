@@ -14,7 +14,8 @@
 //     else
 //       m_t = max(ī, m_{t-1} + logsigmoid(f̄)),  I = exp(ī − m_t),  F = exp(m_{t-1} + logsigmoid(f̄) − m_t)
 //     c_t = F·c_{t-1} + I·tanh(z̄),  n_t = F·n_{t-1} + I,  h_t = sigmoid(ō)·c_t / n_t
-//   Outputs h [B, S, NH, DH] f32; optionally the last state (h, c, n, m) [B, NH, DH] f32.
+//   Outputs h [B, S, NH, DH] in f32 or the inputs' dtype (each value the f32 h rounded once: what
+//   a bf16 model's next layer takes); optionally the last state (h, c, n, m) [B, NH, DH] f32.
 //   Resets: optional mask [B, S] (int32 or int64; nonzero = reset; the CLI widens bool/uint8 .npy). A reset at t >= 1
 //   zeroes (h, c, n, m) before step t, which is then a first step; a reset at t = 0 changes nothing
 //   (the initial state, when given, is used at t = 0). No gradient crosses a reset.
@@ -22,7 +23,7 @@
 //   is 0 wherever I underflows, and h = c/n would divide by zero; rejected for host data, device
 //   data is not inspected). Resets are host memory, also for device inputs.
 //
-// BACKWARD: from dh [B, S, NH, DH] (f32) and an optional upstream gradient of the last h
+// BACKWARD: from dh [B, S, NH, DH] (f32 or the inputs' dtype) and an optional upstream gradient of the last h
 // (dh_last), gives dwx, dr, db (in the inputs' dtype, accumulated in f32 over
 // B·S) and, with an initial state, dh0, dc0, dn0 (f32). The stabilizer m is not differentiated:
 // h does not depend on m_t for t >= 1 (c_t and n_t both carry exp(−m_t)), so this is exact; the
@@ -57,7 +58,7 @@ struct Inputs {
 };
 
 struct Outputs {
-  TensorView h;                               // [B, S, NH, DH] f32
+  TensorView h;                               // [B, S, NH, DH] f32 or the inputs' dtype
   TensorView h_last, c_last, n_last, m_last;  // [B, NH, DH] f32, optional (all or none)
 };
 

@@ -7,7 +7,7 @@
 //   static const dispatch::DeclaredTensors<Inputs> t{"slstm",
 //       {{&Inputs::wx, {"wx", "B,S,4,NH,DH", "float"}, "gate pre-activations", true, true},
 //        {&Inputs::resets, {"resets", "B,S", "int", true}, "reset mask: nonzero resets", false}},
-//       {{"h", "B,S,NH,DH", "f32"}, {"dwx", "B,S,4,NH,DH", "=wx"}}};
+//       {{"h", "B,S,NH,DH", "=wx|f32"}, {"dwx", "B,S,4,NH,DH", "=wx"}}};
 //   dispatch::Dims d = t.bind(in, BindMode::kFull);   // every given input, in declaration order;
 //                                                      // a required one not given is an error
 //   if (opt.check_finite) t.check_finite(in);

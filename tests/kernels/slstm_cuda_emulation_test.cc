@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tessera/dtype.h"
 #include "tessera/slstm.h"
 
 // ---- the CUDA vocabulary the kernels use, on host threads ----
@@ -49,6 +50,9 @@ inline float __bfloat162float(__nv_bfloat16 x) { return x.v; }
 inline float __half2float(__half x) { return x.v; }
 inline __nv_bfloat16 __float2bfloat16(float x) { return {x}; }
 inline __half __float2half(float x) { return {x}; }
+// The rounding stores (h in the inputs' dtype): the value the device stores, held as an f32.
+inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {tessera::bf16_to_f32(tessera::f32_to_bf16(x))}; }
+inline __half __float2half_rn(float x) { return {tessera::f16_to_f32(tessera::f32_to_f16(x))}; }
 using std::min;
 
 #include "kernels/slstm/cuda_kernels.cuh"
@@ -135,7 +139,7 @@ void expect_matches_reference(const Case& c, uint64_t seed) {
   std::vector<float> dh0(st, NAN), dc0(st, NAN), dn0(st, NAN);
   auto init = [&](std::vector<float>& v) { return c.initial ? v.data() : nullptr; };
   const Args a{wx.data(), r.data(), b.data(), c.resets ? rs8.data() : nullptr, init(h0), init(c0), init(n0), init(m0),
-               h.data(), hl.data(), cl.data(), nl.data(), ml.data(), tape.data(), dh.data(), 0, dhl.data(), dcl.data(),
+               h.data(), 0, hl.data(), cl.data(), nl.data(), ml.data(), tape.data(), dh.data(), 0, dhl.data(), dcl.data(),
                dnl.data(), dwx.data(), dpre.data(), init(dh0), init(dc0), init(dn0), B, S, NH, DH};
   const unsigned gx = unsigned(NH), gy = unsigned((B + kRows - 1) / kRows);
   const int threads = threads_for(DH);
@@ -173,6 +177,33 @@ TEST(SlstmCudaEmulation, KernelsMatchTheReference) {
   };
   uint64_t seed = 1;
   for (const Case& c : cases) expect_matches_reference(c, seed++);
+}
+
+// h in the inputs' dtype (Args::h_dtype 1 bf16, 2 f16): each element the f32 forward's h rounded
+// once, at the same index (the emulated types hold the rounded value as an f32).
+TEST(SlstmCudaEmulation, HInBf16OrF16IsTheF32HRoundedOnce) {
+  const int64_t B = 5, S = 3, NH = 2, DH = 8;
+  const size_t cells = size_t(B * S * NH * DH);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> wx(4 * cells), r(size_t(4 * NH * DH * DH)), b(size_t(4 * NH * DH));
+  for (auto* v : {&wx, &r, &b})
+    for (float& x : *v) x = u(rng);
+  auto run = [&](void* h, int h_dtype) {
+    const Args a{wx.data(), r.data(), b.data(), nullptr, nullptr, nullptr, nullptr, nullptr, h, h_dtype,
+                 nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr,
+                 nullptr, nullptr, nullptr, nullptr, B, S, NH, DH};
+    launch(unsigned(NH), unsigned((B + kRows - 1) / kRows), threads_for(DH), [&] { slstm_forward<float, 0>(a); });
+  };
+  std::vector<float> h32(cells, NAN);
+  std::vector<__nv_bfloat16> h16b(cells, __nv_bfloat16{NAN});
+  std::vector<__half> h16h(cells, __half{NAN});
+  run(h32.data(), 0), run(h16b.data(), 1), run(h16h.data(), 2);
+  for (size_t i = 0; i < cells; ++i) {
+    ASSERT_TRUE(std::isfinite(h32[i])) << i;
+    ASSERT_EQ(h16b[i].v, bf16_to_f32(f32_to_bf16(h32[i]))) << "bf16 h[" << i << "]";
+    ASSERT_EQ(h16h[i].v, f16_to_f32(f32_to_f16(h32[i]))) << "f16 h[" << i << "]";
+  }
 }
 
 }  // namespace

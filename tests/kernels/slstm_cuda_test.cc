@@ -5,6 +5,9 @@
 // Compiled only when the CUDA backend is built; skips without a device.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -136,6 +139,48 @@ TEST(SlstmCuda, UpstreamInTheInputsDtype) {
   for (size_t f = 0; f < a.size(); ++f)
     for (int64_t i = 0; i < a[f].numel(); ++i)
       ASSERT_EQ(load_as_f32(a[f].data(), a[f].dtype(), i), load_as_f32(b[f].data(), b[f].dtype(), i)) << f << " " << i;
+}
+
+// h in the inputs' dtype (bf16, f16) on the device: each element the f32 h of the same call rounded
+// once (the forward and the fused pass), and the fused pass's gradients the same bits either way.
+TEST(SlstmCuda, HInTheInputsDtype) {
+  SKIP_WITHOUT_GPU();
+  // NaN bytes on the device: an h the pass did not write shows.
+  const auto nan_on_device = [](DType dt, const Shape& shape) {
+    Tensor t = Tensor::empty(dt, shape);
+    std::memset(t.data(), 0xff, t.view().nbytes());
+    return t.to(Device::cuda());
+  };
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    testing::CaseSpec s;
+    s.dtype = dt, s.B = 5, s.S = 9, s.NH = 2, s.DH = 16, s.initial = true, s.resets = "random";
+    DeviceCase c(s);
+    for (bool fused : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (fused ? " fused" : " forward"));
+      Upstream up;
+      up.dh = c.dh.view();
+      const auto run = [&](const Outputs& o) {
+        EXPECT_EQ(fused ? forward_backward(c.inputs(), up, o, c.grads()) : forward(c.inputs(), o), "cuda");
+      };
+      c.h = nan_on_device(DType::kF32, c.h.shape());
+      run(c.outputs());
+      const Tensor h32 = c.h.to(Device{}), dwx32 = c.dwx.to(Device{});
+      const Tensor h16 = nan_on_device(dt, c.h.shape());
+      Outputs o16 = c.outputs();
+      o16.h = h16.view();
+      run(o16);
+      const Tensor got = h16.to(Device{}), dwx = c.dwx.to(Device{});
+      for (int64_t i = 0; i < got.numel(); ++i) {
+        Tensor want = Tensor::empty(dt, {1});
+        store_from_f32(want.data(), dt, 0, h32.data_as<float>()[i]);
+        ASSERT_FALSE(std::isnan(h32.data_as<float>()[i])) << "f32 h[" << i << "] not written";
+        ASSERT_EQ(load_as_f32(got.data(), dt, i), load_as_f32(want.data(), dt, 0)) << i;
+      }
+      if (fused)
+        for (int64_t i = 0; i < dwx.numel(); ++i)
+          ASSERT_EQ(load_as_f32(dwx.data(), dt, i), load_as_f32(dwx32.data(), dt, i)) << "dwx " << i;
+    }
+  }
 }
 
 // ---- the host arithmetic of a launch (cuda_plan.h; these run without a GPU) ----

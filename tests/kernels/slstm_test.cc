@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -30,10 +31,11 @@ struct Out {
 
 TensorView v(const Tensor& t) { return t.numel() ? t.view() : TensorView{}; }
 
-Out run(const CaseSpec& s, const CaseData& d, const std::string& impl, bool grad, int64_t batch_block = 0) {
+Out run(const CaseSpec& s, const CaseData& d, const std::string& impl, bool grad, int64_t batch_block = 0,
+        DType h_dtype = DType::kF32) {
   const Shape st{s.B, s.NH, s.DH};
   Out o;
-  o.h = Tensor::zeros(DType::kF32, {s.B, s.S, s.NH, s.DH});
+  o.h = Tensor::zeros(h_dtype, {s.B, s.S, s.NH, s.DH});
   o.hl = Tensor::zeros(DType::kF32, st), o.cl = Tensor::zeros(DType::kF32, st);
   o.nl = Tensor::zeros(DType::kF32, st), o.ml = Tensor::zeros(DType::kF32, st);
   slstm::Options opt;
@@ -272,6 +274,43 @@ TEST(SlstmCpu, NonFinitePreActivationsAsTheReference) {
         }
       if (std::isnan(bad)) EXPECT_GT(non_finite, 0) << "gate " << gate;
     }
+}
+
+// h in the inputs' dtype (what a bf16 model's next layer takes): each element the f32 h of the same
+// call rounded once, forward and fused, on every host implementation; the gradients the same bits.
+// Any other dtype of h is refused by name.
+TEST(SlstmReference, HInTheInputsDtypeIsTheF32HRoundedOnce) {
+  for (const std::string impl : testing::reference_and_cpu()) {
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (bool grad : {false, true}) {
+        SCOPED_TRACE(impl + " " + dtype_name(dt) + (grad ? " fused" : " forward"));
+        CaseSpec s;
+        s.dtype = dt, s.B = 3, s.S = 7, s.NH = 2, s.DH = 8, s.initial = true, s.resets = "random";
+        const CaseData d = slstm::testing::make_case(s);
+        const Out want = run(s, d, impl, grad), got = run(s, d, impl, grad, 0, dt);
+        ASSERT_EQ(got.h.dtype(), dt);
+        for (int64_t i = 0; i < got.h.numel(); ++i) {
+          Tensor r = Tensor::empty(dt, {1});
+          store_from_f32(r.data(), dt, 0, want.h.data_as<float>()[i]);
+          ASSERT_EQ(load_as_f32(got.h.data(), dt, i), load_as_f32(r.data(), dt, 0)) << "h[" << i << "]";
+        }
+        if (grad)
+          for (const auto& [a, b] : {std::pair{&want.dwx, &got.dwx}, {&want.dr, &got.dr}, {&want.dh0, &got.dh0}})
+            ASSERT_EQ(0, std::memcmp(a->data(), b->data(), a->view().nbytes()));
+      }
+  }
+  for (auto [wx, h] : {std::pair{DType::kBF16, DType::kF16}, {DType::kF32, DType::kBF16}}) {
+    CaseSpec s;
+    s.dtype = wx;
+    const CaseData d = slstm::testing::make_case(s);
+    try {
+      run(s, d, "reference", false, 0, h);
+      FAIL() << "h in " << dtype_name(h) << " for " << dtype_name(wx) << " inputs accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("h must be f32"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // An output that shares memory with an input (an in-place state carry h_last = h0, a gradient

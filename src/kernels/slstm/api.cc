@@ -24,7 +24,7 @@ const dispatch::DeclaredTensors<Inputs>& tensors() {
        {&Inputs::c0, {"c0", "B,NH,DH", "f32"}, "initial c", false, true},
        {&Inputs::n0, {"n0", "B,NH,DH", "f32"}, "initial n", false, true},
        {&Inputs::m0, {"m0", "B,NH,DH", "f32"}, "initial stabilizer m; no gradient", false}},
-      {{"h", "B,S,NH,DH", "f32"},     {"h_last", "B,NH,DH", "f32"},  {"c_last", "B,NH,DH", "f32"},
+      {{"h", "B,S,NH,DH", "=wx|f32"},     {"h_last", "B,NH,DH", "f32"},  {"c_last", "B,NH,DH", "f32"},
        {"n_last", "B,NH,DH", "f32"},  {"m_last", "B,NH,DH", "f32"},  {"dh", "B,S,NH,DH", "=wx|f32"},
        {"dh_last", "B,NH,DH", "f32"}, {"dc_last", "B,NH,DH", "f32"}, {"dn_last", "B,NH,DH", "f32"},
        {"dwx", "B,S,4,NH,DH", "=wx"}, {"dr", "4,NH,DH,DH", "=wx"},   {"db", "4,NH,DH", "=wx"},
@@ -82,7 +82,7 @@ struct Call {
   }
 
   Call& outputs(const Outputs& out) {
-    p.h = output("h", out.h);
+    p.h = output<void>("h", out.h), p.h_dtype = out.h.dtype;
     if (args().together({{"h_last", out.h_last}, {"c_last", out.c_last}, {"n_last", out.n_last}, {"m_last", out.m_last}}))
       p.h_last = output("h_last", out.h_last), p.c_last = output("c_last", out.c_last),
       p.n_last = output("n_last", out.n_last), p.m_last = output("m_last", out.m_last);

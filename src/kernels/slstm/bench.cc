@@ -29,7 +29,8 @@ class SlstmBench final : public kernels::CallBenchProblem {
     harness::Cost c;
     const double esz = double(dtype_size(dt_));
     const double cells = double(B_) * S_ * NH_ * DH_;
-    const double wx = cells * 4 * esz, r = 4.0 * NH_ * DH_ * DH_ * esz, h = cells * 4;
+    // h is written in the inputs' dtype (the declared rule the bench allocates by); dh is given in f32.
+    const double wx = cells * 4 * esz, r = 4.0 * NH_ * DH_ * DH_ * esz, h = cells * esz, dh = cells * 4;
     if (pass != Pass::kBackward) {
       c.add({"recurrent GEMMs h_{t-1}·r (4 gates)", work(), wx + r + h, 0.0, false});
       // per cell: 4 bias+wx adds, logsigmoid, max, 2 exp, tanh, sigmoid, c, n, h: ~20 FLOPs, 6 transcendentals
@@ -37,7 +38,7 @@ class SlstmBench final : public kernels::CallBenchProblem {
     }
     if (pass != Pass::kForward) {
       if (pass == Pass::kBackward) c.add({"forward recomputed for the stored activations", work() + 20.0 * cells, wx + r, 6.0 * cells, true});
-      c.add({"dh_{t-1} = dgates·rᵀ", work(), h, 0.0, false});
+      c.add({"dh_{t-1} = dgates·rᵀ", work(), dh, 0.0, false});
       c.add({"dr = Σ h_{t-1}ᵀ·dgates", work(), wx + r, 0.0, false});
       c.add({"pointwise gate gradients", 30.0 * cells, wx, 0.0, false});
     }

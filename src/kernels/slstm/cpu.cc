@@ -157,7 +157,7 @@ struct Task {
           const cpu_simd::Act act = p.backward ? act_of(tp, t, r) : cpu_simd::Act{};
           float* hr = &h[size_t(r * D)];
           cpu_simd::forward_row(pre, D, first, &m[size_t(r * D)], &c[size_t(r * D)], &n[size_t(r * D)], hr, act);
-          if (p.h) std::copy_n(hr, D, p.h + p.h_at(bi, t, hd, 0));
+          if (p.h) store_dtype(hr, p.h_dtype, p.h, p.h_at(bi, t, hd, 0), D);
           if (p.backward) tp.first[size_t(t * Bb + r)] = first;
         }
         if (p.backward) {

@@ -136,8 +136,9 @@ class Cuda final : public primitives::CudaBackend<Implementation> {
       tape = cuda::DeviceBuffer(sizeof(float) * kTapeFields * cells, st, dev);
       dpre = cuda::DeviceBuffer(sizeof(float) * 4 * cells, st, dev);
     }
-    const int dh_code = p.dh_dtype == DType::kF32 ? 0 : p.dh_dtype == DType::kBF16 ? 1 : 2;
-    const Args a{p.wx, p.r, p.b, static_cast<const uint8_t*>(resets.get()), p.h0, p.c0, p.n0, p.m0, p.h, p.h_last,
+    const auto code = [](DType t) { return t == DType::kF32 ? 0 : t == DType::kBF16 ? 1 : 2; };
+    const int dh_code = code(p.dh_dtype);
+    const Args a{p.wx, p.r, p.b, static_cast<const uint8_t*>(resets.get()), p.h0, p.c0, p.n0, p.m0, p.h, code(p.h_dtype), p.h_last,
                  p.c_last, p.n_last, p.m_last, static_cast<float*>(tape.get()), p.dh_given, dh_code, p.dh_last,
                  p.dc_last, p.dn_last, p.dwx, static_cast<float*>(dpre.get()), p.dh0, p.dc0, p.dn0, p.B, p.S, p.NH,
                  p.DH};

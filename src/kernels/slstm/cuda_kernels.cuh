@@ -50,7 +50,9 @@ struct Args {
   const void *wx, *r, *b;                          // the inputs' dtype
   const uint8_t* resets;                           // [B, S] device copy, or null
   const float *h0, *c0, *n0, *m0;                  // [B, NH, DH] or null
-  float *h, *h_last, *c_last, *n_last, *m_last;    // null when not asked for
+  void* h;                                         // in h_dtype (0 f32, 1 bf16, 2 f16); null: not asked for
+  int h_dtype;
+  float *h_last, *c_last, *n_last, *m_last;        // null when not asked for
   float* tape;                                     // [kTapeFields][cells], null: forward only
   // backward
   const void* dh;  // [B, S, NH, DH] in dh_dtype (0 f32, 1 bf16, 2 f16)
@@ -70,6 +72,14 @@ struct Args {
   __device__ int64_t r_at(int64_t g, int64_t hd, int64_t j, int64_t k) const { return ((g * NH + hd) * DH + j) * DH + k; }
   __device__ bool reset(int64_t bi, int64_t t) const { return t > 0 && resets != nullptr && resets[bi * S + t] != 0; }
   __device__ bool first(int64_t bi, int64_t t) const { return (t == 0 && h0 == nullptr) || reset(bi, t); }
+  __device__ void store_h(int64_t i, float v) const {  // the f32 h rounded once
+    if (h_dtype == 0)
+      static_cast<float*>(h)[i] = v;
+    else if (h_dtype == 1)
+      static_cast<__nv_bfloat16*>(h)[i] = __float2bfloat16_rn(v);
+    else
+      static_cast<__half*>(h)[i] = __float2half_rn(v);
+  }
   __device__ float upstream(int64_t i) const {
     if (dh_dtype == 0) return static_cast<const float*>(dh)[i];
     if (dh_dtype == 1) return __bfloat162float(static_cast<const __nv_bfloat16*>(dh)[i]);
@@ -153,7 +163,7 @@ __global__ void __launch_bounds__(kMaxThreads) slstm_forward(Args a) {
       const float c = F * cs[e] + I * zt, n = F * ns[e] + I, h = og * c / n;
       hs[e] = h, cs[e] = c, ns[e] = n, ms[e] = m;
       const int64_t hi = a.h_at(bi, t, hd, kk);
-      if (a.h) a.h[hi] = h;
+      if (a.h) a.store_h(hi, h);
       if (a.tape) {
         float* tp = a.tape + hi;
         tp[kI * cells] = I, tp[kF * cells] = F, tp[kZt * cells] = zt, tp[kOg * cells] = og;

@@ -30,7 +30,10 @@ struct Problem {
   const uint8_t* resets = nullptr;
   const float *h0 = nullptr, *c0 = nullptr, *n0 = nullptr, *m0 = nullptr;  // [B, NH, DH] or all null
 
-  float* h = nullptr;  // [B, S, NH, DH]; null in a backward-only call
+  // h [B, S, NH, DH] in h_dtype (f32 or the inputs' dtype: each value the f32 h rounded once);
+  // null in a backward-only call. No implementation reads it back (the backward recomputes).
+  void* h = nullptr;
+  DType h_dtype = DType::kF32;
   float *h_last = nullptr, *c_last = nullptr, *n_last = nullptr, *m_last = nullptr;
 
   bool backward = false;

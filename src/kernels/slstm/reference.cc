@@ -74,7 +74,7 @@ Trace run_forward(const Problem& p, int64_t bi, int64_t hd) {
 void write_forward(const Problem& p, int64_t bi, int64_t hd, const Trace& tr) {
   for (int64_t t = 0; t < p.S; ++t)
     for (int64_t k = 0; k < p.DH; ++k)
-      if (p.h) p.h[p.h_at(bi, t, hd, k)] = static_cast<float>(tr.steps[t][k].h);
+      if (p.h) store_from_f32(p.h, p.h_dtype, p.h_at(bi, t, hd, k), static_cast<float>(tr.steps[t][k].h));
   if (!p.h_last) return;
   for (int64_t k = 0; k < p.DH; ++k) {
     const Step& s = tr.steps[p.S - 1][k];

@@ -65,7 +65,7 @@ const kernels::KernelSpec& spec() {
       .bench = kernels::bench_spec_of({}, make_bench_problem),
       .tune = kernels::declared_tune_spec(tuning(), spec),
       .call = {.inputs = inputs().specs(),
-               .grad_inputs = {{"grad_h", "upstream gradient of h [B, S, NH, DH] (f32)", true, false, {"dh"}},
+               .grad_inputs = {{"grad_h", "upstream gradient of h [B, S, NH, DH] (f32 or the inputs' dtype)", true, false, {"dh"}},
                                {"grad_h_last", "upstream gradient of h_last [B, NH, DH] (f32)", false, false},
                                {"grad_c_last", "upstream gradient of c_last [B, NH, DH] (f32; m held)", false, false},
                                {"grad_n_last", "upstream gradient of n_last [B, NH, DH] (f32; m held)", false, false}},

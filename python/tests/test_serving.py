@@ -580,7 +580,7 @@ def test_torch_compile_decode_step_sees_the_cache_as_it_is(device):
     # A cache changed in place outside the graph (a key of every sequence overwritten, same
     # lengths, same tensors): the compiled step reads the new contents.
     q, k_new, v_new, pages, slots, _ = inputs([n - 1 for n in lens])   # rewrite each last token
-    kv = torch.tensor(lens, dtype=torch.int32)
+    kv = torch.tensor(lens, dtype=torch.int32, device=device)   # on the graph's device: no recompile
     o1, _ = compiled(q, k_new, v_new, k_cache, v_cache, pages, slots, page_table, kv, cu)
     for b in range(n_seq):
         k_cache[page_table[b, 0], 0] += 5.0 * torch.randn(HKV, D, generator=g).to(device)   # the first key, in place

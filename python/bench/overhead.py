@@ -30,7 +30,7 @@ def cpp_ms(cli, B, H, V):  # w as [V, H] (lm_head.weight), like the Python calls
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "b.json")
         subprocess.run([cli, "bench", "linear_cross_entropy", "--impl", "cpu", "--shape", f"{B},{H},{V}",
-                        "--dtype", "f32", "--mode", "fwd", "--layout", "vh", "--json", out], check=True, capture_output=True)
+                        "--dtype", "f32", "--pass", "forward", "--layout", "vh", "--json", out], check=True, capture_output=True)
         rows = json.load(open(out))["rows"]
     for r in rows:
         if r.get("implementation") == "cpu" and r.get("pass", r.get("mode")) in ("forward", "fwd"):

@@ -22,7 +22,8 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 
 from . import _ext
-from ._registry import KERNELS, Kernel, canonical_keywords, memory_budget_bytes, outputs, public_outputs, widen_mask
+from ._registry import (KERNELS, Kernel, canonical_keywords, dtype_text, memory_budget_bytes, outputs, public_outputs,
+                        widen_mask)
 
 __version__ = _ext.__version__
 __all__ = ["call", "kernels", "implementations"] + sorted(KERNELS)
@@ -80,7 +81,7 @@ def _empty(xp, dtype: str, shape, strides):
 def _is_np_bf16(t: Any) -> bool:
     """A NumPy array of ml_dtypes.bfloat16: DLPack and the buffer protocol cannot describe its
     dtype, so it crosses as a uint16 view that the extension is told holds bf16."""
-    return isinstance(t, np.ndarray) and t.dtype.name == "bfloat16"
+    return isinstance(t, np.ndarray) and dtype_text(t.dtype) == "bfloat16"
 
 
 def _array_in(kernel: str, name: str, t: Any, transposed: bool = False) -> Any:

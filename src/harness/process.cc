@@ -53,7 +53,11 @@ bool reset_peak_rss() {
 
 std::string cpu_model() { return cpuinfo_field("model name"); }
 
-int hardware_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+// Read once: hardware_concurrency() reads /sys on every call (src/core/exec.cc).
+int hardware_threads() {
+  static const int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return n;
+}
 
 std::string cpu_features() {
   std::istringstream flags(cpuinfo_field("flags"));

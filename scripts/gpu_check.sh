@@ -484,12 +484,20 @@ stage_bench() {
   else
     note "PyTorch with CUDA not available: no peers"
   fi
+  # The host's share of a decode step from tessera.torch (32 paged_attention calls, one a layer):
+  # wall time per call against the kernels' device time (docs/GPU.md "Host cost per call"). Needs
+  # the Python package the test stage built.
+  if benched paged_attention && { [ -d "$root/build/gpu-pkg/tessera" ] || [ "$plan" = 1 ]; }; then
+    step "decode step host cost (tessera.torch, 32 layers)" 120 bench/decode_step_overhead.log env \
+      PYTHONPATH="$root/build/gpu-pkg" python3 "$root/bench/decode_step_overhead.py" --device cuda \
+      --out "$out/bench/decode_step_overhead.json"
+  fi
   # One HTML report per bench run, with the kernel's peers beside it.
   local j peers
   for j in "$out"/bench/*.json; do
     [ -f "$j" ] || continue
     name=$(basename "$j" .json)
-    case "$name" in peers_*|roofline) continue ;; esac
+    case "$name" in peers_*|roofline|decode_step_overhead) continue ;; esac
     peers=()
     case "$name" in
       linear_cross_entropy*) for p in peers_lce_torch peers_lce_fused; do [ -f "$out/bench/$p.json" ] && peers+=(--peers "$out/bench/$p.json"); done ;;

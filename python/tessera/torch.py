@@ -472,6 +472,20 @@ def _dense(t, transposed: bool = False):
     return t.contiguous()
 
 
+def _no_functorch(kernel: str):
+    """torch.func transforms (grad, vmap, jacrev, ...) cannot transform these ops: their autograd
+    is torch.library.register_autograd's, an autograd.Function without setup_context, and they
+    register no vmap rule. Said by name instead of PyTorch's message about setup_context (as
+    FlashAttention's and Liger's autograd.Functions, the same limit)."""
+    if torch.compiler.is_compiling():
+        return
+    peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+    if peek is not None and peek() is not None:
+        raise RuntimeError(f"tessera.torch.{kernel}: torch.func transforms (grad, vmap, jacrev, ...) are not "
+                           "supported; differentiate with .backward() or torch.autograd.grad (torch.func."
+                           "functional_call alone works)")
+
+
 def _int_options(kernel: str, **values):
     for name, v in values.items():
         if isinstance(v, bool):
@@ -503,13 +517,14 @@ def _make(k: Kernel, op=None, drop_grads=False):
     ints_line = (f"    _int_options({k.name!r}, {', '.join(f'{n}={n}' for n in ints)})\n" if ints else "")
     dense_line = (f"    {', '.join(t.name for t in k.inputs)}, = "
                   f"{', '.join(f'_dense({t.name}, {t.transposed})' for t in k.inputs)},\n")
-    src = (f"def {k.name}({', '.join(params)}):\n" + ints_line + cast_line + dense_line +
+    src = (f"def {k.name}({', '.join(params)}):\n" + f"    _no_functorch({k.name!r})\n" + ints_line + cast_line +
+           dense_line +
            f"    outs = _op({', '.join(call_args)})\n" + drop +
            f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"
            + "".join(f"    if {f}:\n        public.append(outs[{nf + i}])\n" for i, f in enumerate(k.saved_flags)) +
            f"    return public[0] if len(public) == 1 else tuple(public)\n")
     scope = {"_op": op or getattr(torch.ops.tessera, k.name), "_budget": memory_budget_bytes, "_autocast": _autocast,
-             "_int_options": _int_options, "_dense": _dense}
+             "_int_options": _int_options, "_dense": _dense, "_no_functorch": _no_functorch}
     exec(src, scope)  # noqa: S102 - source built from the registry's names only
     fn = scope[k.name]
     fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + k.returns_doc()

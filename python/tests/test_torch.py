@@ -550,3 +550,18 @@ def test_strided_views_take_gradients_like_their_copies(fused):
     torch.testing.assert_close(hidden.grad[:, :-1], copy.grad, rtol=0, atol=0)
     assert hidden.grad[:, -1].abs().max() == 0
     torch.testing.assert_close(w.grad, w2.grad, rtol=0, atol=0)
+
+
+def test_torch_func_transforms_are_refused_by_name():
+    """torch.func.grad / vmap cannot transform the ops (register_autograd's autograd.Function has
+    no setup_context; no vmap rule): a RuntimeError that says so and what to use instead, not
+    PyTorch's message about setup_context. functional_call alone is not a transform and works."""
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(RuntimeError, match="torch.func transforms .* are not supported"):
+        torch.func.grad(lambda q: tt.attention(q, q, q).sum())(q)
+    with pytest.raises(RuntimeError, match="tessera.torch.attention: torch.func transforms"):
+        torch.vmap(lambda q: tt.attention(q, q, q))(q[None].expand(3, -1, -1, -1, -1))
+    lin = torch.nn.Linear(16, 32, bias=False)
+    x, y = torch.randn(6, 16), torch.randint(0, 32, (6,))
+    w = torch.func.functional_call(lin, {"weight": 2 * lin.weight}, (torch.eye(16),)).T
+    torch.testing.assert_close(tt.linear_cross_entropy(x, w, y), tt.linear_cross_entropy(x, 2 * lin.weight, y))

@@ -47,14 +47,20 @@ def step(args, layers):
 
 
 def device_us_per_call(args, layers, dev):
-    """The kernels' device time of one step over its calls (CUDA activity of the profiler)."""
+    """The kernels' device time of one step over its calls (CUDA kernel events of the profiler;
+    memory copies and sets left out), and how many kernels it saw: None when it saw fewer than one
+    a call (a profiler that records nothing must not read as a host-bound step)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step(args, layers)
         sync(dev)
-    total = sum(e.self_device_time_total for e in prof.key_averages()   # self: no event counted twice
-                if not e.key.startswith("Memcpy") and not e.key.startswith("Memset"))
-    return total / layers
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA
+               and not e.key.startswith("Memcpy") and not e.key.startswith("Memset")]
+    count = sum(e.count for e in kernels)
+    if count < layers:
+        return None, count
+    return sum(e.self_device_time_total for e in kernels) / layers, count
 
 
 def main():
@@ -85,14 +91,20 @@ def main():
     row = {"device": str(dev), "name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "layers": a.layers, "seqs": a.seqs, "kv_len": a.kv_len, "hq": a.hq, "hkv": a.hkv, "d": a.d,
            "page": a.page, "dtype": a.dtype, "wall_us_per_call": statistics.median(walls)}
+    ok = True
     if dev.type == "cuda":
-        row["device_us_per_call"] = device_us_per_call(args, a.layers, dev)
-        row["host_bound"] = row["wall_us_per_call"] > 1.2 * row["device_us_per_call"]
+        row["device_us_per_call"], row["kernels_seen"] = device_us_per_call(args, a.layers, dev)
+        ok = row["device_us_per_call"] is not None
+        row["host_bound"] = row["wall_us_per_call"] > 1.2 * row["device_us_per_call"] if ok else None
     print(json.dumps(row, indent=2))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(row, f, indent=2)
+    if not ok:
+        print(f"decode_step_overhead: the profiler saw {row['kernels_seen']} kernels for {a.layers} calls: "
+              "no device time", flush=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

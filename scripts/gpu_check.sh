@@ -487,10 +487,15 @@ stage_bench() {
   # The host's share of a decode step from tessera.torch (32 paged_attention calls, one a layer):
   # wall time per call against the kernels' device time (docs/GPU.md "Host cost per call"). Needs
   # the Python package the test stage built.
-  if benched paged_attention && { [ -d "$root/build/gpu-pkg/tessera" ] || [ "$plan" = 1 ]; }; then
+  if ! benched paged_attention; then
+    :
+  elif [ "$plan" = 1 ] || { [ "$(cat "$out/tests/python_build.rc" 2> /dev/null)" = 0 ] &&
+      python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; }; then
     step "decode step host cost (tessera.torch, 32 layers)" 120 bench/decode_step_overhead.log env \
       PYTHONPATH="$root/build/gpu-pkg" python3 "$root/bench/decode_step_overhead.py" --device cuda \
       --out "$out/bench/decode_step_overhead.json"
+  else
+    note "decode step host cost not timed: the test stage's Python package (tests/python_build.rc 0) or PyTorch with CUDA is missing"
   fi
   # One HTML report per bench run, with the kernel's peers beside it.
   local j peers

@@ -7,7 +7,8 @@ script calls it after every step, so a stage cut short still leaves a current su
 Reads: env.txt, steps.tsv (stage, step, status, seconds, log), tests/*.json (GoogleTest JSON, one
 per suite process), sanitize/*.log (compute-sanitizer's ERROR SUMMARY), bench/roofline.json,
 bench/<kernel>[_<variant>].json (`tessera bench --json`: every kernel, every implementation),
-bench/peers_*.json (tessera-peers/1), bench/tuned_table_*.cc, summary.notes. Knows no kernel.
+bench/peers_*.json (tessera-peers/1), bench/decode_step_overhead.json, bench/tuned_table_*.cc, summary.notes.
+Knows no kernel.
 """
 import glob
 import json
@@ -192,13 +193,27 @@ def peers_section(out):
     return lines
 
 
+def decode_step_section(out):
+    """bench/decode_step_overhead.json (bench/decode_step_overhead.py): is a decode step host-bound?"""
+    doc = load(os.path.join(out, "bench", "decode_step_overhead.json"))
+    if not isinstance(doc, dict):
+        return []
+    dev = doc.get("device_us_per_call")
+    verdict = {True: "host-bound", False: "device-bound", None: "no device time recorded"}.get(doc.get("host_bound"))
+    return [f"## Decode step from tessera.torch ({doc.get('layers')} paged_attention calls, {doc.get('seqs')} sequences "
+            f"x {doc.get('kv_len')} keys, Hq {doc.get('hq')}, Hkv {doc.get('hkv')}, D {doc.get('d')}, {doc.get('dtype')})", "",
+            f"- wall per call: {fmt(doc.get('wall_us_per_call'), '.1f')} us; kernels' device time per call: "
+            f"{fmt(dev, '.1f')} us ({doc.get('kernels_seen')} kernels seen): {verdict}", ""]
+
+
 def main():
     out = sys.argv[1]
     lines = ["# GPU check (scripts/gpu_check.sh)", ""]
     env = os.path.join(out, "env.txt")
     if os.path.exists(env):
         lines += ["```", open(env, errors="replace").read().strip(), "```", ""]
-    for section in (steps_section, tests_section, sanitize_section, roofline_section, bench_section, peers_section):
+    for section in (steps_section, tests_section, sanitize_section, roofline_section, bench_section, peers_section,
+                    decode_step_section):
         lines += section(out)
     tables = sorted(glob.glob(os.path.join(out, "bench", "tuned_table_*.cc")))
     if tables:

@@ -116,19 +116,22 @@ def test_arguments_bind_as_the_signature_says(kernel):
     twice, a required input left out)."""
     import inspect
     k = _registry.KERNELS[kernel]
-    sig = k.signature()
-    pos = [p.name for p in sig.parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
-    opt = next(o.name for o in k.options)
-    calls = [(tuple(range(len(pos))), {}), (tuple(range(len(pos) - 1)), {pos[-1]: "kw"}),
-             (tuple(range(len(pos))), {opt: 7, "implementation": "x"}),
-             (tuple(range(len(pos) + 1)), {}), (tuple(range(len(pos))), {"no_such_option": 1}),
-             (tuple(range(len(pos))), {pos[0]: "twice"}), (tuple(range(len(pos) - 1)), {})]
-    for args, kwargs in calls:
-        try:
-            b = sig.bind(*args, **kwargs)
-        except TypeError:
-            with pytest.raises(TypeError):
-                k._bound(args, kwargs, ())
-            continue
-        b.apply_defaults()
-        assert k._bound(args, kwargs, ()) == dict(b.arguments), (args, kwargs)
+    frozen = inspect.Parameter("frozen", inspect.Parameter.KEYWORD_ONLY, default=())   # tessera.jax's extra
+    for extra in ((), (frozen,)):
+        sig = k.signature(extra)
+        pos = [p.name for p in sig.parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
+        opt = next(o.name for o in k.options)
+        calls = [(tuple(range(len(pos))), {}), (tuple(range(len(pos) - 1)), {pos[-1]: "kw"}),
+                 (tuple(range(len(pos))), {opt: 7, "implementation": "x"}),
+                 (tuple(range(len(pos) + 1)), {}), (tuple(range(len(pos))), {"no_such_option": 1}),
+                 (tuple(range(len(pos))), {pos[0]: "twice"}), (tuple(range(len(pos) - 1)), {}),
+                 (tuple(range(len(pos))), {"frozen": ("dx",)})]
+        for args, kwargs in calls:
+            try:
+                b = sig.bind(*args, **kwargs)
+            except TypeError:
+                with pytest.raises(TypeError):
+                    k._bound(args, kwargs, extra)
+                continue
+            b.apply_defaults()
+            assert k._bound(args, kwargs, extra) == dict(b.arguments), (args, kwargs, extra)

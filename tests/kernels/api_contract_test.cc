@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_backend.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
 #include "tessera/grouped_matmul.h"
@@ -109,6 +110,54 @@ TEST(ApiContract, AnUnknownImplementationIsRefusedWhenNothingRuns) {
   expect_error([&] { mla_decode::forward({b.f({0, 1, 1, 4}), b.f({1, 1, 1, 4}), b.ints({0, 1}, {}), b.ints({0}, {})},
                                          {b.f({0, 1, 1, 2}, 1024), b.f({0, 1, 1}, 1100)}, mo); },
                ErrorCode::kNotFound, "unknown implementation 'nope'");
+}
+
+// Block sizes a call gives are checked by the implementation that would run also when the call
+// is empty (nothing runs): they passed on an empty batch and failed on the next (a review,
+// 2026-11-29). For each implementation an empty call refuses exactly what a one-row call refuses
+// (the reference ignores block sizes: both accept), and an empty call that refuses writes nothing.
+bool refuses(const std::function<void()>& call) {
+  try {
+    call();
+    return false;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("block sizes"), std::string::npos) << e.what();
+    return true;
+  }
+}
+
+TEST(ApiContract, BlockSizesAreCheckedWhenNothingRuns) {
+  Buf b;
+  Tensor labels1 = Tensor::zeros(DType::kI64, {1}), labels0 = Tensor::empty(DType::kI64, {0});
+  int refused = 0;
+  for (const char* impl : {"", "cpu", "reference"}) {
+    if (std::string(impl) == "cpu" && !testing::kHaveCpuBackend) continue;
+    SCOPED_TRACE(std::string("implementation '") + impl + "'");
+    linear_cross_entropy::Options lo;
+    lo.implementation = impl;
+    lo.block_sizes = linear_cross_entropy::BlockSizes{0, 0, 0};
+    const auto lce = [&](int64_t B, const Tensor& labels) {
+      return [&, B] { linear_cross_entropy::forward({b.f({B, 4}), b.f({5, 4}), std::nullopt, labels.view(), std::nullopt},
+                                                    {b.f({}, 1024), b.f({B}, 1100), std::nullopt}, lo); };
+    };
+    b.v[1024] = 7.0f;
+    const bool lce_refused = refuses(lce(1, labels1));
+    b.v[1024] = 7.0f;
+    EXPECT_EQ(refuses(lce(0, labels0)), lce_refused);
+    if (lce_refused) EXPECT_EQ(b.v[1024], 7.0f) << "the empty call wrote its loss before the error";
+    attention::Options ao;
+    ao.implementation = impl;
+    ao.block_sizes = attention::BlockSizes{0, 0};
+    const auto att = [&](int64_t Sq) {
+      return [&, Sq] { attention::forward({b.f({1, Sq, 1, 2}), b.f({1, 3, 1, 2}), b.f({1, 3, 1, 2})},
+                                          {b.f({1, Sq, 1, 2}, 1024), b.f({1, 1, Sq}, 1100)}, ao); };
+    };
+    const bool att_refused = refuses(att(1));
+    EXPECT_EQ(refuses(att(0)), att_refused);
+    refused += lce_refused + att_refused;
+  }
+  EXPECT_GE(refused, 2);  // the default implementation refuses block sizes of 0 in both kernels
 }
 
 TEST(ApiContract, ANegativeSizeIsRefused) {

@@ -158,6 +158,14 @@ bool trivial_forward(const Problem& p, const ForwardOutputs& out) {
     for (int64_t i = 0; i < out.lse.numel(); ++i) lse[i] = -std::numeric_limits<float>::infinity();
   return true;
 }
+// An empty call runs no implementation, but block sizes it gives are checked by the one that
+// would run, as in a non-empty call (before anything is written): a bad setting must not pass on
+// an empty batch and fail on the next.
+void check_block_sizes_of_empty(const Problem& p, const Options& opt) {
+  if (!opt.block_sizes || (p.total_q > 0 && p.total_k > 0)) return;
+  registry().dispatch_problem(opt.implementation, p,
+                              [&](const Implementation& impl) { impl.validate_block_sizes(*opt.block_sizes); });
+}
 bool trivial_backward(const Problem& p, const Gradients& g) {
   if (p.total_q > 0 && p.total_k > 0) return false;
   synchronize(p.device, p.stream);
@@ -211,6 +219,7 @@ std::string forward(const Inputs& in, const ForwardOutputs& out, const Options& 
   const ForwardOut fo = check_forward_outputs(d, p, out);
   check_apart(in, {{"o", out.o}, {"lse", out.lse}}, {});
   registry().check_names(opt.implementation, p.device.type);  // also when nothing runs
+  check_block_sizes_of_empty(p, opt);
   if (trivial_forward(p, out)) return "(empty)";
   return dispatch_call(p, opt, Pass::kForward, {tune::buffer_of("o", out.o), tune::buffer_of("lse", out.lse)},
                        [&](const Implementation& impl, const BlockSizes& bs) { impl.forward(p, bs, fo); });
@@ -224,6 +233,7 @@ std::string backward(const Inputs& in, const BackwardInputs& saved, const Gradie
   check_apart(in, {{"dq", grads.dq}, {"dk", grads.dk}, {"dv", grads.dv}},
               {{"o", saved.o}, {"lse", saved.lse}, {"grad_o", saved.grad_o}});
   registry().check_names(opt.implementation, p.device.type);
+  check_block_sizes_of_empty(p, opt);
   if (trivial_backward(p, grads)) return "(empty)";
   const std::vector<tune::Buffer> outs{tune::buffer_of("dq", grads.dq), tune::buffer_of("dk", grads.dk),
                                        tune::buffer_of("dv", grads.dv)};
@@ -241,6 +251,7 @@ std::string forward_backward(const Inputs& in, const TensorView& grad_o, const F
   check_apart(in, {{"o", out.o}, {"lse", out.lse}, {"dq", grads.dq}, {"dk", grads.dk}, {"dv", grads.dv}},
               {{"grad_o", grad_o}});
   registry().check_names(opt.implementation, p.device.type);
+  check_block_sizes_of_empty(p, opt);
   if (trivial_forward(p, out)) {
     trivial_backward(p, grads);
     return "(empty)";

@@ -429,6 +429,12 @@ std::string run(const Call& k, const Options& opt, Pass pass, bool every_row) {
   std::string ran = "(empty batch)";
   registry().check_names(opt.implementation, q.device.type);  // also when nothing runs
   if (q.B == 0) {
+    // Block sizes the call gives are checked by the implementation that would run, as in a
+    // non-empty call: a bad setting must not pass on an empty batch and fail on the next.
+    if (opt.block_sizes)
+      registry().dispatch_problem(opt.implementation, q, [&](const Implementation& impl) {
+        impl.validate_block_sizes(*opt.block_sizes);
+      });
     synchronize(q.device, q.stream);  // the caller's queued work first (zero_fill is not on its stream)
     if (k.loss) zero_fill(*k.loss);
     if (k.dw) zero_fill_dw(*k.dw);

@@ -232,6 +232,16 @@ def _views(k: Kernel, tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tenso
     return {n: (t.detach().cpu() if n in host else t.detach()) for n, t in tensors.items()}
 
 
+_to_dlpack = torch.utils.dlpack.to_dlpack
+
+
+def _capsules(views: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+    """DLPack capsules of the call's tensors: torch.utils.dlpack.to_dlpack (C, ~0.6 µs) instead of
+    each tensor's __dlpack__ (Python, ~3 µs, with a stream handshake the call does not need: the
+    kernel runs on the stream that produced its inputs, the caller's current one)."""
+    return {n: _to_dlpack(t) for n, t in views.items()}
+
+
 def _device(tensors: Dict[str, torch.Tensor]) -> torch.device:
     return next(iter(tensors.values())).device
 
@@ -245,7 +255,8 @@ def _register(k: Kernel, pass_: str, op_name: str):
         outs = _alloc(_descs(k, pass_, tensors, options, skip), dev)
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
         views = _views(k, tensors)
-        _ext.call(k.name, pass_, views, outs, options, implementation, 0, stream, memory_budget=budget, skip=skip)
+        _ext.call(k.name, pass_, _capsules(views), [_to_dlpack(o) for o in outs], options, implementation, 0, stream,
+                  memory_budget=budget, skip=skip)
         return outs
 
     def fake(*args, **kwargs):
@@ -256,6 +267,35 @@ def _register(k: Kernel, pass_: str, op_name: str):
     for key in ("CPU", "CUDA"):
         _lib.impl(op_name, impl, key)
     torch.library.register_fake("tessera::" + op_name, fake, lib=_lib)
+    _IMPLS[op_name] = impl
+
+
+# The ops' Python implementations by op name: what the dispatcher calls for CPU and CUDA tensors.
+_IMPLS: Dict[str, Any] = {}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain_eager(tensors) -> bool:
+    """Whether a forward call may skip PyTorch's dispatcher (~50 µs of a ~150 µs small call) and
+    run the op's implementation directly: eager, no gradient to record, plain tensors, and nothing
+    that must see the op — no torch.compile tracing, no dispatch or torch-function mode (fake
+    tensors, a `with torch.device(...)`, logging modes), no profiler (the op stays in its traces)."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or
+            torch._C._is_torch_function_mode_enabled() or torch.autograd._profiler_enabled()):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad) or t.device.type not in ("cpu", "cuda")):
+            return False
+    return True
+
+
+def _direct(op, impl, n_tensors: int):
+    """The forward op, called through the dispatcher unless _plain_eager allows its implementation
+    directly (the same outputs: the dispatcher would call the same function with the same args)."""
+    def call(*args):
+        return impl(*args) if _plain_eager(args[:n_tensors]) else op(*args)
+    return call
 
 
 def _register_autograd(k: Kernel):
@@ -367,7 +407,8 @@ def _register_fused(k: Kernel, op_name: str):
         tensors, options, implementation, budget, skip, dev, outs = fused_args(args, kwargs)
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
         views = _views(k, tensors)
-        _ext.call(k.name, "fused", views, outs, options, implementation, 0, stream, memory_budget=budget, skip=skip)
+        _ext.call(k.name, "fused", _capsules(views), [_to_dlpack(o) for o in outs], options, implementation, 0, stream,
+                  memory_budget=budget, skip=skip)
         return outs
 
     def fake(*args, **kwargs):
@@ -523,7 +564,8 @@ def _make(k: Kernel, op=None, drop_grads=False):
            f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"
            + "".join(f"    if {f}:\n        public.append(outs[{nf + i}])\n" for i, f in enumerate(k.saved_flags)) +
            f"    return public[0] if len(public) == 1 else tuple(public)\n")
-    scope = {"_op": op or getattr(torch.ops.tessera, k.name), "_budget": memory_budget_bytes, "_autocast": _autocast,
+    forward_op = _direct(getattr(torch.ops.tessera, k.name), _IMPLS[k.name], len(req) + len(opt))
+    scope = {"_op": op or forward_op, "_budget": memory_budget_bytes, "_autocast": _autocast,
              "_int_options": _int_options, "_dense": _dense, "_no_functorch": _no_functorch}
     exec(src, scope)  # noqa: S102 - source built from the registry's names only
     fn = scope[k.name]

@@ -565,3 +565,35 @@ def test_torch_func_transforms_are_refused_by_name():
     x, y = torch.randn(6, 16), torch.randint(0, 32, (6,))
     w = torch.func.functional_call(lin, {"weight": 2 * lin.weight}, (torch.eye(16),)).T
     torch.testing.assert_close(tt.linear_cross_entropy(x, w, y), tt.linear_cross_entropy(x, 2 * lin.weight, y))
+
+
+def test_eager_forward_skips_the_dispatcher_only_where_nothing_must_see_the_op():
+    """A no-grad eager forward runs the op's implementation directly (PyTorch's dispatcher cost
+    ~50 µs of a small call): the same bits as the op. A dispatch mode, a torch-function mode, the
+    profiler or an input that records a gradient still see the op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    q = torch.randn(1, 6, 2, 8)
+    want = torch.ops.tessera.attention(q, q, q)[0]
+    torch.testing.assert_close(tt.attention(q, q, q), want, rtol=0, atol=0)
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as seen:
+        tt.attention(q, q, q)
+    assert any("tessera.attention" in o for o in seen.ops), seen.ops
+    with torch.profiler.profile() as prof:
+        tt.attention(q, q, q)
+    assert any("tessera::attention" in e.key for e in prof.key_averages())
+    with torch.device("cpu"):   # a torch-function mode
+        torch.testing.assert_close(tt.attention(q, q, q), want, rtol=0, atol=0)
+    g = q.clone().requires_grad_()
+    tt.attention(g, g, g).sum().backward()
+    assert g.grad is not None and g.grad.abs().max() > 0

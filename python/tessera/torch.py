@@ -276,23 +276,32 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _plain_eager(tensors) -> bool:
-    """Whether a forward call may skip PyTorch's dispatcher (~50 µs of a ~150 µs small call) and
-    run the op's implementation directly: eager, no gradient to record, plain tensors, and nothing
-    that must see the op — no torch.compile tracing, no dispatch or torch-function mode (fake
-    tensors, a `with torch.device(...)`, logging modes), no profiler (the op stays in its traces)."""
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or
-            torch._C._is_torch_function_mode_enabled() or torch.autograd._profiler_enabled()):
+    """Whether a forward call may skip PyTorch's dispatcher (~25–50 µs of a small call) and run the
+    op's implementation directly: eager, no gradient to record, plain dense tensors, and nothing
+    that must see the op — no torch.compile or TorchScript tracing (a traced graph would hold no
+    call), no dispatch or torch-function mode (fake tensors, `with torch.device(...)`, logging
+    modes), no profiler (the op stays in its traces); no tensor whose dispatch keys do work before
+    a kernel (a negative or conjugate bit, a functionalization wrapper) or that is not strided."""
+    if (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None or
+            torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled() or
+            torch.autograd._profiler_enabled()):
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad) or t.device.type not in ("cpu", "cuda")):
+        if t is None:
+            continue
+        if (type(t) not in _PLAIN or (grad and t.requires_grad) or t.device.type not in ("cpu", "cuda") or
+                t.layout is not torch.strided or t.is_nested or t.is_neg() or t.is_conj() or
+                torch._is_functional_tensor(t)):
             return False
     return True
 
 
 def _direct(op, impl, n_tensors: int):
     """The forward op, called through the dispatcher unless _plain_eager allows its implementation
-    directly (the same outputs: the dispatcher would call the same function with the same args)."""
+    directly (the same outputs: the dispatcher would call the same function with the same args).
+    A kernel registered over the op later (torch.library.register_kernel) is seen by
+    torch.ops.tessera.<kernel>, not by this direct path."""
     def call(*args):
         return impl(*args) if _plain_eager(args[:n_tensors]) else op(*args)
     return call

@@ -567,17 +567,28 @@ def test_torch_func_transforms_are_refused_by_name():
     torch.testing.assert_close(tt.linear_cross_entropy(x, w, y), tt.linear_cross_entropy(x, 2 * lin.weight, y))
 
 
-def test_eager_forward_skips_the_dispatcher_only_where_nothing_must_see_the_op():
+def test_eager_forward_skips_the_dispatcher_only_where_nothing_must_see_the_op(monkeypatch):
     """A no-grad eager forward runs the op's implementation directly (PyTorch's dispatcher cost
-    ~50 µs of a small call): the same bits as the op. A dispatch mode, a torch-function mode, the
-    profiler or an input that records a gradient still see the op."""
+    ~25–50 µs of a small call): the same bits as the op. A dispatch mode, a torch-function mode,
+    the profiler, TorchScript tracing, an input that records a gradient or one with a pending
+    negation still go through the op (a review: jit.trace recorded a graph without the call, and
+    a negative view was read without its negation)."""
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
+    import tessera.torch as module
 
+    decided = []
+    plain = module._plain_eager
+    monkeypatch.setattr(module, "_plain_eager", lambda ts: decided.append(plain(ts)) or decided[-1])
     q = torch.randn(1, 6, 2, 8)
     want = torch.ops.tessera.attention(q, q, q)[0]
     torch.testing.assert_close(tt.attention(q, q, q), want, rtol=0, atol=0)
+    g = q.clone().requires_grad_()
+    with torch.no_grad():
+        torch.testing.assert_close(tt.attention(g, g, g), want, rtol=0, atol=0)
+    assert decided == [True, True]       # the direct path was taken
 
-    class Seen(TorchDispatchMode):
+    class SeenOps(TorchDispatchMode):
         def __init__(self):
             super().__init__()
             self.ops = []
@@ -586,14 +597,29 @@ def test_eager_forward_skips_the_dispatcher_only_where_nothing_must_see_the_op()
             self.ops.append(str(func))
             return func(*args, **(kwargs or {}))
 
-    with Seen() as seen:
+    class SeenFunctions(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.funcs = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.funcs.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with SeenOps() as seen:
         tt.attention(q, q, q)
     assert any("tessera.attention" in o for o in seen.ops), seen.ops
+    with SeenFunctions() as seen:
+        tt.attention(q, q, q)
+    assert any("tessera.attention" in f for f in seen.funcs), seen.funcs
     with torch.profiler.profile() as prof:
         tt.attention(q, q, q)
     assert any("tessera::attention" in e.key for e in prof.key_averages())
-    with torch.device("cpu"):   # a torch-function mode
-        torch.testing.assert_close(tt.attention(q, q, q), want, rtol=0, atol=0)
-    g = q.clone().requires_grad_()
+    traced = torch.jit.trace(lambda a: tt.attention(a, a, a), (q,))
+    q2 = torch.randn(1, 6, 2, 8)
+    torch.testing.assert_close(traced(q2), torch.ops.tessera.attention(q2, q2, q2)[0], rtol=0, atol=0)
+    n = torch._neg_view(q)
+    torch.testing.assert_close(tt.attention(n, n, n), torch.ops.tessera.attention(-q, -q, -q)[0], rtol=0, atol=0)
+    decided.clear()
     tt.attention(g, g, g).sum().backward()
-    assert g.grad is not None and g.grad.abs().max() > 0
+    assert decided == [False] and g.grad.abs().max() > 0

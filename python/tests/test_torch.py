@@ -567,6 +567,7 @@ def test_torch_func_transforms_are_refused_by_name():
     torch.testing.assert_close(tt.linear_cross_entropy(x, w, y), tt.linear_cross_entropy(x, 2 * lin.weight, y))
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:FutureWarning")
 def test_eager_forward_skips_the_dispatcher_only_where_nothing_must_see_the_op(monkeypatch):
     """A no-grad eager forward runs the op's implementation directly (PyTorch's dispatcher cost
     ~25–50 µs of a small call): the same bits as the op. A dispatch mode, a torch-function mode,

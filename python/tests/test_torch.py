@@ -589,30 +589,22 @@ def test_eager_forward_skips_the_dispatcher_only_where_nothing_must_see_the_op(m
         torch.testing.assert_close(tt.attention(g, g, g), want, rtol=0, atol=0)
     assert decided == [True, True]       # the direct path was taken
 
-    class SeenOps(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
+    def recording(mode, hook):
+        """A `mode` (dispatch or torch-function) whose `hook` records each function it sees, then
+        calls it (both hooks take the same arguments)."""
+        def init(self):
+            mode.__init__(self)
+            self.seen = []
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
+        def record(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
             return func(*args, **(kwargs or {}))
+        return type("Recording" + mode.__name__, (mode,), {"__init__": init, hook: record})
 
-    class SeenFunctions(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.funcs = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.funcs.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with SeenOps() as seen:
-        tt.attention(q, q, q)
-    assert any("tessera.attention" in o for o in seen.ops), seen.ops
-    with SeenFunctions() as seen:
-        tt.attention(q, q, q)
-    assert any("tessera.attention" in f for f in seen.funcs), seen.funcs
+    for mode, hook in ((TorchDispatchMode, "__torch_dispatch__"), (TorchFunctionMode, "__torch_function__")):
+        with recording(mode, hook)() as rec:
+            tt.attention(q, q, q)
+        assert any("tessera.attention" in f for f in rec.seen), (mode.__name__, rec.seen)
     with torch.profiler.profile() as prof:
         tt.attention(q, q, q)
     assert any("tessera::attention" in e.key for e in prof.key_averages())

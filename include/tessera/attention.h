@@ -15,7 +15,11 @@
 //                 && (window_left  < 0 || j >= i + off − window_left)
 //                 && (window_right < 0 || j <= i + off + window_right)
 //                 && (no segment ids || seg_q[i] == seg_k[j])
-//   lse_i = log Σ_{allowed j} exp(s_ij),   o_i = Σ_{allowed j} exp(s_ij − lse_i) · v_j
+//   lse_i = log Σ_{allowed j} exp(s_ij),   o_i = Σ_{allowed j} exp(s_ij − lse_i) · z_ij · v_j
+// with z_ij = 1 without dropout; with dropout_p > 0, z_ij = 0 (dropped) or 1 / (1 − dropout_p)
+// (kept) by a counter-based Philox draw from dropout_seed and (sequence, query head, i, j): the
+// same z in forward and backward, on every implementation (docs/kernels/attention.md, "dropout").
+// lse is the undropped one.
 // A row that sees no key has o_i = 0 and lse_i = −inf (never NaN; FlashAttention 2's non-split
 // forward writes +inf there).
 // Backward takes dO and the forward's o and lse and returns dq, dk, dv (f32 accumulation; dk and
@@ -53,6 +57,9 @@ struct Options : ExecOptions {
   // Backward: bitwise-repeatable gradients. false lets cudnn take cuDNN's faster non-deterministic
   // engine (as PyTorch's SDPA does; 1.1-1.4x on an H200); cpu and cuda are deterministic either way.
   bool deterministic = true;
+  // Dropout on the attention probabilities (FlashAttention's dropout_p): in [0, 1); > 0 needs
+  // Inputs::dropout_seed. 0 (the default) is exactly no dropout.
+  double dropout_p = 0.0;
   // Unset: the implementation's defaults.
   std::optional<BlockSizes> block_sizes;
 };
@@ -62,11 +69,15 @@ struct Options : ExecOptions {
 //   segment_ids_q / _k: i32 [B, Sq] / [B, Sk] (dense form only), both or neither: a query sees a
 //     key only when their ids are equal (packed sequences).
 //   cu_seqlens_q / _k: i32 [N+1], both or neither; present = the varlen form.
+//   dropout_seed: i32 [2] on the inputs' device, the Philox key of the dropout mask (read by the
+//     kernels, so a device seed drawn by the framework's generator never comes to the host);
+//     required when dropout_p > 0. Draw a new one per step: the same seed gives the same mask.
 struct Inputs {
   TensorView q, k, v;
   std::optional<TensorView> alibi_slopes;
   std::optional<TensorView> segment_ids_q, segment_ids_k;
   std::optional<TensorView> cu_seqlens_q, cu_seqlens_k;
+  std::optional<TensorView> dropout_seed;
 };
 
 // o: q's dtype or f32, shape [..., Hq, Dv] as above. lse: f32 [B, Hq, Sq] or [Hq, Tq].

@@ -138,6 +138,7 @@ nb::list describe_inputs(const std::vector<kernels::CallInput>& in) {
     d["host_only"] = i.host_only;
     d["autocast"] = i.autocast;
     d["transposed"] = i.transposed;
+    d["seed_of"] = i.seed_of;
     out.append(d);
   }
   return out;

@@ -126,6 +126,7 @@ class Input:
     host_only: bool = False  # read on the host whatever the device (group sizes, page tables)
     autocast: bool = False  # the computation's dtype: cast to torch.autocast's (x and w; q, k, v)
     transposed: bool = False  # a 2-D transposed view is read in place (LCE's w); others are made contiguous
+    seed_of: str = ""  # the option that needs this random key (dropout_p); the torch front end draws one
 
 
 @dataclass
@@ -328,10 +329,10 @@ def _load() -> Dict[str, Kernel]:
         opts = tuple(Option(o["name"], o["kind"], o["help"], _typed_default(o["kind"], o["default"]),
                             tuple(o["choices"])) for o in d["options"])
         ins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"], i["autocast"],
-                          i["transposed"])
+                          i["transposed"], i["seed_of"])
                     for i in d["inputs"])
         gins = tuple(Input(i["name"], i["help"], i["required"], i["differentiable"], i["host_only"], i["autocast"],
-                          i["transposed"])
+                           i["transposed"], i["seed_of"])
                      for i in d["grad_inputs"])
         out[d["name"]] = Kernel(d["name"], d["description"], tuple(d["passes"]), ins, gins, opts,
                                 tuple(d["forward_outputs"]), tuple(d["saved_outputs"]), d["implementations"],

@@ -542,6 +542,12 @@ def _int_options(kernel: str, **values):
             raise TypeError(f"{kernel}: {name} must be an int, got bool")
 
 
+def _draw_seed(ref):
+    """A Philox key (i32 [2]) from torch's default generator of ref's device: torch.manual_seed
+    makes the draw, hence the dropout mask, reproducible; each call draws a new one."""
+    return torch.randint(-2 ** 31, 2 ** 31 - 1, (2,), dtype=torch.int32, device=ref.device)
+
+
 def _make(k: Kernel, op=None, drop_grads=False):
     """The user-facing function, generated as Python source so that torch.compile traces it.
     With `drop_grads` (the fused op) the trailing d<input> outputs are left out, and `_skip` names
@@ -565,17 +571,21 @@ def _make(k: Kernel, op=None, drop_grads=False):
     # schema took it as 1.
     ints = [o.name for o in k.options if o.kind == "int"]
     ints_line = (f"    _int_options({k.name!r}, {', '.join(f'{n}={n}' for n in ints)})\n" if ints else "")
+    # A random key the caller left out (dropout_seed) is drawn from torch's generator, on the
+    # first input's device, when its option (dropout_p) asks for one.
+    seed_lines = "".join(f"    if {t.name} is None and {t.seed_of}:\n        {t.name} = _draw_seed({req[0]})\n"
+                         for t in k.inputs if t.seed_of)
     dense_line = (f"    {', '.join(t.name for t in k.inputs)}, = "
                   f"{', '.join(f'_dense({t.name}, {t.transposed})' for t in k.inputs)},\n")
     src = (f"def {k.name}({', '.join(params)}):\n" + f"    _no_functorch({k.name!r})\n" + ints_line + cast_line +
-           dense_line +
+           seed_lines + dense_line +
            f"    outs = _op({', '.join(call_args)})\n" + drop +
            f"    public = list(outs[:{nf}]) + list(outs[{nf + ns}:])\n"
            + "".join(f"    if {f}:\n        public.append(outs[{nf + i}])\n" for i, f in enumerate(k.saved_flags)) +
            f"    return public[0] if len(public) == 1 else tuple(public)\n")
     forward_op = _direct(getattr(torch.ops.tessera, k.name), _IMPLS[k.name], len(req) + len(opt))
     scope = {"_op": op or forward_op, "_budget": memory_budget_bytes, "_autocast": _autocast,
-             "_int_options": _int_options, "_dense": _dense, "_no_functorch": _no_functorch}
+             "_int_options": _int_options, "_dense": _dense, "_no_functorch": _no_functorch, "_draw_seed": _draw_seed}
     exec(src, scope)  # noqa: S102 - source built from the registry's names only
     fn = scope[k.name]
     fn.__doc__ = k.doc("PyTorch custom op with autograd; torch.compile-able") + k.returns_doc()

@@ -290,3 +290,161 @@ def test_numpy_strided_views_are_copied_once():
     assert not any(t.flags.c_contiguous for t in views)
     got = tessera.attention(*views, causal=True)
     np.testing.assert_array_equal(got, tessera.attention(q, k, v, causal=True))
+
+
+# ---- dropout: the mask is Philox4x32-10 of (j // 4, i, h, n) under the seed (docs/kernels/attention.md) ----
+
+def philox_keep(seed, B, Hq, Sq, Sk, p):
+    """The documented keep rule written out in NumPy: [B, Hq, Sq, Sk] booleans."""
+    M = np.uint64(0xFFFFFFFF)
+    n, h, i, j = (a.astype(np.uint64) for a in np.meshgrid(np.arange(B), np.arange(Hq), np.arange(Sq), np.arange(Sk),
+                                                           indexing="ij"))
+    c = [j >> np.uint64(2), i, h, n]
+    k0, k1 = (np.uint64(int(s) & 0xFFFFFFFF) for s in seed)
+    for _ in range(10):
+        p0, p1 = np.uint64(0xD2511F53) * c[0], np.uint64(0xCD9E8D57) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & M, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & M]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & M, (k1 + np.uint64(0xBB67AE85)) & M
+    word = np.choose((j & np.uint64(3)).astype(np.int64), c)
+    return word >= np.uint64(min(int(np.floor(p * 2.0 ** 32)), 2 ** 32 - 1))
+
+
+def mask_through_o(seed, B, Sq, Sk, Hq, p, impl=None):
+    """z_ij (0 or 1/(1 − p)) as tessera applies it, read back through o: q = 0 makes every score 0
+    and v the identity makes o_ij = z_ij / Sk. [B, Hq, Sq, Sk]."""
+    q = np.zeros((B, Sq, Hq, 8), np.float32)
+    k = np.ones((B, Sk, 1, 8), np.float32)
+    v = np.ascontiguousarray(np.broadcast_to(np.eye(Sk, dtype=np.float32)[None, :, None, :], (B, Sk, 1, Sk)))
+    o = tessera.attention(q, k, v, dropout_p=p, dropout_seed=np.asarray(seed, np.int32), implementation=impl)
+    return np.transpose(o, (0, 2, 1, 3)) * Sk
+
+
+def expected_dropout(q, k, v, z, causal=False):
+    """o and lse in float64 with the mask z [B, Hq, Sq, Sk] on the probabilities (lse undropped)."""
+    q, k, v = (t.astype(np.float64) for t in (q, k, v))
+    B, Sq, Hq, D = q.shape
+    Sk, g = k.shape[1], Hq // k.shape[2]
+    s = np.einsum("bihd,bjhd->bhij", q, np.repeat(k, g, axis=2)) / np.sqrt(D)
+    if causal:
+        s = np.where(np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + (Sk - Sq), s, -np.inf)
+    lse = np.log(np.exp(s).sum(-1))
+    return np.einsum("bhij,bjhd->bihd", np.exp(s - lse[..., None]) * z, np.repeat(v, g, axis=2)), lse
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+def test_dropout_mask_is_the_documented_philox_rule(impl):
+    for seed, p in (((7, -3), 0.1), ((-2 ** 31, 2 ** 31 - 1), 0.5)):
+        z = mask_through_o(seed, 2, 5, 37, 3, p, impl)
+        keep = philox_keep(seed, 2, 3, 5, 37, p)
+        np.testing.assert_array_equal(z > 0, keep)
+        np.testing.assert_allclose(z[keep], 1 / (1 - p), rtol=1e-6)
+        assert 0 < keep.mean() < 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_numpy_dropout_against_the_mask_written_out(causal):
+    q, k, v = qkv(seed=11)
+    seed, p = np.array([123, 456], np.int32), 0.3
+    z = np.where(philox_keep(seed, 2, 4, 7, 9, p), 1 / (1 - p), 0.0)
+    out = tessera.call("attention", "forward", {"q": q, "k": k, "v": v, "dropout_seed": seed}, causal=causal,
+                       dropout_p=p)
+    want, lse = expected_dropout(q, k, v, z, causal)
+    np.testing.assert_allclose(out["o"], want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(out["lse"], lse, rtol=2e-5, atol=2e-5)
+    assert np.abs(out["o"] - expected(q, k, v, causal=causal)[0]).max() > 1e-2  # the mask did something
+
+
+def test_numpy_dropout_errors():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"dropout_p > 0 needs dropout_seed"):
+        tessera.attention(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        tessera.attention(q, k, v, dropout_p=1.0, dropout_seed=np.zeros(2, np.int32))
+    with pytest.raises((ValueError, TypeError), match="dropout_seed"):
+        tessera.attention(q, k, v, dropout_p=0.1, dropout_seed=np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match=r"dropout_seed must be \[2\]"):
+        tessera.attention(q, k, v, dropout_p=0.1, dropout_seed=np.zeros(3, np.int32))
+
+
+def test_torch_dropout_gradients_match_autodiff_with_the_same_mask():
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+
+    seed, p = np.array([99, -5], np.int32), 0.25
+    z = torch.from_numpy(np.where(philox_keep(seed, 2, 4, 7, 9, p), 1 / (1 - p), 0.0).astype(np.float32))
+    q, k, v = (torch.from_numpy(t).requires_grad_() for t in qkv(seed=12))
+    o = tt.attention(q, k, v, causal=True, dropout_p=p, dropout_seed=torch.from_numpy(seed))
+    g = torch.linspace(-1, 1, o.numel()).reshape(o.shape)
+    got = torch.autograd.grad((o * g).sum(), (q, k, v))
+
+    kk, vv = k.repeat_interleave(2, dim=2), v.repeat_interleave(2, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, kk) / 8 ** 0.5
+    s = s.masked_fill(torch.arange(9)[None, :] > torch.arange(7)[:, None] + 2, float("-inf"))
+    ref = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1) * z, vv)
+    want = torch.autograd.grad((ref * g).sum(), (q, k, v))
+    torch.testing.assert_close(o, ref, rtol=2e-5, atol=2e-5)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+
+
+def test_torch_dropout_seed_comes_from_torch_generator():
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+
+    q, k, v = (torch.from_numpy(t) for t in qkv(seed=13))
+    torch.manual_seed(5)
+    a = tt.attention(q, k, v, dropout_p=0.2)
+    torch.manual_seed(5)
+    drawn = torch.randint(-2 ** 31, 2 ** 31 - 1, (2,), dtype=torch.int32)  # the draw the call makes
+    torch.manual_seed(5)
+    b = tt.attention(q, k, v, dropout_p=0.2)
+    c = tt.attention(q, k, v, dropout_p=0.2)  # the generator moved on: another mask
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    np.testing.assert_array_equal(a.numpy(), tessera.attention(q.numpy(), k.numpy(), v.numpy(), dropout_p=0.2,
+                                                               dropout_seed=drawn.numpy()))
+    # p = 0 draws nothing and is the plain attention, bit for bit.
+    state = torch.get_rng_state()
+    assert torch.equal(tt.attention(q, k, v, dropout_p=0.0), tt.attention(q, k, v))
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_torch_compile_with_dropout_is_eager():
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+
+    q, k, v = (torch.from_numpy(t).requires_grad_() for t in qkv(seed=14))
+    seed = torch.tensor([3, 4], dtype=torch.int32)
+
+    def step(q, k, v, seed):
+        return tt.attention(q, k, v, causal=True, dropout_p=0.3, dropout_seed=seed).square().sum()
+
+    eager = torch.autograd.grad(step(q, k, v, seed), (q, k, v))
+    compiled = torch.compile(step, fullgraph=True)
+    got = torch.autograd.grad(compiled(q, k, v, seed), (q, k, v))
+    for a, b in zip(got, eager):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_jax_dropout_seed_is_traced_under_jit():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+
+    q, k, v = qkv(seed=15)
+    g = np.random.default_rng(16).standard_normal((2, 7, 4, 6)).astype(np.float32)
+
+    @jax.jit
+    def loss_and_grads(q, k, v, seed):
+        f = lambda q, k, v: jnp.sum(tj.attention(q, k, v, causal=True, dropout_p=0.4, dropout_seed=seed) * g)
+        return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
+
+    seeds = [np.array([1, 2], np.int32), np.array([1, 3], np.int32)]
+    results = [loss_and_grads(q, k, v, s) for s in seeds]
+    assert loss_and_grads._cache_size() == 1  # a new seed is a new value, not a new compilation
+    for s, (loss, grads) in zip(seeds, results):
+        want = tessera.call("attention", "fused", {"q": q, "k": k, "v": v, "dropout_seed": s, "grad_o": g},
+                            causal=True, dropout_p=0.4)
+        np.testing.assert_allclose(float(loss), float((want["o"] * g).sum()), rtol=1e-5)
+        for a, n in zip(grads, ("dq", "dk", "dv")):
+            np.testing.assert_allclose(np.asarray(a), want[n], rtol=1e-5, atol=1e-6)
+    assert float(results[0][0]) != float(results[1][0])

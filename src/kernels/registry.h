@@ -117,6 +117,10 @@ struct CallInput {
   // A 2-D transposed view of a contiguous array is read in place (linear_cross_entropy's w); any
   // other input must be contiguous (the front ends copy a strided view once: docs/PYTHON.md).
   bool transposed = false;
+  // The option whose nonzero value needs this input as a random key (attention's dropout_seed for
+  // dropout_p): where the caller gives none, the PyTorch front end draws it from torch's generator
+  // on the inputs' device (torch.manual_seed reproduces it); NumPy and JAX callers pass their own.
+  std::string seed_of = {};
 };
 
 // A CLI flag that sets several options at once from "A,B" (attention's --window LEFT,RIGHT sets

@@ -34,6 +34,7 @@ void describe_inputs(std::ostream& o, const char* what, const std::vector<CallIn
   for (const CallInput& i : inputs)
     o << "  " << what << " " << i.name << (i.required ? " required" : " optional")
       << (i.differentiable ? " differentiable" : "") << (i.host_only ? " host" : "")
+      << (i.seed_of.empty() ? "" : " seed_of=" + i.seed_of)
       << (i.aliases.empty() ? "" : " aliases=" + joined(i.aliases)) << "\n";
 }
 

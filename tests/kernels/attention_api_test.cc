@@ -144,6 +144,33 @@ TEST(AttentionApi, OptionValues) {
   expect_rejected([](Fixture& f, Inputs&) { f.opt.softcap = 1e-50; }, I, "softcap must be 0 (off) or in [");
 }
 
+// dropout_p in [0, 1) with an i32 [2] seed on the inputs' device; p > 0 without a seed is refused
+// (a fixed default key would draw the same mask every step).
+TEST(AttentionApi, DropoutValues) {
+  const auto I = ErrorCode::kInvalidArgument;
+  static Tensor seed = Tensor::zeros(DType::kI32, {2}), seed3 = Tensor::zeros(DType::kI32, {3});
+  static Tensor seed64 = Tensor::zeros(DType::kI64, {2}), seedf = Tensor::zeros(DType::kF32, {2});
+  for (double p : {-0.1, 1.0, 1.5, std::nan(""), double(INFINITY)})
+    expect_rejected([p](Fixture& f, Inputs& in) { f.opt.dropout_p = p, in.dropout_seed = seed.view(); }, I,
+                    "dropout_p must be in [0, 1), got ");
+  expect_rejected([](Fixture& f, Inputs&) { f.opt.dropout_p = 0.1; }, I, "dropout_p > 0 needs dropout_seed (i32 [2]");
+  expect_rejected([](Fixture& f, Inputs& in) { f.opt.dropout_p = 0.1, in.dropout_seed = seed3.view(); }, I,
+                  "dropout_seed must be [2]");
+  expect_rejected([](Fixture& f, Inputs& in) { f.opt.dropout_p = 0.1, in.dropout_seed = seed64.view(); }, I,
+                  "dropout_seed");
+  expect_rejected([](Fixture&, Inputs& in) { in.dropout_seed = seedf.view(); }, I, "dropout_seed");  // checked at p = 0 too
+  // A seed that is an output: refused as any input an output overlaps.
+  expect_rejected([](Fixture& f, Inputs& in) {
+    f.opt.dropout_p = 0.5;
+    in.dropout_seed = TensorView{f.lse.data(), DType::kI32, {2}, {1}, Device::cpu()};
+  }, I, "dropout_seed", 1);
+  Fixture f;
+  Inputs in = f.inputs();
+  f.opt.dropout_p = 0.999;
+  in.dropout_seed = seed.view();
+  EXPECT_NO_THROW(forward(in, f.fout(), f.opt));
+}
+
 // A window at least Sq + Sk long reaches every key: the same as -1 (unbounded), bit for bit. At
 // INT64_MAX (sys.maxsize as "unbounded") i + w overflowed: o = 0, lse = -inf, zero gradients.
 TEST(AttentionApi, AHugeWindowIsUnbounded) {

@@ -37,6 +37,17 @@ TEST(AttentionCpu, BuiltInCheckGrid) {
   for (const at::CaseSpec& c : at::check_grid()) expect_parity(c, "default blocks");
 }
 
+// The cpu backend's mask is the rule of primitives/philox.h (read back through o: testing.h),
+// on the f32 route and the bf16 dot route, with kv tiles that start off a Philox call's four keys.
+TEST(AttentionCpu, DropoutMaskIsThePhiloxRule) {
+  const int32_t seed[2] = {123456789, -42};
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (double p : {0.1, 0.5})
+      EXPECT_EQ(at::dropout_mask_through_o("cpu", Device::cpu(), dt, 2, 5, 37, 3, 1, p, seed),
+                at::dropout_mask_rule(2, 5, 37, 3, p, seed))
+          << dtype_name(dt) << " p=" << p;
+}
+
 // Tiny odd blocks: several q and kv tiles per row range, tails, tiles that cross every mask
 // edge; 1, 2 and 3 threads (3 > the number of (sequence, kv head) pairs in several cases, so the
 // backward splits kv blocks into chunks and reduces their dq partials).

@@ -85,6 +85,18 @@ INSTANTIATE_TEST_SUITE_P(
       return "case" + std::to_string(std::get<0>(info.param)) + "_" + tessera::pass_name(std::get<1>(info.param));
     });
 
+// The cuda kernels' dropout mask is the rule of primitives/philox.h, the same bits as the CPU's
+// (read back through o: testing.h), for each dtype; the seed is device memory.
+TEST(AttentionCuda, DropoutMaskIsThePhiloxRule) {
+  SKIP_WITHOUT_GPU();
+  const int32_t seed[2] = {123456789, -42};
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (double p : {0.1, 0.5})
+      EXPECT_EQ(at::dropout_mask_through_o("cuda", Device::cuda(0), dt, 2, 5, 37, 3, 1, p, seed),
+                at::dropout_mask_rule(2, 5, 37, 3, p, seed))
+          << dtype_name(dt) << " p=" << p;
+}
+
 // ---- past many tiles: several q blocks (16 rows) and kv tiles / key blocks (32 keys) ----
 
 TEST(AttentionCuda, ManyTilesEveryHeadDimBucket) {

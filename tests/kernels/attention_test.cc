@@ -1,6 +1,7 @@
 // attention reference: hand-computed values for every option, the gradients against central
 // finite differences for every option, GQA against MHA with repeated kv heads, varlen against
-// the dense form per sequence, and the rows that see no key.
+// the dense form per sequence, the rows that see no key, and dropout (its mask, its scale, its
+// mean).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/attention/testing.h"
+#include "primitives/philox.h"
 #include "tessera/attention.h"
 
 namespace tessera::attention {
@@ -230,6 +232,17 @@ TEST(AttentionReference, GradientsMatchFiniteDifferences) {
     c.opt.causal = true;
     cases.push_back(c);
   }
+  {  // dropout: the mask is a function of the seed, so L stays differentiable
+    at::CaseSpec c = base;
+    c.opt.causal = true;
+    c.opt.dropout_p = 0.4;
+    cases.push_back(c);
+    c.seqlens_q = {3, 2};
+    c.seqlens_k = {4, 5};
+    c.opt.causal = false;
+    c.opt.softcap = 2.0;
+    cases.push_back(c);
+  }
   uint64_t seed = 40;
   for (at::CaseSpec c : cases) {
     c.seed = seed++;
@@ -340,6 +353,111 @@ TEST(AttentionReference, RowsThatSeeNothingAreZeroNotNaN) {
   for (int64_t i = 0; i < e.o.numel(); ++i) ASSERT_EQ(e.o.data_as<float>()[i], 0.0f);
   for (int64_t i = 0; i < e.lse.numel(); ++i) ASSERT_EQ(e.lse.data_as<float>()[i], -kInf);
   for (int64_t i = 0; i < e.dq.numel(); ++i) ASSERT_EQ(e.dq.data_as<float>()[i], 0.0f);
+}
+
+// ---- dropout ----
+
+at::CaseSpec dropout_case(double p) {
+  at::CaseSpec s;
+  s.B = 2, s.Sq = 5, s.Sk = 11, s.Hq = 4, s.Hkv = 2, s.D = 6, s.Dv = 3;
+  s.opt.causal = true;
+  s.opt.dropout_p = p;
+  s.opt.implementation = "reference";
+  return s;
+}
+
+// o and lse from plain softmax in double, with the mask of primitives/philox.h applied by hand:
+// o_i = Σ_j P_ij · z_ij · v_j, z = 0 or 1/(1 − p); lse undropped.
+TEST(AttentionReference, HandValuesDropout) {
+  const at::CaseSpec s = dropout_case(0.3);
+  const at::CaseData d = at::make_case(s);
+  const Result r = compute(d.inputs(), s.opt);
+  const int32_t* seed = d.dropout_seed.data_as<int32_t>();
+  const uint32_t thr = primitives::philox::dropout_threshold(0.3);
+  const int64_t G = s.Hq / s.Hkv, off = s.Sk - s.Sq;
+  const float *q = d.q.data_as<float>(), *k = d.k.data_as<float>(), *v = d.v.data_as<float>();
+  int kept = 0, dropped = 0;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t i = 0; i < s.Sq; ++i) {
+        std::vector<double> e(static_cast<size_t>(s.Sk), 0.0);
+        double sum = 0.0;
+        for (int64_t j = 0; j <= i + off; ++j) {
+          double dot = 0.0;
+          for (int64_t c = 0; c < s.D; ++c)
+            dot += double(q[((b * s.Sq + i) * s.Hq + h) * s.D + c]) * k[((b * s.Sk + j) * s.Hkv + h / G) * s.D + c];
+          e[j] = std::exp(dot / std::sqrt(double(s.D)));
+          sum += e[j];
+        }
+        EXPECT_NEAR(r.lse.data_as<float>()[(b * s.Hq + h) * s.Sq + i], std::log(sum), 1e-5);
+        for (int64_t c = 0; c < s.Dv; ++c) {
+          double o = 0.0;
+          for (int64_t j = 0; j <= i + off; ++j) {
+            const bool keep = primitives::philox::dropout_keep(uint32_t(seed[0]), uint32_t(seed[1]), thr, uint32_t(b),
+                                                               uint32_t(h), uint32_t(i), uint32_t(j));
+            if (c == 0) (keep ? kept : dropped)++;
+            if (keep) o += e[j] / sum / 0.7 * v[((b * s.Sk + j) * s.Hkv + h / G) * s.Dv + c];
+          }
+          EXPECT_NEAR(r.o.data_as<float>()[((b * s.Sq + i) * s.Hq + h) * s.Dv + c], o, 1e-5);
+        }
+      }
+  EXPECT_GT(dropped, 20);  // the case drops some and keeps most (p = 0.3 of 400 pairs)
+  EXPECT_GT(kept, 200);
+}
+
+// Averaged over many seeds, dropout's o is the undropped o (the 1/(1 − p) scale): within 5
+// standard errors per element, the variance taken from the case itself (Var z = p/(1 − p)).
+TEST(AttentionReference, DropoutAveragesToTheUndroppedOutput) {
+  const double p = 0.5;
+  const int kSeeds = 300;
+  at::CaseSpec s = dropout_case(p);
+  at::CaseData d = at::make_case(s);
+  Options none = s.opt;
+  none.dropout_p = 0.0;
+  const Result base = compute(d.inputs(), none);
+  std::vector<double> mean(static_cast<size_t>(base.o.numel()), 0.0), sq(mean.size(), 0.0);
+  for (int t = 0; t < kSeeds; ++t) {
+    d.dropout_seed.data_as<int32_t>()[0] = 1000 + t;
+    const Result r = compute(d.inputs(), s.opt);
+    for (size_t i = 0; i < mean.size(); ++i) {
+      const double x = r.o.data_as<float>()[i];
+      mean[i] += x / kSeeds;
+      sq[i] += x * x / kSeeds;
+    }
+  }
+  for (size_t i = 0; i < mean.size(); ++i) {
+    const double se = std::sqrt(std::max(sq[i] - mean[i] * mean[i], 0.0) / kSeeds);
+    EXPECT_NEAR(mean[i], base.o.data_as<float>()[i], 5 * se + 1e-6) << "o[" << i << "]";
+  }
+}
+
+// The mask read back through o is the rule (testing.h's probe), and the kept values carry 1/(1 − p).
+TEST(AttentionReference, DropoutMaskIsThePhiloxRule) {
+  const int32_t seed[2] = {-7, 31337};
+  for (double p : {0.1, 0.5})
+    EXPECT_EQ(at::dropout_mask_through_o("reference", Device::cpu(), DType::kF32, 2, 5, 37, 3, 1, p, seed),
+              at::dropout_mask_rule(2, 5, 37, 3, p, seed));
+}
+
+// dropout_p = 0 is exactly no dropout, with or without a seed; the same seed gives the same
+// result bit for bit, another seed another one.
+TEST(AttentionReference, DropoutSeedsAndPZero) {
+  at::CaseSpec s = dropout_case(0.2);
+  at::CaseData d = at::make_case(s);
+  Options none = s.opt;
+  none.dropout_p = 0.0;
+  Inputs plain = d.inputs();
+  plain.dropout_seed.reset();
+  const Result a = compute(plain, none), b = compute(d.inputs(), none);
+  const Result x = compute(d.inputs(), s.opt), y = compute(d.inputs(), s.opt);
+  d.dropout_seed.data_as<int32_t>()[1] ^= 1;
+  const Result z = compute(d.inputs(), s.opt);
+  const size_t bytes = static_cast<size_t>(a.o.numel()) * sizeof(float);
+  EXPECT_EQ(std::memcmp(a.o.data(), b.o.data(), bytes), 0);
+  EXPECT_NE(std::memcmp(a.o.data(), x.o.data(), bytes), 0);
+  EXPECT_EQ(std::memcmp(x.o.data(), y.o.data(), bytes), 0);
+  EXPECT_NE(std::memcmp(x.o.data(), z.o.data(), bytes), 0);
+  EXPECT_EQ(std::memcmp(x.lse.data(), a.lse.data(), static_cast<size_t>(a.lse.numel()) * sizeof(float)), 0);
 }
 
 // The shared parity function agrees with itself (reference vs reference) on the whole grid:

@@ -3,6 +3,7 @@
 // and dispatches with the fallback rules of src/dispatch.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "dispatch/arg_check.h"
@@ -41,6 +42,28 @@ void check_alibi(const TensorView& a, Problem& p) {
   args.plain(a, p.device, "alibi_slopes");
   p.alibi = static_cast<const float*>(a.data);
   p.alibi_seq_stride = a.ndim() == 2 ? p.Hq : 0;
+}
+
+// dropout_p in [0, 1); its seed i32 [2] on the inputs' device, needed when dropout_p > 0.
+void check_dropout(const Options& opt, const std::optional<TensorView>& seed, Problem& p) {
+  if (!std::isfinite(opt.dropout_p) || opt.dropout_p < 0.0 || opt.dropout_p >= 1.0)
+  {
+    char got[32];
+    std::snprintf(got, sizeof got, "%.9g", opt.dropout_p);
+    args.fail(std::string("dropout_p must be in [0, 1), got ") + got);
+  }
+  if (seed) {
+    args.dtype(*seed, DType::kI32, "dropout_seed");
+    if (seed->shape != Shape{2}) args.fail("dropout_seed must be [2] (i32: the Philox key), got " + shape_str(seed->shape));
+    args.plain(*seed, p.device, "dropout_seed");
+  }
+  if (opt.dropout_p == 0.0) return;
+  if (!seed)
+    args.fail("dropout_p > 0 needs dropout_seed (i32 [2], the Philox key of the mask; draw a new one per step, as the "
+              "same seed gives the same mask)");
+  p.dropout_p = opt.dropout_p;
+  p.dropout_seed = static_cast<const int32_t*>(seed->data);
+  p.dropout_threshold = primitives::philox::dropout_threshold(opt.dropout_p);
 }
 
 void check_options(const Options& opt, Problem& p) {
@@ -83,6 +106,7 @@ Problem normalize(const Inputs& in, const dispatch::Dims& d, const Options& opt)
   p.q = in.q.data, p.k = in.k.data, p.v = in.v.data;
   if (in.alibi_slopes) check_alibi(*in.alibi_slopes, p);
   check_options(opt, p);
+  check_dropout(opt, in.dropout_seed, p);
   if (opt.check_finite) {
     args.finite(in.q, "q"), args.finite(in.k, "k"), args.finite(in.v, "v");
     if (in.alibi_slopes && !all_finite(*in.alibi_slopes)) args.fail("alibi_slopes contain NaN or Inf");
@@ -208,7 +232,8 @@ void check_apart(const Inputs& in, const dispatch::ArgCheck::Named& outputs, dis
   const TensorView none;  // an absent input spans nothing
   reads.insert(reads.end(), {{"q", in.q}, {"k", in.k}, {"v", in.v}, {"alibi_slopes", in.alibi_slopes.value_or(none)},
                              {"segment_ids_q", in.segment_ids_q.value_or(none)}, {"segment_ids_k", in.segment_ids_k.value_or(none)},
-                             {"cu_seqlens_q", in.cu_seqlens_q.value_or(none)}, {"cu_seqlens_k", in.cu_seqlens_k.value_or(none)}});
+                             {"cu_seqlens_q", in.cu_seqlens_q.value_or(none)}, {"cu_seqlens_k", in.cu_seqlens_k.value_or(none)},
+                             {"dropout_seed", in.dropout_seed.value_or(none)}});
   args.apart(outputs, reads);
 }
 }  // namespace

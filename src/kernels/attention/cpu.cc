@@ -31,6 +31,11 @@
 //   its blocks' dk/dv and accumulates an f32 dq partial of Sq × D). Partials are summed in
 //   chunk order afterwards. C depends only on the shape and the thread count.
 //
+//   Dropout (p > 0): the tile's mask comes from primitives/philox.h (four keys per call) right
+//   after the softmax step; forward zeroes the dropped P before P·V (l sums the undropped P) and
+//   scales by 1 / (1 − p) at the store; backward zeroes them in the P of dV (a copy; the bf16 P on
+//   that route) and in dP, scaling both products by 1 / (1 − p); dS takes the undropped P.
+//
 //   Determinism: every sum has a fixed order for a fixed thread count (an item's work does not
 //   depend on which thread runs it; chunk partials are reduced in chunk order), so results are
 //   bitwise reproducible for a fixed num_threads. In forward and in backward without chunking
@@ -88,6 +93,7 @@
 #include "primitives/cpu_blas.h"
 #include "primitives/cpu_convert.h"
 #include "primitives/cpu_f32_gemm.h"
+#include "primitives/cpu_philox.h"
 #include "primitives/cpu_threads.h"
 #include "tessera/error.h"
 
@@ -342,6 +348,27 @@ struct Common {
     }
   }
 
+  // Dropout (docs/kernels/attention.md, "dropout"): words[r·ld + j] = the Philox word of row
+  // i0 + r, key j0 + j of (sequence n, query head h); the key is kept when it is >= the threshold.
+  void dropout_mask(int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, uint32_t* words) const {
+    const auto s0 = static_cast<uint32_t>(p.dropout_seed[0]), s1 = static_cast<uint32_t>(p.dropout_seed[1]);
+    for (int64_t r = 0; r < mq; ++r)
+      cpu_philox::dropout_words_row(s0, s1, static_cast<uint32_t>(n), static_cast<uint32_t>(h),
+                                    static_cast<uint32_t>(i0 + r), j0, nk, words + r * ld);
+  }
+  // Zeroes the dropped entries of a tile (f32, or bf16 bits: 0 is +0.0 in both).
+  template <class T>
+  void zero_dropped(T* t, const uint32_t* words, int64_t mq, int64_t nk) const {
+    const uint32_t thr = p.dropout_threshold;
+    for (int64_t r = 0; r < mq; ++r) {
+      T* row = t + r * ld;
+      const uint32_t* w = words + r * ld;
+      for (int64_t j = 0; j < nk; ++j) row[j] = w[j] >= thr ? row[j] : T(0);
+    }
+  }
+  // 1 / (1 − p): the kept probabilities' factor, applied where they meet v (1 without dropout).
+  float keep_scale() const { return p.dropout() ? static_cast<float>(1.0 / (1.0 - p.dropout_p)) : 1.0f; }
+
   // Soft cap and ALiBi on a tile of scores of head h (rows i0.., keys j0..).
   void transform_tile(int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, float* S) const {
     if (p.softcap > 0.0) simd::softcap(S, mq, nk, ld, static_cast<float>(p.softcap));
@@ -389,6 +416,7 @@ class Forward : Common {
       s.m = alloc<float>(keep_, rows);
       s.l = alloc<float>(keep_, rows);
       s.alpha = alloc<float>(keep_, static_cast<size_t>(bq));
+      if (p.dropout()) s.keep = alloc<uint32_t>(keep_, static_cast<size_t>(bq * ld));
       if (dot16) {
         s.kt16 = alloc<uint32_t>(keep_, static_cast<size_t>(cpu_bf16_gemm::packed_words(p.D, bk)));
         s.vv16 = alloc<uint32_t>(keep_, static_cast<size_t>(cpu_bf16_gemm::packed_words(bk, p.Dv)));
@@ -419,6 +447,7 @@ class Forward : Common {
   };
   struct Scratch {
     float *S, *O, *m, *l, *alpha, *q = nullptr, *k = nullptr, *v = nullptr;
+    uint32_t* keep = nullptr;  // dropout: the Philox words of a tile
     BOp kt, vv;  // Kᵀ and V of the current kv tile
     // bf16 dot route: Kᵀ and V packed for cpu_bf16_gemm, P rounded to bf16, row pointers.
     uint32_t *kt16 = nullptr, *vv16 = nullptr;
@@ -492,6 +521,13 @@ class Forward : Common {
         transform_tile(n, h, i0, mq, j0, nk, s.S);
         mask_tile(n, i0, mq, j0, nk, s.S);
         simd::online_softmax(s.S, mq, nk, ld, s.m + off, s.l + off, s.alpha, dot16 ? s.p16 : nullptr);
+        if (p.dropout()) {  // l summed the undropped P; 1 / (1 − p) is applied at the store
+          dropout_mask(n, h, i0, mq, j0, nk, s.keep);
+          if (dot16)
+            zero_dropped(s.p16, s.keep, mq, nk);
+          else
+            zero_dropped(s.S, s.keep, mq, nk);
+        }
         float* O = s.O + off * p.Dv;
         simd::scale_rows(O, mq, p.Dv, p.Dv, s.alpha);
         if (dot16) {  // P rounded to bf16 by the softmax (l summed the f32 P)
@@ -504,7 +540,7 @@ class Forward : Common {
     TESSERA_TRACE_SCOPE("attn.fwd.store");  // O / l and lse, to the end of the item
     for (int64_t r = 0; r < rows; ++r) {
       const bool seen = s.l[r] != 0.0f;  // l = 0: no key seen; NaN (a non-finite key seen) stays NaN
-      const float inv = seen ? 1.0f / s.l[r] : 0.0f;
+      const float inv = seen ? 1.0f / s.l[r] * keep_scale() : 0.0f;
       const int64_t base = ((qbeg + r0 + r) * p.Hq + h) * p.Dv;
       float* o = s.O + r * p.Dv;
       for (int64_t c = 0; c < p.Dv; ++c) o[c] *= inv;
@@ -580,6 +616,10 @@ class Backward : Common {
       s.S = alloc<float>(keep_, static_cast<size_t>(bq * ld));
       s.dP = alloc<float>(keep_, static_cast<size_t>(bq * ld));
       if (p.softcap > 0.0) s.P = alloc<float>(keep_, static_cast<size_t>(bq * ld));
+      if (p.dropout()) {
+        s.keep = alloc<uint32_t>(keep_, static_cast<size_t>(bq * ld));
+        if (!dot16) s.Pd = alloc<float>(keep_, static_cast<size_t>(bq * ld));
+      }
       s.dK = alloc<float>(keep_, static_cast<size_t>(bk * p.D));
       s.dV = alloc<float>(keep_, static_cast<size_t>(bk * p.Dv));
       if (dot16) alloc_bf16(s, heads, max_sq);
@@ -620,6 +660,8 @@ class Backward : Common {
   struct Scratch {
     float *S, *dP, *P = nullptr, *dK, *dV, *delta, *q = nullptr, *k = nullptr, *v = nullptr, *dO = nullptr,
                    *dq = nullptr;
+    uint32_t* keep = nullptr;  // dropout: the tile's Philox words
+    float* Pd = nullptr;      // dropout, f32 route: P with the dropped entries zeroed (for dV)
     BOp kt, vt, kk;  // Kᵀ, Vᵀ, K of the current kv block
     BOp qq, dd;      // Q, dO of the current q tile
     float *qfull = nullptr, *dofull = nullptr;  // prepacked Q, dO of the item's heads
@@ -649,16 +691,19 @@ class Backward : Common {
   // bf16 dot route, after P (f32, exp taken) of a tile of head h, rows i0.. of sequence n: the
   // four products with P and dS rounded to bf16; dKᵀ, dVᵀ accumulate transposed (ld nk).
   // g: the head within the group (Δ, dq), slot: its place among the item's heads (Qᵀ, dOᵀ).
+  // With dropout, s.p16 has its dropped entries zeroed and s.keep holds the mask.
   void products16(Scratch& s, int64_t n, int64_t h, int64_t g, int64_t slot, int64_t i0, int64_t mq, int64_t nk,
                   const float* P, const float* Tcap, float inv_c, float* dq, int64_t dq_ld) const {
+    const float zs = keep_scale();
     const int64_t sq = p.q_len(n);
     const float scale = static_cast<float>(p.scale);
     const uint16_t* qT = s.qT + slot * p.D * sq + i0;
     const uint16_t* doT = s.doT + slot * p.Dv * sq + i0;
     pack_tile16(s.p16, mq, nk, s.ptrs, s.p16pk);  // P rounded to bf16 by exp_rows
-    cpu_bf16_gemm::gemm(p.Dv, nk, mq, doT, sq, s.p16pk, 1.0f, true, s.dVt, nk);  // dVᵀ += dOᵀ·P
+    cpu_bf16_gemm::gemm(p.Dv, nk, mq, doT, sq, s.p16pk, zs, true, s.dVt, nk);  // dVᵀ += dOᵀ·(Z∘P)
     const uint16_t* dO = row16(in_.grad_o, p.Hq, p.Dv, p.q_begin(n) + i0, h);
-    cpu_bf16_gemm::gemm(mq, nk, p.Dv, dO, p.Hq * p.Dv, s.vt16, 1.0f, false, s.dP, ld);  // dP = dO·Vᵀ
+    cpu_bf16_gemm::gemm(mq, nk, p.Dv, dO, p.Hq * p.Dv, s.vt16, zs, false, s.dP, ld);  // dP = Z∘(dO·Vᵀ)
+    if (p.dropout()) zero_dropped(s.dP, s.keep, mq, nk);
     simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c, s.ds16);
     pack_tile16(s.ds16, mq, nk, s.ptrs, s.ds16pk);
     cpu_bf16_gemm::gemm(p.D, nk, mq, qT, sq, s.ds16pk, scale, true, s.dKt, nk);      // dKᵀ += Qᵀ·dS
@@ -821,12 +866,24 @@ class Backward : Common {
           }
           mask_tile(n, i0, mq, j0, nk, P);
           simd::exp_rows(P, mq, nk, ld, lse + i0, dot16 ? s.p16 : nullptr);
+          const float* Pv = P;  // the P that meets v: dropped entries zeroed (dV); dS takes P
+          if (p.dropout()) {
+            dropout_mask(n, h, i0, mq, j0, nk, s.keep);
+            if (dot16) {
+              zero_dropped(s.p16, s.keep, mq, nk);
+            } else {
+              std::memcpy(s.Pd, P, static_cast<size_t>(mq * ld) * sizeof(float));
+              zero_dropped(s.Pd, s.keep, mq, nk);
+              Pv = s.Pd;
+            }
+          }
           if (dot16) {
             products16(s, n, h, g, g - g0, i0, mq, nk, P, Tcap, inv_c, dq + i0 * dq_ld + g * p.D, dq_ld);
             continue;
           }
-          mm(P, ld, true, s.dd, nk, p.Dv, mq, s.dV, p.Dv, 1.0f, true);                       // dV += Pᵀ·dO
-          mm(dO, lddo, false, s.vt, mq, nk, p.Dv, s.dP, ld, 1.0f, false);                    // dP = dO·Vᵀ
+          mm(Pv, ld, true, s.dd, nk, p.Dv, mq, s.dV, p.Dv, keep_scale(), true);              // dV += (Z∘P)ᵀ·dO
+          mm(dO, lddo, false, s.vt, mq, nk, p.Dv, s.dP, ld, keep_scale(), false);            // dP = Z∘(dO·Vᵀ)
+          if (p.dropout()) zero_dropped(s.dP, s.keep, mq, nk);
           simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c);
           mm(s.dP, ld, true, s.qq, nk, p.D, mq, s.dK, p.D, scale, true);                     // dK += dSᵀ·Q
           mm(s.dP, ld, false, s.kk, mq, p.D, nk, dq + i0 * dq_ld + g * p.D, dq_ld, scale, true);  // dQ += dS·K

@@ -138,6 +138,10 @@ ck::Params params_of(const Problem& p, const int32_t* cu) {
   k.seg_q = p.seg_q, k.seg_k = p.seg_k;
   k.scale = static_cast<float>(p.scale), k.softcap = static_cast<float>(p.softcap);
   k.causal = p.causal, k.wl = p.window_left, k.wr = p.window_right;
+  if (p.dropout()) {  // the seed is device memory (the inputs'), read by the kernels
+    k.drop_seed = p.dropout_seed, k.drop_threshold = p.dropout_threshold;
+    k.drop_scale = static_cast<float>(1.0 / (1.0 - p.dropout_p));
+  }
   return k;
 }
 

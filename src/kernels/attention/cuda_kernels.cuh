@@ -18,6 +18,10 @@
 // It walks the query rows (of every query head sharing the kv head) that may see those keys, 16
 // at a time: partial dot products per column group -> shared memory -> P and dS per (row, key)
 // -> dk, dv accumulation. Each key is owned by one CTA, so the result is deterministic.
+//
+// Dropout (drop_seed set): each (row, key) evaluates primitives/philox.h's rule, the same bits as
+// the CPU implementations; a dropped probability is 0 where it meets v (o, dv, dP) and a kept
+// one is scaled by drop_scale = 1 / (1 − p); l, lse and the P of dS stay undropped.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,6 +31,7 @@
 #include <cstdint>
 
 #include "primitives/cuda_reduce.cuh"
+#include "primitives/philox.h"
 
 namespace tessera::attention::cuda_kernels {
 
@@ -62,6 +67,9 @@ struct Params {
   float scale = 1.0f, softcap = 0.0f;
   bool causal = false;
   int64_t wl = -1, wr = -1;          // window left / right, -1 = unbounded
+  const int32_t* drop_seed = nullptr;  // dropout: the Philox key [2] (device memory); nullptr = none
+  uint32_t drop_threshold = 0;
+  float drop_scale = 1.0f;           // 1 / (1 − p)
   // forward outputs
   void* o = nullptr;
   int o_t = kF32;
@@ -152,6 +160,16 @@ __device__ __forceinline__ float score(const Params& p, float dot, float slope, 
   return s;
 }
 
+// Dropout's factor for the probability of (sequence n, query head h, row i, key j): 1 without
+// dropout, else 0 (dropped) or drop_scale (kept).
+__device__ __forceinline__ float drop_factor(const Params& p, int n, int h, int64_t i, int64_t j) {
+  if (!p.drop_seed) return 1.0f;
+  const bool keep = primitives::philox::dropout_keep(
+      static_cast<uint32_t>(p.drop_seed[0]), static_cast<uint32_t>(p.drop_seed[1]), p.drop_threshold,
+      static_cast<uint32_t>(n), static_cast<uint32_t>(h), static_cast<uint32_t>(i), static_cast<uint32_t>(j));
+  return keep ? p.drop_scale : 0.0f;
+}
+
 __device__ __forceinline__ float slope_of(const Params& p, int n, int h) {
   return p.alibi ? p.alibi[static_cast<int64_t>(n) * p.alibi_stride + h] : 0.0f;
 }
@@ -202,9 +220,10 @@ struct RowState {
 };
 
 // One tile of keys for one row of the warp. `sc` is this lane's score (−inf when masked).
+// `z`: this lane's dropout factor (1 without dropout); l sums the undropped probabilities.
 template <int C>
-__device__ __forceinline__ void online_softmax_step(RowState<C>& st, float sc, const float* vs, int Dv, int kn,
-                                                    int lane) {
+__device__ __forceinline__ void online_softmax_step(RowState<C>& st, float sc, float z, const float* vs, int Dv,
+                                                    int kn, int lane) {
   const float m_new = fmaxf(st.m, warp_max(sc));
   if (m_new == -INFINITY) return;  // warp-uniform: nothing seen so far
   const float pj = sc == -INFINITY ? 0.0f : expf(sc - m_new);
@@ -212,8 +231,9 @@ __device__ __forceinline__ void online_softmax_step(RowState<C>& st, float sc, c
   st.l = st.l * corr + warp_sum(pj);
 #pragma unroll
   for (int c = 0; c < C; ++c) st.acc[c] *= corr;
+  const float pz = pj * z;
   for (int jj = 0; jj < kn; ++jj) {
-    const float pjj = __shfl_sync(kFull, pj, jj);
+    const float pjj = __shfl_sync(kFull, pz, jj);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       const int col = lane + kWarp * c;
@@ -267,10 +287,12 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) forward_kernel(Params p, int
 #pragma unroll
     for (int t = 0; t < kRowsPerWarp; ++t) {
       const int r = warp * kRowsPerWarp + t;
-      float sc = -INFINITY, capped;
-      if (lane < kn && j >= rlo[t] && j < rhi[t] && (!p.seg_q || segq[t] == segk))
+      float sc = -INFINITY, capped, z = 1.0f;
+      if (lane < kn && j >= rlo[t] && j < rhi[t] && (!p.seg_q || segq[t] == segk)) {
         sc = score(p, dot_smem(qs + r * p.D, ks + lane * ldk, p.D), slope, i0 + r + s.off, j, &capped);
-      online_softmax_step<C>(st[t], sc, vs, p.Dv, kn, lane);
+        z = drop_factor(p, n, h, i0 + r, j);
+      }
+      online_softmax_step<C>(st[t], sc, z, vs, p.Dv, kn, lane);
     }
   }
 
@@ -318,13 +340,14 @@ inline size_t dq_smem_bytes(int D, int Dv) {
 }
 
 // dS of (row, this lane's key): P·(dP − Δ), through the soft cap, times scale. 0 when masked.
+// z: the dropout factor of (row, key) (1 without dropout), on dP = z · dO·v.
 __device__ __forceinline__ float grad_score(const Params& p, const float* q_row, const float* do_row, const float* k_row,
                                             const float* v_row, float lse, float delta, float slope, int64_t c,
-                                            int64_t j) {
+                                            int64_t j, float z) {
   float capped;
   const float sc = score(p, dot_smem(q_row, k_row, p.D), slope, c, j, &capped);
   const float pj = expf(sc - lse);
-  float ds = pj * (dot_smem(do_row, v_row, p.Dv) - delta);
+  float ds = pj * (z * dot_smem(do_row, v_row, p.Dv) - delta);
   if (p.softcap > 0.0f) ds *= 1.0f - (capped / p.softcap) * (capped / p.softcap);
   return ds * p.scale;
 }
@@ -380,7 +403,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) dq_kernel(Params p, int q_bl
       float ds = 0.0f;
       if (lane < kn && j >= rlo[t] && j < rhi[t] && (!p.seg_q || segq[t] == segk))
         ds = grad_score(p, qs + r * p.D, dos + r * p.Dv, ks + lane * ldk, vs + lane * ldv, lse[t], delta[t], slope,
-                        i0 + r + s.off, j);
+                        i0 + r + s.off, j, drop_factor(p, n, h, i0 + r, j));
       for (int jj = 0; jj < kn; ++jj) {
         const float dsj = __shfl_sync(kFull, ds, jj);
 #pragma unroll
@@ -445,8 +468,10 @@ __device__ __forceinline__ void load_query_rows(const Params& p, const Seq& s, i
   }
 }
 
-// P and dS of (row r, key jj) from the G partial dot products; 0 where masked.
-__device__ __forceinline__ void p_and_ds(const Params& p, const Seq& s, int G, int64_t i0, int64_t j0, float slope,
+// P (dropout applied: the P that meets dO in dv) and dS of (row r, key jj) of query head h from
+// the G partial dot products; 0 where masked.
+__device__ __forceinline__ void p_and_ds(const Params& p, const Seq& s, int n, int h, int G, int64_t i0, int64_t j0,
+                                         float slope,
                                          const float* part_s, const float* part_dp, const float* lses,
                                          const float* deltas, float* P, float* dS) {
   for (int idx = threadIdx.x; idx < kBwdRows * kBwdKeys; idx += blockDim.x) {
@@ -463,9 +488,11 @@ __device__ __forceinline__ void p_and_ds(const Params& p, const Seq& s, int G, i
       float capped;
       const float sc = score(p, dot, slope, i + s.off, j, &capped);
       pv = expf(sc - lses[r]);
-      ds = pv * (dp - deltas[r]);
+      const float z = drop_factor(p, n, h, i, j);
+      ds = pv * (z * dp - deltas[r]);
       if (p.softcap > 0.0f) ds *= 1.0f - (capped / p.softcap) * (capped / p.softcap);
       ds *= p.scale;
+      pv *= z;
     }
     P[idx] = pv, dS[idx] = ds;
   }
@@ -524,7 +551,7 @@ __global__ void __launch_bounds__(G* kWarp) dkdv_kernel(Params p, int k_blocks) 
         part_dp[g * RK + r * kBwdKeys + jj] = pdp;
       }
       __syncthreads();
-      p_and_ds(p, s, G, i0, j0, slope, part_s, part_dp, lses, deltas, P, dS);
+      p_and_ds(p, s, n, h, G, i0, j0, slope, part_s, part_dp, lses, deltas, P, dS);
       __syncthreads();
       // dv_j += P_rj · dO_r, dk_j += dS_rj · q_r.
       for (int r = 0; r < kBwdRows; ++r) {

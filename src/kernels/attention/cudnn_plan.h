@@ -67,6 +67,8 @@ inline std::string unsupported_reason(const Problem& p) {
     return "the varlen form (cu_seqlens) is not wired to cuDNN's ragged offsets yet: never run on a GPU";
   if (p.alibi) return "cuDNN's ALiBi uses its own slopes (2^(-8h/H)), not the caller's alibi_slopes";
   if (p.seg_q) return "cuDNN's fused attention has no segment-id mask";
+  if (p.dropout())
+    return "dropout: cuDNN draws its own mask (not Tessera's Philox rule, which cpu, cuda and the reference share)";
   if (p.softcap > 0.0)
     return "softcap: cuDNN applies it only through a score modifier that excludes the causal and window "
            "masks; not wired";

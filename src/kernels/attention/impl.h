@@ -14,6 +14,7 @@
 
 #include "dispatch/sized_implementation.h"
 #include "dispatch/tensor_rules.h"
+#include "primitives/philox.h"
 #include "tessera/attention.h"
 #include "tune/fwd.h"
 
@@ -45,6 +46,11 @@ struct Problem {
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   bool deterministic = true;  // backward (Options::deterministic)
+  // Dropout (Options::dropout_p, 0 = none): the Philox key, i32 [2] in the inputs' memory (host
+  // or device), and the keep threshold of primitives/philox.h.
+  double dropout_p = 0.0;
+  const int32_t* dropout_seed = nullptr;
+  uint32_t dropout_threshold = 0;
 
   int num_threads = 1;  // resolved by the API: >= 1
   void* stream = nullptr;
@@ -61,6 +67,14 @@ struct Problem {
     return varlen ? h * total_q + cu_q[n] + i : (n * Hq + h) * Sq + i;
   }
   float slope(int64_t n, int64_t h) const { return alibi ? alibi[n * alibi_seq_stride + h] : 0.0f; }
+  bool dropout() const { return dropout_p > 0.0; }
+  // Whether dropout keeps the probability of (sequence n, query head h, row i, key j); host
+  // memory only (the CUDA kernels evaluate the same rule on the device).
+  bool dropout_keep(int64_t n, int64_t h, int64_t i, int64_t j) const {
+    return primitives::philox::dropout_keep(static_cast<uint32_t>(dropout_seed[0]), static_cast<uint32_t>(dropout_seed[1]),
+                                            dropout_threshold, static_cast<uint32_t>(n), static_cast<uint32_t>(h),
+                                            static_cast<uint32_t>(i), static_cast<uint32_t>(j));
+  }
 
   // Keys [*lo, *hi) of sequence n that row i may see by position (causal, window); segment ids
   // are not included (allowed() is the full rule). Empty when *lo >= *hi.

@@ -5,7 +5,9 @@
 // recomputes each row's probabilities from the saved lse (P = exp(s − lse)), uses the saved o
 // for Δ_i = Σ_c dO_ic·o_ic (exactly the quantities every backend is given), and accumulates dk
 // and dv in gradient-sized double buffers. Obviously correct rather than fast; never edited to
-// make a fast path pass: it changes only when the math changes.
+// make a fast path pass: it changes only when the math changes. Dropout multiplies each
+// probability by z_ij = 0 or 1/(1 − p) (impl.h's dropout_keep) where it meets v: o, dv and dP;
+// lse and the P of dS = P·(dP − Δ) are the undropped ones.
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -17,6 +19,12 @@ namespace tessera::attention {
 namespace {
 
 double at(const void* base, DType t, int64_t i) { return load_as_f32(base, t, i); }
+
+// z_ij: 1 without dropout, else 0 (dropped) or 1 / (1 − p) (kept).
+double dropout_factor(const Problem& p, int64_t n, int64_t h, int64_t i, int64_t j) {
+  if (!p.dropout()) return 1.0;
+  return p.dropout_keep(n, h, i, j) ? 1.0 / (1.0 - p.dropout_p) : 0.0;
+}
 
 struct Row {
   int64_t n, h, i;     // sequence, query head, row within the sequence
@@ -81,7 +89,7 @@ class Reference final : public Implementation {
             lse = m + std::log(sum);
             for (int64_t j = 0; j < sk; ++j) {
               if (!ok[j]) continue;
-              const double pj = std::exp(s[j] - lse);
+              const double pj = std::exp(s[j] - lse) * dropout_factor(p, n, h, i, j);
               const int64_t krow = p.k_begin(n) + j;
               for (int64_t c = 0; c < p.Dv; ++c) acc[c] += pj * at(p.v, p.dtype, (krow * p.Hkv + r.kv) * p.Dv + c);
             }
@@ -114,12 +122,14 @@ class Reference final : public Implementation {
               const double pj = std::exp(score(p, r, j, &capped) - lse);
               const int64_t krow = p.k_begin(n) + j;
               const int64_t kbase = (krow * p.Hkv + r.kv) * p.D, vbase = (krow * p.Hkv + r.kv) * p.Dv;
-              double dp = 0.0;  // dP_ij = dO_i · v_j
+              const double z = dropout_factor(p, n, h, i, j);
+              double dp = 0.0;  // dP_ij = z_ij · dO_i · v_j
               for (int64_t c = 0; c < p.Dv; ++c) {
                 const double g = at(in.grad_o, in.grad_o_dtype, orow + c);
                 dp += g * at(p.v, p.dtype, vbase + c);
-                dv[static_cast<size_t>(vbase + c)] += pj * g;
+                dv[static_cast<size_t>(vbase + c)] += pj * z * g;
               }
+              dp *= z;
               double ds = pj * (dp - delta);  // d loss / d s_ij
               // Through the soft cap t = c·tanh(u/c): dt/du = 1 − (t/c)²; then u = scale·q·k.
               if (p.softcap > 0.0) ds *= 1.0 - (capped / p.softcap) * (capped / p.softcap);

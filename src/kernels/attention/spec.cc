@@ -36,6 +36,8 @@ const kernels::DeclaredOptions<Options>& options() {
        kernels::field(&Options::deterministic, "deterministic",
                       "backward: bitwise-repeatable gradients; off (--no-deterministic) lets cudnn take its faster "
                       "non-deterministic engine"),
+       kernels::field(&Options::dropout_p, "dropout_p",
+                      "dropout on the attention probabilities, in [0, 1); > 0 needs dropout_seed"),
        kernels::block_sizes_field(&Options::block_sizes, "q=128,kv=256", from_params, to_params)}};
   return d;
 }
@@ -57,7 +59,10 @@ const kernels::DeclaredInputs<Inputs>& inputs() {
        input(&Inputs::cu_seqlens_q,
              {"cu_seqlens_q", "varlen: cumulative query lengths [N + 1] (i32, host)", false, false, {}, true}),
        input(&Inputs::cu_seqlens_k,
-             {"cu_seqlens_k", "varlen: cumulative key lengths [N + 1] (i32, host)", false, false, {}, true})}};
+             {"cu_seqlens_k", "varlen: cumulative key lengths [N + 1] (i32, host)", false, false, {}, true}),
+       input(&Inputs::dropout_seed, {"dropout_seed", "dropout: the Philox key of the mask [2] (i32), a new one per step; "
+                                     "the PyTorch front end draws it from torch's generator when not given",
+                                     false, false, {}, false, false, false, "dropout_p"})}};
   return d;
 }
 
@@ -102,11 +107,14 @@ struct Settings {
   int64_t B = 0, S = 0, H = 0, D = 0, Hkv = 0;
   DType dtype = DType::kF32;
   bool causal = false;
+  double dropout = 0.0;  // dropout_p (a fixed seed: the bench times the mask's cost, not its bits)
 };
 
 class AttentionBench final : public kernels::CallBenchProblem {
  public:
   AttentionBench(const Settings& s, uint64_t seed, bool with_data = true) : CallBenchProblem(spec), s_(s) {
+    seed_ = Tensor::zeros(DType::kI32, {2});
+    seed_.data_as<int32_t>()[0] = static_cast<int32_t>(seed);
     if (!with_data) return;  // cost model only (`tessera bench --predict`)
     q_ = random_uniform(s.dtype, {s.B, s.S, s.H, s.D}, 1.0f, seed * 5 + 1);
     k_ = random_uniform(s.dtype, {s.B, s.S, s.Hkv, s.D}, 1.0f, seed * 5 + 2);
@@ -118,6 +126,7 @@ class AttentionBench final : public kernels::CallBenchProblem {
     harness::Row r = harness::Row::object();
     r["kv_heads"] = s_.Hkv;
     r["causal"] = s_.causal;
+    r["dropout_p"] = s_.dropout;
     return r;
   }
 
@@ -156,6 +165,10 @@ class AttentionBench final : public kernels::CallBenchProblem {
   CallData call_data() const override {
     CallData c{{{"q", q_}, {"k", k_}, {"v", v_}, {"grad_o", do_}}, {}};
     c.options.set("causal", s_.causal ? "true" : "false");
+    if (s_.dropout > 0.0) {
+      c.tensors.push_back({"dropout_seed", seed_});
+      c.options.set("dropout_p", std::to_string(s_.dropout));
+    }
     return c;
   }
 
@@ -171,7 +184,7 @@ class AttentionBench final : public kernels::CallBenchProblem {
 
  private:
   Settings s_;
-  Tensor q_, k_, v_, do_;
+  Tensor q_, k_, v_, do_, seed_;
 };
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
@@ -185,6 +198,7 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   s.Hkv = s.H / groups;
   s.dtype = dtype;
   s.causal = o.flag("causal");
+  s.dropout = o.real("dropout");
   return std::make_unique<AttentionBench>(s, seed, with_data);
 }
 
@@ -200,7 +214,8 @@ const kernels::KernelSpec& spec() {
       .implementations = registry,
       .check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity),
       .bench = kernels::bench_spec_of({{"causal", K::kFlag, "causal mask", "false", {}},
-                                       {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}}},
+                                       {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}},
+                                       {"dropout", K::kFloat, "dropout_p (0 = none; a fixed seed)", "0", {}}},
                                       make_bench_problem),
       .tune = kernels::declared_tune_spec(tuning(), spec),
       .call = {.inputs = inputs().specs(),

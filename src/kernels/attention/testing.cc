@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/random.h"
+#include "primitives/philox.h"
 #include "tessera/error.h"
 
 namespace tessera::attention::testing {
@@ -68,6 +69,7 @@ std::string CaseSpec::name() const {
   if (opt.scale) os << " scale=" << *opt.scale;
   if (alibi) os << (alibi == 1 ? " alibi[H]" : " alibi[B,H]");
   if (segments) os << " segments=" << segments;
+  if (opt.dropout_p > 0) os << " dropout=" << opt.dropout_p;
   if (o_f32) os << " o:f32";
   if (f32_grads) os << " f32grads";
   if (logit_scale != 2.0) os << " logits~" << logit_scale;
@@ -115,6 +117,11 @@ CaseData make_case(const CaseSpec& s) {
       fill_segments(d.seg_k.data_as<int32_t>() + b * s.Sk, s.Sk, s.segments, seed + 101 + 2 * static_cast<uint64_t>(b));
     }
   }
+  if (s.opt.dropout_p > 0) {  // the Philox key: two words of the case's seed
+    d.dropout_seed = i32_tensor({2});
+    d.dropout_seed.data_as<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(seed * 2654435761u));
+    d.dropout_seed.data_as<int32_t>()[1] = static_cast<int32_t>(static_cast<uint32_t>(seed >> 32) ^ 0x5bd1e995u);
+  }
   if (vl) {
     const int64_t n = nseq;
     d.cu_q = i32_tensor({n + 1});
@@ -141,6 +148,7 @@ Inputs CaseData::inputs() const {
     in.cu_seqlens_q = cu_q.view();
     in.cu_seqlens_k = cu_k.view();
   }
+  if (dropout_seed.defined()) in.dropout_seed = dropout_seed.view();
   return in;
 }
 
@@ -148,7 +156,7 @@ CaseData CaseData::to(Device device) const {
   auto mv = [&](const Tensor& t) { return t.defined() ? t.to(device) : Tensor(); };
   CaseData d;
   d.q = mv(q), d.k = mv(k), d.v = mv(v), d.alibi = mv(alibi), d.seg_q = mv(seg_q), d.seg_k = mv(seg_k);
-  d.grad_o = mv(grad_o);
+  d.grad_o = mv(grad_o), d.dropout_seed = mv(dropout_seed);
   d.cu_q = cu_q, d.cu_k = cu_k;  // host memory, shared
   return d;
 }
@@ -316,6 +324,49 @@ ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass,
   return r;
 }
 
+std::vector<uint8_t> dropout_mask_through_o(const std::string& implementation, Device device, DType dtype, int64_t B,
+                                            int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, double p,
+                                            const int32_t seed[2]) {
+  const int64_t D = 8;
+  Tensor q = Tensor::zeros(dtype, {B, Sq, Hq, D}), k = Tensor::zeros(dtype, {B, Sk, Hkv, D});
+  Tensor v = Tensor::zeros(dtype, {B, Sk, Hkv, Sk}), s = i32_tensor({2});
+  fill_uniform(k, -1.0, 1.0, 5);  // any keys: q = 0 makes every score 0
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < Sk; ++j)
+      for (int64_t h = 0; h < Hkv; ++h) store_from_f32(v.data(), dtype, ((b * Sk + j) * Hkv + h) * Sk + j, 1.0f);
+  s.data_as<int32_t>()[0] = seed[0], s.data_as<int32_t>()[1] = seed[1];
+  const Tensor qd = q.to(device), kd = k.to(device), vd = v.to(device), sd = s.to(device);
+  Inputs in{qd.view(), kd.view(), vd.view()};
+  in.dropout_seed = sd.view();
+  Options opt;
+  opt.implementation = implementation;
+  opt.dropout_p = p;
+  Tensor o = Tensor::empty(DType::kF32, {B, Sq, Hq, Sk}, device), lse = Tensor::empty(DType::kF32, {B, Hq, Sq}, device);
+  forward(in, {o.view(), lse.view()}, opt);
+  const Tensor host = o.to(Device::cpu());
+  const double kept = 1.0 / ((1.0 - p) * static_cast<double>(Sk));
+  const double tol = 4.0 * (dtype == DType::kF32 ? 1e-6 : dtype == DType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11));
+  std::vector<uint8_t> mask(static_cast<size_t>(host.numel()));
+  for (size_t i = 0; i < mask.size(); ++i) {
+    const double x = host.data_as<float>()[i];
+    mask[i] = x == 0.0 ? 0 : std::fabs(x - kept) <= tol * kept ? 1 : 2;
+  }
+  return mask;
+}
+
+std::vector<uint8_t> dropout_mask_rule(int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, double p, const int32_t seed[2]) {
+  const uint32_t thr = primitives::philox::dropout_threshold(p);
+  std::vector<uint8_t> mask;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Sq; ++i)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t j = 0; j < Sk; ++j)
+          mask.push_back(primitives::philox::dropout_keep(static_cast<uint32_t>(seed[0]), static_cast<uint32_t>(seed[1]),
+                                                          thr, static_cast<uint32_t>(b), static_cast<uint32_t>(h),
+                                                          static_cast<uint32_t>(i), static_cast<uint32_t>(j)));
+  return mask;
+}
+
 std::vector<CaseSpec> check_grid(bool quick) {
   harness::SeededGrid<CaseSpec> add(100);
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -455,7 +506,38 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.logit_scale = 4.0;
       add(c);
     }
+    // Dropout (p = 0.25), GQA, causal (the cpu tests also run it with kv tiles that start off the
+    // four keys of one Philox call); varlen with a window and p = 0.6.
+    {
+      CaseSpec c = base;
+      c.Sq = 19;
+      c.Sk = 23;
+      c.opt.causal = true;
+      c.opt.dropout_p = 0.25;
+      add(c);
+      c.seqlens_q = {7, 0, 12};
+      c.seqlens_k = {9, 4, 13};
+      c.opt.causal = false;
+      c.opt.window_left = 4;
+      c.opt.window_right = 3;
+      c.opt.dropout_p = 0.6;
+      add(c);
+    }
     if (quick) continue;
+    // Dropout with everything else: softcap, ALiBi, segments, Dv != D, D = 80 over 129 keys.
+    {
+      CaseSpec c = base;
+      c.B = 1;
+      c.Sq = 33;
+      c.Sk = 129;
+      c.D = 80;
+      c.Dv = 48;
+      c.opt.softcap = 4.0;
+      c.alibi = 1;
+      c.segments = 2;
+      c.opt.dropout_p = 0.1;
+      add(c);
+    }
     // Dv != D at D = 64; one key; one query against many keys (decode).
     {
       CaseSpec c = base;

@@ -33,6 +33,7 @@ struct CaseSpec {
 // every implementation sees the very same numbers.
 struct CaseData {
   Tensor q, k, v, alibi, seg_q, seg_k, cu_q, cu_k;
+  Tensor dropout_seed;  // i32 [2] when the case's opt.dropout_p > 0
   Tensor grad_o;  // o's shape and dtype
   Inputs inputs() const;
   // Copies every tensor to `device`, except cu_q / cu_k: the varlen offsets are host memory
@@ -72,8 +73,18 @@ harness::Deviation compare_with_floor(const std::vector<double>& got, const std:
                                       harness::Tolerance tol, double floor);
 double max_abs(const std::vector<double>& v);
 
+// Dropout's mask as `implementation` applies it, read back through o: q = 0 (every key has
+// P = 1/Sk), v = the identity (Dv = Sk), so o[b, i, h, j] = z_ij / Sk with z_ij = 0 (dropped) or
+// 1/(1 − p) (kept). Dense form, B × Sq × Hq × Sk entries in o's order: 1 kept, 0 dropped, 2 for a
+// value that is neither 0 nor 1/((1 − p)·Sk) within the dtype's rounding (a wrong scale).
+std::vector<uint8_t> dropout_mask_through_o(const std::string& implementation, Device device, DType dtype, int64_t B,
+                                            int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, double p,
+                                            const int32_t seed[2]);
+// The same positions by the rule of primitives/philox.h.
+std::vector<uint8_t> dropout_mask_rule(int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, double p, const int32_t seed[2]);
+
 // The built-in grid: MHA/GQA/MQA, causal (square, Sq < Sk, Sq > Sk), windows, softcap with
-// scale, ALiBi, segment ids, varlen, Dv != D, D in {16, 64, 80, 128, 256}, odd lengths, every
+// scale, ALiBi, segment ids, varlen, dropout, Dv != D, D in {16, 64, 80, 128, 256}, odd lengths, every
 // dtype. quick = a smaller subset (sanitizer runs).
 std::vector<CaseSpec> check_grid(bool quick = false);
 

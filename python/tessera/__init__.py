@@ -103,6 +103,12 @@ def _array_in(kernel: str, name: str, t: Any, transposed: bool = False) -> Any:
     return t
 
 
+def _seed_words(t: Any) -> Any:
+    """A random key (dropout_seed) given as uint32 words (a Philox key, JAX's raw PRNGKey as a
+    NumPy array) crosses as the same bits in int32, the dtype the kernels take."""
+    return t.view(np.int32) if isinstance(t, np.ndarray) and t.dtype == np.uint32 else t
+
+
 def _view(kernel: str, name: str, t: Any, bf16: bool) -> Dict[str, Any]:
     try:
         return _ext.view(t, name, bf16=bf16)
@@ -128,7 +134,9 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
     options = canonical_keywords(k.name, options)
     budget = memory_budget_bytes(memory_budget, k.name)
     transposed = {i.name for i in k.inputs if i.transposed}
+    seeds = {i.name for i in k.inputs if i.seed_of}
     given = {n: widen_mask(_array_in(k.name, n, t, n in transposed)) for n, t in tensors.items() if t is not None}
+    given = {n: _seed_words(t) if n in seeds else t for n, t in given.items()}
     bf16 = {n for n, t in given.items() if _is_np_bf16(t)}
     given = {n: t.view(np.uint16) if n in bf16 else t for n, t in given.items()}
     opts = k.option_texts(options)

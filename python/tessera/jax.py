@@ -180,6 +180,17 @@ def _frozen_of(k: Kernel, frozen) -> Tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
+def _key_words(key):
+    """A random key input (dropout_seed) as the i32 words the kernels take: a JAX key — typed
+    (``jax.random.key``) or raw (``jax.random.PRNGKey``, uint32 [2]) — gives its two words, bit-cast;
+    an i32 array passes as it is. A key of another implementation than threefry (rbg: 4 words) is
+    refused by the kernel's shape check."""
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return jax.lax.bitcast_convert_type(key, jnp.int32) if key.dtype == jnp.uint32 else key
+
+
 _FROZEN = inspect.Parameter("frozen", inspect.Parameter.KEYWORD_ONLY, default=())
 
 
@@ -191,7 +202,8 @@ def _make(k: Kernel):
         frozen = _frozen_of(k, extras.get("frozen", ()))
         ex = (implementation, extras["memory_budget"])
         present = tuple(n for n, t in tensors.items() if t is not None)
-        arrays = [widen_mask(jnp.asarray(tensors[n])) for n in present]
+        seeds = {i.name for i in k.inputs if i.seed_of}
+        arrays = [_key_words(tensors[n]) if n in seeds else widen_mask(jnp.asarray(tensors[n])) for n in present]
         opts = tuple(sorted(k.option_texts(options).items()))
         wanted = k.wanted_saved(extras)
         out = _differentiable(k.name, present, opts, ex, wanted, tuple(n for n in frozen if n in present))(*arrays)

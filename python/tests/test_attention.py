@@ -448,3 +448,19 @@ def test_jax_dropout_seed_is_traced_under_jit():
         for a, n in zip(grads, ("dq", "dk", "dv")):
             np.testing.assert_allclose(np.asarray(a), want[n], rtol=1e-5, atol=1e-6)
     assert float(results[0][0]) != float(results[1][0])
+
+
+def test_dropout_seed_takes_uint32_words_and_jax_keys():
+    jax = pytest.importorskip("jax")
+    import tessera.jax as tj
+
+    q, k, v = qkv(seed=17)
+    words = np.array([0xDEADBEEF, 7], np.uint32)  # a Philox key as unsigned words: the same bits
+    want = tessera.attention(q, k, v, dropout_p=0.3, dropout_seed=words.view(np.int32))
+    np.testing.assert_array_equal(tessera.attention(q, k, v, dropout_p=0.3, dropout_seed=words), want)
+    raw, typed = jax.random.PRNGKey(11), jax.random.key(11)  # raw uint32 [2] and typed threefry keys
+    by_raw = np.asarray(tj.attention(q, k, v, dropout_p=0.3, dropout_seed=raw))
+    np.testing.assert_array_equal(by_raw, np.asarray(tj.attention(q, k, v, dropout_p=0.3, dropout_seed=typed)))
+    np.testing.assert_array_equal(by_raw, tessera.attention(q, k, v, dropout_p=0.3, dropout_seed=np.asarray(raw)))
+    step = jax.jit(lambda q, key, i: tj.attention(q, k, v, dropout_p=0.3, dropout_seed=jax.random.fold_in(key, i)))
+    assert not np.array_equal(np.asarray(step(q, typed, 1)), np.asarray(step(q, typed, 2)))

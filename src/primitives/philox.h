@@ -9,9 +9,9 @@
 #include <cstdint>
 
 #if defined(__CUDACC__)
-#define TESSERA_HD __host__ __device__ __forceinline__
+#define TESSERA_PHILOX_HD __host__ __device__ __forceinline__
 #else
-#define TESSERA_HD inline
+#define TESSERA_PHILOX_HD inline
 #endif
 
 namespace tessera::primitives::philox {
@@ -21,7 +21,7 @@ struct Words {
 };
 
 // Ten rounds of Philox4x32 on counter c with key (k0, k1), as Random123's philox4x32_10.
-TESSERA_HD Words philox4x32_10(Words c, uint32_t k0, uint32_t k1) {
+TESSERA_PHILOX_HD Words philox4x32_10(Words c, uint32_t k0, uint32_t k1) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // multipliers
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // key schedule (Weyl) increments
   for (int round = 0; round < 10; ++round) {
@@ -44,15 +44,18 @@ inline uint32_t dropout_threshold(double p) {
 }
 
 // The attention dropout rule (docs/kernels/attention.md, "dropout"): the probability of query
-// row i (within sequence n) for key j (within the sequence) under query head h is kept when
+// row i (within sequence n) for key j (within the sequence; both < 2^32, which the attention API
+// checks) under query head h is kept when
 // word j mod 4 of Philox4x32-10(counter (j / 4, i, h, n), key (seed0, seed1)) >= threshold.
 // Four consecutive keys share one Philox call (keep4 gives them at once).
-TESSERA_HD Words dropout_words(uint32_t seed0, uint32_t seed1, uint32_t n, uint32_t h, uint32_t i, uint32_t j4) {
+TESSERA_PHILOX_HD Words dropout_words(uint32_t seed0, uint32_t seed1, uint32_t n, uint32_t h, uint32_t i, uint32_t j4) {
   return philox4x32_10(Words{{j4, i, h, n}}, seed0, seed1);
 }
-TESSERA_HD bool dropout_keep(uint32_t seed0, uint32_t seed1, uint32_t threshold, uint32_t n, uint32_t h, uint32_t i,
+TESSERA_PHILOX_HD bool dropout_keep(uint32_t seed0, uint32_t seed1, uint32_t threshold, uint32_t n, uint32_t h, uint32_t i,
                              uint32_t j) {
   return dropout_words(seed0, seed1, n, h, i, j >> 2).w[j & 3u] >= threshold;
 }
 
 }  // namespace tessera::primitives::philox
+
+#undef TESSERA_PHILOX_HD

@@ -164,6 +164,24 @@ TEST(AttentionApi, DropoutValues) {
     f.opt.dropout_p = 0.5;
     in.dropout_seed = TensorView{f.lse.data(), DType::kI32, {2}, {1}, Device::cpu()};
   }, I, "dropout_seed", 1);
+  // 2^32 keys: the mask's counters are 32-bit positions. Refused from the shapes (no data read).
+  static Tensor seed_ok = Tensor::zeros(DType::kI32, {2});
+  {
+    Fixture f;
+    Inputs in = f.inputs();
+    in.segment_ids_q.reset(), in.segment_ids_k.reset(), in.alibi_slopes.reset();
+    f.opt.causal = false;
+    in.k = TensorView{f.k.data(), DType::kF32, {1, int64_t{1} << 32, 1, 4}, Device::cpu()};
+    in.v = TensorView{f.v.data(), DType::kF32, {1, int64_t{1} << 32, 1, 3}, Device::cpu()};
+    f.opt.dropout_p = 0.1;
+    in.dropout_seed = seed_ok.view();
+    try {
+      forward(in, f.fout(), f.opt);
+      ADD_FAILURE() << "2^32 keys with dropout ran";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("dropout needs sequences shorter than 2^32"), std::string::npos) << e.what();
+    }
+  }
   Fixture f;
   Inputs in = f.inputs();
   f.opt.dropout_p = 0.999;

@@ -38,14 +38,18 @@ TEST(AttentionCpu, BuiltInCheckGrid) {
 }
 
 // The cpu backend's mask is the rule of primitives/philox.h (read back through o: testing.h),
-// on the f32 route and the bf16 dot route, with kv tiles that start off a Philox call's four keys.
+// each dtype (bf16 on the dot route where the CPU has AVX512-BF16), with default tiles and with
+// kv tiles of 7 keys (tiles that start off a Philox call's four keys) on 3 threads.
 TEST(AttentionCpu, DropoutMaskIsThePhiloxRule) {
   const int32_t seed[2] = {123456789, -42};
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
-    for (double p : {0.1, 0.5})
-      EXPECT_EQ(at::dropout_mask_through_o("cpu", Device::cpu(), dt, 2, 5, 37, 3, 1, p, seed),
-                at::dropout_mask_rule(2, 5, 37, 3, p, seed))
+    for (double p : {0.1, 0.5}) {
+      const std::vector<uint8_t> want = at::dropout_mask_rule(2, 5, 37, 3, p, seed);
+      EXPECT_EQ(at::dropout_mask_through_o("cpu", Device::cpu(), dt, 2, 5, 37, 3, 1, p, seed), want)
           << dtype_name(dt) << " p=" << p;
+      EXPECT_EQ(at::dropout_mask_through_o("cpu", Device::cpu(), dt, 2, 5, 37, 3, 1, p, seed, BlockSizes{3, 7}, 3), want)
+          << dtype_name(dt) << " p=" << p << " blocks q=3,kv=7";
+    }
 }
 
 // Tiny odd blocks: several q and kv tiles per row range, tails, tiles that cross every mask
@@ -148,8 +152,9 @@ TEST(AttentionCpu, NarrowerInstructionSets) {
   unsetenv("TESSERA_ATTENTION_CPU_GEMM");
 }
 
-// One sequence and more threads than kv heads: chunked backward, every option. MQA (3 query
-// heads on 1 kv head) splits the heads; a single head (Hq = Hkv = 1) splits the kv blocks.
+// One sequence and more threads than kv heads: chunked backward, every option, without and with
+// dropout. MQA (3 query heads on 1 kv head) splits the heads; a single head (Hq = Hkv = 1) splits
+// the kv blocks.
 TEST(AttentionCpu, ChunkedBackwardEveryOption) {
   uint64_t seed = 500;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})  // f16: the f32 route's per-thread dq stored in f16
@@ -171,10 +176,12 @@ TEST(AttentionCpu, ChunkedBackwardEveryOption) {
     c.logit_scale = 3.0;
     c.opt.block_sizes = BlockSizes{8, 8};
     c.seed = seed++;
-    for (int t : {2, 3, 5}) {
-      c.opt.num_threads = t;
-      expect_parity(c, "threads=" + std::to_string(t));
-    }
+    for (double drop : {0.0, 0.3})
+      for (int t : {2, 3, 5}) {
+        c.opt.num_threads = t;
+        c.opt.dropout_p = drop;
+        expect_parity(c, "threads=" + std::to_string(t) + " dropout=" + std::to_string(drop));
+      }
   }
   // Varlen (two sequences, one head each: 2 pairs on 4 threads) splits too: each sequence's kv
   // blocks, at its own offsets.
@@ -185,6 +192,8 @@ TEST(AttentionCpu, ChunkedBackwardEveryOption) {
     v.opt.causal = true, v.opt.softcap = 4.0, v.opt.block_sizes = BlockSizes{8, 8}, v.opt.num_threads = 4;
     v.seed = seed++;
     expect_parity(v, "varlen threads=4");
+    v.opt.dropout_p = 0.2;
+    expect_parity(v, "varlen threads=4 dropout=0.2");
   }
 }
 

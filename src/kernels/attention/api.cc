@@ -58,6 +58,8 @@ void check_dropout(const Options& opt, const std::optional<TensorView>& seed, Pr
     args.plain(*seed, p.device, "dropout_seed");
   }
   if (opt.dropout_p == 0.0) return;
+  if (std::max(p.Sq, p.Sk) > int64_t{UINT32_MAX})  // the mask's counters are 32-bit positions
+    args.fail("dropout needs sequences shorter than 2^32 rows and keys, got Sq=" + num(p.Sq) + ", Sk=" + num(p.Sk));
   if (!seed)
     args.fail("dropout_p > 0 needs dropout_seed (i32 [2], the Philox key of the mask; draw a new one per step, as the "
               "same seed gives the same mask)");

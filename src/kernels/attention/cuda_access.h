@@ -19,7 +19,7 @@ inline void require_all(std::initializer_list<Named> ptrs, int device, const std
 
 inline void inputs(const Problem& p, const std::string& who) {
   require_all({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.alibi, "alibi_slopes"}, {p.seg_q, "segment_ids_q"},
-               {p.seg_k, "segment_ids_k"}},
+               {p.seg_k, "segment_ids_k"}, {p.dropout_seed, "dropout_seed"}},
               p.device.index, who);
 }
 

@@ -1,5 +1,7 @@
 // attention: its registration with the kernel registry (src/kernels/registry.h) — the only
 // place the generic tools (CLI, parity suite, bench, tune) learn about this kernel.
+#include <cstdio>
+
 #include "core/random.h"
 #include "kernels/attention/baseline.h"
 #include "kernels/attention/impl.h"
@@ -167,7 +169,9 @@ class AttentionBench final : public kernels::CallBenchProblem {
     c.options.set("causal", s_.causal ? "true" : "false");
     if (s_.dropout > 0.0) {
       c.tensors.push_back({"dropout_seed", seed_});
-      c.options.set("dropout_p", std::to_string(s_.dropout));
+      char p[32];
+      std::snprintf(p, sizeof p, "%.17g", s_.dropout);  // every digit (to_string's %f rounds 1e-7 to 0)
+      c.options.set("dropout_p", p);
     }
     return c;
   }

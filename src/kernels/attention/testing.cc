@@ -326,7 +326,7 @@ ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass,
 
 std::vector<uint8_t> dropout_mask_through_o(const std::string& implementation, Device device, DType dtype, int64_t B,
                                             int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, double p,
-                                            const int32_t seed[2]) {
+                                            const int32_t seed[2], std::optional<BlockSizes> blocks, int threads) {
   const int64_t D = 8;
   Tensor q = Tensor::zeros(dtype, {B, Sq, Hq, D}), k = Tensor::zeros(dtype, {B, Sk, Hkv, D});
   Tensor v = Tensor::zeros(dtype, {B, Sk, Hkv, Sk}), s = i32_tensor({2});
@@ -336,11 +336,13 @@ std::vector<uint8_t> dropout_mask_through_o(const std::string& implementation, D
       for (int64_t h = 0; h < Hkv; ++h) store_from_f32(v.data(), dtype, ((b * Sk + j) * Hkv + h) * Sk + j, 1.0f);
   s.data_as<int32_t>()[0] = seed[0], s.data_as<int32_t>()[1] = seed[1];
   const Tensor qd = q.to(device), kd = k.to(device), vd = v.to(device), sd = s.to(device);
-  Inputs in{qd.view(), kd.view(), vd.view()};
-  in.dropout_seed = sd.view();
+  Inputs in;
+  in.q = qd.view(), in.k = kd.view(), in.v = vd.view(), in.dropout_seed = sd.view();
   Options opt;
   opt.implementation = implementation;
   opt.dropout_p = p;
+  opt.block_sizes = blocks;
+  opt.num_threads = threads;
   Tensor o = Tensor::empty(DType::kF32, {B, Sq, Hq, Sk}, device), lse = Tensor::empty(DType::kF32, {B, Hq, Sq}, device);
   forward(in, {o.view(), lse.view()}, opt);
   const Tensor host = o.to(Device::cpu());

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,9 +78,11 @@ double max_abs(const std::vector<double>& v);
 // P = 1/Sk), v = the identity (Dv = Sk), so o[b, i, h, j] = z_ij / Sk with z_ij = 0 (dropped) or
 // 1/(1 − p) (kept). Dense form, B × Sq × Hq × Sk entries in o's order: 1 kept, 0 dropped, 2 for a
 // value that is neither 0 nor 1/((1 − p)·Sk) within the dtype's rounding (a wrong scale).
+// `blocks` and `threads` go to the call's options (unset, 0: the defaults).
 std::vector<uint8_t> dropout_mask_through_o(const std::string& implementation, Device device, DType dtype, int64_t B,
                                             int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, double p,
-                                            const int32_t seed[2]);
+                                            const int32_t seed[2], std::optional<BlockSizes> blocks = {},
+                                            int threads = 0);
 // The same positions by the rule of primitives/philox.h.
 std::vector<uint8_t> dropout_mask_rule(int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, double p, const int32_t seed[2]);
 

@@ -2,6 +2,7 @@
 #include "tessera/exec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "core/env.h"
@@ -54,6 +55,14 @@ int resolve_num_threads(int requested) noexcept {
   const int env_threads = env::integer("TESSERA_NUM_THREADS", 0);
   if (env_threads > 0) return std::min(env_threads, kMaxThreads);
   return std::min(kMaxThreads, machine_threads());
+}
+
+int resolve_num_threads(int requested, double work) noexcept {
+  if (requested > 0 || env::integer("TESSERA_NUM_THREADS", 0) > 0) return resolve_num_threads(requested);
+  const int machine = resolve_num_threads(0);
+  if (!(work >= kMinWorkPerThread)) return 1;  // NaN too
+  const double by_work = std::floor(work / kMinWorkPerThread);
+  return by_work >= machine ? machine : static_cast<int>(by_work);
 }
 
 }  // namespace tessera

@@ -26,6 +26,14 @@ namespace {
 using dispatch::num;
 const dispatch::ArgCheck args{kKernelName, "q"};
 
+// Every query row against every key of its batch entry (causal ignored), 2 products: the work
+// that sizes the thread count (tessera/exec.h). After args.pages: the lengths are valid.
+double flops(const Problem& p) {
+  double keys = 0.0;
+  for (int64_t b = 0; b < p.B; ++b) keys += static_cast<double>(p.seqlens[b]);
+  return 2.0 * static_cast<double>(p.Sq * p.Hq) * static_cast<double>(p.D + p.Dv) * keys;
+}
+
 Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   dispatch::Dims d = bind_tensors(in, opt.dv, dispatch::BindMode::kFull);
   args.need(d["page_size"] >= 1, "page_size must be >= 1, got " + in.kv_cache.str());
@@ -45,9 +53,9 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.o = out.o.data, p.lse = static_cast<float*>(out.lse.data);
   p.causal = opt.causal;
   p.block_sizes = opt.block_sizes;
-  p.num_threads = resolve_num_threads(opt.num_threads);
-  p.stream = opt.stream;
   args.pages({p.page_table, p.seqlens, p.B, p.max_pages, p.page_size, p.P}, "page_table", "cache_seqlens");
+  p.num_threads = resolve_num_threads(opt.num_threads, flops(p));
+  p.stream = opt.stream;
   // An o inside the cache would be read back by later rows (and an autotune sweep writes the
   // outputs before the call it keeps): refused, as lse over o.
   tensors().apart(in, {{"o", out.o}, {"lse", out.lse}});

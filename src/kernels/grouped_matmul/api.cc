@@ -80,7 +80,9 @@ Problem make_problem(const dispatch::Dims& d, const TensorView& lhs, const Tenso
   p.M = d["M"], p.K = d["K"], p.N = d["N"], p.G = d["G"];
   p.begin = group_rows(gs, p.G, p.M, opt);
   p.transpose_rhs = opt.transpose_rhs;
-  p.num_threads = resolve_num_threads(opt.num_threads);
+  // The products' work sizes the thread count (tessera/exec.h): 2·M·K·N however the groups split M.
+  p.num_threads = resolve_num_threads(opt.num_threads, 2.0 * static_cast<double>(p.M) * static_cast<double>(p.K) *
+                                                           static_cast<double>(p.N));
   p.stream = opt.stream;
   p.memory_budget = opt.memory_budget;
   if (opt.check_finite) args.finite(lhs, "lhs");

@@ -207,7 +207,10 @@ void normalize_options(const Options& opt, Problem& p) {
   p.want_argmax = opt.return_argmax;
   p.stream = opt.stream;
   p.memory_budget = opt.memory_budget;
-  p.num_threads = resolve_num_threads(opt.num_threads);
+  // The logits' GEMM sizes the thread count (tessera/exec.h): 2·B·H·V (the backward's two more GEMMs
+  // triple it).
+  p.num_threads = resolve_num_threads(opt.num_threads, 2.0 * static_cast<double>(p.B) * static_cast<double>(p.H) *
+                                                           static_cast<double>(p.V));
   if (opt.vocab_total != 0) set_partial(opt, p);
 }
 

@@ -43,6 +43,12 @@ def attention():
     return "attention", {"q": q, "k": k, "v": v}, {"causal": True}, ["q", "k", "v"]
 
 
+def attention_dropout():
+    q, k, v = t_att.qkv(Hq=4, Hkv=2, D=8, Dv=8, seed=6)
+    arrays = {"q": q, "k": k, "v": v, "dropout_seed": np.array([12345, -678], np.int32)}  # on the device too
+    return "attention", arrays, {"causal": True, "dropout_p": 0.3}, ["q", "k", "v"]
+
+
 def grouped_matmul():
     lhs, rhs, sizes = t_gmm.problem(seed=5)
     return "grouped_matmul", {"lhs": lhs, "rhs": rhs, "group_sizes": sizes}, {}, ["lhs", "rhs"]
@@ -69,7 +75,7 @@ def mla_decode():
     return "mla_decode", {"q": q, "kv_cache": kv, "page_table": pt, "cache_seqlens": lens}, {"dv": 16, "causal": True}, []
 
 
-CASES = [lce, attention, grouped_matmul, mlstm, slstm, paged_attention, mla_decode]
+CASES = [lce, attention, attention_dropout, grouped_matmul, mlstm, slstm, paged_attention, mla_decode]
 
 
 def require_cuda_implementation(kernel):
@@ -110,6 +116,19 @@ def test_cuda_tensors_match_cpu_tensors(case):
     for n, g, w in zip(diff, got_grads, want_grads):
         assert g.device.type == "cuda"
         torch.testing.assert_close(g.cpu(), w, rtol=RTOL, atol=ATOL, msg=f"{kernel} d{n}")
+
+
+def test_dropout_seed_drawn_on_the_device():
+    """Without a dropout_seed, tessera.torch draws one from the CUDA generator (a device tensor the
+    kernel reads there): torch.manual_seed reproduces the mask, the next call draws another."""
+    require_cuda_implementation("attention")
+    q, k, v = (torch.from_numpy(a).cuda() for a in t_att.qkv(seed=7))
+    torch.manual_seed(3)
+    a = tt.attention(q, k, v, dropout_p=0.2)
+    torch.manual_seed(3)
+    b = tt.attention(q, k, v, dropout_p=0.2)
+    c = tt.attention(q, k, v, dropout_p=0.2)
+    assert a.device.type == "cuda" and torch.equal(a, b) and not torch.equal(a, c)
 
 
 def test_the_op_runs_on_the_callers_stream():

@@ -24,7 +24,7 @@ struct ExecOptions {
   // "cuda,cpu": try in order, warning on each fallback. A name that is not registered is an
   // error, never a fallback.
   std::string implementation;
-  int num_threads = 0;           // CPU backends: 0 = resolve_num_threads(0)
+  int num_threads = 0;           // CPU backends: 0 = resolve_num_threads(0, the call's work)
   bool autotune_on_miss = true;  // also disabled by TESSERA_AUTOTUNE=0
   void* stream = nullptr;        // CUDA backends: cudaStream_t; nullptr = default stream
   // Bytes of extra memory (device or host scratch) a backend may use; 0 = its default (cuda

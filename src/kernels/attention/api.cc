@@ -8,6 +8,7 @@
 
 #include "dispatch/arg_check.h"
 #include "dispatch/tensor_rules.h"
+#include "dispatch/work.h"
 #include "kernels/attention/impl.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
@@ -68,14 +69,6 @@ void check_dropout(const Options& opt, const std::optional<TensorView>& seed, Pr
   p.dropout_threshold = primitives::philox::dropout_threshold(opt.dropout_p);
 }
 
-// The forward's products (QKᵀ and PV over every pair, masks ignored): the work that sizes the
-// thread count (tessera/exec.h). The backward does about 2.5 times as much.
-double forward_flops(const Problem& p) {
-  double pairs = 0.0;
-  for (int64_t n = 0; n < p.N; ++n) pairs += static_cast<double>(p.q_len(n)) * static_cast<double>(p.k_len(n));
-  return 2.0 * static_cast<double>(p.Hq) * static_cast<double>(p.D + p.Dv) * pairs;
-}
-
 void check_options(const Options& opt, Problem& p) {
   p.scale = args.softmax_scale(opt.scale, p.D);
   args.softcap(opt.softcap, "softcap");
@@ -85,7 +78,8 @@ void check_options(const Options& opt, Problem& p) {
   p.softcap = opt.softcap;
   p.causal = opt.causal;
   p.deterministic = opt.deterministic;
-  p.num_threads = resolve_num_threads(opt.num_threads, forward_flops(p));
+  p.num_threads = resolve_num_threads(opt.num_threads, dispatch::attention_flops(p.N, p.Hq, p.D + p.Dv, [&](int64_t n) {
+    return static_cast<double>(p.q_len(n)) * static_cast<double>(p.k_len(n)); }));  // the forward's; backward 2.5x
   p.stream = opt.stream;
   p.memory_budget = opt.memory_budget;
 }

@@ -1,6 +1,7 @@
 // mla_decode: validation and dispatch. Every check runs before any output is touched.
 
 #include "dispatch/arg_check.h"
+#include "dispatch/work.h"
 #include "dispatch/declared_tensors.h"
 #include "kernels/mla_decode/impl.h"
 #include "tune/declared.h"
@@ -26,14 +27,6 @@ namespace {
 using dispatch::num;
 const dispatch::ArgCheck args{kKernelName, "q"};
 
-// Every query row against every key of its batch entry (causal ignored), 2 products: the work
-// that sizes the thread count (tessera/exec.h). After args.pages: the lengths are valid.
-double flops(const Problem& p) {
-  double keys = 0.0;
-  for (int64_t b = 0; b < p.B; ++b) keys += static_cast<double>(p.seqlens[b]);
-  return 2.0 * static_cast<double>(p.Sq * p.Hq) * static_cast<double>(p.D + p.Dv) * keys;
-}
-
 Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   dispatch::Dims d = bind_tensors(in, opt.dv, dispatch::BindMode::kFull);
   args.need(d["page_size"] >= 1, "page_size must be >= 1, got " + in.kv_cache.str());
@@ -54,7 +47,8 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.causal = opt.causal;
   p.block_sizes = opt.block_sizes;
   args.pages({p.page_table, p.seqlens, p.B, p.max_pages, p.page_size, p.P}, "page_table", "cache_seqlens");
-  p.num_threads = resolve_num_threads(opt.num_threads, flops(p));
+  p.num_threads = resolve_num_threads(opt.num_threads, dispatch::attention_flops(p.B, p.Sq * p.Hq, p.D + p.Dv, [&](int64_t b) {
+    return static_cast<double>(p.seqlens[b]); }));  // after args.pages: valid lengths
   p.stream = opt.stream;
   // An o inside the cache would be read back by later rows (and an autotune sweep writes the
   // outputs before the call it keeps): refused, as lse over o.

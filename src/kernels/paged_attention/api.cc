@@ -3,6 +3,7 @@
 
 #include "dispatch/arg_check.h"
 #include "dispatch/tensor_rules.h"
+#include "dispatch/work.h"
 #include "kernels/paged_attention/impl.h"
 #include "tessera/error.h"
 
@@ -52,14 +53,6 @@ void check_sequences(const Inputs& in, dispatch::Dims& d, Problem& p) {
                 num(p.kv_lens[s]) + " (kv_len counts the new tokens)");
 }
 
-// Every query row against every key of its sequence (masks ignored), 2 products: the work that
-// sizes the thread count (tessera/exec.h).
-double flops(const Problem& p) {
-  double pairs = 0.0;
-  for (int64_t s = 0; s < p.N; ++s) pairs += static_cast<double>(p.q_len(s)) * static_cast<double>(p.kv_len(s));
-  return 2.0 * static_cast<double>(p.Hq) * static_cast<double>(p.D + p.Dv) * pairs;
-}
-
 Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   dispatch::Dims d = bind_tensors(in, dispatch::BindMode::kFull);
   Problem p;
@@ -71,7 +64,8 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.softcap = opt.softcap;
   p.causal = opt.causal;
   p.window = opt.window;
-  p.num_threads = resolve_num_threads(opt.num_threads, flops(p));
+  p.num_threads = resolve_num_threads(opt.num_threads, dispatch::attention_flops(p.N, p.Hq, p.D + p.Dv, [&](int64_t s) {
+    return static_cast<double>(p.q_len(s)) * static_cast<double>(p.kv_len(s)); }));
   p.stream = opt.stream;
   if (opt.check_finite) {
     args.finite(in.q, "q");

@@ -1,15 +1,15 @@
 // Tessera internal: what a call's work is, for the thread count (tessera/exec.h's
-// resolve_num_threads(requested, work)) — shared by the attention-shaped kernels.
+// resolve_num_threads(requested, work)).
 #pragma once
 
 #include <cstdint>
 
 namespace tessera::dispatch {
 
-// Attention over n sequences: 2·heads·dims flops per (query row, key) pair (QKᵀ and PV, dims =
-// D + Dv), pairs(s) of sequence s; masks ignored (an upper bound).
+// Products over the (row, key) pairs of n sequences, pairs(s) of sequence s: 2·heads·dims flops
+// per pair (a score and a weighted value: dims = D + Dv); masks ignored (an upper bound).
 template <class Pairs>
-double attention_flops(int64_t n, int64_t heads, int64_t dims, Pairs pairs) {
+double pair_products_flops(int64_t n, int64_t heads, int64_t dims, Pairs pairs) {
   double sum = 0.0;
   for (int64_t s = 0; s < n; ++s) sum += pairs(s);
   return 2.0 * static_cast<double>(heads) * static_cast<double>(dims) * sum;

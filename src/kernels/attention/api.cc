@@ -78,7 +78,7 @@ void check_options(const Options& opt, Problem& p) {
   p.softcap = opt.softcap;
   p.causal = opt.causal;
   p.deterministic = opt.deterministic;
-  p.num_threads = resolve_num_threads(opt.num_threads, dispatch::attention_flops(p.N, p.Hq, p.D + p.Dv, [&](int64_t n) {
+  p.num_threads = resolve_num_threads(opt.num_threads, dispatch::pair_products_flops(p.N, p.Hq, p.D + p.Dv, [&](int64_t n) {
     return static_cast<double>(p.q_len(n)) * static_cast<double>(p.k_len(n)); }));  // the forward's; backward 2.5x
   p.stream = opt.stream;
   p.memory_budget = opt.memory_budget;

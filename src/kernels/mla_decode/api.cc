@@ -47,7 +47,7 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.causal = opt.causal;
   p.block_sizes = opt.block_sizes;
   args.pages({p.page_table, p.seqlens, p.B, p.max_pages, p.page_size, p.P}, "page_table", "cache_seqlens");
-  p.num_threads = resolve_num_threads(opt.num_threads, dispatch::attention_flops(p.B, p.Sq * p.Hq, p.D + p.Dv, [&](int64_t b) {
+  p.num_threads = resolve_num_threads(opt.num_threads, dispatch::pair_products_flops(p.B, p.Sq * p.Hq, p.D + p.Dv, [&](int64_t b) {
     return static_cast<double>(p.seqlens[b]); }));  // after args.pages: valid lengths
   p.stream = opt.stream;
   // An o inside the cache would be read back by later rows (and an autotune sweep writes the

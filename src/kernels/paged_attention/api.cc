@@ -64,7 +64,7 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.softcap = opt.softcap;
   p.causal = opt.causal;
   p.window = opt.window;
-  p.num_threads = resolve_num_threads(opt.num_threads, dispatch::attention_flops(p.N, p.Hq, p.D + p.Dv, [&](int64_t s) {
+  p.num_threads = resolve_num_threads(opt.num_threads, dispatch::pair_products_flops(p.N, p.Hq, p.D + p.Dv, [&](int64_t s) {
     return static_cast<double>(p.q_len(s)) * static_cast<double>(p.kv_len(s)); }));
   p.stream = opt.stream;
   if (opt.check_finite) {

@@ -61,7 +61,11 @@ TEST(BenchStages, RowsCarryEachStagesTimeBesideTheTotal) {
   EXPECT_GE(a, 4.0);
   EXPECT_GE(b, 1.0);
   EXPECT_LT(b, a);
-  EXPECT_LE(a + b, r["median_ms"].get<double>() + 0.5);  // the stages fit in the total
+  // The stages are one run's spans (not summed over the stage runs: 3 × 5 ms): they fit in a
+  // total. The stage runs are not the timed ones, and a loaded machine (CI's two test processes)
+  // overshot a 4 ms sleep by 2.8 ms in one of them while the timed median stayed 5.1 ms: so the
+  // bound is twice the median, which still fails a sum over the runs.
+  EXPECT_LE(a + b, 2.0 * r["median_ms"].get<double>() + 1.0);
   EXPECT_EQ(r.value("stages", "").find("partial "), 0u);
   EXPECT_FALSE(trace::enabled());
 }

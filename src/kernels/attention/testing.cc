@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "core/random.h"
 #include "primitives/philox.h"
@@ -347,7 +348,8 @@ std::vector<uint8_t> dropout_mask_through_o(const std::string& implementation, D
   forward(in, {o.view(), lse.view()}, opt);
   const Tensor host = o.to(Device::cpu());
   const double kept = 1.0 / ((1.0 - p) * static_cast<double>(Sk));
-  const double tol = 4.0 * (dtype == DType::kF32 ? 1e-6 : dtype == DType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11));
+  const double unit = dtype == DType::kF32 ? 1e-6 : dtype == DType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  const double tol = 4.0 * unit;
   std::vector<uint8_t> mask(static_cast<size_t>(host.numel()));
   for (size_t i = 0; i < mask.size(); ++i) {
     const double x = host.data_as<float>()[i];
@@ -358,121 +360,97 @@ std::vector<uint8_t> dropout_mask_through_o(const std::string& implementation, D
 
 std::vector<uint8_t> dropout_mask_rule(int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, double p, const int32_t seed[2]) {
   const uint32_t thr = primitives::philox::dropout_threshold(p);
+  const auto u = [](int64_t v) { return static_cast<uint32_t>(v); };
   std::vector<uint8_t> mask;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < Sq; ++i)
       for (int64_t h = 0; h < Hq; ++h)
         for (int64_t j = 0; j < Sk; ++j)
-          mask.push_back(primitives::philox::dropout_keep(static_cast<uint32_t>(seed[0]), static_cast<uint32_t>(seed[1]),
-                                                          thr, static_cast<uint32_t>(b), static_cast<uint32_t>(h),
-                                                          static_cast<uint32_t>(i), static_cast<uint32_t>(j)));
+          mask.push_back(primitives::philox::dropout_keep(u(seed[0]), u(seed[1]), thr, u(b), u(h), u(i), u(j)));
   return mask;
 }
+
+namespace {
+
+// A grid case's sizes; a 0 keeps base's (B = 2, Sq = 7, Sk = 9, Hq = 4, Hkv = 2, D = Dv = 16).
+struct Sizes {
+  int64_t B = 0, Sq = 0, Sk = 0, Hq = 0, Hkv = 0, D = 0, Dv = 0;
+};
+CaseSpec sized(const CaseSpec& base, const Sizes& s) {
+  CaseSpec c = base;
+  const std::pair<int64_t CaseSpec::*, int64_t> fields[] = {{&CaseSpec::B, s.B},   {&CaseSpec::Sq, s.Sq},
+                                                            {&CaseSpec::Sk, s.Sk}, {&CaseSpec::Hq, s.Hq},
+                                                            {&CaseSpec::Hkv, s.Hkv}, {&CaseSpec::D, s.D},
+                                                            {&CaseSpec::Dv, s.Dv}};
+  for (const auto& [field, v] : fields)
+    if (v) c.*field = v;
+  return c;
+}
+
+}  // namespace
 
 std::vector<CaseSpec> check_grid(bool quick) {
   harness::SeededGrid<CaseSpec> add(100);
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     CaseSpec base;
     base.dtype = dt;
-    // MHA, small odd shape.
-    {
-      CaseSpec c = base;
-      c.Hq = c.Hkv = 3;
-      add(c);
-    }
-    // GQA, causal square, D = 64, f32 outputs.
-    {
-      CaseSpec c = base;
-      c.B = 1;
-      c.Sq = c.Sk = 33;
-      c.Hq = 6;
-      c.Hkv = 2;
-      c.D = c.Dv = 64;
+    add(sized(base, {.Hq = 3, .Hkv = 3}));  // MHA, small odd shape
+    {  // GQA, causal square, D = 64, f32 outputs
+      CaseSpec c = sized(base, {.B = 1, .Sq = 33, .Sk = 33, .Hq = 6, .Hkv = 2, .D = 64, .Dv = 64});
       c.opt.causal = true;
-      c.o_f32 = true;
-      c.f32_grads = true;
+      c.o_f32 = c.f32_grads = true;
       add(c);
     }
-    // MQA, causal with Sq < Sk (bottom-right: the last query sees every key), D = 80.
-    {
-      CaseSpec c = base;
-      c.Sq = 5;
-      c.Sk = 37;
-      c.Hq = 4;
-      c.Hkv = 1;
-      c.D = c.Dv = 80;
+    {  // MQA, causal with Sq < Sk (bottom-right: the last query sees every key), D = 80
+      CaseSpec c = sized(base, {.Sq = 5, .Sk = 37, .Hq = 4, .Hkv = 1, .D = 80, .Dv = 80});
       c.opt.causal = true;
       add(c);
     }
-    // Causal with Sq > Sk: the first Sq − Sk rows see no key (o = 0, lse = −inf); Dv != D.
-    {
-      CaseSpec c = base;
-      c.Sq = 37;
-      c.Sk = 13;
-      c.Hq = 2;
-      c.Hkv = 1;
-      c.Dv = 24;
+    {  // Causal with Sq > Sk: the first Sq − Sk rows see no key (o = 0, lse = −inf); Dv != D
+      CaseSpec c = sized(base, {.Sq = 37, .Sk = 13, .Hq = 2, .Hkv = 1, .Dv = 24});
       c.opt.causal = true;
       add(c);
     }
-    // Sliding window, left only, causal (local attention), D = 32.
-    {
-      CaseSpec c = base;
-      c.B = 1;
-      c.Sq = c.Sk = 40;
-      c.D = c.Dv = 32;
+    {  // Sliding window, left only, causal (local attention), D = 32
+      CaseSpec c = sized(base, {.B = 1, .Sq = 40, .Sk = 40, .D = 32, .Dv = 32});
       c.opt.causal = true;
       c.opt.window_left = 8;
       add(c);
     }
-    // Sliding window on both sides, not causal, Sq < Sk.
-    {
-      CaseSpec c = base;
-      c.Sq = 20;
-      c.Sk = 29;
+    {  // Sliding window on both sides, not causal, Sq < Sk
+      CaseSpec c = sized(base, {.Sq = 20, .Sk = 29});
       c.opt.window_left = 5;
       c.opt.window_right = 3;
       add(c);
     }
-    // Softcap with an explicit scale, large logits.
-    {
-      CaseSpec c = base;
-      c.Sq = 11;
-      c.Sk = 23;
+    {  // Softcap with an explicit scale, large logits
+      CaseSpec c = sized(base, {.Sq = 11, .Sk = 23});
       c.opt.scale = 0.3;
       c.opt.softcap = 5.0;
       c.logit_scale = 8.0;
       add(c);
     }
-    // ALiBi per head, causal; ALiBi per batch row, not causal, Sq > Sk.
-    {
-      CaseSpec c = base;
-      c.Sq = c.Sk = 19;
+    {  // ALiBi per head, causal; ALiBi per batch row, not causal, Sq > Sk
+      CaseSpec c = sized(base, {.Sq = 19, .Sk = 19});
       c.alibi = 1;
       c.opt.causal = true;
       add(c);
-      c.Sq = 21;
-      c.Sk = 15;
+      c.Sq = 21, c.Sk = 15;
       c.alibi = 2;
       c.opt.causal = false;
       add(c);
     }
-    // Segment ids (packed sequences) with causal.
-    {
-      CaseSpec c = base;
-      c.Sq = c.Sk = 31;
+    {  // Segment ids (packed sequences) with causal
+      CaseSpec c = sized(base, {.Sq = 31, .Sk = 31});
       c.segments = 3;
       c.opt.causal = true;
       add(c);
     }
-    // Varlen, causal, GQA, an empty sequence and a single-row one; again with ALiBi per sequence
-    // and a two-sided window instead of causal.
-    {
-      CaseSpec c = base;
+    {  // Varlen, causal, GQA, an empty sequence and a single-row one; again with ALiBi per
+       // sequence and a two-sided window instead of causal
+      CaseSpec c = sized(base, {.Hq = 4, .Hkv = 2});
       c.seqlens_q = {5, 0, 17, 1, 9};
       c.seqlens_k = {9, 3, 17, 1, 4};
-      c.Hq = 4;
-      c.Hkv = 2;
       c.opt.causal = true;
       add(c);
       c.opt.causal = false;
@@ -481,25 +459,15 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.alibi = 2;
       add(c);
     }
-    // A two-sided window with Sq > Sk: rows before the keys see nothing.
-    {
-      CaseSpec c = base;
-      c.Sq = 29;
-      c.Sk = 20;
+    {  // A two-sided window with Sq > Sk: rows before the keys see nothing
+      CaseSpec c = sized(base, {.Sq = 29, .Sk = 20});
       c.opt.window_left = 4;
       c.opt.window_right = 2;
       c.alibi = 1;
       add(c);
     }
-    // Everything at once: window, softcap, ALiBi, segments, GQA, Dv != D.
-    {
-      CaseSpec c = base;
-      c.Sq = 26;
-      c.Sk = 30;
-      c.Hq = 4;
-      c.Hkv = 2;
-      c.D = 24;
-      c.Dv = 40;
+    {  // Everything at once: window, softcap, ALiBi, segments, GQA, Dv != D
+      CaseSpec c = sized(base, {.Sq = 26, .Sk = 30, .Hq = 4, .Hkv = 2, .D = 24, .Dv = 40});
       c.opt.causal = true;
       c.opt.window_left = 9;
       c.opt.softcap = 3.0;
@@ -508,12 +476,9 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.logit_scale = 4.0;
       add(c);
     }
-    // Dropout (p = 0.25), GQA, causal (the cpu tests also run it with kv tiles that start off the
-    // four keys of one Philox call); varlen with a window and p = 0.6.
-    {
-      CaseSpec c = base;
-      c.Sq = 19;
-      c.Sk = 23;
+    {  // Dropout (p = 0.25), GQA, causal (the cpu tests also run it with kv tiles that start off
+       // the four keys of one Philox call); varlen with a window and p = 0.6
+      CaseSpec c = sized(base, {.Sq = 19, .Sk = 23});
       c.opt.causal = true;
       c.opt.dropout_p = 0.25;
       add(c);
@@ -526,66 +491,33 @@ std::vector<CaseSpec> check_grid(bool quick) {
       add(c);
     }
     if (quick) continue;
-    // Dropout with everything else: softcap, ALiBi, segments, Dv != D, D = 80 over 129 keys.
-    {
-      CaseSpec c = base;
-      c.B = 1;
-      c.Sq = 33;
-      c.Sk = 129;
-      c.D = 80;
-      c.Dv = 48;
+    {  // Dropout with everything else: softcap, ALiBi, segments, Dv != D, D = 80 over 129 keys
+      CaseSpec c = sized(base, {.B = 1, .Sq = 33, .Sk = 129, .D = 80, .Dv = 48});
       c.opt.softcap = 4.0;
       c.alibi = 1;
       c.segments = 2;
       c.opt.dropout_p = 0.1;
       add(c);
     }
-    // Dv != D at D = 64; one key; one query against many keys (decode).
-    {
-      CaseSpec c = base;
-      c.B = 1;
-      c.Sq = 7;
-      c.Sk = 129;
-      c.D = 64;
-      c.Dv = 32;
+    {  // Dv != D at D = 64; one key; one query against many keys (decode)
+      CaseSpec c = sized(base, {.B = 1, .Sq = 7, .Sk = 129, .D = 64, .Dv = 32});
       add(c);
-      c.Sq = 1;
-      c.Sk = 1;
+      c.Sq = 1, c.Sk = 1;
       add(c);
-      c.Sq = 1;
-      c.Sk = 257;
+      c.Sq = 1, c.Sk = 257;
       c.D = c.Dv = 16;
       c.opt.causal = true;
       add(c);
     }
-    // D = 128 over 129 rows (one row past a 128 block), causal, GQA.
-    {
-      CaseSpec c = base;
-      c.B = 1;
-      c.Sq = c.Sk = 129;
-      c.Hq = 2;
-      c.Hkv = 1;
-      c.D = c.Dv = 128;
+    {  // D = 128 over 129 rows (one row past a 128 block), causal, GQA
+      CaseSpec c = sized(base, {.B = 1, .Sq = 129, .Sk = 129, .Hq = 2, .Hkv = 1, .D = 128, .Dv = 128});
       c.opt.causal = true;
       add(c);
     }
     // D = 256 (the cpu backend's limit), not causal.
-    {
-      CaseSpec c = base;
-      c.B = 1;
-      c.Sq = 7;
-      c.Sk = 65;
-      c.Hq = c.Hkv = 1;
-      c.D = c.Dv = 256;
-      add(c);
-    }
-    // 257 rows and keys (past two 128 blocks), window, MQA.
-    {
-      CaseSpec c = base;
-      c.B = 1;
-      c.Sq = c.Sk = 257;
-      c.Hq = 2;
-      c.Hkv = 1;
+    add(sized(base, {.B = 1, .Sq = 7, .Sk = 65, .Hq = 1, .Hkv = 1, .D = 256, .Dv = 256}));
+    {  // 257 rows and keys (past two 128 blocks), window, MQA
+      CaseSpec c = sized(base, {.B = 1, .Sq = 257, .Sk = 257, .Hq = 2, .Hkv = 1});
       c.opt.window_left = 100;
       c.opt.window_right = 20;
       add(c);

@@ -11,6 +11,7 @@
 //   s_ij = scale · q_i·k_j                          (scale defaults to 1/sqrt(D))
 //   if softcap c > 0:  s_ij = c · tanh(s_ij / c)
 //   if ALiBi:          s_ij += −slope_h · |i + off − j|
+//   if bias:           s_ij += bias[b, h, i, j]     (dense form; each dim broadcast when 1)
 //   allowed(i, j) =  (!causal || j <= i + off)
 //                 && (window_left  < 0 || j >= i + off − window_left)
 //                 && (window_right < 0 || j <= i + off + window_right)
@@ -23,7 +24,8 @@
 // A row that sees no key has o_i = 0 and lse_i = −inf (never NaN; FlashAttention 2's non-split
 // forward writes +inf there).
 // Backward takes dO and the forward's o and lse and returns dq, dk, dv (f32 accumulation; dk and
-// dv summed over the query heads that share a kv head). See docs/kernels/attention.md.
+// dv summed over the query heads that share a kv head), and dbias = dL/ds_ij summed over the
+// bias's broadcast dims when asked for. See docs/kernels/attention.md.
 #pragma once
 
 #include <cstdint>
@@ -72,12 +74,17 @@ struct Options : ExecOptions {
 //   dropout_seed: i32 [2] on the inputs' device, the Philox key of the dropout mask (read by the
 //     kernels, so a device seed drawn by the framework's generator never comes to the host);
 //     required when dropout_p > 0. Draw a new one per step: the same seed gives the same mask.
+//   bias: additive attention bias [B|1, Hq|1, Sq|1, Sk|1] (dense form only; a dim of 1 is
+//     broadcast), f32 or q's dtype, added to the scores after the soft cap and ALiBi; −inf entries
+//     mask (a row whose keys are all −inf sees nothing: o = 0, lse = −inf); NaN and +inf refused
+//     under check_finite.
 struct Inputs {
   TensorView q, k, v;
   std::optional<TensorView> alibi_slopes;
   std::optional<TensorView> segment_ids_q, segment_ids_k;
   std::optional<TensorView> cu_seqlens_q, cu_seqlens_k;
   std::optional<TensorView> dropout_seed;
+  std::optional<TensorView> bias;
 };
 
 // o: q's dtype or f32, shape [..., Hq, Dv] as above. lse: f32 [B, Hq, Sq] or [Hq, Tq].
@@ -93,9 +100,11 @@ struct BackwardInputs {
   TensorView grad_o;
 };
 
-// dq like q, dk like k, dv like v; each f32 or its input's dtype.
+// dq like q, dk like k, dv like v; each f32 or its input's dtype. dbias (only with a bias; absent
+// or an empty view: not computed, which spares its pass): the bias's shape, f32 or its dtype.
 struct Gradients {
   TensorView dq, dk, dv;
+  std::optional<TensorView> dbias;
 };
 
 // Each returns the name of the implementation that ran ("(empty)" when nothing had to).
@@ -111,6 +120,7 @@ std::string forward_backward(const Inputs& in, const TensorView& grad_o, const F
 struct Result {
   Tensor o, lse;
   Tensor dq, dk, dv;           // undefined unless gradients were asked for
+  Tensor dbias;                // with gradients and a bias
   std::string implementation;  // which implementation ran
 };
 Result compute(const Inputs& in, const Options& opt = {});

@@ -42,6 +42,8 @@ struct Fixture {
   Tensor dq = sentinel(DType::kF32, {1, 3, 2, 4});
   Tensor dk = sentinel(DType::kF32, {1, 5, 1, 4});
   Tensor dv = sentinel(DType::kF32, {1, 5, 1, 3});
+  Tensor dbias = sentinel(DType::kF32, {1, 2, 3, 5});
+  bool with_dbias = false;  // grads() asks for dbias
   Options opt;
 
   Fixture() {
@@ -57,9 +59,13 @@ struct Fixture {
   }
   ForwardOutputs fout() const { return {o, lse}; }
   BackwardInputs saved() const { return {saved_o, saved_lse, grad_o}; }
-  Gradients grads() const { return {dq, dk, dv}; }
+  Gradients grads() const {
+    Gradients g{dq, dk, dv};
+    if (with_dbias) g.dbias = dbias.view();
+    return g;
+  }
   bool untouched() const {
-    for (const Tensor* t : {&o, &lse, &dq, &dk, &dv})
+    for (const Tensor* t : {&o, &lse, &dq, &dk, &dv, &dbias})
       if (!attention::untouched(*t)) return false;
     return true;
   }
@@ -191,6 +197,75 @@ TEST(AttentionApi, DropoutValues) {
 
 // A window at least Sq + Sk long reaches every key: the same as -1 (unbounded), bit for bit. At
 // INT64_MAX (sys.maxsize as "unbounded") i + w overflowed: o = 0, lse = -inf, zero gradients.
+TEST(AttentionApi, BiasValues) {
+  const auto I = ErrorCode::kInvalidArgument;
+  static Tensor full = Tensor::zeros(DType::kF32, {1, 2, 3, 5}), row = Tensor::zeros(DType::kF32, {1, 1, 1, 5});
+  static Tensor wrong = Tensor::zeros(DType::kF32, {1, 2, 3, 4}), flat = Tensor::zeros(DType::kF32, {2, 3, 5});
+  static Tensor ints = Tensor::zeros(DType::kI32, {1, 2, 3, 5}), bf = Tensor::zeros(DType::kBF16, {1, 2, 3, 5});
+  for (const Tensor* t : {&wrong, &flat})
+    expect_rejected([t](Fixture&, Inputs& in) { in.bias = t->view(); }, I,
+                    "bias must be [B|1, Hq|1, Sq|1, Sk|1] = [1|1, 2|1, 3|1, 5|1], got ");
+  for (const Tensor* t : {&ints, &bf})  // f32 or q's dtype (f32 here)
+    expect_rejected([t](Fixture&, Inputs& in) { in.bias = t->view(); }, I, "bias must be f32 or q's dtype f32, got ");
+  // dbias: only with a bias, in the bias's shape; never over another output.
+  expect_rejected([](Fixture& f, Inputs&) { f.with_dbias = true; }, I, "dbias is the gradient of a bias", 6);
+  expect_rejected([](Fixture& f, Inputs& in) { f.with_dbias = true, in.bias = row.view(); }, I, "dbias", 6);
+  {  // dbias over dk: refused before anything runs
+    Fixture f;
+    Inputs in = f.inputs();
+    in.bias = full.view();
+    Gradients g{f.dq, f.dk, f.dv};
+    g.dbias = TensorView{f.dk.data(), DType::kF32, {1, 2, 3, 5}, Device::cpu()};
+    EXPECT_THROW(backward(in, f.saved(), g, f.opt), Error);
+    EXPECT_TRUE(f.untouched());
+  }
+  // NaN and +inf refused under check_finite; −inf masks.
+  static Tensor nan = Tensor::zeros(DType::kF32, {1, 1, 1, 5}), pinf = Tensor::zeros(DType::kF32, {1, 1, 1, 5});
+  nan.data_as<float>()[2] = NAN, pinf.data_as<float>()[4] = INFINITY;
+  for (const Tensor* t : {&nan, &pinf})
+    expect_rejected([t](Fixture& f, Inputs& in) { f.opt.check_finite = true, in.bias = t->view(); }, I,
+                    "bias contains NaN or +Inf");
+  Fixture f;
+  Inputs in = f.inputs();
+  Tensor minf = Tensor::zeros(DType::kF32, {1, 1, 1, 5});
+  minf.data_as<float>()[0] = -INFINITY;
+  in.bias = minf.view();
+  f.opt.check_finite = true;
+  f.with_dbias = true;
+  f.dbias = sentinel(DType::kF32, {1, 1, 1, 5});
+  EXPECT_EQ(forward_backward(in, f.grad_o, f.fout(), f.grads(), f.opt), "reference");
+  EXPECT_EQ(f.dbias.data_as<float>()[0], 0.0f);  // the masked key takes no gradient
+  EXPECT_FALSE(attention::untouched(f.dbias));
+}
+
+// The varlen form has no bias; an empty call zero-fills dbias.
+TEST(AttentionApi, BiasFormsAndEmptyCalls) {
+  Tensor q = Tensor::zeros(DType::kF32, {3, 2, 4}), k = Tensor::zeros(DType::kF32, {5, 1, 4});
+  Tensor v = Tensor::zeros(DType::kF32, {5, 1, 3}), cuq = Tensor::zeros(DType::kI32, {2}), cuk = Tensor::zeros(DType::kI32, {2});
+  cuq.data_as<int32_t>()[1] = 3, cuk.data_as<int32_t>()[1] = 5;
+  Tensor bias = Tensor::zeros(DType::kF32, {1, 2, 3, 5});
+  Inputs in{q, k, v};
+  in.cu_seqlens_q = cuq.view(), in.cu_seqlens_k = cuk.view(), in.bias = bias.view();
+  try {
+    compute(in);
+    ADD_FAILURE() << "varlen with a bias ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bias is for the dense form"), std::string::npos) << e.what();
+  }
+  Tensor q0 = Tensor::zeros(DType::kF32, {1, 0, 2, 4}), k1 = Tensor::zeros(DType::kF32, {1, 5, 1, 4});
+  Tensor v1 = Tensor::zeros(DType::kF32, {1, 5, 1, 3}), g0 = Tensor::zeros(DType::kF32, {1, 0, 2, 3});
+  Tensor b1 = Tensor::zeros(DType::kF32, {1, 2, 1, 5});
+  Inputs e{q0, k1, v1};
+  e.bias = b1.view();
+  Tensor dq = Tensor::empty(DType::kF32, {1, 0, 2, 4}), dk = sentinel(DType::kF32, {1, 5, 1, 4});
+  Tensor dv = sentinel(DType::kF32, {1, 5, 1, 3}), db = sentinel(DType::kF32, {1, 2, 1, 5});
+  Tensor o = Tensor::empty(DType::kF32, {1, 0, 2, 3}), lse = Tensor::empty(DType::kF32, {1, 2, 0});
+  Gradients g{dq, dk, dv};
+  g.dbias = db.view();
+  EXPECT_EQ(forward_backward(e, g0, {o, lse}, g, {}), "(empty)");
+  for (int64_t i = 0; i < db.numel(); ++i) EXPECT_EQ(db.data_as<float>()[i], 0.0f);
+}
+
 TEST(AttentionApi, AHugeWindowIsUnbounded) {
   for (bool causal : {false, true}) {
     Fixture unbounded, huge;

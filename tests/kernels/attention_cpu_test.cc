@@ -265,6 +265,52 @@ TEST(AttentionCpu, Deterministic) {
     EXPECT_TRUE(same_bits(*x, *y)) << "kv split";
 }
 
+// The bias in every broadcast pattern, in every dtype, on 8×8 tiles (tails at 21 rows and 27
+// keys) and 1 or 3 threads, with the causal mask, a window, −inf entries and GQA: parity of o,
+// lse and every gradient, dbias included.
+TEST(AttentionCpu, BiasEveryBroadcastTilesAndThreads) {
+  uint64_t seed = 700;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (const char* shape : {"BHQK", "1HQK", "B1QK", "BH1K", "11QK", "111K", "BHQ1", "1111"}) {
+      at::CaseSpec c;
+      c.dtype = dt, c.B = 2, c.Sq = 21, c.Sk = 27, c.Hq = 4, c.Hkv = 2, c.D = 12, c.Dv = 8;
+      c.bias = shape;
+      c.bias_f32 = dt == DType::kBF16;
+      c.bias_masks = true;
+      c.opt.causal = true;
+      c.opt.window_left = 15;
+      c.opt.block_sizes = BlockSizes{8, 8};
+      c.seed = seed++;
+      for (int t : {1, 3}) {
+        c.opt.num_threads = t;
+        expect_parity(c, "threads=" + std::to_string(t));
+      }
+    }
+}
+
+// dbias sums over its broadcast dims in one order whatever the thread count (each of its tiles
+// is one work item): the same bits on 1, 2, 3 and 5 threads.
+TEST(AttentionCpu, BiasGradientIsTheSameOnEveryThreadCount) {
+  for (const char* shape : {"1HQK", "11QK", "B11K"}) {
+    at::CaseSpec s;
+    s.B = 3, s.Sq = 37, s.Sk = 41, s.Hq = 4, s.Hkv = 2, s.D = 16;
+    s.bias = shape;
+    s.opt.causal = true;
+    s.opt.block_sizes = BlockSizes{16, 16};
+    const at::CaseData d = at::make_case(s);
+    Tensor first;
+    for (int t : {1, 2, 3, 5}) {
+      Options opt = s.opt;
+      opt.implementation = "cpu";
+      opt.num_threads = t;
+      Result r = compute_with_grad(d.inputs(), d.grad_o, opt);
+      ASSERT_TRUE(r.dbias.defined());
+      if (!first.defined()) first = r.dbias;
+      EXPECT_TRUE(same_bits(first, r.dbias)) << shape << " threads=" << t;
+    }
+  }
+}
+
 // Rows that see nothing (causal Sq > Sk, a window that misses, a lonely segment): o = 0,
 // lse = −inf, finite gradients.
 TEST(AttentionCpu, RowsThatSeeNothing) {

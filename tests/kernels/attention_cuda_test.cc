@@ -1,6 +1,7 @@
 // attention: the cuda backend against the reference (host copies) on the built-in check grid,
 // every pass; larger shapes past several tiles; determinism; streams; rows with no key on the
-// device; error paths (head-dim limit, host memory labelled as device memory, block sizes).
+// device; the bias in every broadcast; error paths (head-dim limit, host memory labelled as device
+// memory, block sizes).
 // Compiled only when the CUDA backend is built; every GPU test skips cleanly without a device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -118,6 +119,26 @@ TEST(AttentionCuda, ManyTilesEveryHeadDimBucket) {
   }
 }
 
+// The bias in every broadcast pattern past several tiles, with −inf entries (whole rows masked
+// by "B1Q1"-style row biases included through "BHQ1"), in bf16 and f32; dbias in the fused pass.
+TEST(AttentionCuda, BiasEveryBroadcastPastManyTiles) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7200;
+  for (DType dt : {DType::kBF16, DType::kF32})
+    for (const char* shape : {"BHQK", "1HQK", "B1QK", "BH1K", "11QK", "111K", "BHQ1", "1111"}) {
+      at::CaseSpec c;
+      c.dtype = dt;
+      c.B = 2, c.Sq = 45, c.Sk = 70, c.Hq = 4, c.Hkv = 2, c.D = c.Dv = 64;
+      c.bias = shape;
+      c.bias_f32 = dt == DType::kBF16;
+      c.bias_masks = true;
+      c.opt.causal = true;
+      c.opt.softcap = 5.0;
+      c.seed = seed++;
+      expect_parity(c, Pass::kFused);
+    }
+}
+
 TEST(AttentionCuda, VarlenLongSequences) {
   SKIP_WITHOUT_GPU();
   at::CaseSpec c;
@@ -150,6 +171,13 @@ TEST(AttentionCuda, BackwardIsDeterministic) {
   EXPECT_EQ(bytes_of(a.dq), bytes_of(b.dq));
   EXPECT_EQ(bytes_of(a.dk), bytes_of(b.dk));
   EXPECT_EQ(bytes_of(a.dv), bytes_of(b.dv));
+  // dbias of a T5 bias [1, Hq, S, S] (summed over B in one order per element)
+  at::CaseSpec t = c;
+  t.B = 2, t.Sq = t.Sk = 100, t.bias = "1HQK", t.bias_f32 = true;
+  const at::CaseData td = at::make_case(t).to(Device::cuda());
+  const att::Result x = att::compute_with_grad(td.inputs(), td.grad_o.view(), opt);
+  const att::Result y = att::compute_with_grad(td.inputs(), td.grad_o.view(), opt);
+  EXPECT_EQ(bytes_of(x.dbias), bytes_of(y.dbias));
 }
 
 // ---- a user stream gives the same results as the default stream ----

@@ -68,6 +68,7 @@ TEST(AttentionCudnnPlan, EachUnsupportedOptionSaysWhy) {
   EXPECT_NE(reason([&](att::Problem& p) { p.seg_q = p.seg_k = seg; }).find("segment"), std::string::npos);
   EXPECT_NE(reason([](att::Problem& p) { p.softcap = 30.0; }).find("softcap"), std::string::npos);
   EXPECT_NE(reason([&](att::Problem& p) { p.dropout_p = 0.1, p.dropout_seed = seg; }).find("dropout"), std::string::npos);
+  EXPECT_NE(reason([&](att::Problem& p) { p.bias = seg; }).find("bias"), std::string::npos);
   EXPECT_NE(reason([](att::Problem& p) { p.D = p.Dv = 60; }).find("multiples of 8"), std::string::npos);
   EXPECT_NE(reason([](att::Problem& p) { p.D = p.Dv = 264; }).find("up to 256"), std::string::npos);
   EXPECT_NE(reason([](att::Problem& p) { p.D = 256, p.Dv = 264; }).find("up to 256"), std::string::npos);

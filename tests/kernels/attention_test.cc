@@ -1,7 +1,7 @@
 // attention reference: hand-computed values for every option, the gradients against central
 // finite differences for every option, GQA against MHA with repeated kv heads, varlen against
-// the dense form per sequence, the rows that see no key, and dropout (its mask, its scale, its
-// mean).
+// the dense form per sequence, the rows that see no key, dropout (its mask, its scale, its
+// mean) and the additive bias.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -151,7 +151,10 @@ void expect_fd_gradients(at::CaseSpec s) {
   Tensor o = Tensor::empty(DType::kF32, at::o_shape(s)), lse = Tensor::empty(DType::kF32, at::lse_shape(s));
   Tensor dq = Tensor::empty(DType::kF32, d.q.shape()), dk = Tensor::empty(DType::kF32, d.k.shape()),
          dv = Tensor::empty(DType::kF32, d.v.shape());
-  forward_backward(d.inputs(), d.grad_o, {o, lse}, {dq, dk, dv}, s.opt);
+  Tensor dbias = d.bias.defined() ? Tensor::empty(DType::kF32, d.bias.shape()) : Tensor();
+  Gradients grads{dq, dk, dv, {}};
+  if (dbias.defined()) grads.dbias = dbias.view();
+  forward_backward(d.inputs(), d.grad_o, {o, lse}, grads, s.opt);
   auto loss = [&]() {
     forward(d.inputs(), {o, lse}, s.opt);
     double l = 0.0;
@@ -159,15 +162,19 @@ void expect_fd_gradients(at::CaseSpec s) {
       l += static_cast<double>(o.data_as<float>()[i]) * d.grad_o.data_as<float>()[i];
     return l;
   };
-  const std::pair<const Tensor*, const Tensor*> pairs[] = {{&d.q, &dq}, {&d.k, &dk}, {&d.v, &dv}};
-  const char* names[] = {"dq", "dk", "dv"};
-  for (int t = 0; t < 3; ++t) {
+  const std::pair<const Tensor*, const Tensor*> pairs[] = {{&d.q, &dq}, {&d.k, &dk}, {&d.v, &dv}, {&d.bias, &dbias}};
+  const char* names[] = {"dq", "dk", "dv", "dbias"};
+  for (int t = 0; t < (dbias.defined() ? 4 : 3); ++t) {
     float* x = pairs[t].first->data_as<float>();
     const float* g = pairs[t].second->data_as<float>();
     double gmax = 0.0;
     for (int64_t i = 0; i < pairs[t].second->numel(); ++i) gmax = std::max(gmax, std::fabs(double(g[i])));
     for (int64_t i = 0; i < pairs[t].first->numel(); ++i) {
       const float x0 = x[i];
+      if (x0 == -INFINITY) {  // a masking bias entry: no gradient
+        ASSERT_EQ(g[i], 0.0f) << s.name() << " " << names[t] << "[" << i << "]";
+        continue;
+      }
       const float xp = x0 + 1e-2f, xm = x0 - 1e-2f;
       x[i] = xp;
       const double lp = loss();
@@ -243,11 +250,59 @@ TEST(AttentionReference, GradientsMatchFiniteDifferences) {
     c.opt.softcap = 2.0;
     cases.push_back(c);
   }
+  {  // bias: after the soft cap (its gradient takes no cap factor), broadcast over B; a key
+     // padding bias with −inf entries under causal and dropout; a per-row bias (dbias = 0)
+    at::CaseSpec c = base;
+    c.bias = "1HQK";
+    c.opt.softcap = 1.5;
+    c.logit_scale = 3.0;
+    cases.push_back(c);
+    c = base;
+    c.bias = "B11K";
+    c.bias_masks = true;
+    c.opt.causal = true;
+    c.opt.dropout_p = 0.3;
+    cases.push_back(c);
+    c = base;
+    c.bias = "BHQ1";
+    cases.push_back(c);
+  }
   uint64_t seed = 40;
   for (at::CaseSpec c : cases) {
     c.seed = seed++;
     expect_fd_gradients(c);
   }
+}
+
+// q = 0: the scores are the bias alone. A [1, 1, 1, Sk] bias (0, ln 3) gives every row
+// p = (1/4, 3/4), o = 1·4/4 + 3·8/4 = 7; a −inf entry masks its key; a row whose keys are all −inf
+// sees nothing (o = 0, lse = −inf); the bias comes after the soft cap (it is not capped).
+TEST(AttentionReference, HandValuesBias) {
+  Tensor q = f32({1, 2, 1, 1}, {0, 0}), k = f32({1, 2, 1, 1}, {0, 0}), v = f32({1, 2, 1, 1}, {4, 8});
+  Tensor b = f32({1, 1, 1, 2}, {0.0f, std::log(3.0f)});
+  Inputs in{q, k, v};
+  in.bias = b.view();
+  Result r = compute(in, ref_opt());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NEAR(r.o.data_as<float>()[i], 7.0, 1e-6);
+    EXPECT_NEAR(r.lse.data_as<float>()[i], std::log(4.0), 1e-6);
+  }
+  Options capped = ref_opt();
+  capped.softcap = 0.5;  // would cap ln 3 to 0.5·tanh(2 ln 3) if the bias were under the cap
+  Result rc = compute(in, capped);
+  EXPECT_NEAR(rc.o.data_as<float>()[0], 7.0, 1e-6);
+  // [1, 1, Sq, Sk]: row 0 masks key 0, row 1 masks both.
+  Tensor m = f32({1, 1, 2, 2}, {-INFINITY, 0.0f, -INFINITY, -INFINITY});
+  in.bias = m.view();
+  Result rm = compute(in, ref_opt());
+  EXPECT_EQ(rm.o.data_as<float>()[0], 8.0f);
+  EXPECT_EQ(rm.lse.data_as<float>()[0], 0.0f);
+  EXPECT_EQ(rm.o.data_as<float>()[1], 0.0f);
+  EXPECT_EQ(rm.lse.data_as<float>()[1], -kInf);
+  // dbias of the masked row and entries is 0; of row 0's kept key, p (1 − p)·… = 0 with one key.
+  Result g = compute_with_grad(in, f32({1, 2, 1, 1}, {1, 1}), ref_opt());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(g.dbias.data_as<float>()[i], 0.0f) << i;
+  EXPECT_EQ(g.dbias.dtype(), DType::kF32);
 }
 
 // GQA equals MHA with each kv head repeated for its query heads; dk, dv of GQA are the sums of

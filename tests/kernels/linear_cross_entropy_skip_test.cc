@@ -230,7 +230,9 @@ TEST(LceSkippedGradients, CallArgsSkipLeavesOutputsOut) {
   a.skip = {"dq"};
   const kernels::KernelSpec& att = kernels::get("attention");
   EXPECT_EQ(error_of([&] { kernels::check_skip(att.call, a, att.name); }),
-            "attention: cannot skip 'dq' (skippable: none)");
+            "attention: cannot skip 'dq' (skippable: dbias)");
+  const kernels::KernelSpec& ml = kernels::get("mlstm");
+  EXPECT_EQ(error_of([&] { kernels::check_skip(ml.call, a, ml.name); }), "mlstm: cannot skip 'dq' (skippable: none)");
 }
 
 // The C++ API: dbias without a bias is still refused; a call asking for no gradient at all runs

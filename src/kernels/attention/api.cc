@@ -69,6 +69,29 @@ void check_dropout(const Options& opt, const std::optional<TensorView>& seed, Pr
   p.dropout_threshold = primitives::philox::dropout_threshold(opt.dropout_p);
 }
 
+// bias [B|1, Hq|1, Sq|1, Sk|1] (dense form), f32 or q's dtype, on the inputs' device; a dim of 1
+// is broadcast (stride 0).
+void check_bias(const TensorView& b, Problem& p) {
+  if (p.varlen) args.fail("bias is for the dense form (the varlen form's sequences have no common [Sq, Sk])");
+  if (b.dtype != DType::kF32 && b.dtype != p.dtype)
+    args.fail("bias must be f32 or q's dtype " + std::string(dtype_name(p.dtype)) + ", got " + dtype_name(b.dtype));
+  const int64_t full[4] = {p.N, p.Hq, p.Sq, p.Sk};
+  bool ok = b.ndim() == 4;
+  for (int d = 0; ok && d < 4; ++d) ok = b.shape[d] == full[d] || b.shape[d] == 1;
+  if (!ok)
+    args.fail("bias must be [B|1, Hq|1, Sq|1, Sk|1] = [" + num(p.N) + "|1, " + num(p.Hq) + "|1, " + num(p.Sq) + "|1, " +
+              num(p.Sk) + "|1], got " + shape_str(b.shape));
+  args.plain(b, p.device, "bias");
+  p.bias = b.data;
+  p.bias_dtype = b.dtype;
+  int64_t stride = 1;
+  for (int d = 3; d >= 0; --d) {
+    p.bias_shape[d] = b.shape[d];
+    p.bias_stride[d] = b.shape[d] == 1 ? 0 : stride;
+    stride *= b.shape[d];
+  }
+}
+
 void check_options(const Options& opt, Problem& p) {
   p.scale = args.softmax_scale(opt.scale, p.D);
   args.softcap(opt.softcap, "softcap");
@@ -111,9 +134,12 @@ Problem normalize(const Inputs& in, const dispatch::Dims& d, const Options& opt)
   if (in.alibi_slopes) check_alibi(*in.alibi_slopes, p);
   check_options(opt, p);
   check_dropout(opt, in.dropout_seed, p);
+  if (in.bias) check_bias(*in.bias, p);
   if (opt.check_finite) {
     args.finite(in.q, "q"), args.finite(in.k, "k"), args.finite(in.v, "v");
     if (in.alibi_slopes && !all_finite(*in.alibi_slopes)) args.fail("alibi_slopes contain NaN or Inf");
+    if (in.bias && !all_finite(*in.bias, /*allow_neg_inf=*/true))
+      args.fail("bias contains NaN or +Inf (-inf entries mask and are allowed)");
   }
   return p;
 }
@@ -124,11 +150,32 @@ ForwardOut check_forward_outputs(const dispatch::Dims& d, const Problem& p, cons
   return {out.o.data, out.o.dtype, static_cast<float*>(out.lse.data)};
 }
 
+// dbias is computed when given (and not an empty view), and only with a bias.
+bool wants_dbias(const Gradients& g) { return g.dbias && dispatch::given(*g.dbias); }
+
 GradOut check_gradients(const Inputs& in, const Problem& p, const Gradients& g) {
   args.output(g.dq, p.dtype, in.q.shape, p.device, "dq");
   args.output(g.dk, p.dtype, in.k.shape, p.device, "dk");
   args.output(g.dv, p.dtype, in.v.shape, p.device, "dv");
-  return {g.dq.data, g.dq.dtype, g.dk.data, g.dk.dtype, g.dv.data, g.dv.dtype};
+  GradOut out{g.dq.data, g.dq.dtype, g.dk.data, g.dk.dtype, g.dv.data, g.dv.dtype};
+  if (!wants_dbias(g)) return out;
+  if (!in.bias) args.fail("dbias is the gradient of a bias: give bias or leave dbias out");
+  args.output(*g.dbias, in.bias->dtype, in.bias->shape, p.device, "dbias");
+  out.dbias = g.dbias->data, out.dbias_dtype = g.dbias->dtype;
+  return out;
+}
+
+// No output shares memory with an input, a saved tensor or another output (check_apart); the
+// gradients' names and views, dbias when asked for.
+dispatch::ArgCheck::Named gradient_views(const Gradients& g) {
+  dispatch::ArgCheck::Named v{{"dq", g.dq}, {"dk", g.dk}, {"dv", g.dv}};
+  if (wants_dbias(g)) v.push_back({"dbias", *g.dbias});
+  return v;
+}
+std::vector<tune::Buffer> gradient_buffers(const Gradients& g) {
+  std::vector<tune::Buffer> b;
+  for (const auto& [name, view] : gradient_views(g)) b.push_back(tune::buffer_of(name, view));
+  return b;
 }
 
 void check_grad_o(const dispatch::Dims& d, const Problem& p, const TensorView& g, const Options& opt) {
@@ -200,6 +247,7 @@ bool trivial_backward(const Problem& p, const Gradients& g) {
   zero_fill(g.dq);
   zero_fill(g.dk);
   zero_fill(g.dv);
+  if (wants_dbias(g)) zero_fill(*g.dbias);
   return true;
 }
 
@@ -237,7 +285,7 @@ void check_apart(const Inputs& in, const dispatch::ArgCheck::Named& outputs, dis
   reads.insert(reads.end(), {{"q", in.q}, {"k", in.k}, {"v", in.v}, {"alibi_slopes", in.alibi_slopes.value_or(none)},
                              {"segment_ids_q", in.segment_ids_q.value_or(none)}, {"segment_ids_k", in.segment_ids_k.value_or(none)},
                              {"cu_seqlens_q", in.cu_seqlens_q.value_or(none)}, {"cu_seqlens_k", in.cu_seqlens_k.value_or(none)},
-                             {"dropout_seed", in.dropout_seed.value_or(none)}});
+                             {"dropout_seed", in.dropout_seed.value_or(none)}, {"bias", in.bias.value_or(none)}});
   args.apart(outputs, reads);
 }
 }  // namespace
@@ -259,14 +307,11 @@ std::string backward(const Inputs& in, const BackwardInputs& saved, const Gradie
   const Problem p = normalize(in, d, opt);
   const BackwardIn bi = check_saved(d, p, saved, opt);
   const GradOut go = check_gradients(in, p, grads);
-  check_apart(in, {{"dq", grads.dq}, {"dk", grads.dk}, {"dv", grads.dv}},
-              {{"o", saved.o}, {"lse", saved.lse}, {"grad_o", saved.grad_o}});
+  check_apart(in, gradient_views(grads), {{"o", saved.o}, {"lse", saved.lse}, {"grad_o", saved.grad_o}});
   registry().check_names(opt.implementation, p.device.type);
   check_block_sizes_of_empty(p, opt);
   if (trivial_backward(p, grads)) return "(empty)";
-  const std::vector<tune::Buffer> outs{tune::buffer_of("dq", grads.dq), tune::buffer_of("dk", grads.dk),
-                                       tune::buffer_of("dv", grads.dv)};
-  return dispatch_call(p, opt, Pass::kBackward, outs,
+  return dispatch_call(p, opt, Pass::kBackward, gradient_buffers(grads),
                        [&](const Implementation& impl, const BlockSizes& bs) { impl.backward(p, bs, bi, go); });
 }
 
@@ -277,8 +322,9 @@ std::string forward_backward(const Inputs& in, const TensorView& grad_o, const F
   const ForwardOut fo = check_forward_outputs(d, p, out);
   check_grad_o(d, p, grad_o, opt);
   const GradOut go = check_gradients(in, p, grads);
-  check_apart(in, {{"o", out.o}, {"lse", out.lse}, {"dq", grads.dq}, {"dk", grads.dk}, {"dv", grads.dv}},
-              {{"grad_o", grad_o}});
+  dispatch::ArgCheck::Named written = gradient_views(grads);
+  written.insert(written.begin(), {{"o", out.o}, {"lse", out.lse}});
+  check_apart(in, written, {{"grad_o", grad_o}});
   registry().check_names(opt.implementation, p.device.type);
   check_block_sizes_of_empty(p, opt);
   if (trivial_forward(p, out)) {
@@ -286,9 +332,8 @@ std::string forward_backward(const Inputs& in, const TensorView& grad_o, const F
     return "(empty)";
   }
   const BackwardIn bi{out.o.data, out.o.dtype, fo.lse, grad_o.data, grad_o.dtype};
-  const std::vector<tune::Buffer> outs{tune::buffer_of("o", out.o), tune::buffer_of("lse", out.lse),
-                                       tune::buffer_of("dq", grads.dq), tune::buffer_of("dk", grads.dk),
-                                       tune::buffer_of("dv", grads.dv)};
+  std::vector<tune::Buffer> outs = gradient_buffers(grads);
+  outs.insert(outs.begin(), {tune::buffer_of("o", out.o), tune::buffer_of("lse", out.lse)});
   return dispatch_call(p, opt, Pass::kFused, outs, [&](const Implementation& impl, const BlockSizes& bs) {
     impl.forward(p, bs, fo);
     impl.backward(p, bs, bi, go);
@@ -308,6 +353,7 @@ Result make_outputs(const Inputs& in, bool with_grad) {
   r.dq = Tensor::empty(in.q.dtype, in.q.shape, in.q.device);
   r.dk = Tensor::empty(in.k.dtype, in.k.shape, in.q.device);
   r.dv = Tensor::empty(in.v.dtype, in.v.shape, in.q.device);
+  if (in.bias) r.dbias = Tensor::empty(in.bias->dtype, in.bias->shape, in.q.device);
   return r;
 }
 
@@ -321,7 +367,9 @@ Result compute(const Inputs& in, const Options& opt) {
 
 Result compute_with_grad(const Inputs& in, const TensorView& grad_o, const Options& opt) {
   Result r = make_outputs(in, true);
-  r.implementation = forward_backward(in, grad_o, {r.o.view(), r.lse.view()}, {r.dq.view(), r.dk.view(), r.dv.view()}, opt);
+  Gradients g{r.dq.view(), r.dk.view(), r.dv.view(), {}};
+  if (r.dbias.defined()) g.dbias = r.dbias.view();
+  r.implementation = forward_backward(in, grad_o, {r.o.view(), r.lse.view()}, g, opt);
   return r;
 }
 

@@ -369,12 +369,35 @@ struct Common {
   // 1 / (1 − p): the kept probabilities' factor, applied where they meet v (1 without dropout).
   float keep_scale() const { return p.dropout() ? static_cast<float>(1.0 / (1.0 - p.dropout_p)) : 1.0f; }
 
-  // Soft cap and ALiBi on a tile of scores of head h (rows i0.., keys j0..).
+  // Soft cap, ALiBi and the bias on a tile of scores of head h (rows i0.., keys j0..).
   void transform_tile(int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, float* S) const {
     if (p.softcap > 0.0) simd::softcap(S, mq, nk, ld, static_cast<float>(p.softcap));
+    add_positional(n, h, i0, mq, j0, nk, S);
+  }
+  // ALiBi and the bias: what comes after the soft cap.
+  void add_positional(int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, float* S) const {
     if (p.alibi) {
       const int64_t off = p.k_len(n) - p.q_len(n);
       simd::alibi(S, mq, nk, ld, p.slope(n, h), static_cast<float>(i0 + off - j0));
+    }
+    if (p.bias) add_bias(n, h, i0, mq, j0, nk, S);
+  }
+  // S[r][j] += bias(n, h, i0 + r, j0 + j): a row of f32 added as it is, a broadcast key dim as
+  // one value per row, a bf16 / f16 bias converted element by element.
+  void add_bias(int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, float* S) const {
+    const bool f32_row = p.bias_dtype == DType::kF32 && p.bias_stride[3] == 1;
+    for (int64_t r = 0; r < mq; ++r) {
+      float* s = S + r * ld;
+      const int64_t base = p.bias_offset(n, h, i0 + r, j0);
+      if (f32_row) {
+        const float* b = static_cast<const float*>(p.bias) + base;
+        for (int64_t j = 0; j < nk; ++j) s[j] += b[j];
+      } else if (p.bias_stride[3] == 0) {
+        const float b = load_as_f32(p.bias, p.bias_dtype, base);
+        for (int64_t j = 0; j < nk; ++j) s[j] += b;
+      } else {
+        for (int64_t j = 0; j < nk; ++j) s[j] += load_as_f32(p.bias, p.bias_dtype, base + j);
+      }
     }
   }
 };
@@ -860,10 +883,7 @@ class Backward : Common {
             P = s.P;
             Tcap = s.S;
           }
-          if (p.alibi) {
-            const int64_t off = sk - sq;
-            simd::alibi(P, mq, nk, ld, p.slope(n, h), static_cast<float>(i0 + off - j0));
-          }
+          add_positional(n, h, i0, mq, j0, nk, P);
           mask_tile(n, i0, mq, j0, nk, P);
           simd::exp_rows(P, mq, nk, ld, lse + i0, dot16 ? s.p16 : nullptr);
           const float* Pv = P;  // the P that meets v: dropped entries zeroed (dV); dS takes P
@@ -912,6 +932,131 @@ class Backward : Common {
   int64_t chunks_ = 1;
   bool head_split_ = false, kv_split_ = false;
   bool direct_dq_ = false;
+  std::vector<Item> items_;
+  std::vector<Scratch> scratch_;
+  std::vector<memory::HostBuffer> keep_;
+};
+
+// ---------------------------------------------------------------- dbias
+
+// dbias = dS summed over the bias's broadcast dims, in a pass of its own after the backward. A
+// work item is a tile of dbias: one (b, h) of its shape, q rows [i0, i0 + bq) (all rows when Sq
+// is broadcast) and keys [j0, j0 + bk) (all keys when Sk is). It walks the (sequence, head, kv
+// block, q tile) tiles that sum into it in a fixed order, recomputing S = scale·Q·Kᵀ, P and
+// dP = Z∘(dO·Vᵀ) (two of the backward's five products, f32) and dS = P ∘ (dP − Δ) before the
+// soft cap's factor (the bias is added after the cap), and adds dS into an f32 tile. No two items
+// write the same element: the sums have one order whatever the thread count.
+class BiasGrad : Common {
+ public:
+  BiasGrad(const Problem& prob, const BlockSizes& bs, const BackwardIn& in, const GradOut& out)
+      : Common(prob, bs), in_(in), out_(out) {
+    dot16 = false;  // f32 products: dS is summed unrounded
+  }
+
+  void run() {
+    TESSERA_TRACE_SCOPE("attn.bwd.dbias");
+    const int64_t* shape = p.bias_shape;
+    const int64_t ti = shape[2] == 1 ? 1 : (p.Sq + bq - 1) / bq, tj = shape[3] == 1 ? 1 : (p.Sk + bk - 1) / bk;
+    for (int64_t b = 0; b < shape[0]; ++b)
+      for (int64_t h = 0; h < shape[1]; ++h)
+        for (int64_t i = 0; i < ti; ++i)
+          for (int64_t j = 0; j < tj; ++j) items_.push_back({b, h, i, j});
+    const int T = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>(std::clamp(p.num_threads, 1, kMaxThreads), std::ssize(items_))));
+    scratch_.resize(static_cast<size_t>(T));
+    for (Scratch& s : scratch_) {
+      auto floats = [&](int64_t count) { return alloc<float>(keep_, static_cast<size_t>(count)); };
+      s.S = floats(bq * ld), s.dP = floats(bq * ld), s.acc = floats(bq * ld);
+      s.q = floats(bq * p.D), s.dO = floats(bq * p.Dv), s.k = floats(bk * p.D), s.v = floats(bk * p.Dv);
+      s.delta = floats(bq), s.rows = floats(2 * p.Dv);
+      s.kt.packed = floats(packed_floats(p.D, bk)), s.vt.packed = floats(packed_floats(p.Dv, bk));
+      if (p.dropout()) s.keep = alloc<uint32_t>(keep_, static_cast<size_t>(bq * ld));
+    }
+    std::atomic<size_t> next{0};
+    run_threads(T, blas, [&](int tid) {
+      for (size_t i = next.fetch_add(1); i < items_.size(); i = next.fetch_add(1)) item(scratch_[tid], items_[i]);
+    });
+  }
+
+ private:
+  struct Item {
+    int64_t b, h, i, j;  // dbias's (b, h) and its tile of rows and of keys
+  };
+  struct Scratch {
+    float *S, *dP, *acc, *q, *dO, *k, *v, *delta, *rows;
+    uint32_t* keep = nullptr;
+    BOp kt, vt;  // Kᵀ, Vᵀ of the kv block
+  };
+
+  // Whether some row of [i0, i0 + mq) may see a key of [j0, j0 + nk) by position (key ranges
+  // move right with i: the first row's start and the last row's end bound their union).
+  bool meets(int64_t n, int64_t i0, int64_t mq, int64_t j0, int64_t nk) const {
+    int64_t lo, hi, unused;
+    p.key_range(n, i0, &lo, &unused);
+    p.key_range(n, i0 + mq - 1, &unused, &hi);
+    return lo < hi && lo < j0 + nk && hi > j0;
+  }
+
+  // dS (before the soft cap's factor) of head h, rows i0.., keys j0.. into s.dP; K and V of the
+  // block are packed in s.
+  void ds_tile(Scratch& s, int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk) const {
+    const int64_t qrow = p.q_begin(n) + i0;
+    int64_t ldq = 0, lddo = 0;
+    const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qrow, h, mq, s.q, &ldq);
+    const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qrow, h, mq, s.dO, &lddo);
+    mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, static_cast<float>(p.scale), false);
+    transform_tile(n, h, i0, mq, j0, nk, s.S);
+    mask_tile(n, i0, mq, j0, nk, s.S);
+    simd::exp_rows(s.S, mq, nk, ld, in_.lse + p.lse_index(n, h, i0));
+    mm(dO, lddo, false, s.vt, mq, nk, p.Dv, s.dP, ld, keep_scale(), false);
+    if (p.dropout()) {
+      dropout_mask(n, h, i0, mq, j0, nk, s.keep);
+      zero_dropped(s.dP, s.keep, mq, nk);
+    }
+    for (int64_t r = 0; r < mq; ++r) {  // Δ_i = Σ_c dO_ic · o_ic
+      const int64_t base = ((qrow + r) * p.Hq + h) * p.Dv;
+      s.delta[r] = simd::dot(row_f32(in_.o, in_.o_dtype, base, p.Dv, s.rows),
+                             row_f32(in_.grad_o, in_.grad_o_dtype, base, p.Dv, s.rows + p.Dv), p.Dv);
+    }
+    simd::ds_rows(s.S, s.dP, nullptr, mq, nk, ld, s.delta, 0.0f);
+  }
+
+  void item(Scratch& s, const Item& it) const {
+    const bool all_rows = p.bias_shape[2] == 1, all_keys = p.bias_shape[3] == 1;
+    const int64_t ri0 = all_rows ? 0 : it.i * bq, ri1 = all_rows ? p.Sq : std::min(p.Sq, ri0 + bq);
+    const int64_t kj0 = all_keys ? 0 : it.j * bk, kj1 = all_keys ? p.Sk : std::min(p.Sk, kj0 + bk);
+    const int64_t arows = all_rows ? 1 : ri1 - ri0, acols = all_keys ? 1 : kj1 - kj0;
+    std::fill(s.acc, s.acc + arows * ld, 0.0f);
+    const bool all_n = p.bias_shape[0] == 1, all_h = p.bias_shape[1] == 1;
+    for (int64_t n = all_n ? 0 : it.b; n < (all_n ? p.N : it.b + 1); ++n)
+      for (int64_t h = all_h ? 0 : it.h; h < (all_h ? p.Hq : it.h + 1); ++h)
+        for (int64_t j0 = kj0; j0 < kj1; j0 += bk) {
+          const int64_t nk = std::min(bk, kj1 - j0), krow = p.k_begin(n) + j0, kvh = h / p.group();
+          int64_t ldk = 0, ldv = 0;
+          const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, krow, kvh, nk, s.k, &ldk);
+          const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, krow, kvh, nk, s.v, &ldv);
+          pack(s.kt, K, ldk, true, p.D, nk);
+          pack(s.vt, V, ldv, true, p.Dv, nk);
+          for (int64_t i0 = ri0; i0 < ri1; i0 += bq) {
+            const int64_t mq = std::min(bq, ri1 - i0);
+            if (!meets(n, i0, mq, j0, nk)) continue;  // every dS of the tile is 0
+            ds_tile(s, n, h, i0, mq, j0, nk);
+            for (int64_t r = 0; r < mq; ++r) {
+              float* acc = s.acc + (all_rows ? 0 : i0 - ri0 + r) * ld + (all_keys ? 0 : j0 - kj0);
+              const float* ds = s.dP + r * ld;
+              if (all_keys)
+                for (int64_t j = 0; j < nk; ++j) acc[0] += ds[j];
+              else
+                for (int64_t j = 0; j < nk; ++j) acc[j] += ds[j];
+            }
+          }
+        }
+    for (int64_t r = 0; r < arows; ++r)  // dbias is contiguous in the bias's shape: its offsets
+      store_row(out_.dbias, out_.dbias_dtype, p.bias_offset(it.b, it.h, ri0 + r, kj0), s.acc + r * ld, acols);
+  }
+
+  const BackwardIn& in_;
+  const GradOut& out_;
   std::vector<Item> items_;
   std::vector<Scratch> scratch_;
   std::vector<memory::HostBuffer> keep_;
@@ -968,6 +1113,7 @@ class Cpu final : public Implementation {
   void backward(const Problem& p, const BlockSizes& bs, const BackwardIn& in, const GradOut& out) const override {
     validate_block_sizes(bs);
     Backward(p, bs, in, out).run();
+    if (out.dbias) BiasGrad(p, bs, in, out).run();
   }
 };
 

@@ -5,6 +5,7 @@
 //   1. delta_kernel   Δ = rowsum(dO ∘ o) into f32 scratch (lse layout)
 //   2. dq_kernel      per query block: recompute P from lse, dS = P·(dP − Δ), dq = dS·K
 //   3. dkdv_kernel    per key block: dv = Pᵀ·dO, dk = dSᵀ·Q over every query head of the group
+//   4. dbias_kernel   when dbias is asked for: one thread per dbias element sums its dS terms
 // Everything is stream-ordered on Problem::stream; the only host-to-device traffic is the copy of
 // the varlen offsets (cu_seqlens are host memory in Problem) into stream-ordered scratch, through
 // an owned pinned staging buffer; a varlen call on a stream being captured is refused.
@@ -142,6 +143,10 @@ ck::Params params_of(const Problem& p, const int32_t* cu) {
     k.drop_seed = p.dropout_seed, k.drop_threshold = p.dropout_threshold;
     k.drop_scale = static_cast<float>(1.0 / (1.0 - p.dropout_p));
   }
+  if (p.bias) {  // dense form only (api.cc)
+    k.bias = p.bias, k.bias_t = elem_type(p.bias_dtype);
+    for (int d = 0; d < 4; ++d) k.bias_stride[d] = p.bias_stride[d], k.bias_shape[d] = as_int(p.bias_shape[d]);
+  }
   return k;
 }
 
@@ -189,6 +194,14 @@ void launch_forward(const ck::Params& k, const Problem& p, cudaStream_t stream) 
     case 4: launch_forward_c<4>(k, p, stream); break;
     default: launch_forward_c<8>(k, p, stream); break;
   }
+}
+
+void launch_dbias(const ck::Params& k, const Problem& p, cudaStream_t stream) {
+  TESSERA_NVTX_RANGE("attn.cuda.dbias");
+  constexpr int kThreads = 128;
+  const int64_t count = p.bias_numel();
+  ck::dbias_kernel<<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(k, count);
+  cuda::check_launch("attention dbias_kernel", stream);
 }
 
 void launch_delta(const ck::Params& k, const Problem& p, cudaStream_t stream) {
@@ -321,6 +334,10 @@ class Cuda final : public primitives::CudaBackend<Implementation> {
     launch_delta(k, p, stream);
     launch_dq(k, p, stream);
     launch_dkdv(k, p, stream);
+    if (out.dbias) {
+      k.dbias = out.dbias, k.dbias_t = elem_type(out.dbias_dtype);
+      launch_dbias(k, p, stream);
+    }
     // Scratch is released stream-ordered (cudaFreeAsync) when cu / delta go out of scope.
   }
 };

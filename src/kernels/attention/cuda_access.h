@@ -19,7 +19,7 @@ inline void require_all(std::initializer_list<Named> ptrs, int device, const std
 
 inline void inputs(const Problem& p, const std::string& who) {
   require_all({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.alibi, "alibi_slopes"}, {p.seg_q, "segment_ids_q"},
-               {p.seg_k, "segment_ids_k"}, {p.dropout_seed, "dropout_seed"}},
+               {p.seg_k, "segment_ids_k"}, {p.dropout_seed, "dropout_seed"}, {p.bias, "bias"}},
               p.device.index, who);
 }
 
@@ -31,7 +31,7 @@ inline void forward(const Problem& p, const ForwardOut& out, const std::string& 
 inline void backward(const Problem& p, const BackwardIn& in, const GradOut& out, const std::string& who) {
   inputs(p, who);
   require_all({{in.o, "o (backward input)"}, {in.lse, "lse (backward input)"}, {in.grad_o, "grad_o"},
-               {out.dq, "dq"}, {out.dk, "dk"}, {out.dv, "dv"}},
+               {out.dq, "dq"}, {out.dk, "dk"}, {out.dv, "dv"}, {out.dbias, "dbias"}},
               p.device.index, who);
 }
 

@@ -70,6 +70,10 @@ struct Params {
   const int32_t* drop_seed = nullptr;  // dropout: the Philox key [2] (device memory); nullptr = none
   uint32_t drop_threshold = 0;
   float drop_scale = 1.0f;           // 1 / (1 − p)
+  const void* bias = nullptr;        // additive bias (dense form), or nullptr
+  int bias_t = kF32;
+  int64_t bias_stride[4] = {0, 0, 0, 0};  // of (n, h, i, j); 0 on a broadcast dim
+  int bias_shape[4] = {1, 1, 1, 1};
   // forward outputs
   void* o = nullptr;
   int o_t = kF32;
@@ -87,6 +91,8 @@ struct Params {
   int dk_t = kF32;
   void* dv = nullptr;
   int dv_t = kF32;
+  void* dbias = nullptr;             // bias_shape, contiguous; nullptr: not asked for
+  int dbias_t = kF32;
 };
 
 // ---- elements ----
@@ -149,15 +155,22 @@ __device__ __forceinline__ void key_range(const Params& p, const Seq& s, int64_t
   *hi = max(a, b);
 }
 
-// The score of (row at key position c, key j) from dot = q·k: scaled, soft-capped, ALiBi-biased.
-// *capped is the value right after the cap (the soft cap's derivative needs it).
-__device__ __forceinline__ float score(const Params& p, float dot, float slope, int64_t c, int64_t j,
+// The score of (row at key position c, key j) from dot = q·k: scaled, soft-capped, ALiBi-biased,
+// plus `bias` (bias_of). *capped is the value right after the cap (its derivative needs it).
+__device__ __forceinline__ float score(const Params& p, float dot, float slope, int64_t c, int64_t j, float bias,
                                        float* capped) {
   float s = p.scale * dot;
   if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
   *capped = s;
   if (p.alibi) s -= slope * static_cast<float>(c > j ? c - j : j - c);
-  return s;
+  return s + bias;
+}
+
+// The additive bias of (sequence n, query head h, row i, key j); 0 without one.
+__device__ __forceinline__ float bias_of(const Params& p, int n, int h, int64_t i, int64_t j) {
+  if (!p.bias) return 0.0f;
+  return load(p.bias, p.bias_t, n * p.bias_stride[0] + h * p.bias_stride[1] + i * p.bias_stride[2] +
+                                    j * p.bias_stride[3]);
 }
 
 // Dropout's factor for the probability of (sequence n, query head h, row i, key j): 1 without
@@ -289,7 +302,8 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) forward_kernel(Params p, int
       const int r = warp * kRowsPerWarp + t;
       float sc = -INFINITY, capped, z = 1.0f;
       if (lane < kn && j >= rlo[t] && j < rhi[t] && (!p.seg_q || segq[t] == segk)) {
-        sc = score(p, dot_smem(qs + r * p.D, ks + lane * ldk, p.D), slope, i0 + r + s.off, j, &capped);
+        sc = score(p, dot_smem(qs + r * p.D, ks + lane * ldk, p.D), slope, i0 + r + s.off, j,
+                   bias_of(p, n, h, i0 + r, j), &capped);
         z = drop_factor(p, n, h, i0 + r, j);
       }
       online_softmax_step<C>(st[t], sc, z, vs, p.Dv, kn, lane);
@@ -343,9 +357,10 @@ inline size_t dq_smem_bytes(int D, int Dv) {
 // z: the dropout factor of (row, key) (1 without dropout), on dP = z · dO·v.
 __device__ __forceinline__ float grad_score(const Params& p, const float* q_row, const float* do_row, const float* k_row,
                                             const float* v_row, float lse, float delta, float slope, int64_t c,
-                                            int64_t j, float z) {
+                                            int64_t j, float z, float bias) {
   float capped;
-  const float sc = score(p, dot_smem(q_row, k_row, p.D), slope, c, j, &capped);
+  const float sc = score(p, dot_smem(q_row, k_row, p.D), slope, c, j, bias, &capped);
+  if (sc == -INFINITY) return 0.0f;  // a −inf bias: P = 0 (also where the row's lse is −inf)
   const float pj = expf(sc - lse);
   float ds = pj * (z * dot_smem(do_row, v_row, p.Dv) - delta);
   if (p.softcap > 0.0f) ds *= 1.0f - (capped / p.softcap) * (capped / p.softcap);
@@ -403,7 +418,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) dq_kernel(Params p, int q_bl
       float ds = 0.0f;
       if (lane < kn && j >= rlo[t] && j < rhi[t] && (!p.seg_q || segq[t] == segk))
         ds = grad_score(p, qs + r * p.D, dos + r * p.Dv, ks + lane * ldk, vs + lane * ldv, lse[t], delta[t], slope,
-                        i0 + r + s.off, j, drop_factor(p, n, h, i0 + r, j));
+                        i0 + r + s.off, j, drop_factor(p, n, h, i0 + r, j), bias_of(p, n, h, i0 + r, j));
       for (int jj = 0; jj < kn; ++jj) {
         const float dsj = __shfl_sync(kFull, ds, jj);
 #pragma unroll
@@ -486,7 +501,7 @@ __device__ __forceinline__ void p_and_ds(const Params& p, const Seq& s, int n, i
       float dot = 0.0f, dp = 0.0f;
       for (int g = 0; g < G; ++g) dot += part_s[idx + g * kBwdRows * kBwdKeys], dp += part_dp[idx + g * kBwdRows * kBwdKeys];
       float capped;
-      const float sc = score(p, dot, slope, i + s.off, j, &capped);
+      const float sc = score(p, dot, slope, i + s.off, j, bias_of(p, n, h, i, j), &capped);
       pv = expf(sc - lses[r]);
       const float z = drop_factor(p, n, h, i, j);
       ds = pv * (z * dp - deltas[r]);
@@ -573,6 +588,47 @@ __global__ void __launch_bounds__(G* kWarp) dkdv_kernel(Params p, int k_blocks) 
     if (d < p.D) store(p.dk, p.dk_t, (krow * p.Hkv + kvh) * p.D + d, kc.dk[m]);
     if (d < p.Dv) store(p.dv, p.dv_t, (krow * p.Hkv + kvh) * p.Dv + d, kc.dv[m]);
   }
+}
+
+// ---- backward: dbias ----
+
+// dS of (sequence n, query head h, row i, key j) before the soft cap's factor (the bias comes
+// after the cap): P·(z·dP − Δ), 0 where masked; q, k, v and dO read from global memory.
+__device__ float bias_grad_term(const Params& p, int n, int h, int64_t i, int64_t j) {
+  const Seq s = sequence(p, n);
+  int64_t lo, hi;
+  key_range(p, s, i, &lo, &hi);
+  if (j < lo || j >= hi || (p.seg_q && p.seg_q[s.q0 + i] != p.seg_k[s.k0 + j])) return 0.0f;
+  const int64_t li = lse_index(p, s, n, h, i);
+  const float lse = p.lse_in[li];
+  if (lse == -INFINITY) return 0.0f;
+  const int kvh = h / p.group;
+  const int64_t qb = ((s.q0 + i) * p.Hq + h), kb = ((s.k0 + j) * p.Hkv + kvh);
+  float dot = 0.0f, dp = 0.0f, capped;
+  for (int d = 0; d < p.D; ++d) dot = fmaf(load(p.q, p.in_t, qb * p.D + d), load(p.k, p.in_t, kb * p.D + d), dot);
+  const float sc = score(p, dot, slope_of(p, n, h), i + s.off, j, bias_of(p, n, h, i, j), &capped);
+  if (sc == -INFINITY) return 0.0f;
+  for (int c = 0; c < p.Dv; ++c) dp = fmaf(load(p.dout, p.dout_t, qb * p.Dv + c), load(p.v, p.in_t, kb * p.Dv + c), dp);
+  return expf(sc - lse) * (drop_factor(p, n, h, i, j) * dp - p.delta[li]);
+}
+
+// dbias = dS summed over the bias's broadcast dims: one thread per dbias element, summing the
+// terms that share it in a fixed order (deterministic). Straight loops, not tiled: a pass of its
+// own after dq and dk/dv, as on cpu. grid.x = ceil(count / blockDim.x).
+__global__ void dbias_kernel(Params p, int64_t count) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= count) return;
+  const int* shape = p.bias_shape;
+  const int64_t j1 = e % shape[3], i1 = e / shape[3] % shape[2];
+  const int h1 = static_cast<int>(e / (static_cast<int64_t>(shape[3]) * shape[2]) % shape[1]);
+  const int n1 = static_cast<int>(e / (static_cast<int64_t>(shape[3]) * shape[2] * shape[1]));
+  const bool all_n = shape[0] == 1, all_h = shape[1] == 1, all_i = shape[2] == 1, all_j = shape[3] == 1;
+  float acc = 0.0f;
+  for (int n = all_n ? 0 : n1; n < (all_n ? p.N : n1 + 1); ++n)
+    for (int h = all_h ? 0 : h1; h < (all_h ? p.Hq : h1 + 1); ++h)
+      for (int64_t i = all_i ? 0 : i1; i < (all_i ? p.Sq : i1 + 1); ++i)
+        for (int64_t j = all_j ? 0 : j1; j < (all_j ? p.Sk : j1 + 1); ++j) acc += bias_grad_term(p, n, h, i, j);
+  store(p.dbias, p.dbias_t, e, acc);
 }
 
 }  // namespace tessera::attention::cuda_kernels

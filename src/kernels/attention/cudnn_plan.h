@@ -69,6 +69,8 @@ inline std::string unsupported_reason(const Problem& p) {
   if (p.seg_q) return "cuDNN's fused attention has no segment-id mask";
   if (p.dropout())
     return "dropout: cuDNN draws its own mask (not Tessera's Philox rule, which cpu, cuda and the reference share)";
+  if (p.bias)
+    return "the additive bias (and dbias) is not wired to cuDNN's bias tensor yet: the cuda kernels take it";
   if (p.softcap > 0.0)
     return "softcap: cuDNN applies it only through a score modifier that excludes the causal and window "
            "masks; not wired";

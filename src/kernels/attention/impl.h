@@ -51,6 +51,13 @@ struct Problem {
   double dropout_p = 0.0;
   const int32_t* dropout_seed = nullptr;
   uint32_t dropout_threshold = 0;
+  // Additive bias (dense form), in the inputs' memory: element (n, h, i, j) at
+  // n·bias_stride[0] + h·bias_stride[1] + i·bias_stride[2] + j·bias_stride[3] (0 on a broadcast
+  // dim); bias_shape is the tensor's [B|1, Hq|1, Sq|1, Sk|1].
+  const void* bias = nullptr;
+  DType bias_dtype = DType::kF32;
+  int64_t bias_shape[4] = {1, 1, 1, 1};
+  int64_t bias_stride[4] = {0, 0, 0, 0};
 
   int num_threads = 1;  // resolved by the API: >= 1
   void* stream = nullptr;
@@ -68,6 +75,14 @@ struct Problem {
   }
   float slope(int64_t n, int64_t h) const { return alibi ? alibi[n * alibi_seq_stride + h] : 0.0f; }
   bool dropout() const { return dropout_p > 0.0; }
+  // Offset of bias element (sequence n, query head h, row i, key j); bias_at reads it (host memory).
+  int64_t bias_offset(int64_t n, int64_t h, int64_t i, int64_t j) const {
+    return n * bias_stride[0] + h * bias_stride[1] + i * bias_stride[2] + j * bias_stride[3];
+  }
+  int64_t bias_numel() const { return bias_shape[0] * bias_shape[1] * bias_shape[2] * bias_shape[3]; }
+  float bias_at(int64_t n, int64_t h, int64_t i, int64_t j) const {
+    return load_as_f32(bias, bias_dtype, bias_offset(n, h, i, j));
+  }
   // Whether dropout keeps the probability of (sequence n, query head h, row i, key j); host
   // memory only (the CUDA kernels evaluate the same rule on the device).
   bool dropout_keep(int64_t n, int64_t h, int64_t i, int64_t j) const {
@@ -116,6 +131,8 @@ struct GradOut {
   DType dk_dtype = DType::kF32;
   void* dv = nullptr;  // like v
   DType dv_dtype = DType::kF32;
+  void* dbias = nullptr;  // Problem::bias_shape, contiguous; nullptr: not asked for
+  DType dbias_dtype = DType::kF32;
 };
 
 // name, description, device type, availability and version status come from the generic base;

@@ -7,7 +7,8 @@
 // and dv in gradient-sized double buffers. Obviously correct rather than fast; never edited to
 // make a fast path pass: it changes only when the math changes. Dropout multiplies each
 // probability by z_ij = 0 or 1/(1 − p) (impl.h's dropout_keep) where it meets v: o, dv and dP;
-// lse and the P of dS = P·(dP − Δ) are the undropped ones.
+// lse and the P of dS = P·(dP − Δ) are the undropped ones. The bias is added after ALiBi; its
+// gradient is dS (before the soft cap's factor) summed over the bias's broadcast dims.
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -32,7 +33,7 @@ struct Row {
 };
 
 // The score of (row, key j) and, through *capped, its value right after the soft cap (before
-// the ALiBi bias) — the softcap derivative needs it.
+// ALiBi and the bias) — the softcap derivative needs it.
 double score(const Problem& p, const Row& r, int64_t j, double* capped) {
   const int64_t krow = p.k_begin(r.n) + j;
   double dot = 0.0;
@@ -45,6 +46,7 @@ double score(const Problem& p, const Row& r, int64_t j, double* capped) {
     const int64_t c = r.i + p.k_len(r.n) - p.q_len(r.n);  // i + off
     s -= static_cast<double>(p.slope(r.n, r.h)) * static_cast<double>(std::llabs(c - j));
   }
+  if (p.bias) s += static_cast<double>(p.bias_at(r.n, r.h, r.i, j));
   return s;
 }
 
@@ -105,6 +107,7 @@ class Reference final : public Implementation {
     std::vector<double> dk(static_cast<size_t>(p.total_k * p.Hkv * p.D), 0.0);
     std::vector<double> dv(static_cast<size_t>(p.total_k * p.Hkv * p.Dv), 0.0);
     std::vector<double> dq(static_cast<size_t>(p.D));
+    std::vector<double> dbias(out.dbias ? static_cast<size_t>(p.bias_numel()) : 0, 0.0);
     for (int64_t n = 0; n < p.N; ++n)
       for (int64_t h = 0; h < p.Hq; ++h)
         for (int64_t i = 0; i < p.q_len(n); ++i) {
@@ -131,6 +134,7 @@ class Reference final : public Implementation {
               }
               dp *= z;
               double ds = pj * (dp - delta);  // d loss / d s_ij
+              if (out.dbias) dbias[static_cast<size_t>(p.bias_offset(n, h, i, j))] += ds;
               // Through the soft cap t = c·tanh(u/c): dt/du = 1 − (t/c)²; then u = scale·q·k.
               if (p.softcap > 0.0) ds *= 1.0 - (capped / p.softcap) * (capped / p.softcap);
               ds *= p.scale;
@@ -148,6 +152,8 @@ class Reference final : public Implementation {
       store_from_f32(out.dk, out.dk_dtype, static_cast<int64_t>(i), static_cast<float>(dk[i]));
     for (size_t i = 0; i < dv.size(); ++i)
       store_from_f32(out.dv, out.dv_dtype, static_cast<int64_t>(i), static_cast<float>(dv[i]));
+    for (size_t i = 0; i < dbias.size(); ++i)
+      store_from_f32(out.dbias, out.dbias_dtype, static_cast<int64_t>(i), static_cast<float>(dbias[i]));
   }
 };
 

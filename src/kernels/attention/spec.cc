@@ -64,7 +64,9 @@ const kernels::DeclaredInputs<Inputs>& inputs() {
              {"cu_seqlens_k", "varlen: cumulative key lengths [N + 1] (i32, host)", false, false, {}, true}),
        input(&Inputs::dropout_seed, {"dropout_seed", "dropout: the Philox key of the mask [2] (i32), a new one per step; "
                                      "the PyTorch front end draws it from torch's generator when not given",
-                                     false, false, {}, false, false, false, "dropout_p"})}};
+                                     false, false, {}, false, false, false, "dropout_p"}),
+       input(&Inputs::bias, {"bias", "additive bias [B|1, Hq|1, Sq|1, Sk|1] (f32 or q's dtype; a dim of 1 is "
+                             "broadcast; -inf masks), added after softcap and ALiBi; dense form", false, true})}};
   return d;
 }
 
@@ -77,8 +79,9 @@ std::vector<kernels::OutputDesc> call_outputs(const kernels::CallArgs& a) {
   if (a.pass != Pass::kBackward)
     out = {kernels::output_of(d, "o", o_dims(varlen), "=q"), kernels::output_of(d, "lse", lse_dims(varlen), "f32")};
   if (a.pass != Pass::kForward)  // gradients like their inputs
-    for (const auto& [name, t] : {std::pair<const char*, TensorView>{"dq", in.q}, {"dk", in.k}, {"dv", in.v}})
-      out.push_back({name, t.dtype, t.shape, contiguous_strides(t.shape)});
+    for (const auto& [name, t] : {std::pair<const char*, TensorView>{"dq", in.q}, {"dk", in.k}, {"dv", in.v},
+                                  {"dbias", in.bias.value_or(TensorView{})}})
+      if (dispatch::given(t)) out.push_back({name, t.dtype, t.shape, contiguous_strides(t.shape)});
   return out;
 }
 
@@ -95,11 +98,13 @@ std::string call_backward(const Inputs& in, const kernels::CallArgs& a, const Gr
 std::string call(const kernels::CallArgs& a, const std::vector<TensorView>& out) {
   const Options opt = options().parse(a);
   const Inputs in = inputs().parse(a);
-  const kernels::CallOutputs checked(call_outputs(a), out, a, kKernelName);  // the count
+  const kernels::CallOutputs o(call_outputs(a), out, a, kKernelName);
+  Gradients g{o["dq"], o["dk"], o["dv"], {}};
+  if (dispatch::given(o["dbias"])) g.dbias = o["dbias"];  // a skipped dbias is an empty view
   switch (a.pass) {
-    case Pass::kForward: return forward(in, {out[0], out[1]}, opt);
-    case Pass::kBackward: return call_backward(in, a, {out[0], out[1], out[2]}, opt);
-    case Pass::kFused: return forward_backward(in, need(a, "grad_o"), {out[0], out[1]}, {out[2], out[3], out[4]}, opt);
+    case Pass::kForward: return forward(in, {o["o"], o["lse"]}, opt);
+    case Pass::kBackward: return call_backward(in, a, g, opt);
+    case Pass::kFused: return forward_backward(in, need(a, "grad_o"), {o["o"], o["lse"]}, g, opt);
   }
   throw Error(ErrorCode::kInternal, std::string(kKernelName) + ": unknown pass");
 }
@@ -110,6 +115,7 @@ struct Settings {
   DType dtype = DType::kF32;
   bool causal = false;
   double dropout = 0.0;  // dropout_p (a fixed seed: the bench times the mask's cost, not its bits)
+  bool bias = false;     // an f32 bias [1, H, S, S] (T5's relative position bias), dbias in backward
 };
 
 class AttentionBench final : public kernels::CallBenchProblem {
@@ -122,6 +128,7 @@ class AttentionBench final : public kernels::CallBenchProblem {
     k_ = random_uniform(s.dtype, {s.B, s.S, s.Hkv, s.D}, 1.0f, seed * 5 + 2);
     v_ = random_uniform(s.dtype, {s.B, s.S, s.Hkv, s.D}, 1.0f, seed * 5 + 3);
     do_ = random_uniform(s.dtype, {s.B, s.S, s.H, s.D}, 1.0f, seed * 5 + 4);
+    if (s.bias) bias_ = random_uniform(DType::kF32, {1, s.H, s.S, s.S}, 1.0f, seed * 5 + 5);
   }
 
   harness::Row describe() const override {
@@ -129,6 +136,7 @@ class AttentionBench final : public kernels::CallBenchProblem {
     r["kv_heads"] = s_.Hkv;
     r["causal"] = s_.causal;
     r["dropout_p"] = s_.dropout;
+    r["bias"] = s_.bias;
     return r;
   }
 
@@ -173,6 +181,7 @@ class AttentionBench final : public kernels::CallBenchProblem {
       std::snprintf(p, sizeof p, "%.17g", s_.dropout);  // every digit (to_string's %f rounds 1e-7 to 0)
       c.options.set("dropout_p", p);
     }
+    if (s_.bias) c.tensors.push_back({"bias", bias_});
     return c;
   }
 
@@ -188,7 +197,7 @@ class AttentionBench final : public kernels::CallBenchProblem {
 
  private:
   Settings s_;
-  Tensor q_, k_, v_, do_, seed_;
+  Tensor q_, k_, v_, do_, seed_, bias_;
 };
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
@@ -203,6 +212,7 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   s.dtype = dtype;
   s.causal = o.flag("causal");
   s.dropout = o.real("dropout");
+  s.bias = o.flag("bias");
   return std::make_unique<AttentionBench>(s, seed, with_data);
 }
 
@@ -219,7 +229,9 @@ const kernels::KernelSpec& spec() {
       .check_grid = kernels::check_grid_of(testing::check_grid, testing::check_parity),
       .bench = kernels::bench_spec_of({{"causal", K::kFlag, "causal mask", "false", {}},
                                        {"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "1", {}},
-                                       {"dropout", K::kFloat, "dropout_p (0 = none; a fixed seed)", "0", {}}},
+                                       {"dropout", K::kFloat, "dropout_p (0 = none; a fixed seed)", "0", {}},
+                                       {"bias", K::kFlag, "an f32 bias [1, H, S, S]; backward also computes dbias",
+                                        "false", {}}},
                                       make_bench_problem),
       .tune = kernels::declared_tune_spec(tuning(), spec),
       .call = {.inputs = inputs().specs(),
@@ -232,7 +244,8 @@ const kernels::KernelSpec& spec() {
                .forward_outputs = {"o"},
                .saved_outputs = {"o", "lse"},  // o is returned and kept for backward
                .outputs = call_outputs,
-               .call = call}};
+               .call = call,
+               .skippable = {"dbias"}}};
   return s;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -39,6 +40,21 @@ void fill_segments(int32_t* ids, int64_t len, int segments, uint64_t seed) {
   }
 }
 
+// The case's bias: U(−1, 1) in its shape ("B", "H", "Q", "K" full, "1" broadcast), about one
+// entry in 6 −inf with bias_masks.
+void make_bias(const CaseSpec& s, uint64_t seed, CaseData& d) {
+  check(s.bias.size() == 4 && !varlen(s), ErrorCode::kInvalidArgument, "a case's bias is 4 letters, dense form");
+  const int64_t full[4] = {s.B, s.Hq, s.Sq, s.Sk};
+  Shape shape;
+  for (int i = 0; i < 4; ++i) shape.push_back(s.bias[static_cast<size_t>(i)] == '1' ? 1 : full[i]);
+  d.bias = Tensor::empty(s.bias_f32 ? DType::kF32 : s.dtype, shape);
+  fill_uniform(d.bias, -1.0, 1.0, seed);
+  if (!s.bias_masks) return;
+  for (int64_t i = 0; i < d.bias.numel(); ++i)
+    if (random_bits(seed + 1, static_cast<uint64_t>(i)) % 6 == 0)
+      store_from_f32(d.bias.data(), d.bias.dtype(), i, -std::numeric_limits<float>::infinity());
+}
+
 }  // namespace
 
 Shape o_shape(const CaseSpec& s) {
@@ -71,6 +87,7 @@ std::string CaseSpec::name() const {
   if (alibi) os << (alibi == 1 ? " alibi[H]" : " alibi[B,H]");
   if (segments) os << " segments=" << segments;
   if (opt.dropout_p > 0) os << " dropout=" << opt.dropout_p;
+  if (!bias.empty()) os << " bias[" << bias << "]" << (bias_f32 ? ":f32" : "") << (bias_masks ? "-inf" : "");
   if (o_f32) os << " o:f32";
   if (f32_grads) os << " f32grads";
   if (logit_scale != 2.0) os << " logits~" << logit_scale;
@@ -123,6 +140,7 @@ CaseData make_case(const CaseSpec& s) {
     d.dropout_seed.data_as<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(seed * 2654435761u));
     d.dropout_seed.data_as<int32_t>()[1] = static_cast<int32_t>(static_cast<uint32_t>(seed >> 32) ^ 0x5bd1e995u);
   }
+  if (!s.bias.empty()) make_bias(s, seed + 6, d);
   if (vl) {
     const int64_t n = nseq;
     d.cu_q = i32_tensor({n + 1});
@@ -150,6 +168,7 @@ Inputs CaseData::inputs() const {
     in.cu_seqlens_k = cu_k.view();
   }
   if (dropout_seed.defined()) in.dropout_seed = dropout_seed.view();
+  if (bias.defined()) in.bias = bias.view();
   return in;
 }
 
@@ -157,7 +176,7 @@ CaseData CaseData::to(Device device) const {
   auto mv = [&](const Tensor& t) { return t.defined() ? t.to(device) : Tensor(); };
   CaseData d;
   d.q = mv(q), d.k = mv(k), d.v = mv(v), d.alibi = mv(alibi), d.seg_q = mv(seg_q), d.seg_k = mv(seg_k);
-  d.grad_o = mv(grad_o), d.dropout_seed = mv(dropout_seed);
+  d.grad_o = mv(grad_o), d.dropout_seed = mv(dropout_seed), d.bias = mv(bias);
   d.cu_q = cu_q, d.cu_k = cu_k;  // host memory, shared
   return d;
 }
@@ -193,6 +212,7 @@ Tolerances tolerances(const CaseSpec& s) {
   t.dq = field(g);
   t.dk = field(g);
   t.dv = field(g);
+  t.dbias = field(s.bias_f32 ? DType::kF32 : s.dtype);  // dbias is stored in the bias's dtype
   return t;
 }
 
@@ -234,7 +254,7 @@ harness::Deviation compare_with_floor(const std::vector<double>& got, const std:
 namespace {
 
 struct Outputs {
-  Tensor o, lse, dq, dk, dv;
+  Tensor o, lse, dq, dk, dv, dbias;
 };
 
 Outputs make_outputs(const CaseSpec& s, const CaseData& d, Device dev = Device::cpu()) {
@@ -245,6 +265,7 @@ Outputs make_outputs(const CaseSpec& s, const CaseData& d, Device dev = Device::
   o.dq = Tensor::empty(g, d.q.shape(), dev);
   o.dk = Tensor::empty(g, d.k.shape(), dev);
   o.dv = Tensor::empty(g, d.v.shape(), dev);
+  if (d.bias.defined()) o.dbias = Tensor::empty(d.bias.dtype(), d.bias.shape(), dev);
   return o;
 }
 
@@ -252,13 +273,13 @@ Outputs make_outputs(const CaseSpec& s, const CaseData& d, Device dev = Device::
 // what compute-sanitizer initcheck reported (docs/gpu_results/2026-11-27-eighth).
 Outputs written_by(Outputs o, Pass pass) {
   if (pass == Pass::kBackward) o.o = o.lse = Tensor();
-  if (pass == Pass::kForward) o.dq = o.dk = o.dv = Tensor();
+  if (pass == Pass::kForward) o.dq = o.dk = o.dv = o.dbias = Tensor();
   return o;
 }
 
 Outputs copy_outputs(const Outputs& o, Device dev) {
   auto mv = [&](const Tensor& t) { return t.defined() ? t.to(dev) : Tensor(); };
-  return {mv(o.o), mv(o.lse), mv(o.dq), mv(o.dk), mv(o.dv)};
+  return {mv(o.o), mv(o.lse), mv(o.dq), mv(o.dk), mv(o.dv), mv(o.dbias)};
 }
 
 void run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass pass, const Outputs* saved,
@@ -266,7 +287,8 @@ void run_one(const CaseSpec& s, const CaseData& d, const std::string& impl, Pass
   Options opt = s.opt;
   opt.implementation = impl;
   const Inputs in = d.inputs();
-  const Gradients g{o.dq.view(), o.dk.view(), o.dv.view()};
+  Gradients g{o.dq.view(), o.dk.view(), o.dv.view(), {}};
+  if (o.dbias.defined()) g.dbias = o.dbias.view();
   switch (pass) {
     case Pass::kForward: forward(in, {o.o.view(), o.lse.view()}, opt); break;
     case Pass::kBackward: backward(in, {saved->o.view(), saved->lse.view(), d.grad_o.view()}, g, opt); break;
@@ -321,6 +343,14 @@ ParityReport check_parity(const CaseSpec& s, const std::string& impl, Pass pass,
     r.fields.push_back({"dq", compare_with_floor(to_doubles(got.dq), wq, tol.dq, floor)});
     r.fields.push_back({"dk", compare_with_floor(to_doubles(got.dk), wk, tol.dk, floor)});
     r.fields.push_back({"dv", compare_with_floor(to_doubles(got.dv), wv, tol.dv, floor)});
+    // dbias sums dS (as dq and dk do, times k and q) and shares their scale: a bias broadcast over
+    // the keys has dbias = Σ_j dS_ij = 0 exactly (softmax ignores a per-row shift), which leaves
+    // only rounding noise against a zero oracle.
+    if (want.dbias.defined()) {
+      const std::vector<double> wb = to_doubles(want.dbias);
+      r.fields.push_back(
+          {"dbias", compare_with_floor(to_doubles(got.dbias), wb, tol.dbias, std::max(floor, max_abs(wb)))});
+    }
   }
   return r;
 }
@@ -490,7 +520,41 @@ std::vector<CaseSpec> check_grid(bool quick) {
       c.opt.dropout_p = 0.6;
       add(c);
     }
+    {  // Biases: T5's [1, Hq, Sq, Sk] in f32 under a soft cap (broadcast over B; after the cap),
+       // and a full [B, Hq, Sq, Sk] with −inf entries, causal, GQA
+      CaseSpec c = sized(base, {.Sq = 21, .Sk = 26});
+      c.bias = "1HQK";
+      c.bias_f32 = true;
+      c.opt.softcap = 3.0;
+      c.logit_scale = 4.0;
+      add(c);
+      c = sized(base, {.Sq = 17, .Sk = 17, .Hq = 4, .Hkv = 1});
+      c.bias = "BHQK";
+      c.bias_masks = true;
+      c.opt.causal = true;
+      add(c);
+    }
     if (quick) continue;
+    {  // Biases broadcast over heads and rows or keys: a key padding mask [B, 1, 1, Sk] with
+       // ALiBi, segments and dropout; a per-row bias [B, 1, Sq, 1] with −inf rows (o = 0); a
+       // shared [1, 1, Sq, Sk] over 129 keys (tiles past the first)
+      CaseSpec c = sized(base, {.Sq = 23, .Sk = 29});
+      c.bias = "B11K";
+      c.bias_masks = true;
+      c.alibi = 2;
+      c.segments = 2;
+      c.opt.dropout_p = 0.2;
+      add(c);
+      c = sized(base, {.Sq = 13, .Sk = 11});
+      c.bias = "B1Q1";
+      c.bias_masks = true;
+      add(c);
+      c = sized(base, {.B = 3, .Sq = 40, .Sk = 129, .Hq = 2, .Hkv = 2, .D = 32, .Dv = 32});
+      c.bias = "11QK";
+      c.bias_f32 = true;
+      c.opt.window_left = 50;
+      add(c);
+    }
     {  // Dropout with everything else: softcap, ALiBi, segments, Dv != D, D = 80 over 129 keys
       CaseSpec c = sized(base, {.B = 1, .Sq = 33, .Sk = 129, .D = 80, .Dv = 48});
       c.opt.softcap = 4.0;

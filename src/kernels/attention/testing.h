@@ -24,6 +24,11 @@ struct CaseSpec {
   bool f32_grads = false;     // dq, dk, dv stored as f32, else in the inputs' dtype
   int alibi = 0;              // 0: none, 1: slopes [Hq], 2: slopes [B, Hq]
   int segments = 0;           // > 0: segment ids (dense), that many packed segments per row
+  // Non-empty: an additive bias (dense form) whose shape is spelled by dim, "1" where broadcast:
+  // "BHQK" is [B, Hq, Sq, Sk], "1HQK" T5's [1, Hq, Sq, Sk], "B11K" a key padding mask.
+  std::string bias;
+  bool bias_f32 = false;      // bias (and dbias) stored as f32, else in q's dtype
+  bool bias_masks = false;    // about one bias entry in 6 is −inf
   double logit_scale = 2.0;   // typical |scale·q·k|
   Options opt;                // scale, softcap, causal, window, block sizes, threads, ...
   uint64_t seed = 1;
@@ -35,6 +40,7 @@ struct CaseSpec {
 struct CaseData {
   Tensor q, k, v, alibi, seg_q, seg_k, cu_q, cu_k;
   Tensor dropout_seed;  // i32 [2] when the case's opt.dropout_p > 0
+  Tensor bias;          // when the case has one
   Tensor grad_o;  // o's shape and dtype
   Inputs inputs() const;
   // Copies every tensor to `device`, except cu_q / cu_k: the varlen offsets are host memory
@@ -49,7 +55,7 @@ Shape lse_shape(const CaseSpec& s);
 
 // Tolerances per output, justified in testing.cc.
 struct Tolerances {
-  harness::Tolerance o, lse, dq, dk, dv;
+  harness::Tolerance o, lse, dq, dk, dv, dbias;
 };
 Tolerances tolerances(const CaseSpec& spec);
 
@@ -87,7 +93,7 @@ std::vector<uint8_t> dropout_mask_through_o(const std::string& implementation, D
 std::vector<uint8_t> dropout_mask_rule(int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, double p, const int32_t seed[2]);
 
 // The built-in grid: MHA/GQA/MQA, causal (square, Sq < Sk, Sq > Sk), windows, softcap with
-// scale, ALiBi, segment ids, varlen, dropout, Dv != D, D in {16, 64, 80, 128, 256}, odd lengths, every
+// scale, ALiBi, segment ids, varlen, dropout, bias (broadcast, −inf), Dv != D, D in {16, 64, 80, 128, 256}, odd lengths, every
 // dtype. quick = a smaller subset (sanitizer runs).
 std::vector<CaseSpec> check_grid(bool quick = false);
 

@@ -39,7 +39,7 @@ std::string autotune_variant(const Problem& p) {
   return "Sq<=" + num(tune::pow2_class(p.Sq)) + "|Sk<=" + num(tune::pow2_class(p.Sk)) + "|Hkv=" + num(p.Hkv) + "|D=" + num(p.D) + "|Dv=" + num(p.Dv) +
          "|varlen=" + on(p.varlen) + "|causal=" + on(p.causal) + "|window=" + num(p.window_left) + "," +
          num(p.window_right) + "|softcap=" + on(p.softcap > 0) + "|alibi=" + on(p.alibi) + "|segments=" + on(p.seg_q) +
-         (p.dropout() ? "|dropout=on" : "");
+         (p.dropout() ? "|dropout=on" : "") + (p.bias ? "|bias=on" : "");
 }
 
 const tune::Declared& tuning() {

@@ -464,3 +464,115 @@ def test_dropout_seed_takes_uint32_words_and_jax_keys():
     np.testing.assert_array_equal(by_raw, tessera.attention(q, k, v, dropout_p=0.3, dropout_seed=np.asarray(raw)))
     step = jax.jit(lambda q, key, i: tj.attention(q, k, v, dropout_p=0.3, dropout_seed=jax.random.fold_in(key, i)))
     assert not np.array_equal(np.asarray(step(q, typed, 1)), np.asarray(step(q, typed, 2)))
+
+
+# The additive bias: [B|1, Hq|1, Sq|1, Sk|1], added after the soft cap, −inf masking. Against the
+# softmax written out in float64 (values, and dbias along a random direction by central
+# differences), PyTorch's SDPA with a float attn_mask (its autodiff gives the mask's gradient) and
+# JAX's own autodiff.
+def expected_biased(q, k, v, bias, causal=False, softcap=0.0):
+    q, k, v = (t.astype(np.float64) for t in (q, k, v))
+    B, Sq, Hq, D = q.shape
+    Sk, g = k.shape[1], Hq // k.shape[2]
+    s = np.einsum("bihd,bjhd->bhij", q, np.repeat(k, g, axis=2)) / np.sqrt(D)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    s = s + bias.astype(np.float64)
+    if causal:
+        s = np.where(np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + (Sk - Sq), s, -np.inf)
+    m = np.max(s, -1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0))
+    with np.errstate(divide="ignore"):
+        lse = m[..., 0] + np.log(p.sum(-1))  # −inf where every key is masked
+    with np.errstate(invalid="ignore"):
+        o = np.einsum("bhij,bjhd->bihd", np.nan_to_num(p / p.sum(-1, keepdims=True)), np.repeat(v, g, axis=2))
+    return o, lse
+
+
+BIAS_SHAPES = {"BHQK": (2, 4, 7, 9), "1HQK": (1, 4, 7, 9), "B11K": (2, 1, 1, 9), "11Q1": (1, 1, 7, 1)}
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+@pytest.mark.parametrize("shape", list(BIAS_SHAPES))
+def test_numpy_bias_against_the_softmax_written_out(impl, shape):
+    q, k, v = qkv(seed=11)
+    rng = np.random.default_rng(12)
+    bias = rng.standard_normal(BIAS_SHAPES[shape]).astype(np.float32)
+    bias[rng.random(bias.shape) < 0.2] = -np.inf  # masked entries (a whole row for "11Q1")
+    o, lse = expected_biased(q, k, v, bias, causal=True, softcap=2.0)
+    out = tessera.call("attention", "forward", {"q": q, "k": k, "v": v, "bias": bias}, causal=True, softcap=2.0,
+                       implementation=impl)
+    np.testing.assert_allclose(out["o"], o, rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(np.isneginf(out["lse"]), np.isneginf(lse))
+    np.testing.assert_allclose(np.where(np.isneginf(lse), 0, out["lse"]), np.where(np.isneginf(lse), 0, lse),
+                               rtol=2e-5, atol=2e-5)
+    g = rng.standard_normal(o.shape).astype(np.float32)
+    grads = tessera.call("attention", "backward", {"q": q, "k": k, "v": v, "bias": bias, "grad_o": g}, causal=True,
+                         softcap=2.0, implementation=impl)
+    assert grads["dbias"].shape == bias.shape and grads["dbias"].dtype == np.float32
+    assert np.all(grads["dbias"][np.isneginf(bias)] == 0)
+    d = np.where(np.isneginf(bias), 0, rng.standard_normal(bias.shape))
+    h = 1e-3
+
+    def loss(b):
+        return (expected_biased(q, k, v, b, causal=True, softcap=2.0)[0] * g).sum()
+
+    fd = (loss(bias + h * d) - loss(bias - h * d)) / (2 * h)
+    np.testing.assert_allclose((grads["dbias"] * d).sum(), fd, rtol=1e-4, atol=1e-4)
+
+
+def test_numpy_bias_errors():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"bias must be \[B\|1, Hq\|1, Sq\|1, Sk\|1\]"):
+        tessera.attention(q, k, v, bias=np.zeros((2, 4, 7, 8), np.float32))
+    with pytest.raises(ValueError, match="bias must be f32 or q's dtype"):
+        tessera.attention(q, k, v, bias=np.zeros((1, 1, 1, 9), np.int32))
+
+
+def test_torch_bias_gradient_matches_sdpa_and_is_skipped_when_frozen():
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    q, k, v = (torch.from_numpy(t).requires_grad_() for t in qkv(Hq=4, Hkv=4, Dv=8, seed=13))
+    bias = torch.randn(1, 4, 7, 9, generator=torch.Generator().manual_seed(14), requires_grad=True)
+    o = tessera.attention(q, k, v, bias=bias)
+    g = torch.linspace(-1, 1, o.numel()).reshape(o.shape)
+    got = torch.autograd.grad((o * g).sum(), (q, k, v, bias))
+    ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias)
+    ref = ref.transpose(1, 2)
+    want = torch.autograd.grad((ref * g).sum(), (q, k, v, bias))
+    torch.testing.assert_close(o, ref, rtol=2e-5, atol=2e-5)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+    assert got[3].shape == bias.shape
+    # A bias that does not require grad: dbias is skipped (no pass for it), the others unchanged.
+    frozen = bias.detach()
+    o2 = tessera.attention(q, k, v, bias=frozen)
+    again = torch.autograd.grad((o2 * g).sum(), (q, k, v))
+    for a, b in zip(again, got[:3]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    step = torch.compile(lambda q, k, v, b: tessera.attention(q, k, v, bias=b), fullgraph=True)
+    torch.testing.assert_close(step(q, k, v, bias), o, rtol=0, atol=0)
+
+
+def test_jax_bias_gradient_under_jit():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+
+    q, k, v = (jnp.asarray(t) for t in qkv(seed=15))
+    bias = jnp.asarray(np.random.default_rng(16).standard_normal((2, 1, 1, 9)).astype(np.float32))
+    g = jnp.asarray(np.random.default_rng(17).standard_normal((2, 7, 4, 6)).astype(np.float32))
+
+    def ref(q, k, v, b):
+        kk, vv = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
+        s = jnp.einsum("bihd,bjhd->bhij", q, kk) / jnp.sqrt(8.0) + b
+        return jnp.einsum("bhij,bjhd->bihd", jax.nn.softmax(s, axis=-1), vv)
+
+    ours = jax.jit(jax.grad(lambda q, k, v, b: jnp.sum(tj.attention(q, k, v, bias=b) * g), argnums=(0, 1, 2, 3)))
+    theirs = jax.grad(lambda q, k, v, b: jnp.sum(ref(q, k, v, b) * g), argnums=(0, 1, 2, 3))
+    np.testing.assert_allclose(np.asarray(tj.attention(q, k, v, bias=bias)), np.asarray(ref(q, k, v, bias)),
+                               rtol=2e-5, atol=2e-5)
+    for a, b in zip(ours(q, k, v, bias), theirs(q, k, v, bias)):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)

@@ -87,6 +87,7 @@ BENCH_RUNS=(
   "attention|nondet|TESSERA_CUDNN_DETERMINISTIC=0 $attn_shapes --dtype bf16 --pass fused"
   "attention|causal_nondet|TESSERA_CUDNN_DETERMINISTIC=0 $attn_shapes --dtype bf16 --pass fused --causal"
   "attention|dropout|--impl cuda $attn_shapes --dtype bf16 --pass forward,fused --dropout 0.1"
+  "attention|bias|--impl cuda $attn_shapes --dtype bf16 --pass forward,fused --bias"
   "paged_attention|decode|--grid gpu"
   "paged_attention|mixed|--grid gpu --prefill 8"
 )

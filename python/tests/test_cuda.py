@@ -49,6 +49,13 @@ def attention_dropout():
     return "attention", arrays, {"causal": True, "dropout_p": 0.3}, ["q", "k", "v"]
 
 
+def attention_bias():
+    q, k, v = t_att.qkv(Hq=4, Hkv=2, D=8, Dv=8, seed=7)
+    bias = np.random.default_rng(8).standard_normal((1, 4, 7, 9)).astype(np.float32)
+    bias[0, 1, :, 3] = -np.inf  # a masked key of one head
+    return "attention", {"q": q, "k": k, "v": v, "bias": bias}, {"causal": True, "softcap": 3.0}, ["q", "k", "v", "bias"]
+
+
 def grouped_matmul():
     lhs, rhs, sizes = t_gmm.problem(seed=5)
     return "grouped_matmul", {"lhs": lhs, "rhs": rhs, "group_sizes": sizes}, {}, ["lhs", "rhs"]
@@ -75,7 +82,7 @@ def mla_decode():
     return "mla_decode", {"q": q, "kv_cache": kv, "page_table": pt, "cache_seqlens": lens}, {"dv": 16, "causal": True}, []
 
 
-CASES = [lce, attention, attention_dropout, grouped_matmul, mlstm, slstm, paged_attention, mla_decode]
+CASES = [lce, attention, attention_dropout, attention_bias, grouped_matmul, mlstm, slstm, paged_attention, mla_decode]
 
 
 def require_cuda_implementation(kernel):

@@ -195,8 +195,8 @@ TEST(AttentionApi, DropoutValues) {
   EXPECT_NO_THROW(forward(in, f.fout(), f.opt));
 }
 
-// A window at least Sq + Sk long reaches every key: the same as -1 (unbounded), bit for bit. At
-// INT64_MAX (sys.maxsize as "unbounded") i + w overflowed: o = 0, lse = -inf, zero gradients.
+// The bias's shape and dtype, dbias's presence, shape and memory, NaN / +inf under check_finite;
+// −inf masks and takes no gradient.
 TEST(AttentionApi, BiasValues) {
   const auto I = ErrorCode::kInvalidArgument;
   static Tensor full = Tensor::zeros(DType::kF32, {1, 2, 3, 5}), row = Tensor::zeros(DType::kF32, {1, 1, 1, 5});
@@ -266,6 +266,8 @@ TEST(AttentionApi, BiasFormsAndEmptyCalls) {
   for (int64_t i = 0; i < db.numel(); ++i) EXPECT_EQ(db.data_as<float>()[i], 0.0f);
 }
 
+// A window at least Sq + Sk long reaches every key: the same as -1 (unbounded), bit for bit. At
+// INT64_MAX (sys.maxsize as "unbounded") i + w overflowed: o = 0, lse = -inf, zero gradients.
 TEST(AttentionApi, AHugeWindowIsUnbounded) {
   for (bool causal : {false, true}) {
     Fixture unbounded, huge;

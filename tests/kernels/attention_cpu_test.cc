@@ -265,13 +265,14 @@ TEST(AttentionCpu, Deterministic) {
     EXPECT_TRUE(same_bits(*x, *y)) << "kv split";
 }
 
-// The bias in every broadcast pattern, in every dtype, on 8×8 tiles (tails at 21 rows and 27
+// The bias in every broadcast pattern (all 16), in every dtype, on 8×8 tiles (tails at 21 rows and 27
 // keys) and 1 or 3 threads, with the causal mask, a window, −inf entries and GQA: parity of o,
 // lse and every gradient, dbias included.
 TEST(AttentionCpu, BiasEveryBroadcastTilesAndThreads) {
   uint64_t seed = 700;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
-    for (const char* shape : {"BHQK", "1HQK", "B1QK", "BH1K", "11QK", "111K", "BHQ1", "1111"}) {
+    for (const char* shape : {"BHQK", "1HQK", "B1QK", "BH1K", "11QK", "111K", "BHQ1", "1111", "BH11", "B111", "1H11",
+                              "1H1K", "1HQ1", "B1Q1", "B11K", "11Q1"}) {
       at::CaseSpec c;
       c.dtype = dt, c.B = 2, c.Sq = 21, c.Sk = 27, c.Hq = 4, c.Hkv = 2, c.D = 12, c.Dv = 8;
       c.bias = shape;

@@ -299,10 +299,16 @@ TEST(AttentionReference, HandValuesBias) {
   EXPECT_EQ(rm.lse.data_as<float>()[0], 0.0f);
   EXPECT_EQ(rm.o.data_as<float>()[1], 0.0f);
   EXPECT_EQ(rm.lse.data_as<float>()[1], -kInf);
-  // dbias of the masked row and entries is 0; of row 0's kept key, p (1 − p)·… = 0 with one key.
+  // dbias of the masked row and entries is 0, and of row 0's one kept key (p = 1: dS = dP − Δ = 0).
   Result g = compute_with_grad(in, f32({1, 2, 1, 1}, {1, 1}), ref_opt());
   for (int i = 0; i < 4; ++i) EXPECT_EQ(g.dbias.data_as<float>()[i], 0.0f) << i;
   EXPECT_EQ(g.dbias.dtype(), DType::kF32);
+  // With grad_o = 1 and p = (1/4, 3/4), o = 7: dS_j = p_j·(v_j − o) = (−3/4, 3/4) per row; the
+  // [1, 1, 1, 2] bias sums the two rows: (−1.5, 1.5).
+  in.bias = b.view();
+  Result d = compute_with_grad(in, f32({1, 2, 1, 1}, {1, 1}), ref_opt());
+  EXPECT_NEAR(d.dbias.data_as<float>()[0], -1.5, 1e-6);
+  EXPECT_NEAR(d.dbias.data_as<float>()[1], 1.5, 1e-6);
 }
 
 // GQA equals MHA with each kv head repeated for its query heads; dk, dv of GQA are the sums of

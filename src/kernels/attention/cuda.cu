@@ -200,6 +200,7 @@ void launch_dbias(const ck::Params& k, const Problem& p, cudaStream_t stream) {
   TESSERA_NVTX_RANGE("attn.cuda.dbias");
   constexpr int kThreads = 128;
   const int64_t count = p.bias_numel();
+  if (count == 0) return;  // no keys or rows: nothing to write (a grid of 0 blocks is a launch error)
   ck::dbias_kernel<<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(k, count);
   cuda::check_launch("attention dbias_kernel", stream);
 }

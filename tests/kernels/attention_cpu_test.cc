@@ -289,10 +289,33 @@ TEST(AttentionCpu, BiasEveryBroadcastTilesAndThreads) {
     }
 }
 
-// dbias sums over its broadcast dims in one order whatever the thread count (each of its tiles
-// is one work item): the same bits on 1, 2, 3 and 5 threads.
+// A bias that is not broadcast, without a soft cap, has its dbias written by the backward itself
+// as each dS tile is computed (direct_dbias), also from the chunked items: a single sequence with
+// 3 query heads on one kv head splits the heads, a single head splits the kv blocks; every dtype,
+// with dropout and a window, on 2, 3 and 5 threads.
+TEST(AttentionCpu, BiasGradientWrittenByTheChunkedBackward) {
+  uint64_t seed = 800;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (int64_t hq : {3, 1}) {
+      at::CaseSpec c;
+      c.dtype = dt, c.B = 1, c.Sq = 45, c.Sk = 53, c.Hq = hq, c.Hkv = 1, c.D = 20, c.Dv = 12;
+      c.bias = "1HQK";  // B = 1: not broadcast
+      c.bias_masks = true;
+      c.opt.causal = true, c.opt.window_left = 30, c.opt.dropout_p = 0.2;
+      c.opt.block_sizes = BlockSizes{8, 8};
+      c.seed = seed++;
+      for (int t : {2, 3, 5}) {
+        c.opt.num_threads = t;
+        expect_parity(c, "threads=" + std::to_string(t));
+      }
+    }
+}
+
+// dbias sums over its broadcast dims in one order whatever the thread count (its tiles and their
+// slices of (sequence, head) pairs depend on the shape only; slices are added in order): the same
+// bits on 1, 2, 3 and 5 threads — "1111" and "11Q1" cut their 12 pairs into slices.
 TEST(AttentionCpu, BiasGradientIsTheSameOnEveryThreadCount) {
-  for (const char* shape : {"1HQK", "11QK", "B11K"}) {
+  for (const char* shape : {"1HQK", "11QK", "B11K", "1111", "11Q1", "BHQK"}) {  // BHQK: written directly
     at::CaseSpec s;
     s.B = 3, s.Sq = 37, s.Sk = 41, s.Hq = 4, s.Hkv = 2, s.D = 16;
     s.bias = shape;

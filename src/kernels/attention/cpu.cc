@@ -148,6 +148,13 @@ bool use_bf16_dot(const Problem& p) {
          env::flag("TESSERA_ATTENTION_CPU_BF16_DOT", true);
 }
 
+// dbias written by the backward itself as it computes each dS tile: a bias that is not
+// broadcast (every dbias element has exactly one term) and no soft cap (dS is then the bias's
+// gradient as ds_rows leaves it). Else the pass of its own (BiasGrad).
+bool direct_dbias(const Problem& p) {
+  return p.bias && p.softcap == 0.0 && p.bias_numel() == p.N * p.Hq * p.Sq * p.Sk;
+}
+
 #if defined(__x86_64__)
 // GCC 12's AVX-512 unpack intrinsics pass _mm512_undefined_epi32() as their masked-off source,
 // which -Wmaybe-uninitialized reports at every inlined use (a known false positive; as in
@@ -588,6 +595,8 @@ class Backward : Common {
 
   void run() {
     TESSERA_TRACE_SCOPE("attn.bwd");
+    if (out_.dbias)  // direct dbias: tiles no row visits keep 0
+      std::memset(out_.dbias, 0, static_cast<size_t>(p.bias_numel()) * dtype_size(out_.dbias_dtype));
     const int64_t G = p.group();
     const int want = std::clamp(p.num_threads, 1, kMaxThreads);
     const int64_t pairs = p.N * p.Hkv;
@@ -773,6 +782,14 @@ class Backward : Common {
     }
   }
 
+  // Direct dbias (direct_dbias(p): a bias that is not broadcast, no soft cap): each element has
+  // one term, the dS of its (sequence, head, row, key), written as the tile is computed; dbias
+  // was zeroed first for the tiles no row visits.
+  void store_dbias(int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, const float* dS) const {
+    for (int64_t r = 0; r < mq; ++r)
+      store_row(out_.dbias, out_.dbias_dtype, p.bias_offset(n, h, i0 + r, j0), dS + r * ld, nk);
+  }
+
   void store_kv(void* dst, DType dt, int64_t dim, int64_t krow0, int64_t kvh, int64_t nk, const float* acc) const {
     for (int64_t j = 0; j < nk; ++j) store_row(dst, dt, ((krow0 + j) * p.Hkv + kvh) * dim, acc + j * dim, dim);
   }
@@ -899,12 +916,17 @@ class Backward : Common {
           }
           if (dot16) {
             products16(s, n, h, g, g - g0, i0, mq, nk, P, Tcap, inv_c, dq + i0 * dq_ld + g * p.D, dq_ld);
+            if (out_.dbias) {  // direct dbias: dS in f32 from the kept dP (products16 rounded a copy)
+              simd::ds_rows(P, s.dP, nullptr, mq, nk, ld, s.delta + g * sq + i0, 0.0f);
+              store_dbias(n, h, i0, mq, j0, nk, s.dP);
+            }
             continue;
           }
           mm(Pv, ld, true, s.dd, nk, p.Dv, mq, s.dV, p.Dv, keep_scale(), true);              // dV += (Z∘P)ᵀ·dO
           mm(dO, lddo, false, s.vt, mq, nk, p.Dv, s.dP, ld, keep_scale(), false);            // dP = Z∘(dO·Vᵀ)
           if (p.dropout()) zero_dropped(s.dP, s.keep, mq, nk);
           simd::ds_rows(P, s.dP, Tcap, mq, nk, ld, s.delta + g * sq + i0, inv_c);
+          if (out_.dbias) store_dbias(n, h, i0, mq, j0, nk, s.dP);  // direct dbias (no soft cap)
           mm(s.dP, ld, true, s.qq, nk, p.D, mq, s.dK, p.D, scale, true);                     // dK += dSᵀ·Q
           mm(s.dP, ld, false, s.kk, mq, p.D, nk, dq + i0 * dq_ld + g * p.D, dq_ld, scale, true);  // dQ += dS·K
         }
@@ -940,53 +962,104 @@ class Backward : Common {
 // ---------------------------------------------------------------- dbias
 
 // dbias = dS summed over the bias's broadcast dims, in a pass of its own after the backward. A
-// work item is a tile of dbias: one (b, h) of its shape, q rows [i0, i0 + bq) (all rows when Sq
-// is broadcast) and keys [j0, j0 + bk) (all keys when Sk is). It walks the (sequence, head, kv
-// block, q tile) tiles that sum into it in a fixed order, recomputing S = scale·Q·Kᵀ, P and
-// dP = Z∘(dO·Vᵀ) (two of the backward's five products, f32) and dS = P ∘ (dP − Δ) before the
-// soft cap's factor (the bias is added after the cap), and adds dS into an f32 tile. No two items
-// write the same element: the sums have one order whatever the thread count.
+// tile of dbias is one (b, h) of its shape, q rows [i0, i0 + bq) (all rows when Sq is broadcast)
+// and keys [j0, j0 + bk) (all keys when Sk is); the (sequence, head) pairs that sum into it (all
+// of B and Hq where broadcast) are cut into `slices` runs, kMinItems work items in all where a
+// tile has pairs enough to share (the count depends on the shape only, never on the threads). An
+// item walks its pairs' (kv block, q tile) tiles in a fixed order, recomputing S = scale·Q·Kᵀ and
+// dP = Z∘(dO·Vᵀ) (two of the backward's five products, on the bf16 dot route where the backward
+// runs there) and dS = P ∘ (dP − Δ) before the soft cap's factor (the bias is added after the
+// cap), summed into an f32 tile; slices are added in slice order after the workers join. The
+// same bits whatever the thread count.
 class BiasGrad : Common {
  public:
   BiasGrad(const Problem& prob, const BlockSizes& bs, const BackwardIn& in, const GradOut& out)
       : Common(prob, bs), in_(in), out_(out) {
-    dot16 = false;  // f32 products: dS is summed unrounded
+    dot16 = dot16 && in_.grad_o_dtype == DType::kBF16;  // dO read as bf16 too
   }
 
   void run() {
     TESSERA_TRACE_SCOPE("attn.bwd.dbias");
-    const int64_t* shape = p.bias_shape;
-    const int64_t ti = shape[2] == 1 ? 1 : (p.Sq + bq - 1) / bq, tj = shape[3] == 1 ? 1 : (p.Sk + bk - 1) / bk;
-    for (int64_t b = 0; b < shape[0]; ++b)
-      for (int64_t h = 0; h < shape[1]; ++h)
-        for (int64_t i = 0; i < ti; ++i)
-          for (int64_t j = 0; j < tj; ++j) items_.push_back({b, h, i, j});
+    plan();
     const int T = static_cast<int>(
         std::max<int64_t>(1, std::min<int64_t>(std::clamp(p.num_threads, 1, kMaxThreads), std::ssize(items_))));
     scratch_.resize(static_cast<size_t>(T));
-    for (Scratch& s : scratch_) {
-      auto floats = [&](int64_t count) { return alloc<float>(keep_, static_cast<size_t>(count)); };
-      s.S = floats(bq * ld), s.dP = floats(bq * ld), s.acc = floats(bq * ld);
-      s.q = floats(bq * p.D), s.dO = floats(bq * p.Dv), s.k = floats(bk * p.D), s.v = floats(bk * p.Dv);
-      s.delta = floats(bq), s.rows = floats(2 * p.Dv);
-      s.kt.packed = floats(packed_floats(p.D, bk)), s.vt.packed = floats(packed_floats(p.Dv, bk));
-      if (p.dropout()) s.keep = alloc<uint32_t>(keep_, static_cast<size_t>(bq * ld));
-    }
+    for (Scratch& s : scratch_) alloc_scratch(s);
     std::atomic<size_t> next{0};
     run_threads(T, blas, [&](int tid) {
       for (size_t i = next.fetch_add(1); i < items_.size(); i = next.fetch_add(1)) item(scratch_[tid], items_[i]);
     });
+    if (slices_ > 1) reduce();
   }
 
  private:
+  static constexpr int64_t kMinItems = 32;
+
   struct Item {
-    int64_t b, h, i, j;  // dbias's (b, h) and its tile of rows and of keys
+    int64_t b, h, i, j;     // dbias's (b, h) and its tile of rows and of keys
+    int64_t pair0, pair1;   // the (sequence, head) pairs of this slice, in order
+    float* partial;         // slices > 1: this slice's sums of the tile (arows × acols)
   };
   struct Scratch {
     float *S, *dP, *acc, *q, *dO, *k, *v, *delta, *rows;
     uint32_t* keep = nullptr;
-    BOp kt, vt;  // Kᵀ, Vᵀ of the kv block
+    BOp kt, vt;                                   // Kᵀ, Vᵀ of the kv block (f32 route)
+    uint32_t *kt16 = nullptr, *vt16 = nullptr;    // the same packed for cpu_bf16_gemm
+    const uint16_t** ptrs = nullptr;
   };
+
+  bool all(int d) const { return p.bias_shape[d] == 1; }
+  int64_t pairs() const { return (all(0) ? p.N : 1) * (all(1) ? p.Hq : 1); }
+  // Rows [*r0, *r1) and keys [*k0, *k1) of tile (i, j).
+  void tile_range(const Item& it, int64_t* r0, int64_t* r1, int64_t* k0, int64_t* k1) const {
+    *r0 = all(2) ? 0 : it.i * bq, *r1 = all(2) ? p.Sq : std::min(p.Sq, *r0 + bq);
+    *k0 = all(3) ? 0 : it.j * bk, *k1 = all(3) ? p.Sk : std::min(p.Sk, *k0 + bk);
+  }
+  // The tile's accumulator: rows (1 when Sq is broadcast) × columns (1 when Sk is).
+  void tile_dims(const Item& it, int64_t* arows, int64_t* acols) const {
+    int64_t r0, r1, k0, k1;
+    tile_range(it, &r0, &r1, &k0, &k1);
+    *arows = all(2) ? 1 : r1 - r0, *acols = all(3) ? 1 : k1 - k0;
+  }
+  int64_t tile_size(const Item& it) const {
+    int64_t arows, acols;
+    tile_dims(it, &arows, &acols);
+    return arows * acols;
+  }
+
+  void plan() {
+    const int64_t ti = all(2) ? 1 : (p.Sq + bq - 1) / bq, tj = all(3) ? 1 : (p.Sk + bk - 1) / bk;
+    const int64_t tiles = p.bias_shape[0] * p.bias_shape[1] * ti * tj, np = pairs();
+    slices_ = std::clamp<int64_t>((kMinItems + tiles - 1) / tiles, 1, np);
+    for (int64_t b = 0; b < p.bias_shape[0]; ++b)
+      for (int64_t h = 0; h < p.bias_shape[1]; ++h)
+        for (int64_t i = 0; i < ti; ++i)
+          for (int64_t j = 0; j < tj; ++j)
+            for (int64_t c = 0; c < slices_; ++c)
+              items_.push_back({b, h, i, j, c * np / slices_, (c + 1) * np / slices_, nullptr});
+    if (slices_ == 1) return;
+    size_t total = 0;
+    for (const Item& it : items_) total += static_cast<size_t>(tile_size(it));
+    float* slot = alloc<float>(keep_, total);
+    for (Item& it : items_) it.partial = slot, slot += tile_size(it);
+  }
+
+  void alloc_scratch(Scratch& s) {
+    auto floats = [&](int64_t count) { return alloc<float>(keep_, static_cast<size_t>(count)); };
+    s.S = floats(bq * ld), s.dP = floats(bq * ld), s.acc = floats(bq * ld);
+    s.delta = floats(bq), s.rows = floats(2 * p.Dv);
+    if (p.dropout()) s.keep = alloc<uint32_t>(keep_, static_cast<size_t>(bq * ld));
+    if (dot16) {
+      auto words = [&](int64_t K) {
+        return alloc<uint32_t>(keep_, static_cast<size_t>(cpu_bf16_gemm::packed_words(K, bk)));
+      };
+      s.kt16 = words(p.D), s.vt16 = words(p.Dv);
+      s.ptrs = alloc<const uint16_t*>(keep_, static_cast<size_t>(bk));
+      return;
+    }
+    s.q = floats(bq * p.D), s.dO = floats(bq * p.Dv), s.k = floats(bk * p.D), s.v = floats(bk * p.Dv);
+    s.kt.packed = floats(packed_floats(p.D, bk)), s.vt.packed = floats(packed_floats(p.Dv, bk));
+  }
 
   // Whether some row of [i0, i0 + mq) may see a key of [j0, j0 + nk) by position (key ranges
   // move right with i: the first row's start and the last row's end bound their union).
@@ -997,22 +1070,50 @@ class BiasGrad : Common {
     return lo < hi && lo < j0 + nk && hi > j0;
   }
 
-  // dS (before the soft cap's factor) of head h, rows i0.., keys j0.. into s.dP; K and V of the
-  // block are packed in s.
-  void ds_tile(Scratch& s, int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk) const {
+  // Packs K and V of keys [j0, j0 + nk) of sequence n, kv head kvh (Kᵀ and Vᵀ as operands B).
+  void pack_block(Scratch& s, int64_t n, int64_t kvh, int64_t j0, int64_t nk) const {
+    const int64_t krow = p.k_begin(n) + j0;
+    if (dot16) {
+      pack16(p.k, p.Hkv, p.D, krow, kvh, nk, true, s.ptrs, s.kt16);
+      pack16(p.v, p.Hkv, p.Dv, krow, kvh, nk, true, s.ptrs, s.vt16);
+      return;
+    }
+    int64_t ldk = 0, ldv = 0;
+    const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, krow, kvh, nk, s.k, &ldk);
+    const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, krow, kvh, nk, s.v, &ldv);
+    pack(s.kt, K, ldk, true, p.D, nk);
+    pack(s.vt, V, ldv, true, p.Dv, nk);
+  }
+
+  // S = scale·Q·Kᵀ and dP = Z∘(dO·Vᵀ) of head h, rows i0.. (before dropout's zeroes).
+  void products(Scratch& s, int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t nk) const {
     const int64_t qrow = p.q_begin(n) + i0;
+    const float scale = static_cast<float>(p.scale);
+    if (dot16) {
+      cpu_bf16_gemm::gemm(mq, nk, p.D, row16(p.q, p.Hq, p.D, qrow, h), p.Hq * p.D, s.kt16, scale, false, s.S, ld);
+      cpu_bf16_gemm::gemm(mq, nk, p.Dv, row16(in_.grad_o, p.Hq, p.Dv, qrow, h), p.Hq * p.Dv, s.vt16, keep_scale(),
+                          false, s.dP, ld);
+      return;
+    }
     int64_t ldq = 0, lddo = 0;
     const float* Q = rows_f32(p.q, p.dtype, p.Hq, p.D, qrow, h, mq, s.q, &ldq);
     const float* dO = rows_f32(in_.grad_o, in_.grad_o_dtype, p.Hq, p.Dv, qrow, h, mq, s.dO, &lddo);
-    mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, static_cast<float>(p.scale), false);
+    mm(Q, ldq, false, s.kt, mq, nk, p.D, s.S, ld, scale, false);
+    mm(dO, lddo, false, s.vt, mq, nk, p.Dv, s.dP, ld, keep_scale(), false);
+  }
+
+  // dS (before the soft cap's factor) of head h, rows i0.., keys j0.. into s.dP; K and V of the
+  // block are packed in s.
+  void ds_tile(Scratch& s, int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk) const {
+    products(s, n, h, i0, mq, nk);
     transform_tile(n, h, i0, mq, j0, nk, s.S);
     mask_tile(n, i0, mq, j0, nk, s.S);
     simd::exp_rows(s.S, mq, nk, ld, in_.lse + p.lse_index(n, h, i0));
-    mm(dO, lddo, false, s.vt, mq, nk, p.Dv, s.dP, ld, keep_scale(), false);
     if (p.dropout()) {
       dropout_mask(n, h, i0, mq, j0, nk, s.keep);
       zero_dropped(s.dP, s.keep, mq, nk);
     }
+    const int64_t qrow = p.q_begin(n) + i0;
     for (int64_t r = 0; r < mq; ++r) {  // Δ_i = Σ_c dO_ic · o_ic
       const int64_t base = ((qrow + r) * p.Hq + h) * p.Dv;
       s.delta[r] = simd::dot(row_f32(in_.o, in_.o_dtype, base, p.Dv, s.rows),
@@ -1021,42 +1122,73 @@ class BiasGrad : Common {
     simd::ds_rows(s.S, s.dP, nullptr, mq, nk, ld, s.delta, 0.0f);
   }
 
-  void item(Scratch& s, const Item& it) const {
-    const bool all_rows = p.bias_shape[2] == 1, all_keys = p.bias_shape[3] == 1;
-    const int64_t ri0 = all_rows ? 0 : it.i * bq, ri1 = all_rows ? p.Sq : std::min(p.Sq, ri0 + bq);
-    const int64_t kj0 = all_keys ? 0 : it.j * bk, kj1 = all_keys ? p.Sk : std::min(p.Sk, kj0 + bk);
-    const int64_t arows = all_rows ? 1 : ri1 - ri0, acols = all_keys ? 1 : kj1 - kj0;
-    std::fill(s.acc, s.acc + arows * ld, 0.0f);
-    const bool all_n = p.bias_shape[0] == 1, all_h = p.bias_shape[1] == 1;
-    for (int64_t n = all_n ? 0 : it.b; n < (all_n ? p.N : it.b + 1); ++n)
-      for (int64_t h = all_h ? 0 : it.h; h < (all_h ? p.Hq : it.h + 1); ++h)
-        for (int64_t j0 = kj0; j0 < kj1; j0 += bk) {
-          const int64_t nk = std::min(bk, kj1 - j0), krow = p.k_begin(n) + j0, kvh = h / p.group();
-          int64_t ldk = 0, ldv = 0;
-          const float* K = rows_f32(p.k, p.dtype, p.Hkv, p.D, krow, kvh, nk, s.k, &ldk);
-          const float* V = rows_f32(p.v, p.dtype, p.Hkv, p.Dv, krow, kvh, nk, s.v, &ldv);
-          pack(s.kt, K, ldk, true, p.D, nk);
-          pack(s.vt, V, ldv, true, p.Dv, nk);
-          for (int64_t i0 = ri0; i0 < ri1; i0 += bq) {
-            const int64_t mq = std::min(bq, ri1 - i0);
-            if (!meets(n, i0, mq, j0, nk)) continue;  // every dS of the tile is 0
-            ds_tile(s, n, h, i0, mq, j0, nk);
-            for (int64_t r = 0; r < mq; ++r) {
-              float* acc = s.acc + (all_rows ? 0 : i0 - ri0 + r) * ld + (all_keys ? 0 : j0 - kj0);
-              const float* ds = s.dP + r * ld;
-              if (all_keys)
-                for (int64_t j = 0; j < nk; ++j) acc[0] += ds[j];
-              else
-                for (int64_t j = 0; j < nk; ++j) acc[j] += ds[j];
-            }
-          }
+  // Adds dS of (n, h) over the tile's rows and keys into acc (ld-strided, the tile's layout).
+  void add_pair(Scratch& s, int64_t n, int64_t h, int64_t r0, int64_t r1, int64_t k0, int64_t k1) const {
+    for (int64_t j0 = k0; j0 < k1; j0 += bk) {
+      const int64_t nk = std::min(bk, k1 - j0);
+      bool packed = false;
+      for (int64_t i0 = r0; i0 < r1; i0 += bq) {
+        const int64_t mq = std::min(bq, r1 - i0);
+        if (!meets(n, i0, mq, j0, nk)) continue;  // every dS of the tile is 0
+        if (!packed) pack_block(s, n, h / p.group(), j0, nk), packed = true;
+        ds_tile(s, n, h, i0, mq, j0, nk);
+        for (int64_t r = 0; r < mq; ++r) {
+          float* acc = s.acc + (all(2) ? 0 : i0 - r0 + r) * ld + (all(3) ? 0 : j0 - k0);
+          const float* ds = s.dP + r * ld;
+          if (all(3))
+            for (int64_t j = 0; j < nk; ++j) acc[0] += ds[j];
+          else
+            for (int64_t j = 0; j < nk; ++j) acc[j] += ds[j];
         }
-    for (int64_t r = 0; r < arows; ++r)  // dbias is contiguous in the bias's shape: its offsets
-      store_row(out_.dbias, out_.dbias_dtype, p.bias_offset(it.b, it.h, ri0 + r, kj0), s.acc + r * ld, acols);
+      }
+    }
+  }
+
+  void item(Scratch& s, const Item& it) const {
+    int64_t r0, r1, k0, k1, arows, acols;
+    tile_range(it, &r0, &r1, &k0, &k1);
+    tile_dims(it, &arows, &acols);
+    std::fill(s.acc, s.acc + arows * ld, 0.0f);
+    const int64_t nh = all(1) ? p.Hq : 1;
+    for (int64_t pr = it.pair0; pr < it.pair1; ++pr) {
+      const int64_t n = all(0) ? pr / nh : it.b, h = all(1) ? pr % nh : it.h;
+      add_pair(s, n, h, r0, r1, k0, k1);
+    }
+    if (it.partial) {  // this slice's sums, added in slice order by reduce()
+      for (int64_t r = 0; r < arows; ++r)
+        std::memcpy(it.partial + r * acols, s.acc + r * ld, static_cast<size_t>(acols) * sizeof(float));
+      return;
+    }
+    store(it, s.acc, ld);
+  }
+
+  // dbias is contiguous in the bias's shape: the tile's rows at the bias's offsets.
+  void store(const Item& it, const float* acc, int64_t lda) const {
+    int64_t r0, r1, k0, k1, arows, acols;
+    tile_range(it, &r0, &r1, &k0, &k1);
+    tile_dims(it, &arows, &acols);
+    for (int64_t r = 0; r < arows; ++r)
+      store_row(out_.dbias, out_.dbias_dtype, p.bias_offset(it.b, it.h, r0 + r, k0), acc + r * lda, acols);
+  }
+
+  // Each tile: its slices' sums added in slice order, then stored.
+  void reduce() {
+    for (size_t i = 0; i < items_.size(); i += static_cast<size_t>(slices_)) {
+      const Item& first = items_[i];
+      const int64_t count = tile_size(first);
+      for (int64_t c = 1; c < slices_; ++c) {
+        const float* src = items_[i + static_cast<size_t>(c)].partial;
+        for (int64_t e = 0; e < count; ++e) first.partial[e] += src[e];
+      }
+      int64_t arows, acols;
+      tile_dims(first, &arows, &acols);
+      store(first, first.partial, acols);  // partials are compact: arows × acols
+    }
   }
 
   const BackwardIn& in_;
   const GradOut& out_;
+  int64_t slices_ = 1;
   std::vector<Item> items_;
   std::vector<Scratch> scratch_;
   std::vector<memory::HostBuffer> keep_;
@@ -1112,8 +1244,10 @@ class Cpu final : public Implementation {
   }
   void backward(const Problem& p, const BlockSizes& bs, const BackwardIn& in, const GradOut& out) const override {
     validate_block_sizes(bs);
-    Backward(p, bs, in, out).run();
-    if (out.dbias) BiasGrad(p, bs, in, out).run();
+    GradOut main = out;
+    if (!direct_dbias(p)) main.dbias = nullptr;  // the main pass writes dbias only when direct
+    Backward(p, bs, in, main).run();
+    if (out.dbias && !direct_dbias(p)) BiasGrad(p, bs, in, out).run();
   }
 };
 

@@ -5,7 +5,8 @@
 //   1. delta_kernel   Δ = rowsum(dO ∘ o) into f32 scratch (lse layout)
 //   2. dq_kernel      per query block: recompute P from lse, dS = P·(dP − Δ), dq = dS·K
 //   3. dkdv_kernel    per key block: dv = Pᵀ·dO, dk = dSᵀ·Q over every query head of the group
-//   4. dbias_kernel   when dbias is asked for: one thread per dbias element sums its dS terms
+//   4. dbias_kernel   when dbias is asked for: a thread (or, for broadcast biases, a warp) per
+//                     dbias element sums its dS terms in a fixed order
 // Everything is stream-ordered on Problem::stream; the only host-to-device traffic is the copy of
 // the varlen offsets (cu_seqlens are host memory in Problem) into stream-ordered scratch, through
 // an owned pinned staging buffer; a varlen call on a stream being captured is refused.
@@ -201,7 +202,14 @@ void launch_dbias(const ck::Params& k, const Problem& p, cudaStream_t stream) {
   constexpr int kThreads = 128;
   const int64_t count = p.bias_numel();
   if (count == 0) return;  // no keys or rows: nothing to write (a grid of 0 blocks is a launch error)
-  ck::dbias_kernel<<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(k, count);
+  // A warp per element where each sums at least a warp's worth of terms (broadcast biases).
+  const bool warp_each = ck::dbias_terms(k) >= ck::kWarp;
+  const int64_t threads = count * (warp_each ? ck::kWarp : 1);
+  const auto blocks = static_cast<unsigned>((threads + kThreads - 1) / kThreads);
+  if (warp_each)
+    ck::dbias_kernel<true><<<blocks, kThreads, 0, stream>>>(k, count);
+  else
+    ck::dbias_kernel<false><<<blocks, kThreads, 0, stream>>>(k, count);
   cuda::check_launch("attention dbias_kernel", stream);
 }
 

@@ -612,23 +612,42 @@ __device__ float bias_grad_term(const Params& p, int n, int h, int64_t i, int64_
   return expf(sc - lse) * (drop_factor(p, n, h, i, j) * dp - p.delta[li]);
 }
 
-// dbias = dS summed over the bias's broadcast dims: one thread per dbias element, summing the
-// terms that share it in a fixed order (deterministic). Straight loops, not tiled: a pass of its
-// own after dq and dk/dv, as on cpu. grid.x = ceil(count / blockDim.x).
+// The terms summed into one dbias element: the product of the problem's extents over the bias's
+// broadcast dims.
+__host__ __device__ __forceinline__ int64_t dbias_terms(const Params& p) {
+  const int64_t ext[4] = {p.N, p.Hq, p.Sq, p.Sk};
+  int64_t t = 1;
+  for (int d = 0; d < 4; ++d) t *= p.bias_shape[d] == 1 ? ext[d] : 1;
+  return t;
+}
+
+// dbias = dS summed over the bias's broadcast dims, in a pass of its own after dq and dk/dv (as on
+// cpu). kWarpEach: a warp per dbias element, lane l summing terms l, l + 32, … and the warp's sum
+// taken in a fixed tree (a bias broadcast over many dims has few elements and many terms); else
+// one thread per element, its terms in order. Deterministic either way. Straight loops over q, k,
+// v and dO in global memory, not tiled. grid.x = ceil(count · (kWarpEach ? 32 : 1) / blockDim.x),
+// blockDim.x a multiple of 32.
+template <bool kWarpEach>
 __global__ void dbias_kernel(Params p, int64_t count) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= count) return;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t e = kWarpEach ? tid / kWarp : tid;
+  if (e >= count) return;  // with kWarpEach, whole warps (count per warp)
+  const int lane = kWarpEach ? static_cast<int>(threadIdx.x % kWarp) : 0, step = kWarpEach ? kWarp : 1;
   const int* shape = p.bias_shape;
   const int64_t j1 = e % shape[3], i1 = e / shape[3] % shape[2];
   const int h1 = static_cast<int>(e / (static_cast<int64_t>(shape[3]) * shape[2]) % shape[1]);
   const int n1 = static_cast<int>(e / (static_cast<int64_t>(shape[3]) * shape[2] * shape[1]));
   const bool all_n = shape[0] == 1, all_h = shape[1] == 1, all_i = shape[2] == 1, all_j = shape[3] == 1;
+  const int64_t ej = all_j ? p.Sk : 1, ei = all_i ? p.Sq : 1, eh = all_h ? p.Hq : 1;
   float acc = 0.0f;
-  for (int n = all_n ? 0 : n1; n < (all_n ? p.N : n1 + 1); ++n)
-    for (int h = all_h ? 0 : h1; h < (all_h ? p.Hq : h1 + 1); ++h)
-      for (int64_t i = all_i ? 0 : i1; i < (all_i ? p.Sq : i1 + 1); ++i)
-        for (int64_t j = all_j ? 0 : j1; j < (all_j ? p.Sk : j1 + 1); ++j) acc += bias_grad_term(p, n, h, i, j);
-  store(p.dbias, p.dbias_t, e, acc);
+  for (int64_t t = lane; t < dbias_terms(p); t += step) {  // t = ((n·eh + h)·ei + i)·ej + j over the broadcast dims
+    const int64_t j = all_j ? t % ej : j1, i = all_i ? t / ej % ei : i1;
+    const int h = all_h ? static_cast<int>(t / (ej * ei) % eh) : h1;
+    const int n = all_n ? static_cast<int>(t / (ej * ei * eh)) : n1;
+    acc += bias_grad_term(p, n, h, i, j);
+  }
+  if (kWarpEach) acc = warp_sum(acc);
+  if (lane == 0) store(p.dbias, p.dbias_t, e, acc);
 }
 
 }  // namespace tessera::attention::cuda_kernels

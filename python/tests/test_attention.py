@@ -576,3 +576,8 @@ def test_jax_bias_gradient_under_jit():
     for a, b in zip(ours(q, k, v, bias), theirs(q, k, v, bias)):
         assert a.shape == b.shape
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+    # frozen="bias": the backward skips dbias; the other gradients are the same bits.
+    frozen = jax.jit(jax.grad(lambda q, k, v: jnp.sum(tj.attention(q, k, v, bias=bias, frozen="bias") * g),
+                              argnums=(0, 1, 2)))(q, k, v)
+    for a, b in zip(frozen, ours(q, k, v, bias)[:3]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

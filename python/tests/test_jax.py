@@ -298,7 +298,8 @@ def test_nothing_frozen_skips_nothing_and_bad_names_are_refused(monkeypatch):
         tj.linear_cross_entropy(x, w, y, frozen=("labels",))
     import inspect
     assert "frozen=()" in str(inspect.signature(tj.grouped_matmul))
-    assert "frozen" not in str(inspect.signature(tj.attention))  # nothing skippable there
+    assert "frozen=()" in str(inspect.signature(tj.attention))  # dbias
+    assert "frozen" not in str(inspect.signature(tj.mlstm))  # nothing skippable there
 
 
 def test_grouped_matmul_frozen_experts_skip_drhs(monkeypatch):

@@ -470,9 +470,11 @@ def test_numpy_call_skip():
         tessera.call("linear_cross_entropy", "forward", dict(x=x, w=w, labels=y), skip=["dw"])
     with pytest.raises(ValueError, match=r"cannot skip 'lse' \(skippable: dx, dw, dbias\)"):
         tessera.call("linear_cross_entropy", "backward", base, skip=["lse"])
-    with pytest.raises(ValueError, match=r"attention: cannot skip 'dq' \(skippable: none\)"):
-        q = np.zeros((1, 4, 2, 8), np.float32)
+    q = np.zeros((1, 4, 2, 8), np.float32)
+    with pytest.raises(ValueError, match=r"attention: cannot skip 'dq' \(skippable: dbias\)"):
         tessera.call("attention", "backward", dict(q=q, k=q, v=q, grad_o=q), skip=["dq"])
+    with pytest.raises(ValueError, match=r"mlstm: cannot skip 'dq' \(skippable: none\)"):
+        tessera.call("mlstm", "backward", dict(q=q, k=q, v=q), skip=["dq"])
 
 
 def test_fused_in_forward_f16_keeps_small_gradients_under_a_loss_scale():

@@ -36,6 +36,12 @@
 //   scales by 1 / (1 − p) at the store; backward zeroes them in the P of dV (a copy; the bf16 P on
 //   that route) and in dP, scaling both products by 1 / (1 − p); dS takes the undropped P.
 //
+//   Bias (docs/kernels/attention.md, "bias"): a tile of it is added after ALiBi in both passes.
+//   dbias is written by the backward as it computes each dS tile where every dbias element has one
+//   term (no broadcast) and there is no soft cap (direct_dbias); otherwise by BiasGrad, a pass of
+//   its own (recomputing S and dP per tile; f32 partial tiles when a tile's pairs are sliced, at most
+//   63·q·kv floats, summed in order).
+//
 //   Determinism: every sum has a fixed order for a fixed thread count (an item's work does not
 //   depend on which thread runs it; chunk partials are reduced in chunk order), so results are
 //   bitwise reproducible for a fixed num_threads. In forward and in backward without chunking

@@ -205,7 +205,11 @@ void launch_dbias(const ck::Params& k, const Problem& p, cudaStream_t stream) {
   // A warp per element where each sums at least a warp's worth of terms (broadcast biases).
   const bool warp_each = ck::dbias_terms(k) >= ck::kWarp;
   const int64_t threads = count * (warp_each ? ck::kWarp : 1);
-  const auto blocks = static_cast<unsigned>((threads + kThreads - 1) / kThreads);
+  const int64_t grid = (threads + kThreads - 1) / kThreads;
+  if (grid > INT_MAX)
+    fail(ErrorCode::kUnsupported, "attention (cuda): dbias of " + std::to_string(count) + " elements needs " +
+                                      std::to_string(grid) + " blocks, over the grid's 2^31 - 1");
+  const auto blocks = static_cast<unsigned>(grid);
   if (warp_each)
     ck::dbias_kernel<true><<<blocks, kThreads, 0, stream>>>(k, count);
   else

@@ -257,15 +257,23 @@ struct Outputs {
   Tensor o, lse, dq, dk, dv, dbias;
 };
 
+// An output filled with NaN before the call (made on the host, then copied to `dev`): an element
+// the implementation leaves unwritten shows as non-finite in the comparison.
+Tensor nan_filled(DType dt, const Shape& shape, Device dev) {
+  Tensor t = Tensor::empty(dt, shape);
+  for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data(), dt, i, std::numeric_limits<float>::quiet_NaN());
+  return dev.type == DeviceType::kCPU ? t : t.to(dev);
+}
+
 Outputs make_outputs(const CaseSpec& s, const CaseData& d, Device dev = Device::cpu()) {
   Outputs o;
-  o.o = Tensor::empty(s.o_f32 ? DType::kF32 : s.dtype, o_shape(s), dev);
-  o.lse = Tensor::empty(DType::kF32, lse_shape(s), dev);
+  o.o = nan_filled(s.o_f32 ? DType::kF32 : s.dtype, o_shape(s), dev);
+  o.lse = nan_filled(DType::kF32, lse_shape(s), dev);
   const DType g = s.f32_grads ? DType::kF32 : s.dtype;
-  o.dq = Tensor::empty(g, d.q.shape(), dev);
-  o.dk = Tensor::empty(g, d.k.shape(), dev);
-  o.dv = Tensor::empty(g, d.v.shape(), dev);
-  if (d.bias.defined()) o.dbias = Tensor::empty(d.bias.dtype(), d.bias.shape(), dev);
+  o.dq = nan_filled(g, d.q.shape(), dev);
+  o.dk = nan_filled(g, d.k.shape(), dev);
+  o.dv = nan_filled(g, d.v.shape(), dev);
+  if (d.bias.defined()) o.dbias = nan_filled(d.bias.dtype(), d.bias.shape(), dev);
   return o;
 }
 

@@ -311,6 +311,22 @@ TEST(AttentionCpu, BiasGradientWrittenByTheChunkedBackward) {
     }
 }
 
+// A bf16 / f16 bias is converted 256 keys at a time: kv tiles of 512 over 600 keys take two
+// chunks and a tail, on both dbias paths (not broadcast: direct; broadcast over B: the pass).
+TEST(AttentionCpu, HalfBiasOnWideKvTiles) {
+  uint64_t seed = 900;
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (const char* shape : {"BHQK", "1HQK"}) {
+      at::CaseSpec c;
+      c.dtype = dt, c.B = 2, c.Sq = 9, c.Sk = 600, c.Hq = 2, c.Hkv = 1, c.D = 16, c.Dv = 16;
+      c.bias = shape;
+      c.bias_masks = true;
+      c.opt.block_sizes = BlockSizes{16, 512};
+      c.seed = seed++;
+      expect_parity(c, "kv=512");
+    }
+}
+
 // dbias sums over its broadcast dims in one order whatever the thread count (its tiles and their
 // slices of (sequence, head) pairs depend on the shape only; slices are added in order): the same
 // bits on 1, 2, 3 and 5 threads — "1111" and "11Q1" cut their 12 pairs into slices.

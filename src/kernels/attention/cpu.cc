@@ -395,21 +395,24 @@ struct Common {
     }
     if (p.bias) add_bias(n, h, i0, mq, j0, nk, S);
   }
-  // S[r][j] += bias(n, h, i0 + r, j0 + j): a row of f32 added as it is, a broadcast key dim as
-  // one value per row, a bf16 / f16 bias converted element by element.
+  // S[r][j] += bias(n, h, i0 + r, j0 + j): f32 rows added as they are (vectorized), bf16 / f16
+  // rows converted in chunks of 256, a broadcast key dim as one value per row.
   void add_bias(int64_t n, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, float* S) const {
-    const bool f32_row = p.bias_dtype == DType::kF32 && p.bias_stride[3] == 1;
+    const int64_t base = p.bias_offset(n, h, i0, j0), ldb = p.bias_stride[2];
+    if (p.bias_stride[3] == 1 && p.bias_dtype == DType::kF32)
+      return simd::add_rows(S, mq, nk, ld, static_cast<const float*>(p.bias) + base, ldb);
     for (int64_t r = 0; r < mq; ++r) {
       float* s = S + r * ld;
-      const int64_t base = p.bias_offset(n, h, i0 + r, j0);
-      if (f32_row) {
-        const float* b = static_cast<const float*>(p.bias) + base;
-        for (int64_t j = 0; j < nk; ++j) s[j] += b[j];
-      } else if (p.bias_stride[3] == 0) {
-        const float b = load_as_f32(p.bias, p.bias_dtype, base);
+      if (p.bias_stride[3] == 0) {
+        const float b = load_as_f32(p.bias, p.bias_dtype, base + r * ldb);
         for (int64_t j = 0; j < nk; ++j) s[j] += b;
-      } else {
-        for (int64_t j = 0; j < nk; ++j) s[j] += load_as_f32(p.bias, p.bias_dtype, base + j);
+        continue;
+      }
+      float buf[256];
+      for (int64_t c = 0; c < nk; c += 256) {
+        const int64_t m = std::min<int64_t>(256, nk - c);
+        simd::half_to_f32(static_cast<const uint16_t*>(p.bias) + base + r * ldb + c, p.bias_dtype == DType::kBF16, buf, m);
+        simd::add_rows(s + c, 1, m, ld, buf, m);
       }
     }
   }

@@ -150,6 +150,18 @@ HWY_INLINE int64_t Cols(DF df, int64_t n) {
   return (n + N - 1) / N * N;
 }
 
+void AddRows(float* S, int64_t rows, int64_t n, int64_t ld, const float* b, int64_t ldb) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s = S + r * ld;
+    const float* br = b + r * ldb;
+    int64_t j = 0;
+    for (; j + N <= n; j += N) hn::Store(hn::Add(hn::Load(df, s + j), hn::LoadU(df, br + j)), df, s + j);
+    for (; j < n; ++j) s[j] += br[j];  // the tail (this Highway has no LoadN)
+  }
+}
+
 void Softcap(float* S, int64_t rows, int64_t n, int64_t ld, float c) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), cols = Cols(df, n);
@@ -330,6 +342,7 @@ namespace tessera::attention::cpu_simd {
 
 HWY_EXPORT(PackB);
 HWY_EXPORT(GemmPacked);
+HWY_EXPORT(AddRows);
 HWY_EXPORT(Softcap);
 HWY_EXPORT(Alibi);
 HWY_EXPORT(OnlineSoftmax);
@@ -346,6 +359,9 @@ void gemm_packed(const float* A, int64_t lda, bool trans_a, const float* Bp, int
   HWY_DYNAMIC_DISPATCH(GemmPacked)(A, lda, trans_a, Bp, panel_rows, k0, M, N, K, C, ldc, alpha, accumulate);
 }
 void softcap(float* S, int64_t rows, int64_t n, int64_t ld, float c) { HWY_DYNAMIC_DISPATCH(Softcap)(S, rows, n, ld, c); }
+void add_rows(float* S, int64_t rows, int64_t n, int64_t ld, const float* b, int64_t ldb) {
+  HWY_DYNAMIC_DISPATCH(AddRows)(S, rows, n, ld, b, ldb);
+}
 void alibi(float* S, int64_t rows, int64_t n, int64_t ld, float slope, float center0) {
   HWY_DYNAMIC_DISPATCH(Alibi)(S, rows, n, ld, slope, center0);
 }

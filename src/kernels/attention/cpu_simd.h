@@ -41,6 +41,9 @@ inline void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n
 // s = c · tanh(s / c) over rows × n.
 void softcap(float* S, int64_t rows, int64_t n, int64_t ld, float c);
 
+// s[r][j] += b[r·ldb + j] for j < n (an f32 bias tile; b is never read past n).
+void add_rows(float* S, int64_t rows, int64_t n, int64_t ld, const float* b, int64_t ldb);
+
 // ALiBi: s[r][j] −= slope · |center0 + r − j| (center0: the first row's i + off − j0).
 void alibi(float* S, int64_t rows, int64_t n, int64_t ld, float slope, float center0);
 

@@ -35,7 +35,7 @@ from . import _ext
 from ._registry import (KERNELS, Kernel, canonical_keywords, dtype_name, memory_budget_bytes, outputs,
                         public_outputs, widen_mask)
 
-__all__ = sorted(KERNELS)
+__all__ = sorted(KERNELS) + ["dot_product_attention"]
 
 _TARGET = "tessera_call"
 for _platform, _capsule in _ext.ffi_targets().items():
@@ -264,3 +264,74 @@ Vocab-parallel (docs/DISTRIBUTED.md), inside shard_map: with ``vocab_start=s, ax
 holds classes [s, s + V_d) on this device (``s`` may be traced, e.g. ``lax.axis_index("tp") *
 V_d``); the loss and gradients equal one device's."""
 
+
+
+def _dpa_bias(bias, mask, is_causal, local_window_size, kv_lengths, T, S, dtype):
+    """jax.nn.dot_product_attention's bias, bool mask, top-left is_causal / local window (when
+    T != S) and key lengths as tessera's one bias [B|1, N|1, T|1, S|1] (−inf where masked), or None."""
+    def four(x):
+        if x.ndim > 4:
+            raise ValueError(f"a bias or mask must broadcast to [B, N, T, S], got {x.shape}")
+        return x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+    keep = None if mask is None else four(jnp.asarray(mask, bool))
+    i, j = jnp.arange(T)[:, None], jnp.arange(S)[None, :]
+    if is_causal or local_window_size is not None:  # T != S: top-left, as JAX's own masks
+        rule = j <= i if is_causal else jnp.ones((T, S), bool)
+        if local_window_size is not None:
+            left, right = local_window_size
+            rule = rule & (j >= i - left) & (j <= i + right)
+        keep = rule[None, None] if keep is None else keep & rule[None, None]
+    if kv_lengths is not None:  # keys past each sequence's length: a key padding mask [B, 1, 1, S]
+        pad = j[0][None, :] < jnp.asarray(kv_lengths)[:, None]
+        keep = pad[:, None, None, :] if keep is None else keep & pad[:, None, None, :]
+    out = None if bias is None else four(jnp.asarray(bias))
+    if keep is not None:
+        neg = jnp.where(keep, jnp.zeros((), dtype), jnp.asarray(-jnp.inf, dtype))
+        out = neg if out is None else out + neg
+    return out
+
+
+def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+                          query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
+                          implementation=None, **kwargs):
+    """``jax.nn.dot_product_attention``'s call on tessera's attention kernel.
+
+    query [B, T, N, H], key / value [B, S, K, H] (N a multiple of K), or without B; bias (added to
+    the scores, differentiable) and mask (bool, True takes part) broadcastable to [B, N, T, S] with
+    each dim 1 or full; is_causal and local_window_size=(left, right) aligned top-left as JAX's
+    (native options when T == S, else a bias); key_value_seq_lengths [B] as a key padding mask.
+    implementation: one of tessera's ("cpu", "cuda", "cudnn", "reference"; None: dispatch), not
+    JAX's "xla". Differences: a row whose keys are all masked gives 0; query_seq_lengths is not
+    taken (NotImplementedError). Other keywords (softcap=, dropout_p= with dropout_seed=,
+    block_sizes=, ...) go to ``tessera.jax.attention``."""
+    if query_seq_lengths is not None:
+        raise NotImplementedError("dot_product_attention: query_seq_lengths (pass the padded rows and ignore them, or "
+                                  "a mask)")
+    if implementation == "xla":
+        raise ValueError("dot_product_attention: implementation='xla' is JAX's; tessera runs its own (cpu, cuda, "
+                         "cudnn, reference; None dispatches)")
+    three = query.ndim == 3
+    if three:
+        query, key, value = query[None], key[None], value[None]
+        if key_value_seq_lengths is not None:
+            key_value_seq_lengths = jnp.reshape(jnp.asarray(key_value_seq_lengths), (1,))
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+        raise ValueError(f"dot_product_attention: query, key, value must be [B, T, N, H] or [T, N, H], got "
+                         f"{query.shape}, {key.shape}, {value.shape}")
+    T, S = query.shape[1], key.shape[1]
+    options = dict(kwargs)
+    if T == S:  # the native masks (bottom-right and top-left coincide)
+        options["causal"] = bool(is_causal)
+        if local_window_size is not None:
+            options["window_left"], options["window_right"] = local_window_size
+    b = _dpa_bias(bias, mask, is_causal and T != S, local_window_size if T != S else None, key_value_seq_lengths,
+                  T, S, query.dtype)
+    if b is not None:
+        options["bias"] = b
+    if scale is not None:
+        options["scale"] = scale
+    if implementation is not None:
+        options["implementation"] = implementation
+    o = attention(query, key, value, **options)  # noqa: F821 - generated above
+    return o[0] if three else o

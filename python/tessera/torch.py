@@ -26,7 +26,7 @@ import torch
 from . import _ext
 from ._registry import KERNELS, Kernel, canonical_keywords, dtype_name, memory_budget_bytes, widen_mask
 
-__all__ = sorted(KERNELS) + ["LinearCrossEntropyLoss"]
+__all__ = sorted(KERNELS) + ["LinearCrossEntropyLoss", "scaled_dot_product_attention"]
 
 _TORCH = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32, "i64": torch.int64}
 _SCHEMA_TYPES = {"flag": "bool", "int": "int", "float": "float", "str": "str"}
@@ -709,3 +709,53 @@ class LinearCrossEntropyLoss(torch.nn.Module):
                 f"label_smoothing={self.label_smoothing}, reduction={self.reduction!r}, softcap={self.softcap}"
                 + (f", implementation={self.implementation!r}" if self.implementation else "")
                 + (f", memory_budget={self.memory_budget}" if self.memory_budget else ""))
+
+
+def _sdpa_bias(attn_mask, is_causal: bool, L: int, S: int, dtype: torch.dtype, device) -> Optional[torch.Tensor]:
+    """SDPA's attn_mask (bool: True takes part; float: added to the scores) and its top-left
+    is_causal for L != S as tessera's bias [B|1, H|1, L|1, S|1] (−inf where masked), or None."""
+    bias = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            bias = torch.zeros(attn_mask.shape, dtype=dtype, device=device).masked_fill(~attn_mask, float("-inf"))
+        else:
+            bias = attn_mask
+        if bias.dim() > 4:
+            raise ValueError(f"attn_mask must broadcast to [B, H, L, S], got {tuple(bias.shape)}")
+        bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    if is_causal and L != S:  # SDPA aligns its causal mask top-left: key j <= query i
+        keep = torch.ones(L, S, dtype=torch.bool, device=device).tril()
+        bias = torch.zeros(1, 1, L, S, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+    return bias
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: Optional[float] = None, enable_gqa: bool = False, **kwargs):
+    """``torch.nn.functional.scaled_dot_product_attention``'s call on tessera's attention kernel.
+
+    query [B, Hq, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (or without B) -> [B, Hq, L, Ev].
+    attn_mask: bool (True takes part) or float (added to the scores; its gradient flows when it
+    requires grad), broadcastable to [B, Hq, L, S] with each dim 1 or full; is_causal aligned
+    top-left as SDPA's (for L != S it becomes a bias [1, 1, L, S]); GQA needs enable_gqa=True, as
+    SDPA. dropout_p draws its seed from torch's generator (tessera's Philox mask, not SDPA's).
+    Differences: a row whose keys are all masked gives 0 (SDPA's math backend gives NaN); inputs are
+    read in tessera's [B, L, H, E] layout (a transposed copy of SDPA's layout, once per call).
+    Other keywords (implementation=, block_sizes=, deterministic=, softcap=, ...) go to
+    ``tessera.torch.attention``."""
+    if query.dim() not in (3, 4) or key.dim() != query.dim() or value.dim() != query.dim():
+        raise ValueError("scaled_dot_product_attention: query, key, value must all be [B, H, L, E] or [H, L, E], got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if attn_mask is not None and is_causal:
+        raise ValueError("scaled_dot_product_attention: attn_mask and is_causal=True together (SDPA refuses it too)")
+    three = query.dim() == 3
+    if three:
+        query, key, value = (t.unsqueeze(0) for t in (query, key, value))
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ValueError(f"scaled_dot_product_attention: {query.shape[1]} query heads and {key.shape[1]} kv heads "
+                         "need enable_gqa=True (as SDPA)")
+    L, S = query.shape[2], key.shape[2]
+    bias = _sdpa_bias(attn_mask, is_causal, L, S, query.dtype, query.device)
+    o = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),  # noqa: F821 - generated
+                  bias=bias, causal=is_causal and L == S, scale=scale, dropout_p=dropout_p, **kwargs)
+    o = o.transpose(1, 2)
+    return o.squeeze(0) if three else o

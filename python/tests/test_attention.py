@@ -581,3 +581,122 @@ def test_jax_bias_gradient_under_jit():
                               argnums=(0, 1, 2)))(q, k, v)
     for a, b in zip(frozen, ours(q, k, v, bias)[:3]):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# tessera.torch.scaled_dot_product_attention: SDPA's call ([B, H, L, E], bool or float attn_mask,
+# top-left is_causal, enable_gqa) against torch.nn.functional.scaled_dot_product_attention itself,
+# values and every gradient (the float mask's included).
+def sdpa_inputs(torch, B=2, Hq=4, Hkv=2, L=7, S=9, E=8, Ev=6, seed=20):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, Hq, L, E, generator=g).requires_grad_(), torch.randn(B, Hkv, S, E, generator=g).requires_grad_(),
+            torch.randn(B, Hkv, S, Ev, generator=g).requires_grad_())
+
+
+@pytest.mark.parametrize("case", ["plain", "bool_mask", "float_mask", "causal_square", "causal_l_lt_s", "causal_l_gt_s",
+                                  "three_dims"])
+def test_torch_sdpa_call_matches_sdpa(case):
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+    import tessera.torch as tt
+
+    L, S = {"causal_square": (9, 9), "causal_l_gt_s": (11, 6)}.get(case, (7, 9))
+    q, k, v = sdpa_inputs(torch, L=L, S=S)
+    kw = dict(enable_gqa=True, scale=0.3)
+    leaves = [q, k, v]
+    if case == "bool_mask":  # [L, S], each row keeps key 0
+        m = torch.rand(L, S, generator=torch.Generator().manual_seed(21)) > 0.4
+        m[:, 0] = True
+        kw["attn_mask"] = m
+    if case == "float_mask":
+        kw["attn_mask"] = torch.randn(2, 1, L, S, generator=torch.Generator().manual_seed(22)).requires_grad_()
+        leaves.append(kw["attn_mask"])
+    if case.startswith("causal"):
+        kw["is_causal"] = True
+    if case == "three_dims":
+        q, k, v = (t.detach()[0].requires_grad_() for t in (q, k, v))
+        leaves = [q, k, v]
+    o = tt.scaled_dot_product_attention(q, k, v, **kw)
+    ref = F.scaled_dot_product_attention(q, k, v, **kw)
+    torch.testing.assert_close(o, ref, rtol=2e-5, atol=2e-5)
+    g = torch.linspace(-1, 1, o.numel()).reshape(o.shape)
+    for a, b in zip(torch.autograd.grad((o * g).sum(), leaves), torch.autograd.grad((ref * g).sum(), leaves)):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+
+
+def test_torch_sdpa_call_errors_and_compile():
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+
+    q, k, v = sdpa_inputs(torch)
+    with pytest.raises(ValueError, match="need enable_gqa=True"):
+        tt.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(ValueError, match="attn_mask and is_causal=True together"):
+        tt.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(7, 9, dtype=torch.bool), is_causal=True,
+                                        enable_gqa=True)
+    with pytest.raises(ValueError, match=r"must all be \[B, H, L, E\]"):
+        tt.scaled_dot_product_attention(q[0, 0], k[0, 0], v[0, 0])
+    # A row whose keys are all masked: 0, where SDPA's math backend gives NaN.
+    m = torch.ones(7, 9, dtype=torch.bool)
+    m[3] = False
+    o = tt.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+    assert torch.all(o[:, :, 3] == 0) and torch.isfinite(o).all()
+    step = torch.compile(lambda q, k, v, m: tt.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+                         fullgraph=True)
+    torch.testing.assert_close(step(q, k, v, m), o, rtol=0, atol=0)
+
+
+# tessera.jax.dot_product_attention: jax.nn.dot_product_attention's call (bias, bool mask, top-left
+# is_causal and local windows with T != S, key lengths) against JAX's own, values and gradients of
+# q, k, v and the bias under jit.
+DPA_CASES = [dict(), dict(bias=True), dict(mask=True), dict(is_causal=True), dict(bias=True, mask=True, is_causal=True),
+             dict(local_window_size=(2, 1)), dict(key_value_seq_lengths=True), dict(square=True, is_causal=True),
+             dict(square=True, local_window_size=(3, 0), bias=True)]
+
+
+@pytest.mark.parametrize("case", range(len(DPA_CASES)))
+def test_jax_dot_product_attention_matches_jax(case):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+
+    spec = dict(DPA_CASES[case])
+    rng = np.random.default_rng(30 + case)
+    S = 7 if spec.pop("square", False) else 9
+    q = jnp.asarray(rng.standard_normal((2, 7, 4, 8)).astype(np.float32))
+    k, v = (jnp.asarray(rng.standard_normal((2, S, 2, 8)).astype(np.float32)) for _ in range(2))
+    bias = jnp.asarray(rng.standard_normal((1, 4, 7, S)).astype(np.float32)) if spec.pop("bias", False) else None
+    kw = dict(spec)
+    if kw.get("mask"):
+        m = rng.random((2, 1, 7, S)) > 0.3
+        m[..., 0] = True
+        kw["mask"] = jnp.asarray(m)
+    if kw.get("key_value_seq_lengths"):
+        kw["key_value_seq_lengths"] = jnp.asarray([5, S], jnp.int32)
+    g = jnp.asarray(rng.standard_normal((2, 7, 4, 8)).astype(np.float32))
+
+    def loss(fn):
+        return lambda q, k, v, b: jnp.sum(fn(q, k, v, bias=b, **kw) * g)
+
+    np.testing.assert_allclose(np.asarray(tj.dot_product_attention(q, k, v, bias=bias, **kw)),
+                               np.asarray(jax.nn.dot_product_attention(q, k, v, bias=bias, **kw)), rtol=2e-5, atol=2e-5)
+    argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+    ours = jax.jit(jax.grad(loss(tj.dot_product_attention), argnums=argnums))(q, k, v, bias)
+    theirs = jax.grad(loss(jax.nn.dot_product_attention), argnums=argnums)(q, k, v, bias)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+
+
+def test_jax_dot_product_attention_refuses_what_it_does_not_take():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+
+    q, k, v = (jnp.asarray(t) for t in qkv())
+    with pytest.raises(NotImplementedError, match="query_seq_lengths"):
+        tj.dot_product_attention(q, k, v, query_seq_lengths=jnp.asarray([3, 7]))
+    with pytest.raises(ValueError, match="implementation='xla' is JAX's"):
+        tj.dot_product_attention(q, k, v, implementation="xla")
+    # [T, N, H] without the batch dim, as jax.nn's
+    o = tj.dot_product_attention(q[0], k[0], v[0], is_causal=True)
+    np.testing.assert_allclose(np.asarray(o), np.asarray(tj.dot_product_attention(q, k, v, is_causal=True)[0]),
+                               rtol=0, atol=0)

@@ -157,9 +157,10 @@ def _differentiable(kname: str, present: Tuple[str, ...], options: Tuple[Tuple[s
         tensors = dict(zip(present, args))
         # Upstream gradients of the outputs that take one: the forward_outputs (the first public
         # outputs) and those whose grad_<name> the backward declares (last states).
-        for name, gi in zip(public, gs):
-            if k.takes_grad(name):
-                tensors["grad_" + name] = jnp.asarray(gi, jnp.float32)
+        for i, (name, gi) in enumerate(zip(public, gs)):
+            if k.takes_grad(name):  # a forward output's in its own dtype (as in tessera.torch), last states f32
+                first = i < len(k.forward_outputs)
+                tensors["grad_" + name] = jnp.asarray(gi) if first else jnp.asarray(gi, jnp.float32)
         tensors.update(saved)
         grads = _ffi(k, "backward", tensors, options, ex, skip)
         return tuple(_varying_like(grads["d" + n], a) if takes(n) else None for n, a in zip(present, args))
@@ -266,6 +267,14 @@ V_d``); the loss and gradients equal one device's."""
 
 
 
+def _signed_scale(query, scale):
+    """A scale of 0 or below as the kernel takes it (> 0): 0 scores every key alike (q·0), a negative
+    scale flips q. The frameworks take both."""
+    if scale is None or scale > 0:
+        return query, scale
+    return (query * 0, 1.0) if scale == 0 else (-query, -scale)
+
+
 def _dpa_bias(bias, mask, is_causal, local_window_size, kv_lengths, T, S, dtype):
     """jax.nn.dot_product_attention's bias, bool mask, top-left is_causal / local window (when
     T != S) and key lengths as tessera's one bias [B|1, N|1, T|1, S|1] (−inf where masked), or None."""
@@ -286,6 +295,8 @@ def _dpa_bias(bias, mask, is_causal, local_window_size, kv_lengths, T, S, dtype)
         pad = j[0][None, :] < jnp.asarray(kv_lengths)[:, None]
         keep = pad[:, None, None, :] if keep is None else keep & pad[:, None, None, :]
     out = None if bias is None else four(jnp.asarray(bias))
+    if out is not None and out.dtype not in (jnp.dtype(jnp.float32), jnp.dtype(dtype)):
+        out = out.astype(jnp.float32)  # the kernel takes f32 or q's dtype
     if keep is not None:
         neg = jnp.where(keep, jnp.zeros((), dtype), jnp.asarray(-jnp.inf, dtype))
         out = neg if out is None else out + neg
@@ -302,12 +313,19 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     each dim 1 or full; is_causal and local_window_size=(left, right) aligned top-left as JAX's
     (native options when T == S, else a bias); key_value_seq_lengths [B] as a key padding mask.
     implementation: one of tessera's ("cpu", "cuda", "cudnn", "reference"; None: dispatch), not
-    JAX's "xla". Differences: a row whose keys are all masked gives 0; query_seq_lengths is not
+    JAX's "xla". Differences: a row whose keys are all masked gives 0 (JAX masks with a large finite
+    negative, so it gives the mean of v there); query_seq_lengths and return_residual are not
     taken (NotImplementedError). Other keywords (softcap=, dropout_p= with dropout_seed=,
     block_sizes=, ...) go to ``tessera.jax.attention``."""
     if query_seq_lengths is not None:
         raise NotImplementedError("dot_product_attention: query_seq_lengths (pass the padded rows and ignore them, or "
                                   "a mask)")
+    if kwargs.pop("return_residual", False):
+        raise NotImplementedError("dot_product_attention: return_residual (tessera.jax.call('attention', 'forward', "
+                                  "...) returns o and lse)")
+    if isinstance(local_window_size, int):  # JAX's int: a symmetric window
+        local_window_size = (local_window_size, local_window_size)
+    query, scale = _signed_scale(query, scale)
     if implementation == "xla":
         raise ValueError("dot_product_attention: implementation='xla' is JAX's; tessera runs its own (cpu, cuda, "
                          "cudnn, reference; None dispatches)")
@@ -321,11 +339,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                          f"{query.shape}, {key.shape}, {value.shape}")
     T, S = query.shape[1], key.shape[1]
     options = dict(kwargs)
-    if T == S:  # the native masks (bottom-right and top-left coincide)
+    # The native masks where they coincide with JAX's top-left ones: T == S, a window of sizes >= 0
+    # (the kernel reads −1 as unbounded, JAX as one key short of the diagonal).
+    native = T == S and (local_window_size is None or min(local_window_size) >= 0)
+    if native:
         options["causal"] = bool(is_causal)
         if local_window_size is not None:
             options["window_left"], options["window_right"] = local_window_size
-    b = _dpa_bias(bias, mask, is_causal and T != S, local_window_size if T != S else None, key_value_seq_lengths,
+    b = _dpa_bias(bias, mask, is_causal and not native, None if native else local_window_size, key_value_seq_lengths,
                   T, S, query.dtype)
     if b is not None:
         options["bias"] = b

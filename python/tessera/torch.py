@@ -325,6 +325,7 @@ def _register_autograd(k: Kernel):
         saved = [output[order.index(n)] for n in k.saved_outputs]
         ctx.save_for_backward(*[named[n] for n in tensor_names], *saved)
         ctx.grad_shapes = [o.shape for o in output[:nf]]
+        ctx.grad_dtypes = [o.dtype for o in output[:nf]]
         # The names of every output, in order (the optional ones depend on the options).
         tensors = {n: named[n] for n in tensor_names}
         options = k.option_texts({o.name: named[o.name] for o in k.options})
@@ -347,10 +348,12 @@ def _register_autograd(k: Kernel):
         named: Dict[str, Any] = dict(ctx.rest)
         named.update(zip(ctx.tensor_names, saved[:n]))
         named.update(zip(k.saved_outputs, saved[n:]))
-        for name, g, shape in zip(k.forward_outputs, grads, ctx.grad_shapes):
+        for name, g, shape, dtype in zip(k.forward_outputs, grads, ctx.grad_shapes, ctx.grad_dtypes):
             ref = saved[0]
+            # In its output's dtype (the kernels take "f32 or the inputs' dtype", and an output is
+            # one of them: attention's bf16 dO keeps the cpu backward on its bf16 dot route), else f32.
             named["grad_" + name] = (torch.zeros(shape, dtype=torch.float32, device=ref.device) if g is None
-                                     else g.to(torch.float32).contiguous())
+                                     else g.to(dtype if g.dtype == dtype else torch.float32).contiguous())
         for name, g in zip(ctx.out_names[len(k.forward_outputs):], grads[len(k.forward_outputs):]):
             if g is not None and k.takes_grad(name):  # optional upstream gradients (last states)
                 named["grad_" + name] = g.to(torch.float32).contiguous()
@@ -737,7 +740,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     attn_mask: bool (True takes part) or float (added to the scores; its gradient flows when it
     requires grad), broadcastable to [B, Hq, L, S] with each dim 1 or full; is_causal aligned
     top-left as SDPA's (for L != S it becomes a bias [1, 1, L, S]); GQA needs enable_gqa=True, as
-    SDPA. dropout_p draws its seed from torch's generator (tessera's Philox mask, not SDPA's).
+    SDPA (one kv head broadcasts without it). Not taken: other ranks than 3 and 4, a key batch of 1
+    broadcast over the queries'. dropout_p draws its seed from torch's generator (tessera's Philox mask, not SDPA's).
     Differences: a row whose keys are all masked gives 0 (SDPA's math backend gives NaN); inputs are
     read in tessera's [B, L, H, E] layout (a transposed copy of SDPA's layout, once per call).
     Other keywords (implementation=, block_sizes=, deterministic=, softcap=, ...) go to
@@ -750,11 +754,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     three = query.dim() == 3
     if three:
         query, key, value = (t.unsqueeze(0) for t in (query, key, value))
-    if query.shape[1] != key.shape[1] and not enable_gqa:
+    if query.shape[1] != key.shape[1] and key.shape[1] != 1 and not enable_gqa:  # one kv head broadcasts, as SDPA's
         raise ValueError(f"scaled_dot_product_attention: {query.shape[1]} query heads and {key.shape[1]} kv heads "
                          "need enable_gqa=True (as SDPA)")
     L, S = query.shape[2], key.shape[2]
     bias = _sdpa_bias(attn_mask, is_causal, L, S, query.dtype, query.device)
+    if scale is not None and scale <= 0:  # the kernel takes a scale > 0: 0 scores every key alike, < 0 flips q
+        query, scale = (query * 0, 1.0) if scale == 0 else (-query, -scale)
     o = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),  # noqa: F821 - generated
                   bias=bias, causal=is_causal and L == S, scale=scale, dropout_p=dropout_p, **kwargs)
     o = o.transpose(1, 2)

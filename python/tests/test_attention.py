@@ -630,6 +630,14 @@ def test_torch_sdpa_call_errors_and_compile():
     q, k, v = sdpa_inputs(torch)
     with pytest.raises(ValueError, match="need enable_gqa=True"):
         tt.scaled_dot_product_attention(q, k, v)
+    import torch.nn.functional as F
+    k1, v1 = k[:, :1].detach(), v[:, :1].detach()  # one kv head broadcasts without enable_gqa, as SDPA's
+    torch.testing.assert_close(tt.scaled_dot_product_attention(q, k1, v1),
+                               F.scaled_dot_product_attention(q, k1, v1), rtol=2e-5, atol=2e-5)
+    for scale in (0.0, -0.3):  # the kernel takes scale > 0; SDPA takes any
+        torch.testing.assert_close(tt.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True),
+                                   F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True),
+                                   rtol=2e-5, atol=2e-5)
     with pytest.raises(ValueError, match="attn_mask and is_causal=True together"):
         tt.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(7, 9, dtype=torch.bool), is_causal=True,
                                         enable_gqa=True)
@@ -650,7 +658,9 @@ def test_torch_sdpa_call_errors_and_compile():
 # q, k, v and the bias under jit.
 DPA_CASES = [dict(), dict(bias=True), dict(mask=True), dict(is_causal=True), dict(bias=True, mask=True, is_causal=True),
              dict(local_window_size=(2, 1)), dict(key_value_seq_lengths=True), dict(square=True, is_causal=True),
-             dict(square=True, local_window_size=(3, 0), bias=True)]
+             dict(square=True, local_window_size=(3, 0), bias=True), dict(square=True, local_window_size=2),
+             dict(square=True, local_window_size=(-1, 2), empty_last_row=True), dict(bias="bf16"), dict(scale=0.0, mask=True),
+             dict(scale=-0.4, is_causal=True)]
 
 
 @pytest.mark.parametrize("case", range(len(DPA_CASES)))
@@ -662,9 +672,13 @@ def test_jax_dot_product_attention_matches_jax(case):
     spec = dict(DPA_CASES[case])
     rng = np.random.default_rng(30 + case)
     S = 7 if spec.pop("square", False) else 9
+    empty_last_row = spec.pop("empty_last_row", False)  # ours 0 there, JAX's the mean of v: compared apart
     q = jnp.asarray(rng.standard_normal((2, 7, 4, 8)).astype(np.float32))
     k, v = (jnp.asarray(rng.standard_normal((2, S, 2, 8)).astype(np.float32)) for _ in range(2))
-    bias = jnp.asarray(rng.standard_normal((1, 4, 7, S)).astype(np.float32)) if spec.pop("bias", False) else None
+    want_bias = spec.pop("bias", False)
+    bias = jnp.asarray(rng.standard_normal((1, 4, 7, S)).astype(np.float32)) if want_bias else None
+    if want_bias == "bf16":  # neither f32 nor q's dtype: JAX takes it, so does the drop-in
+        bias = bias.astype(jnp.bfloat16)
     kw = dict(spec)
     if kw.get("mask"):
         m = rng.random((2, 1, 7, S)) > 0.3
@@ -673,13 +687,18 @@ def test_jax_dot_product_attention_matches_jax(case):
     if kw.get("key_value_seq_lengths"):
         kw["key_value_seq_lengths"] = jnp.asarray([5, S], jnp.int32)
     g = jnp.asarray(rng.standard_normal((2, 7, 4, 8)).astype(np.float32))
+    rows = slice(0, 6) if empty_last_row else slice(None)
+    if empty_last_row:
+        g = g.at[:, 6].set(0.0)
+        assert float(jnp.max(jnp.abs(tj.dot_product_attention(q, k, v, **kw)[:, 6]))) == 0.0
 
     def loss(fn):
         return lambda q, k, v, b: jnp.sum(fn(q, k, v, bias=b, **kw) * g)
 
-    np.testing.assert_allclose(np.asarray(tj.dot_product_attention(q, k, v, bias=bias, **kw)),
-                               np.asarray(jax.nn.dot_product_attention(q, k, v, bias=bias, **kw)), rtol=2e-5, atol=2e-5)
-    argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+    np.testing.assert_allclose(np.asarray(tj.dot_product_attention(q, k, v, bias=bias, **kw)[:, rows]),
+                               np.asarray(jax.nn.dot_product_attention(q, k, v, bias=bias, **kw)[:, rows]),
+                               rtol=2e-5, atol=2e-5)
+    argnums = (0, 1, 2, 3) if bias is not None and bias.dtype == jnp.float32 else (0, 1, 2)
     ours = jax.jit(jax.grad(loss(tj.dot_product_attention), argnums=argnums))(q, k, v, bias)
     theirs = jax.grad(loss(jax.nn.dot_product_attention), argnums=argnums)(q, k, v, bias)
     for a, b in zip(ours, theirs):
@@ -700,3 +719,36 @@ def test_jax_dot_product_attention_refuses_what_it_does_not_take():
     o = tj.dot_product_attention(q[0], k[0], v[0], is_causal=True)
     np.testing.assert_allclose(np.asarray(o), np.asarray(tj.dot_product_attention(q, k, v, is_causal=True)[0]),
                                rtol=0, atol=0)
+
+
+def test_upstream_gradient_keeps_its_outputs_dtype(monkeypatch):
+    """A bf16 o's gradient reaches the kernel in bf16 (the kernels take f32 or the inputs' dtype;
+    on the cpu backend a bf16 dO keeps the backward on its bf16 dot route, about twice as fast as
+    the f32 route an f32 copy forced). JAX: the traced FFI call's grad_o dtype; PyTorch: the
+    gradients equal those from an upstream gradient given in bf16 to the C++ backward directly."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+
+    q, k, v = (jnp.asarray(t, jnp.bfloat16) for t in qkv(seed=40))
+    seen = []
+    real = tj._ffi
+
+    def spy(kern, pass_, tensors, options, ex, skip=()):
+        if pass_ == "backward":
+            seen.append(tensors["grad_o"].dtype)
+        return real(kern, pass_, tensors, options, ex, skip)
+
+    monkeypatch.setattr(tj, "_ffi", spy)
+    jax.grad(lambda q: jnp.sum(tj.attention(q, k, v).astype(jnp.float32)))(q)
+    assert seen == [jnp.dtype(jnp.bfloat16)]
+
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+    tq, tk, tv = (torch.from_numpy(t).to(torch.bfloat16) for t in qkv(seed=41))
+    g = torch.from_numpy(np.random.default_rng(42).standard_normal((2, 7, 4, 6)).astype(np.float32)).to(torch.bfloat16)
+    leaves = [t.clone().requires_grad_() for t in (tq, tk, tv)]
+    got = torch.autograd.grad((tt.attention(*leaves) * g).sum(), leaves)
+    want = tessera.call("attention", "backward", {"q": tq, "k": tk, "v": tv, "grad_o": g})
+    for a, n in zip(got, ("dq", "dk", "dv")):
+        assert torch.equal(a, torch.from_numpy(want[n].astype(np.float32)).to(torch.bfloat16)), n

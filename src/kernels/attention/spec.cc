@@ -152,10 +152,14 @@ class AttentionBench final : public kernels::CallBenchProblem {
     const double fwd = 4.0 * s_.B * s_.H * s_.D * pairs();  // QKᵀ and PV, 2 flops per MAC
     const double esz = static_cast<double>(dtype_size(s_.dtype));
     const double qkv = (2.0 * s_.H + 2.0 * s_.Hkv) * s_.B * s_.S * s_.D * esz;  // q, k, v, o
-    if (pass != Pass::kBackward) c.add({"forward: QKᵀ, PV", fwd, qkv, s_.B * s_.H * pairs(), false});
-    if (pass != Pass::kForward)
-      c.add({"backward: 2.5× forward (FlashAttention convention)", 2.5 * fwd, 2 * qkv, s_.B * s_.H * pairs(), false});
-    c.assumptions.push_back("useful FLOPs 4·B·H·D·pairs forward, 2.5× that backward; bytes: each tensor once");
+    const double bias = s_.bias ? 4.0 * s_.H * static_cast<double>(s_.S) * s_.S : 0.0;  // f32 [1, H, S, S]
+    if (pass != Pass::kBackward) c.add({"forward: QKᵀ, PV", fwd, qkv + bias, s_.B * s_.H * pairs(), false});
+    if (pass != Pass::kForward)  // the bias read again, dbias written
+      c.add({"backward: 2.5× forward (FlashAttention convention)", 2.5 * fwd, 2 * qkv + 2 * bias,
+             s_.B * s_.H * pairs(), false});
+    c.assumptions.push_back("useful FLOPs 4·B·H·D·pairs forward, 2.5× that backward; bytes: each tensor once" +
+                            std::string(s_.bias ? " (the bias and dbias too; a dbias pass's recomputed products "
+                                                  "are not useful FLOPs)" : ""));
     return c;
   }
 

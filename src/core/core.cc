@@ -38,6 +38,7 @@ size_t dtype_size(DType t) noexcept {
     case DType::kF16: return 2;
     case DType::kI32: return 4;
     case DType::kI64: return 8;
+    case DType::kF8E4M3: return 1;
   }
   return 0;
 }
@@ -49,6 +50,7 @@ const char* dtype_name(DType t) noexcept {
     case DType::kF16: return "f16";
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
+    case DType::kF8E4M3: return "f8e4m3";
   }
   return "?";
 }
@@ -59,8 +61,9 @@ DType parse_dtype(std::string_view name) {
   if (name == "f16" || name == "float16" || name == "half") return DType::kF16;
   if (name == "i32" || name == "int32") return DType::kI32;
   if (name == "i64" || name == "int64") return DType::kI64;
+  if (name == "f8e4m3" || name == "float8_e4m3fn" || name == "f8_e4m3fn") return DType::kF8E4M3;
   throw Error(ErrorCode::kInvalidArgument,
-              "unknown dtype '" + std::string(name) + "' (expected f32, bf16, f16, i32 or i64)");
+              "unknown dtype '" + std::string(name) + "' (expected f32, bf16, f16, i32, i64 or f8e4m3)");
 }
 
 std::string Device::str() const {

@@ -27,6 +27,11 @@ double ArgCheck::softmax_scale(const std::optional<double>& scale, int64_t D) co
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
 }
 
+double ArgCheck::positive_f32(double v, const std::string& what) const {
+  if (!(v > 0.0 && v <= kF32Max)) fail(what + " must be finite in f32 and > 0, got " + g(v));
+  return v;
+}
+
 void ArgCheck::nonnegative_f32(double v, const std::string& what) const {
   if (!(v >= 0.0 && v <= kF32Max)) fail(what + " must be finite in f32 and >= 0, got " + g(v));
 }

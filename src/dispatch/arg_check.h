@@ -67,6 +67,8 @@ class ArgCheck {
   double softmax_scale(const std::optional<double>& scale, int64_t D) const;
   // "<what> must be finite in f32 and >= 0, got X"
   void nonnegative_f32(double v, const std::string& what) const;
+  // "<what> must be finite in f32 and > 0, got X"; returns v (a dequantization scale).
+  double positive_f32(double v, const std::string& what) const;
   // A soft cap c·tanh(s/c): 0 (off) or a normal f32 (below FLT_MIN the backward divides by 0:
   // NaN gradients, and LCE's forward dropped the cap). "<what> must be 0 (off) or in [..], got X"
   void softcap(double c, const std::string& what) const;

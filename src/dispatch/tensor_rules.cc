@@ -10,13 +10,15 @@ namespace tessera::dispatch {
 namespace {
 bool is_number(const std::string& s) { return !s.empty() && std::isdigit(static_cast<unsigned char>(s[0])); }
 
-// "=q|f32" -> {"q", true}; "=q" -> {"q", false}; anything else -> {"", false}.
-std::pair<std::string, bool> like_of(const std::string& rule) {
-  if (rule.empty() || rule[0] != '=') return {"", false};
+// "=q|f32" -> {"q", "f32"} (q's dtype or f32); "=q" -> {"q", ""}; anything else -> {"", ""}.
+// The alternative is f32 or f8e4m3 (a storage type: paged_attention's caches).
+std::pair<std::string, std::string> like_of(const std::string& rule) {
+  if (rule.empty() || rule[0] != '=') return {"", ""};
   const size_t bar = rule.find('|');
-  if (bar == std::string::npos) return {rule.substr(1), false};
-  if (rule.substr(bar + 1) != "f32") throw std::logic_error("tensor rule: only '=x|f32' is known, got " + rule);
-  return {rule.substr(1, bar - 1), true};
+  if (bar == std::string::npos) return {rule.substr(1), ""};
+  const std::string alt = rule.substr(bar + 1);
+  if (alt != "f32" && alt != "f8e4m3") throw std::logic_error("tensor rule: only '=x|f32' and '=x|f8e4m3' are known, got " + rule);
+  return {rule.substr(1, bar - 1), alt};
 }
 }  // namespace
 
@@ -39,8 +41,8 @@ std::string rule_text(const TensorRule& rule) {
     if (!dims.empty()) dims += ", ";
     dims += n;
   }
-  const auto [like, or_f32] = like_of(rule.dtype);
-  if (!like.empty()) dtype = like + "'s dtype" + (or_f32 ? " or f32" : "");
+  const auto [like, alt] = like_of(rule.dtype);
+  if (!like.empty()) dtype = like + "'s dtype" + (alt.empty() ? "" : " or " + alt);
   if (rule.dtype == "float") dtype = "f32, bf16 or f16";
   if (rule.dtype == "int") dtype = "int32 or int64";
   if (rule.dtype == "any") dtype = "any dtype";
@@ -144,12 +146,15 @@ void Dims::check_dtype(const TensorView& t, const TensorRule& rule) const {
   if (r == "any") return;
   if (r == "float") return args_->floating(t, rule.name);
   if (r == "int") return args_->integer(t, rule.name);
-  const auto [like, or_f32] = like_of(r);
+  const auto [like, alt] = like_of(r);
   if (like.empty()) return args_->dtype(t, parse_dtype(r), rule.name);
   const DType want = dtype(r);
-  if (t.dtype == want || (or_f32 && t.dtype == DType::kF32)) return;
-  if (or_f32 && want != DType::kF32)
+  if (t.dtype == want || (!alt.empty() && t.dtype == parse_dtype(alt))) return;
+  if (alt == "f32" && want != DType::kF32)
     args_->fail(rule.name + " must be f32 or " + dtype_name(want) + " (" + like + "'s dtype), got " + dtype_name(t.dtype));
+  if (!alt.empty() && want != parse_dtype(alt))
+    args_->fail(rule.name + " must be " + dtype_name(want) + " (" + like + "'s dtype) or " + alt + ", got " +
+                dtype_name(t.dtype));
   args_->fail(rule.name + " must be " + dtype_name(want) + " like " + like + ", got " + dtype_name(t.dtype));
 }
 

@@ -29,9 +29,11 @@ DType parse_descr(const std::string& path, const std::string& d) {
   if (d == "<i4") return DType::kI32;
   if (d == "<i8") return DType::kI64;
   if (d == "<V2" || d == "|V2" || d == "bfloat16" || d == "<bfloat16") return DType::kBF16;
+  // ml_dtypes.float8_e4m3fn saves as a 1-byte void.
+  if (d == "<V1" || d == "|V1" || d == "float8_e4m3fn" || d == "<float8_e4m3fn") return DType::kF8E4M3;
   if (d == "<f8") bad(path, "dtype float64 is not supported: save as float32 (x.astype(np.float32))");
   if (!d.empty() && d[0] == '>') bad(path, "big-endian dtype '" + d + "' is not supported");
-  bad(path, "unsupported dtype '" + d + "' (expected <f4, <f2, bf16 as <V2, <i4, <i8, or |b1 |u1 |i1 widened to i32)");
+  bad(path, "unsupported dtype '" + d + "' (expected <f4, <f2, bf16 as <V2, f8e4m3 as <V1, <i4, <i8, or |b1 |u1 |i1 widened to i32)");
 }
 
 // The value text after 'key': in the header dict (a Python literal), or "" if absent.
@@ -196,6 +198,7 @@ void write_file(const std::string& tmp, const std::string& path, const TensorVie
     case DType::kBF16: descr = "<V2"; break;
     case DType::kI32: descr = "<i4"; break;
     case DType::kI64: descr = "<i8"; break;
+    case DType::kF8E4M3: descr = "|V1"; break;
   }
   std::string shape = "(";
   for (size_t i = 0; i < t.shape.size(); ++i) shape += std::to_string(t.shape[i]) + (t.shape.size() == 1 ? "," : (i + 1 < t.shape.size() ? ", " : ""));

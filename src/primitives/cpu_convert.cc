@@ -54,6 +54,46 @@ void HalfToF32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
   }
 }
 
+// N f8e4m3 codes widened to f32 by integer arithmetic (no float operation on a subnormal, so a
+// caller's flush-to-zero / denormals-are-zero mode changes nothing): a normal code (e >= 1) is
+// its 7 magnitude bits shifted into f32's exponent and mantissa and rebiased by 120 (exponent
+// e + 120, mantissa m << 20); a subnormal (e = 0) is m · 2^-9; S.1111.111 is NaN; then the sign.
+template <class D>
+HWY_INLINE hn::Vec<D> WidenF8(D df, const uint8_t* src) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::Rebind<uint8_t, D> du8;
+  const auto u = hn::PromoteTo(du, hn::LoadU(du8, src));
+  const auto mag = hn::And(u, hn::Set(du, 0x7fu));
+  const auto normal = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(mag), hn::Set(du, 120u << 23)));
+  const auto sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(hn::RebindToSigned<D>(), mag)), hn::Set(df, 0x1p-9f));
+  auto r = hn::IfThenElse(hn::RebindMask(df, hn::Lt(mag, hn::Set(du, 8u))), sub, normal);
+  r = hn::IfThenElse(hn::RebindMask(df, hn::Eq(mag, hn::Set(du, 0x7fu))), hn::NaN(df), r);
+  return hn::BitCast(df, hn::Or(hn::BitCast(du, r), hn::ShiftLeft<24>(hn::And(u, hn::Set(du, 0x80u)))));
+}
+
+void F8E4M3ToF32(const uint8_t* src, float* dst, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(WidenF8(df, src + i), df, dst + i);
+  for (; i < n; ++i) dst[i] = tessera::f8e4m3_to_f32(src[i]);
+}
+
+// Exact as well (every f8e4m3 value is a bf16): the f32 widening's upper halves.
+void F8E4M3ToBf16(const uint8_t* src, uint16_t* dst, int64_t n) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto hi = hn::ShiftRight<16>(hn::BitCast(du, WidenF8(df, src + i)));  // <= 0xffff: no saturation
+    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, hi)), du16, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = tessera::f32_to_bf16(tessera::f8e4m3_to_f32(src[i]));
+}
+
 void F32ToF16(const float* src, uint16_t* dst, int64_t n) {
   if (kScalarF16) {
     for (int64_t i = 0; i < n; ++i) dst[i] = tessera::f32_to_f16(src[i]);
@@ -114,11 +154,15 @@ namespace tessera::cpu_convert {
 HWY_EXPORT(HalfToF32);
 HWY_EXPORT(F32ToF16);
 HWY_EXPORT(F32ToBf16);
+HWY_EXPORT(F8E4M3ToF32);
+HWY_EXPORT(F8E4M3ToBf16);
 
 void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
   HWY_DYNAMIC_DISPATCH(HalfToF32)(src, is_bf16, dst, n);
 }
 
+void f8e4m3_to_f32(const uint8_t* src, float* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F8E4M3ToF32)(src, dst, n); }
+void f8e4m3_to_bf16(const uint8_t* src, uint16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F8E4M3ToBf16)(src, dst, n); }
 void f32_to_f16(const float* src, uint16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToF16)(src, dst, n); }
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToBf16)(src, dst, n); }
 

@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 namespace tessera::primitives::cuda {
 
@@ -11,6 +12,8 @@ namespace tessera::primitives::cuda {
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+// f8e4m3 (OCP E4M3, "e4m3fn"): exact in f32 (a KV cache's storage type; nothing is stored in it).
+__device__ __forceinline__ float to_f32(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
 
 // from_f32<T>(x): x rounded to T (nearest even).
 template <class T>

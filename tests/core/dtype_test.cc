@@ -57,10 +57,57 @@ TEST(DType, F16RoundTripsEveryFiniteEncoding) {
   }
 }
 
+// OCP E4M3 ("e4m3fn"): the values ml_dtypes.float8_e4m3fn and torch.float8_e4m3fn give.
+TEST(DType, F8E4M3MatchesKnownEncodings) {
+  EXPECT_EQ(f8e4m3_to_f32(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(f8e4m3_to_f32(0x80)));
+  EXPECT_EQ(f8e4m3_to_f32(0x38), 1.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(f8e4m3_to_f32(0x07), 7 * std::ldexp(1.0f, -9));
+  EXPECT_EQ(f8e4m3_to_f32(0x08), std::ldexp(1.0f, -6));  // smallest normal
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0xfe), -448.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0x77), 240.0f);  // e 14, m 7: 1.875 · 2^7 (e 15 m 7 is NaN, not this)
+  EXPECT_TRUE(std::isnan(f8e4m3_to_f32(0x7f)));
+  EXPECT_TRUE(std::isnan(f8e4m3_to_f32(0xff)));
+  EXPECT_EQ(f8e4m3_to_f32(0x78), 256.0f);  // e 15 is a normal exponent in e4m3fn
+}
+
+TEST(DType, F8E4M3RoundsToNearestEvenAndOverflowsToNan) {
+  EXPECT_EQ(f32_to_f8e4m3(1.0625f), 0x38);   // halfway 1 | 1.125: to even (1)
+  EXPECT_EQ(f32_to_f8e4m3(1.1875f), 0x3a);   // halfway 1.125 | 1.25: to even (1.25)
+  EXPECT_EQ(f32_to_f8e4m3(1.07f), 0x39);
+  EXPECT_EQ(f32_to_f8e4m3(-3.3f), 0xc5);     // -3.25
+  EXPECT_EQ(f32_to_f8e4m3(464.0f), 0x7e);    // halfway 448 | (480): to even, 448
+  EXPECT_EQ(f32_to_f8e4m3(465.0f), 0x7f);    // past it: NaN (no infinity in e4m3fn)
+  EXPECT_EQ(f32_to_f8e4m3(-1e6f), 0xff);
+  EXPECT_EQ(f32_to_f8e4m3(std::numeric_limits<float>::infinity()), 0x7f);
+  EXPECT_EQ(f32_to_f8e4m3(std::nanf("")), 0x7f);
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(1.0f, -10)), 0x00);      // halfway 0 | 2^-9: to even, 0
+  EXPECT_EQ(f32_to_f8e4m3(3 * std::ldexp(1.0f, -10)), 0x02);  // halfway 1 | 2 units of 2^-9
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(15.5f, -10)), 0x08);     // 7.75 units rounds up into the normals
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(1.0f, -30)), 0x00);
+  EXPECT_EQ(f32_to_f8e4m3(-0.0f), 0x80);
+}
+
+TEST(DType, F8E4M3RoundTripsEveryEncoding) {
+  for (uint32_t c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;  // NaN
+    EXPECT_EQ(f32_to_f8e4m3(f8e4m3_to_f32(static_cast<uint8_t>(c))), c) << std::hex << c;
+  }
+  uint8_t buf[2] = {0, 0};
+  store_from_f32(buf, DType::kF8E4M3, 1, -2.0f);
+  EXPECT_EQ(buf[1], 0xc0);
+  EXPECT_EQ(load_as_f32(buf, DType::kF8E4M3, 1), -2.0f);
+  EXPECT_EQ(dtype_size(DType::kF8E4M3), 1u);
+}
+
 TEST(DType, ParseAndNames) {
   EXPECT_EQ(parse_dtype("bf16"), DType::kBF16);
   EXPECT_EQ(parse_dtype("float16"), DType::kF16);
+  EXPECT_EQ(parse_dtype("float8_e4m3fn"), DType::kF8E4M3);
   EXPECT_STREQ(dtype_name(DType::kI64), "i64");
+  EXPECT_STREQ(dtype_name(DType::kF8E4M3), "f8e4m3");
   EXPECT_THROW(parse_dtype("f8"), Error);
 }
 

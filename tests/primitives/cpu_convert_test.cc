@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "hwy/targets.h"
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 #include "primitives/cpu_convert.h"
 #include "tessera/dtype.h"
 
@@ -29,6 +32,50 @@ TEST(CpuConvert, EveryF16AndBf16EncodingWidensExactly) {
       ASSERT_TRUE(same_bits_or_both_nan(out[i], want)) << (bf16 ? "bf16 " : "f16 ") << std::hex << i;
     }
   }
+}
+
+TEST(CpuConvert, EveryF8E4M3EncodingWidensExactlyAtEveryLength) {
+  std::vector<uint8_t> all(256 + 40);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint8_t>(i * 37 + 11);  // every code, shuffled
+  for (int64_t n : {0, 1, 7, 15, 16, 17, 33, 255, 256, 257, 295}) {
+    std::vector<float> dst(static_cast<size_t>(n) + 2, -7.0f);
+    cpu_convert::f8e4m3_to_f32(all.data() + 1, dst.data() + 1, n);  // unaligned on purpose
+    EXPECT_EQ(dst[0], -7.0f);
+    EXPECT_EQ(dst[static_cast<size_t>(n) + 1], -7.0f) << n;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_TRUE(same_bits_or_both_nan(dst[static_cast<size_t>(i) + 1], f8e4m3_to_f32(all[static_cast<size_t>(i) + 1])))
+          << n << " " << i;
+    std::vector<uint16_t> b(static_cast<size_t>(n) + 2, 0xdead);
+    cpu_convert::f8e4m3_to_bf16(all.data() + 1, b.data() + 1, n);
+    EXPECT_EQ(b[0], 0xdead);
+    EXPECT_EQ(b[static_cast<size_t>(n) + 1], 0xdead) << n;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_TRUE(same_bits_or_both_nan(bf16_to_f32(b[static_cast<size_t>(i) + 1]), f8e4m3_to_f32(all[static_cast<size_t>(i) + 1])))
+          << n << " " << i;
+  }
+}
+
+// A caller's flush-to-zero / denormals-are-zero mode (torch.set_flush_denormal(True) sets it)
+// must not touch an f8e4m3 subnormal: the widening is integer arithmetic.
+TEST(CpuConvert, F8E4M3WidensSubnormalsUnderFlushToZero) {
+#if defined(__x86_64__)
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // FTZ | DAZ
+  std::vector<uint8_t> codes(64);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i < 32 ? i % 16 : 0x80 | (i % 16));
+  std::vector<float> f(64);
+  std::vector<uint16_t> b(64);
+  cpu_convert::f8e4m3_to_f32(codes.data(), f.data(), 64);
+  cpu_convert::f8e4m3_to_bf16(codes.data(), b.data(), 64);
+  _mm_setcsr(saved);
+  for (size_t i = 0; i < codes.size(); ++i) {
+    EXPECT_TRUE(same_bits_or_both_nan(f[i], f8e4m3_to_f32(codes[i]))) << i;
+    EXPECT_TRUE(same_bits_or_both_nan(bf16_to_f32(b[i]), f8e4m3_to_f32(codes[i]))) << i;
+  }
+  EXPECT_EQ(f[1], std::ldexp(1.0f, -9));
+#else
+  GTEST_SKIP() << "x86-64 only (MXCSR)";
+#endif
 }
 
 TEST(CpuConvert, TailsWriteExactlyNElements) {

@@ -90,6 +90,7 @@ BENCH_RUNS=(
   "attention|bias|--impl cuda $attn_shapes --dtype bf16 --pass forward,fused --bias"
   "paged_attention|decode|--grid gpu"
   "paged_attention|mixed|--grid gpu --prefill 8"
+  "paged_attention|f8kv|--grid gpu --f8-cache"
 )
 # Tuning runs of tunable GPU implementations, "kernel|name|arguments" (each writes its own table
 # file); a kernel without a line here is tuned at its buckets' representative shapes.

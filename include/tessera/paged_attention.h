@@ -13,7 +13,9 @@
 // hold NaN or garbage).
 //
 // Query i of sequence s (row t = cu_q_lens[s] + i) sits at position pos = kv_len_s − q_len_s + i.
-// Query head h reads kv head h / (Hq / Hkv) (Hq % Hkv == 0: MHA, GQA, MQA). For a key position j:
+// Query head h reads kv head h / (Hq / Hkv) (Hq % Hkv == 0: MHA, GQA, MQA). The caches hold q's
+// dtype or f8e4m3 (an FP8 KV cache, both caches alike), dequantized by per-tensor scales:
+// k_j = k_scale · k_cache[row_j], v_j = v_scale · v_cache[row_j] (both 1 by default). For a key position j:
 //   x_j = scale · q_t,h · k_j                    (scale defaults to 1/sqrt(D))
 //   if softcap c > 0:  x_j = c · tanh(x_j / c)
 //   allowed(j) = j < kv_len_s && (!causal || j ≤ pos) && (window < 0 || j ≥ pos − window)
@@ -43,9 +45,12 @@ struct Options : ExecOptions {
   double softcap = 0.0;         // c > 0 enables c·tanh(x/c); 0 disables; must be finite, >= 0
   bool causal = false;          // a query sees keys at positions <= its own
   int64_t window = -1;          // keys at positions >= own − window only; −1 = unbounded
+  double k_scale = 1.0;         // k = k_scale · k_cache (an f8e4m3 cache's dequantization); finite, > 0
+  double v_scale = 1.0;         // v = v_scale · v_cache; finite, > 0
 };
 
-// q, k_cache, v_cache: one dtype (f32, bf16, f16), contiguous, on one device. page_table,
+// q: f32, bf16 or f16; k_cache, v_cache: q's dtype or f8e4m3, the two alike; all contiguous, on
+// one device. page_table,
 // kv_lens, cu_q_lens: i32, contiguous, in host memory (read by the API to validate them).
 // sinks: f32 [Hq], on q's device.
 struct Inputs {

@@ -10,7 +10,8 @@
 // window (window >= 0) else 0, hi = pos + 1 (causal) else kv_len, within [0, kv_len).
 // s_j = scale·q·k_j (then c·tanh(s/c) with a soft cap c > 0); o = Σ softmax(s)_j·v_j and lse =
 // log Σ exp(s_j), a sink σ_h (optional) joining the softmax as exp(σ_h) with no value; no key and
-// no sink: o = 0, lse = −inf. f32 math, __expf.
+// no sink: o = 0, lse = −inf. f32 math, __expf. The caches may hold another type than q and o (C:
+// paged_attention's f8e4m3 caches); o is scaled by v_scale with the softmax's 1/l.
 //
 //   * A work item is one sequence, one kv head and up to R (query row, head) pairs that read it
 //     (pair i: row t0 + i / G, head g·G + i % G): the kv head's keys are read once for all of them.
@@ -71,6 +72,7 @@ struct Params {
   int64_t chunk;                    // keys per chunk: the caller's (> 0, rounded up to tiles) or run()'s
   int chunks;                       // chunks per item, grid.y (run())
   float scale, softcap;
+  float v_scale = 1.0f;             // o = v_scale · Σ p·v (a cache's dequantization scale)
   bool causal;
   int64_t window;
   bool k_vec;                       // key rows in 16-byte loads (run())
@@ -103,7 +105,7 @@ struct WarpState {
 };
 
 // The scores of one key row against the R queries in shared memory (every lane reads the same q
-// element: a broadcast), in 16-byte loads where the row allows.
+// element: a broadcast), in 16-byte loads where the row allows. T: the cache's element type.
 template <class T, int R, class Lim>
 __device__ __forceinline__ void dot_row(const Params& p, const Shared<R, Lim>& sh, const T* kr, float* sc) {
   if (p.k_vec) {
@@ -129,7 +131,7 @@ __device__ __forceinline__ void dot_row(const Params& p, const Shared<R, Lim>& s
 }
 
 // Keys [j, j + 32) of the chunk, one per lane: scores, the online update, then P·V.
-template <class T, int R, class Lim>
+template <class C, int R, class Lim>
 __device__ void step(const Params& p, const Item& it, Shared<R, Lim>& sh, WarpState<R, Lim>& w, int64_t j,
                      int64_t end) {
   const int lane = threadIdx.x & 31;
@@ -141,7 +143,7 @@ __device__ void step(const Params& p, const Item& it, Shared<R, Lim>& sh, WarpSt
   float sc[R], pr[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) sc[r] = 0.0f;
-  if (valid) dot_row<T, R, Lim>(p, sh, static_cast<const T*>(p.k) + row * p.k_row + it.g * p.k_head, sc);
+  if (valid) dot_row<C, R, Lim>(p, sh, static_cast<const C*>(p.k) + row * p.k_row + it.g * p.k_head, sc);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     float s = sc[r];
@@ -156,13 +158,13 @@ __device__ void step(const Params& p, const Item& it, Shared<R, Lim>& sh, WarpSt
     w.m[r] = mn;
   }
   const int n = static_cast<int>(min(int64_t{32}, end - j));
-  const T* vbase = static_cast<const T*>(p.v) + it.g * p.v_head;
+  const C* vbase = static_cast<const C*>(p.v) + it.g * p.v_head;
   for (int k0 = 0; k0 < n; k0 += kVUnroll) {  // kVUnroll value rows in flight at once
     float v[kVUnroll][Lim::kPerLane];
 #pragma unroll
     for (int u = 0; u < kVUnroll; ++u) {
       const int64_t rk = __shfl_sync(kFullMask, row, (k0 + u) & 31);
-      const T* vr = vbase + rk * p.v_row;
+      const C* vr = vbase + rk * p.v_row;
 #pragma unroll
       for (int c = 0; c < Lim::kPerLane; ++c) {
         const int64_t d = lane + 32 * c;
@@ -211,7 +213,8 @@ __device__ void write_partial(const Params& p, Shared<R, Lim>& sh, WarpState<R, 
 }
 
 // `__launch_bounds__(128, 1)`: with the default bound ptxas spilled 24 bytes in one instance.
-template <class T, int R, class Lim>
+// T: q's element type, C: the caches'.
+template <class T, class C, int R, class Lim>
 __global__ void __launch_bounds__(32 * kWarps, 1) chunk_kernel(Params p) {
   __shared__ Shared<R, Lim> sh;
   const Item it = p.items[blockIdx.x];
@@ -231,7 +234,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) chunk_kernel(Params p) {
 #pragma unroll
     for (int c = 0; c < Lim::kPerLane; ++c) w.acc[r][c] = 0.0f;
   }
-  for (int64_t j = begin + 32 * (threadIdx.x >> 5); j < end; j += kTile) step<T, R, Lim>(p, it, sh, w, j, end);
+  for (int64_t j = begin + 32 * (threadIdx.x >> 5); j < end; j += kTile) step<C, R, Lim>(p, it, sh, w, j, end);
   write_partial<R, Lim>(p, sh, w);
 }
 
@@ -250,7 +253,7 @@ __global__ void merge_kernel(Params p) {
   for (int c = 0; c < p.chunks; ++c) L += weight(part[c * stride + p.Dv], M) * part[c * stride + p.Dv + 1];
   // L = 0: no key seen (o 0, lse −inf); a NaN L (a non-finite key seen: the caches are not
   // scanned) stays NaN in o and lse, as in the reference — never "saw nothing".
-  const float inv = L == 0.0f ? 0.0f : 1.0f / L;
+  const float inv = L == 0.0f ? 0.0f : p.v_scale / L;
   for (int64_t d = threadIdx.x; d < p.Dv; d += blockDim.x) {
     float sum = 0.0f;
     for (int c = 0; c < p.chunks; ++c) sum += weight(part[c * stride + p.Dv], M) * part[c * stride + d];
@@ -323,9 +326,9 @@ inline int chunk_count(const std::vector<Item>& items, int64_t L) {
   return static_cast<int>(n);
 }
 
-template <class T, int R, class Lim>
+template <class T, class C, int R, class Lim>
 void launch(const Params& k, int items, cudaStream_t stream) {
-  chunk_kernel<T, R, Lim><<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(k.chunks)), 32 * kWarps, 0,
+  chunk_kernel<T, C, R, Lim><<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(k.chunks)), 32 * kWarps, 0,
                             stream>>>(k);
   tessera::cuda::check_launch("split_kv chunk_kernel", stream);
   merge_kernel<T, R><<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(R)), 128, 0, stream>>>(k);
@@ -350,11 +353,11 @@ std::string refusal(int64_t D, int64_t Dv, int64_t rows, int64_t key_positions, 
   return {};
 }
 
-// Plans `seqs` (R pairs an item, R a power of two <= MaxR), copies the page table (host,
-// n_pages entries) and the work list to the device in one staged copy, and launches both kernels
+// Plans `seqs` (R pairs an item, R a power of two <= MaxR; q and o of T, the caches of C), copies
+// the page table (host, n_pages entries) and the work list to the device in one staged copy, and launches both kernels
 // on `stream`; `k` holds everything but what this fills. Throws kUnsupported (via `refuse`) when
 // the partials would pass kMaxScratch. Scratch is released stream-ordered.
-template <class T, class Lim, int MaxR, class Refuse>
+template <class T, class C, class Lim, int MaxR, class Refuse>
 void run(Params k, const std::vector<Seq>& seqs, int64_t Hkv, const int32_t* page_table, size_t n_pages,
          cudaStream_t stream, int device, const char* what, Refuse refuse) {
   static_assert(MaxR == 1 || MaxR == 2 || MaxR == 4 || MaxR == 8, "items of 1, 2, 4 or 8 pairs");
@@ -384,15 +387,16 @@ void run(Params k, const std::vector<Seq>& seqs, int64_t Hkv, const int32_t* pag
   k.page_table = d;
   k.items = reinterpret_cast<const Item*>(d + n_pages);
   k.part = static_cast<float*>(part.get());
-  k.k_vec = (k.D * static_cast<int64_t>(sizeof(T))) % 16 == 0 && (k.k_row * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
-            (k.k_head * static_cast<int64_t>(sizeof(T))) % 16 == 0 && reinterpret_cast<std::uintptr_t>(k.k) % 16 == 0;
+  constexpr int64_t c = sizeof(C);
+  k.k_vec = (k.D * c) % 16 == 0 && (k.k_row * c) % 16 == 0 && (k.k_head * c) % 16 == 0 &&
+            reinterpret_cast<std::uintptr_t>(k.k) % 16 == 0;
   const int n = static_cast<int>(items.size());
   if constexpr (MaxR >= 8) {
-    if (R == 8) return launch<T, 8, Lim>(k, n, stream);
+    if (R == 8) return launch<T, C, 8, Lim>(k, n, stream);
   }
-  if (R == 4) return launch<T, 4, Lim>(k, n, stream);
-  if (R == 2) return launch<T, 2, Lim>(k, n, stream);
-  launch<T, 1, Lim>(k, n, stream);
+  if (R == 4) return launch<T, C, 4, Lim>(k, n, stream);
+  if (R == 2) return launch<T, C, 2, Lim>(k, n, stream);
+  launch<T, C, 1, Lim>(k, n, stream);
   // buf and part are released stream-ordered when they go out of scope.
 }
 

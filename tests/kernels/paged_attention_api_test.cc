@@ -78,7 +78,14 @@ TEST(PagedAttentionApi, LengthErrorsNameTheSequence) {
 }
 
 TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
-  expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kBF16, d.k_cache.shape()); }, {"k_cache must be f32 like q, got bf16"});
+  expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kBF16, d.k_cache.shape()); },
+               {"k_cache must be f32 (q's dtype) or f8e4m3, got bf16"});
+  // An f8e4m3 cache: both caches alike; o in q's dtype or f32, never f8e4m3.
+  expect_error([](auto& d, auto&) { d.k_cache = Tensor::empty(DType::kF8E4M3, d.k_cache.shape()); },
+               {"v_cache must be f8e4m3 like k_cache, got f32"});
+  expect_error([](auto& d, auto&) { d.v_cache = Tensor::empty(DType::kF8E4M3, d.v_cache.shape()); },
+               {"v_cache must be f32 like k_cache, got f8e4m3"});
+  expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kF8E4M3, d.q.shape()); }, {"q must be f32, bf16 or f16, got f8e4m3"});
   expect_error([](auto& d, auto&) { d.q = Tensor::empty(DType::kI32, d.q.shape()); }, {"q must be f32, bf16 or f16"});
   expect_error([](auto& d, auto&) { d.page_table = Tensor::empty(DType::kI64, d.page_table.shape()); }, {"page_table must be i32"});
   expect_error([](auto& d, auto&) { d.kv_lens = Tensor::empty(DType::kI32, {2}); }, {"kv_lens must be [N=3], got [2]"});
@@ -101,6 +108,13 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto&, auto& o) { o.softcap = 1e39; }, {"softcap must be 0 (off) or in ["});
   expect_error([](auto&, auto& o) { o.softcap = 1e-50; }, {"softcap must be 0 (off) or in ["});  // 0 in the f32 cuda kernel
   expect_error([](auto&, auto& o) { o.window = -2; }, {"window must be >= 0 or -1"});
+  expect_error([](auto&, auto& o) { o.k_scale = 0.0; }, {"k_scale must be finite in f32 and > 0, got 0"});
+  expect_error([](auto&, auto& o) { o.k_scale = std::nan(""); }, {"k_scale must be finite in f32 and > 0"});
+  expect_error([](auto&, auto& o) { o.v_scale = -1.0; }, {"v_scale must be finite in f32 and > 0, got -1"});
+  expect_error([](auto&, auto& o) { o.v_scale = 1e39; }, {"v_scale must be finite in f32 and > 0"});
+  // Each finite, the product with the softmax scale is not (inf in f32), or is 0.
+  expect_error([](auto&, auto& o) { o.scale = 1e30, o.k_scale = 1e30; }, {"scale * k_scale must be finite in f32 and > 0"});
+  expect_error([](auto&, auto& o) { o.scale = 1e-30, o.k_scale = 1e-300; }, {"scale * k_scale must be finite in f32 and > 0"});
 }
 
 // Places: the caches, sinks and outputs on q's device, the index arrays in host memory.

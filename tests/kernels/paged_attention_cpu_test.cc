@@ -99,6 +99,47 @@ TEST(PagedAttentionCpu, Bf16DecodeBothPaths) {
   ::unsetenv("TESSERA_CPU_BF16_DOT");
 }
 
+// An f8e4m3 cache on the bf16 decode path (widened to bf16 in registers) and the generic f32 path
+// (widened by cpu_convert), against the reference: every code but NaN in the slots read (the rows
+// overwritten with codes cycling through all 256, scales 1/448), then only the 32 of magnitude
+// below 2^-5 (the 16 subnormals and ±0 among them, scales 64: one subnormal unit is then 0.125,
+// far past the tolerance); head groups of 4 and 5, pages of 16 (read in place) and 1 (gathered),
+// 1 and 3 threads (split at kv_len 2100).
+TEST(PagedAttentionCpu, F8CacheEveryCodeOnBothPaths) {
+  for (const char* dot : {"1", "0"}) {
+    ::setenv("TESSERA_CPU_BF16_DOT", dot, 1);
+    for (bool small : {false, true})
+    for (int64_t page_size : {16, 1})
+      for (int threads : {1, 3}) {
+        testing::CaseSpec c;
+        const double scale = small ? 64.0 : 1.0 / 448;
+        c.label = "f8_codes", c.dtype = DType::kBF16, c.f8_cache = true, c.k_scale = scale, c.v_scale = scale;
+        c.Hkv = 2, c.Hq = page_size == 1 ? 10 : 8, c.D = 32, c.Dv = 64, c.q_lens = {1, 1, 2}, c.kv_lens = {2100, 37, 9};
+        c.page_size = page_size, c.num_threads = threads, c.sinks = true;
+        testing::CaseData d = testing::make_case(c);
+        for (Tensor* t : {&d.k_cache, &d.v_cache}) {
+          auto* b = static_cast<uint8_t*>(t->data());
+          for (int64_t i = 0; i < t->numel(); ++i) {
+            const int64_t code = small ? (i * 7 + 3) % 16 | ((i / 3) % 2) << 7 : (i * 7 + 3) % 256;
+            if ((b[i] & 0x7f) != 0x7f) b[i] = static_cast<uint8_t>((code & 0x7f) == 0x7f ? 0 : code);  // read slots only
+          }
+        }
+        Options opt = testing::options_of(c);
+        opt.implementation = "reference";
+        const Result want = compute(d.inputs(), opt);
+        opt.implementation = "cpu";
+        const Result got = compute(d.inputs(), opt);
+        const std::string at = std::string("dot ") + dot + (small ? " small codes" : " all codes") + " page_size " +
+                               std::to_string(page_size) + " threads " + std::to_string(threads);
+        const auto o = harness::compare(harness::to_doubles(got.o), harness::to_doubles(want.o), testing::o_tolerance(c));
+        EXPECT_TRUE(o.ok()) << at << " o: " << o.str();
+        const auto l = harness::compare(harness::to_doubles(got.lse), harness::to_doubles(want.lse), testing::lse_tolerance(c));
+        EXPECT_TRUE(l.ok()) << at << " lse: " << l.str();
+      }
+  }
+  ::unsetenv("TESSERA_CPU_BF16_DOT");
+}
+
 // The bf16 decode path asks the block two ahead into L2 and gathers pages of 1 or 2 slots into
 // blocks of 16 keys (v3); TESSERA_PAGED_DECODE_L2_PREFETCH=0 turns both off. Both against the
 // reference; from 3 slots a page (no gathering) bitwise equal to each other: a prefetch changes no

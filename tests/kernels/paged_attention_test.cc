@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "tessera/dtype.h"
 #include "tessera/paged_attention.h"
 
 namespace tessera {
@@ -52,6 +53,38 @@ TEST(PagedAttentionReference, DecodeRowSeesBothKeys) {
   c.causal = true;  // the decode row is at position 1: it sees both
   auto [oc, lc] = h.run(c);
   EXPECT_EQ(oc[0], o[0]);
+}
+
+// An f8e4m3 cache: Hand's keys and values as raw codes times k_scale 1/4 and v_scale 4 (k raw 4
+// and 0, v raw 0.5 and 1; the NaN page 0x7f). Every host implementation, q in f32 and bf16.
+TEST(PagedAttentionReference, F8CacheIsDequantizedByItsScales) {
+  std::vector<uint8_t> k{0x00, 0x48, 0x7f}, v{0x38, 0x30, 0x7f};  // 0, 4, NaN; 1, 0.5, NaN
+  std::vector<int32_t> pt{1, 0}, kv{2}, cu{0, 1};
+  const float q1 = 1.0f;
+  const uint16_t q1_bf16 = f32_to_bf16(1.0f);
+  for (const char* impl : {"reference", "cpu"})
+    for (bool bf16 : {false, true}) {
+      const auto run = [&](double k_scale, double v_scale) {
+        float o = -9.0f, lse = -9.0f;
+        const paged_attention::Inputs in{
+            bf16 ? TensorView(const_cast<uint16_t*>(&q1_bf16), DType::kBF16, {1, 1, 1})
+                 : TensorView(const_cast<float*>(&q1), DType::kF32, {1, 1, 1}),
+            TensorView(k.data(), DType::kF8E4M3, {3, 1, 1, 1}), TensorView(v.data(), DType::kF8E4M3, {3, 1, 1, 1}),
+            TensorView(pt.data(), DType::kI32, {1, 2}), TensorView(kv.data(), DType::kI32, {1}),
+            TensorView(cu.data(), DType::kI32, {2}), {}};
+        Options opt;
+        opt.implementation = impl, opt.scale = 1.0, opt.k_scale = k_scale, opt.v_scale = v_scale;
+        paged_attention::forward(in, {TensorView(&o, DType::kF32, {1, 1, 1}), TensorView(&lse, DType::kF32, {1, 1})}, opt);
+        return std::pair<double, double>{o, lse};
+      };
+      const auto [o, lse] = run(0.25, 4.0);  // logits 1 (v 2) and 0 (v 4)
+      EXPECT_NEAR(o, (2 * e + 4) / (e + 1), 1e-6) << impl << " bf16 " << bf16;
+      EXPECT_NEAR(lse, std::log(e + 1), 1e-6) << impl;
+      const auto [o1, lse1] = run(1.0, 1.0);  // raw: logits 4 (v 0.5) and 0 (v 1)
+      const double e4 = std::exp(4.0);
+      EXPECT_NEAR(o1, (0.5 * e4 + 1) / (e4 + 1), 1e-6) << impl;
+      EXPECT_NEAR(lse1, std::log(e4 + 1), 1e-6) << impl;
+    }
 }
 
 TEST(PagedAttentionReference, SinkIsAnExtraLogitWithoutValue) {

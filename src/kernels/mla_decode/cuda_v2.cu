@@ -71,11 +71,11 @@ class CudaV2 final : public primitives::CudaBackend<Implementation> {
     const size_t npt = static_cast<size_t>(p.B * p.max_pages);
     const char* what = "mla_decode (cuda_v2): copy of the work list";
     if (p.dtype == DType::kF32)
-      skv::run<float, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, dev, what, fail);
+      skv::run<float, float, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, dev, what, fail);
     else if (p.dtype == DType::kBF16)
-      skv::run<__nv_bfloat16, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, dev, what, fail);
+      skv::run<__nv_bfloat16, __nv_bfloat16, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, dev, what, fail);
     else
-      skv::run<__half, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, dev, what, fail);
+      skv::run<__half, __half, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, dev, what, fail);
   }
 };
 

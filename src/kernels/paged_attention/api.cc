@@ -17,8 +17,8 @@ const dispatch::ArgCheck args{kKernelName, "q"};
 // by check_sequences.
 const dispatch::TensorRules kRules{kKernelName,
                                    {{"q", "T,Hq,D", "float"},
-                                    {"k_cache", "P,page_size,Hkv,D", "=q"},
-                                    {"v_cache", "P,page_size,Hkv,Dv", "=q"},
+                                    {"k_cache", "P,page_size,Hkv,D", "=q|f8e4m3"},
+                                    {"v_cache", "P,page_size,Hkv,Dv", "=k_cache"},
                                     {"sinks", "Hq", "f32"},
                                     {"page_table", "N,max_pages", "i32", true},
                                     {"kv_lens", "N", "i32", true}}};
@@ -26,6 +26,7 @@ const dispatch::TensorRules kRules{kKernelName,
 void check_shapes(const Inputs& in, const dispatch::Dims& d, Problem& p) {
   p.device = d.device();
   p.dtype = in.q.dtype;
+  p.cache_dtype = in.k_cache.dtype;
   p.T = d["T"], p.Hq = d["Hq"], p.D = d["D"];
   p.P = d["P"], p.page_size = d["page_size"], p.Hkv = d["Hkv"], p.Dv = d["Dv"];
   p.N = d["N"], p.max_pages = d["max_pages"];
@@ -58,7 +59,10 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   Problem p;
   check_shapes(in, d, p);
   check_sequences(in, d, p);
-  p.scale = args.softmax_scale(opt.scale, p.D);
+  // k_scale folds into the softmax scale (x = scale·q·(k_scale·k_cache)); v_scale goes with 1/l.
+  p.scale = args.positive_f32(args.softmax_scale(opt.scale, p.D) * args.positive_f32(opt.k_scale, "k_scale"),
+                              "scale * k_scale");
+  p.v_scale = args.positive_f32(opt.v_scale, "v_scale");
   args.softcap(opt.softcap, "softcap");
   args.window(opt.window, "window");
   p.softcap = opt.softcap;

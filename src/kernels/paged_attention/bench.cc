@@ -3,7 +3,8 @@
 //
 // Shape: N sequences of kv_len S each (causal), the first `prefill` of them prefilling Q new
 // tokens, the others decoding one; H query heads, H / gqa kv heads, head dim D (= Dv); pages of
-// `page_size` slots in a shuffled order.
+// `page_size` slots in a shuffled order; with --f8-cache the caches hold f8e4m3 (raw values up to 64,
+// k_scale = v_scale = 1/64).
 #include <functional>
 
 #include "core/random.h"
@@ -26,6 +27,8 @@ using K = harness::OptionSpec::Kind;
 struct Settings {
   int64_t N = 0, S = 0, Q = 1, H = 0, Hkv = 0, D = 0, prefill = 0, page_size = 16;
   DType dtype = DType::kBF16;
+  bool f8_cache = false;
+  DType cache_dtype() const { return f8_cache ? DType::kF8E4M3 : dtype; }
   int64_t q_len(int64_t s) const { return s < prefill ? Q : 1; }
   int64_t T() const { return prefill * Q + (N - prefill); }
   int64_t pages() const { return (S + page_size - 1) / page_size; }
@@ -42,8 +45,8 @@ class PagedBench final : public kernels::CallBenchProblem {
     if (!with_data) return;
     const int64_t P = s.N * s.pages();
     q_ = random_uniform(s.dtype, {s.T(), s.H, s.D}, 1.0f, seed * 5 + 1);
-    k_ = random_uniform(s.dtype, {P, s.page_size, s.Hkv, s.D}, 1.0f, seed * 5 + 2);
-    v_ = random_uniform(s.dtype, {P, s.page_size, s.Hkv, s.D}, 1.0f, seed * 5 + 3);
+    k_ = cache({P, s.page_size, s.Hkv, s.D}, seed * 5 + 2);
+    v_ = cache({P, s.page_size, s.Hkv, s.D}, seed * 5 + 3);
     pt_ = kernels::shuffled_page_table(s.N, s.pages(), seed);
     kl_ = Tensor::empty(DType::kI32, {s.N});
     cq_ = Tensor::empty(DType::kI32, {s.N + 1});
@@ -57,6 +60,7 @@ class PagedBench final : public kernels::CallBenchProblem {
   harness::Row describe() const override {
     harness::Row r = harness::Row::object();
     r["kv_heads"] = s_.Hkv, r["prefill"] = s_.prefill, r["page_size"] = s_.page_size;
+    r["cache_dtype"] = dtype_name(s_.cache_dtype());
     return r;
   }
   double work() const override { return 4.0 * s_.H * s_.D * s_.pairs(); }
@@ -66,15 +70,18 @@ class PagedBench final : public kernels::CallBenchProblem {
   harness::Cost cost(Pass, const std::string&) const override {
     harness::Cost c;
     const double esz = static_cast<double>(dtype_size(s_.dtype)), T = static_cast<double>(s_.T());
-    const double cache = static_cast<double>(s_.N) * s_.S * s_.Hkv * 2.0 * s_.D * esz;
+    const double cache_esz = static_cast<double>(dtype_size(s_.cache_dtype()));
+    const double cache = static_cast<double>(s_.N) * s_.S * s_.Hkv * 2.0 * s_.D * cache_esz;
     const double qo = 2.0 * T * s_.H * s_.D * esz + T * s_.H * 4.0;
     c.add({"forward: QKᵀ, PV over the visible pairs", work(), cache + qo, s_.H * s_.pairs(), false});
     c.assumptions.push_back("useful FLOPs 4·H·D·pairs (causal); bytes: the needed cache rows once, q, o, lse");
     return c;
   }
 
-  // Gather every sequence's pages into contiguous k, v, then attention's varlen forward (cpu).
+  // Gather every sequence's pages into contiguous k, v, then attention's varlen forward (cpu);
+  // none for an f8e4m3 cache (attention takes no f8e4m3).
   std::vector<harness::BaselineCall> baselines(const std::vector<Pass>& passes, int threads) override {
+    if (s_.f8_cache) return {};
     return kernels::forward_baseline(
         passes, {.name = "gather+attention",
                  .description = "copy the pages into contiguous k, v, then attention (varlen, causal, cpu)",
@@ -86,10 +93,20 @@ class PagedBench final : public kernels::CallBenchProblem {
   CallData call_data() const override {
     harness::OptionValues o;
     o.set("causal", "true");
+    if (s_.f8_cache) o.set("k_scale", "0.015625"), o.set("v_scale", "0.015625");
     return {{{"q", q_}, {"k_cache", k_}, {"v_cache", v_}, {"page_table", pt_}, {"kv_lens", kl_}, {"cu_q_lens", cq_}}, o};
   }
 
  private:
+  // A cache uniform in [-1, 1]: in the problem's dtype, or f8e4m3 raw values up to 64.
+  Tensor cache(const Shape& shape, uint64_t seed) const {
+    if (!s_.f8_cache) return random_uniform(s_.dtype, shape, 1.0f, seed);
+    const Tensor f = random_uniform(DType::kF32, shape, 64.0f, seed);
+    Tensor t = Tensor::empty(DType::kF8E4M3, shape);
+    for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data(), DType::kF8E4M3, i, f.data_as<float>()[i]);
+    return t;
+  }
+
   Settings s_;
   Tensor q_, k_, v_, pt_, kl_, cq_;
 };
@@ -99,7 +116,8 @@ class PagedBench final : public kernels::CallBenchProblem {
 std::vector<harness::OptionSpec> bench_options() {
   return {{"gqa", K::kInt, "query heads per kv head (1 = MHA, H = MQA)", "4", {}},
           {"prefill", K::kInt, "sequences that prefill Q tokens (the first ones); the others decode one", "0", {}},
-          {"page_size", K::kInt, "slots per page", "16", {}}};
+          {"page_size", K::kInt, "slots per page", "16", {}},
+          {"f8_cache", K::kFlag, "the caches in f8e4m3 (k_scale = v_scale = 1/64)", "false", {}}};
 }
 
 std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridShape& shape, DType dtype,
@@ -112,6 +130,7 @@ std::unique_ptr<harness::BenchProblem> make_bench_problem(const harness::GridSha
   s.prefill = o.integer("prefill");
   s.page_size = o.integer("page_size");
   s.dtype = dtype;
+  s.f8_cache = o.flag("f8_cache");
   check(s.prefill >= 0 && s.prefill <= s.N, ErrorCode::kInvalidArgument, "--prefill must be in [0, N]");
   check(s.page_size >= 1 && s.Q >= 1 && s.Q <= s.S, ErrorCode::kInvalidArgument,
         "paged_attention bench: need page_size >= 1 and 1 <= Q <= S");

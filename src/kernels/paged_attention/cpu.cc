@@ -133,8 +133,9 @@ struct Scratch {
 // `buf`, head-major: head g's row j at buf + ((g − g0)·n + j)·width.
 const float* cache_rows(const Problem& p, const void* cache, int64_t width, int64_t row0, int64_t n, int64_t g0,
                         int64_t g1, float* buf) {
-  const int kind = p.dtype == DType::kF32 ? 0 : p.dtype == DType::kBF16 ? 1 : 2;
-  const char* first = static_cast<const char*>(cache) + static_cast<size_t>((row0 * p.Hkv + g0) * width) * dtype_size(p.dtype);
+  const DType c = p.cache_dtype;
+  const int kind = c == DType::kF32 ? 0 : c == DType::kBF16 ? 1 : c == DType::kF16 ? 2 : 3;
+  const char* first = static_cast<const char*>(cache) + static_cast<size_t>((row0 * p.Hkv + g0) * width) * dtype_size(c);
   cpu_simd::gather_rows(first, kind, n, g1 - g0, width, p.Hkv * width, buf);
   return buf;
 }
@@ -154,7 +155,7 @@ const float* block_rows(const Problem& p, const void* cache, int64_t width, cons
 // Asks for cache rows [row0, row0 + n) of every kv head (contiguous bytes) ahead of their use:
 // pages are in any order, so the hardware prefetcher cannot run past a page's end.
 void prefetch_rows(const Problem& p, const void* cache, int64_t width, int64_t row0, int64_t n) {
-  const size_t esz = dtype_size(p.dtype);
+  const size_t esz = dtype_size(p.cache_dtype);
   const char* first = static_cast<const char*>(cache) + static_cast<size_t>(row0 * p.Hkv * width) * esz;
   const size_t bytes = static_cast<size_t>(n * p.Hkv * width) * esz;
   for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(first + off, 0, 3);
@@ -278,10 +279,10 @@ void attend(const Problem& p, const Task& t, Scratch& w) {
     cpu_bf16::decode_row(p, t.s, p.cu_q[t.s] + t.i0, t.k0, t.k1, w.m.data(), w.l.data(), w.o.data(), w.bf16.data());
   else
     stream_keys(p, t, w);
-  for (int64_t r = 0; r < R; ++r) {  // normalize: o / l, lse = m + log l (−inf and 0 when l = 0; a
-    float* o = w.o.data() + r * p.Dv;   // NaN l — a non-finite key the row sees — stays NaN, as in the reference)
+  for (int64_t r = 0; r < R; ++r) {  // normalize: o·v_scale / l, lse = m + log l (−inf and 0 when l = 0;
+    float* o = w.o.data() + r * p.Dv;   // a NaN l — a non-finite key the row sees — stays NaN, as in the reference)
     const float l = w.l[static_cast<size_t>(r)];
-    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    const float inv = l == 0.0f ? 0.0f : static_cast<float>(p.v_scale) / l;
     for (int64_t d = 0; d < p.Dv; ++d) o[d] *= inv;
     w.m[static_cast<size_t>(r)] = l == 0.0f ? kNegInf : w.m[static_cast<size_t>(r)] + std::log(l);
   }

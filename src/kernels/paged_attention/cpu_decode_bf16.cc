@@ -31,7 +31,10 @@ bool available() {
 #endif
 }
 
-bool fits(const Problem& p) { return p.dtype == DType::kBF16 && p.D % 32 == 0 && p.Dv % 32 == 0; }
+bool fits(const Problem& p) {
+  const bool cache = p.cache_dtype == DType::kBF16 || p.cache_dtype == DType::kF8E4M3;
+  return p.dtype == DType::kBF16 && cache && p.D % 32 == 0 && p.Dv % 32 == 0;
+}
 
 namespace {
 constexpr int64_t kBlock = 16;  // keys per block: 4 score vectors of 4 keys × 4 heads
@@ -129,14 +132,16 @@ struct AheadBlock {
   bool per_key = false;
   const char *k = nullptr, *v = nullptr;
   int64_t kl = 0, vl = 0;
+  int64_t esz = 2;  // bytes per cache element (bf16 2, f8e4m3 1)
   AheadBlock(const Problem& pr, int64_t s_, int64_t j_, int64_t n_, int64_t parts_, bool per_key_)
-      : p(&pr), s(s_), j(j_), n(n_), parts(parts_), per_key(per_key_) {
+      : p(&pr), s(s_), j(j_), n(n_), parts(parts_), per_key(per_key_),
+        esz(static_cast<int64_t>(dtype_size(pr.cache_dtype))) {
     const int64_t row = n > 0 ? p->cache_row(s, j) : 0, rows = per_key ? 1 : n;
     k = row_of(p->k, p->Hkv * p->D, row), v = row_of(p->v, p->Hkv * p->Dv, row);
-    kl = (rows * p->Hkv * p->D * 2 + 63) / 64, vl = (rows * p->Hkv * p->Dv * 2 + 63) / 64;
+    kl = (rows * p->Hkv * p->D * esz + 63) / 64, vl = (rows * p->Hkv * p->Dv * esz + 63) / 64;
   }
-  static const char* row_of(const void* cache, int64_t ld, int64_t row) {
-    return reinterpret_cast<const char*>(static_cast<const uint16_t*>(cache) + row * ld);
+  const char* row_of(const void* cache, int64_t ld, int64_t row) const {
+    return static_cast<const char*>(cache) + row * ld * esz;
   }
   void ask(int64_t part) const {
     if (!per_key) {
@@ -150,29 +155,54 @@ struct AheadBlock {
   }
 };
 
+// 32 f8e4m3 codes widened to bf16 (exact; tessera/dtype.h's values, the NaN quiet): a normal code's
+// 7 magnitude bits shifted into bf16's exponent and mantissa and rebiased by 120, a subnormal's
+// (m · 2^-9, m < 8) from an 8-entry table, S.1111.111 NaN, then the sign. Integer operations only.
+TESSERA_BF16_TARGET __m512i f8x32_to_bf16(const uint8_t* src) {
+  const __m512i u = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi16(0x7f));
+  const __m512i sub = _mm512_permutexvar_epi16(  // index: mag's low 5 bits; entries 8.. unused
+      mag, _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x3c60, 0x3c40,
+                            0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0));
+  __m512i r = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
+  r = _mm512_mask_mov_epi16(r, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), sub);
+  r = _mm512_mask_mov_epi16(r, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
+  return _mm512_or_si512(r, _mm512_slli_epi16(_mm512_and_si512(u, _mm512_set1_epi16(0x80)), 8));
+}
+
+// 32 cache elements from e as bf16: loaded (bf16) or widened (f8e4m3, in registers).
+template <class E>
+TESSERA_BF16_TARGET __m512i load32(const E* e) {
+  if constexpr (sizeof(E) == 1)
+    return f8x32_to_bf16(e);
+  else
+    return _mm512_loadu_si512(e);
+}
+
 // The K and V rows of keys [j, j + n) of sequence s copied into gk and gv, one after the other
-// (as the rows of one page are).
-void gather_block(const Problem& p, int64_t s, int64_t j, int64_t n, uint16_t* gk, uint16_t* gv) {
+// (as the rows of one page are), in the cache's element type E.
+template <class E>
+void gather_block(const Problem& p, int64_t s, int64_t j, int64_t n, E* gk, E* gv) {
   const int64_t ldk = p.Hkv * p.D, ldv = p.Hkv * p.Dv;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = p.cache_row(s, j + i);
-    std::memcpy(gk + i * ldk, static_cast<const uint16_t*>(p.k) + r * ldk, static_cast<size_t>(ldk) * 2);
-    std::memcpy(gv + i * ldv, static_cast<const uint16_t*>(p.v) + r * ldv, static_cast<size_t>(ldv) * 2);
+    std::memcpy(gk + i * ldk, static_cast<const E*>(p.k) + r * ldk, static_cast<size_t>(ldk) * sizeof(E));
+    std::memcpy(gv + i * ldv, static_cast<const E*>(p.v) + r * ldv, static_cast<size_t>(ldv) * sizeof(E));
   }
 }
 
 // Dot products of GH query heads (q + h·D) with nk ≤ 4 keys (K + key·ldk), lane 4·key + head;
 // lanes of keys ≥ nk and heads ≥ GH are garbage-free zeros or repeats (masked by the caller).
-template <int GH>
-TESSERA_BF16_TARGET __m512 scores4x4(const uint16_t* q, int64_t D, const uint16_t* K, int64_t ldk, int64_t nk) {
-  const uint16_t* kr[4];
+template <int GH, class E>
+TESSERA_BF16_TARGET __m512 scores4x4(const uint16_t* q, int64_t D, const E* K, int64_t ldk, int64_t nk) {
+  const E* kr[4];
   for (int b = 0; b < 4; ++b) kr[b] = K + (b < nk ? b : nk - 1) * ldk;  // a repeat stays in bounds
   __m512 acc[4][4];
   for (int h = 0; h < 4; ++h)
     for (int b = 0; b < 4; ++b) acc[h][b] = _mm512_setzero_ps();
   for (int64_t c = 0; c < D; c += 32) {
     __m512bh kv[4];
-    for (int b = 0; b < 4; ++b) kv[b] = (__m512bh)_mm512_loadu_si512(kr[b] + c);
+    for (int b = 0; b < 4; ++b) kv[b] = (__m512bh)load32(kr[b] + c);
     for (int h = 0; h < GH; ++h) {
       const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + h * D + c);
       for (int b = 0; b < 4; ++b) acc[h][b] = _mm512_dpbf16_ps(acc[h][b], qv, kv[b]);
@@ -184,9 +214,9 @@ TESSERA_BF16_TARGET __m512 scores4x4(const uint16_t* q, int64_t D, const uint16_
 }
 
 // o (even/odd order, head h at O + h·Dv) = alpha_h·o + Σ_{j<n} P[4j + h]·v_j.
-template <int GH>
-TESSERA_BF16_FN void accumulate(const float* P, const float* alpha, const uint16_t* V, int64_t ldv, int64_t n,
-                                    int64_t Dv, float* O, const Pf& pf) {
+template <int GH, class E>
+TESSERA_BF16_FN void accumulate(const float* P, const float* alpha, const E* V, int64_t ldv, int64_t n, int64_t Dv,
+                                float* O, const Pf& pf) {
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t per = (pf.v_lines + n - 1) / n;  // lines to prefetch per key
   int64_t c = 0;
@@ -196,7 +226,7 @@ TESSERA_BF16_FN void accumulate(const float* P, const float* alpha, const uint16
       for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_mul_ps(_mm512_loadu_ps(O + h * Dv + c + 16 * i), _mm512_set1_ps(alpha[h]));
     for (int64_t j = 0; j < n; ++j) {
       if (c == 0) prefetch_lines(pf.v, std::min(j * per, pf.v_lines), std::min((j + 1) * per, pf.v_lines));
-      const __m512i v0 = _mm512_loadu_si512(V + j * ldv + c), v1 = _mm512_loadu_si512(V + j * ldv + c + 32);
+      const __m512i v0 = load32(V + j * ldv + c), v1 = load32(V + j * ldv + c + 32);
       const __m512 w[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hi)),
                            _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), _mm512_castsi512_ps(_mm512_and_si512(v1, hi))};
       for (int h = 0; h < GH; ++h) {
@@ -212,7 +242,7 @@ TESSERA_BF16_FN void accumulate(const float* P, const float* alpha, const uint16
     for (int h = 0; h < GH; ++h)
       for (int i = 0; i < 2; ++i) acc[h][i] = _mm512_mul_ps(_mm512_loadu_ps(O + h * Dv + c + 16 * i), _mm512_set1_ps(alpha[h]));
     for (int64_t j = 0; j < n; ++j) {
-      const __m512i v0 = _mm512_loadu_si512(V + j * ldv + c);
+      const __m512i v0 = load32(V + j * ldv + c);
       const __m512 w[2] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hi))};
       for (int h = 0; h < GH; ++h) {
         const __m512 pj = _mm512_set1_ps(P[4 * j + h]);
@@ -227,15 +257,15 @@ TESSERA_BF16_FN void accumulate(const float* P, const float* alpha, const uint16
 // Scores of units [u0, u1) (unit u: kv head u / ng, query heads h0(u) .. + GH) against the nk ≤ 4
 // cache rows from row K (first kv head's): scaled, soft capped, lanes of missing keys −inf; unit
 // u's into S + u·64. Every unit of the range has GH heads.
-template <int GH>
-TESSERA_BF16_FN void quad_scores(const Problem& p, const uint16_t* q, const uint16_t* K, int64_t nk, int64_t u0,
+template <int GH, class E>
+TESSERA_BF16_FN void quad_scores(const Problem& p, const uint16_t* q, const E* K, int64_t nk, int64_t u0,
                                  int64_t u1, int64_t ng, float* S) {
   const int64_t ld = p.Hkv * p.D, G = p.group();
   const __m512 scale = _mm512_set1_ps(static_cast<float>(p.scale));
   const __mmask16 valid = static_cast<__mmask16>(nk >= 4 ? 0xFFFFu : (1u << (4 * nk)) - 1);
   for (int64_t u = u0; u < u1; ++u) {
     const int64_t g = u / ng, h0 = g * G + 4 * (u % ng);
-    __m512 s = _mm512_mul_ps(scores4x4<GH>(q + h0 * p.D, p.D, K + g * p.D, ld, nk < 4 ? nk : 4), scale);
+    __m512 s = _mm512_mul_ps(scores4x4<GH, E>(q + h0 * p.D, p.D, K + g * p.D, ld, nk < 4 ? nk : 4), scale);
     if (p.softcap > 0.0) {
       const float c = static_cast<float>(p.softcap);
       alignas(64) float t[16];
@@ -269,15 +299,21 @@ TESSERA_BF16_FN void softmax_block(const float* S, float* ml, float* P, float* a
   _mm512_storeu_ps(alpha_out, alpha);
 }
 
-using QuadFn = void (*)(const Problem&, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
-using AccFn = void (*)(const float*, const float*, const uint16_t*, int64_t, int64_t, int64_t, float*, const Pf&);
-constexpr QuadFn kQuads[4] = {quad_scores<1>, quad_scores<2>, quad_scores<3>, quad_scores<4>};
-constexpr AccFn kAccs[4] = {accumulate<1>, accumulate<2>, accumulate<3>, accumulate<4>};
+// The score and P·V functions of 1..4 heads a unit, for cache elements E.
+template <class E>
+struct Fns {
+  using Quad = void (*)(const Problem&, const uint16_t*, const E*, int64_t, int64_t, int64_t, int64_t, float*);
+  using Acc = void (*)(const float*, const float*, const E*, int64_t, int64_t, int64_t, float*, const Pf&);
+  static constexpr Quad quads[4] = {quad_scores<1, E>, quad_scores<2, E>, quad_scores<3, E>, quad_scores<4, E>};
+  static constexpr Acc accs[4] = {accumulate<1, E>, accumulate<2, E>, accumulate<3, E>, accumulate<4, E>};
+};
 
-}  // namespace
-
-void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1, float* m, float* l, float* o,
-                float* scratch) {
+// decode_row for a cache of E: bf16 (uint16_t) or f8e4m3 (uint8_t, widened to bf16 in registers).
+template <class E>
+void decode_row_of(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1, float* m, float* l, float* o,
+                   float* scratch) {
+  const auto& kQuads = Fns<E>::quads;
+  const auto& kAccs = Fns<E>::accs;
   const int64_t G = p.group(), ng = groups(p), units = p.Hkv * ng;  // a unit: (kv head g, head group k)
   float *state = scratch, *S = scratch + units * 32, *P = S + units * 64, *alpha = P + units * 64;
   for (int64_t u = 0; u < units; ++u) {
@@ -291,35 +327,37 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
   }
   std::fill(o, o + p.Hq * p.Dv, 0.0f);
   const auto* q = static_cast<const uint16_t*>(p.q) + tq * p.Hq * p.D;
-  const auto* K = static_cast<const uint16_t*>(p.k);
-  const auto* V = static_cast<const uint16_t*>(p.v);
+  const auto* K = static_cast<const E*>(p.k);
+  const auto* V = static_cast<const E*>(p.v);
   // v3: the block kL2Ahead blocks ahead of the one computed is asked into L2 during this one
   // (prefetch_l2); small pages are gathered (kGatherBelow). TESSERA_PAGED_DECODE_L2_PREFETCH=0
   // turns both off (v2's loop exactly, kept for side-by-side timing).
   const bool l2_ahead = env::flag("TESSERA_PAGED_DECODE_L2_PREFETCH", true);
   const bool gather = l2_ahead && p.page_size < kGatherBelow;
   const int64_t ldk = p.Hkv * p.D, ldv = p.Hkv * p.Dv;  // elements per cache row
-  auto* gk = reinterpret_cast<uint16_t*>(scratch + units * 176 + p.Dv);
-  uint16_t* gv = gk + kBlock * ldk;
+  auto* gk = reinterpret_cast<E*>(scratch + units * 176 + p.Dv);
+  E* gv = gk + kBlock * ldk;
   auto block_len = [&](int64_t j) {
     return std::min({k1, gather ? k1 : (j / p.page_size + 1) * p.page_size, j + kBlock}) - j;
   };
   auto gh = [&](int64_t u) { return std::min<int64_t>(4, G - 4 * (u % ng)); };
   for (int64_t j = k0; j < k1;) {
-    const int64_t n = block_len(j), row0 = p.cache_row(s, j), next = j + n;
-    const uint16_t *Kblk = K + row0 * ldk, *Vblk = V + row0 * ldv;  // the block's rows, contiguous
+    const int64_t n = block_len(j), next = j + n;
+    const E *Kblk = gk, *Vblk = gv;  // the block's rows, contiguous
     if (gather) {
       gather_block(p, s, j, n, gk, gv);
-      Kblk = gk, Vblk = gv;
+    } else {
+      const int64_t row0 = p.cache_row(s, j);
+      Kblk = K + row0 * ldk, Vblk = V + row0 * ldv;
     }
     // The block kL2Ahead blocks on, in 4 + units shares: one before each step of 4 score rows and
     // one before each unit's P·V (only before the P·V: 1.2× slower, measured).
     int64_t ahead = next;
     for (int64_t i = 1; i < kL2Ahead && ahead < k1; ++i) ahead += block_len(ahead);
     const AheadBlock pre(p, s, ahead, l2_ahead && ahead < k1 ? block_len(ahead) : 0, 4 + units, gather);
-    const int64_t next_n = next < k1 ? block_len(next) : 0, next_row = next_n > 0 ? p.cache_row(s, next) : 0;
+    const int64_t next_n = next < k1 ? block_len(next) : 0, next_row = next_n > 0 && !gather ? p.cache_row(s, next) : 0;
     const char* next_v = reinterpret_cast<const char*>(V + next_row * p.Hkv * p.Dv);
-    const int64_t v_lines = next_n * p.Hkv * p.Dv * 2 / 64;
+    const int64_t v_lines = next_n * p.Hkv * p.Dv * static_cast<int64_t>(sizeof(E)) / 64;
     // Scores, 4 cache rows at a time for every kv head: the K rows are read in memory order (the
     // hardware prefetcher follows them within a page; a software prefetch of the next block's K
     // measured ~4 % slower, one of its V ~10 % faster).
@@ -330,7 +368,7 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
         for (int64_t u = 0; u < units; ++u) std::fill(S + u * 64 + 16 * b, S + u * 64 + 16 * b + 16, kNegInf);
         continue;
       }
-      const uint16_t* Kb = Kblk + 4 * b * ldk;
+      const E* Kb = Kblk + 4 * b * ldk;
       if (G % 4 == 0)  // every unit has 4 heads: one call for all
         kQuads[3](p, q, Kb, nk, 0, units, ng, S + 16 * b);
       else
@@ -359,6 +397,16 @@ void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1,
     for (int64_t c = 0; c < p.Dv; c += 32)
       for (int64_t d = 0; d < 16; ++d) oh[c + 2 * d] = row[c + d], oh[c + 2 * d + 1] = row[c + 16 + d];
   }
+}
+
+}  // namespace
+
+void decode_row(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t k1, float* m, float* l, float* o,
+                float* scratch) {
+  if (p.cache_dtype == DType::kF8E4M3)
+    decode_row_of<uint8_t>(p, s, tq, k0, k1, m, l, o, scratch);
+  else
+    decode_row_of<uint16_t>(p, s, tq, k0, k1, m, l, o, scratch);
 }
 
 #pragma GCC diagnostic pop

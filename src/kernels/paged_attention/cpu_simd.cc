@@ -11,6 +11,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "kernels/paged_attention/cpu_simd.h"
+#include "primitives/cpu_convert.h"
 #include "tessera/dtype.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -155,6 +156,10 @@ void GatherRows(const void* src, int kind, int64_t n, int64_t heads, int64_t wid
         const float* in = static_cast<const float*>(src) + at;
         for (int64_t d = 0; d < wv; d += N) hn::StoreU(hn::LoadU(df, in + d), df, out + d);
         for (int64_t d = wv; d < width; ++d) out[d] = in[d];
+        continue;
+      }
+      if (kind == 3) {  // f8e4m3: the shared table conversion
+        cpu_convert::f8e4m3_to_f32(static_cast<const uint8_t*>(src) + at, out, width);
         continue;
       }
       const uint16_t* in = static_cast<const uint16_t*>(src) + at;

@@ -23,7 +23,8 @@ void accumulate(const float* P, int64_t ldp, int64_t R, const float* V, int64_t 
                 const float* alpha, float* O, int64_t ldo);
 
 // Repacks n cache rows of `heads` kv heads into head-major f32: dst[(h·n + j)·width + d] =
-// src[j·row_stride + h·width + d] for src of `kind` 0 f32, 1 bf16, 2 f16 (row_stride in elements).
+// src[j·row_stride + h·width + d] for src of `kind` 0 f32, 1 bf16, 2 f16, 3 f8e4m3 (row_stride in
+// elements).
 // Head-major rows are contiguous: a cache row stride of Hkv·width (often 4 KiB) would alias in
 // the L1 cache on every key.
 void gather_rows(const void* src, int kind, int64_t n, int64_t heads, int64_t width, int64_t row_stride, float* dst);

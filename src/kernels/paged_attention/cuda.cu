@@ -10,6 +10,7 @@
 // stream-ordered scratch (a stream being captured is refused: the graph would replay stale ids).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -34,7 +35,8 @@ constexpr const char* kIndexCopy = "paged_attention copies the page table, kv_le
 
 struct Params {
   const void *q, *k, *v;
-  int dtype;  // 0 f32, 1 bf16, 2 f16
+  int dtype;        // q's and o's: 0 f32, 1 bf16, 2 f16
+  int cache_dtype;  // the caches': q's, or 3 f8e4m3
   const int32_t *page_table, *kv_lens, *cu_q;
   const float* sinks;
   void* o;
@@ -44,11 +46,13 @@ struct Params {
   float scale, softcap;
   bool causal;
   int64_t window;
+  float v_scale;  // o = v_scale · Σ p·v_cache
 };
 
 __device__ __forceinline__ float load(const void* p, int dtype, int64_t i) {
   if (dtype == 0) return static_cast<const float*>(p)[i];
   if (dtype == 1) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if (dtype == 3) return static_cast<float>(static_cast<const __nv_fp8_e4m3*>(p)[i]);
   return __half2float(static_cast<const __half*>(p)[i]);
 }
 
@@ -90,7 +94,7 @@ __global__ void forward_kernel(Params p) {
     float part = 0.0f;
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < p.D) part += q[i] * load(p.k, p.dtype, (row * p.Hkv + g) * p.D + d);
+      if (d < p.D) part += q[i] * load(p.k, p.cache_dtype, (row * p.Hkv + g) * p.D + d);
     }
     float x = warp_sum(part);
     if (p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
@@ -100,10 +104,10 @@ __global__ void forward_kernel(Params p) {
     m = mn;
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < p.Dv) acc[i] = acc[i] * a + e * load(p.v, p.dtype, (row * p.Hkv + g) * p.Dv + d);
+      if (d < p.Dv) acc[i] = acc[i] * a + e * load(p.v, p.cache_dtype, (row * p.Hkv + g) * p.Dv + d);
     }
   }
-  const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // NaN (a non-finite key seen) stays NaN
+  const float inv = l == 0.0f ? 0.0f : p.v_scale / l;  // NaN (a non-finite key seen) stays NaN
   for (int i = 0; i < kMaxPerLane; ++i) {
     const int64_t d = lane + 32 * i;
     if (d < p.Dv) store(p.o, p.dtype, p.o_f32, (t * p.Hq + h) * p.Dv + d, acc[i] * inv);
@@ -144,9 +148,10 @@ class Cuda final : public primitives::CudaBackend<Implementation> {
     cuda::DeviceBuffer buf(idx.size() * sizeof(int32_t), stream, dev);
     cuda::copy_host_to_device(buf.get(), idx.data(), buf.bytes(), stream, dev, "paged_attention (cuda): copy of the index arrays");
     const int32_t* d = static_cast<const int32_t*>(buf.get());
-    Params k{p.q, p.k, p.v, p.dtype == DType::kF32 ? 0 : p.dtype == DType::kBF16 ? 1 : 2, d, d + npt, d + npt + n,
+    const auto code = [](DType t) { return t == DType::kF32 ? 0 : t == DType::kBF16 ? 1 : t == DType::kF16 ? 2 : 3; };
+    Params k{p.q, p.k, p.v, code(p.dtype), code(p.cache_dtype), d, d + npt, d + npt + n,
              p.sinks, p.o, p.o_f32, p.lse, p.N, p.T, p.Hq, p.Hkv, p.D, p.Dv, p.page_size, p.max_pages,
-             static_cast<float>(p.scale), static_cast<float>(p.softcap), p.causal, p.window};
+             static_cast<float>(p.scale), static_cast<float>(p.softcap), p.causal, p.window, static_cast<float>(p.v_scale)};
     const dim3 grid(static_cast<unsigned>(p.T), static_cast<unsigned>((p.Hq + kWarpsPerBlock - 1) / kWarpsPerBlock));
     forward_kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(k);
     cuda::check_launch("paged_attention forward_kernel", stream);

@@ -10,6 +10,7 @@
 // initcheck; decode 9.6x v1): the default, v1 its fallback (docs/kernels/paged_attention.md, v2).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -42,6 +43,18 @@ std::vector<int64_t> q_lens(const Problem& p) {
   return v;
 }
 
+// q and o of T; the caches of T or f8e4m3.
+template <class T>
+void run_for(const Problem& p, const skv::Params& k, const std::vector<skv::Seq>& seqs, cudaStream_t stream, int dev) {
+  const auto refuse = [](const std::string& why) { fail(ErrorCode::kUnsupported, why); };
+  const size_t npt = static_cast<size_t>(p.N * p.max_pages);
+  const char* what = "paged_attention (cuda_v2): copy of the work list";
+  if (p.cache_dtype == DType::kF8E4M3)
+    skv::run<T, __nv_fp8_e4m3, Lim, kMaxRows>(k, seqs, p.Hkv, p.page_table, npt, stream, dev, what, refuse);
+  else
+    skv::run<T, T, Lim, kMaxRows>(k, seqs, p.Hkv, p.page_table, npt, stream, dev, what, refuse);
+}
+
 class CudaV2 final : public primitives::CudaBackend<Implementation> {
  public:
   std::string name() const override { return "cuda_v2"; }
@@ -72,16 +85,14 @@ class CudaV2 final : public primitives::CudaBackend<Implementation> {
     k.Hq = p.Hq, k.G = p.group(), k.D = p.D, k.Dv = p.Dv, k.page_size = p.page_size, k.max_pages = p.max_pages;
     k.k_row = p.Hkv * p.D, k.k_head = p.D, k.v_row = p.Hkv * p.Dv, k.v_head = p.Dv;
     k.scale = static_cast<float>(p.scale), k.softcap = static_cast<float>(p.softcap);
+    k.v_scale = static_cast<float>(p.v_scale);
     k.causal = p.causal, k.window = p.window;
-    const auto refuse = [](const std::string& why) { fail(ErrorCode::kUnsupported, why); };
-    const size_t npt = static_cast<size_t>(p.N * p.max_pages);
-    const char* what = "paged_attention (cuda_v2): copy of the work list";
     if (p.dtype == DType::kF32)
-      skv::run<float, Lim, kMaxRows>(k, seqs, p.Hkv, p.page_table, npt, stream, dev, what, refuse);
+      run_for<float>(p, k, seqs, stream, dev);
     else if (p.dtype == DType::kBF16)
-      skv::run<__nv_bfloat16, Lim, kMaxRows>(k, seqs, p.Hkv, p.page_table, npt, stream, dev, what, refuse);
+      run_for<__nv_bfloat16>(p, k, seqs, stream, dev);
     else
-      skv::run<__half, Lim, kMaxRows>(k, seqs, p.Hkv, p.page_table, npt, stream, dev, what, refuse);
+      run_for<__half>(p, k, seqs, stream, dev);
   }
 };
 

@@ -20,7 +20,8 @@ struct Problem {
   int64_t N = 0, T = 0;                     // sequences, query rows
   int64_t Hq = 1, Hkv = 1, D = 1, Dv = 1;
   int64_t P = 0, page_size = 1, max_pages = 0;
-  DType dtype = DType::kF32;                // of q, k_cache, v_cache
+  DType dtype = DType::kF32;                // of q (and o unless o_f32)
+  DType cache_dtype = DType::kF32;          // of k_cache and v_cache: dtype, or kF8E4M3
   bool o_f32 = false;                       // o stored as f32 (else in dtype)
   Device device;
 
@@ -34,7 +35,8 @@ struct Problem {
   void* o = nullptr;              // [T, Hq, Dv]
   float* lse = nullptr;           // [T, Hq]
 
-  double scale = 1.0;
+  double scale = 1.0;     // the softmax scale times Options::k_scale (k_scale folded in here)
+  double v_scale = 1.0;   // o = v_scale · Σ p·v_cache: applied with the softmax's 1/l
   double softcap = 0.0;
   bool causal = false;
   int64_t window = -1;

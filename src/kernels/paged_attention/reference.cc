@@ -19,7 +19,7 @@ void row(const Problem& p, int64_t s, int64_t t, int64_t h, int64_t pos) {
     double dot = 0.0;
     for (int64_t d = 0; d < p.D; ++d)
       dot += static_cast<double>(load_as_f32(p.q, p.dtype, (t * p.Hq + h) * p.D + d)) *
-             load_as_f32(p.k, p.dtype, (r * p.Hkv + g) * p.D + d);
+             load_as_f32(p.k, p.cache_dtype, (r * p.Hkv + g) * p.D + d);
     double xj = p.scale * dot;
     if (p.softcap > 0.0) xj = p.softcap * std::tanh(xj / p.softcap);
     x.push_back(xj);
@@ -36,7 +36,8 @@ void row(const Problem& p, int64_t s, int64_t t, int64_t h, int64_t pos) {
     lse = m + std::log(sum);
     for (size_t i = 0; i < x.size(); ++i) {
       const double w = std::exp(x[i] - lse);
-      for (int64_t d = 0; d < p.Dv; ++d) o[static_cast<size_t>(d)] += w * load_as_f32(p.v, p.dtype, (at[i] * p.Hkv + g) * p.Dv + d);
+      for (int64_t d = 0; d < p.Dv; ++d)
+        o[static_cast<size_t>(d)] += w * p.v_scale * load_as_f32(p.v, p.cache_dtype, (at[i] * p.Hkv + g) * p.Dv + d);
     }
   }
   const DType od = p.o_f32 ? DType::kF32 : p.dtype;

@@ -24,7 +24,9 @@ const kernels::DeclaredOptions<Options>& options() {
        kernels::softcap_field(&Options::softcap),
        kernels::field(&Options::causal, "causal", "a query sees keys at positions <= its own (kv_len - q_len + i)"),
        kernels::field(&Options::window, "window",
-                      "sliding window: keys at positions >= own - window only; -1 unbounded")}};
+                      "sliding window: keys at positions >= own - window only; -1 unbounded"),
+       kernels::field(&Options::k_scale, "k_scale", "k = k_scale * k_cache (an f8e4m3 cache's dequantization scale)"),
+       kernels::field(&Options::v_scale, "v_scale", "v = v_scale * v_cache (an f8e4m3 cache's dequantization scale)")}};
   return d;
 }
 
@@ -33,8 +35,8 @@ const kernels::DeclaredInputs<Inputs>& inputs() {
   static const kernels::DeclaredInputs<Inputs> d{
       kKernelName,
       {input(&Inputs::q, {"q", "new tokens of the N sequences, concatenated [T, Hq, D]; f32, bf16 or f16"}),
-       input(&Inputs::k_cache, {"k_cache", "key pages [P, page_size, Hkv, D], q's dtype; Hq a multiple of Hkv"}),
-       input(&Inputs::v_cache, {"v_cache", "value pages [P, page_size, Hkv, Dv], q's dtype"}),
+       input(&Inputs::k_cache, {"k_cache", "key pages [P, page_size, Hkv, D], q's dtype or f8e4m3; Hq a multiple of Hkv"}),
+       input(&Inputs::v_cache, {"v_cache", "value pages [P, page_size, Hkv, Dv], k_cache's dtype"}),
        input(&Inputs::page_table,
              {"page_table", "pages of each sequence [N, max_pages] (i32, host)", true, false, {}, true}),
        input(&Inputs::kv_lens,

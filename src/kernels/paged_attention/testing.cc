@@ -29,6 +29,16 @@ Outputs make_outputs(const CaseSpec& s, const CaseData& d, Device dev) {
   return out;
 }
 
+// A cache uniform in [-1, 1] after dequantization: in s.dtype, or f8e4m3 values up to 1/scale
+// (rounded to 3 mantissa bits; a scale left out would move o and lse by far more than the tolerance).
+Tensor cache_values(const CaseSpec& s, const Shape& shape, double scale, uint64_t seed) {
+  if (!s.f8_cache) return random_uniform(s.dtype, shape, 1.0f, seed);
+  const Tensor f = random_uniform(DType::kF32, shape, static_cast<float>(1.0 / scale), seed);
+  Tensor t = Tensor::empty(DType::kF8E4M3, shape);
+  for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data(), DType::kF8E4M3, i, f.data_as<float>()[i]);
+  return t;
+}
+
 }  // namespace
 
 std::string CaseSpec::name() const {
@@ -36,6 +46,7 @@ std::string CaseSpec::name() const {
   o << label << "_N" << q_lens.size() << "_H" << Hq << "x" << Hkv << "_D" << D;
   if (Dv != D) o << "v" << Dv;
   o << "_ps" << page_size << "_" << dtype_name(dtype);
+  if (f8_cache) o << "_f8kv";
   if (f32_out) o << "_f32out";
   if (causal) o << "_causal";
   if (window >= 0) o << "_w" << window;
@@ -55,6 +66,7 @@ Inputs CaseData::inputs() const {
 Options options_of(const CaseSpec& s) {
   Options o;
   o.causal = s.causal, o.window = s.window, o.softcap = s.softcap, o.scale = s.scale;
+  o.k_scale = s.k_scale, o.v_scale = s.v_scale;
   o.num_threads = s.num_threads;
   return o;
 }
@@ -91,8 +103,9 @@ CaseData make_case(const CaseSpec& s) {
     d.cu_q_lens.data_as<int32_t>()[i + 1] = static_cast<int32_t>(d.cu_q_lens.data_as<int32_t>()[i] + s.q_lens[u]);
   }
   d.q = random_uniform(s.dtype, {T, s.Hq, s.D}, 2.0f, s.seed * 7 + 1);
-  d.k_cache = random_uniform(s.dtype, {P, s.page_size, s.Hkv, s.D}, 1.0f, s.seed * 7 + 2);
-  d.v_cache = random_uniform(s.dtype, {P, s.page_size, s.Hkv, s.Dv}, 1.0f, s.seed * 7 + 3);
+  d.k_cache = cache_values(s, {P, s.page_size, s.Hkv, s.D}, s.k_scale, s.seed * 7 + 2);
+  d.v_cache = cache_values(s, {P, s.page_size, s.Hkv, s.Dv}, s.v_scale, s.seed * 7 + 3);
+  const DType cache = d.k_cache.dtype();
   // NaN wherever no sequence reads.
   std::vector<char> used(static_cast<size_t>(P * s.page_size), 0);
   for (int64_t i = 0; i < N; ++i)
@@ -100,8 +113,8 @@ CaseData make_case(const CaseSpec& s) {
       used[static_cast<size_t>(pt[i * max_pages + j / s.page_size] * s.page_size + j % s.page_size)] = 1;
   for (int64_t r = 0; r < P * s.page_size; ++r) {
     if (used[static_cast<size_t>(r)]) continue;
-    for (int64_t e = 0; e < s.Hkv * s.D; ++e) store_from_f32(d.k_cache.data(), s.dtype, r * s.Hkv * s.D + e, NAN);
-    for (int64_t e = 0; e < s.Hkv * s.Dv; ++e) store_from_f32(d.v_cache.data(), s.dtype, r * s.Hkv * s.Dv + e, NAN);
+    for (int64_t e = 0; e < s.Hkv * s.D; ++e) store_from_f32(d.k_cache.data(), cache, r * s.Hkv * s.D + e, NAN);
+    for (int64_t e = 0; e < s.Hkv * s.Dv; ++e) store_from_f32(d.v_cache.data(), cache, r * s.Hkv * s.Dv + e, NAN);
   }
   if (s.sinks) {
     d.sinks = random_uniform(DType::kF32, {s.Hq}, 2.0f, s.seed * 7 + 4);
@@ -175,6 +188,12 @@ std::vector<CaseSpec> check_grid(bool quick) {
     add(c);
     c.label = "noncausal_window_mha_f32out", c.window = 3, c.Hkv = 6, c.f32_out = true, c.scale = 0.37;
     add(c);
+    // An f8e4m3 KV cache (k_scale 1/40, v_scale 1/20: raw values up to 40 and 20), a mixed batch
+    // with Dv != D, shared pages, window, soft cap and sinks.
+    c = b, c.label = "f8kv_mixed", c.f8_cache = true, c.k_scale = 0.025, c.v_scale = 0.05;
+    c.q_lens = {1, 0, 12, 1, 5}, c.kv_lens = {33, 6, 19, 3, 5}, c.Dv = 24;
+    c.shared_pages = true, c.window = 6, c.softcap = 3.0, c.sinks = true;
+    add(c);
   }
   CaseSpec c;
   for (DType dt : {DType::kBF16, DType::kF16}) {  // head dims that leave vector tails
@@ -202,11 +221,24 @@ std::vector<CaseSpec> check_grid(bool quick) {
   add(c);
   c.label = "bf16_decode_mha", c.Hq = 2, c.f32_out = false, c.causal = false;
   add(c);
+  // f8e4m3 caches: bf16 decode rows of GQA 8 and D 128 (16-byte key loads on cuda_v2, the cpu's
+  // bf16 dot path does not take them), and f16 with head dims of vector tails (D 20, Dv 24).
+  c = CaseSpec{}, c.label = "f8kv_decode_gqa8", c.dtype = DType::kBF16, c.f8_cache = true, c.k_scale = 0.01;
+  c.v_scale = 0.1, c.Hq = 16, c.Hkv = 2, c.D = 128, c.Dv = 128, c.page_size = 16, c.q_lens = {1, 1, 1};
+  c.kv_lens = {200, 77, 16}, c.sinks = true;
+  add(c);
+  c = CaseSpec{}, c.label = "f8kv_odd_dims", c.dtype = DType::kF16, c.f8_cache = true, c.k_scale = 0.5, c.v_scale = 2.0;
+  c.D = 20, c.Dv = 24, c.Hq = 6, c.Hkv = 3, c.page_size = 3, c.q_lens = {1, 4, 2}, c.kv_lens = {17, 9, 2};
+  c.f32_out = true, c.softcap = 2.0;
+  add(c);
   if (!quick) {  // long contexts on a few rows: split-KV and the combine
     c = CaseSpec{}, c.label = "long32k", c.page_size = 64, c.q_lens = {1, 2}, c.kv_lens = {32768, 20001};
     c.sinks = true, c.window = -1;
     add(c);
     c.label = "long32k_window", c.window = 5000, c.sinks = false, c.dtype = DType::kBF16, c.shared_pages = true;
+    add(c);
+    c.label = "long_f8kv", c.window = -1, c.sinks = true, c.f8_cache = true, c.k_scale = 0.02, c.v_scale = 0.04;
+    c.kv_lens = {20001, 9000};  // split-KV: partials normalized with v_scale, then combined
     add(c);
   }
   return add.take();

@@ -17,6 +17,8 @@ struct CaseSpec {
   std::vector<int64_t> q_lens{1, 3}, kv_lens{5, 9};  // per sequence (q_len ≤ kv_len)
   int64_t Hq = 4, Hkv = 2, D = 16, Dv = 16, page_size = 4;
   DType dtype = DType::kF32;  // q and the caches
+  bool f8_cache = false;      // the caches in f8e4m3 instead, raw values up to 1/k_scale and 1/v_scale
+  double k_scale = 1.0, v_scale = 1.0;
   bool f32_out = false;       // o stored as f32, else in dtype
   bool causal = true;
   int64_t window = -1;

@@ -58,12 +58,16 @@ namespace {
 
 using Array = nb::ndarray<nb::ro>;
 
-// bf16_bits: the array holds bf16 as uint16 (NumPy's ml_dtypes.bfloat16, which neither DLPack
-// nor the buffer protocol can describe; tessera/__init__.py passes a uint16 view of it).
-DType dtype_of(const nb::dlpack::dtype& d, const std::string& name, bool bf16_bits = false) {
+// ml_bits: the array holds an ml_dtypes type as its bits, bf16 as uint16 or f8e4m3 as uint8
+// (NumPy's ml_dtypes.bfloat16 and float8_e4m3fn, which neither DLPack nor the buffer protocol can
+// describe; tessera/__init__.py passes a uint16 / uint8 view of them).
+DType dtype_of(const nb::dlpack::dtype& d, const std::string& name, bool ml_bits = false) {
   using C = nb::dlpack::dtype_code;
   const auto code = static_cast<C>(d.code);
-  if (bf16_bits && d.lanes == 1 && code == C::UInt && d.bits == 16) return DType::kBF16;
+  if (ml_bits && d.lanes == 1 && code == C::UInt && d.bits == 16) return DType::kBF16;
+  if (ml_bits && d.lanes == 1 && code == C::UInt && d.bits == 8) return DType::kF8E4M3;
+  constexpr uint8_t kDLFloat8E4M3FN = 10;  // DLPack 1.0's kDLFloat8_e4m3fn (PyTorch's float8_e4m3fn)
+  if (d.lanes == 1 && d.code == kDLFloat8E4M3FN && d.bits == 8) return DType::kF8E4M3;
   if (d.lanes == 1) {
     if (code == C::Float && d.bits == 32) return DType::kF32;
     if (code == C::Float && d.bits == 16) return DType::kF16;
@@ -74,7 +78,7 @@ DType dtype_of(const nb::dlpack::dtype& d, const std::string& name, bool bf16_bi
   static const char* codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
   const std::string kind = d.code < 7 ? codes[d.code] : "code" + std::to_string(d.code);
   throw nb::type_error((name + " has dtype " + kind + std::to_string(d.bits) +
-                        " which Tessera does not take (f32, bf16, f16, i32, i64)")
+                        " which Tessera does not take (f32, bf16, f16, i32, i64, f8e4m3)")
                            .c_str());
 }
 
@@ -88,10 +92,10 @@ Device device_of(const A& a, const std::string& name) {
 }
 
 template <class A>
-TensorView view_of(const A& a, const std::string& name, bool bf16_bits = false) {
+TensorView view_of(const A& a, const std::string& name, bool ml_bits = false) {
   TensorView v;
   v.data = const_cast<void*>(a.data());
-  v.dtype = dtype_of(a.dtype(), name, bf16_bits);
+  v.dtype = dtype_of(a.dtype(), name, ml_bits);
   v.device = device_of(a, name);
   v.shape.resize(a.ndim());
   v.strides.resize(a.ndim());
@@ -196,14 +200,14 @@ OutList outputs(const std::string& kernel, const std::string& pass, const std::m
 std::string call(const std::string& kernel, const std::string& pass, const std::map<std::string, Array>& tensors,
                  const std::vector<nb::ndarray<>>& outs, const std::map<std::string, std::string>& options,
                  const std::string& implementation, int num_threads, uintptr_t stream, uint64_t memory_budget,
-                 const std::vector<std::string>& skip, const std::set<std::string>& bf16,
-                 const std::set<size_t>& bf16_outputs) {
+                 const std::vector<std::string>& skip, const std::set<std::string>& ml_bits,
+                 const std::set<size_t>& ml_bits_outputs) {
   const kernels::KernelSpec& k = kernels::get(kernel);
   kernels::CallArgs args;
   args.pass = parse_pass(pass);
   args.skip = skip;
   kernels::check_skip(k.call, args, kernel);
-  for (const auto& [name, a] : tensors) args.tensors.push_back({name, view_of(a, name, bf16.count(name) > 0)});
+  for (const auto& [name, a] : tensors) args.tensors.push_back({name, view_of(a, name, ml_bits.count(name) > 0)});
   args.options = option_values(k.call, kernel, options);
   args.exec.implementation = implementation;
   args.exec.num_threads = num_threads;
@@ -211,13 +215,13 @@ std::string call(const std::string& kernel, const std::string& pass, const std::
   args.exec.memory_budget = static_cast<size_t>(memory_budget);
   std::vector<TensorView> out;
   for (size_t i = 0; i < outs.size(); ++i)
-    out.push_back(view_of(outs[i], "output " + std::to_string(i), bf16_outputs.count(i) > 0));
+    out.push_back(view_of(outs[i], "output " + std::to_string(i), ml_bits_outputs.count(i) > 0));
   nb::gil_scoped_release release;  // the kernel runs without the GIL
   return k.call.call(args, out);
 }
 
-nb::dict view_info(const Array& a, const std::string& name, bool bf16) {
-  const TensorView v = view_of(a, name, bf16);
+nb::dict view_info(const Array& a, const std::string& name, bool ml_bits) {
+  const TensorView v = view_of(a, name, ml_bits);
   nb::dict d;
   d["data"] = reinterpret_cast<uintptr_t>(v.data);
   d["dtype"] = dtype_name(v.dtype);
@@ -229,7 +233,7 @@ nb::dict view_info(const Array& a, const std::string& name, bool bf16) {
 
 bool is_dtype_error(const std::string& msg) {
   static const std::regex re(
-      R"((must be (f32|bf16|f16|i32|i64)[a-z0-9, ]*, got (f32|bf16|f16|i32|i64)$)|(dtype (f32|bf16|f16) differs from))");
+      R"((must be (f32|bf16|f16|i32|i64|f8e4m3)[a-z0-9_, ()']*, got (f32|bf16|f16|i32|i64|f8e4m3)$)|(dtype (f32|bf16|f16) differs from))");
   return std::regex_search(msg, re);
 }
 
@@ -267,12 +271,14 @@ NB_MODULE(_ext, m) {
         "The outputs (name, dtype, shape, strides) a pass writes for inputs of these dtypes and shapes");
   m.def("call", &python::call, "kernel"_a, "pass_"_a, "tensors"_a, "outputs"_a, "options"_a,
         "implementation"_a = "", "num_threads"_a = 0, "stream"_a = 0, "memory_budget"_a = 0,
-        "skip"_a = std::vector<std::string>{}, "bf16"_a = std::set<std::string>{},
-        "bf16_outputs"_a = std::set<size_t>{},
+        "skip"_a = std::vector<std::string>{}, "ml_bits"_a = std::set<std::string>{},
+        "ml_bits_outputs"_a = std::set<size_t>{},
         "Runs a pass on DLPack arrays (zero-copy), writing the preallocated outputs; returns the implementation. "
-        "bf16 / bf16_outputs: the inputs (by name) and outputs (by index) given as uint16 views of bf16 data");
-  m.def("view", &python::view_info, "array"_a, "name"_a = "array", "bf16"_a = false,
-        "How Tessera sees an array through DLPack (no copy); bf16: a uint16 array holding bf16");
+        "ml_bits / ml_bits_outputs: the inputs (by name) and outputs (by index) given as the bits of an "
+        "ml_dtypes type: uint16 views of bf16, uint8 views of f8e4m3");
+  m.def("view", &python::view_info, "array"_a, "name"_a = "array", "ml_bits"_a = false,
+        "How Tessera sees an array through DLPack (no copy); ml_bits: a uint16 array holding bf16, or a "
+        "uint8 array holding f8e4m3");
   m.def("ffi_targets", &python::ffi_targets, "XLA FFI handlers by platform");
   m.def("dtype_error", &python::is_dtype_error);
 }

@@ -42,9 +42,10 @@ DType dtype_of(ffi::DataType t) {
     case ffi::DataType::F16: return DType::kF16;
     case ffi::DataType::S32: return DType::kI32;
     case ffi::DataType::S64: return DType::kI64;
+    case ffi::DataType::F8E4M3FN: return DType::kF8E4M3;
     default:
       throw Error(ErrorCode::kInvalidArgument,
-                  "a buffer has an XLA dtype Tessera does not take (f32, bf16, f16, i32, i64)");
+                  "a buffer has an XLA dtype Tessera does not take (f32, bf16, f16, i32, i64, f8e4m3)");
   }
 }
 

@@ -78,10 +78,14 @@ def _empty(xp, dtype: str, shape, strides):
     return base.transpose([order.index(i) for i in range(len(shape))])
 
 
-def _is_np_bf16(t: Any) -> bool:
-    """A NumPy array of ml_dtypes.bfloat16: DLPack and the buffer protocol cannot describe its
-    dtype, so it crosses as a uint16 view that the extension is told holds bf16."""
-    return isinstance(t, np.ndarray) and dtype_text(t.dtype) == "bfloat16"
+_ML_BITS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8}
+
+
+def _ml_bits(t: Any):
+    """The unsigned type whose view carries a NumPy array of an ml_dtypes type (bfloat16 as uint16,
+    float8_e4m3fn as uint8), or None: DLPack and the buffer protocol cannot describe those dtypes,
+    so such an array crosses as that view, and the extension is told what its bits hold."""
+    return _ML_BITS.get(dtype_text(t.dtype)) if isinstance(t, np.ndarray) else None
 
 
 def _array_in(kernel: str, name: str, t: Any, transposed: bool = False) -> Any:
@@ -109,9 +113,9 @@ def _seed_words(t: Any) -> Any:
     return t.view(np.int32) if isinstance(t, np.ndarray) and t.dtype == np.uint32 else t
 
 
-def _view(kernel: str, name: str, t: Any, bf16: bool) -> Dict[str, Any]:
+def _view(kernel: str, name: str, t: Any, ml_bits: bool) -> Dict[str, Any]:
     try:
-        return _ext.view(t, name, bf16=bf16)
+        return _ext.view(t, name, ml_bits=ml_bits)
     except TypeError as e:
         if "incompatible function arguments" not in str(e):  # the extension's own message (a dtype)
             raise
@@ -137,12 +141,13 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
     seeds = {i.name for i in k.inputs if i.seed_of}
     given = {n: widen_mask(_array_in(k.name, n, t, n in transposed)) for n, t in tensors.items() if t is not None}
     given = {n: _seed_words(t) if n in seeds else t for n, t in given.items()}
-    bf16 = {n for n, t in given.items() if _is_np_bf16(t)}
-    given = {n: t.view(np.uint16) if n in bf16 else t for n, t in given.items()}
+    bits = {n: _ml_bits(t) for n, t in given.items()}
+    ml = {n for n, b in bits.items() if b is not None}
+    given = {n: t.view(bits[n]) if n in ml else t for n, t in given.items()}
     opts = k.option_texts(options)
     metas = {}
     for n, t in given.items():
-        v = _view(k.name, n, t, n in bf16)
+        v = _view(k.name, n, t, n in ml)
         metas[n] = (v["dtype"], v["shape"], v["strides"])
     skip = [n for n in skip.split(",") if n] if isinstance(skip, str) else list(skip)  # "dx,dw" too
     descs = outputs(k, pass_, metas, opts, skip)
@@ -151,10 +156,11 @@ def call(kernel: str, pass_: str, tensors: Dict[str, Any], *, implementation: Op
         import cupy as xp  # noqa: F811
         stream = xp.cuda.get_current_stream().ptr
     outs = [_empty(xp, d, s, st) for _, d, s, st in descs]
-    bf16_outs = {i for i, o in enumerate(outs) if _is_np_bf16(o)}
-    _ext.call(k.name, pass_, given, [o.view(np.uint16) if i in bf16_outs else o for i, o in enumerate(outs)], opts,
-              implementation or "", num_threads, stream, memory_budget=budget, skip=skip, bf16=bf16,
-              bf16_outputs=bf16_outs)
+    out_bits = {i: _ml_bits(o) for i, o in enumerate(outs)}
+    ml_outs = {i for i, b in out_bits.items() if b is not None}
+    _ext.call(k.name, pass_, given, [o.view(out_bits[i]) if i in ml_outs else o for i, o in enumerate(outs)], opts,
+              implementation or "", num_threads, stream, memory_budget=budget, skip=skip, ml_bits=ml,
+              ml_bits_outputs=ml_outs)
     return {name: o for (name, _, _, _), o in zip(descs, outs)}
 
 

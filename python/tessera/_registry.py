@@ -25,6 +25,7 @@ _DTYPE_NAMES = {
     "float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32", "int64": "i64",
     "torch.float32": "f32", "torch.bfloat16": "bf16", "torch.float16": "f16",
     "torch.int32": "i32", "torch.int64": "i64",
+    "float8_e4m3fn": "f8e4m3", "torch.float8_e4m3fn": "f8e4m3",  # a storage type (paged_attention's caches)
 }
 
 
@@ -64,7 +65,8 @@ def dtype_name(dtype: Any) -> str:
     try:
         return _DTYPE_NAMES[name]
     except KeyError:
-        raise TypeError(f"dtype {name} is not one Tessera takes (float32, bfloat16, float16, int32, int64)") from None
+        raise TypeError(f"dtype {name} is not one Tessera takes (float32, bfloat16, float16, int32, int64, "
+                        "float8_e4m3fn)") from None
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,16 @@ def check_paged_decode(devices: int) -> None:
     o_ref, lse_ref = tj.paged_attention(q, k, v, table, np.array(kv_lens, np.int32), cu, sinks=sinks, return_lse=True)
     np.testing.assert_allclose(np.asarray(o), np.asarray(o_ref), rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(lse_ref), rtol=2e-5, atol=2e-5)
+    # An f8e4m3 cache with its scales (every device's share dequantized alike).
+    k8, v8 = (ks / 0.02).astype(jnp.float8_e4m3fn), (vs / 0.05).astype(jnp.float8_e4m3fn)
+    mesh_local = jax.shard_map(
+        lambda qq, kk, vv, tt, ll, cc, ss: tpj.context_parallel_paged_decode(
+            qq, kk, vv, tt[0], ll[0], cc, sinks=ss, sink_index=devices - 1, axis_name="cp", k_scale=0.02, v_scale=0.05),
+        mesh=mesh, in_specs=(P(), P("cp"), P("cp"), P("cp"), P("cp"), P(), P()), out_specs=P())
+    o8 = jax.jit(mesh_local)(q, k8, v8, tables, lens, cu, sinks)
+    o8_ref = tj.paged_attention(q, (k / 0.02).astype(jnp.float8_e4m3fn), (v / 0.05).astype(jnp.float8_e4m3fn), table,
+                                np.array(kv_lens, np.int32), cu, sinks=sinks, k_scale=0.02, v_scale=0.05)
+    np.testing.assert_allclose(np.asarray(o8), np.asarray(o8_ref), rtol=2e-5, atol=2e-5)
     # Sequence 0 with two rows (every device holds >= 2 of its keys): not decode rows, so NaN.
     cu2 = np.array([0, 2, 3, 3, 4], np.int32)
     o2, lse2 = run(np.concatenate([q[:1], q]), cu2)

@@ -525,7 +525,7 @@ def test_numpy_bias_errors():
     q, k, v = qkv()
     with pytest.raises(ValueError, match=r"bias must be \[B\|1, Hq\|1, Sq\|1, Sk\|1\]"):
         tessera.attention(q, k, v, bias=np.zeros((2, 4, 7, 8), np.float32))
-    with pytest.raises(ValueError, match="bias must be f32 or q's dtype"):
+    with pytest.raises(TypeError, match="bias must be f32 or q's dtype"):  # a dtype error: TypeError
         tessera.attention(q, k, v, bias=np.zeros((1, 1, 1, 9), np.int32))
 
 

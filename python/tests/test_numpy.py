@@ -292,7 +292,7 @@ def test_bf16_numpy_arrays(impl):
     assert o.dtype == bf16
     np.testing.assert_allclose(o.astype(np.float32), o32, rtol=2**-6, atol=2**-7)
     # Only a flagged uint16 is bf16: a plain uint16 array is still refused.
-    assert _ext.view(xb.view(np.uint16), "x", bf16=True)["dtype"] == "bf16"
+    assert _ext.view(xb.view(np.uint16), "x", ml_bits=True)["dtype"] == "bf16"
     with pytest.raises(TypeError, match="x has dtype uint16 which Tessera does not take"):
         tessera.call("linear_cross_entropy", "forward", {"x": xb.view(np.uint16), "w": wb, "labels": y})
 

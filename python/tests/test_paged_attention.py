@@ -127,3 +127,78 @@ def test_forward_only_kernels_refuse_a_gradient():
     o = tt.paged_attention(qt, *[torch.from_numpy(a) for a in (k, v, pt, kv, cu)])
     with pytest.raises(RuntimeError, match="paged_attention: forward only"):
         o.sum().backward()
+
+
+def f8_problem(seed, k_scale=0.02, v_scale=0.05, **kw):
+    """problem() with its caches quantized to float8_e4m3fn (raw values up to 1/scale; NaN stays
+    NaN), and the caches the contract then reads: raw · scale in float64."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v, pt, kv, cu = problem(seed=seed, **kw)
+    k8 = (k / k_scale).astype(ml_dtypes.float8_e4m3fn)
+    v8 = (v / v_scale).astype(ml_dtypes.float8_e4m3fn)
+    return q, k8, v8, pt, kv, cu, k8.astype(np.float64) * k_scale, v8.astype(np.float64) * v_scale
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+@pytest.mark.parametrize("q_dtype", ["float32", "bfloat16"])
+def test_numpy_f8_cache_matches_the_contract(impl, q_dtype):
+    """An FP8 KV cache (ml_dtypes.float8_e4m3fn) dequantized by k_scale and v_scale: the contract on
+    raw · scale. Without the scales the result is far off (they reach the kernel)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k8, v8, pt, kv, cu, k, v = f8_problem(seed=6, D=16, Dv=16)
+    q = q.astype(getattr(ml_dtypes, q_dtype) if q_dtype == "bfloat16" else np.float32)
+    sinks = np.array([0.5, -np.inf, 1.0, -0.3], np.float32)
+    opts = dict(causal=True, window=5, softcap=3.0, sinks=sinks)
+    o, lse = tessera.paged_attention(q, k8, v8, pt, kv, cu, k_scale=0.02, v_scale=0.05, implementation=impl,
+                                     return_lse=True, **opts)
+    want_o, want_lse = expected(q.astype(np.float32), k, v, pt, kv, cu, **opts)
+    tol = 2e-5 if q_dtype == "float32" else 1e-2  # o in q's dtype
+    np.testing.assert_allclose(o.astype(np.float32), want_o, rtol=tol, atol=tol)
+    np.testing.assert_allclose(lse, want_lse, rtol=2e-5, atol=2e-5)
+    o1 = tessera.paged_attention(q, k8, v8, pt, kv, cu, implementation=impl, **opts)
+    assert np.abs(o1.astype(np.float32) - want_o).max() > 1.0
+
+
+def test_numpy_f8_cache_errors():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k8, v8, pt, kv, cu, _, v = f8_problem(seed=7)
+    with pytest.raises(TypeError, match="v_cache must be f8e4m3 like k_cache, got f32"):
+        tessera.paged_attention(q, k8, v.astype(np.float32), pt, kv, cu)
+    with pytest.raises(TypeError, match=r"k_cache must be f32 \(q's dtype\) or f8e4m3, got bf16"):
+        tessera.paged_attention(q, k8.astype(ml_dtypes.bfloat16), v8, pt, kv, cu)
+    with pytest.raises(ValueError, match="k_scale must be finite in f32 and > 0, got 0"):
+        tessera.paged_attention(q, k8, v8, pt, kv, cu, k_scale=0.0)
+    with pytest.raises(ValueError, match="v_scale must be finite in f32 and > 0, got -1"):
+        tessera.paged_attention(q, k8, v8, pt, kv, cu, v_scale=-1.0)
+    with pytest.raises(TypeError, match="q must be f32, bf16 or f16, got f8e4m3"):
+        tessera.paged_attention(q.astype(ml_dtypes.float8_e4m3fn), k8, v8, pt, kv, cu)
+
+
+def test_torch_f8_cache():
+    """torch.float8_e4m3fn caches (DLPack's float8 code, no copy) with a bf16 q, eager and compiled."""
+    torch = pytest.importorskip("torch")
+    import tessera.torch as tt
+    q, k8, v8, pt, kv, cu, k, v = f8_problem(seed=8)
+    kt = torch.from_numpy(k8.view(np.uint8)).view(torch.float8_e4m3fn)
+    vt = torch.from_numpy(v8.view(np.uint8)).view(torch.float8_e4m3fn)
+    qb = torch.from_numpy(q).to(torch.bfloat16)
+    idx = [torch.from_numpy(a) for a in (pt, kv, cu)]
+    o = tt.paged_attention(qb, kt, vt, *idx, causal=True, k_scale=0.02, v_scale=0.05)
+    assert o.dtype == torch.bfloat16
+    want_o, _ = expected(qb.float().numpy(), k, v, pt, kv, cu, causal=True)
+    torch.testing.assert_close(o.float(), torch.from_numpy(want_o).float(), rtol=1e-2, atol=1e-2)
+    f = torch.compile(lambda *a: tt.paged_attention(*a, causal=True, k_scale=0.02, v_scale=0.05), fullgraph=True)
+    torch.testing.assert_close(f(qb, kt, vt, *idx), o, rtol=0, atol=0)
+
+
+def test_jax_f8_cache_under_jit():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+    q, k8, v8, pt, kv, cu, k, v = f8_problem(seed=9)
+    f = jax.jit(lambda *a: tj.paged_attention(*a, causal=True, k_scale=0.02, v_scale=0.05, return_lse=True))
+    o, lse = f(jnp.asarray(q), jnp.asarray(k8), jnp.asarray(v8), *[jnp.asarray(a) for a in (pt, kv, cu)])
+    assert jnp.asarray(k8).dtype == jnp.float8_e4m3fn
+    want_o, want_lse = expected(q, k, v, pt, kv, cu, causal=True)
+    np.testing.assert_allclose(np.asarray(o), want_o, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=2e-5, atol=2e-5)

@@ -139,6 +139,12 @@ def _check_paged_decode(rank, world):
     # bf16 inputs, each partial o rounded to bf16 once before the f32 merge, the result once more.
     want_b = tt.paged_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), table, kv, cu, sinks=sinks)
     torch.testing.assert_close(ob.float(), want_b.float(), rtol=2e-2, atol=2e-2)
+    # An f8e4m3 cache with its scales: each shard's partial dequantized alike, merged as before.
+    f8 = lambda t, s: (t / s).to(torch.float8_e4m3fn)  # noqa: E731
+    o8 = tpt.context_parallel_paged_decode(q, f8(kr, 0.02), f8(vr, 0.05), mine, lens, cu, sinks=sinks,
+                                           sink_rank=world - 1, k_scale=0.02, v_scale=0.05)
+    want_8 = tt.paged_attention(q, f8(k, 0.02), f8(v, 0.05), table, kv, cu, sinks=sinks, k_scale=0.02, v_scale=0.05)
+    torch.testing.assert_close(o8, want_8, rtol=2e-5, atol=2e-5)
 
 
 def _check_errors_reach_every_rank(rank, world):

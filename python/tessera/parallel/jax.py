@@ -121,7 +121,7 @@ def context_parallel_attention(q, k, v, *, axis_name: str, causal: bool = False,
 def context_parallel_paged_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens, *, axis_name: str,
                                   sinks=None, sink_index: int = 0, scale: Optional[float] = None,
                                   softcap: float = 0.0, return_lse: bool = False,
-                                  implementation: Optional[str] = None):
+                                  implementation: Optional[str] = None, k_scale: float = 1.0, v_scale: float = 1.0):
     """Decode over a paged KV cache whose keys are sharded along the mesh axis ``axis_name``
     (vLLM's decode context parallelism; ``tessera.parallel.torch.context_parallel_paged_decode``).
 
@@ -135,7 +135,8 @@ def context_parallel_paged_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q
     (the others pass −inf sinks, which take nothing). Under shard_map the lengths are traced, so a
     sequence with q_len > 1 cannot be refused: its rows come back NaN (or the kernel refuses the
     call where a device holds fewer of its keys than q_len). Returns o [T, Hq, Dv] in
-    q's dtype (and lse [T, Hq] f32 with return_lse), the same on every device. Forward only.
+    q's dtype (and lse [T, Hq] f32 with return_lse), the same on every device. Forward only. An
+    f8e4m3 cache (jnp.float8_e4m3fn) takes its ``k_scale`` and ``v_scale``.
     """
     if not 0 <= sink_index < jax.lax.axis_size(axis_name):
         raise ValueError(f"context_parallel_paged_decode: sink_index={sink_index} is not an index of axis "
@@ -149,7 +150,7 @@ def context_parallel_paged_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q
     lens = jnp.where(empty, 1, kv_lens).astype(kv_lens.dtype)
     if sinks is not None:
         sinks = jnp.where(jax.lax.axis_index(axis_name) == sink_index, sinks, -jnp.inf).astype(jnp.float32)
-    opts = dict(softcap=softcap, implementation=implementation)
+    opts = dict(softcap=softcap, implementation=implementation, k_scale=k_scale, v_scale=v_scale)
     if scale is not None:
         opts["scale"] = scale
     o, lse = tj.paged_attention(q, k_cache, v_cache, table, lens, cu_q_lens, sinks=sinks, return_lse=True, **opts)

@@ -323,13 +323,14 @@ def _local_decode(q, k_cache, v_cache, page_table, kv_lens, cu_q_lens, sinks, kw
     return o, lse
 
 
-def _agreed_call(group, sink_rank: int, q, v_cache, cu_q_lens, sinks, scale, softcap, return_lse) -> None:
+def _agreed_call(group, sink_rank: int, q, v_cache, cu_q_lens, sinks, scale, softcap, return_lse, kv_scales) -> None:
     """What every rank must share: the rows [T, Hq, Dv], cu_q_lens itself (a checksum of it let
     two different row layouts through: a review), sink_rank, whether sinks are given, the options."""
     _agree_on("context_parallel_paged_decode",
               dict(T=q.shape[0], Hq=q.shape[1], Dv=v_cache.shape[-1] if v_cache.dim() else -1, dtype=str(q.dtype),
                    cu_q_lens=tuple(int(c) for c in cu_q_lens.tolist()), sink_rank=sink_rank,
-                   sinks=sinks is not None, scale=scale, softcap=float(softcap), return_lse=bool(return_lse)),
+                   sinks=sinks is not None, scale=scale, softcap=float(softcap), return_lse=bool(return_lse),
+                   kv_scales=tuple(float(x) for x in kv_scales)),
               group, q.device)
 
 
@@ -337,7 +338,7 @@ def context_parallel_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cach
                                   page_table: torch.Tensor, kv_lens: torch.Tensor, cu_q_lens: torch.Tensor, *,
                                   group=None, sinks: Optional[torch.Tensor] = None, sink_rank: int = 0,
                                   scale: Optional[float] = None, softcap: float = 0.0, return_lse: bool = False,
-                                  implementation: Optional[str] = None):
+                                  implementation: Optional[str] = None, k_scale: float = 1.0, v_scale: float = 1.0):
     """Decode over a paged KV cache whose keys are sharded across the ranks of ``group`` (vLLM's
     decode context parallelism).
 
@@ -353,7 +354,8 @@ def context_parallel_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     rounded to bf16 once first). Returns o [T, Hq, Dv] in q's dtype (and lse [T, Hq] f32 with
     return_lse), the same on every rank. Index tensors on the GPU are copied to the host. Forward
     only, like paged_attention. An error on any rank (these checks or the kernel's) is raised on
-    every rank before the partials move.
+    every rank before the partials move. An f8e4m3 cache (torch.float8_e4m3fn) takes its
+    ``k_scale`` and ``v_scale``, the same on every rank.
     """
     dev = q.device
     page_table, kv_lens, cu_q_lens = page_table.cpu(), kv_lens.cpu(), cu_q_lens.cpu()
@@ -362,8 +364,8 @@ def context_parallel_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cach
         _check_decode_rows(q, k_cache, page_table, kv_lens, cu_q_lens, sink_rank, world)
         _check_implementation("paged_attention", implementation, dev)
     _checked(check, group, dev)
-    _agreed_call(group, sink_rank, q, v_cache, cu_q_lens, sinks, scale, softcap, return_lse)
-    kw = {"softcap": softcap, "implementation": implementation}
+    _agreed_call(group, sink_rank, q, v_cache, cu_q_lens, sinks, scale, softcap, return_lse, (k_scale, v_scale))
+    kw = {"softcap": softcap, "implementation": implementation, "k_scale": k_scale, "v_scale": v_scale}
     if scale is not None:
         kw["scale"] = scale
     part = {}

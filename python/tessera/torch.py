@@ -235,11 +235,22 @@ def _views(k: Kernel, tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tenso
 _to_dlpack = torch.utils.dlpack.to_dlpack
 
 
-def _capsules(views: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+_F8 = getattr(torch, "float8_e4m3fn", None)
+
+
+def _capsules(views: Dict[str, torch.Tensor]):
     """DLPack capsules of the call's tensors: torch.utils.dlpack.to_dlpack (C, ~0.6 µs) instead of
     each tensor's __dlpack__ (Python, ~3 µs, with a stream handshake the call does not need: the
-    kernel runs on the stream that produced its inputs, the caller's current one)."""
-    return {n: _to_dlpack(t) for n, t in views.items()}
+    kernel runs on the stream that produced its inputs, the caller's current one). A float8_e4m3fn
+    tensor crosses as its uint8 bits (older PyTorch refuses float8 in DLPack), named in the second
+    value: the extension's ml_bits."""
+    caps, bits = {}, set()
+    for n, t in views.items():
+        if t.dtype is _F8:
+            t = t.view(torch.uint8)
+            bits.add(n)
+        caps[n] = _to_dlpack(t)
+    return caps, bits
 
 
 def _device(tensors: Dict[str, torch.Tensor]) -> torch.device:
@@ -255,8 +266,9 @@ def _register(k: Kernel, pass_: str, op_name: str):
         outs = _alloc(_descs(k, pass_, tensors, options, skip), dev)
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
         views = _views(k, tensors)
-        _ext.call(k.name, pass_, _capsules(views), [_to_dlpack(o) for o in outs], options, implementation, 0, stream,
-                  memory_budget=budget, skip=skip)
+        caps, bits = _capsules(views)
+        _ext.call(k.name, pass_, caps, [_to_dlpack(o) for o in outs], options, implementation, 0, stream,
+                  memory_budget=budget, skip=skip, ml_bits=bits)
         return outs
 
     def fake(*args, **kwargs):
@@ -419,8 +431,9 @@ def _register_fused(k: Kernel, op_name: str):
         tensors, options, implementation, budget, skip, dev, outs = fused_args(args, kwargs)
         stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
         views = _views(k, tensors)
-        _ext.call(k.name, "fused", _capsules(views), [_to_dlpack(o) for o in outs], options, implementation, 0, stream,
-                  memory_budget=budget, skip=skip)
+        caps, bits = _capsules(views)
+        _ext.call(k.name, "fused", caps, [_to_dlpack(o) for o in outs], options, implementation, 0, stream,
+                  memory_budget=budget, skip=skip, ml_bits=bits)
         return outs
 
     def fake(*args, **kwargs):

@@ -77,12 +77,20 @@ def paged_attention():
     return "paged_attention", dict(zip(names, (q, k, v, pt, kv, cu))), {"causal": True}, []
 
 
+def paged_attention_f8():
+    q, k8, v8, pt, kv, cu, _, _ = t_paged.f8_problem(seed=6)
+    names = ("q", "k_cache", "v_cache", "page_table", "kv_lens", "cu_q_lens")
+    return ("paged_attention", dict(zip(names, (q, k8, v8, pt, kv, cu))),
+            {"causal": True, "k_scale": 0.02, "v_scale": 0.05}, [])
+
+
 def mla_decode():
     q, kv, pt, lens = t_mla.problem(seed=5)
     return "mla_decode", {"q": q, "kv_cache": kv, "page_table": pt, "cache_seqlens": lens}, {"dv": 16, "causal": True}, []
 
 
-CASES = [lce, attention, attention_dropout, attention_bias, grouped_matmul, mlstm, slstm, paged_attention, mla_decode]
+CASES = [lce, attention, attention_dropout, attention_bias, grouped_matmul, mlstm, slstm, paged_attention,
+         paged_attention_f8, mla_decode]
 
 
 def require_cuda_implementation(kernel):
@@ -95,9 +103,16 @@ def require_cuda_implementation(kernel):
         pytest.fail(f"{kernel}: PyTorch sees a GPU but " + "; ".join(f"{i['name']}: {i['unavailable_reason']}" for i in impls))
 
 
+def _torch_of(a):
+    """A NumPy array as a tensor; ml_dtypes' float8_e4m3fn (which torch.from_numpy cannot read) by its bits."""
+    if str(a.dtype) == "float8_e4m3fn":
+        return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
+    return torch.from_numpy(a)
+
+
 def run(kernel, arrays, options, diff, device):
     """The op's outputs and the gradients of `diff` (upstream: a fixed ramp per output)."""
-    t = {n: torch.from_numpy(np.ascontiguousarray(a)).to(device) for n, a in arrays.items()}
+    t = {n: _torch_of(np.ascontiguousarray(a)).to(device) for n, a in arrays.items()}
     for n in diff:
         t[n].requires_grad_()
     outs = getattr(tt, kernel)(**t, **options)

@@ -38,8 +38,8 @@ double random_unit(uint64_t seed, uint64_t i) noexcept {
 }
 
 void fill_uniform(Tensor& t, double lo, double hi, uint64_t seed) {
-  check(is_float(t.dtype()) && t.device().type == DeviceType::kCPU, ErrorCode::kInvalidArgument,
-        "fill_uniform wants a host float tensor");
+  check((is_float(t.dtype()) || t.dtype() == DType::kF8E4M3) && t.device().type == DeviceType::kCPU,
+        ErrorCode::kInvalidArgument, "fill_uniform wants a host float tensor (f32, bf16, f16, f8e4m3)");
   void* data = t.data();
   const DType dt = t.dtype();
   for_chunks(t.numel(), [&](int64_t b, int64_t e) {

@@ -16,7 +16,8 @@ namespace tessera {
 uint64_t random_bits(uint64_t seed, uint64_t i) noexcept;
 double random_unit(uint64_t seed, uint64_t i) noexcept;
 
-// Fills a float tensor (host, contiguous) with uniform values in [lo, hi).
+// Fills a float tensor (host, contiguous; f8e4m3 too) with uniform values in [lo, hi), each
+// rounded once to the tensor's dtype.
 void fill_uniform(Tensor& t, double lo, double hi, uint64_t seed);
 // A new host tensor with uniform values in [-scale, scale).
 Tensor random_uniform(DType dtype, Shape shape, float scale, uint64_t seed);

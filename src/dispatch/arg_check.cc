@@ -28,7 +28,9 @@ double ArgCheck::softmax_scale(const std::optional<double>& scale, int64_t D) co
 }
 
 double ArgCheck::positive_f32(double v, const std::string& what) const {
-  if (!(v > 0.0 && v <= kF32Max)) fail(what + " must be finite in f32 and > 0, got " + g(v));
+  // Past FLT_MAX it is inf in f32; below half the smallest subnormal, 0 (a v_scale of 1e-50 gave o = 0).
+  if (!(v > 0.0 && v <= kF32Max && static_cast<float>(v) > 0.0f))
+    fail(what + " must be finite in f32 and > 0, got " + g(v));
   return v;
 }
 

@@ -29,7 +29,9 @@ DType parse_descr(const std::string& path, const std::string& d) {
   if (d == "<i4") return DType::kI32;
   if (d == "<i8") return DType::kI64;
   if (d == "<V2" || d == "|V2" || d == "bfloat16" || d == "<bfloat16") return DType::kBF16;
-  // ml_dtypes.float8_e4m3fn saves as a 1-byte void.
+  // ml_dtypes.float8_e4m3fn saves as a 1-byte void — as does every other 1-byte ml_dtypes type
+  // (float8_e4m3fnuz, e4m3b11fnuz, e8m0fnu, int4, float4...): a file cannot tell them apart, so
+  // such an array must be converted to float8_e4m3fn before it is saved (docs/kernels/paged_attention.md).
   if (d == "<V1" || d == "|V1" || d == "float8_e4m3fn" || d == "<float8_e4m3fn") return DType::kF8E4M3;
   if (d == "<f8") bad(path, "dtype float64 is not supported: save as float32 (x.astype(np.float32))");
   if (!d.empty() && d[0] == '>') bad(path, "big-endian dtype '" + d + "' is not supported");

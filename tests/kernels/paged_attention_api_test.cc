@@ -114,7 +114,9 @@ TEST(PagedAttentionApi, ShapeAndDtypeErrors) {
   expect_error([](auto&, auto& o) { o.v_scale = 1e39; }, {"v_scale must be finite in f32 and > 0"});
   // Each finite, the product with the softmax scale is not (inf in f32), or is 0.
   expect_error([](auto&, auto& o) { o.scale = 1e30, o.k_scale = 1e30; }, {"scale * k_scale must be finite in f32 and > 0"});
-  expect_error([](auto&, auto& o) { o.scale = 1e-30, o.k_scale = 1e-300; }, {"scale * k_scale must be finite in f32 and > 0"});
+  expect_error([](auto&, auto& o) { o.scale = 1e-30, o.k_scale = 1e-300; }, {"k_scale must be finite in f32 and > 0, got 1e-300"});
+  expect_error([](auto&, auto& o) { o.scale = 1e-30, o.k_scale = 1e-20; }, {"scale * k_scale must be finite in f32 and > 0"});
+  expect_error([](auto&, auto& o) { o.v_scale = 1e-50; }, {"v_scale must be finite in f32 and > 0, got 1e-50"});  // 0 in f32
 }
 
 // Places: the caches, sinks and outputs on q's device, the index arrays in host memory.

@@ -103,8 +103,8 @@ TEST(PagedAttentionCpu, Bf16DecodeBothPaths) {
 // (widened by cpu_convert), against the reference: every code but NaN in the slots read (the rows
 // overwritten with codes cycling through all 256, scales 1/448), then only the 32 of magnitude
 // below 2^-5 (the 16 subnormals and ±0 among them, scales 64: one subnormal unit is then 0.125,
-// far past the tolerance); head groups of 4 and 5, pages of 16 (read in place) and 1 (gathered),
-// 1 and 3 threads (split at kv_len 2100).
+// far past the tolerance); head groups of 4 and 5, pages of 16 (read in place) and 1 (gathered,
+// with Dv 96: a 32-wide P·V tail), 1 and 3 threads (split at kv_len 2100).
 TEST(PagedAttentionCpu, F8CacheEveryCodeOnBothPaths) {
   for (const char* dot : {"1", "0"}) {
     ::setenv("TESSERA_CPU_BF16_DOT", dot, 1);
@@ -114,7 +114,9 @@ TEST(PagedAttentionCpu, F8CacheEveryCodeOnBothPaths) {
         testing::CaseSpec c;
         const double scale = small ? 64.0 : 1.0 / 448;
         c.label = "f8_codes", c.dtype = DType::kBF16, c.f8_cache = true, c.k_scale = scale, c.v_scale = scale;
-        c.Hkv = 2, c.Hq = page_size == 1 ? 10 : 8, c.D = 32, c.Dv = 64, c.q_lens = {1, 1, 2}, c.kv_lens = {2100, 37, 9};
+        // Dv 96 on gathered pages: P·V's 32-wide tail after a chunk of 64.
+        c.Hkv = 2, c.Hq = page_size == 1 ? 10 : 8, c.D = 32, c.Dv = page_size == 1 ? 96 : 64;
+        c.q_lens = {1, 1, 2}, c.kv_lens = {2100, 37, 9};
         c.page_size = page_size, c.num_threads = threads, c.sinks = true;
         testing::CaseData d = testing::make_case(c);
         for (Tensor* t : {&d.k_cache, &d.v_cache}) {

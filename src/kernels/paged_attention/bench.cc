@@ -100,11 +100,7 @@ class PagedBench final : public kernels::CallBenchProblem {
  private:
   // A cache uniform in [-1, 1]: in the problem's dtype, or f8e4m3 raw values up to 64.
   Tensor cache(const Shape& shape, uint64_t seed) const {
-    if (!s_.f8_cache) return random_uniform(s_.dtype, shape, 1.0f, seed);
-    const Tensor f = random_uniform(DType::kF32, shape, 64.0f, seed);
-    Tensor t = Tensor::empty(DType::kF8E4M3, shape);
-    for (int64_t i = 0; i < t.numel(); ++i) store_from_f32(t.data(), DType::kF8E4M3, i, f.data_as<float>()[i]);
-    return t;
+    return random_uniform(s_.cache_dtype(), shape, s_.f8_cache ? 64.0f : 1.0f, seed);
   }
 
   Settings s_;

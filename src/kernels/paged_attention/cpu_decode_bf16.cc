@@ -107,6 +107,13 @@ struct Pf {
   const char* v = nullptr;
   int64_t v_lines = 0;
 };
+// The 64-byte lines of `bytes` bytes from a: a moved down to its line's start, the count returned
+// (rows of a 1-byte cache may start mid-line).
+inline int64_t lines_from(const char*& a, int64_t bytes) {
+  const int64_t off = static_cast<int64_t>(reinterpret_cast<uintptr_t>(a) % 64);
+  a -= off;
+  return (off + bytes + 63) / 64;
+}
 inline void prefetch_lines(const char* a, int64_t from, int64_t to) {
   for (int64_t i = from; i < to; ++i) _mm_prefetch(a + 64 * i, _MM_HINT_T0);
 }
@@ -138,7 +145,7 @@ struct AheadBlock {
         esz(static_cast<int64_t>(dtype_size(pr.cache_dtype))) {
     const int64_t row = n > 0 ? p->cache_row(s, j) : 0, rows = per_key ? 1 : n;
     k = row_of(p->k, p->Hkv * p->D, row), v = row_of(p->v, p->Hkv * p->Dv, row);
-    kl = (rows * p->Hkv * p->D * esz + 63) / 64, vl = (rows * p->Hkv * p->Dv * esz + 63) / 64;
+    kl = lines_from(k, rows * p->Hkv * p->D * esz), vl = lines_from(v, rows * p->Hkv * p->Dv * esz);
   }
   const char* row_of(const void* cache, int64_t ld, int64_t row) const {
     return static_cast<const char*>(cache) + row * ld * esz;
@@ -150,7 +157,9 @@ struct AheadBlock {
     }
     for (int64_t i = j + n * part / parts; i < j + n * (part + 1) / parts; ++i) {
       const int64_t row = p->cache_row(s, i);
-      prefetch_l2(row_of(p->k, p->Hkv * p->D, row), 0, kl, row_of(p->v, p->Hkv * p->Dv, row), 0, vl);
+      const char *kr = row_of(p->k, p->Hkv * p->D, row), *vr = row_of(p->v, p->Hkv * p->Dv, row);
+      const int64_t kn = lines_from(kr, p->Hkv * p->D * esz), vn = lines_from(vr, p->Hkv * p->Dv * esz);
+      prefetch_l2(kr, 0, kn, vr, 0, vn);
     }
   }
 };
@@ -161,12 +170,17 @@ struct AheadBlock {
 TESSERA_BF16_TARGET __m512i f8x32_to_bf16(const uint8_t* src) {
   const __m512i u = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
   const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi16(0x7f));
-  const __m512i sub = _mm512_permutexvar_epi16(  // index: mag's low 5 bits; entries 8.. unused
-      mag, _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x3c60, 0x3c40,
-                            0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0));
   __m512i r = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-  r = _mm512_mask_mov_epi16(r, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), sub);
-  r = _mm512_mask_mov_epi16(r, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
+  // (mag + 1) & 0x7f < 9: a subnormal or zero (mag < 8) or NaN (0x7f); rare in a scaled cache, so
+  // the table and the blends run only when a lane needs them.
+  const __m512i t = _mm512_and_si512(_mm512_add_epi16(mag, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7f));
+  if (_mm512_cmplt_epu16_mask(t, _mm512_set1_epi16(9)) != 0) {
+    const __m512i sub = _mm512_permutexvar_epi16(  // index: mag's low 5 bits; entries 8.. unused
+        mag, _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x3c60, 0x3c40,
+                              0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0));
+    r = _mm512_mask_mov_epi16(r, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), sub);
+    r = _mm512_mask_mov_epi16(r, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
+  }
   return _mm512_or_si512(r, _mm512_slli_epi16(_mm512_and_si512(u, _mm512_set1_epi16(0x80)), 8));
 }
 
@@ -357,7 +371,7 @@ void decode_row_of(const Problem& p, int64_t s, int64_t tq, int64_t k0, int64_t 
     const AheadBlock pre(p, s, ahead, l2_ahead && ahead < k1 ? block_len(ahead) : 0, 4 + units, gather);
     const int64_t next_n = next < k1 ? block_len(next) : 0, next_row = next_n > 0 && !gather ? p.cache_row(s, next) : 0;
     const char* next_v = reinterpret_cast<const char*>(V + next_row * p.Hkv * p.Dv);
-    const int64_t v_lines = next_n * p.Hkv * p.Dv * static_cast<int64_t>(sizeof(E)) / 64;
+    const int64_t v_lines = lines_from(next_v, next_n * p.Hkv * p.Dv * static_cast<int64_t>(sizeof(E)));
     // Scores, 4 cache rows at a time for every kv head: the K rows are read in memory order (the
     // hardware prefetcher follows them within a page; a software prefetch of the next block's K
     // measured ~4 % slower, one of its V ~10 % faster).

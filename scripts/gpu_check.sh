@@ -91,6 +91,8 @@ BENCH_RUNS=(
   "paged_attention|decode|--grid gpu"
   "paged_attention|mixed|--grid gpu --prefill 8"
   "paged_attention|f8kv|--grid gpu --f8-cache"
+  "mla_decode||--grid gpu"
+  "mla_decode|f8kv|--grid gpu --f8-cache"
 )
 # Tuning runs of tunable GPU implementations, "kernel|name|arguments" (each writes its own table
 # file); a kernel without a line here is tuned at its buckets' representative shapes.

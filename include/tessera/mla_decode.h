@@ -3,13 +3,14 @@
 //
 // Inputs
 //   q             [B, Sq, Hq, D]            f32, bf16 or f16 (D ≤ 1024; 576 in DeepSeek V2/V3)
-//   kv_cache      [P, page_size, 1, D]      q's dtype: one latent head per cached entry
+//   kv_cache      [P, page_size, 1, D]      q's dtype, or f8e4m3 (an FP8 latent cache dequantized
+//                                           by kv_scale): one latent head per cached entry
 //   page_table    [B, max_pages]  int32     host memory; entry p of batch b is the page that holds
 //                                           that sequence's keys p·page_size … (p+1)·page_size − 1
 //   cache_seqlens [B]             int32     host memory; L_b keys in the cache for batch b
 //
 // For batch b, query row i (0 ≤ i < Sq) of head h, and key position j (0 ≤ j < L_b), with
-//   c_j = kv_cache[page_table[b, j / page_size], j % page_size, 0, :]   (D values)
+//   c_j = kv_scale · kv_cache[page_table[b, j / page_size], j % page_size, 0, :]   (D values)
 //   s_j = scale · q[b, i, h, :] · c_j
 //   visible(i, j) = !causal || j ≤ L_b − Sq + i        (query i sits at position L_b − Sq + i)
 //   lse[b, i, h] = log Σ_{visible j} exp(s_j)
@@ -53,6 +54,7 @@ struct Options : ExecOptions {
   bool causal = false;          // query i at position L_b − Sq + i sees keys ≤ that position
   std::optional<double> scale;  // default 1/√D; finite and > 0
   std::optional<BlockSizes> block_sizes;
+  double kv_scale = 1.0;        // c = kv_scale · kv_cache (an f8e4m3 cache's dequantization); finite, > 0
 };
 
 struct Inputs {

@@ -89,8 +89,14 @@ def mla_decode():
     return "mla_decode", {"q": q, "kv_cache": kv, "page_table": pt, "cache_seqlens": lens}, {"dv": 16, "causal": True}, []
 
 
+def mla_decode_f8():
+    q, kv8, pt, lens, _ = t_mla.f8_problem(seed=6)
+    return ("mla_decode", {"q": q, "kv_cache": kv8, "page_table": pt, "cache_seqlens": lens},
+            {"dv": 16, "causal": True, "kv_scale": 0.03}, [])
+
+
 CASES = [lce, attention, attention_dropout, attention_bias, grouped_matmul, mlstm, slstm, paged_attention,
-         paged_attention_f8, mla_decode]
+         paged_attention_f8, mla_decode, mla_decode_f8]
 
 
 def require_cuda_implementation(kernel):

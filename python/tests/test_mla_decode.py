@@ -123,3 +123,48 @@ def test_forward_only_kernels_refuse_a_gradient():
     with torch.no_grad():
         o2, _ = tt.mla_decode(qt, *args, dv=16)
     torch.testing.assert_close(o2, o.detach(), rtol=0, atol=0)
+
+
+def f8_problem(seed=4, kv_scale=0.03):
+    """problem() with the latent cache quantized to float8_e4m3fn (raw values up to 1/kv_scale), and
+    the cache the contract then reads: raw · kv_scale in float64."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, kv, pt, lens = problem(D=32, seed=seed)
+    kv8 = (kv / kv_scale).astype(ml_dtypes.float8_e4m3fn)
+    return q, kv8, pt, lens, kv8.astype(np.float64) * kv_scale
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+def test_numpy_f8_cache_matches_the_math(impl):
+    """An FP8 latent cache (ml_dtypes.float8_e4m3fn) dequantized by kv_scale (keys and values: they
+    are one cache); the result is far off without the scale."""
+    q, kv8, pt, lens, kv = f8_problem()
+    o, lse = tessera.mla_decode(q, kv8, pt, lens, dv=16, causal=True, kv_scale=0.03, implementation=impl)
+    want_o, want_lse = expected(q, kv, pt, lens, 16, causal=True)
+    np.testing.assert_allclose(o, want_o, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(lse, want_lse, rtol=2e-5, atol=2e-5)
+    o1, _ = tessera.mla_decode(q, kv8, pt, lens, dv=16, causal=True, implementation=impl)
+    assert np.abs(o1 - want_o).max() > 1.0
+    with pytest.raises(ValueError, match="kv_scale must be finite in f32 and > 0, got -1"):
+        tessera.mla_decode(q, kv8, pt, lens, dv=16, kv_scale=-1.0)
+
+
+def test_torch_and_jax_f8_cache():
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import tessera.jax as tj
+    import tessera.torch as tt
+    q, kv8, pt, lens, kv = f8_problem(seed=5)
+    want_o, want_lse = expected(q, kv, pt, lens, 16)
+    kt = torch.from_numpy(kv8.view(np.uint8)).view(torch.float8_e4m3fn)
+    o, lse = tt.mla_decode(torch.from_numpy(q).bfloat16(), kt, torch.from_numpy(pt), torch.from_numpy(lens), dv=16,
+                           kv_scale=0.03)
+    want_b, _ = expected(torch.from_numpy(q).bfloat16().float().numpy(), kv, pt, lens, 16)
+    # The bf16 dot route (the chunk's entries widened to bf16, exactly) rounds P to bf16 for P·V:
+    # 2^-8 of max |v| = 1 (test_torch_bf16).
+    torch.testing.assert_close(o.float(), torch.from_numpy(want_b).float(), rtol=0, atol=2**-8)
+    f = jax.jit(lambda *a: tj.mla_decode(*a, dv=16, kv_scale=0.03))
+    oj, lj = f(jnp.asarray(q), jnp.asarray(kv8), jnp.asarray(pt), jnp.asarray(lens))
+    np.testing.assert_allclose(np.asarray(oj), want_o, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(lj), want_lse, rtol=2e-5, atol=2e-5)

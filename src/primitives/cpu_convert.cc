@@ -79,6 +79,21 @@ void F8E4M3ToF32(const uint8_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = tessera::f8e4m3_to_f32(src[i]);
 }
 
+// Exact as well (every f8e4m3 value is a bf16): the f32 widening's upper halves.
+void F8E4M3ToBf16(const uint8_t* src, uint16_t* dst, int64_t n) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto hi = hn::ShiftRight<16>(hn::BitCast(du, WidenF8(df, src + i)));  // <= 0xffff: no saturation
+    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, hi)), du16, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = tessera::f32_to_bf16(tessera::f8e4m3_to_f32(src[i]));
+}
+
 void F32ToF16(const float* src, uint16_t* dst, int64_t n) {
   if (kScalarF16) {
     for (int64_t i = 0; i < n; ++i) dst[i] = tessera::f32_to_f16(src[i]);
@@ -140,12 +155,14 @@ HWY_EXPORT(HalfToF32);
 HWY_EXPORT(F32ToF16);
 HWY_EXPORT(F32ToBf16);
 HWY_EXPORT(F8E4M3ToF32);
+HWY_EXPORT(F8E4M3ToBf16);
 
 void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n) {
   HWY_DYNAMIC_DISPATCH(HalfToF32)(src, is_bf16, dst, n);
 }
 
 void f8e4m3_to_f32(const uint8_t* src, float* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F8E4M3ToF32)(src, dst, n); }
+void f8e4m3_to_bf16(const uint8_t* src, uint16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F8E4M3ToBf16)(src, dst, n); }
 void f32_to_f16(const float* src, uint16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToF16)(src, dst, n); }
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) { HWY_DYNAMIC_DISPATCH(F32ToBf16)(src, dst, n); }
 

@@ -14,6 +14,8 @@ void half_to_f32(const uint16_t* src, bool is_bf16, float* dst, int64_t n);
 // included, bit for bit tessera/dtype.h's f8e4m3_to_f32 (integer arithmetic: no flush-to-zero mode
 // can touch a subnormal).
 void f8e4m3_to_f32(const uint8_t* src, float* dst, int64_t n);
+// dst[i] = bf16(src[i]) for n f8e4m3 elements: exact (every f8e4m3 value is a bf16), NaN quiet.
+void f8e4m3_to_bf16(const uint8_t* src, uint16_t* dst, int64_t n);
 
 // dst[i] = f16(src[i]) for n elements, rounded to nearest even as tessera/dtype.h's f32_to_f16
 // (overflow to ±inf, subnormals kept, NaN stays NaN).

@@ -180,12 +180,15 @@ namespace {
 // moves by at most 2^-8 of itself (nearest even, 8 significant bits), so
 // |Δo| = |Σ_j p_j δ_j v_j| / l ≤ 2^-8 · max|v| = 2^-8 here (values in [-1, 1]); f32 sums add
 // ~1e-6.
+// A bf16 cache, and an f8e4m3 one (widened to bf16 chunk by chunk on the dot route, to f32 on the other).
 TEST(MlaDecodeCpu, Bf16DotPathEqualsTheF32Path) {
+  for (bool f8 : {false, true}) {
   const tessera::testing::Bf16DotOn on;  // natively, or through the portable loops without AVX512-BF16
   testing::CaseSpec s;
   s.seqlens = {300, 1, 0, 129};
   s.Sq = 3, s.Hq = 32, s.D = 41, s.Dv = 24, s.page_size = 10, s.dtype = DType::kBF16;  // odd D, Dv < 32
   s.opt.causal = true;
+  s.f8_cache = f8, s.opt.kv_scale = f8 ? 1.0 / 16 : 1.0;
   const testing::CaseData d = testing::make_case(s);
   const CpuRun dot = run_cpu(s, d, 64);
   CpuRun f32;
@@ -201,6 +204,7 @@ TEST(MlaDecodeCpu, Bf16DotPathEqualsTheF32Path) {
   EXPECT_GT(worst, 0.0);  // the paths really differ: the dot products ran
   for (size_t i = 0; i < dot.lse.size(); ++i)
     if (!std::isinf(f32.lse[i])) ASSERT_NEAR(dot.lse[i], f32.lse[i], 1e-5) << i;
+  }
 }
 
 // Inf in a cache entry j < L_b that the last query of a causal multi-token decode sees and the

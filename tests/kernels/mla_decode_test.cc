@@ -58,6 +58,34 @@ TEST(MlaDecodeReference, MatchesHandValues) {
   EXPECT_NEAR(h.lse[1], std::log(2.f), 1e-6);
 }
 
+// An f8e4m3 cache dequantized by kv_scale 2.5: raw key 0 (page 2) = [4, 0], key 1 (page 0) =
+// [8, 0.5], page 1 NaN: c = [10, 0] and [20, 1.25]. With q = [0, 1], scale 1: s = [0, 1.25], and
+// dv = 1: o = (10 + 20·e^1.25) / (1 + e^1.25). Without the scale (1): s = [0, 0.5], o from 4 and 8.
+// The reference and cpu alike.
+TEST(MlaDecodeReference, F8CacheIsDequantizedByKvScale) {
+  std::vector<uint8_t> kv = {0x50, 0x30, 0x7f, 0x7f, 0x48, 0x00};  // [3, 1, 1, 2]
+  std::vector<int32_t> pt = {2, 0}, L = {2};
+  std::vector<float> q = {0.f, 1.f};
+  for (const char* impl : {"reference", "cpu"}) {
+    const auto run = [&](double kv_scale) {
+      float o = -7.f, lse = -7.f;
+      mla_decode::Options opt = scale_one();
+      opt.implementation = impl, opt.dv = 1, opt.kv_scale = kv_scale;
+      mla_decode::forward({TensorView(q.data(), DType::kF32, {1, 1, 1, 2}), TensorView(kv.data(), DType::kF8E4M3, {3, 1, 1, 2}),
+                           TensorView(pt.data(), DType::kI32, {1, 2}), TensorView(L.data(), DType::kI32, {1})},
+                          {TensorView(&o, DType::kF32, {1, 1, 1, 1}), TensorView(&lse, DType::kF32, {1, 1, 1})}, opt);
+      return std::pair<double, double>{o, lse};
+    };
+    const double e = std::exp(1.25), h = std::exp(0.5);
+    const auto [o, lse] = run(2.5);
+    EXPECT_NEAR(o, (10 + 20 * e) / (1 + e), 1e-5) << impl;
+    EXPECT_NEAR(lse, std::log(1 + e), 1e-6) << impl;
+    const auto [o1, lse1] = run(1.0);
+    EXPECT_NEAR(o1, (4 + 8 * h) / (1 + h), 1e-5) << impl;
+    EXPECT_NEAR(lse1, std::log(1 + h), 1e-6) << impl;
+  }
+}
+
 TEST(MlaDecodeReference, DefaultScaleIsOneOverSqrtD) {
   Hand h({0.f, 1.f}, 1, 1);
   h.run({});
@@ -204,6 +232,13 @@ TEST(MlaDecodeApi, DvAndScale) {
   expect_rejected(h, bad, "scale");
   bad.scale = 1e39;  // finite as a double, inf in the f32 backends
   expect_rejected(h, bad, "scale must be finite in f32 and > 0");
+  mla_decode::Options kv = scale_one();
+  kv.kv_scale = 0.0;
+  expect_rejected(h, kv, "kv_scale must be finite in f32 and > 0, got 0");
+  kv.kv_scale = 1e-50;  // 0 in f32
+  expect_rejected(h, kv, "kv_scale must be finite in f32 and > 0");
+  kv.kv_scale = 1e20, kv.scale = 1e20;  // each finite in f32, the product not
+  expect_rejected(h, kv, "scale * kv_scale must be finite in f32 and > 0");
 }
 
 TEST(MlaDecodeApi, ShapesAndDtypes) {
@@ -231,7 +266,10 @@ TEST(MlaDecodeApi, ShapesAndDtypes) {
   rejects([&] { call(TensorView(h.q.data(), DType::kF32, {1, 1, 2}), kv, pt, L, o, lse); }, "q must be");
   rejects([&] { call(q, TensorView(h.kv.data(), DType::kF32, {3, 1, 2}), pt, L, o, lse); }, "kv_cache must be");
   rejects([&] { call(q, TensorView(h.kv.data(), DType::kF32, {1, 3, 2, 1}), pt, L, o, lse); }, "kv_cache must be");
-  rejects([&] { call(q, TensorView(h.kv.data(), DType::kBF16, {3, 1, 1, 2}), pt, L, o, lse); }, "kv_cache must be f32 like q");
+  rejects([&] { call(q, TensorView(h.kv.data(), DType::kBF16, {3, 1, 1, 2}), pt, L, o, lse); },
+          "kv_cache must be f32 (q's dtype) or f8e4m3, got bf16");
+  rejects([&] { call(TensorView(h.q.data(), DType::kF8E4M3, {1, 1, 1, 2}), kv, pt, L, o, lse); },
+          "q must be f32, bf16 or f16, got f8e4m3");
   rejects([&] { call(q, TensorView(h.kv.data(), DType::kF32, {6, 1, 1, 1}), pt, L, o, lse); }, "D=2]");
   rejects([&] { call(q, kv, TensorView(h.pt.data(), DType::kI64, {1, 1}), L, o, lse); }, "page_table must be");
   rejects([&] { call(q, kv, pt, TensorView(h.pt.data(), DType::kI32, {2}), o, lse); }, "cache_seqlens must be");

@@ -45,6 +45,13 @@ TEST(CpuConvert, EveryF8E4M3EncodingWidensExactlyAtEveryLength) {
     for (int64_t i = 0; i < n; ++i)
       ASSERT_TRUE(same_bits_or_both_nan(dst[static_cast<size_t>(i) + 1], f8e4m3_to_f32(all[static_cast<size_t>(i) + 1])))
           << n << " " << i;
+    std::vector<uint16_t> b(static_cast<size_t>(n) + 2, 0xdead);
+    cpu_convert::f8e4m3_to_bf16(all.data() + 1, b.data() + 1, n);
+    EXPECT_EQ(b[0], 0xdead);
+    EXPECT_EQ(b[static_cast<size_t>(n) + 1], 0xdead) << n;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_TRUE(same_bits_or_both_nan(bf16_to_f32(b[static_cast<size_t>(i) + 1]), f8e4m3_to_f32(all[static_cast<size_t>(i) + 1])))
+          << n << " " << i;
   }
 }
 
@@ -57,9 +64,14 @@ TEST(CpuConvert, F8E4M3WidensSubnormalsUnderFlushToZero) {
   std::vector<uint8_t> codes(64);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i < 32 ? i % 16 : 0x80 | (i % 16));
   std::vector<float> f(64);
+  std::vector<uint16_t> b(64);
   cpu_convert::f8e4m3_to_f32(codes.data(), f.data(), 64);
+  cpu_convert::f8e4m3_to_bf16(codes.data(), b.data(), 64);
   _mm_setcsr(saved);
-  for (size_t i = 0; i < codes.size(); ++i) EXPECT_TRUE(same_bits_or_both_nan(f[i], f8e4m3_to_f32(codes[i]))) << i;
+  for (size_t i = 0; i < codes.size(); ++i) {
+    EXPECT_TRUE(same_bits_or_both_nan(f[i], f8e4m3_to_f32(codes[i]))) << i;
+    EXPECT_TRUE(same_bits_or_both_nan(bf16_to_f32(b[i]), f8e4m3_to_f32(codes[i]))) << i;
+  }
   EXPECT_EQ(f[1], std::ldexp(1.0f, -9));
 #else
   GTEST_SKIP() << "x86-64 only (MXCSR)";

@@ -16,7 +16,8 @@ const dispatch::DeclaredTensors<Inputs>& tensors() {
   static const dispatch::DeclaredTensors<Inputs> t{
       kKernelName,
       {{&Inputs::q, {"q", "B,Sq,Hq,D", "float"}, "queries"},
-       {&Inputs::kv_cache, {"kv_cache", "P,page_size,1,D", "=q"}, "paged latent cache; values = first dv dims"},
+       {&Inputs::kv_cache, {"kv_cache", "P,page_size,1,D", "=q|f8e4m3"},
+        "paged latent cache (q's dtype or f8e4m3); values = first dv dims"},
        {&Inputs::page_table, {"page_table", "B,max_pages", "i32", true}, "pages of each sequence"},
        {&Inputs::cache_seqlens, {"cache_seqlens", "B", "i32", true}, "keys in the cache per sequence"}},
       {}};
@@ -35,11 +36,13 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   Problem p;
   p.B = d["B"], p.Sq = d["Sq"], p.Hq = d["Hq"], p.D = d["D"], p.Dv = d["Dv"];
   p.P = d["P"], p.page_size = d["page_size"], p.max_pages = d["max_pages"];
-  p.scale = args.softmax_scale(opt.scale, p.D);
+  // kv_scale folds into the softmax scale (s = scale·q·(kv_scale·kv_cache)) and multiplies o with 1/l.
+  p.v_scale = args.positive_f32(opt.kv_scale, "kv_scale");
+  p.scale = args.positive_f32(args.softmax_scale(opt.scale, p.D) * p.v_scale, "scale * kv_scale");
   if (opt.check_finite) args.finite(in.q, "q");  // host data; the cache's unused slots may hold anything
   args.need(!opt.block_sizes || opt.block_sizes->split_keys >= 0,
        "block_sizes.split_keys must be >= 0 (0: automatic), got " + num(opt.block_sizes ? opt.block_sizes->split_keys : 0));
-  p.dtype = in.q.dtype, p.o_dtype = out.o.dtype, p.device = d.device();
+  p.dtype = in.q.dtype, p.cache_dtype = in.kv_cache.dtype, p.o_dtype = out.o.dtype, p.device = d.device();
   p.q = in.q.data, p.kv = in.kv_cache.data;
   p.page_table = static_cast<const int32_t*>(in.page_table.data);
   p.seqlens = static_cast<const int32_t*>(in.cache_seqlens.data);

@@ -28,6 +28,7 @@ void to_f32(const void* src, DType t, int64_t at, int64_t n, float* dst) {
     std::memcpy(dst, static_cast<const float*>(src) + at, static_cast<size_t>(n) * sizeof(float));
     return;
   }
+  if (t == DType::kF8E4M3) return cpu_convert::f8e4m3_to_f32(static_cast<const uint8_t*>(src) + at, dst, n);
   cpu_convert::half_to_f32(static_cast<const uint16_t*>(src) + at, t == DType::kBF16, dst, n);
 }
 
@@ -41,16 +42,18 @@ struct Floats {
 
 // One worker's buffers for stage 1. f32 path: q and the chunk c as f32 for sgemm. bf16 path:
 // the chunk's keys (entry pointers), packed once as the B of both products (pk: Cᵀ, pv:
-// C[:, :Dv]), and the weights P as bf16 (pb, [R, n]).
+// C[:, :Dv]), and the weights P as bf16 (pb, [R, n]); an f8e4m3 cache's entries widened to bf16
+// first (wide, [kChunk, D]: the keys point there).
 struct Work {
   Floats q, c, s, acc, m, l;
   std::vector<const uint16_t*> keys;
-  memory::HostBuffer pk, pv, pb;
+  memory::HostBuffer pk, pv, pb, wide;
   Work(const Problem& p, bool bf16_dot)
       : q(bf16_dot ? 0 : p.rows() * p.D), c(bf16_dot ? 0 : kChunk * p.D), s(p.rows() * kChunk),
         acc(p.rows() * p.Dv), m(p.rows()), l(p.rows()) {
     if (!bf16_dot) return;
     keys.resize(static_cast<size_t>(kChunk));
+    if (p.cache_dtype == DType::kF8E4M3) wide = memory::host_alloc(static_cast<size_t>(kChunk * p.D) * sizeof(uint16_t));
     pk = memory::host_alloc(static_cast<size_t>(cpu_bf16_gemm::packed_words(p.D, kChunk)) * sizeof(uint32_t));
     pv = memory::host_alloc(static_cast<size_t>(cpu_bf16_gemm::packed_words(kChunk, p.Dv)) * sizeof(uint32_t));
     pb = memory::host_alloc(static_cast<size_t>(p.rows() * kChunk) * sizeof(uint16_t));
@@ -101,7 +104,7 @@ void accumulate_visible(const Problem& p, const Split& sp, int64_t j0, int64_t n
 // One chunk on the f32 path: gather and widen, S = scale·Q·Cᵀ and acc += P·C[:, :Dv] on sgemm.
 void chunk_f32(const Problem& p, const Split& sp, int64_t j0, int64_t n, Work& w) {
   const int64_t R = p.rows(), D = p.D;
-  for (int64_t j = 0; j < n; ++j) to_f32(p.kv, p.dtype, p.entry(sp.b, j0 + j), D, w.c.data() + j * D);
+  for (int64_t j = 0; j < n; ++j) to_f32(p.kv, p.cache_dtype, p.entry(sp.b, j0 + j), D, w.c.data() + j * D);
   cpu_blas::sgemm(false, true, R, n, D, static_cast<float>(p.scale), w.q.data(), D, w.c.data(), D, 0.0f, w.s.data(), n);
   softmax_rows(p, sp, j0, n, w);
   accumulate_visible(p, sp, j0, n, [&](int64_t r0, int64_t rows, int64_t k) {
@@ -110,12 +113,21 @@ void chunk_f32(const Problem& p, const Split& sp, int64_t j0, int64_t n, Work& w
   });
 }
 
-// One chunk on the bf16 dot-product path: the entries packed straight from their pages, P
+// One chunk on the bf16 dot-product path: the entries packed straight from their pages (an f8e4m3
+// cache's widened to bf16 first), P
 // rounded to bf16 (nearest even) after the f32 softmax (l sums the f32 weights).
 void chunk_bf16(const Problem& p, const Split& sp, int64_t j0, int64_t n, Work& w) {
   const int64_t R = p.rows();
-  const auto* kv = static_cast<const uint16_t*>(p.kv);
-  for (int64_t j = 0; j < n; ++j) w.keys[static_cast<size_t>(j)] = kv + p.entry(sp.b, j0 + j);
+  if (p.cache_dtype == DType::kF8E4M3) {  // widened (exactly) into the chunk's bf16 rows
+    uint16_t* wide = memory::as<uint16_t>(w.wide);
+    for (int64_t j = 0; j < n; ++j) {
+      cpu_convert::f8e4m3_to_bf16(static_cast<const uint8_t*>(p.kv) + p.entry(sp.b, j0 + j), wide + j * p.D, p.D);
+      w.keys[static_cast<size_t>(j)] = wide + j * p.D;
+    }
+  } else {
+    const auto* kv = static_cast<const uint16_t*>(p.kv);
+    for (int64_t j = 0; j < n; ++j) w.keys[static_cast<size_t>(j)] = kv + p.entry(sp.b, j0 + j);
+  }
   uint32_t *pk = memory::as<uint32_t>(w.pk), *pv = memory::as<uint32_t>(w.pv);
   uint16_t* pb = memory::as<uint16_t>(w.pb);
   cpu_bf16_gemm::pack_cols(w.keys.data(), p.D, n, pk);
@@ -146,7 +158,7 @@ void partial(const Problem& p, const Split& sp, float* o_part, float* lse_part, 
   }
   for (int64_t r = 0; r < R; ++r) {  // l = 0: no key seen (o 0, lse −inf); NaN (a non-finite key seen) stays NaN
     const float l = w.l[static_cast<size_t>(r)];
-    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    const float inv = l == 0.0f ? 0.0f : static_cast<float>(p.v_scale) / l;
     for (int64_t d = 0; d < Dv; ++d) o_part[r * Dv + d] = w.acc[static_cast<size_t>(r * Dv + d)] * inv;
     lse_part[r * stride] = l == 0.0f ? kNegInf : w.m[static_cast<size_t>(r)] + std::log(l);
   }
@@ -165,7 +177,8 @@ void parallel_for(int64_t n, int threads, bool blas, F&& body) {
 
 // Measured (devlog v3): faster than widening to f32 for sgemm from Sq·Hq = 2 rows on.
 bool uses_bf16_dot(const Problem& p) {
-  return p.dtype == DType::kBF16 && p.rows() >= kMinBf16DotRows && cpu_bf16_gemm::available();
+  const bool cache = p.cache_dtype == DType::kBF16 || p.cache_dtype == DType::kF8E4M3;
+  return p.dtype == DType::kBF16 && cache && p.rows() >= kMinBf16DotRows && cpu_bf16_gemm::available();
 }
 
 int64_t automatic_split_keys(const Problem& p, int threads) {

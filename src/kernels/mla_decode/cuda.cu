@@ -11,6 +11,7 @@
 // on a GPU yet (docs/kernels/mla_decode.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <climits>
@@ -35,6 +36,7 @@ constexpr int kMaxD = 1024;
 __device__ __forceinline__ float load_f32(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float load_f32(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ float load_f32(const __half* p, int64_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float load_f32(const __nv_fp8_e4m3* p, int64_t i) { return static_cast<float>(p[i]); }
 __device__ __forceinline__ void store(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
 __device__ __forceinline__ void store(__half* p, int64_t i, float v) { p[i] = __float2half(v); }
@@ -52,11 +54,12 @@ struct Dims {
   int64_t Sq, Hq, D, Dv, page_size, max_pages, R;
   float scale;
   bool causal;
+  float v_scale;  // o = v_scale · Σ p·c[:Dv] (kv_scale; 1 for a cache of q's type)
 };
 
-// splits: (b, k0, k1) triples.
-template <class T>
-__global__ void mla_split_kv(const T* q, const T* kv, const int32_t* page_table, const int32_t* seqlens,
+// splits: (b, k0, k1) triples. q of T, the cache of C (T, or f8e4m3).
+template <class T, class C>
+__global__ void mla_split_kv(const T* q, const C* kv, const int32_t* page_table, const int32_t* seqlens,
                              const int32_t* splits, Dims d, float* o_part, float* lse_part) {
   __shared__ float key[kMaxD];
   __shared__ float qs[kWarps][kMaxD];
@@ -92,7 +95,7 @@ __global__ void mla_split_kv(const T* q, const T* kv, const int32_t* page_table,
     }
   }
   if (!active) return;
-  const float inv = l == 0.f ? 0.f : 1.f / l;  // NaN (a non-finite entry seen) stays NaN
+  const float inv = l == 0.f ? 0.f : d.v_scale / l;  // NaN (a non-finite entry seen) stays NaN
 #pragma unroll
   for (int i = 0; i < kMaxPerLane; ++i) {
     const int64_t e = lane + 32 * i;
@@ -158,14 +161,14 @@ std::vector<int32_t> plan_splits(const Problem& p, std::vector<int32_t>& first) 
   return splits;
 }
 
-template <class T, class O>
+template <class T, class C, class O>
 void launch(const Problem& p, const Dims& d, const int32_t* pt, const int32_t* L, const int32_t* splits,
             const int32_t* first, int64_t nsplits, float* o_part, float* lse_part, cudaStream_t st) {
   if (nsplits > 0) {
     TESSERA_NVTX_RANGE("mla_decode.cuda.split_kv");
     const dim3 grid(static_cast<unsigned>(nsplits), static_cast<unsigned>((d.R + kWarps - 1) / kWarps));
-    mla_split_kv<T><<<grid, kWarps * 32, 0, st>>>(static_cast<const T*>(p.q), static_cast<const T*>(p.kv), pt, L,
-                                                 splits, d, o_part, lse_part);
+    mla_split_kv<T, C><<<grid, kWarps * 32, 0, st>>>(static_cast<const T*>(p.q), static_cast<const C*>(p.kv), pt, L,
+                                                    splits, d, o_part, lse_part);
     cuda::check_launch("mla_decode mla_split_kv", st);
   }
   TESSERA_NVTX_RANGE("mla_decode.cuda.combine");
@@ -175,15 +178,23 @@ void launch(const Problem& p, const Dims& d, const int32_t* pt, const int32_t* L
   cuda::check_launch("mla_decode mla_combine", st);
 }
 
-template <class T>
+template <class T, class C>
 void launch_for_o(const Problem& p, const Dims& d, const int32_t* pt, const int32_t* L, const int32_t* sp,
                   const int32_t* first, int64_t n, float* op, float* lp, cudaStream_t st) {
   switch (p.o_dtype) {
-    case DType::kF32: return launch<T, float>(p, d, pt, L, sp, first, n, op, lp, st);
-    case DType::kBF16: return launch<T, __nv_bfloat16>(p, d, pt, L, sp, first, n, op, lp, st);
-    case DType::kF16: return launch<T, __half>(p, d, pt, L, sp, first, n, op, lp, st);
+    case DType::kF32: return launch<T, C, float>(p, d, pt, L, sp, first, n, op, lp, st);
+    case DType::kBF16: return launch<T, C, __nv_bfloat16>(p, d, pt, L, sp, first, n, op, lp, st);
+    case DType::kF16: return launch<T, C, __half>(p, d, pt, L, sp, first, n, op, lp, st);
     default: throw Error(ErrorCode::kInternal, "mla_decode cuda: o dtype");
   }
+}
+
+// q of T; the cache of T or f8e4m3.
+template <class T>
+void launch_for_cache(const Problem& p, const Dims& d, const int32_t* pt, const int32_t* L, const int32_t* sp,
+                      const int32_t* first, int64_t n, float* op, float* lp, cudaStream_t st) {
+  if (p.cache_dtype == DType::kF8E4M3) return launch_for_o<T, __nv_fp8_e4m3>(p, d, pt, L, sp, first, n, op, lp, st);
+  launch_for_o<T, T>(p, d, pt, L, sp, first, n, op, lp, st);
 }
 
 class Cuda final : public primitives::CudaBackend<Implementation> {
@@ -221,7 +232,8 @@ class Cuda final : public primitives::CudaBackend<Implementation> {
     const cuda::DeviceBuffer fi = upload(first.data(), sizeof(int32_t) * first.size(), "mla_decode cuda: split offsets");
     const cuda::DeviceBuffer op(std::max<size_t>(sizeof(float) * nsplits * R * p.Dv, 4), st, dev);
     const cuda::DeviceBuffer lp(std::max<size_t>(sizeof(float) * nsplits * R, 4), st, dev);
-    const Dims d{p.Sq, p.Hq, p.D, p.Dv, p.page_size, p.max_pages, R, static_cast<float>(p.scale), p.causal};
+    const Dims d{p.Sq, p.Hq, p.D, p.Dv, p.page_size, p.max_pages, R, static_cast<float>(p.scale), p.causal,
+                 static_cast<float>(p.v_scale)};
     auto* ptd = static_cast<const int32_t*>(pt.get());
     auto* Ld = static_cast<const int32_t*>(L.get());
     auto* spd = static_cast<const int32_t*>(sp.get());
@@ -229,9 +241,9 @@ class Cuda final : public primitives::CudaBackend<Implementation> {
     auto* o_part = static_cast<float*>(op.get());
     auto* lse_part = static_cast<float*>(lp.get());
     switch (p.dtype) {
-      case DType::kF32: return launch_for_o<float>(p, d, ptd, Ld, spd, fid, nsplits, o_part, lse_part, st);
-      case DType::kBF16: return launch_for_o<__nv_bfloat16>(p, d, ptd, Ld, spd, fid, nsplits, o_part, lse_part, st);
-      case DType::kF16: return launch_for_o<__half>(p, d, ptd, Ld, spd, fid, nsplits, o_part, lse_part, st);
+      case DType::kF32: return launch_for_cache<float>(p, d, ptd, Ld, spd, fid, nsplits, o_part, lse_part, st);
+      case DType::kBF16: return launch_for_cache<__nv_bfloat16>(p, d, ptd, Ld, spd, fid, nsplits, o_part, lse_part, st);
+      case DType::kF16: return launch_for_cache<__half>(p, d, ptd, Ld, spd, fid, nsplits, o_part, lse_part, st);
       default: throw Error(ErrorCode::kInternal, "mla_decode cuda: dtype");
     }
   }

@@ -10,6 +10,7 @@
 // 2.4x v1): the default, v1 its fallback (docs/kernels/mla_decode.md, cuda v2).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -33,6 +34,18 @@ constexpr const char* kIndexCopy = "mla_decode cuda_v2 copies the page table and
 
 [[noreturn]] void fail(const std::string& msg) {
   throw Error(ErrorCode::kUnsupported, std::string(kKernelName) + " (cuda_v2): " + msg);
+}
+
+// q and o of T; the cache of T or f8e4m3.
+template <class T>
+void run_for(const Problem& p, const skv::Params& k, const std::vector<skv::Seq>& seqs) {
+  const auto st = static_cast<cudaStream_t>(p.stream);
+  const size_t npt = static_cast<size_t>(p.B * p.max_pages);
+  const char* what = "mla_decode (cuda_v2): copy of the work list";
+  if (p.cache_dtype == DType::kF8E4M3)
+    skv::run<T, __nv_fp8_e4m3, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, p.device.index, what, fail);
+  else
+    skv::run<T, T, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, p.device.index, what, fail);
 }
 
 class CudaV2 final : public primitives::CudaBackend<Implementation> {
@@ -66,16 +79,14 @@ class CudaV2 final : public primitives::CudaBackend<Implementation> {
     k.Hq = p.Hq, k.G = p.Hq, k.D = p.D, k.Dv = p.Dv, k.page_size = p.page_size, k.max_pages = p.max_pages;
     k.k_row = p.D, k.k_head = 0, k.v_row = p.D, k.v_head = 0;
     k.scale = static_cast<float>(p.scale), k.softcap = 0.0f, k.causal = p.causal, k.window = -1;
+    k.v_scale = static_cast<float>(p.v_scale);
     k.chunk = p.block_sizes ? p.block_sizes->split_keys : 0;  // the call's split length; 0: the plan's
-    const auto st = static_cast<cudaStream_t>(p.stream);
-    const size_t npt = static_cast<size_t>(p.B * p.max_pages);
-    const char* what = "mla_decode (cuda_v2): copy of the work list";
     if (p.dtype == DType::kF32)
-      skv::run<float, float, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, dev, what, fail);
+      run_for<float>(p, k, seqs);
     else if (p.dtype == DType::kBF16)
-      skv::run<__nv_bfloat16, __nv_bfloat16, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, dev, what, fail);
+      run_for<__nv_bfloat16>(p, k, seqs);
     else
-      skv::run<__half, __half, Lim, kMaxRows>(k, seqs, 1, p.page_table, npt, st, dev, what, fail);
+      run_for<__half>(p, k, seqs);
   }
 };
 

@@ -18,7 +18,8 @@ using dispatch::Availability;
 struct Problem {
   int64_t B = 0, Sq = 0, Hq = 0, D = 0, Dv = 0;
   int64_t P = 0, page_size = 0, max_pages = 0;
-  DType dtype = DType::kF32;    // q and kv_cache
+  DType dtype = DType::kF32;    // q
+  DType cache_dtype = DType::kF32;  // kv_cache: dtype, or kF8E4M3
   DType o_dtype = DType::kF32;  // f32 or dtype
   Device device;
   const void* q = nullptr;         // [B, Sq, Hq, D]
@@ -27,7 +28,8 @@ struct Problem {
   const int32_t* seqlens = nullptr;     // [B], host, 0 ≤ L_b ≤ max_pages·page_size
   void* o = nullptr;               // [B, Sq, Hq, Dv]
   float* lse = nullptr;            // [B, Sq, Hq]
-  double scale = 1.0;
+  double scale = 1.0;    // the softmax scale times Options::kv_scale (the keys' dequantization folded in)
+  double v_scale = 1.0;  // Options::kv_scale: o = v_scale · Σ p·kv_cache[:Dv], applied with 1/l
   bool causal = false;
   std::optional<BlockSizes> block_sizes;
   int num_threads = 1;

@@ -18,7 +18,7 @@ void reference_row(const Problem& p, int64_t b, int64_t i, int64_t h) {
     const int64_t e = p.entry(b, j);
     double dot = 0.0;
     for (int64_t d = 0; d < p.D; ++d)
-      dot += static_cast<double>(load_as_f32(p.q, p.dtype, row * p.D + d)) * load_as_f32(p.kv, p.dtype, e + d);
+      dot += static_cast<double>(load_as_f32(p.q, p.dtype, row * p.D + d)) * load_as_f32(p.kv, p.cache_dtype, e + d);
     s[static_cast<size_t>(j)] = p.scale * dot;
     m = std::max(m, s[static_cast<size_t>(j)]);
   }
@@ -28,7 +28,8 @@ void reference_row(const Problem& p, int64_t b, int64_t i, int64_t h) {
   for (int64_t j = 0; j < n; ++j) s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - lse);  // weights
   for (int64_t d = 0; d < p.Dv; ++d) {
     double acc = 0.0;
-    for (int64_t j = 0; j < n; ++j) acc += s[static_cast<size_t>(j)] * load_as_f32(p.kv, p.dtype, p.entry(b, j) + d);
+    for (int64_t j = 0; j < n; ++j)
+      acc += s[static_cast<size_t>(j)] * p.v_scale * load_as_f32(p.kv, p.cache_dtype, p.entry(b, j) + d);
     store_from_f32(p.o, p.o_dtype, row * p.Dv + d, static_cast<float>(acc));
   }
   p.lse[row] = static_cast<float>(lse);

@@ -23,7 +23,8 @@ const kernels::DeclaredOptions<Options>& options() {
       {kernels::field(&Options::dv, "dv", "value dims: the first dv of the D cached dims"),
        kernels::field(&Options::causal, "causal", "query i sits at position L_b − Sq + i and sees keys up to it"),
        kernels::softmax_scale_field(&Options::scale),
-       kernels::block_sizes_field(&Options::block_sizes, "split_keys=0", from_params, to_params)}};
+       kernels::block_sizes_field(&Options::block_sizes, "split_keys=0", from_params, to_params),
+       kernels::field(&Options::kv_scale, "kv_scale", "c = kv_scale * kv_cache (an f8e4m3 cache's dequantization scale)")}};
   return d;
 }
 

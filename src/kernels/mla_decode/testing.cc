@@ -50,6 +50,7 @@ std::string CaseSpec::name() const {
   std::ostringstream n;
   n << "B" << B() << "_Sq" << Sq << "_Hq" << Hq << "_D" << D << "v" << Dv << "_ps" << page_size << "_L";
   n << *std::max_element(seqlens.begin(), seqlens.end()) << "_" << dtype_name(dtype);
+  if (f8_cache) n << "_f8kv";
   if (!o_f32) n << "_o" << dtype_name(dtype);
   if (opt.causal) n << "_causal";
   if (shared) n << "_shared";
@@ -80,7 +81,9 @@ CaseData make_case(const CaseSpec& s) {
       std::swap(perm[static_cast<size_t>(i)], perm[random_bits(s.seed * 7 + 5, static_cast<uint64_t>(i)) % static_cast<uint64_t>(i + 1)]);
   CaseData d;
   d.q = random_uniform(s.dtype, {B, s.Sq, s.Hq, s.D}, 1.0f, s.seed * 7 + 1);
-  d.kv = random_uniform(s.dtype, {P, ps, 1, s.D}, 1.0f, s.seed * 7 + 2);
+  // Values in [-1, 1] after dequantization (an f8e4m3 cache's raw values up to 1/kv_scale).
+  const DType cache = s.f8_cache ? DType::kF8E4M3 : s.dtype;
+  d.kv = random_uniform(cache, {P, ps, 1, s.D}, s.f8_cache ? static_cast<float>(1.0 / s.opt.kv_scale) : 1.0f, s.seed * 7 + 2);
   d.page_table = Tensor::empty(DType::kI32, {B, max_pages});
   d.seqlens = Tensor::empty(DType::kI32, {B});
   std::vector<char> read(static_cast<size_t>(P * ps), 0);
@@ -96,7 +99,7 @@ CaseData make_case(const CaseSpec& s) {
   }
   for (int64_t slot = 0; slot < P * ps; ++slot)
     if (!read[static_cast<size_t>(slot)])
-      for (int64_t e = 0; e < s.D; ++e) store_from_f32(d.kv.data(), s.dtype, slot * s.D + e, NAN);
+      for (int64_t e = 0; e < s.D; ++e) store_from_f32(d.kv.data(), cache, slot * s.D + e, NAN);
   return d;
 }
 
@@ -162,6 +165,11 @@ std::vector<CaseSpec> check_grid(bool quick) {
     ds.seqlens = {1, 130, 700};
     ds.opt.causal = true;
     add(ds);
+    // The same with an f8e4m3 cache (kv_scale 1/32: raw values up to 32; a lost scale moves o and
+    // lse far past the tolerance).
+    CaseSpec f8 = ds;
+    f8.f8_cache = true, f8.opt.kv_scale = 1.0 / 32, f8.o_f32 = dt == DType::kF32;
+    add(f8);
     // Many small entries sharing their first pages, o in the inputs' dtype.
     CaseSpec sm;
     sm.dtype = dt, sm.shared = true, sm.o_f32 = false, sm.page_size = 16;
@@ -180,6 +188,8 @@ std::vector<CaseSpec> check_grid(bool quick) {
   CaseSpec lng;
   lng.D = 576, lng.Dv = 512, lng.page_size = 64, lng.Sq = 1, lng.Hq = 16, lng.seqlens = {8200};
   lng.dtype = DType::kBF16;
+  if (!quick) add(lng);
+  lng.f8_cache = true, lng.opt.kv_scale = 0.05;  // split partials of an f8e4m3 cache, each scaled
   if (!quick) add(lng);
   // Explicit split sizes, in-order pages.
   for (int64_t split : {1, 3, 64, 1000}) {

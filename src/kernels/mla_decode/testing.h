@@ -15,6 +15,7 @@ struct CaseSpec {
   int64_t Sq = 1, Hq = 16, D = 64, Dv = 32, page_size = 16;
   std::vector<int64_t> seqlens = {5, 40};  // one per batch entry: B = seqlens.size()
   DType dtype = DType::kF32;
+  bool f8_cache = false;  // the cache in f8e4m3, raw values up to 1/opt.kv_scale (else in dtype)
   bool o_f32 = true;      // o stored as f32, else in q's dtype
   bool shuffle = true;    // physical pages in a random order
   bool shared = false;    // every entry's first pages are entry 0's (prefix sharing)

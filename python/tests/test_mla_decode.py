@@ -164,6 +164,8 @@ def test_torch_and_jax_f8_cache():
     # The bf16 dot route (the chunk's entries widened to bf16, exactly) rounds P to bf16 for P·V:
     # 2^-8 of max |v| = 1 (test_torch_bf16).
     torch.testing.assert_close(o.float(), torch.from_numpy(want_b).float(), rtol=0, atol=2**-8)
+    _, want_lse_b = expected(torch.from_numpy(q).bfloat16().float().numpy(), kv, pt, lens, 16)
+    np.testing.assert_allclose(lse.numpy(), want_lse_b, rtol=1e-5, atol=1e-5)  # from the f32 weights
     f = jax.jit(lambda *a: tj.mla_decode(*a, dv=16, kv_scale=0.03))
     oj, lj = f(jnp.asarray(q), jnp.asarray(kv8), jnp.asarray(pt), jnp.asarray(lens))
     np.testing.assert_allclose(np.asarray(oj), want_o, rtol=2e-5, atol=2e-5)

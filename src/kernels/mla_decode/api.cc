@@ -38,7 +38,8 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   p.P = d["P"], p.page_size = d["page_size"], p.max_pages = d["max_pages"];
   // kv_scale folds into the softmax scale (s = scale·q·(kv_scale·kv_cache)) and multiplies o with 1/l.
   p.v_scale = args.positive_f32(opt.kv_scale, "kv_scale");
-  p.scale = args.positive_f32(args.softmax_scale(opt.scale, p.D) * p.v_scale, "scale * kv_scale");
+  p.scale = args.positive_f32(args.softmax_scale(opt.scale, p.D) * p.v_scale,
+                              opt.kv_scale == 1.0 ? "scale" : "scale * kv_scale");
   if (opt.check_finite) args.finite(in.q, "q");  // host data; the cache's unused slots may hold anything
   args.need(!opt.block_sizes || opt.block_sizes->split_keys >= 0,
        "block_sizes.split_keys must be >= 0 (0: automatic), got " + num(opt.block_sizes ? opt.block_sizes->split_keys : 0));
@@ -83,7 +84,9 @@ std::string forward(const Inputs& in, const Outputs& out, const Options& opt) {
   const tune::DeclaredCall c{.dtype = p.dtype,
                              .dims = {p.B, p.Sq, p.Hq, Lmax},
                              .threads = p.num_threads,
-                             .given = {{"split_keys", p.block_sizes ? p.block_sizes->split_keys : 0}}};
+                             .given = {{"split_keys", p.block_sizes ? p.block_sizes->split_keys : 0}},
+                             // an f8e4m3 cache times otherwise: its own autotune entries
+                             .variant = p.cache_dtype == DType::kF8E4M3 ? "kv_cache=f8e4m3" : ""};
   const auto at = [&p](const tune::Params& cand) {
     Problem q = p;
     q.block_sizes = BlockSizes{tune::param(cand, "split_keys").value_or(0)};

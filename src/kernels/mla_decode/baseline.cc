@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "tessera/attention.h"
+#include "tessera/error.h"
 
 namespace tessera::mla_decode {
 namespace {
@@ -31,6 +32,8 @@ void gather(const Tensor& kv, const Tensor& page_table, int64_t T, Tensor& k, Te
 std::function<void()> gather_attention_baseline(const Tensor& q, const Tensor& kv, const Tensor& page_table, int64_t T,
                                                 int64_t Dv, bool causal, int threads) {
   const int64_t B = q.shape()[0], Sq = q.shape()[1], Hq = q.shape()[2], D = q.shape()[3];
+  check(kv.dtype() == q.dtype(), ErrorCode::kInvalidArgument,
+        "mla_decode baseline: the cache's dtype must be q's (gather copies its bytes into q-typed k, v)");
   auto k = std::make_shared<Tensor>(Tensor::empty(q.dtype(), {B, T, 1, D}));
   auto v = std::make_shared<Tensor>(Tensor::empty(q.dtype(), {B, T, 1, Dv}));
   auto o = std::make_shared<Tensor>(Tensor::empty(DType::kF32, {B, Sq, Hq, Dv}));

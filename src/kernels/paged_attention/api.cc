@@ -61,7 +61,7 @@ Problem normalize(const Inputs& in, const Outputs& out, const Options& opt) {
   check_sequences(in, d, p);
   // k_scale folds into the softmax scale (x = scale·q·(k_scale·k_cache)); v_scale goes with 1/l.
   p.scale = args.positive_f32(args.softmax_scale(opt.scale, p.D) * args.positive_f32(opt.k_scale, "k_scale"),
-                              "scale * k_scale");
+                              opt.k_scale == 1.0 ? "scale" : "scale * k_scale");
   p.v_scale = args.positive_f32(opt.v_scale, "v_scale");
   args.softcap(opt.softcap, "softcap");
   args.window(opt.window, "window");
